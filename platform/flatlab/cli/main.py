@@ -1,0 +1,188 @@
+"""The ``flatlab`` command line: run, resume, submit and inspect studies."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from flatlab.errors import FlatlabError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Hyperparameter studies of sharpness-aware and flat-minima training.")
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False)
+
+ROOT_HELP = "output root: MLflow SQLite store, Optuna studies, Tune storage, logs (env FLATLAB_ROOT)"
+
+
+def _root(root: Optional[Path]) -> Path:
+    return root or Path(os.environ.get("FLATLAB_ROOT", "flatlab-runs"))
+
+
+def _fail(exc: Exception) -> None:
+    err.print(f"[red]error:[/red] {exc}")
+    raise typer.Exit(2)
+
+
+@app.command()
+def run(
+    study_file: Path = typer.Argument(..., help="a study file, e.g. studies/digits_demo.py"),
+    study: Optional[List[str]] = typer.Option(None, "--study", help="run only these studies of the file"),
+    scale: Optional[str] = typer.Option(None, help="scale of a study file that defines several (e.g. smoke, paper)"),
+    trials: Optional[int] = typer.Option(None, min=1, help="trials per arm (overrides the study)"),
+    epochs: Optional[int] = typer.Option(None, min=1, help="epochs per trial (overrides the study)"),
+    address: Optional[str] = typer.Option(None, help="address of an existing Ray cluster (default: start a local one)"),
+    tracking_uri: Optional[str] = typer.Option(None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI (default: SQLite under the root)"),
+    storage: Optional[str] = typer.Option(None, help="Ray Tune storage path (shared storage on a multi-node cluster)"),
+    root: Optional[Path] = typer.Option(None, help=ROOT_HELP),
+    resume: bool = typer.Option(False, "--resume", help="continue the latest interrupted launch (finished trials are not re-run)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="validate and print the trial plan; start nothing"),
+    num_cpus: Optional[int] = typer.Option(None, help="CPUs of the local Ray instance (default: all)"),
+) -> None:
+    """Run the studies of STUDY_FILE on Ray Tune (Optuna searcher, ASHA, MLflow tracking)."""
+    from flatlab.study.loader import load_studies
+    from flatlab.study.plan import render as render_plan
+
+    try:
+        studies = load_studies(str(study_file), scale=scale)
+        if study:
+            known = {s.name for s in studies}
+            missing = [n for n in study if n not in known]
+            if missing:
+                raise FlatlabError(f"--study {', '.join(missing)}: not in {study_file}; studies there: {', '.join(sorted(known))}")
+            studies = [s for s in studies if s.name in study]
+        studies = [s.with_budget(trials, epochs).validate(str(study_file)) for s in studies]
+    except (FlatlabError, ValueError) as exc:
+        _fail(exc)
+    if dry_run:
+        for s in studies:
+            render_plan(s, console)
+        return
+    from flatlab.study.runner import RunOptions, run_study
+    from flatlab.tracking.results import best_per_arm, render, trials_frame
+
+    opts = RunOptions(root=_root(root), address=address, tracking_uri=tracking_uri, storage=storage, resume=resume,
+                      source=str(study_file), num_cpus=num_cpus)
+    interrupted = False
+    for s in studies:
+        try:
+            outcome = run_study(s, opts, console=console)
+        except FlatlabError as exc:
+            _fail(exc)
+        interrupted |= outcome.interrupted
+        df = trials_frame(outcome.tracking_uri, s.name)
+        console.print(f"\n[bold]{s.name}[/bold] finished in {outcome.wall_s:.0f} s; best trial per arm (from MLflow):")
+        render(best_per_arm(df), console)
+        if interrupted:
+            break
+    if interrupted:
+        raise typer.Exit(130)
+
+
+@app.command()
+def results(
+    study: str = typer.Argument(..., help="study name (the MLflow experiment)"),
+    tracking_uri: Optional[str] = typer.Option(None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI"),
+    root: Optional[Path] = typer.Option(None, help=ROOT_HELP),
+    fmt: str = typer.Option("table", "--format", help="table, csv or parquet"),
+    output: Optional[Path] = typer.Option(None, help="file for csv/parquet"),
+    all_launches: bool = typer.Option(False, "--all", help="trials of every launch, not only the latest"),
+    best: bool = typer.Option(False, "--best", help="only the best trial of each arm"),
+) -> None:
+    """Print a study's trials from MLflow (params, final and best metrics, status), best first."""
+    from flatlab.tracking import runs
+    from flatlab.tracking.results import best_per_arm, export, render, trials_frame
+
+    uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
+    try:
+        if fmt not in ("table", "csv", "parquet"):
+            raise FlatlabError(f"--format {fmt!r} is not supported; expected one of table, csv, parquet")
+        if fmt != "table" and output is None:
+            raise FlatlabError(f"--format {fmt} needs --output PATH")
+        df = trials_frame(uri, study, all_launches=all_launches)
+        if best:
+            df = best_per_arm(df)
+        if fmt == "table":
+            render(df, console, title=f"{study} ({len(df)} trials)")
+        else:
+            export(df, str(output), fmt)
+            console.print(f"wrote {len(df)} trials to {output}")
+    except (FlatlabError, ValueError) as exc:
+        _fail(exc)
+
+
+@app.command()
+def studies(directory: Path = typer.Argument(Path("studies"), help="folder of study files")) -> None:
+    """List the study files with one line each."""
+    from flatlab.study.loader import describe_file
+
+    files = sorted(p for p in directory.glob("*.py") if not p.name.startswith("_"))
+    if not files:
+        _fail(FlatlabError(f"no study files in {directory}"))
+    for p in files:
+        console.print(f"{str(p):40s} {describe_file(str(p))}")
+
+
+@app.command()
+def optimizers() -> None:
+    """List the registered optimizers with their hyperparameters, defaults and allowed ranges."""
+    from flatlab.optim.registry import OPTIMIZERS
+
+    for name in OPTIMIZERS.names():
+        spec = OPTIMIZERS.get(name)
+        console.print(f"[bold]{name}[/bold]  {spec.doc}")
+        _hparam_table(spec.hparams)
+
+
+@app.command()
+def workloads() -> None:
+    """List the registered workloads with their parameters, defaults and allowed ranges."""
+    from flatlab.train.config import TRAINER_HPARAMS
+    from flatlab.workloads.registry import WORKLOADS
+
+    for name in WORKLOADS.names():
+        cls = WORKLOADS.get(name)
+        console.print(f"[bold]{name}[/bold]  {cls.doc}  metrics: {', '.join(cls.metrics)}")
+        _hparam_table(cls.hparams)
+    console.print("[bold]trainer[/bold] (any study or arm may set these)")
+    _hparam_table(TRAINER_HPARAMS)
+
+
+def _hparam_table(hparams) -> None:
+    from rich.table import Table
+
+    table = Table("name", "default", "allowed", "meaning", box=None, pad_edge=False)
+    for h in hparams:
+        table.add_row(h.name, repr(h.default), h.allowed(), h.doc)
+    console.print(table)
+
+
+@app.command()
+def submit(
+    study_file: Path = typer.Argument(..., help="study file, relative to the working directory that is uploaded"),
+    address: str = typer.Option(..., help="Ray dashboard address of the cluster, e.g. http://HEAD:8265"),
+    follow: bool = typer.Option(False, "--follow", help="stream the job's logs until it ends"),
+    args: Optional[List[str]] = typer.Option(None, "--arg", help="extra `flatlab run` arguments, e.g. --arg=--trials=4"),
+    working_dir: Path = typer.Option(Path("."), help="folder uploaded as the job's working directory"),
+) -> None:
+    """Submit `flatlab run STUDY_FILE` as a Ray Job to a cluster and print the job id."""
+    from flatlab.cluster import submit_study
+
+    try:
+        job_id = submit_study(address, study_file, working_dir, list(args or []), follow=follow, console=console)
+    except (FlatlabError, ValueError) as exc:
+        _fail(exc)
+    console.print(job_id)
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,118 @@
+"""Declared hyperparameters: type, default, allowed range, documentation.
+
+Optimizers and workloads declare their hyperparameters with :class:`HParam`; study validation,
+``flatlab optimizers`` / ``flatlab workloads`` and the builders all read the same declaration.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+
+from flatlab.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class HParam:
+    """One hyperparameter.
+
+    Attributes:
+        name: the field's name as used in studies (``rho``, ``kappa``, ``mask_interval`` ...).
+        default: value used when a study does not set it.
+        kind: ``float``, ``int``, ``bool`` or ``str``.
+        low, high: numeric bounds (``None`` = unbounded); ``low_open`` / ``high_open`` make them strict.
+        choices: allowed values for categorical parameters.
+        doc: one line, with units and the paper reference where it applies.
+    """
+
+    name: str
+    default: Any
+    kind: type = float
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: Optional[Tuple[Any, ...]] = None
+    doc: str = ""
+    nullable: bool = False
+
+    def allowed(self) -> str:
+        """Human-readable allowed values, e.g. ``float in (0, 1)`` or ``one of 'gaussian', 'uniform'``."""
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.kind is bool:
+            return "True or False"
+        if self.low is None and self.high is None:
+            text = f"any {self.kind.__name__}"
+        else:
+            lo = "-inf" if self.low is None else _fmt(self.low)
+            hi = "inf" if self.high is None else _fmt(self.high)
+            left = "(" if (self.low is None or self.low_open) else "["
+            right = ")" if (self.high is None or self.high_open) else "]"
+            text = f"{self.kind.__name__} in {left}{lo}, {hi}{right}"
+        return text + (" or None" if self.nullable else "")
+
+    def validate(self, value: Any, where: str = "") -> Any:
+        """Return ``value`` coerced to ``kind``; raises :class:`ConfigError` naming the field and allowed values."""
+        prefix = f"{where}: " if where else ""
+        if value is None and self.nullable:
+            return None
+        bad = ConfigError(f"{prefix}{self.name}={value!r} is not allowed; expected {self.allowed()}")
+        if self.choices is not None:
+            if value not in self.choices:
+                raise bad
+            return value
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise bad
+            return value
+        if self.kind is str:
+            if not isinstance(value, str):
+                raise bad
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        if self.kind is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise bad
+            value = int(value)
+        else:
+            value = float(value)
+            if math.isnan(value):
+                raise bad
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            raise bad
+        if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
+            raise bad
+        return value
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def resolve(
+    declared: Sequence[HParam], given: Mapping[str, Any], where: str, *, allow_extra: bool = False
+) -> Dict[str, Any]:
+    """Fill defaults and validate ``given`` against ``declared``.
+
+    Raises:
+        ConfigError: an unknown name (listing the accepted ones) or a value outside its allowed range.
+    """
+    by_name = {h.name: h for h in declared}
+    if not allow_extra:
+        unknown = sorted(set(given) - set(by_name))
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown parameter(s) {', '.join(unknown)}; accepted: {', '.join(sorted(by_name)) or '(none)'}"
+            )
+    out = {h.name: h.default for h in declared}
+    for name, value in given.items():
+        if name in by_name:
+            out[name] = by_name[name].validate(value, where)
+    return out
+
+
+def names(declared: Iterable[HParam]) -> Tuple[str, ...]:
+    return tuple(h.name for h in declared)

@@ -1,0 +1,123 @@
+"""The contract between the trainer and every optimizer: one ``step(closure)`` protocol.
+
+The trainer hands each optimizer a :class:`Closure` for the current mini-batch. Calling it recomputes
+the mean mini-batch loss and the gradients (into ``p.grad``) at the *current* parameters, like the
+closure of ``torch.optim.LBFGS``. Optimizers that need more than one pass per step (SAM: 2, TSAM: 2s,
+IRE's curvature pass) use the closure's extra entry points, which never update BatchNorm running
+statistics (ALGORITHMS.md §1, davda54/sam#17). There are no optimizer-specific branches in the trainer.
+
+Optional hooks an optimizer may implement (the trainer calls them when present):
+
+* ``on_progress(progress: Progress) -> None``: called before every step with the training position
+  (for IRE switch-on, kappa decay and TSAM's t schedule).
+* ``pop_metrics() -> dict[str, float]``: metrics accumulated since the last call (``opt/...``), reported
+  once per epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+
+import torch
+from torch import nn
+
+
+@runtime_checkable
+class Closure(Protocol):
+    """Recomputes loss and gradients of the current mini-batch at the current parameters."""
+
+    def __call__(self) -> torch.Tensor:
+        """Primary pass: zero grads, forward (train mode, BatchNorm statistics updated), backward.
+
+        Returns the detached scalar mean loss (shape ``()``); gradients are left in ``p.grad``.
+        """
+        ...
+
+    def extra(self) -> torch.Tensor:
+        """An extra pass, as ``__call__`` but BatchNorm running statistics are NOT updated."""
+        ...
+
+    def with_sampled_grads(self, params: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, List[Optional[torch.Tensor]]]:
+        """Primary pass plus the gradient of the loss on labels sampled from the model's own softmax.
+
+        Returns ``(loss, sampled)`` where ``sampled[i]`` has the shape of ``params[i]`` (``None`` if that
+        parameter does not influence the loss). ``p.grad`` holds the true-label gradient, exactly as
+        after ``__call__``. The sampled gradient reuses the same forward graph (IRE's Fisher estimate,
+        ALGORITHMS.md §3), so BatchNorm statistics are updated once.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where training stands when a step is about to run.
+
+    Attributes:
+        step: optimizer steps taken so far (0-based index of the step about to run).
+        epoch: 0-based epoch of that step.
+        total_steps: steps in the whole run (epochs x steps per epoch).
+        steps_per_epoch: mini-batches per epoch.
+        warmup_steps: steps of LR warm-up (0 when none).
+        last_epoch_train_loss: mean training loss of the previous epoch (``None`` in the first epoch).
+    """
+
+    step: int
+    epoch: int
+    total_steps: int
+    steps_per_epoch: int
+    warmup_steps: int = 0
+    last_epoch_train_loss: Optional[float] = None
+
+    @property
+    def fraction(self) -> float:
+        """Fraction of training done, in [0, 1]."""
+        return min(1.0, self.step / max(1, self.total_steps))
+
+
+class _CallableClosure:
+    """Adapts a plain ``fn() -> loss`` closure: extra passes call it again (BatchNorm not protected)."""
+
+    def __init__(self, fn: Callable[[], torch.Tensor]) -> None:
+        self._fn = fn
+
+    def __call__(self) -> torch.Tensor:
+        return self._fn()
+
+    def extra(self) -> torch.Tensor:
+        return self._fn()
+
+    def with_sampled_grads(self, params: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, List[Optional[torch.Tensor]]]:
+        raise TypeError(
+            "this optimizer needs a flatlab closure with `with_sampled_grads()` (IRE's curvature pass); "
+            "a plain callable cannot sample labels from the model's predictions. "
+            "Use flatlab.train.closure.BatchClosure."
+        )
+
+
+def as_closure(closure: Callable[[], torch.Tensor]) -> Closure:
+    """Return ``closure`` if it implements :class:`Closure`, else wrap a plain callable."""
+    if isinstance(closure, Closure):
+        return closure
+    return _CallableClosure(closure)
+
+
+def _batchnorms(model: nn.Module) -> Iterator[nn.modules.batchnorm._BatchNorm]:
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            yield m
+
+
+@contextlib.contextmanager
+def frozen_bn_stats(model: nn.Module) -> Iterator[None]:
+    """Within the block, BatchNorm layers in train mode normalise with batch statistics (as usual) but do
+    not update ``running_mean``, ``running_var`` or ``num_batches_tracked``."""
+    bns = list(_batchnorms(model))
+    for m in bns:
+        m.track_running_stats = False
+    try:
+        yield
+    finally:
+        for m in bns:
+            m.track_running_stats = True

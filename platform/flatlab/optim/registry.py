@@ -1,0 +1,81 @@
+"""Optimizer registry: name -> :class:`OptimizerSpec` (hyperparameters + builder)."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from flatlab.hparams import HParam, resolve
+from flatlab.registry import Registry
+
+Builder = Callable[..., torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """A registered optimizer.
+
+    Attributes:
+        name: registry name used in studies (``sgd``, ``sam``, ``tsam``, ``sgd_ire`` ...).
+        hparams: declared hyperparameters (``lr`` included), with defaults and allowed ranges.
+        build: ``build(params, **hparams) -> torch.optim.Optimizer``; ``params`` is what
+            ``torch.optim.Optimizer`` accepts (an iterable of tensors or of param-group dicts).
+        doc: one line, with the source paper.
+        base: name of the base optimizer this one modifies (``None`` for a base optimizer); the
+            benchmarks compare against it.
+    """
+
+    name: str
+    hparams: Tuple[HParam, ...]
+    build: Builder
+    doc: str = ""
+    base: Optional[str] = None
+
+    def resolve(self, given: Mapping[str, Any], where: str = "") -> Dict[str, Any]:
+        """Defaults filled in and values validated; raises ``ConfigError`` naming the bad field."""
+        return resolve(self.hparams, given, where or f"optimizer {self.name!r}")
+
+    def create(self, params: Iterable[Any], **hparams: Any) -> torch.optim.Optimizer:
+        """Validate ``hparams`` and build the optimizer over ``params``."""
+        return self.build(params, **self.resolve(hparams))
+
+
+def _load_builtins() -> None:
+    # Import side effects register the built-in optimizers; a missing optional module is not an error.
+    for mod in ("flatlab.optim.basic", "flatlab.optim.sam", "flatlab.optim.tsam", "flatlab.optim.ire"):
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name != mod:
+                raise
+
+
+OPTIMIZERS: Registry[OptimizerSpec] = Registry("optimizer", loader=_load_builtins)
+
+
+def register_optimizer(spec: OptimizerSpec) -> OptimizerSpec:
+    """Add ``spec`` to :data:`OPTIMIZERS` (raises ``ValueError`` if the name exists)."""
+    return OPTIMIZERS.register(spec.name, spec)
+
+
+def get_optimizer(name: str) -> OptimizerSpec:
+    """Look up a registered optimizer; unknown names raise ``UnknownNameError`` listing the valid ones."""
+    return OPTIMIZERS.get(name)
+
+
+# Hyperparameters shared by several optimizers, declared once.
+LR = HParam("lr", 0.1, float, low=0.0, low_open=True, doc="learning rate (peak value of the schedule)")
+WEIGHT_DECAY = HParam("weight_decay", 0.0, float, low=0.0, doc="weight decay, inside the base optimizer")
+
+
+def common(*extra: HParam, lr_default: float = 0.1) -> Tuple[HParam, ...]:
+    """``lr`` (with the given default) and ``weight_decay`` followed by ``extra``."""
+    lr = HParam("lr", lr_default, float, low=0.0, low_open=True, doc=LR.doc)
+    return (lr, WEIGHT_DECAY) + tuple(extra)
+
+
+def sequence_names(specs: Sequence[HParam]) -> Tuple[str, ...]:
+    return tuple(h.name for h in specs)

@@ -1,0 +1,76 @@
+"""Loading study files: a Python module in ``studies/`` exposing ``STUDY``, ``STUDIES`` or ``build(scale)``."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from flatlab.errors import ConfigError
+from flatlab.study.spec import Study
+
+
+def load_module(path: str):
+    """Import the study file at ``path`` as a module (not added to ``sys.modules``' package tree)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"study file {path!r} does not exist")
+    mod_name = f"flatlab_study_{p.stem}"
+    spec = importlib.util.spec_from_file_location(mod_name, p)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"study file {path!r} is not a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module  # dataclasses defined in the file need their module registered
+    try:
+        spec.loader.exec_module(module)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return module
+
+
+def load_studies(path: str, scale: Optional[str] = None) -> List[Study]:
+    """The validated studies of a study file.
+
+    A file exposes ``STUDY`` (one :class:`Study`), ``STUDIES`` (a list), or ``build(scale) -> Study | list``
+    together with ``SCALES`` (names, the first one the default), e.g. ``("paper", "smoke")``.
+
+    Raises:
+        ConfigError: missing file, nothing exported, an unknown ``scale`` (naming the valid ones), or
+            any invalid study (all problems listed, naming the file, arm and field).
+    """
+    module = load_module(path)
+    scales: Tuple[str, ...] = tuple(getattr(module, "SCALES", ()))
+    if hasattr(module, "build") and scales:
+        chosen = scale or scales[0]
+        if chosen not in scales:
+            raise ConfigError(f"{path}: scale={chosen!r} is not defined; valid scales: {', '.join(scales)}")
+        found = module.build(chosen)
+    elif scale is not None:
+        raise ConfigError(f"{path}: --scale {scale!r} given, but this study file defines no SCALES/build(scale)")
+    elif hasattr(module, "STUDIES"):
+        found = module.STUDIES
+    elif hasattr(module, "STUDY"):
+        found = module.STUDY
+    else:
+        raise ConfigError(f"{path}: a study file must define STUDY, STUDIES, or SCALES with build(scale)")
+    studies = [found] if isinstance(found, Study) else list(found)
+    if not studies or not all(isinstance(s, Study) for s in studies):
+        raise ConfigError(f"{path}: STUDY/STUDIES must be flatlab.Study objects, got {found!r}")
+    names = [s.name for s in studies]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{path}: study names must be unique within a file, got {names}")
+    for s in studies:
+        s.validate(source=path)
+    return studies
+
+
+def describe_file(path: str) -> str:
+    """First line of the module docstring (for ``flatlab studies``)."""
+    import ast
+
+    try:
+        doc = ast.get_docstring(ast.parse(Path(path).read_text()))
+    except SyntaxError as exc:
+        return f"(syntax error: {exc.msg}, line {exc.lineno})"
+    return (doc or "").strip().splitlines()[0] if doc else ""

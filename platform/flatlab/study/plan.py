@@ -1,0 +1,69 @@
+"""The trial plan of a study (``flatlab run --dry-run``): arms, spaces, budget, resources."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from flatlab.study.spec import Study
+
+
+def plan(study: Study) -> Dict[str, Any]:
+    """A JSON-able description of what ``flatlab run`` would launch (nothing is started)."""
+    arms: List[Dict[str, Any]] = []
+    for arm in study.arms:
+        n = len(study.grid(arm)) if study.searcher == "grid" else study.num_trials
+        arms.append(
+            {
+                "arm": arm.name,
+                "optimizer": arm.optimizer,
+                "trials": n,
+                "searched": {k: d.describe() for k, d in arm.searched().items()},
+                "fixed": arm.constants(),
+                "routes": study.route(arm),
+            }
+        )
+    return {
+        "study": study.name,
+        "workload": study.workload,
+        "workload_params": dict(study.workload_params),
+        "train": dict(study.train),
+        "metric": study.metric,
+        "mode": study.mode,
+        "searcher": study.searcher,
+        "scheduler": study.scheduler
+        + (f" (grace_period={study.grace_period}, reduction_factor={study.reduction_factor})" if study.scheduler == "asha" else ""),
+        "max_epochs": study.max_epochs,
+        "seeds": list(study.seeds),
+        "total_trials": study.num_total_trials(),
+        "max_trial_epochs": study.num_total_trials() * study.max_epochs,
+        "resources_per_trial": study.resources.as_dict(),
+        "max_concurrent": study.max_concurrent,
+        "arms": arms,
+    }
+
+
+def render(study: Study, console: Any) -> None:
+    """Print :func:`plan` as a rich table to ``console``."""
+    from rich.table import Table
+
+    p = plan(study)
+    console.print(
+        f"[bold]{p['study']}[/bold]: workload {p['workload']} {p['workload_params'] or ''}, metric {p['metric']} ({p['mode']}), "
+        f"searcher {p['searcher']}, scheduler {p['scheduler']}"
+    )
+    console.print(
+        f"budget: {p['total_trials']} trials x up to {p['max_epochs']} epochs (<= {p['max_trial_epochs']} trial-epochs), "
+        f"seeds {p['seeds']}, per trial {p['resources_per_trial']}, max_concurrent {p['max_concurrent'] or 'as resources allow'}"
+    )
+    if p["train"]:
+        console.print(f"trainer: {p['train']}")
+    table = Table("arm", "optimizer", "trials", "searched", "fixed")
+    for a in p["arms"]:
+        table.add_row(
+            a["arm"],
+            a["optimizer"],
+            str(a["trials"]),
+            "\n".join(f"{k} ~ {v}" for k, v in a["searched"].items()) or "-",
+            "\n".join(f"{k} = {v!r}" for k, v in a["fixed"].items()) or "-",
+        )
+    console.print(table)

@@ -1,0 +1,88 @@
+"""Concise terminal progress for a running study: trials done / running / pending and the best so far."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional
+
+from ray.tune import Callback
+
+
+class ProgressPrinter(Callback):
+    """Prints one line when a trial ends, and a status line at most every ``every_s`` seconds.
+
+    Args:
+        total: trials the study will launch; metric, mode: the study metric.
+    """
+
+    def __init__(self, total: int, metric: str, mode: str, every_s: float = 15.0) -> None:
+        self.total = total
+        self.metric = metric
+        self.mode = mode
+        self.every_s = every_s
+        self._init()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {k: self.__dict__[k] for k in ("total", "metric", "mode", "every_s")}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init()
+
+    def _init(self) -> None:
+        from rich.console import Console
+
+        import sys
+
+        self.console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+        self._running: set = set()
+        self._done: Dict[str, str] = {}
+        self._best: Optional[float] = None
+        self._best_desc = ""
+        self._last_print = 0.0
+        self._last_status = 0.0
+        self._t0 = time.monotonic()
+
+    def _better(self, v: float) -> bool:
+        return self._best is None or (v > self._best if self.mode == "max" else v < self._best)
+
+    def status(self) -> str:
+        pending = max(0, self.total - len(self._done) - len(self._running))
+        best = f"{self._best:.4f} ({self._best_desc})" if self._best is not None else "-"
+        return (
+            f"[{time.monotonic() - self._t0:6.0f}s] trials: {len(self._done)} done / {len(self._running)} running / "
+            f"{pending} pending | best {self.metric} {best}"
+        )
+
+    def on_trial_start(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
+        self._running.add(trial.trial_id)
+
+    def on_trial_result(self, iteration: int, trials: List, trial: Any, result: Dict, **info: Any) -> None:
+        v = result.get(self.metric)
+        if isinstance(v, (int, float)) and v == v and self._better(v):
+            self._best = float(v)
+            self._best_desc = f"{trial.config.get('arm')} {trial.trial_id}, epoch {result.get('epoch')}"
+        if time.monotonic() - self._last_print > self.every_s:
+            self._print(self.status())
+
+    def _end(self, trial: Any, outcome: str) -> None:
+        self._running.discard(trial.trial_id)
+        self._done[trial.trial_id] = outcome
+        last = getattr(trial, "last_result", {}) or {}
+        v = last.get(self.metric)
+        shown = f"{v:.4f}" if isinstance(v, (int, float)) else "-"
+        self._print(f"  {outcome:9s} {trial.config.get('arm', ''):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}  {self.metric} {shown}")
+        if time.monotonic() - self._last_status > 5.0 or not self._running:
+            self._print(self.status())
+            self._last_status = time.monotonic()
+
+    def on_trial_complete(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
+        last = getattr(trial, "last_result", {}) or {}
+        self._end(trial, "diverged" if last.get("diverged") else "done")
+
+    def on_trial_error(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
+        self._end(trial, "error")
+
+    def _print(self, line: str) -> None:
+        self._last_print = time.monotonic()
+        self.console.print(line)

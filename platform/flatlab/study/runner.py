@@ -1,0 +1,270 @@
+"""Running a study: local or remote Ray, Tune + ArmSearcher + ASHA, MLflow parent/child runs, resume.
+
+Output root layout (``--root``, default ``./flatlab-runs``)::
+
+    mlflow.db, mlartifacts/          MLflow tracking (SQLite default; one experiment per study)
+    <study>/launch.json              the latest launch: Tune experiment path, MLflow parent run
+    <study>/optuna.db                the Optuna studies (one per arm)
+    <study>/ray/<experiment>/        Tune storage: trial checkpoints, results, trial logs
+    <study>/logs/flatlab.log         driver logs (Ray's and Tune's included)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from flatlab.errors import ConfigError
+from flatlab.study.spec import Study
+from flatlab.tracking import runs
+
+logger = logging.getLogger("flatlab")
+
+
+@dataclass
+class RunOptions:
+    """How to run a study (the ``flatlab run`` options)."""
+
+    root: Path = Path("flatlab-runs")
+    address: Optional[str] = None
+    tracking_uri: Optional[str] = None
+    storage: Optional[str] = None
+    resume: bool = False
+    source: str = ""
+    log_models: bool = True
+    num_cpus: Optional[int] = None
+    extra_tags: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class StudyOutcome:
+    """What a launch produced."""
+
+    study: str
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+    experiment_path: str
+    interrupted: bool
+    num_trials: int
+    num_errors: int
+    wall_s: float
+
+
+def _setup_file_logging(log_dir: Path) -> None:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(log_dir / "flatlab.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("flatlab", "ray", "ray.tune", "ray.train", "ray.data", "optuna", "mlflow", "alembic"):
+        lg = logging.getLogger(name)
+        for h in list(lg.handlers):
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                lg.removeHandler(h)
+        lg.addHandler(handler)
+        lg.propagate = False
+        if name in ("flatlab", "ray.tune"):
+            lg.setLevel(logging.INFO)
+
+
+def _init_ray(opts: RunOptions, tracking_uri: str) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = {"MLFLOW_TRACKING_URI": tracking_uri, "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+    kwargs: Dict[str, Any] = dict(
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        runtime_env={"env_vars": env},
+    )
+    if opts.address:
+        ray.init(address=opts.address, **kwargs)
+    else:
+        ray.init(num_cpus=opts.num_cpus, include_dashboard=False, **kwargs)
+
+
+def _launch_file(out: Path) -> Path:
+    return out / "launch.json"
+
+
+def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutcome:
+    """Run (or ``opts.resume``) ``study``; returns when every trial has ended or on interruption.
+
+    Raises:
+        ConfigError: ``--resume`` with nothing to resume.
+    """
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the legacy reporter honours verbose=0: our own progress only
+    import optuna
+
+    optuna.logging.disable_default_handler()  # Optuna's messages go to the log file  # no CSV/JSON/TBX loggers per result
+    from ray import tune
+
+    from flatlab import __version__
+    from flatlab.study.progress import ProgressPrinter
+    from flatlab.study.searchers import ArmSearcher
+    from flatlab.study.trainable import run_trial
+    from flatlab.tracking.artifacts import WorkerTracking
+    from flatlab.tracking.callback import MLflowTrialLogger
+    from flatlab.workloads.registry import build_workload
+
+    t0 = time.monotonic()
+    root = Path(opts.root).resolve()
+    out = root / study.name
+    out.mkdir(parents=True, exist_ok=True)
+    tracking_uri = opts.tracking_uri or runs.default_tracking_uri(root)
+    storage_path = opts.storage or str(out / "ray")
+    launch = _launch_file(out)
+
+    previous: Dict[str, Any] = {}
+    if opts.resume:
+        if not launch.exists():
+            raise ConfigError(f"--resume: no earlier launch of study {study.name!r} under {out} (missing {launch.name})")
+        previous = json.loads(launch.read_text())
+        if not tune.Tuner.can_restore(previous["experiment_path"]):
+            raise ConfigError(f"--resume: the Tune experiment at {previous['experiment_path']} cannot be restored")
+
+    _setup_file_logging(out / "logs")
+    experiment_id = runs.get_or_create_experiment(tracking_uri, study.name, runs.artifact_location(root))
+    client = runs.client(tracking_uri)
+    common_tags = {
+        runs.TAG_STUDY: study.name,
+        runs.TAG_WORKLOAD: study.workload,
+        runs.TAG_COMMIT: runs.git_commit(),
+        runs.TAG_VERSION: __version__,
+        **opts.extra_tags,
+    }
+    if opts.resume:
+        parent_run_id = previous["parent_run_id"]
+        client.update_run(parent_run_id, status="RUNNING")
+        client.set_tag(parent_run_id, "flatlab.resumed", "true")
+        exp_name = previous["experiment_name"]
+    else:
+        exp_name = f"{study.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        parent = client.create_run(
+            experiment_id, run_name=f"{study.name} {time.strftime('%Y-%m-%d %H:%M')}", tags={**common_tags, runs.TAG_ROLE: "study"}
+        )
+        parent_run_id = parent.info.run_id
+        from flatlab.study.plan import plan
+        from mlflow.entities import Param
+
+        p = plan(study)
+        params = {k: p[k] for k in ("workload", "metric", "mode", "searcher", "scheduler", "max_epochs", "total_trials", "seeds")}
+        params.update({"source": opts.source, "workload_params": p["workload_params"], "train": p["train"]})
+        client.log_batch(parent_run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+        client.log_dict(parent_run_id, p, "plan.json")
+        if opts.source and Path(opts.source).is_file():
+            client.log_artifact(parent_run_id, opts.source, artifact_path="study")
+    experiment_path = str(Path(storage_path) / exp_name) if "://" not in storage_path else f"{storage_path.rstrip('/')}/{exp_name}"
+    launch.write_text(
+        json.dumps(
+            {"experiment_path": experiment_path, "experiment_name": exp_name, "parent_run_id": parent_run_id,
+             "tracking_uri": tracking_uri, "experiment_id": experiment_id, "status": "running"},
+            indent=2,
+        )
+    )
+
+    _init_ray(opts, tracking_uri)
+    workload = build_workload(study.workload, **dict(study.workload_params))
+    data = workload.load_data(study.seed)  # once per study; reaches trials through the object store
+    tracking = WorkerTracking(tracking_uri, experiment_id, parent_run_id, log_models=opts.log_models)
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, study=study, data=data, tracking=tracking), study.resources.as_dict()
+    )
+    total = study.num_total_trials()
+    mlflow_cb = MLflowTrialLogger(
+        tracking_uri,
+        experiment_id,
+        parent_run_id,
+        tags=common_tags,
+        arm_optimizer={a.name: a.optimizer for a in study.arms},
+        max_epochs=study.max_epochs,
+        metric=study.metric,
+        mode=study.mode,
+    )
+    progress = ProgressPrinter(total, study.metric, study.mode)
+    if opts.resume:
+        tuner = tune.Tuner.restore(experiment_path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+        callbacks = tuner._local_tuner.get_run_config().callbacks  # restored with the experiment
+        for i, cb in enumerate(callbacks):  # swap in live instances bound to this launch
+            if isinstance(cb, MLflowTrialLogger):
+                callbacks[i] = mlflow_cb
+            elif isinstance(cb, ProgressPrinter):
+                callbacks[i] = progress
+    else:
+        scheduler = None
+        if study.scheduler == "asha":
+            from ray.tune.schedulers import ASHAScheduler
+
+            scheduler = ASHAScheduler(
+                time_attr="training_iteration",
+                max_t=study.max_epochs,
+                grace_period=study.grace_period,
+                reduction_factor=study.reduction_factor,
+            )
+        searcher = ArmSearcher(study, optuna_storage=f"sqlite:///{out / 'optuna.db'}", launch=exp_name)
+        tuner = tune.Tuner(
+            trainable,
+            tune_config=tune.TuneConfig(
+                metric=study.metric,
+                mode=study.mode,
+                search_alg=searcher,
+                scheduler=scheduler,
+                num_samples=total,
+                max_concurrent_trials=study.max_concurrent,
+                reuse_actors=True,
+            ),
+            run_config=tune.RunConfig(
+                name=exp_name,
+                storage_path=storage_path,
+                callbacks=[mlflow_cb, progress],
+                verbose=0,
+                log_to_file=True,
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                failure_config=tune.FailureConfig(max_failures=0),
+            ),
+        )
+    if console is not None:
+        console.print(
+            f"study [bold]{study.name}[/bold]: {total} trials, tracking {tracking_uri}, logs {out / 'logs'}"
+            + (" (resumed)" if opts.resume else "")
+        )
+    interrupted, failed = False, False
+    num_errors = 0
+    try:
+        grid = tuner.fit()
+        num_errors = grid.num_errors
+        ended = grid.num_terminated + grid.num_errors
+        interrupted = ended < total
+    except KeyboardInterrupt:
+        interrupted = True
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        mlflow_cb.close(interrupted=interrupted or failed)
+        status = "FAILED" if failed else "KILLED" if interrupted else "FINISHED"
+        client.set_terminated(parent_run_id, status=status)
+        state = json.loads(launch.read_text())
+        state["status"] = status.lower()
+        launch.write_text(json.dumps(state, indent=2))
+        for err in mlflow_cb.errors:
+            logger.warning("MLflow: %s", err)
+    if console is not None and interrupted:
+        console.print(f"[yellow]interrupted[/yellow]: continue with `flatlab run {opts.source or '<study file>'} --resume`")
+    return StudyOutcome(
+        study=study.name,
+        tracking_uri=tracking_uri,
+        experiment_id=experiment_id,
+        parent_run_id=parent_run_id,
+        experiment_path=experiment_path,
+        interrupted=interrupted,
+        num_trials=total,
+        num_errors=num_errors,
+        wall_s=time.monotonic() - t0,
+    )

@@ -1,0 +1,203 @@
+"""Search-space primitives: ``loguniform``, ``uniform``, ``integer`` (``flatlab.space.int``), ``choice``,
+``fixed`` and ``grid``.
+
+Each dimension maps to an Optuna distribution (Optuna TPE / random searchers) and, where it is
+discrete, to a list of values (the ``grid`` searcher, which enumerates with Tune's own semantics:
+OptunaSearch cannot take ``tune.grid_search``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from dataclasses import dataclass
+from typing import Any, List, Optional, Tuple, Union
+
+from flatlab.errors import ConfigError
+from flatlab.hparams import HParam
+
+
+class Dim:
+    """One search dimension."""
+
+    def to_optuna(self) -> Any:
+        """The equivalent ``optuna.distributions`` object."""
+        raise NotImplementedError
+
+    def grid_values(self, where: str) -> List[Any]:
+        """Values the ``grid`` searcher enumerates; raises ``ConfigError`` for continuous dimensions."""
+        raise ConfigError(
+            f"{where}: {self!r} is continuous and cannot be enumerated by searcher='grid'; "
+            "use grid([...]) or choice([...]), or searcher='optuna'"
+        )
+
+    def check(self, hp: HParam, where: str) -> None:
+        """Raise ``ConfigError`` if any value this dimension can take is outside ``hp``'s allowed range."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return repr(self)
+
+
+@dataclass(frozen=True)
+class Float(Dim):
+    """A float in ``[low, high]``, log-uniform if ``log`` (then ``low > 0`` is required)."""
+
+    low: float
+    high: float
+    log: bool = False
+
+    def __post_init__(self) -> None:
+        kind = "loguniform" if self.log else "uniform"
+        if not (isinstance(self.low, (builtins.int, float)) and isinstance(self.high, (builtins.int, float))):
+            raise ConfigError(f"{kind}(low, high) needs numbers, got low={self.low!r}, high={self.high!r}")
+        if not self.low < self.high:
+            raise ConfigError(f"{kind}: low < high must hold, but got low={self.low}, high={self.high}")
+        if self.log and self.low <= 0:
+            raise ConfigError(f"loguniform: low > 0 must hold for a log range, but got low={self.low}")
+
+    def to_optuna(self) -> Any:
+        import optuna
+
+        return optuna.distributions.FloatDistribution(float(self.low), float(self.high), log=self.log)
+
+    def check(self, hp: HParam, where: str) -> None:
+        if hp.kind not in (float, builtins.int) or hp.choices is not None:
+            raise ConfigError(f"{where}: {hp.name} takes {hp.allowed()}, not a float range")
+        hp.validate(self.low, where)
+        hp.validate(self.high, where)
+
+    def describe(self) -> str:
+        return f"{'loguniform' if self.log else 'uniform'}({self.low:g}, {self.high:g})"
+
+
+@dataclass(frozen=True)
+class Int(Dim):
+    """An integer in ``[low, high]`` (both included), log-uniform if ``log``."""
+
+    low: builtins.int
+    high: builtins.int
+    log: bool = False
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.low, builtins.int) and isinstance(self.high, builtins.int)):
+            raise ConfigError(f"int(low, high) needs integers, got low={self.low!r}, high={self.high!r}")
+        if not self.low < self.high:
+            raise ConfigError(f"int: low < high must hold, but got low={self.low}, high={self.high}")
+        if self.log and self.low <= 0:
+            raise ConfigError(f"int(log=True): low > 0 must hold, but got low={self.low}")
+
+    def to_optuna(self) -> Any:
+        import optuna
+
+        return optuna.distributions.IntDistribution(self.low, self.high, log=self.log)
+
+    def grid_values(self, where: str) -> List[Any]:
+        return list(range(self.low, self.high + 1))
+
+    def check(self, hp: HParam, where: str) -> None:
+        if hp.kind is not builtins.int and hp.kind is not float:
+            raise ConfigError(f"{where}: {hp.name} takes {hp.allowed()}, not an integer range")
+        hp.validate(self.low, where)
+        hp.validate(self.high, where)
+
+    def describe(self) -> str:
+        return f"int({self.low}, {self.high})"
+
+
+@dataclass(frozen=True)
+class Choice(Dim):
+    """One of ``values`` (categorical). ``is_grid``: written as ``grid([...])`` (enumerated exhaustively)."""
+
+    values: Tuple[Any, ...]
+    is_grid: bool = False
+
+    def __post_init__(self) -> None:
+        name = "grid" if self.is_grid else "choice"
+        if len(self.values) == 0:
+            raise ConfigError(f"{name}([...]) needs at least one value, got an empty list")
+        if len(set(map(repr, self.values))) != len(self.values):
+            raise ConfigError(f"{name}: values must be distinct, got {list(self.values)}")
+
+    def to_optuna(self) -> Any:
+        import optuna
+
+        return optuna.distributions.CategoricalDistribution(list(self.values))
+
+    def grid_values(self, where: str) -> List[Any]:
+        return list(self.values)
+
+    def check(self, hp: HParam, where: str) -> None:
+        for v in self.values:
+            hp.validate(v, where)
+
+    def describe(self) -> str:
+        return f"{'grid' if self.is_grid else 'choice'}({list(self.values)})"
+
+
+@dataclass(frozen=True)
+class Fixed(Dim):
+    """A constant (same as writing the value itself in a space)."""
+
+    value: Any
+
+    def grid_values(self, where: str) -> List[Any]:
+        return [self.value]
+
+    def check(self, hp: HParam, where: str) -> None:
+        hp.validate(self.value, where)
+
+    def describe(self) -> str:
+        return repr(self.value)
+
+
+def loguniform(low: float, high: float) -> Float:
+    """Log-uniform float in ``[low, high]``, ``0 < low < high`` (e.g. learning rates)."""
+    return Float(low, high, log=True)
+
+
+def uniform(low: float, high: float) -> Float:
+    """Uniform float in ``[low, high]``, ``low < high``."""
+    return Float(low, high)
+
+
+def integer(low: builtins.int, high: builtins.int, log: bool = False) -> Int:
+    """Integer in ``[low, high]``, both included (exported as ``flatlab.space.int``)."""
+    return Int(low, high, log)
+
+
+def choice(values: Union[List[Any], Tuple[Any, ...]]) -> Choice:
+    """One of ``values`` (sampled by Optuna; enumerated by the grid searcher)."""
+    return Choice(tuple(values))
+
+
+def grid(values: Union[List[Any], Tuple[Any, ...]]) -> Choice:
+    """Exhaustive values, as a paper's grid (enumerated by ``searcher='grid'``, categorical for Optuna)."""
+    return Choice(tuple(values), is_grid=True)
+
+
+def fixed(value: Any) -> Fixed:
+    """A constant parameter (writing the plain value in a space means the same)."""
+    return Fixed(value)
+
+
+def as_dim(value: Any) -> Dim:
+    """A :class:`Dim` from a space entry (plain values become :class:`Fixed`)."""
+    return value if isinstance(value, Dim) else Fixed(value)
+
+
+def is_searched(dim: Dim) -> bool:
+    return not isinstance(dim, Fixed)
+
+
+def grid_points(space: "dict[str, Dim]", where: str) -> List["dict[str, Any]"]:
+    """The cartesian product of every dimension's grid values, in declaration order (last varies fastest)."""
+    import itertools
+
+    names = list(space)
+    values = [space[n].grid_values(f"{where}, field {n!r}") for n in names]
+    return [dict(zip(names, combo)) for combo in itertools.product(*values)]
+
+
+def finite(x: Optional[float]) -> bool:
+    return x is not None and math.isfinite(x)

@@ -1,0 +1,290 @@
+"""Study definitions: the typed, frozen description of a hyperparameter study.
+
+A study file in ``studies/`` exposes ``STUDY`` (one :class:`Study`) or ``STUDIES`` (several). Each
+:class:`Arm` names a registered optimizer and its own search space; a space entry may be an optimizer
+hyperparameter (``lr``, ``rho``, ``kappa`` ...), a trainer one (``batch_size``, ``label_smoothing`` ...)
+or a workload one (``model``, ``width`` ...). :meth:`Study.validate` checks everything before anything
+starts and reports all problems at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from flatlab.errors import ConfigError, UnknownNameError
+from flatlab.hparams import HParam, resolve
+from flatlab.study.space import Dim, as_dim, grid_points, is_searched
+from flatlab.train.config import TRAINER_HPARAMS
+from flatlab.train.trainer import TrialSpec
+
+SEARCHERS = ("optuna", "grid", "random")
+SCHEDULERS = ("asha", "fifo")
+MODES = ("max", "min")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Per-trial resources: ``cpu`` cores (also torch's thread count) and ``gpu`` (fraction allowed)."""
+
+    cpu: float = 1
+    gpu: float = 0
+
+    def as_dict(self) -> Dict[str, float]:
+        return {"cpu": self.cpu, "gpu": self.gpu}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One optimizer arm of a study.
+
+    Attributes:
+        name: the arm's label (defaults to the optimizer name); unique within the study.
+        optimizer: registered optimizer name (see ``flatlab optimizers``).
+        space: field -> dimension (``flatlab.space`` primitives) or a constant.
+    """
+
+    optimizer: str
+    space: Mapping[str, Any] = field(default_factory=dict)
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.optimizer)
+        object.__setattr__(self, "space", {k: as_dim(v) for k, v in dict(self.space).items()})
+
+    @property
+    def dims(self) -> Dict[str, Dim]:
+        return dict(self.space)  # type: ignore[arg-type]
+
+    def searched(self) -> Dict[str, Dim]:
+        """Dimensions the searcher samples."""
+        return {k: d for k, d in self.dims.items() if is_searched(d)}
+
+    def constants(self) -> Dict[str, Any]:
+        """Fixed values of this arm."""
+        return {k: d.value for k, d in self.dims.items() if not is_searched(d)}  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Study:
+    """A hyperparameter study: one workload, one or more optimizer arms, a searcher and a budget.
+
+    Attributes:
+        name: MLflow experiment name and output folder; letters, digits, ``_ . -``.
+        workload: registered workload name; ``workload_params`` its parameters.
+        arms: optimizer arms, each with its own space; every arm gets ``num_trials`` trials.
+        train: trainer parameters shared by all arms (``batch_size``, ``schedule`` ...).
+        metric, mode: what the searcher and the scheduler optimise (a metric the workload reports).
+        num_trials: trials per arm (``grid``: the grid size x seeds, this field is then ignored).
+        max_epochs: epochs per trial (the LR schedule spans them; ASHA's ``max_t``).
+        scheduler: ``asha`` (early stopping, ``grace_period`` epochs, ``reduction_factor``) or ``fifo``.
+        seeds: trial seeds; ``grid`` runs every point with every seed, ``optuna``/``random`` cycle
+            through them (trial i of an arm gets ``seeds[i % len(seeds)]``).
+        seed: study seed (data split, searcher sampling).
+        resources: per trial; ``max_concurrent``: cap on simultaneous trials (``None`` = as resources allow).
+        searcher: ``optuna`` (TPE, seeded), ``random`` (Optuna's random sampler, seeded) or ``grid``.
+        checkpoint_every: epochs between trial checkpoints (the last epoch is always checkpointed).
+    """
+
+    name: str
+    workload: str
+    arms: Tuple[Arm, ...]
+    workload_params: Mapping[str, Any] = field(default_factory=dict)
+    train: Mapping[str, Any] = field(default_factory=dict)
+    metric: str = "val/accuracy"
+    mode: str = "max"
+    num_trials: int = 8
+    max_epochs: int = 20
+    scheduler: str = "asha"
+    grace_period: int = 2
+    reduction_factor: int = 3
+    seeds: Tuple[int, ...] = (0,)
+    seed: int = 0
+    resources: Resources = Resources()
+    max_concurrent: Optional[int] = None
+    searcher: str = "optuna"
+    checkpoint_every: int = 1
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arms", tuple(self.arms))
+        object.__setattr__(self, "seeds", tuple(self.seeds))
+
+    # ----------------------------------------------------------------------------------------------
+    def with_budget(self, trials: Optional[int] = None, epochs: Optional[int] = None) -> "Study":
+        """A copy with a smaller (or larger) budget: ``trials`` per arm, ``epochs`` per trial."""
+        changes: Dict[str, Any] = {}
+        if trials is not None:
+            changes["num_trials"] = trials
+        if epochs is not None:
+            changes["max_epochs"] = epochs
+            changes["grace_period"] = max(1, min(self.grace_period, epochs))
+        return dataclasses.replace(self, **changes)
+
+    def arm(self, name: str) -> Arm:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise UnknownNameError(f"unknown arm {name!r}; arms of study {self.name!r}: {', '.join(a.name for a in self.arms)}")
+
+    def route(self, arm: Arm) -> Dict[str, str]:
+        """field -> ``optimizer`` | ``trainer`` | ``workload``: where each space field of ``arm`` goes."""
+        from flatlab.optim.registry import get_optimizer
+        from flatlab.workloads.registry import get_workload
+
+        opt = {h.name for h in get_optimizer(arm.optimizer).hparams}
+        trn = {h.name for h in TRAINER_HPARAMS}
+        wl = {h.name for h in get_workload(self.workload).hparams}
+        out = {}
+        for k in arm.dims:
+            out[k] = "optimizer" if k in opt else "trainer" if k in trn else "workload" if k in wl else "unknown"
+        return out
+
+    def declared(self, arm: Arm) -> Dict[str, HParam]:
+        """Every field ``arm`` may set, with its declaration (optimizer, trainer and workload fields)."""
+        from flatlab.optim.registry import get_optimizer
+        from flatlab.workloads.registry import get_workload
+
+        out: Dict[str, HParam] = {h.name: h for h in get_workload(self.workload).hparams}
+        out.update({h.name: h for h in TRAINER_HPARAMS})
+        out.update({h.name: h for h in get_optimizer(arm.optimizer).hparams})
+        return out
+
+    def trial_spec(self, config: Mapping[str, Any], device: str = "cpu") -> TrialSpec:
+        """The :class:`TrialSpec` of one trial config (``{"arm", "seed", field: value ...}``)."""
+        arm = self.arm(config["arm"])
+        route = self.route(arm)
+        opt: Dict[str, Any] = {}
+        trn: Dict[str, Any] = dict(self.train)
+        wl: Dict[str, Any] = dict(self.workload_params)
+        for k, v in config.items():
+            if k in ("arm", "seed"):
+                continue
+            {"optimizer": opt, "trainer": trn, "workload": wl}.get(route.get(k, ""), opt)[k] = v
+        return TrialSpec(
+            workload=self.workload,
+            optimizer=arm.optimizer,
+            epochs=self.max_epochs,
+            seed=int(config["seed"]),
+            workload_params=wl,
+            optimizer_params=opt,
+            trainer_params=trn,
+            device=device,
+        )
+
+    def num_total_trials(self) -> int:
+        """Trials the whole study launches (all arms)."""
+        if self.searcher == "grid":
+            return sum(len(self.grid(a)) for a in self.arms)
+        return self.num_trials * len(self.arms)
+
+    def grid(self, arm: Arm) -> List[Dict[str, Any]]:
+        """Grid searcher: every point of ``arm``'s grid x every seed, as trial configs."""
+        where = f"study {self.name!r}, arm {arm.name!r}"
+        return [
+            {"arm": arm.name, "seed": s, **point}
+            for point in grid_points(arm.dims, where)
+            for s in self.seeds
+        ]
+
+    # ----------------------------------------------------------------------------------------------
+    def validate(self, source: str = "") -> "Study":
+        """Check the whole study; raises ONE :class:`ConfigError` listing every problem found.
+
+        Each message names the study file (``source``), the arm and the field, with the allowed values.
+        Nothing is started or written. Returns ``self`` for chaining.
+        """
+        from flatlab.optim.registry import get_optimizer
+        from flatlab.workloads.registry import get_workload
+
+        where = f"{source}: study {self.name!r}" if source else f"study {self.name!r}"
+        errors: List[str] = []
+
+        def check(cond: bool, msg: str) -> None:
+            if not cond:
+                errors.append(f"{where}: {msg}")
+
+        check(isinstance(self.name, str) and bool(_NAME.match(self.name or "")), f"name={self.name!r}: use letters, digits, '_', '.', '-'")
+        workload_cls = None
+        try:
+            workload_cls = get_workload(self.workload)
+        except UnknownNameError as exc:
+            errors.append(f"{where}: field 'workload': {exc}")
+        if workload_cls is not None:
+            try:
+                resolve(workload_cls.hparams, self.workload_params, f"{where}: workload_params")
+            except ConfigError as exc:
+                errors.append(str(exc))
+            check(
+                self.metric in workload_cls.metrics,
+                f"metric={self.metric!r} is not reported by workload {self.workload!r}; it reports: {', '.join(workload_cls.metrics)}",
+            )
+        try:
+            resolve(TRAINER_HPARAMS, self.train, f"{where}: field 'train'")
+        except ConfigError as exc:
+            errors.append(str(exc))
+        check(self.mode in MODES, f"mode={self.mode!r}; expected one of {', '.join(MODES)}")
+        check(self.searcher in SEARCHERS, f"searcher={self.searcher!r}; expected one of {', '.join(SEARCHERS)}")
+        check(self.scheduler in SCHEDULERS, f"scheduler={self.scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
+        check(_is_int(self.num_trials) and self.num_trials >= 1, f"num_trials={self.num_trials!r}; expected an int >= 1")
+        check(_is_int(self.max_epochs) and self.max_epochs >= 1, f"max_epochs={self.max_epochs!r}; expected an int >= 1")
+        check(
+            _is_int(self.grace_period) and 1 <= self.grace_period <= (self.max_epochs if _is_int(self.max_epochs) else 1),
+            f"grace_period={self.grace_period!r}; expected an int in [1, max_epochs={self.max_epochs}]",
+        )
+        check(_is_int(self.reduction_factor) and self.reduction_factor >= 2, f"reduction_factor={self.reduction_factor!r}; expected an int >= 2")
+        check(len(self.seeds) > 0 and all(_is_int(s) and s >= 0 for s in self.seeds), f"seeds={self.seeds!r}; expected a non-empty tuple of ints >= 0")
+        check(_is_int(self.seed) and self.seed >= 0, f"seed={self.seed!r}; expected an int >= 0")
+        check(self.resources.cpu > 0 and self.resources.gpu >= 0, f"resources={self.resources}; expected cpu > 0 and gpu >= 0")
+        check(self.max_concurrent is None or (_is_int(self.max_concurrent) and self.max_concurrent >= 1), f"max_concurrent={self.max_concurrent!r}; expected None or an int >= 1")
+        check(_is_int(self.checkpoint_every) and self.checkpoint_every >= 1, f"checkpoint_every={self.checkpoint_every!r}; expected an int >= 1")
+        check(len(self.arms) > 0, "arms is empty; give at least one Arm(optimizer=..., space={...})")
+        names = [a.name for a in self.arms]
+        check(len(set(names)) == len(names), f"arm names must be unique, got {names}")
+        for arm in self.arms:
+            errors.extend(self._validate_arm(arm, where, workload_cls is not None))
+        if errors:
+            raise ConfigError("invalid study:\n  " + "\n  ".join(errors))
+        return self
+
+    def _validate_arm(self, arm: Arm, where: str, workload_ok: bool) -> List[str]:
+        from flatlab.optim.registry import get_optimizer
+
+        aw = f"{where}, arm {arm.name!r}"
+        try:
+            get_optimizer(arm.optimizer)
+        except UnknownNameError as exc:
+            return [f"{aw}: field 'optimizer': {exc}"]
+        if not workload_ok:
+            return []
+        errors: List[str] = []
+        declared = self.declared(arm)
+        for key, dim in arm.dims.items():
+            if key in ("arm", "seed"):
+                errors.append(f"{aw}: field {key!r} is reserved; set trial seeds with Study(seeds=...)")
+                continue
+            hp = declared.get(key)
+            if hp is None:
+                errors.append(
+                    f"{aw}: field {key!r} is not accepted by optimizer {arm.optimizer!r}, the trainer or workload "
+                    f"{self.workload!r}; accepted: {', '.join(sorted(declared))}"
+                )
+                continue
+            try:
+                dim.check(hp, f"{aw}, field {key!r}")
+            except ConfigError as exc:
+                errors.append(str(exc))
+        if self.searcher == "grid" and not errors:
+            try:
+                grid_points(arm.dims, aw)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        return errors
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

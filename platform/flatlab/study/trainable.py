@@ -1,0 +1,59 @@
+"""The Tune function trainable: one trial = one :class:`~flatlab.train.trainer.Trainer` run.
+
+Uses only ``ray.tune`` APIs (``tune.report``, ``tune.Checkpoint``, ``tune.get_checkpoint``). Data
+arrives through ``tune.with_parameters`` (Ray's object store, loaded once per study). Every epoch
+reports the workload's metrics; a checkpoint (model, optimizer, scheduler, RNG states) goes with every
+``checkpoint_every``-th report and the last, so a restarted trial resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from typing import Any, Dict, Optional
+
+import torch
+from ray import tune
+
+from flatlab.study.spec import Study
+from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
+from flatlab.train.trainer import Diverged, Trainer
+from flatlab.workloads.base import Data
+
+CKPT_FILE = "trainer.pt"
+
+
+def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Optional[WorkerTracking] = None) -> None:
+    """Train the trial described by ``config`` (``{"arm", "seed", field: value ...}``) under Tune."""
+    threads = max(1, int(study.resources.cpu))
+    torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1; follow the trial's CPU allocation
+    device = "cuda" if study.resources.gpu > 0 and torch.cuda.is_available() else "cpu"
+    spec = study.trial_spec(config, device=device)
+    trainer = Trainer(spec, data)
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            trainer.load(os.path.join(d, CKPT_FILE))
+    trial_id = tune.get_context().get_trial_id()
+    while trainer.epoch < study.max_epochs:
+        try:
+            metrics = trainer.run_epoch()
+        except Diverged as exc:
+            worst = -math.inf if study.mode == "max" else math.inf
+            tune.report({"epoch": trainer.epoch + 1, study.metric: worst, "diverged": 1, "diverged_step": exc.step})
+            return
+        metrics["diverged"] = 0
+        if not math.isfinite(metrics.get(study.metric, 0.0)):
+            metrics[study.metric] = -math.inf if study.mode == "max" else math.inf
+        last = trainer.epoch == study.max_epochs
+        if last:
+            metrics.update(trainer.evaluate_test())
+            if tracking is not None and trial_id:
+                log_trial_artifacts(tracking, trial_id, trainer.model, spec, metrics)
+        if last or trainer.epoch % study.checkpoint_every == 0:
+            with tempfile.TemporaryDirectory() as d:
+                trainer.save(os.path.join(d, CKPT_FILE))
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+        else:
+            tune.report(metrics)

@@ -1,0 +1,1 @@
+"""MLflow tracking: run layout, the batched driver-side logger, worker artifacts and result queries."""

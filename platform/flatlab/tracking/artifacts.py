@@ -1,0 +1,58 @@
+"""Worker-side MLflow logging: the trial's final model and its full configuration, as artifacts.
+
+Workers do not inherit the driver's tracking URI (ray#36257): the driver passes it explicitly in
+:class:`WorkerTracking`. The child run is created by the driver; the worker finds it by trial id.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Optional
+
+import torch
+
+from flatlab.tracking import runs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerTracking:
+    """Where a worker logs: tracking URI, experiment and parent run; ``log_models``: upload final weights."""
+
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+    log_models: bool = True
+
+
+def log_trial_artifacts(
+    tracking: WorkerTracking, trial_id: str, model: torch.nn.Module, spec: Any, metrics: Dict[str, Any]
+) -> Optional[str]:
+    """Upload ``model/model.safetensors`` and ``trial.json`` (spec + final metrics) to the trial's run.
+
+    Returns the run id, or ``None`` if the run could not be found within 60 s (logged, not raised:
+    artifacts must never fail a trial).
+    """
+    run_id = runs.find_trial_run(tracking.tracking_uri, tracking.experiment_id, trial_id, tracking.parent_run_id, wait_s=60)
+    if run_id is None:
+        logger.warning("no MLflow run found for trial %s; artifacts not logged", trial_id)
+        return None
+    from safetensors.torch import save_file
+
+    client = runs.client(tracking.tracking_uri)
+    with tempfile.TemporaryDirectory() as tmp:
+        info = {"spec": asdict(spec), "final_metrics": metrics}
+        with open(os.path.join(tmp, "trial.json"), "w") as f:
+            json.dump(info, f, indent=2, default=str)
+        client.log_artifact(run_id, os.path.join(tmp, "trial.json"))
+        if tracking.log_models:
+            state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+            os.makedirs(os.path.join(tmp, "model"))
+            save_file(state, os.path.join(tmp, "model", "model.safetensors"))
+            client.log_artifacts(run_id, os.path.join(tmp, "model"), artifact_path="model")
+    return run_id

@@ -1,0 +1,229 @@
+"""Driver-side MLflow logging for Tune trials, batched and off the Tune event loop.
+
+Ray's ``MLflowLoggerCallback`` logs every result synchronously (~35 ms per result on SQLite, which
+tripled a small study's wall time in our measurements). This callback only enqueues on the Tune
+thread; one background thread creates runs, sends metrics with ``MlflowClient.log_batch`` (all
+pending results of a run in one call), and ends runs. Statuses: FINISHED for completed trials,
+KILLED (``flatlab.outcome=pruned``) for trials the scheduler stopped, FAILED for errors and divergence
+(``flatlab.outcome=diverged``). :meth:`close` marks anything still open KILLED, so no run is left
+RUNNING. The callback pickles without its thread (Tune stores it in the experiment state for resume).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from ray.tune import Callback
+
+from flatlab.tracking import runs
+
+logger = logging.getLogger(__name__)
+
+_FLUSH_S = 0.5
+
+
+class MLflowTrialLogger(Callback):
+    """Logs each Tune trial as a child MLflow run of ``parent_run_id``.
+
+    Args:
+        tracking_uri, experiment_id, parent_run_id: where to log.
+        tags: tags set on every child run (study, workload, git commit, version).
+        arm_optimizer: arm name -> optimizer name (tagged on each child run).
+        max_epochs: trials whose last epoch is below it and that did not diverge count as pruned.
+        metric, mode: the study metric; ``best/<metric>`` is logged alongside it.
+    """
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment_id: str,
+        parent_run_id: str,
+        tags: Dict[str, str],
+        arm_optimizer: Dict[str, str],
+        max_epochs: int,
+        metric: str,
+        mode: str,
+    ) -> None:
+        self.tracking_uri = tracking_uri
+        self.experiment_id = experiment_id
+        self.parent_run_id = parent_run_id
+        self.tags = dict(tags)
+        self.arm_optimizer = dict(arm_optimizer)
+        self.max_epochs = max_epochs
+        self.metric = metric
+        self.mode = mode
+        self._init_runtime()
+
+    # ---- pickling: configuration only ----------------------------------------------------------
+    def __getstate__(self) -> Dict[str, Any]:
+        keep = ("tracking_uri", "experiment_id", "parent_run_id", "tags", "arm_optimizer", "max_epochs", "metric", "mode")
+        return {k: self.__dict__[k] for k in keep}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self._queue: "queue.Queue[Tuple[str, str, Any]]" = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self._run_ids: Dict[str, str] = {}
+        self._open: set = set()
+        self._best: Dict[str, float] = {}
+        self._last: Dict[str, Dict] = {}
+        self.errors: List[str] = []
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._worker, name="flatlab-mlflow", daemon=True)
+            self._thread.start()
+
+    # ---- Tune callback hooks (cheap: enqueue only) --------------------------------------------
+    def setup(self, **info: Any) -> None:
+        self._ensure_thread()
+
+    def on_trial_start(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
+        self._ensure_thread()
+        self._queue.put(("start", trial.trial_id, dict(trial.config)))
+
+    def on_trial_restore(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
+        self.on_trial_start(iteration, trials, trial)
+
+    def on_trial_recover(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
+        self.on_trial_start(iteration, trials, trial)
+
+    def on_trial_result(self, iteration: int, trials: List, trial: Any, result: Dict, **info: Any) -> None:
+        metrics = runs.numeric_metrics(result)
+        value = metrics.get(self.metric)
+        if value is not None and value == value:
+            best = self._best.get(trial.trial_id)
+            better = best is None or (value > best if self.mode == "max" else value < best)
+            if better:
+                self._best[trial.trial_id] = value
+            metrics[f"best/{self.metric}"] = self._best[trial.trial_id]
+        self._last[trial.trial_id] = result
+        step = int(result.get("epoch", result.get("training_iteration", 0)))
+        self._queue.put(("metrics", trial.trial_id, (metrics, step)))
+
+    def on_trial_complete(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
+        last = self._last.get(trial.trial_id) or getattr(trial, "last_result", {}) or {}
+        if last.get("diverged"):
+            status, outcome = "FAILED", "diverged"
+        elif int(last.get("epoch", 0)) < self.max_epochs:
+            status, outcome = "KILLED", "pruned"
+        else:
+            status, outcome = "FINISHED", "completed"
+        self._queue.put(("end", trial.trial_id, (status, outcome, None)))
+
+    def on_trial_error(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
+        err = getattr(trial, "error_file", None) or "trial raised; see the trial's error file"
+        self._queue.put(("end", trial.trial_id, ("FAILED", "error", str(err))))
+
+    def on_experiment_end(self, trials: List, **info: Any) -> None:
+        self.flush()
+
+    # ---- driver API -----------------------------------------------------------------------------
+    def flush(self, timeout: float = 120.0) -> None:
+        """Block until everything enqueued so far is written (or ``timeout`` seconds pass)."""
+        if self._thread is None:
+            return
+        done = threading.Event()
+        self._queue.put(("flush", "", done))
+        done.wait(timeout)
+
+    def close(self, interrupted: bool = False) -> None:
+        """Flush, then end every child run still open as KILLED (``flatlab.outcome=interrupted``)."""
+        self.flush()
+        for trial_id in list(self._open):
+            self._queue.put(("end", trial_id, ("KILLED", "interrupted", None)))
+        self.flush()
+        self._queue.put(("stop", "", None))
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def run_id(self, trial_id: str) -> Optional[str]:
+        return self._run_ids.get(trial_id)
+
+    # ---- background thread --------------------------------------------------------------------
+    def _worker(self) -> None:
+        client = runs.client(self.tracking_uri)
+        pending: Dict[str, List] = {}
+        last_flush = time.monotonic()
+        while True:
+            try:
+                kind, trial_id, payload = self._queue.get(timeout=_FLUSH_S)
+            except queue.Empty:
+                kind, trial_id, payload = "tick", "", None
+            try:
+                if kind == "metrics":
+                    metrics, step = payload
+                    pending.setdefault(trial_id, []).append((metrics, step))
+                if kind in ("start", "end", "flush", "stop") or (pending and time.monotonic() - last_flush > _FLUSH_S):
+                    self._send_metrics(client, pending)
+                    last_flush = time.monotonic()
+                if kind == "start":
+                    self._start_run(client, trial_id, payload)
+                elif kind == "end":
+                    self._end_run(client, trial_id, *payload)
+                elif kind == "flush":
+                    payload.set()
+                elif kind == "stop":
+                    return
+            except Exception as exc:  # never kill the study for a tracking hiccup; report at the end
+                logger.exception("MLflow logging failed (%s for trial %s)", kind, trial_id)
+                self.errors.append(f"{kind} {trial_id}: {exc}")
+                if kind == "flush":
+                    payload.set()
+
+    def _start_run(self, client: Any, trial_id: str, config: Dict[str, Any]) -> None:
+        from mlflow.entities import Param, RunTag
+
+        run_id = self._run_ids.get(trial_id) or runs.find_trial_run(
+            self.tracking_uri, self.experiment_id, trial_id, self.parent_run_id
+        )
+        arm = str(config.get("arm", ""))
+        if run_id is None:
+            tags = {
+                **self.tags,
+                runs.PARENT: self.parent_run_id,
+                runs.TAG_ROLE: "trial",
+                runs.TAG_TRIAL: trial_id,
+                runs.TAG_ARM: arm,
+                runs.TAG_OPT: self.arm_optimizer.get(arm, arm),
+                runs.TAG_SEED: str(config.get("seed", "")),
+            }
+            run = client.create_run(self.experiment_id, tags=tags, run_name=f"{arm}-{trial_id}")
+            run_id = run.info.run_id
+            params = [Param(k, str(v)) for k, v in sorted(config.items())]
+            client.log_batch(run_id, params=params)
+        else:
+            client.update_run(run_id, status="RUNNING")
+        self._run_ids[trial_id] = run_id
+        self._open.add(trial_id)
+
+    def _send_metrics(self, client: Any, pending: Dict[str, List]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        for trial_id in list(pending):
+            run_id = self._run_ids.get(trial_id)
+            if run_id is None:
+                continue  # its start is still queued behind; sent on a later flush
+            batch = [Metric(k, v, now, step) for metrics, step in pending.pop(trial_id) for k, v in metrics.items()]
+            for i in range(0, len(batch), 1000):  # MLflow's log_batch limit
+                client.log_batch(run_id, metrics=batch[i : i + 1000])
+
+    def _end_run(self, client: Any, trial_id: str, status: str, outcome: str, error: Optional[str]) -> None:
+        run_id = self._run_ids.get(trial_id)
+        if run_id is None or trial_id not in self._open:
+            return
+        client.set_tag(run_id, runs.TAG_OUTCOME, outcome)
+        if outcome == "pruned":
+            client.set_tag(run_id, "pruned", "true")
+        if error:
+            client.set_tag(run_id, "flatlab.error", error[:5000])
+        client.set_terminated(run_id, status=status)
+        self._open.discard(trial_id)

@@ -1,0 +1,121 @@
+"""Querying a study's results from MLflow as a table (``flatlab results``)."""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+from flatlab.errors import ConfigError
+from flatlab.tracking import runs
+
+
+def parent_runs(tracking_uri: str, study: str) -> List[Any]:
+    """Parent (launch) runs of ``study``, newest first. Raises ``ConfigError`` if the study is unknown."""
+    c = runs.client(tracking_uri)
+    exp = c.get_experiment_by_name(study)
+    if exp is None:
+        names = sorted(e.name for e in c.search_experiments() if e.name != "Default")
+        raise ConfigError(f"no study {study!r} in {tracking_uri}; studies there: {', '.join(names) or '(none)'}")
+    return c.search_runs(
+        [exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'study'", order_by=["attributes.start_time DESC"]
+    )
+
+
+def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, metric: Optional[str] = None, mode: Optional[str] = None):
+    """One row per trial (child run) of the latest launch (or all launches), best first.
+
+    Columns: ``arm``, ``optimizer``, ``status``, ``outcome``, ``epochs``, ``seed``, the final
+    ``<metric>`` and ``best/<metric>``, ``test/accuracy``/``test/loss`` when present, then every
+    other final metric and the trial's params as ``param.<name>``, ``run_id``, ``trial_id``.
+    ``metric``/``mode`` default to the study's, read from the launch run.
+    """
+    import pandas as pd
+
+    parents = parent_runs(tracking_uri, study)
+    if not parents:
+        raise ConfigError(f"study {study!r} has no launches recorded in {tracking_uri}")
+    metric = metric or parents[0].data.params.get("metric", "val/accuracy")
+    mode = mode or parents[0].data.params.get("mode", "max")
+    chosen = parents if all_launches else parents[:1]
+    c = runs.client(tracking_uri)
+    rows = []
+    for parent in chosen:
+        children = c.search_runs(
+            [parent.info.experiment_id],
+            filter_string=f"tags.`{runs.PARENT}` = '{parent.info.run_id}'",
+            max_results=50000,
+        )
+        for r in children:
+            m = r.data.metrics
+            row = {
+                "arm": r.data.tags.get(runs.TAG_ARM, ""),
+                "optimizer": r.data.tags.get(runs.TAG_OPT, ""),
+                "status": r.info.status,
+                "outcome": r.data.tags.get(runs.TAG_OUTCOME, ""),
+                "epochs": int(m.get("epoch", 0)),
+                "seed": r.data.tags.get(runs.TAG_SEED, ""),
+                metric: m.get(metric),
+                f"best/{metric}": m.get(f"best/{metric}"),
+            }
+            for k in sorted(m):
+                if k not in row and k not in ("epoch",):
+                    row[k] = m[k]
+            for k, v in sorted(r.data.params.items()):
+                if k not in ("arm", "seed"):
+                    row[f"param.{k}"] = v
+            row["run_id"] = r.info.run_id
+            row["trial_id"] = r.data.tags.get(runs.TAG_TRIAL, "")
+            rows.append(row)
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    key = f"best/{metric}"
+    df = df.sort_values(key, ascending=(mode == "min"), na_position="last", kind="stable").reset_index(drop=True)
+    df.attrs["metric"], df.attrs["mode"] = metric, mode
+    return df
+
+
+def best_per_arm(df):
+    """The best row of each arm (``df`` as returned by :func:`trials_frame`, already best first)."""
+    if df.empty:
+        return df
+    return df.groupby("arm", sort=False).head(1).reset_index(drop=True)
+
+
+def export(df, path: str, fmt: str) -> None:
+    """Write ``df`` as ``csv`` or ``parquet`` (pyarrow). Raises ``ConfigError`` for other formats."""
+    if fmt == "csv":
+        df.to_csv(path, index=False)
+    elif fmt == "parquet":
+        df.to_parquet(path, index=False, engine="pyarrow")
+    else:
+        raise ConfigError(f"--format {fmt!r} is not supported; expected one of table, csv, parquet")
+
+
+def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "") -> None:
+    """Print the main columns of ``df`` as a rich table."""
+    from rich.table import Table
+
+    if df.empty:
+        console.print("no trials recorded")
+        return
+    metric = df.attrs.get("metric", "val/accuracy")
+    params = [c for c in df.columns if c.startswith("param.")]
+    default = ["arm", "status", "outcome", "epochs", metric, f"best/{metric}", "test/accuracy"] + params
+    cols = [c for c in (columns or default) if c in df.columns]
+    table = Table(*[c.replace("param.", "") for c in cols], title=title or None)
+    for _, row in df.iterrows():
+        table.add_row(*[_fmt(row[c]) for c in cols])
+    console.print(table)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, str):
+        try:
+            v = float(v) if any(ch in v for ch in ".e") else v
+        except ValueError:
+            return v
+    if isinstance(v, float):
+        if v != v:
+            return "-"
+        return f"{v:.4g}"
+    return "-" if v is None else str(v)

@@ -1,0 +1,94 @@
+"""MLflow run layout shared by the driver, the workers and the result queries.
+
+One experiment per study name; one parent run per study launch (tag ``flatlab.role=study``); one
+nested child run per trial (``mlflow.parentRunId``, ``flatlab.role=trial``, ``flatlab.trial_id``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Dict, Optional
+
+TAG_ROLE = "flatlab.role"
+TAG_TRIAL = "flatlab.trial_id"
+TAG_STUDY = "flatlab.study"
+TAG_ARM = "flatlab.arm"
+TAG_OPT = "flatlab.optimizer"
+TAG_WORKLOAD = "flatlab.workload"
+TAG_SEED = "flatlab.seed"
+TAG_COMMIT = "flatlab.git_commit"
+TAG_VERSION = "flatlab.version"
+TAG_OUTCOME = "flatlab.outcome"  # completed | pruned | diverged | error | interrupted
+PARENT = "mlflow.parentRunId"
+
+
+def default_tracking_uri(root: Path) -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else a SQLite file ``<root>/mlflow.db``."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    return f"sqlite:///{(root / 'mlflow.db').resolve()}"
+
+
+def artifact_location(root: Path) -> str:
+    """Artifact root for experiments created on a local SQLite store."""
+    return (root / "mlartifacts").resolve().as_uri()
+
+
+@lru_cache(maxsize=1)
+def git_commit() -> str:
+    """The flatlab checkout's commit (``unknown`` outside a git checkout)."""
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def client(tracking_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def get_or_create_experiment(tracking_uri: str, name: str, artifact_root: Optional[str] = None) -> str:
+    """Experiment id for ``name`` (created if missing; local SQLite stores get ``artifact_root``)."""
+    c = client(tracking_uri)
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            c.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    use_root = artifact_root if tracking_uri.startswith("sqlite:") else None
+    return c.create_experiment(name, artifact_location=use_root)
+
+
+def find_trial_run(tracking_uri: str, experiment_id: str, trial_id: str, parent_run_id: str, wait_s: float = 0.0) -> Optional[str]:
+    """Run id of the child run for ``trial_id`` under ``parent_run_id``; polls up to ``wait_s`` seconds."""
+    c = client(tracking_uri)
+    deadline = time.monotonic() + wait_s
+    while True:
+        runs = c.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{TAG_TRIAL}` = '{trial_id}' and tags.`{PARENT}` = '{parent_run_id}'",
+            max_results=1,
+        )
+        if runs:
+            return runs[0].info.run_id
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
+
+
+def numeric_metrics(result: Dict) -> Dict[str, float]:
+    """The metrics of a Tune result worth logging: our ``a/b`` names plus ``epoch``, ``lr``, ``diverged``."""
+    out = {}
+    for k, v in result.items():
+        if ("/" in k or k in ("epoch", "lr", "diverged")) and isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = float(v)
+    return out

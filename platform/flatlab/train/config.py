@@ -1,0 +1,16 @@
+"""Trainer hyperparameters: the recipe knobs a study may fix or search (besides optimizer and workload)."""
+
+from __future__ import annotations
+
+from flatlab.hparams import HParam
+from flatlab.train.schedules import SCHEDULES
+
+TRAINER_HPARAMS = (
+    HParam("batch_size", 64, int, low=1, doc="mini-batch size (examples)"),
+    HParam("schedule", "cosine", str, choices=SCHEDULES, doc="LR schedule over the run"),
+    HParam("warmup_epochs", 0.0, float, low=0.0, doc="linear LR warm-up length (epochs)"),
+    HParam("final_lr_factor", 0.0, float, low=0.0, high=1.0, doc="cosine end lr as a fraction of the peak"),
+    HParam("step_epochs", 30, int, low=1, doc="step schedule: epochs between decays"),
+    HParam("step_factor", 0.1, float, low=0.0, high=1.0, low_open=True, doc="step schedule: decay factor"),
+    HParam("label_smoothing", 0.0, float, low=0.0, high=1.0, high_open=True, doc="label smoothing of the training loss"),
+)

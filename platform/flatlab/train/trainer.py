@@ -1,0 +1,190 @@
+"""The generic training loop: any registered workload x any registered optimizer, one protocol.
+
+Per epoch: shuffle with the trial's own generator, one ``optimizer.step(closure)`` per mini-batch
+(the closure protocol of :mod:`flatlab.optim.protocol`), LR schedule per step, evaluation on every
+eval split. The whole state (model, optimizer, scheduler, RNGs, counters) round-trips through
+:meth:`Trainer.state_dict`, so a resumed trial continues bit-identically on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional
+
+import torch
+
+from flatlab.hparams import resolve
+from flatlab.optim.protocol import Progress
+from flatlab.optim.registry import get_optimizer
+from flatlab.train.closure import BatchClosure
+from flatlab.train.config import TRAINER_HPARAMS
+from flatlab.train.schedules import Schedule
+from flatlab.train.seeding import rng_state, seed_everything, set_rng_state
+from flatlab.workloads.base import Data, Workload
+from flatlab.workloads.registry import build_workload
+
+
+class Diverged(RuntimeError):
+    """The training loss became NaN or infinite (``step``: the 0-based step, ``loss``: its value)."""
+
+    def __init__(self, step: int, loss: float) -> None:
+        super().__init__(f"training diverged at step {step}: loss={loss}")
+        self.step = step
+        self.loss = loss
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """Everything that defines one training run; a trial is reproducible from it.
+
+    Attributes:
+        workload, workload_params: registered workload name and its parameters.
+        optimizer, optimizer_params: registered optimizer name and its hyperparameters (``lr`` ...).
+        trainer_params: recipe (batch size, schedule, label smoothing ...; see ``TRAINER_HPARAMS``).
+        epochs: length of the run (the LR schedule spans all of it).
+        seed: model initialisation, shuffling and any sampling inside optimizers.
+        device: torch device string.
+    """
+
+    workload: str
+    optimizer: str
+    epochs: int
+    seed: int = 0
+    workload_params: Mapping[str, Any] = field(default_factory=dict)
+    optimizer_params: Mapping[str, Any] = field(default_factory=dict)
+    trainer_params: Mapping[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
+
+
+class Trainer:
+    """Trains ``spec`` on ``data`` (loaded once by the caller; see :meth:`Workload.load_data`).
+
+    Raises:
+        ConfigError: a parameter outside its allowed range (from the registries' declarations).
+    """
+
+    def __init__(self, spec: TrialSpec, data: Data, workload: Optional[Workload] = None) -> None:
+        self.spec = spec
+        self.workload = workload or build_workload(spec.workload, **dict(spec.workload_params))
+        defaults = {k: getattr(self.workload.train_defaults, k) for k in ("batch_size", "schedule", "warmup_epochs", "label_smoothing")}
+        self.hp = resolve(TRAINER_HPARAMS, {**defaults, **dict(spec.trainer_params)}, "trainer")
+        self.data = data
+        self.device = torch.device(spec.device)
+        seed_everything(spec.seed)
+        self.model = self.workload.build_model().to(self.device)
+        self.optimizer = get_optimizer(spec.optimizer).create(self.model.parameters(), **dict(spec.optimizer_params))
+        n = len(data.train)
+        self.steps_per_epoch = math.ceil(n / self.hp["batch_size"])
+        self.schedule = Schedule(
+            kind=self.hp["schedule"],
+            total_steps=self.steps_per_epoch * spec.epochs,
+            steps_per_epoch=self.steps_per_epoch,
+            warmup_steps=int(round(self.hp["warmup_epochs"] * self.steps_per_epoch)),
+            final_factor=self.hp["final_lr_factor"],
+            step_epochs=self.hp["step_epochs"],
+            step_factor=self.hp["step_factor"],
+        )
+        self.scheduler = self.schedule.scheduler(self.optimizer)
+        self.generator = torch.Generator().manual_seed(spec.seed)
+        self.epoch = 0  # completed epochs
+        self.step = 0  # completed optimizer steps
+        self.last_train_loss: Optional[float] = None
+
+    def _loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.workload.loss(outputs, targets, self.hp["label_smoothing"])
+
+    def run_epoch(self) -> Dict[str, float]:
+        """Train one epoch and evaluate; returns the epoch's metrics.
+
+        Raises:
+            Diverged: the mini-batch loss became non-finite.
+        """
+        t0 = time.perf_counter()
+        self.model.train()
+        train = self.data.train
+        perm = torch.randperm(len(train), generator=self.generator)
+        bs = self.hp["batch_size"]
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        correct = torch.zeros((), dtype=torch.int64)
+        on_progress = getattr(self.optimizer, "on_progress", None)
+        for start in range(0, len(train), bs):
+            idx = perm[start : start + bs]
+            x = train.inputs[idx].to(self.device, non_blocking=True)
+            y = train.targets[idx].to(self.device, non_blocking=True)
+            if on_progress is not None:
+                on_progress(
+                    Progress(
+                        step=self.step,
+                        epoch=self.epoch,
+                        total_steps=self.schedule.total_steps,
+                        steps_per_epoch=self.steps_per_epoch,
+                        warmup_steps=self.schedule.warmup_steps,
+                        last_epoch_train_loss=self.last_train_loss,
+                    )
+                )
+            closure = BatchClosure(self.model, self._loss, x, y)
+            self.optimizer.step(closure)
+            loss = closure.loss
+            if loss is None or not torch.isfinite(loss):
+                raise Diverged(self.step, float("nan") if loss is None else float(loss))
+            loss_sum += loss.double() * len(idx)
+            correct += (closure.outputs.argmax(dim=-1) == y).sum()
+            lr = self.optimizer.param_groups[0]["lr"]
+            self.scheduler.step()
+            self.step += 1
+        self.epoch += 1
+        self.last_train_loss = float(loss_sum) / len(train)
+        metrics: Dict[str, float] = {
+            "epoch": self.epoch,
+            "train/loss": self.last_train_loss,
+            "train/accuracy": int(correct) / len(train),
+            "lr": lr,
+        }
+        for prefix, split in self.data.eval_splits().items():
+            for k, v in self.workload.evaluate(self.model, split).items():
+                metrics[f"{prefix}/{k}"] = v
+        pop = getattr(self.optimizer, "pop_metrics", None)
+        if pop is not None:
+            metrics.update(pop())
+        metrics["time/epoch_s"] = time.perf_counter() - t0
+        return metrics
+
+    def evaluate_test(self) -> Dict[str, float]:
+        """``test/loss`` and ``test/accuracy`` (empty if the workload has no test split)."""
+        if self.data.test is None:
+            return {}
+        return {f"test/{k}": v for k, v in self.workload.evaluate(self.model, self.data.test).items()}
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Model, optimizer (wrapped bases included), scheduler, RNG states and counters."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(),
+            "generator": self.generator.get_state(),
+            "epoch": self.epoch,
+            "step": self.step,
+            "last_train_loss": self.last_train_loss,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned; training then continues bit-identically on CPU."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self.generator.set_state(state["generator"])
+        self.epoch = state["epoch"]
+        self.step = state["step"]
+        self.last_train_loss = state["last_train_loss"]
+
+    def save(self, path: str) -> None:
+        """``torch.save`` the state to ``path``."""
+        torch.save(self.state_dict(), path)
+
+    def load(self, path: str) -> None:
+        """Load a state saved by :meth:`save` (``weights_only=False``: RNG states are Python objects)."""
+        self.load_state_dict(torch.load(path, map_location=self.device, weights_only=False))
