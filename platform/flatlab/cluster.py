@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 from pathlib import Path
 from typing import Any, List, Optional
@@ -10,6 +11,24 @@ from typing import Any, List, Optional
 from flatlab.errors import ConfigError
 
 EXCLUDES = ["flatlab-runs/", ".venv/", ".git/", "__pycache__/", "*.egg-info/", "bench/out/"]
+
+
+def enable_token_auth_if_available() -> bool:
+    """Use Ray's token authentication when a token is at hand and no mode was chosen.
+
+    Recent Ray heads (``ray start``) require a token on the dashboard/Job API; the client only sends
+    one with ``RAY_AUTH_MODE=token``. The token comes from ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or
+    ``~/.ray/auth_token``. Must run before Ray reads its configuration (i.e. before importing the
+    job-submission client). Returns whether token mode is on.
+    """
+    if "RAY_AUTH_MODE" in os.environ:
+        return os.environ["RAY_AUTH_MODE"] == "token"
+    have = os.environ.get("RAY_AUTH_TOKEN") or os.path.exists(
+        os.environ.get("RAY_AUTH_TOKEN_PATH", os.path.expanduser("~/.ray/auth_token"))
+    )
+    if have:
+        os.environ["RAY_AUTH_MODE"] = "token"
+    return bool(have)
 
 
 def submit_study(

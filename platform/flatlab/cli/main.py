@@ -171,6 +171,9 @@ def submit(
     working_dir: Path = typer.Option(Path("."), help="folder uploaded as the job's working directory"),
 ) -> None:
     """Submit `flatlab run STUDY_FILE` as a Ray Job to a cluster and print the job id."""
+    from flatlab.cluster import enable_token_auth_if_available
+
+    enable_token_auth_if_available()  # before Ray reads its auth mode
     from flatlab.cluster import submit_study
 
     try:

@@ -84,6 +84,8 @@ def _init_ray(opts: RunOptions, tracking_uri: str) -> None:
     )
     if opts.address:
         ray.init(address=opts.address, **kwargs)
+    elif os.environ.get("RAY_ADDRESS"):  # inside a Ray Job: join the cluster that runs it
+        ray.init(**kwargs)
     else:
         ray.init(num_cpus=opts.num_cpus, include_dashboard=False, **kwargs)
 

@@ -1,0 +1,37 @@
+# flatlab: one command to set up and run the demo, one to set up and run the tests.
+# Both create .venv (if missing) and install flatlab with its dependencies into it.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The torch build this project is tested with (pyproject.toml declares ranges); override to change.
+TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test test-fast bench clean
+
+$(BIN)/flatlab: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_PINS)
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(BIN)/flatlab
+
+venv: $(BIN)/flatlab
+
+## demo: SGD vs AdamW on digits (Optuna TPE + ASHA, MLflow in flatlab-runs/mlflow.db)
+demo: venv
+	$(BIN)/flatlab run studies/digits_demo.py
+
+## test: the whole suite (unit + integration with local Ray, an MLflow server and a Ray head on 127.0.0.1)
+test: venv
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## test-fast: skip the slow service tests
+test-fast: venv
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: venv
+	$(BIN)/python bench/platform_overhead.py
+
+clean:
+	rm -rf flatlab-runs .pytest_cache

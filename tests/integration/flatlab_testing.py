@@ -1,0 +1,52 @@
+"""Shared pieces of the integration tests: small study files and service launchers (loopback only)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_study(path: Path, body: str) -> Path:
+    path.write_text("from flatlab import Arm, Study\nfrom flatlab import space as sp\n\n" + textwrap.dedent(body))
+    return path
+
+
+def wait_http(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except urllib.error.HTTPError:
+            return  # it answers (e.g. 401 from a Ray head with token auth)
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer within {timeout} s")
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    e["PATH"] = f"{BIN}{os.pathsep}{e.get('PATH', '')}"
+    e.pop("MLFLOW_TRACKING_URI", None)
+    e.pop("RAY_ADDRESS", None)
+    return e
+
+
+def flatlab(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "flatlab"), *args], capture_output=True, text=True, timeout=timeout, env=env(), **kw)

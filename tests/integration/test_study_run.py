@@ -1,0 +1,111 @@
+"""A 4-trial study through Ray Tune on local Ray (2 CPUs), checked in MLflow, results and export."""
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from flatlab import Arm, Study
+from flatlab import space as sp
+from flatlab.cli.main import app
+from flatlab.tracking import runs
+
+pytestmark = pytest.mark.integration
+
+EPOCHS = 3
+
+
+@pytest.fixture(scope="module")
+def study_run(tmp_path_factory):
+    import ray
+
+    from flatlab.study.runner import RunOptions, run_study
+
+    root = tmp_path_factory.mktemp("root")
+    study = Study(
+        name="it4",
+        workload="digits",
+        workload_params={"width": 32},
+        arms=(
+            Arm("sgd", space={"lr": sp.loguniform(0.01, 0.5), "momentum": 0.9}),
+            Arm("adamw", space={"lr": sp.loguniform(1e-3, 1e-2)}),
+            Arm("sgd", name="sgd_fixed", space={"lr": 0.1}),
+            Arm("sgd", name="boom", space={"lr": 1e7, "momentum": 0.9}),  # diverges
+        ),
+        num_trials=1,
+        max_epochs=EPOCHS,
+        scheduler="fifo",
+        max_concurrent=2,
+    ).validate()
+    outcome = run_study(study, RunOptions(root=root, num_cpus=2))
+    ray.shutdown()
+    return root, outcome
+
+
+def test_parent_and_child_runs(study_run):
+    root, outcome = study_run
+    c = runs.client(outcome.tracking_uri)
+    parent = c.get_run(outcome.parent_run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags[runs.TAG_ROLE] == "study" and parent.data.params["workload"] == "digits"
+    children = c.search_runs([outcome.experiment_id], filter_string=f"tags.`{runs.PARENT}` = '{outcome.parent_run_id}'")
+    assert len(children) == 4
+    by_arm = {r.data.tags[runs.TAG_ARM]: r for r in children}
+    assert set(by_arm) == {"sgd", "adamw", "sgd_fixed", "boom"}
+    for arm, r in by_arm.items():
+        assert r.data.tags[runs.TAG_STUDY] == "it4" and r.data.tags[runs.TAG_WORKLOAD] == "digits"
+        assert r.data.tags[runs.TAG_OPT] == ("adamw" if arm == "adamw" else "sgd")
+        assert r.data.tags[runs.TAG_COMMIT] and r.data.tags[runs.TAG_VERSION]
+        assert r.data.params["arm"] == arm and r.data.params["seed"] == "0" and "lr" in r.data.params
+    assert by_arm["sgd_fixed"].data.params["lr"] == "0.1"
+    assert 0.01 <= float(by_arm["sgd"].data.params["lr"]) <= 0.5
+    for arm in ("sgd", "adamw", "sgd_fixed"):
+        r = by_arm[arm]
+        assert r.info.status == "FINISHED" and r.data.tags[runs.TAG_OUTCOME] == "completed"
+        hist = c.get_metric_history(r.info.run_id, "val/accuracy")
+        assert sorted(m.step for m in hist) == list(range(1, EPOCHS + 1))
+        for k in ("train/loss", "train/accuracy", "val/loss", "lr", "time/epoch_s", "test/accuracy"):
+            assert k in r.data.metrics, k
+        arts = {a.path for a in c.list_artifacts(r.info.run_id)} | {a.path for a in c.list_artifacts(r.info.run_id, "model")}
+        assert "model/model.safetensors" in arts and "trial.json" in arts  # logged by the worker
+    boom = by_arm["boom"]
+    assert boom.info.status == "FAILED" and boom.data.tags[runs.TAG_OUTCOME] == "diverged"
+    assert boom.data.metrics["diverged"] == 1.0
+    assert all(r.info.status != "RUNNING" for r in children)
+
+
+def test_results_cli_and_parquet_round_trip(study_run, tmp_path):
+    root, outcome = study_run
+    cli = CliRunner()
+    res = cli.invoke(app, ["results", "it4", "--root", str(root)])
+    assert res.exit_code == 0, res.output
+    lines = [l for l in res.output.splitlines() if "FINISHED" in l or "FAILED" in l]
+    assert len(lines) == 4 and "boom" in lines[-1]  # best first, the diverged trial last
+    out = tmp_path / "it4.parquet"
+    res = cli.invoke(app, ["results", "it4", "--root", str(root), "--format", "parquet", "--output", str(out)])
+    assert res.exit_code == 0, res.output
+    back = pq.read_table(out).to_pandas()
+    from flatlab.tracking.results import trials_frame
+
+    df = trials_frame(outcome.tracking_uri, "it4")
+    pd.testing.assert_frame_equal(back.reset_index(drop=True), df.reset_index(drop=True), check_dtype=False)
+    assert list(back["arm"])[-1] == "boom"
+    res = cli.invoke(app, ["results", "nope", "--root", str(root)])
+    assert res.exit_code == 2 and "no study 'nope'" in res.output and "it4" in res.output
+
+
+def test_pruned_and_errored_trials_get_terminal_statuses():
+    from flatlab.tracking.callback import MLflowTrialLogger
+
+    cb = MLflowTrialLogger("sqlite:///:memory:", "0", "p", {}, {}, max_epochs=10, metric="val/accuracy", mode="max")
+
+    class T:
+        def __init__(self, tid, last):
+            self.trial_id, self.last_result, self.config = tid, last, {}
+
+    for tid, last in (("a", {"epoch": 10}), ("b", {"epoch": 4}), ("c", {"epoch": 2, "diverged": 1})):
+        cb._last[tid] = last
+        cb.on_trial_complete(0, [], T(tid, last))
+    cb.on_trial_error(0, [], T("d", {}))
+    got = [cb._queue.get_nowait()[2][:2] for _ in range(4)]
+    assert got == [("FINISHED", "completed"), ("KILLED", "pruned"), ("FAILED", "diverged"), ("FAILED", "error")]

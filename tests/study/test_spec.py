@@ -1,0 +1,119 @@
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from flatlab import Arm, Study
+from flatlab import space as sp
+from flatlab.errors import ConfigError
+from flatlab.study.loader import load_studies
+
+STUDIES_DIR = Path(__file__).resolve().parents[2] / "studies"
+
+
+def base(**kw):
+    args = dict(
+        name="t",
+        workload="digits",
+        arms=(Arm("sgd", space={"lr": sp.loguniform(1e-3, 1.0)}),),
+        num_trials=2,
+        max_epochs=3,
+        grace_period=1,
+    )
+    args.update(kw)
+    return Study(**args)
+
+
+def test_valid_study_passes_and_routes_fields():
+    s = base(arms=(Arm("sgd", space={"lr": 0.1, "batch_size": sp.choice([32, 64]), "width": 64, "momentum": sp.uniform(0, 0.9)}),))
+    s.validate("x.py")
+    assert s.route(s.arms[0]) == {"lr": "optimizer", "batch_size": "trainer", "width": "workload", "momentum": "optimizer"}
+    spec = s.trial_spec({"arm": "sgd", "seed": 3, "lr": 0.1, "batch_size": 32, "width": 64, "momentum": 0.5})
+    assert spec.optimizer_params == {"lr": 0.1, "momentum": 0.5}
+    assert spec.trainer_params == {"batch_size": 32}
+    assert spec.workload_params == {"width": 64}
+    assert spec.seed == 3 and spec.epochs == 3
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(workload="mnist"), r"x\.py: study 't': field 'workload': unknown workload 'mnist'; valid workloads: .*digits"),
+        (dict(arms=(Arm("lbfgs"),)), r"arm 'lbfgs': field 'optimizer': unknown optimizer 'lbfgs'; valid optimizers: .*adamw.*sgd"),
+        (dict(arms=(Arm("sgd", space={"rho": 0.05}),)), r"arm 'sgd': field 'rho' is not accepted by optimizer 'sgd'.*accepted: .*lr"),
+        (dict(arms=(Arm("sgd", space={"lr": sp.uniform(-1.0, 1.0)}),)), r"arm 'sgd', field 'lr': lr=-1.0 is not allowed; expected float in \(0, inf\)"),
+        (dict(arms=(Arm("sgd", space={"momentum": 1.5}),)), r"field 'momentum': momentum=1.5 is not allowed; expected float in \[0, 1\)"),
+        (dict(metric="val/f1"), r"metric='val/f1' is not reported by workload 'digits'; it reports: .*val/accuracy"),
+        (dict(mode="maximize"), r"mode='maximize'; expected one of max, min"),
+        (dict(searcher="bayes"), r"searcher='bayes'; expected one of optuna, grid, random"),
+        (dict(scheduler="pbt"), r"scheduler='pbt'; expected one of asha, fifo"),
+        (dict(num_trials=0), r"num_trials=0; expected an int >= 1"),
+        (dict(grace_period=5), r"grace_period=5; expected an int in \[1, max_epochs=3\]"),
+        (dict(arms=()), r"arms is empty"),
+        (dict(arms=(Arm("sgd"), Arm("sgd"))), r"arm names must be unique"),
+        (dict(workload_params={"model": "resnet"}), r"workload_params: model='resnet' is not allowed; expected one of 'mlp', 'cnn'"),
+        (dict(train={"schedule": "linear"}), r"field 'train': schedule='linear' is not allowed; expected one of 'constant', 'cosine', 'step'"),
+        (dict(searcher="grid"), r"field 'lr'.*cannot be enumerated by searcher='grid'"),
+    ],
+)
+def test_bad_study_raises_naming_file_arm_and_field(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        base(**kw).validate("x.py")
+
+
+def test_all_errors_reported_at_once():
+    with pytest.raises(ConfigError) as info:
+        base(mode="up", num_trials=0, arms=(Arm("sgd", space={"rho": 1}),)).validate("x.py")
+    text = str(info.value)
+    assert "mode='up'" in text and "num_trials=0" in text and "field 'rho'" in text
+
+
+def test_grid_searcher_enumerates_points_times_seeds():
+    s = base(searcher="grid", seeds=(0, 1, 2), arms=(Arm("sgd", space={"lr": sp.grid([0.01, 0.1]), "momentum": sp.grid([0.0, 0.9])}),))
+    s.validate()
+    assert s.num_total_trials() == 12
+    pts = s.grid(s.arms[0])
+    assert pts[0] == {"arm": "sgd", "seed": 0, "lr": 0.01, "momentum": 0.0}
+    assert {p["seed"] for p in pts} == {0, 1, 2}
+
+
+def test_with_budget_shrinks_trials_and_epochs():
+    s = base(max_epochs=20, grace_period=4).with_budget(trials=1, epochs=2)
+    assert (s.num_trials, s.max_epochs, s.grace_period) == (1, 2, 2)
+    s.validate()
+
+
+def test_loader_reports_file_and_missing_exports(tmp_path):
+    f = tmp_path / "bad.py"
+    f.write_text(textwrap.dedent("""
+        from flatlab import Arm, Study
+        STUDY = Study(name="b", workload="digits", arms=(Arm("sgd", space={"kappa": 2.0}),))
+    """))
+    with pytest.raises(ConfigError, match=r"bad\.py: study 'b', arm 'sgd': field 'kappa' is not accepted"):
+        load_studies(str(f))
+    empty = tmp_path / "empty.py"
+    empty.write_text("X = 1\n")
+    with pytest.raises(ConfigError, match=r"empty\.py: a study file must define STUDY, STUDIES"):
+        load_studies(str(empty))
+    with pytest.raises(ConfigError, match=r"does not exist"):
+        load_studies(str(tmp_path / "nope.py"))
+
+
+def test_loader_scales(tmp_path):
+    f = tmp_path / "scaled.py"
+    f.write_text(textwrap.dedent("""
+        from flatlab import Arm, Study
+        SCALES = ("paper", "smoke")
+        def build(scale):
+            return Study(name="s-" + scale, workload="digits", arms=(Arm("sgd"),), max_epochs=200 if scale == "paper" else 1, grace_period=1)
+    """))
+    assert load_studies(str(f))[0].max_epochs == 200
+    assert load_studies(str(f), scale="smoke")[0].name == "s-smoke"
+    with pytest.raises(ConfigError, match=r"scale='huge' is not defined; valid scales: paper, smoke"):
+        load_studies(str(f), scale="huge")
+
+
+@pytest.mark.parametrize("path", sorted(STUDIES_DIR.glob("*.py")), ids=lambda p: p.name)
+def test_every_study_file_loads_and_validates(path):
+    studies = load_studies(str(path))
+    assert studies and all(s.num_total_trials() >= 1 for s in studies)

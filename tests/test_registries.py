@@ -1,0 +1,35 @@
+import pytest
+
+from flatlab.errors import UnknownNameError
+from flatlab.optim.registry import OPTIMIZERS, get_optimizer
+from flatlab.workloads.registry import WORKLOADS, get_workload
+
+
+def test_unknown_names_list_the_valid_ones():
+    with pytest.raises(UnknownNameError, match=r"unknown optimizer 'adam'; valid optimizers: .*adamw, .*sgd"):
+        get_optimizer("adam")
+    with pytest.raises(UnknownNameError, match=r"unknown workload 'cifar'; valid workloads: .*digits"):
+        get_workload("cifar")
+
+
+@pytest.mark.parametrize("name", WORKLOADS.names())
+def test_every_workload_builds_and_evaluates(name):
+    import torch
+
+    wl = get_workload(name)()
+    data = wl.load_data(0)
+    model = wl.build_model()
+    out = wl.evaluate(model, data.val)
+    assert set(out) == {"loss", "accuracy"} and 0.0 <= out["accuracy"] <= 1.0
+    assert {"train/loss", "val/loss", "val/accuracy"} <= set(wl.metrics)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS.names())
+def test_every_optimizer_declares_lr_and_builds_from_defaults(name):
+    import torch
+
+    spec = get_optimizer(name)
+    assert "lr" in [h.name for h in spec.hparams]
+    model = torch.nn.Linear(3, 2)
+    opt = spec.create(model.parameters())
+    assert opt.param_groups[0]["lr"] == next(h.default for h in spec.hparams if h.name == "lr")

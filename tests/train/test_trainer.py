@@ -1,0 +1,124 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from flatlab.train.closure import BatchClosure
+from flatlab.train.schedules import Schedule
+from flatlab.train.trainer import Diverged, Trainer, TrialSpec
+from flatlab.workloads import build_workload
+from flatlab.workloads.digits import stratified_split
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return build_workload("digits").load_data(0)
+
+
+def spec(**kw):
+    args = dict(workload="digits", optimizer="sgd", epochs=4, seed=7, workload_params={"model": "cnn", "width": 4},
+                optimizer_params={"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4}, trainer_params={"batch_size": 128})
+    args.update(kw)
+    return TrialSpec(**args)
+
+
+def test_digits_split_is_stratified_fixed_and_disjoint(digits):
+    assert (len(digits.train), len(digits.val), len(digits.test)) == (1079, 359, 359)
+    y = np.concatenate([digits.train.targets.numpy(), digits.val.targets.numpy()])
+    assert len(np.unique(digits.val.targets.numpy())) == 10
+    a = stratified_split(np.repeat(np.arange(10), 50), (0.2, 0.2), seed=1)
+    b = stratified_split(np.repeat(np.arange(10), 50), (0.2, 0.2), seed=1)
+    assert all((x == z).all() for x, z in zip(a, b))
+    assert len(set(a[0]) & set(a[1])) == 0 and len(a[0]) + len(a[1]) + len(a[2]) == 500
+    assert np.bincount(np.repeat(np.arange(10), 50)[a[1]]).tolist() == [10] * 10
+    assert float(digits.train.inputs.max()) == 1.0 and float(digits.train.inputs.min()) == 0.0
+
+
+def test_two_runs_of_the_same_trial_are_identical(digits):
+    runs = []
+    for _ in range(2):
+        t = Trainer(spec(epochs=2), digits)
+        runs.append([t.run_epoch() for _ in range(2)])
+    for a, b in zip(*runs):
+        for k in ("train/loss", "train/accuracy", "val/loss", "val/accuracy", "lr"):
+            assert a[k] == b[k], k
+
+
+def test_resume_from_checkpoint_matches_uninterrupted_run(digits, tmp_path):
+    full = Trainer(spec(), digits)
+    ref = [full.run_epoch() for _ in range(4)]
+    first = Trainer(spec(), digits)
+    first.run_epoch(), first.run_epoch()
+    first.save(str(tmp_path / "ckpt.pt"))
+    torch.manual_seed(12345)  # a restarted process has different global RNG state
+    resumed = Trainer(spec(seed=7), digits)
+    resumed.load(str(tmp_path / "ckpt.pt"))
+    got = [resumed.run_epoch() for _ in range(2)]
+    for a, b in zip(ref[2:], got):
+        for k in ("epoch", "train/loss", "val/loss", "val/accuracy", "lr"):
+            assert a[k] == b[k], k
+    for (ka, va), (kb, vb) in zip(full.model.state_dict().items(), resumed.model.state_dict().items()):
+        assert torch.equal(va, vb), ka
+
+
+def test_divergence_raises(digits):
+    t = Trainer(spec(optimizer_params={"lr": 1e6, "momentum": 0.9}, workload_params={"model": "mlp"}), digits)
+    with pytest.raises(Diverged, match="training diverged at step"):
+        for _ in range(4):
+            t.run_epoch()
+
+
+def test_epoch_reports_the_common_metrics(digits):
+    m = Trainer(spec(epochs=1), digits).run_epoch()
+    assert {"epoch", "train/loss", "train/accuracy", "val/loss", "val/accuracy", "lr", "time/epoch_s"} <= set(m)
+    assert m["epoch"] == 1 and 0 <= m["val/accuracy"] <= 1
+
+
+def test_schedules_closed_forms():
+    cos = Schedule("cosine", total_steps=110, steps_per_epoch=10, warmup_steps=10, final_factor=0.05)
+    assert cos.factor(0) == pytest.approx(0.1) and cos.factor(9) == pytest.approx(1.0)
+    assert cos.factor(10) == pytest.approx(1.0)
+    assert cos.factor(60) == pytest.approx(0.05 + 0.95 * 0.5)  # half-way through the cosine
+    assert cos.factor(110) == pytest.approx(0.05)
+    step = Schedule("step", total_steps=100, steps_per_epoch=10, step_epochs=3, step_factor=0.1)
+    assert [step.factor(s) for s in (0, 29, 30, 60)] == pytest.approx([1, 1, 0.1, 0.01])
+    assert Schedule("constant", 10, 1).factor(9) == 1.0
+    with pytest.raises(ValueError, match="schedule='linear' is not allowed"):
+        Schedule("linear", 10, 1)
+
+
+def test_extra_pass_leaves_batchnorm_statistics_untouched(digits):
+    torch.manual_seed(0)
+    model = build_workload("digits", model="cnn", width=4).build_model().train()
+    x, y = digits.train.inputs[:32], digits.train.targets[:32]
+    c = BatchClosure(model, torch.nn.functional.cross_entropy, x, y)
+    before = {k: v.clone() for k, v in model.state_dict().items() if "running" in k or "num_batches" in k}
+    loss_extra = c.extra()
+    after = {k: v for k, v in model.state_dict().items() if k in before}
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    grads_extra = [p.grad.clone() for p in model.parameters()]
+    loss = c()
+    assert torch.equal(loss, loss_extra)  # same batch statistics, same loss
+    assert all(torch.equal(a, p.grad) for a, p in zip(grads_extra, model.parameters()))
+    changed = [k for k in before if not torch.equal(before[k], model.state_dict()[k])]
+    assert changed  # the primary pass does update them
+
+
+def test_sampled_grads_reuse_the_forward_and_keep_true_gradients(digits):
+    torch.manual_seed(0)
+    model = build_workload("digits").build_model()
+    x, y = digits.train.inputs[:64], digits.train.targets[:64]
+    params = list(model.parameters())
+    c = BatchClosure(model, torch.nn.functional.cross_entropy, x, y)
+    c()
+    ref = [p.grad.clone() for p in params]
+    torch.manual_seed(1)
+    loss, sampled = c.with_sampled_grads(params)
+    assert all(torch.equal(a, p.grad) for a, p in zip(ref, params))
+    # the sampled-label gradient equals a direct computation with the same labels
+    torch.manual_seed(1)
+    logits = model(x)
+    labels = torch.multinomial(torch.softmax(logits.detach(), -1), 1).reshape(-1)
+    direct = torch.autograd.grad(torch.nn.functional.cross_entropy(logits, labels), params)
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(sampled, direct))
