@@ -65,8 +65,10 @@ def _setup_file_logging(log_dir: Path) -> None:
         for h in list(lg.handlers):
             if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
                 lg.removeHandler(h)
-        lg.addHandler(handler)
+        if not any(isinstance(h, logging.FileHandler) and h.baseFilename == handler.baseFilename for h in lg.handlers):
+            lg.addHandler(handler)
         lg.propagate = False
+        lg.disabled = False
         if name in ("flatlab", "ray.tune"):
             lg.setLevel(logging.INFO)
 
@@ -132,6 +134,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
             raise ConfigError(f"--resume: the Tune experiment at {previous['experiment_path']} cannot be restored")
 
     _setup_file_logging(out / "logs")
+    logger.info("launch %s: tracking %s", study.name, tracking_uri)
     experiment_id = runs.get_or_create_experiment(tracking_uri, study.name, runs.artifact_location(root))
     client = runs.client(tracking_uri)
     common_tags = {
@@ -171,7 +174,10 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         )
     )
 
+    logger.info("MLflow ready (%.1f s)", time.monotonic() - t0)
     _init_ray(opts, tracking_uri)
+    _setup_file_logging(out / "logs")  # ray.init reconfigures logging
+    logger.info("Ray ready (%.1f s)", time.monotonic() - t0)
     workload = build_workload(study.workload, **dict(study.workload_params))
     data = workload.load_data(study.seed)  # once per study; reaches trials through the object store
     tracking = WorkerTracking(tracking_uri, experiment_id, parent_run_id, log_models=opts.log_models)
@@ -236,6 +242,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
             f"study [bold]{study.name}[/bold]: {total} trials, tracking {tracking_uri}, logs {out / 'logs'}"
             + (" (resumed)" if opts.resume else "")
         )
+    logger.info("starting Tune (%.1f s)", time.monotonic() - t0)
     interrupted, failed = False, False
     num_errors = 0
     try:
@@ -249,7 +256,9 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         failed = True
         raise
     finally:
+        logger.info("Tune done (%.1f s)", time.monotonic() - t0)
         mlflow_cb.close(interrupted=interrupted or failed)
+        logger.info("MLflow flushed (%.1f s)", time.monotonic() - t0)
         status = "FAILED" if failed else "KILLED" if interrupted else "FINISHED"
         client.set_terminated(parent_run_id, status=status)
         state = json.loads(launch.read_text())

@@ -1,0 +1,49 @@
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flatlab.cli.main import app
+
+REPO = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["run", str(REPO / "studies/digits_demo.py"), "--dry-run", "--trials", "3", "--epochs", "5"])
+    assert res.exit_code == 0, res.output
+    assert "digits_demo" in res.output and "6 trials x up to 5 epochs" in res.output
+    assert "lr ~ loguniform(0.001, 1)" in res.output and "adamw" in res.output
+    assert not (tmp_path / "flatlab-runs").exists()
+    assert "ray" not in sys.modules or not __import__("ray").is_initialized()
+
+
+def test_invalid_study_fails_before_anything_starts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from flatlab import Arm, Study\nfrom flatlab import space as sp\n"
+        "STUDY = Study(name='bad', workload='digits', arms=(Arm('sgd', space={'lr': sp.loguniform(0.0, 1.0)}),))\n"
+    )
+    res = runner.invoke(app, ["run", str(bad)])
+    assert res.exit_code == 2
+    assert "loguniform: low > 0 must hold for a log range" in res.output and "bad.py" in res.output
+    assert not (tmp_path / "flatlab-runs").exists()
+
+
+def test_listings():
+    res = runner.invoke(app, ["studies", str(REPO / "studies")])
+    assert res.exit_code == 0 and "digits_demo.py" in res.output and "SGD vs AdamW" in res.output
+    res = runner.invoke(app, ["optimizers"])
+    assert res.exit_code == 0 and "momentum" in res.output and "float in [0, 1)" in res.output
+    res = runner.invoke(app, ["workloads"])
+    assert res.exit_code == 0 and "digits" in res.output and "one of 'mlp', 'cnn'" in res.output and "label_smoothing" in res.output
+
+
+def test_results_format_needs_output(tmp_path):
+    res = runner.invoke(app, ["results", "x", "--root", str(tmp_path), "--format", "csv"])
+    assert res.exit_code == 2 and "--format csv needs --output PATH" in res.output
+    res = runner.invoke(app, ["results", "x", "--root", str(tmp_path), "--format", "xlsx"])
+    assert res.exit_code == 2 and "expected one of table, csv, parquet" in res.output
