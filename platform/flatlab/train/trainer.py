@@ -22,7 +22,7 @@ from flatlab.train.closure import BatchClosure
 from flatlab.train.config import TRAINER_HPARAMS
 from flatlab.train.schedules import Schedule
 from flatlab.train.seeding import rng_state, seed_everything, set_rng_state
-from flatlab.workloads.base import Data, Workload
+from flatlab.workloads.base import Data, Workload, take, to_device
 from flatlab.workloads.registry import build_workload
 
 
@@ -107,11 +107,11 @@ class Trainer:
         perm = torch.randperm(len(train), generator=self.generator)
         bs = self.hp["batch_size"]
         loss_sum = torch.zeros((), dtype=torch.float64)
-        correct = torch.zeros((), dtype=torch.int64)
+        correct, counted = 0, 0
         on_progress = getattr(self.optimizer, "on_progress", None)
         for start in range(0, len(train), bs):
             idx = perm[start : start + bs]
-            x = train.inputs[idx].to(self.device, non_blocking=True)
+            x = to_device(self.workload.augment(take(train.inputs, idx), self.generator), self.device)
             y = train.targets[idx].to(self.device, non_blocking=True)
             if on_progress is not None:
                 on_progress(
@@ -130,7 +130,8 @@ class Trainer:
             if loss is None or not torch.isfinite(loss):
                 raise Diverged(self.step, float("nan") if loss is None else float(loss))
             loss_sum += loss.double() * len(idx)
-            correct += (closure.outputs.argmax(dim=-1) == y).sum()
+            c, n = self.workload.batch_stats(closure.outputs, y)
+            correct, counted = correct + c, counted + n
             lr = self.optimizer.param_groups[0]["lr"]
             self.scheduler.step()
             self.step += 1
@@ -139,9 +140,10 @@ class Trainer:
         metrics: Dict[str, float] = {
             "epoch": self.epoch,
             "train/loss": self.last_train_loss,
-            "train/accuracy": int(correct) / len(train),
             "lr": lr,
         }
+        if counted:
+            metrics["train/accuracy"] = correct / counted
         for prefix, split in self.data.eval_splits().items():
             for k, v in self.workload.evaluate(self.model, split).items():
                 metrics[f"{prefix}/{k}"] = v

@@ -9,26 +9,54 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
+from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
 from flatlab.hparams import HParam, resolve
 
+Inputs = Union[torch.Tensor, Dict[str, torch.Tensor]]
+
+
+def take(inputs: Inputs, idx: Any) -> Inputs:
+    """Rows ``idx`` of ``inputs`` (a tensor, or a dict of tensors sharing their first dimension)."""
+    if isinstance(inputs, dict):
+        return {k: v[idx] for k, v in inputs.items()}
+    return inputs[idx]
+
+
+def to_device(inputs: Inputs, device: torch.device) -> Inputs:
+    """``inputs`` moved to ``device`` (tensor or dict of tensors)."""
+    if isinstance(inputs, dict):
+        return {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
+    return inputs.to(device, non_blocking=True)
+
+
+def _rows(inputs: Inputs) -> int:
+    if isinstance(inputs, dict):
+        sizes = {int(v.shape[0]) for v in inputs.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"input tensors disagree on the number of examples: {sorted(sizes)}")
+        return sizes.pop()
+    return int(inputs.shape[0])
+
 
 @dataclass
 class Split:
-    """One data split held in memory: ``inputs`` ``(N, ...)`` float32 and ``targets`` ``(N,)`` int64."""
+    """One data split held in memory.
 
-    inputs: torch.Tensor
+    ``inputs``: ``(N, ...)`` tensor, or a dict of such tensors (e.g. ``input_ids``, ``attention_mask``);
+    ``targets``: ``(N,)`` class ids, ``(N, T)`` token ids, or ``(N,)`` float regression targets.
+    """
+
+    inputs: Inputs
     targets: torch.Tensor
 
     def __post_init__(self) -> None:
-        if self.inputs.shape[0] != self.targets.shape[0]:
-            raise ValueError(
-                f"inputs and targets disagree on the number of examples: {self.inputs.shape[0]} vs {self.targets.shape[0]}"
-            )
+        n = _rows(self.inputs)
+        if n != self.targets.shape[0]:
+            raise ValueError(f"inputs and targets disagree on the number of examples: {n} vs {self.targets.shape[0]}")
 
     def __len__(self) -> int:
         return int(self.targets.shape[0])
@@ -97,21 +125,37 @@ class Workload(ABC):
         """A freshly initialised model (initialisation uses the global torch RNG, seeded by the trainer)."""
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-        """Mean cross-entropy of ``outputs`` ``(N, C)`` against ``targets`` ``(N,)`` (nats)."""
-        return nn.functional.cross_entropy(outputs, targets, label_smoothing=label_smoothing)
+        """Mean cross-entropy of ``outputs`` ``(..., C)`` against ``targets`` ``(...)`` (nats per target)."""
+        return nn.functional.cross_entropy(
+            outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1), label_smoothing=label_smoothing
+        )
+
+    def augment(self, inputs: Inputs, generator: torch.Generator) -> Inputs:
+        """Training-time augmentation of a mini-batch (default: none). Must draw only from ``generator``."""
+        return inputs
+
+    def batch_stats(self, outputs: torch.Tensor, targets: torch.Tensor) -> Tuple[int, int]:
+        """``(correct, counted)`` for the running train accuracy (top-1 over every target position)."""
+        return int((outputs.argmax(dim=-1) == targets).sum()), int(targets.numel())
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: Split, batch_size: int = 512) -> Dict[str, float]:
-        """Mean loss (plain cross-entropy, nats) and top-1 accuracy of ``model`` in eval mode on ``split``."""
+        """Mean cross-entropy (nats per target) and top-1 accuracy of ``model`` in eval mode on ``split``.
+
+        Workloads with other metrics (perplexity, Matthews correlation ...) override this; every key
+        returned is reported as ``<split>/<key>``.
+        """
         was_training = model.training
         model.eval()
-        total_loss, correct = 0.0, 0
+        device = next(model.parameters()).device
+        total_loss, correct, count = 0.0, 0, 0
         for start in range(0, len(split), batch_size):
-            x = split.inputs[start : start + batch_size]
-            y = split.targets[start : start + batch_size]
+            x = to_device(take(split.inputs, slice(start, start + batch_size)), device)
+            y = split.targets[start : start + batch_size].to(device)
             out = model(x)
-            total_loss += float(nn.functional.cross_entropy(out, y, reduction="sum"))
-            correct += int((out.argmax(dim=-1) == y).sum())
+            total_loss += float(nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="sum"))
+            c, n = self.batch_stats(out, y)
+            correct, count = correct + c, count + n
         model.train(was_training)
-        n = max(1, len(split))
-        return {"loss": total_loss / n, "accuracy": correct / n}
+        count = max(1, count)
+        return {"loss": total_loss / count, "accuracy": correct / count}
