@@ -1,0 +1,41 @@
+"""Weight interpolation between zero-shot and fine-tuned models (WiSE-FT / robust fine-tuning) and the
+seed paper's analyses ("In Search of the Successful Interpolation").
+
+``alpha`` is ALWAYS the weight on the fine-tuned model: ``theta_alpha = (1 - alpha) theta_zs + alpha
+theta_ft`` (WiSE-FT). The seed paper's alpha is the weight on the zero-shot model (= our ``1 - alpha``).
+
+Public surface: :func:`interpolate`, :func:`interpolate_keys` (layer-wise, Def. 1.1),
+:func:`check_compatible`; :func:`alpha_grid`, :data:`DEFAULT_ALPHAS`, :func:`alpha_sweep`,
+:func:`layerwise_alpha_sweep`, :class:`SweepResult`, :func:`instability` (Def. 1), :func:`barrier`,
+:func:`gain` (Eq. 2), :func:`is_failure_mode`; :func:`find_stragglers`, :func:`prune_stragglers`,
+:func:`pruned_interpolation` (Algorithm 1); :func:`sharpness_along_path`, :class:`SharpnessPath`.
+Plots live in :mod:`flatlab.interpolation.plots` (imported on demand: it loads matplotlib).
+"""
+
+from flatlab.interpolation.along_path import SharpnessPath, sharpness_along_path
+from flatlab.interpolation.state import check_compatible, interpolate, interpolate_keys
+from flatlab.interpolation.stragglers import find_stragglers, prune_stragglers, pruned_interpolation
+from flatlab.interpolation.sweep import (
+    DEFAULT_ALPHAS, SweepResult, alpha_grid, alpha_sweep, barrier, gain, instability, is_failure_mode,
+    layerwise_alpha_sweep,
+)
+
+__all__ = [
+    "DEFAULT_ALPHAS",
+    "SharpnessPath",
+    "SweepResult",
+    "alpha_grid",
+    "alpha_sweep",
+    "barrier",
+    "check_compatible",
+    "find_stragglers",
+    "gain",
+    "instability",
+    "interpolate",
+    "interpolate_keys",
+    "is_failure_mode",
+    "layerwise_alpha_sweep",
+    "prune_stragglers",
+    "pruned_interpolation",
+    "sharpness_along_path",
+]

@@ -1,0 +1,58 @@
+"""Sharpness and curvature measures over a fixed evaluation subset.
+
+Public surface (everything takes ``model, data`` first; ``params`` restricts a measure to one group):
+
+* grouping: :class:`GroupRule`, :class:`Grouping`, :func:`group_parameters`, :func:`get_grouping`,
+  :func:`select_group`, :data:`GROUPINGS` (``clip``, ``vit``, ``modules``);
+* data: :class:`EvalSubset`, :func:`as_subset`;
+* average-case adaptive sharpness (Andriushchenko et al. 2023; seed "In Search of the Successful
+  Interpolation", App. A): :func:`average_sharpness`, :func:`average_sharpness_batched`,
+  :func:`layerwise_sharpness`;
+* worst-case adaptive sharpness: :func:`worst_case_sharpness`;
+* curvature: :func:`hessian_trace` (Hutchinson 1989), :func:`top_hessian_eigenvalue`,
+  :func:`hessian_vector_product`, :func:`fisher_trace` (IRE's measure);
+* TSAM's flatness measure: :func:`neighbourhood_loss`.
+"""
+
+from flatlab.sharpness.average import average_sharpness, layerwise_sharpness, neighbourhood_loss
+from flatlab.sharpness.batched import average_sharpness_batched
+from flatlab.sharpness.data import EvalSubset, as_subset
+from flatlab.sharpness.fisher import fisher_trace
+from flatlab.sharpness.grouping import (
+    GROUPINGS, GroupRule, Grouping, clip_grouping, get_grouping, group_parameters, keys_of, module_grouping,
+    select_group, vit_grouping,
+)
+from flatlab.sharpness.hessian import hessian_trace, hessian_vector_product, top_hessian_eigenvalue
+from flatlab.sharpness.results import (
+    EigenEstimate, Estimate, NeighbourhoodLoss, SharpnessEstimate, WorstCaseSharpness,
+)
+from flatlab.sharpness.worst_case import worst_case_sharpness
+
+__all__ = [
+    "GROUPINGS",
+    "EigenEstimate",
+    "Estimate",
+    "EvalSubset",
+    "GroupRule",
+    "Grouping",
+    "NeighbourhoodLoss",
+    "SharpnessEstimate",
+    "WorstCaseSharpness",
+    "as_subset",
+    "average_sharpness",
+    "average_sharpness_batched",
+    "clip_grouping",
+    "fisher_trace",
+    "get_grouping",
+    "group_parameters",
+    "hessian_trace",
+    "hessian_vector_product",
+    "keys_of",
+    "layerwise_sharpness",
+    "module_grouping",
+    "neighbourhood_loss",
+    "select_group",
+    "top_hessian_eigenvalue",
+    "vit_grouping",
+    "worst_case_sharpness",
+]

@@ -1,0 +1,111 @@
+"""Trace of the Fisher information with labels sampled from the model's own softmax.
+
+The IRE paper ("Improving Generalization and Convergence by Enhancing Implicit Regularization",
+flatness measure) uses ``tr(F)``, which approximates ``tr(Hessian)`` near a minimum:
+
+    tr(F) = (1/m) sum_i E_{y ~ softmax(f(x_i))} || grad_w CE(f(x_i), y) ||^2
+
+over the fixed evaluation subset, in eval mode, restricted to the selected parameters. The model must
+return logits of shape ``(B, C)``. Two unbiased estimators, each repeated for ``n_samples`` label draws:
+
+* ``"per_example"``: per-example gradients (``torch.func.vmap`` over ``torch.func.grad``), exact up to
+  the label sampling; memory ``chunk_size x #params``.
+* ``"batch"`` (Sophia's estimator, as IRE's code): ``n_b * ||grad of the batch-mean loss||^2`` per
+  batch; unbiased because the score has zero mean under sampled labels, one backward per batch, higher
+  variance.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import grad, vmap
+
+from flatlab.errors import ConfigError
+from flatlab.sharpness import _state
+from flatlab.sharpness.data import (
+    DEFAULT_BATCH_SIZE, EvalData, as_subset, call_model, functional_forward, weighted_batches,
+)
+from flatlab.sharpness.results import Estimate
+
+FISHER_ESTIMATORS = ("per_example", "batch")
+
+
+def _sample_labels(logits: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    if logits.ndim != 2:
+        raise ConfigError(f"fisher_trace needs (B, C) logits from the model; got shape {tuple(logits.shape)}")
+    probs = torch.softmax(logits.detach().double(), dim=-1)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(1)  # (B,)
+
+
+def fisher_trace(
+    model: nn.Module,
+    data: EvalData,
+    *,
+    n_samples: int = 1,
+    estimator: str = "per_example",
+    params: Optional[Sequence[str]] = None,
+    seed: int = 0,
+    chunk_size: Optional[int] = 32,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> Estimate:
+    """``tr(F)`` with sampled labels (module docstring; IRE paper's flatness measure).
+
+    Args:
+        n_samples: independent label draws (``values`` has one estimate per draw).
+        estimator: ``"per_example"`` or ``"batch"``.
+        params: parameter names (a group); ``None`` = all floating-point parameters.
+        seed: seed of the label sampler.
+        chunk_size: examples per vmapped chunk in ``"per_example"`` (``None`` = the whole batch).
+        batch_size: batch size when ``data`` is a ``TensorDataset``.
+
+    Returns:
+        :class:`Estimate` of the trace (nats per parameter unit^2).
+
+    Raises:
+        ConfigError: unknown ``estimator``, ``n_samples < 1``, non-(B, C) outputs, or non-tensor
+            inputs with ``"per_example"``.
+    """
+    if estimator not in FISHER_ESTIMATORS:
+        raise ConfigError(
+            f"estimator={estimator!r} is not allowed; expected one of {', '.join(map(repr, FISHER_ESTIMATORS))}"
+        )
+    _state.check_count("n_samples", n_samples)
+    subset = as_subset(data, batch_size)
+    named = _state.resolve_params(model, params)
+    names = [n for n, _ in named]
+    device = _state.device_of(named)
+    gen = _state.make_generator(device, seed)
+    values: List[float] = [0.0] * n_samples
+    with _state.eval_mode(model):
+        base = {n: p.detach() for n, p in named}
+        for inputs, targets, weight in weighted_batches(subset, device):
+            with torch.no_grad():
+                logits = call_model(model, inputs)
+            for s in range(n_samples):
+                labels = _sample_labels(logits, gen)
+                if estimator == "batch":
+                    leaves = {n: t.detach().requires_grad_(True) for n, t in base.items()}
+                    with torch.enable_grad():
+                        loss = F.cross_entropy(functional_forward(model, leaves, inputs), labels)
+                        gs = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+                    sq = sum(float((g.double() ** 2).sum()) for g in gs if g is not None)
+                    values[s] += weight * len(labels) * sq
+                else:
+                    if not isinstance(inputs, torch.Tensor):
+                        raise ConfigError("estimator='per_example' needs tensor inputs; use estimator='batch'")
+
+                    def one(ps, x, y):
+                        out = functional_forward(model, ps, x.unsqueeze(0))
+                        return F.cross_entropy(out, y.unsqueeze(0))
+
+                    # math kernel: fused attention has no vmap rule; no_grad: do not record through the
+                    # model's other parameters (torch.func.grad ignores it).
+                    with torch.no_grad(), _state.math_attention():
+                        per = vmap(grad(one), in_dims=(None, 0, 0), chunk_size=chunk_size)(base, inputs, labels)
+                    sq = sum((per[n].double() ** 2).flatten(1).sum(1) for n in names)  # (B,)
+                    values[s] += weight * float(sq.mean())
+    return Estimate.from_values(values)
