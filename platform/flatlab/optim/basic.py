@@ -33,5 +33,7 @@ def build_adamw(params: Iterable[Any], *, lr: float, weight_decay: float, beta1:
     return torch.optim.AdamW(params, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
 
 
-register_optimizer(OptimizerSpec("sgd", SGD_HPARAMS, build_sgd, doc="SGD with momentum / Nesterov (torch)"))
-register_optimizer(OptimizerSpec("adamw", ADAMW_HPARAMS, build_adamw, doc="AdamW, decoupled weight decay (torch)"))
+# Module-level names so that wrappers (sam.py, tsam.py, ire.py) compose these entries without a registry
+# lookup at import time.
+SGD_SPEC = register_optimizer(OptimizerSpec("sgd", SGD_HPARAMS, build_sgd, doc="SGD with momentum / Nesterov (torch)"))
+ADAMW_SPEC = register_optimizer(OptimizerSpec("adamw", ADAMW_HPARAMS, build_adamw, doc="AdamW, decoupled weight decay (torch)"))

@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from flatlab.errors import ConfigError
 from flatlab.study.spec import Study
@@ -96,17 +96,51 @@ def _launch_file(out: Path) -> Path:
     return out / "launch.json"
 
 
+def _open_launch(
+    study: Study, opts: RunOptions, tracking_uri: str, root: Path, tags: Dict[str, str], previous: Dict[str, Any]
+) -> Tuple[str, str, str]:
+    """Experiment and parent run of this launch: ``(experiment_id, parent_run_id, tune_experiment_name)``.
+
+    A new launch gets a new parent run (params: the study's settings; artifacts: the plan and the study
+    file); ``--resume`` reopens the previous launch's parent run.
+    """
+    from mlflow.entities import Param
+
+    from flatlab.study.plan import plan
+
+    experiment_id = runs.get_or_create_experiment(tracking_uri, study.name, runs.artifact_location(root))
+    client = runs.client(tracking_uri)
+    if previous:
+        client.update_run(previous["parent_run_id"], status="RUNNING")
+        client.set_tag(previous["parent_run_id"], "flatlab.resumed", "true")
+        return experiment_id, previous["parent_run_id"], previous["experiment_name"]
+    exp_name = f"{study.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    parent = client.create_run(
+        experiment_id, run_name=f"{study.name} {time.strftime('%Y-%m-%d %H:%M')}", tags={**tags, runs.TAG_ROLE: "study"}
+    )
+    p = plan(study)
+    params = {k: p[k] for k in ("workload", "metric", "mode", "searcher", "scheduler", "max_epochs", "total_trials", "seeds")}
+    params.update({"source": opts.source, "workload_params": p["workload_params"], "train": p["train"]})
+    client.log_batch(parent.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+    client.log_dict(parent.info.run_id, p, "plan.json")
+    if opts.source and Path(opts.source).is_file():
+        client.log_artifact(parent.info.run_id, opts.source, artifact_path="study")
+    return experiment_id, parent.info.run_id, exp_name
+
+
 def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutcome:
     """Run (or ``opts.resume``) ``study``; returns when every trial has ended or on interruption.
 
     Raises:
         ConfigError: ``--resume`` with nothing to resume.
     """
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no CSV/JSON/TBX loggers per result
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the legacy reporter honours verbose=0: our own progress only
     import optuna
 
-    optuna.logging.disable_default_handler()  # Optuna's messages go to the log file  # no CSV/JSON/TBX loggers per result
+    optuna.logging.disable_default_handler()  # Optuna's messages go to the log file
+    from concurrent.futures import ThreadPoolExecutor
+
     from ray import tune
 
     from flatlab import __version__
@@ -135,8 +169,6 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
 
     _setup_file_logging(out / "logs")
     logger.info("launch %s: tracking %s", study.name, tracking_uri)
-    experiment_id = runs.get_or_create_experiment(tracking_uri, study.name, runs.artifact_location(root))
-    client = runs.client(tracking_uri)
     common_tags = {
         runs.TAG_STUDY: study.name,
         runs.TAG_WORKLOAD: study.workload,
@@ -144,27 +176,17 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         runs.TAG_VERSION: __version__,
         **opts.extra_tags,
     }
-    if opts.resume:
-        parent_run_id = previous["parent_run_id"]
-        client.update_run(parent_run_id, status="RUNNING")
-        client.set_tag(parent_run_id, "flatlab.resumed", "true")
-        exp_name = previous["experiment_name"]
-    else:
-        exp_name = f"{study.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        parent = client.create_run(
-            experiment_id, run_name=f"{study.name} {time.strftime('%Y-%m-%d %H:%M')}", tags={**common_tags, runs.TAG_ROLE: "study"}
-        )
-        parent_run_id = parent.info.run_id
-        from flatlab.study.plan import plan
-        from mlflow.entities import Param
-
-        p = plan(study)
-        params = {k: p[k] for k in ("workload", "metric", "mode", "searcher", "scheduler", "max_epochs", "total_trials", "seeds")}
-        params.update({"source": opts.source, "workload_params": p["workload_params"], "train": p["train"]})
-        client.log_batch(parent_run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
-        client.log_dict(parent_run_id, p, "plan.json")
-        if opts.source and Path(opts.source).is_file():
-            client.log_artifact(parent_run_id, opts.source, artifact_path="study")
+    # MLflow set-up (seconds on a fresh SQLite store) overlaps Ray's start-up and the data loading.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        opened = pool.submit(_open_launch, study, opts, tracking_uri, root, common_tags, previous)
+        _init_ray(opts, tracking_uri)
+        _setup_file_logging(out / "logs")  # ray.init reconfigures logging
+        logger.info("Ray ready (%.1f s)", time.monotonic() - t0)
+        workload = build_workload(study.workload, **dict(study.workload_params))
+        data = workload.load_data(study.seed)  # once per study; reaches trials through the object store
+        experiment_id, parent_run_id, exp_name = opened.result()
+    logger.info("MLflow ready, data loaded (%.1f s)", time.monotonic() - t0)
+    client = runs.client(tracking_uri)
     experiment_path = str(Path(storage_path) / exp_name) if "://" not in storage_path else f"{storage_path.rstrip('/')}/{exp_name}"
     launch.write_text(
         json.dumps(
@@ -173,13 +195,6 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
             indent=2,
         )
     )
-
-    logger.info("MLflow ready (%.1f s)", time.monotonic() - t0)
-    _init_ray(opts, tracking_uri)
-    _setup_file_logging(out / "logs")  # ray.init reconfigures logging
-    logger.info("Ray ready (%.1f s)", time.monotonic() - t0)
-    workload = build_workload(study.workload, **dict(study.workload_params))
-    data = workload.load_data(study.seed)  # once per study; reaches trials through the object store
     tracking = WorkerTracking(tracking_uri, experiment_id, parent_run_id, log_models=opts.log_models)
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, study=study, data=data, tracking=tracking), study.resources.as_dict()
