@@ -92,7 +92,8 @@ def export(df, path: str, fmt: str) -> None:
 
 
 def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "") -> None:
-    """Print the main columns of ``df`` as a rich table."""
+    """Print ``df`` as a rich table: arm, status, outcome, epochs, the metric (final and best), test
+    accuracy, and the trial's params in one column (``columns`` overrides the choice)."""
     from rich.table import Table
 
     if df.empty:
@@ -100,11 +101,16 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
         return
     metric = df.attrs.get("metric", "val/accuracy")
     params = [c for c in df.columns if c.startswith("param.")]
-    default = ["arm", "status", "outcome", "epochs", metric, f"best/{metric}", "test/accuracy"] + params
+    default = ["arm", "status", "outcome", "epochs", metric, f"best/{metric}", "test/accuracy"]
     cols = [c for c in (columns or default) if c in df.columns]
-    table = Table(*[c.replace("param.", "") for c in cols], title=title or None)
+    table = Table(*cols, *([] if columns else ["params"]), title=title or None)
+    for col in table.columns[:1]:
+        col.no_wrap = True
     for _, row in df.iterrows():
-        table.add_row(*[_fmt(row[c]) for c in cols])
+        cells = [_fmt(row[c]) for c in cols]
+        if not columns:
+            cells.append(" ".join(f"{c[6:]}={_fmt(row[c])}" for c in params if _fmt(row[c]) != "-"))
+        table.add_row(*cells)
     console.print(table)
 
 
