@@ -1,0 +1,251 @@
+"""Per-step cost of each flatlab optimizer relative to its base optimizer, and its extra memory.
+
+For each model (a small CNN with BatchNorm on 32×32 images, and a one-block transformer language
+model), every optimizer below and its base are built on copies of the same initial weights and stepped
+on the same fixed mini-batch through the trainer's closure (flatlab.train.closure.BatchClosure). The
+timing is paired: after warm-up, blocks of ``--steps`` optimizer steps alternate with blocks of base
+steps of about the same duration (B O B O … O B, ``--repeats`` optimizer blocks); each optimizer block's
+per-step time is divided by the mean per-step time of the two base blocks around it, and the ratio
+reported is the median over blocks (per-step times shown are medians too), so load changes on a shared
+machine hit both sides of each ratio alike. Wall time is the default clock; process CPU time is
+printed too (and can be the judged clock, ``--clock cpu``) because other jobs on a shared CPU distort
+wall time. Memory ("extra copies") is the bytes of the tensors each optimizer keeps in its state
+(wrappers and base together) minus what the base alone keeps, in units of the parameters' bytes
+(IRE's bool mask counts 1/4 of a float32 copy); on CUDA the peak allocated memory of one step relative
+to the base's step is shown too ("peak Δ copies", transients included).
+
+Targets: SAM/SGD ≤ 2.05; SGD-IRE/SGD and AdmIRE/AdamW ≤ 1.10 (K = 10); TSAM/SGD ≤ 2s + 0.2;
+TSAM extra memory ≤ 3 parameter copies for s = 3 and s = 8.
+
+    python bench/optimizer_overhead.py                     # CPU, both models
+    python bench/optimizer_overhead.py --threads 1 --clock cpu      # on a machine shared with other jobs
+    python bench/optimizer_overhead.py --device cuda --repeats 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flatlab.optim import get_optimizer
+from flatlab.train.closure import BatchClosure
+
+
+# ------------------------------------------------------------------------------------------ models
+def small_cnn(classes: int = 10) -> nn.Module:
+    def block(cin: int, cout: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2))
+
+    return nn.Sequential(block(3, 32), block(32, 64), block(64, 128), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, classes))
+
+
+class TinyLM(nn.Module):
+    """Token embedding + one pre-LN transformer block + LM head: logits ``(B, T, vocab)``."""
+
+    def __init__(self, vocab: int = 512, width: int = 128, heads: int = 4, seq: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.pos = nn.Parameter(torch.randn(seq, width) * 0.02)
+        self.block = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+        self.ln = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab)
+        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(seq), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens) + self.pos[: tokens.shape[1]]
+        return self.head(self.ln(self.block(h, src_mask=self.causal, is_causal=True)))
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def workload(name: str, device: torch.device, batch: int) -> Tuple[nn.Module, Callable, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    if name == "cnn":
+        x = torch.randn(batch, 3, 32, 32, generator=g)
+        y = torch.randint(0, 10, (batch,), generator=g)
+        return small_cnn().to(device), F.cross_entropy, x.to(device), y.to(device)
+    tokens = torch.randint(0, 512, (batch // 4, 65), generator=g)
+    return TinyLM().to(device), lm_loss, tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+
+
+# ------------------------------------------------------------------------------------------ cases
+@dataclass(frozen=True)
+class Case:
+    label: str
+    name: str  # registry name
+    hparams: Tuple[Tuple[str, object], ...] = ()
+    target_time: Optional[float] = None  # max ratio to the base's step time
+    target_memory: Optional[float] = None  # max extra parameter copies
+
+
+CASES = [
+    Case("SAM / SGD", "sam", target_time=2.05),
+    Case("ASAM / SGD", "asam"),
+    Case("TSAM s=3 / SGD", "tsam", (("s", 3),), target_time=2 * 3 + 0.2, target_memory=3.0),
+    Case("TSAM s=8 / SGD", "tsam", (("s", 8),), target_time=2 * 8 + 0.2, target_memory=3.0),
+    Case("SGD-IRE / SGD (K=10)", "sgd_ire", (("mask_interval", 10),), target_time=1.10),
+    Case("AdmIRE / AdamW (K=10)", "adamw_ire", (("mask_interval", 10),), target_time=1.10),
+    Case("SAM-IRE / SAM (K=10)", "sam_ire", (("mask_interval", 10),)),
+]
+
+
+def state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of the tensors ``opt`` (and, for wrappers, its bases) keeps in ``state``."""
+    n = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
+    base = getattr(opt, "base", None)
+    return n + (state_bytes(base) if base is not None else 0)
+
+
+def build(case_name: str, hparams: Dict[str, object], model: nn.Module, base_model: nn.Module):
+    """(optimizer over ``model``, its base alone over ``base_model`` with the same base hyperparameters)."""
+    spec = get_optimizer(case_name)
+    values = spec.resolve(hparams)
+    base_spec = get_optimizer(spec.base) if spec.base else spec
+    base_values = {h.name: values[h.name] for h in base_spec.hparams}
+    return spec.build(model.parameters(), **values), base_spec.build(base_model.parameters(), **base_values)
+
+
+class Runner:
+    """One optimizer on its own copy of the model, stepping a fixed batch."""
+
+    def __init__(self, opt: torch.optim.Optimizer, model: nn.Module, loss_fn, x, y, device: torch.device) -> None:
+        self.opt, self.model, self.device = opt, model, device
+        self.closure = BatchClosure(model, loss_fn, x, y)
+        self.wall: List[float] = []
+        self.cpu: List[float] = []
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def steps(self, n: int) -> None:
+        """Run ``n`` steps; record seconds per step of wall time and of this process's CPU time."""
+        self.sync()
+        w0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(n):
+            self.opt.step(self.closure)
+        self.sync()
+        self.wall.append((time.perf_counter() - w0) / n)
+        self.cpu.append((time.process_time() - c0) / n)
+
+    def peak_bytes(self) -> Optional[int]:
+        if self.device.type != "cuda":
+            return None
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        self.steps(1)
+        return torch.cuda.max_memory_allocated() - before
+
+
+def run_model(model_name: str, args: argparse.Namespace, device: torch.device) -> List[List[str]]:
+    model, loss_fn, x, y = workload(model_name, device, args.batch)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    rows = []
+    for case in CASES:
+        if args.only and not any(key.lower() in case.label.lower() for key in args.only.split(",")):
+            continue
+        opt_model, base_model = copy.deepcopy(model), copy.deepcopy(model)
+        opt, base = build(case.name, dict(case.hparams), opt_model, base_model)
+        runners = [Runner(opt, opt_model, loss_fn, x, y, device), Runner(base, base_model, loss_fn, x, y, device)]
+        opt_r, base_r = runners
+        steps = args.ire_steps if "ire" in case.name else args.steps
+        for r in runners:
+            r.steps(args.warmup)
+            r.steps(steps)  # probe: how many base steps last as long as one optimizer block
+        base_steps = steps * max(1, round(opt_r.wall[-1] / base_r.wall[-1]))
+        for r in runners:
+            r.wall.clear()
+            r.cpu.clear()
+        # Paired design: B O B O ... O B; each optimizer block is compared with the mean of the two base
+        # blocks around it, so load changes on a shared machine hit both sides of every ratio alike.
+        base_r.steps(base_steps)
+        for _ in range(args.repeats):
+            opt_r.steps(steps)
+            base_r.steps(base_steps)
+
+        def paired(clock: str) -> float:
+            o, b = getattr(opt_r, clock), getattr(base_r, clock)
+            ratios = [o[k] / (0.5 * (b[k] + b[k + 1])) for k in range(len(o))]
+            if args.verbose:
+                print(f"    {case.label} {clock}: block ratios " + " ".join(f"{r:.3f}" for r in ratios), flush=True)
+            return statistics.median(ratios)
+
+        t_opt, t_base = (statistics.median(getattr(r, args.clock)) for r in runners)
+        other = "cpu" if args.clock == "wall" else "wall"
+        ratio, ratio_other = paired(args.clock), paired(other)
+        extra = (state_bytes(opt) - state_bytes(base)) / param_bytes
+        peaks = [r.peak_bytes() for r in runners]
+        peak = "n/a" if peaks[0] is None else f"{(peaks[0] - peaks[1]) / param_bytes:.2f}"
+        ok_t = case.target_time is None or ratio <= case.target_time
+        ok_m = case.target_memory is None or extra <= case.target_memory
+        target = "; ".join(
+            t for t in [f"time ≤ {case.target_time:g}" if case.target_time else "", f"mem ≤ {case.target_memory:g}" if case.target_memory else ""] if t
+        )
+        verdict = "—" if not target else ("PASS" if ok_t and ok_m else "FAIL")
+        rows.append(
+            [
+                model_name, case.label, f"{1e3 * t_opt:.1f}", f"{1e3 * t_base:.1f}", f"{ratio:.3f}", f"{ratio_other:.3f}",
+                f"{extra:.2f}", peak, target or "—", verdict,
+            ]
+        )
+        print("  " + " | ".join(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--models", default="cnn,transformer", help="comma-separated: cnn, transformer")
+    ap.add_argument("--batch", type=int, default=64, help="images per batch (the LM uses batch/4 sequences of 64 tokens)")
+    ap.add_argument("--steps", type=int, default=3, help="steps per timed block")
+    ap.add_argument("--ire-steps", type=int, default=10, help="steps per timed block for IRE (10 = K: one refresh per block)")
+    ap.add_argument("--repeats", type=int, default=9, help="timed optimizer blocks (paired with base blocks); the median is reported")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--only", default="", help="comma-separated substrings of the cases to run (e.g. 'TSAM,IRE')")
+    ap.add_argument("--verbose", action="store_true", help="print every block's ratio")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument(
+        "--clock", default="wall", choices=["wall", "cpu"],
+        help="clock the targets are judged on; 'cpu' (process CPU time, use with --threads 1) is robust to "
+        "other jobs sharing the machine; both ratios are printed",
+    )
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    other = "cpu" if args.clock == "wall" else "wall"
+    header = [
+        "model", "optimizer / base", f"{args.clock} ms/step", "base ms", f"ratio ({args.clock})", f"ratio ({other})",
+        "extra copies", "peak Δ copies", "target", "result",
+    ]
+    print(
+        f"device={device} threads={torch.get_num_threads()} steps={args.steps} ire_steps={args.ire_steps} "
+        f"repeats={args.repeats} batch={args.batch} clock={args.clock}"
+    )
+    print("  " + " | ".join(header), flush=True)
+    rows = [header]
+    for m in args.models.split(","):
+        rows += run_model(m.strip(), args, device)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    print()
+    for i, r in enumerate(rows):
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    fails = sum(r[-1] == "FAIL" for r in rows[1:])
+    print(f"\n{'all targets met' if not fails else f'{fails} target(s) missed'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,351 @@
+"""IRE: Implicit Regularization Enhancement over any base optimizer (Wang et al., NeurIPS 2024).
+
+The update (ALGORITHMS.md §3: the paper's practical IRE as the authors' code runs it): the base optimizer
+steps as usual, Δ = θ_new − θ_old, and then
+
+    θ ← θ_old + (1 + κ·n) ⊙ Δ     (computed as θ_new + κ·n⊙Δ in one fused torch.lerp; n = 0 coordinates
+                                   keep the base's θ_new bit for bit)
+
+where n is a 0/1 mask of "flat" coordinates. The mask acts on the base optimizer's whole step
+(momentum, Adam preconditioning, decoupled weight decay included); the base's state (momentum, Adam
+moments) is never amplified.
+
+Mask: n_i = 1 for the ⌊γ·p⌋ coordinates with the smallest curvature h_i, one threshold over the
+tensors of ALL parameter groups (``torch.kthvalue`` on their concatenation), n_i = 1 iff
+h_i ≤ threshold, so coordinates tied with the threshold all count as flat (the count can exceed
+⌊γ·p⌋ only through such ties). p counts the coordinates of the tensors the sampled-label loss reaches;
+tensors it does not reach (sampled gradient ``None``) are left out of the ranking and never amplified
+(as in the authors' code). γ is read as the decimal written (``⌊0.29·100⌋ = 29``, not 28).
+
+Curvature: h = g_ŷ ⊙ g_ŷ, the gradient of the mean loss on labels sampled from the model's own softmax
+(diagonal Fisher / Gauss-Newton estimate, Sophia's estimator), from ``closure.with_sampled_grads``;
+optionally EMA-smoothed, h ← β·h + (1−β)·g_ŷ², β = ``curvature_beta`` (authors: 0). It is refreshed
+every K = ``mask_interval`` active steps and the mask is held in between. The curvature pass IS the
+step's primary pass (one forward; one extra backward), so BatchNorm statistics are updated once. With
+a SAM base the mask therefore comes from the gradient at θ, not θ+ε: the base receives a closure whose
+first primary call is ``with_sampled_grads``.
+
+Switch-on: IRE is off (the optimizer is exactly its base, bit for bit, no curvature pass) until one of
+the configured criteria holds, then latches on for good: ``switch_epoch`` (epoch ≥), ``switch_step``
+(step ≥), ``switch_at_warmup_end`` (step ≥ warm-up steps), ``switch_loss`` (previous epoch's mean
+training loss < threshold). With no criterion configured IRE is on from the first step. The criteria
+read :class:`flatlab.optim.Progress` from ``on_progress``; without it only ``switch_step`` works
+(counting this optimizer's steps). ``kappa = 0`` (or κ_t = 0) also means exactly the base step.
+
+``kappa_decay``: κ_t = κ·lr_t/lr_max per group, lr_max = the group's ``initial_lr`` if an LR scheduler
+set it, else its lr when IRE was constructed.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from fractions import Fraction
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from flatlab.hparams import HParam
+from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
+from flatlab.optim.protocol import Closure, as_closure
+from flatlab.optim.registry import register_optimizer
+from flatlab.optim.sam import SAM_SPEC
+from flatlab.optim._flat import persistent_buffers
+from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
+
+__all__ = ["IRE", "IRE_HPARAMS", "flat_count", "SGD_IRE_SPEC", "ADAMW_IRE_SPEC", "SAM_IRE_SPEC"]
+
+KAPPA = HParam("kappa", 2.0, float, low=0.0, doc="κ: flat coordinates move (1+κ)× the base step; paper: 1-2 CNN, 20-50 ViT")
+GAMMA = HParam(
+    "gamma", 0.8, float, low=0.0, high=1.0, low_open=True, high_open=True, doc="γ: fraction of coordinates taken as flat"
+)
+MASK_INTERVAL = HParam("mask_interval", 10, int, low=1, doc="K: active steps between curvature refreshes (paper: 10)")
+CURVATURE_BETA = HParam("curvature_beta", 0.0, float, low=0.0, high=1.0, high_open=True, doc="EMA β of h (authors: 0)")
+SWITCH_EPOCH = HParam("switch_epoch", None, int, low=0, nullable=True, doc="switch on from this 0-based epoch")
+SWITCH_STEP = HParam("switch_step", None, int, low=0, nullable=True, doc="switch on from this 0-based step")
+SWITCH_AT_WARMUP_END = HParam("switch_at_warmup_end", False, bool, doc="switch on when LR warm-up ends (LLMs)")
+SWITCH_LOSS = HParam(
+    "switch_loss", None, float, low=0.0, low_open=True, nullable=True, doc="switch on once last epoch's train loss < this"
+)
+KAPPA_DECAY = HParam("kappa_decay", False, bool, doc="κ_t = κ·lr_t/lr_max (decays with the LR schedule)")
+IRE_HPARAMS = (KAPPA, GAMMA, MASK_INTERVAL, CURVATURE_BETA, SWITCH_EPOCH, SWITCH_STEP, SWITCH_AT_WARMUP_END, SWITCH_LOSS, KAPPA_DECAY)
+
+
+def flat_count(gamma: float, numel: int) -> int:
+    """⌊γ·numel⌋ with γ read as the decimal it prints as (so 0.29·100 gives 29, not 28)."""
+    return math.floor(Fraction(repr(float(gamma))) * numel)
+
+
+class _CurvatureClosure:
+    """The closure handed to the base on refresh steps: its first primary call is the curvature pass."""
+
+    def __init__(self, inner: Closure, params: Sequence[torch.Tensor], on_sampled: Callable[[List[Optional[torch.Tensor]]], None]):
+        self.inner = inner
+        self.params = list(params)
+        self.on_sampled = on_sampled
+        self.called = False
+
+    def __call__(self) -> torch.Tensor:
+        if self.called:
+            return self.inner()
+        self.called = True
+        loss, sampled = self.inner.with_sampled_grads(self.params)
+        self.on_sampled(sampled)
+        return loss
+
+    def extra(self) -> torch.Tensor:
+        return self.inner.extra()
+
+    def with_sampled_grads(self, params: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, List[Optional[torch.Tensor]]]:
+        return self.inner.with_sampled_grads(params)
+
+
+class IRE(WrappedOptimizer):
+    """IRE over ``base`` (SGD → SGD-IRE, AdamW → AdmIRE, SAM → SAM-IRE; ALGORITHMS.md §3).
+
+    Args:
+        base: any ``torch.optim.Optimizer`` (wrappers included) whose ``step(closure)`` calls the
+            closure; ``param_groups`` are shared.
+        kappa: κ ≥ 0, extra multiple of the base step given to flat coordinates (dimensionless).
+        gamma: γ ∈ (0, 1), fraction of coordinates taken as flat.
+        mask_interval: K ≥ 1, active steps between curvature refreshes.
+        curvature_beta: β ∈ [0, 1), EMA factor of h.
+        switch_epoch, switch_step, switch_at_warmup_end, switch_loss: switch-on criteria (module doc).
+        kappa_decay: scale κ by lr_t/lr_max per group.
+
+    Memory: θ_old (one parameter copy, reused), the mask (1 byte per coordinate), the lerp weights
+    −κ·n (one copy, rebuilt when the mask or κ_t changes), and the curvature EMA in float32 when
+    ``curvature_beta > 0``. Cost at K = 10: one extra backward pass (the sampled labels' gradient)
+    every K active steps plus two elementwise passes per step (copy θ_old, one fused lerp).
+
+    Compose with IRE outermost (``IRE(SAM(SGD))``): a wrapper that calls its base's ``step()`` without
+    a closure (SAM, TSAM) cannot drive IRE's curvature pass.
+
+    Raises:
+        ConfigError: a value outside its range (message names the field and the allowed values).
+    """
+
+    _state_tag = "ire"
+    _persistent_state = ("mask", "curvature")
+
+    def __init__(
+        self,
+        base: torch.optim.Optimizer,
+        kappa: float = 2.0,
+        gamma: float = 0.8,
+        mask_interval: int = 10,
+        curvature_beta: float = 0.0,
+        switch_epoch: Optional[int] = None,
+        switch_step: Optional[int] = None,
+        switch_at_warmup_end: bool = False,
+        switch_loss: Optional[float] = None,
+        kappa_decay: bool = False,
+    ) -> None:
+        super().__init__(base)
+        where = "IRE"
+        self.kappa = KAPPA.validate(kappa, where)
+        self.gamma = GAMMA.validate(gamma, where)
+        self.mask_interval = MASK_INTERVAL.validate(mask_interval, where)
+        self.curvature_beta = CURVATURE_BETA.validate(curvature_beta, where)
+        self.switch_epoch = SWITCH_EPOCH.validate(switch_epoch, where)
+        self.switch_step = SWITCH_STEP.validate(switch_step, where)
+        self.switch_at_warmup_end = SWITCH_AT_WARMUP_END.validate(switch_at_warmup_end, where)
+        self.switch_loss = SWITCH_LOSS.validate(switch_loss, where)
+        self.kappa_decay = KAPPA_DECAY.validate(kappa_decay, where)
+        criteria = (self.switch_epoch, self.switch_step, self.switch_loss)
+        self._needs_switch = any(c is not None for c in criteria) or self.switch_at_warmup_end
+        self._active = not self._needs_switch
+        self._steps = 0  # step() calls so far
+        self._since_refresh: Optional[int] = None  # active steps since the mask was computed (None: no mask)
+        self._lr_max = [float(g["lr"]) for g in self.param_groups]
+        self._flat_fraction: Any = 0.0  # 0-d tensor once a mask exists
+        self._warned = False
+        self._mask_version = 0  # bumped when masks change; keys the cached lerp weights
+        self._weight_key: Dict[int, Tuple[int, float, int]] = {}
+
+    def _describe(self) -> str:
+        return f"kappa={self.kappa}, gamma={self.gamma}, mask_interval={self.mask_interval}"
+
+    # ------------------------------------------------------------------ switch-on and kappa
+    @property
+    def active(self) -> bool:
+        """Whether IRE has switched on (latched)."""
+        return self._active
+
+    def switch_on(self) -> None:
+        """Switch IRE on now (latches), whatever the criteria."""
+        self._active = True
+
+    def _maybe_switch(self) -> None:
+        if self._active:
+            return
+        p = self._progress
+        step = p.step if p is not None else self._steps
+        due = self.switch_step is not None and step >= self.switch_step
+        if p is None:
+            if not due and not self._warned and (self.switch_epoch is not None or self.switch_loss is not None or self.switch_at_warmup_end):
+                warnings.warn("IRE: switch criteria need on_progress(Progress); only switch_step is evaluated without it", stacklevel=3)
+                self._warned = True
+        else:
+            due = due or (self.switch_epoch is not None and p.epoch >= self.switch_epoch)
+            due = due or (self.switch_at_warmup_end and p.step >= p.warmup_steps)
+            due = due or (
+                self.switch_loss is not None and p.last_epoch_train_loss is not None and p.last_epoch_train_loss < self.switch_loss
+            )
+        self._active = due
+
+    def kappa_at(self, group_index: int) -> float:
+        """κ_t for parameter group ``group_index`` (before the switch-on test)."""
+        if not self.kappa_decay:
+            return self.kappa
+        group = self.param_groups[group_index]
+        lr = float(group["lr"])
+        while len(self._lr_max) <= group_index:  # groups added after construction
+            self._lr_max.append(float(self.param_groups[len(self._lr_max)]["lr"]))
+        lr_max = float(group.get("initial_lr", self._lr_max[group_index]))
+        return self.kappa * lr / lr_max if lr_max > 0 else 0.0
+
+    # ------------------------------------------------------------------ mask
+    @torch.no_grad()
+    def _refresh_mask(self, params: Sequence[torch.Tensor], sampled: Sequence[Optional[torch.Tensor]]) -> None:
+        # h for every ranked coordinate in ONE flat float32 vector (concatenation in group order).
+        ranked = [(p, g.detach()) for p, g in zip(params, sampled) if g is not None]
+        for p, g in zip(params, sampled):
+            if g is None:  # the loss does not reach p: not ranked, never amplified
+                self.state[p]["mask"] = torch.zeros_like(p, dtype=torch.bool)
+        self._mask_version += 1
+        if not ranked:
+            self._flat_fraction = 0.0
+            return
+        device = ranked[0][1].device
+        if self.curvature_beta > 0:
+            hs = []
+            for p, g in ranked:
+                ema = self.state[p].get("curvature")
+                if ema is None:
+                    ema = self.state[p]["curvature"] = torch.zeros_like(g, dtype=torch.float32)
+                g32 = g.float()
+                hs.append(ema.mul_(self.curvature_beta).addcmul_(g32, g32, value=1.0 - self.curvature_beta))
+            flat = torch.cat([h.reshape(-1).to(device) for h in hs])
+        else:
+            flat = torch.cat([g.reshape(-1).to(device=device, dtype=torch.float32) for _, g in ranked]).square_()
+        k = flat_count(self.gamma, flat.numel())
+        if k == 0:
+            flags = torch.zeros(flat.shape, dtype=torch.bool, device=device)
+        else:
+            threshold = torch.kthvalue(flat, k).values  # k-th smallest; h ≤ threshold is flat (ties included)
+            flags = flat <= threshold
+        self._flat_fraction = flags.sum() / flat.numel()
+        for (p, _), m in zip(ranked, flags.split([p.numel() for p, _ in ranked])):
+            self.state[p]["mask"] = m.view(p.shape).to(p.device)  # views of one flag vector
+
+    @torch.no_grad()
+    def _amplify(self, params: Sequence[torch.Tensor], kappas: Sequence[float]) -> None:
+        # θ ← θ_new + κ·n⊙(θ_new − θ_old) = lerp(θ_new, θ_old, w) with w = −κ·n: ONE fused pass per
+        # tensor (lerp computes θ_new + w·(θ_old − θ_new)); where n = 0, w = 0 and θ_new is kept exactly.
+        # The weights w are scratch, rebuilt from the mask when it is refreshed or κ_t changes.
+        chosen = set(params)
+        for i, (group, kappa) in enumerate(zip(self.param_groups, kappas)):
+            ps = [p for p in group["params"] if p in chosen and "mask" in self.state[p]]
+            if not ps or kappa == 0:
+                continue
+            weights = persistent_buffers(self.state, ps, "weight")
+            if self._weight_key.get(i) != (self._mask_version, kappa, len(ps)):
+                torch._foreach_copy_(weights, [self.state[p]["mask"] for p in ps])
+                torch._foreach_mul_(weights, -kappa)
+                self._weight_key[i] = (self._mask_version, kappa, len(ps))
+            torch._foreach_lerp_(ps, [self.state[p]["theta"] for p in ps], weights)
+
+    # ------------------------------------------------------------------ step
+    def step(self, closure: Optional[Callable[[], torch.Tensor]] = None) -> Optional[torch.Tensor]:  # type: ignore[override]
+        """The base step, then the flat coordinates' part of it amplified by κ (once switched on).
+
+        Args:
+            closure: a :class:`flatlab.optim.Closure`; needed on refresh steps (``with_sampled_grads``).
+                May be ``None`` on other steps if the gradients are already in ``p.grad`` and the base
+                accepts that.
+        Returns:
+            Whatever the base's step returns (the primary pass's loss for closure-driven bases).
+        Raises:
+            ValueError: a curvature refresh is due and ``closure`` is None.
+            RuntimeError: the base did not call the closure on a refresh step.
+        """
+        self._maybe_switch()
+        self._steps += 1
+        kappas = [self.kappa_at(i) for i in range(len(self.param_groups))]
+        if not self._active or not any(k > 0 for k in kappas):
+            self._metrics.add("opt/ire_active", float(self._active))
+            self._metrics.add("opt/flat_fraction", 0.0)
+            self._metrics.add("opt/kappa", kappas[0] if self._active else 0.0)
+            return self.base.step(closure)  # exactly the base: no curvature pass, no copy
+
+        params = [p for p in self._params() if p.requires_grad]
+        refresh = self._since_refresh is None or self._since_refresh >= self.mask_interval
+        run_closure: Optional[Callable[[], torch.Tensor]] = closure
+        wrapped = None
+        if refresh:
+            c = as_closure(require_closure(closure, "IRE (curvature refresh)"))
+            wrapped = _CurvatureClosure(c, params, lambda sampled: self._refresh_mask(params, sampled))
+            run_closure = wrapped
+        theta = persistent_buffers(self.state, params, "theta")
+        with torch.no_grad():
+            torch._foreach_copy_(theta, params)
+        loss = self.base.step(run_closure)
+        if wrapped is not None:
+            if not wrapped.called:
+                raise RuntimeError(
+                    f"IRE: the base optimizer {type(self.base).__name__} did not call the closure, so the "
+                    "curvature pass could not run; use a base whose step(closure) calls it"
+                )
+            self._since_refresh = 0
+        assert self._since_refresh is not None
+        self._since_refresh += 1
+        self._amplify(params, kappas)
+        self._metrics.add("opt/ire_active", 1.0)
+        self._metrics.add("opt/flat_fraction", self._flat_fraction)
+        self._metrics.add("opt/kappa", kappas[0])
+        return loss
+
+    # ------------------------------------------------------------------ checkpoints
+    def _extra_state(self) -> Dict[str, Any]:
+        ff = self._flat_fraction
+        return {
+            "steps": self._steps,
+            "active": self._active,
+            "since_refresh": self._since_refresh,
+            "lr_max": list(self._lr_max),
+            "flat_fraction": float(ff),
+        }
+
+    def _load_extra_state(self, extra: Mapping[str, Any]) -> None:
+        self._steps = int(extra.get("steps", 0))
+        self._active = bool(extra.get("active", not self._needs_switch))
+        since = extra.get("since_refresh")
+        self._since_refresh = None if since is None else int(since)
+        self._lr_max = [float(x) for x in extra.get("lr_max", self._lr_max)]
+        self._flat_fraction = float(extra.get("flat_fraction", 0.0))
+        self._mask_version += 1  # masks were replaced: rebuild the lerp weights
+
+
+def _wrap_ire(base: torch.optim.Optimizer, **kw: Any) -> IRE:
+    return IRE(base, **kw)
+
+
+SGD_IRE_SPEC = register_optimizer(
+    wrapped_spec("sgd_ire", SGD_SPEC, IRE_HPARAMS, _wrap_ire, doc="SGD-IRE (Wang et al. 2024; ALGORITHMS.md §3)")
+)
+# AdmIRE: the paper's betas (0.9, 0.95) and weight decay 0.1 as defaults; its eps 1e-16 (LLM runs) is not
+# a sensible general default and is left at AdamW's 1e-8; gradient clipping (1.0) is the trainer's.
+ADAMW_IRE_SPEC = register_optimizer(
+    wrapped_spec(
+        "adamw_ire",
+        ADAMW_SPEC,
+        IRE_HPARAMS,
+        _wrap_ire,
+        doc="AdmIRE: AdamW + IRE (Wang et al. 2024; betas (0.9, 0.95), wd 0.1 as in the paper)",
+        base_defaults={"beta2": 0.95, "weight_decay": 0.1},
+    )
+)
+SAM_IRE_SPEC = register_optimizer(
+    wrapped_spec("sam_ire", SAM_SPEC, IRE_HPARAMS, _wrap_ire, doc="SAM-IRE: mask from the gradient at θ (Wang et al. 2024)")
+)

@@ -1,0 +1,209 @@
+"""SAM (Foret et al., ICLR 2021) and ASAM (Kwon et al., ICML 2021) as one wrapper optimizer.
+
+One step, ALGORITHMS.md §1 (SAM paper Algorithm 1 with ε̂ of its Eq. 2 for p = 2; ASAM paper's Algorithm 1
+for p = 2 with T_w = |w| + η):
+
+1. primary pass at θ: loss and g = ∇L(θ) (``closure()``, BatchNorm statistics updated once);
+2. ascent: ε = ρ·g/(‖g‖₂ + 1e-12) (SAM) or ε = ρ·T²⊙g/(‖T⊙g‖₂ + 1e-12) (ASAM), ONE global norm over
+   every parameter of every group; θ ← θ + ε (the old θ is stored, not recomputed);
+3. extra pass at θ+ε: gradient ∇L(θ+ε) (``closure.extra()``, BatchNorm statistics NOT updated);
+4. θ ← stored θ (bit-exact), then the base optimizer steps with ∇L(θ+ε).
+
+Weight decay, momentum and the learning rate belong to the base optimizer, whose ``param_groups`` this
+wrapper shares (LR schedulers act on what is stepped).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+import torch
+
+from flatlab.errors import ConfigError
+from flatlab.hparams import HParam
+from flatlab.optim._flat import NORM_EPS, add_scaled_, global_norm, persistent_buffers, split_with_grad
+from flatlab.optim.basic import SGD_SPEC
+from flatlab.optim.protocol import as_closure
+from flatlab.optim.registry import register_optimizer
+from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
+
+__all__ = ["SAM", "RHO", "ASAM_RHO", "ETA", "ASAM_SCOPE", "SAM_HPARAMS", "ASAM_HPARAMS", "asam_scaled", "SAM_SPEC", "ASAM_SPEC"]
+
+RHO = HParam("rho", 0.05, float, low=0.0, doc="SAM neighbourhood radius (L2, global); 0.05 CIFAR-10, 0.1 CIFAR-100")
+ASAM_RHO = HParam(
+    "rho", 0.5, float, low=0.0, doc="ASAM neighbourhood radius in the T_w-scaled norm; 0.5 CIFAR-10, 1.0 CIFAR-100"
+)
+ETA = HParam("eta", 0.01, float, low=0.0, doc="ASAM offset in T_w = |w| + eta (Kwon et al. 2021, ASAM Alg. 1)")
+ASAM_SCOPE = HParam(
+    "asam_scope",
+    "weights",
+    str,
+    choices=("weights", "all", "weight_names"),
+    doc="tensors scaled by T_w: 'weights' = ndim >= 2, 'all', 'weight_names' = name contains 'weight' (official)",
+)
+SAM_HPARAMS = (RHO,)
+ASAM_HPARAMS = (ASAM_RHO, ETA, ASAM_SCOPE)
+ADAPTIVE = HParam("adaptive", False, bool, doc="ASAM instead of SAM")
+
+
+def asam_scaled(p: torch.Tensor, name: Optional[str], scope: str) -> bool:
+    """Whether ASAM scales tensor ``p`` by T_w = |w| + η (others get T = 1).
+
+    The rule, by ``scope``:
+
+    * ``'weights'`` (default): ``p.ndim >= 2`` — weight matrices / conv kernels / embeddings. Biases and
+      every other 1-d or 0-d tensor (BatchNorm / LayerNorm gains and shifts) get T = 1.
+    * ``'all'``: every tensor (the popular port's rule).
+    * ``'weight_names'``: the official ASAM code's rule, ``'weight' in name``; unlike ``'weights'`` it
+      also scales the 1-d gains of normalisation layers (``bn.weight``). Needs parameter names, i.e.
+      groups built from ``model.named_parameters()`` (torch stores them as ``group['param_names']``).
+    """
+    if scope == "all":
+        return True
+    if scope == "weights":
+        return p.ndim >= 2
+    return name is not None and "weight" in name
+
+
+class SAM(WrappedOptimizer):
+    """Sharpness-aware minimization over a base optimizer; ``adaptive=True`` gives ASAM.
+
+    Args:
+        base: the optimizer that takes the actual step (its ``param_groups`` are shared).
+        rho: neighbourhood radius ρ ≥ 0 (parameter units; ASAM: in the T_w-rescaled norm).
+        adaptive: ASAM's elementwise scaling T_w = |w| + η (Kwon et al. 2021, Algorithm 1, p = 2).
+        eta: η ≥ 0 of T_w (ASAM only).
+        asam_scope: which tensors get T_w (see :func:`asam_scaled`): ``'weights'``, ``'all'`` or
+            ``'weight_names'``.
+
+    Each :meth:`step` costs 2 forward/backward passes. Extra memory: one copy of the parameters (θ is
+    stored during the step, in a buffer reused across steps).
+
+    Raises:
+        ConfigError: ``rho < 0``, ``eta < 0``, an unknown ``asam_scope``, or ``asam_scope='weight_names'``
+            with parameter groups that carry no ``param_names``.
+    """
+
+    _state_tag = "sam"
+
+    def __init__(
+        self,
+        base: torch.optim.Optimizer,
+        rho: float = 0.05,
+        adaptive: bool = False,
+        eta: float = 0.01,
+        asam_scope: str = "weights",
+    ) -> None:
+        super().__init__(base)
+        self.rho = RHO.validate(rho, "SAM")
+        self.adaptive = ADAPTIVE.validate(adaptive, "SAM")
+        self.eta = ETA.validate(eta, "SAM")
+        self.asam_scope = ASAM_SCOPE.validate(asam_scope, "SAM")
+        if self.adaptive and self.asam_scope == "weight_names":
+            if not all("param_names" in g for g in self.param_groups):
+                raise ConfigError(
+                    "SAM: asam_scope='weight_names' needs parameter names; build the base optimizer from "
+                    "model.named_parameters() (or use asam_scope='weights' / 'all')"
+                )
+        self._perturbed: Optional[List[torch.Tensor]] = None
+
+    def _describe(self) -> str:
+        if self.adaptive:
+            return f"rho={self.rho}, adaptive=True, eta={self.eta}, asam_scope={self.asam_scope!r}"
+        return f"rho={self.rho}"
+
+    def _scales(self, params: List[torch.Tensor]) -> List[bool]:
+        names = {}
+        for g in self.param_groups:
+            for p, n in zip(g["params"], g.get("param_names", [None] * len(g["params"]))):
+                names[p] = n
+        return [asam_scaled(p, names.get(p), self.asam_scope) for p in params]
+
+    @torch.no_grad()
+    def first_step(self, zero_grad: bool = False) -> None:
+        """Climb to θ+ε using the gradients now in ``p.grad`` (the gradient at θ).
+
+        Stores θ (so :meth:`second_step` restores it exactly) and adds ε = ρ·g/(‖g‖₂+1e-12), or ASAM's
+        ε = ρ·T²⊙g/(‖T⊙g‖₂+1e-12), to every parameter that has a gradient. ``p.grad`` is left as is,
+        unless ``zero_grad=True``: then it is used as scratch and cleared.
+        """
+        params, grads = split_with_grad(self._params())
+        saved = persistent_buffers(self.state, params, "theta")
+        if params:
+            torch._foreach_copy_(saved, params)
+            if self.adaptive:
+                self._asam_ascent(params, grads)
+            else:
+                scale = self.rho / (global_norm(grads) + NORM_EPS)  # 0-d tensor
+                add_scaled_(params, grads, scale, src_is_scratch=zero_grad)  # zero_grad: grads are scratch
+        self._perturbed = params
+        if zero_grad:
+            self.zero_grad()
+
+    def _asam_ascent(self, params: List[torch.Tensor], grads: List[torch.Tensor]) -> None:
+        # T_w ⊙ g for the scaled tensors; computed tensor by tensor to keep the peak at one extra copy.
+        scaled = self._scales(params)
+        tg_norms = []
+        for p, g, s in zip(params, grads, scaled):
+            tg_norms.append((g * (p.abs() + self.eta)).norm() if s else g.norm())
+        norm = torch.linalg.vector_norm(torch.stack([n.to(params[0].device) for n in tg_norms]))
+        scale = self.rho / (norm + NORM_EPS)
+        for p, g, s in zip(params, grads, scaled):
+            if s:
+                t = p.abs().add_(self.eta)
+                p.add_(t.mul_(t).mul_(g).mul_(scale))  # ε = ρ·T²⊙g/‖T⊙g‖
+            else:
+                p.add_(g * scale)
+
+    @torch.no_grad()
+    def second_step(self, zero_grad: bool = False) -> None:
+        """Return to the stored θ (bit-exact) and take the base step with the gradients at θ+ε.
+
+        Raises:
+            RuntimeError: called without a preceding :meth:`first_step`.
+        """
+        if self._perturbed is None:
+            raise RuntimeError("SAM.second_step() called without first_step()")
+        params, self._perturbed = self._perturbed, None
+        if params:
+            torch._foreach_copy_(params, [self.state[p]["theta"] for p in params])
+        self.base.step()
+        if zero_grad:
+            self.zero_grad()
+
+    def step(self, closure: Optional[Callable[[], torch.Tensor]] = None) -> torch.Tensor:  # type: ignore[override]
+        """One SAM/ASAM step: ``closure()`` at θ, ``closure.extra()`` at θ+ε, restore θ, base step.
+
+        Args:
+            closure: a :class:`flatlab.optim.Closure` (or a plain ``fn() -> loss`` that calls backward;
+                then the extra pass cannot protect BatchNorm statistics).
+        Returns:
+            The loss at θ (primary pass), a detached 0-d tensor.
+        Raises:
+            ValueError: ``closure`` is None.
+        """
+        c = as_closure(require_closure(closure, "SAM"))
+        with torch.enable_grad():
+            loss = c()
+        self.first_step(zero_grad=True)
+        with torch.enable_grad():
+            perturbed = c.extra()
+        self.second_step()
+        self._metrics.add("opt/perturbed_loss", perturbed)
+        return loss
+
+
+def _wrap_sam(base: torch.optim.Optimizer, *, rho: float) -> SAM:
+    return SAM(base, rho=rho)
+
+
+def _wrap_asam(base: torch.optim.Optimizer, *, rho: float, eta: float, asam_scope: str) -> SAM:
+    return SAM(base, rho=rho, adaptive=True, eta=eta, asam_scope=asam_scope)
+
+
+SAM_SPEC = register_optimizer(
+    wrapped_spec("sam", SGD_SPEC, SAM_HPARAMS, _wrap_sam, doc="SAM over SGD (Foret et al. 2021, Alg. 1, Eq. 2)")
+)
+ASAM_SPEC = register_optimizer(
+    wrapped_spec("asam", SGD_SPEC, ASAM_HPARAMS, _wrap_asam, doc="ASAM over SGD (Kwon et al. 2021, ASAM Alg. 1)")
+)

@@ -1,0 +1,300 @@
+"""TSAM: tilted sharpness-aware minimization ("Reweighting Local Minima with Tilted SAM").
+
+Objective (ALGORITHMS.md §2): L^t(θ) = (1/t)·log E_ε[exp(t·L(θ+ε))]; t → 0 gives E_ε[L(θ+ε)], t → ∞ SAM's
+max. Its gradient (Lemma 1) is Σ_j w_j ∇L(θ+ε_j) with w = softmax(t·L_j) over s sampled ε_j.
+
+One step, ALGORITHMS.md §2 (paper Algorithms 1 + 2 as the authors' released code runs them):
+
+for j = 1..s:
+  1. δ_j: Gaussian N(0, I) over all parameters, rescaled by min(1, r/‖δ‖₂) (so ‖δ_j‖₂ ≤ r), or uniform
+     in the r-ball; r = ``noise_radius``.
+  2. gradient g at θ+δ_j; ascent ε_j = δ_j + ρ·g/(‖g‖₂ + 1e-12).
+  3. loss L_j and gradient G_j at θ+ε_j (``closure.extra()``: BatchNorm statistics not updated).
+  4. restore θ (bit-exact copy); fold (L_j, G_j) into the tilted-gradient accumulator.
+The base optimizer then steps with Σ_j w_j G_j (weights detached: no gradient flows through them).
+
+Passes and BatchNorm: 2s forward/backward per step, exactly one of them primary (``closure()``), so
+BatchNorm running statistics are updated once per step. ``primary_pass`` says which one:
+
+* ``'center'`` (default): the primary pass runs at θ itself, so the running statistics are exactly those
+  of a plain step on the batch; its gradient g(θ) is sample 1's ascent direction
+  (ε_1 = δ_1 + ρ·g(θ)/‖g(θ)‖). Samples 2..s are as above. This is our deviation from the released code
+  (which updates BatchNorm statistics in all s noisy passes, at θ+δ_j).
+* ``'noisy'``: every sample exactly as above; sample 1's first pass (at θ+δ_1) is the primary one, so
+  the statistics are updated once, at θ+δ_1.
+
+Memory: the tilted gradient is accumulated ONLINE with a running max m, so nothing grows with s:
+    A ← A·e^{t(m−m')} + G_j·e^{t(L_j−m')},  S ← S·e^{t(m−m')} + e^{t(L_j−m')},  m' = max(m, L_j),
+and the aggregate is A/S (= the stabilised softmax of ALGORITHMS.md §2.4). Persistent buffers: θ and A
+(2 parameter copies); transient: the noise δ_j (1 copy) while it is drawn. The authors keep s copies.
+
+Not implemented: the paper's HMC sampler (ε from exp(δ·L) with correction weights exp((t−δ)·L)); the
+released code does not use it either (ALGORITHMS.md §2).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, List, Optional, Sequence
+
+import torch
+
+from flatlab.hparams import HParam
+from flatlab.optim._flat import NORM_EPS, add_scaled_, global_norm, persistent_buffers, split_with_grad
+from flatlab.optim.basic import SGD_SPEC
+from flatlab.optim.protocol import as_closure
+from flatlab.optim.registry import register_optimizer
+from flatlab.optim.sam import RHO
+from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
+
+__all__ = ["TSAM", "TiltedAccumulator", "sample_noise", "noise_scale", "tilt_at", "TSAM_HPARAMS", "TSAM_SPEC"]
+
+S = HParam("s", 3, int, low=1, doc="perturbations sampled per step (2s forward/backward passes); paper: 3, 5")
+T = HParam("t", 1.0, float, low=0.0, high=1e6, doc="tilt t >= 0 (0: mean over samples, large: max); paper: 0-100")
+NOISE_RADIUS = HParam("noise_radius", 1.0, float, low=0.0, doc="radius r of the random part δ (global L2 norm)")
+NOISE = HParam("noise", "gaussian", str, choices=("gaussian", "uniform"), doc="δ: clipped Gaussian or uniform in the r-ball")
+T_SCHEDULE = HParam(
+    "t_schedule", "constant", str, choices=("constant", "increase", "decrease"), doc="t over training: linear 0→t or t→0"
+)
+PRIMARY_PASS = HParam(
+    "primary_pass", "center", str, choices=("center", "noisy"), doc="where the BatchNorm-updating pass runs (module doc)"
+)
+TSAM_HPARAMS = (RHO, S, T, NOISE_RADIUS, NOISE, T_SCHEDULE, PRIMARY_PASS)
+
+
+def tilt_at(t: float, schedule: str, fraction: float) -> float:
+    """Tilt in effect when ``fraction`` ∈ [0, 1] of training is done.
+
+    ``'constant'``: t; ``'increase'``: t·fraction; ``'decrease'``: t·(1 − fraction) (the released code's
+    ``schedule_t`` 1 and 2, linear in steps).
+    """
+    if schedule == "increase":
+        return t * fraction
+    if schedule == "decrease":
+        return t * (1.0 - fraction)
+    return t
+
+
+@torch.no_grad()
+def sample_noise(params: Sequence[torch.Tensor], radius: float, kind: str) -> List[torch.Tensor]:
+    """Random perturbation δ over all ``params`` with global norm ‖δ‖₂ ≤ ``radius``.
+
+    ``'gaussian'``: δ = n·min(1, r/‖n‖₂), n ~ N(0, I) (the released code's clipping); ``'uniform'``:
+    uniform in the r-ball, δ = r·U^{1/d}·n/‖n‖₂ with d the total number of coordinates.
+    Draws from the global torch RNG: one ``torch.randn_like`` per tensor in order, then (uniform only)
+    one ``torch.rand(())``.
+
+    Returns:
+        One tensor per parameter, same shapes, parameter units.
+    """
+    noise = [torch.randn_like(p) for p in params]
+    torch._foreach_mul_(noise, noise_scale(noise, radius, kind))
+    return noise
+
+
+def noise_scale(noise: Sequence[torch.Tensor], radius: float, kind: str) -> torch.Tensor:
+    """The factor (0-d tensor) that turns standard-normal draws ``noise`` into :func:`sample_noise`'s δ."""
+    norm = global_norm(noise)
+    if kind == "uniform":
+        d = sum(n.numel() for n in noise)
+        u = torch.rand((), device=norm.device)
+        return radius * u.pow(1.0 / d) / (norm + NORM_EPS)
+    return torch.clamp(radius / (norm + NORM_EPS), max=1.0)
+
+
+class TiltedAccumulator:
+    """Streaming tilted aggregate Σ_j softmax(t·L)_j G_j and log-mean-exp, in O(1) memory in s.
+
+    Keeps the running max m of the losses, S = Σ_j exp(t(L_j − m)) and A = Σ_j exp(t(L_j − m))·G_j (in
+    the given ``buffers``); when a larger loss arrives, A and S are rescaled by exp(t(m_old − m_new)), so
+    no exponent is ever positive (no overflow for losses ~1e3 and large t). All arithmetic stays on the
+    device (0-d tensors): no host sync.
+
+    Args:
+        t: tilt ≥ 0 (0 gives the plain mean).
+        buffers: one tensor per parameter (shapes of the gradients), overwritten.
+    """
+
+    def __init__(self, t: float, buffers: Sequence[torch.Tensor]) -> None:
+        self.t = float(t)
+        self.buffers = list(buffers)
+        self.count = 0
+        self._max: Optional[torch.Tensor] = None
+        self._sum: Optional[torch.Tensor] = None  # S
+        self._loss_sum: Optional[torch.Tensor] = None
+
+    @torch.no_grad()
+    def add(self, loss: torch.Tensor, grads: Sequence[Optional[torch.Tensor]], consume: bool = False) -> None:
+        """Fold one sample in.
+
+        Args:
+            loss: L_j, 0-d (nats, the mean mini-batch loss at θ+ε_j).
+            grads: G_j, one tensor per buffer with the buffer's shape (``None`` = zero for that tensor).
+            consume: the caller gives ``grads`` away; they are scaled in place (no allocation).
+        """
+        loss = loss.detach().to(torch.promote_types(loss.dtype, torch.float32)).reshape(())
+        present = [(b, g) for b, g in zip(self.buffers, grads) if g is not None]
+        if self.count == 0:
+            self._max, self._sum, self._loss_sum = loss.clone(), torch.ones_like(loss), loss.clone()
+            for buf, g in zip(self.buffers, grads):
+                if g is None:
+                    buf.zero_()
+                else:
+                    buf.copy_(g)
+        else:
+            assert self._max is not None and self._sum is not None and self._loss_sum is not None
+            new_max = torch.maximum(self._max, loss)
+            old_w = torch.exp(self.t * (self._max - new_max))  # rescales what is accumulated, ≤ 1
+            new_w = torch.exp(self.t * (loss - new_max))  # weight of this sample, ≤ 1
+            self._sum = self._sum * old_w + new_w
+            self._max = new_max
+            self._loss_sum = self._loss_sum + loss
+            if old_w.device.type != "cpu" or float(old_w) != 1.0:  # CPU: skip when the max did not move
+                torch._foreach_mul_(self.buffers, old_w.to(self.buffers[0].dtype))
+            if present:
+                add_scaled_([b for b, _ in present], [g for _, g in present], new_w, src_is_scratch=consume)
+        self.count += 1
+
+    @torch.no_grad()
+    def gradient(self) -> List[torch.Tensor]:
+        """Normalise in place and return the buffers: A/S = Σ_j softmax(t·L)_j G_j."""
+        if self.count == 0:
+            raise RuntimeError("TiltedAccumulator.gradient() before any add()")
+        assert self._sum is not None
+        torch._foreach_div_(self.buffers, self._sum.to(self.buffers[0].dtype))
+        return self.buffers
+
+    def tilted_loss(self) -> torch.Tensor:
+        """(1/t)·log((1/s)·Σ_j exp(t·L_j)) (stabilised log-mean-exp); the mean loss when t = 0."""
+        assert self._max is not None and self._sum is not None and self._loss_sum is not None
+        if self.t == 0.0:
+            return self._loss_sum / self.count
+        return self._max + (torch.log(self._sum) - math.log(self.count)) / self.t
+
+    def max_loss(self) -> torch.Tensor:
+        assert self._max is not None
+        return self._max
+
+    def mean_loss(self) -> torch.Tensor:
+        assert self._loss_sum is not None
+        return self._loss_sum / self.count
+
+
+class TSAM(WrappedOptimizer):
+    """Tilted SAM over a base optimizer (paper Algorithms 1 + 2, tilted gradient of Lemma 1).
+
+    Args:
+        base: the optimizer that takes the step with the tilted gradient (``param_groups`` shared).
+        rho: ascent length ρ ≥ 0 of the normalised gradient step (parameter units, global L2).
+        s: perturbations per step, int ≥ 1 (2s forward/backward passes).
+        t: tilt ≥ 0; 0 averages the s perturbed gradients, large t keeps the max-loss one.
+        noise_radius: r ≥ 0, bound on the global L2 norm of the random part δ.
+        noise: ``'gaussian'`` or ``'uniform'`` (see :func:`sample_noise`).
+        t_schedule: ``'constant'``, ``'increase'`` (0 → t) or ``'decrease'`` (t → 0), linear in the
+            step index given by ``on_progress`` (without progress the fraction done is taken as 0).
+        primary_pass: ``'center'`` or ``'noisy'``: where the one BatchNorm-updating pass runs (module
+            docstring).
+
+    With ``rho = 0`` and ``noise_radius = 0`` every sample is θ itself and the step is the base step.
+
+    Raises:
+        ConfigError: a value outside its range (``s`` not an int ≥ 1, ``t`` outside [0, 1e6], ...).
+    """
+
+    _state_tag = "tsam"
+
+    def __init__(
+        self,
+        base: torch.optim.Optimizer,
+        rho: float = 0.05,
+        s: int = 3,
+        t: float = 1.0,
+        noise_radius: float = 1.0,
+        noise: str = "gaussian",
+        t_schedule: str = "constant",
+        primary_pass: str = "center",
+    ) -> None:
+        super().__init__(base)
+        self.rho = RHO.validate(rho, "TSAM")
+        self.s = S.validate(s, "TSAM")
+        self.t = T.validate(t, "TSAM")  # the range [0, 1e6] excludes inf (0·inf would give NaN weights)
+        self.noise_radius = NOISE_RADIUS.validate(noise_radius, "TSAM")
+        self.noise = NOISE.validate(noise, "TSAM")
+        self.t_schedule = T_SCHEDULE.validate(t_schedule, "TSAM")
+        self.primary_pass = PRIMARY_PASS.validate(primary_pass, "TSAM")
+
+    def _describe(self) -> str:
+        return (
+            f"rho={self.rho}, s={self.s}, t={self.t}, noise_radius={self.noise_radius}, noise={self.noise!r}, "
+            f"t_schedule={self.t_schedule!r}, primary_pass={self.primary_pass!r}"
+        )
+
+    def current_t(self) -> float:
+        """The tilt used by the next step (after the schedule)."""
+        fraction = self._progress.fraction if self._progress is not None else 0.0
+        return tilt_at(self.t, self.t_schedule, fraction)
+
+    @torch.no_grad()
+    def _add_noise(self, params: List[torch.Tensor]) -> None:
+        # θ ← θ + δ (same draws and values as sample_noise, with the scaling fused into the add)
+        if self.noise_radius > 0:
+            noise = [torch.randn_like(p) for p in params]
+            add_scaled_(params, noise, noise_scale(noise, self.noise_radius, self.noise), src_is_scratch=True)
+
+    @torch.no_grad()
+    def _ascend(self, params: List[torch.Tensor]) -> None:
+        # θ' ← θ' + ρ·g/‖g‖ with g the gradient now in p.grad; p.grad is scratch here (consumed).
+        ps, grads = split_with_grad(params)
+        if ps and self.rho > 0:
+            add_scaled_(ps, grads, self.rho / (global_norm(grads) + NORM_EPS), src_is_scratch=True)
+
+    def step(self, closure: Optional[Callable[[], torch.Tensor]] = None) -> torch.Tensor:  # type: ignore[override]
+        """One TSAM step (2s passes, one primary), then the base step with the tilted gradient.
+
+        Returns:
+            The primary pass's loss (at θ with ``primary_pass='center'``, at θ+δ_1 with ``'noisy'``).
+        Raises:
+            ValueError: ``closure`` is None.
+        """
+        c = as_closure(require_closure(closure, "TSAM"))
+        params = [p for p in self._params() if p.requires_grad]
+        theta = persistent_buffers(self.state, params, "theta")
+        acc = TiltedAccumulator(self.current_t(), persistent_buffers(self.state, params, "tilted_grad"))
+        with torch.no_grad():
+            torch._foreach_copy_(theta, params)
+        primary_loss: Optional[torch.Tensor] = None
+        for j in range(self.s):
+            with torch.enable_grad():
+                if j == 0 and self.primary_pass == "center":
+                    primary_loss = c()  # at θ: BatchNorm statistics as in a plain step
+                    self._add_noise(params)
+                else:
+                    self._add_noise(params)
+                    if j == 0:
+                        primary_loss = c()  # at θ+δ_1
+                    else:
+                        c.extra()
+                self._ascend(params)  # θ+ε_j
+                perturbed_loss = c.extra()
+            acc.add(perturbed_loss, [p.grad for p in params], consume=True)
+            with torch.no_grad():
+                torch._foreach_copy_(params, theta)  # restore θ exactly
+        with torch.no_grad():
+            for p, g in zip(params, acc.gradient()):
+                if p.grad is not None:  # tensors the loss does not reach keep grad None, as in a plain step
+                    p.grad.copy_(g)
+        self.base.step()
+        self._metrics.add("opt/perturbed_loss", acc.mean_loss())
+        self._metrics.add("opt/perturbed_loss_max", acc.max_loss())
+        self._metrics.add("opt/tilted_loss", acc.tilted_loss())
+        assert primary_loss is not None
+        return primary_loss
+
+
+def _wrap_tsam(base: torch.optim.Optimizer, **kw: object) -> TSAM:
+    return TSAM(base, **kw)  # type: ignore[arg-type]
+
+
+TSAM_SPEC = register_optimizer(
+    wrapped_spec("tsam", SGD_SPEC, TSAM_HPARAMS, _wrap_tsam, doc="Tilted SAM over SGD (TSAM, Alg. 1 + 2, Lemma 1)")
+)

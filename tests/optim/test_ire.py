@@ -1,0 +1,314 @@
+"""IRE (flatlab.optim.ire): the mask, the update rule over SGD / AdamW / SAM, switch-on, κ decay,
+the curvature EMA, and the paper's 2-D toy problem."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _optim_testlib import (
+    CountingClosure,
+    FunctionClosure,
+    assert_bitwise,
+    closure_for,
+    image_batch,
+    mlp,
+    params_of,
+    small_cnn,
+    twin,
+    vector_batch,
+)
+from flatlab.errors import ConfigError
+from flatlab.optim.ire import IRE, flat_count
+from flatlab.optim.protocol import Progress
+from flatlab.optim.sam import SAM
+
+
+class DesignedCurvature:
+    """Delegates to a BatchClosure but returns chosen "sampled gradients" (so h is known exactly)."""
+
+    def __init__(self, inner, make_sampled):
+        self.inner, self.make_sampled, self.calls = inner, make_sampled, 0
+
+    def __call__(self):
+        return self.inner()
+
+    def extra(self):
+        return self.inner.extra()
+
+    def with_sampled_grads(self, params):
+        self.calls += 1
+        loss = self.inner()
+        return loss, self.make_sampled(params)
+
+
+def two_groups(model, lr=0.1, **kw):
+    weights = [p for p in model.parameters() if p.ndim >= 2]
+    others = [p for p in model.parameters() if p.ndim < 2]
+    return [{"params": weights}, {"params": others, "lr": lr / 2}], dict(lr=lr, **kw)
+
+
+def _mask(opt, model):
+    return [opt.state[p]["mask"] for p in model.parameters()]
+
+
+def test_flat_count_reads_gamma_as_written():
+    assert flat_count(0.29, 100) == 29  # float 0.29·100 = 28.999999999999996
+    assert flat_count(0.8, 10) == 8 and flat_count(0.5, 3) == 1 and flat_count(0.99, 50) == 49
+
+
+def test_mask_marks_exactly_floor_gamma_p_smallest_across_groups():
+    model, batch = mlp(), vector_batch()
+    p_total = sum(p.numel() for p in model.parameters())  # 6·8+8+8·4+4 = 92
+    groups, kw = two_groups(model)
+    g = torch.Generator().manual_seed(0)
+    values = torch.randperm(p_total, generator=g).float() + 1.0  # distinct |h|, spread over both groups
+
+    def sampled(params):
+        out, i = [], 0
+        for p in params:
+            out.append(values[i : i + p.numel()].reshape(p.shape).sqrt())  # h = g² = values
+            i += p.numel()
+        return out
+
+    opt = IRE(torch.optim.SGD(groups, **kw), kappa=1.0, gamma=0.3)
+    opt.step(DesignedCurvature(closure_for(model, batch), sampled))
+    mask = torch.cat([m.reshape(-1) for m in _mask(opt, model)])
+    k = flat_count(0.3, p_total)
+    assert k == 27 and int(mask.sum()) == k
+    # `values` follows group order (weights first, then biases); the flat ones are the k smallest
+    order = [p for grp in opt.param_groups for p in grp["params"]]
+    by_group = torch.cat([opt.state[p]["mask"].reshape(-1) for p in order])
+    assert torch.equal(by_group, values <= k)
+    n_bias = sum(int(opt.state[p]["mask"].sum()) for p in opt.param_groups[1]["params"])
+    assert 0 < n_bias < k  # the threshold is shared by the two groups
+    assert opt.pop_metrics()["opt/flat_fraction"] == pytest.approx(k / p_total)
+
+
+def test_ties_at_the_threshold_count_as_flat():
+    model, batch = mlp(), vector_batch()
+    p_total = sum(p.numel() for p in model.parameters())
+
+    def sampled(params):  # every weight of layer 0 ties at h = 1; everything else larger
+        return [torch.ones_like(p) if i == 0 else torch.full_like(p, 2.0) for i, p in enumerate(params)]
+
+    opt = IRE(torch.optim.SGD(model.parameters(), lr=0.1), gamma=0.1)
+    opt.step(DesignedCurvature(closure_for(model, batch), sampled))
+    k = flat_count(0.1, p_total)
+    masks = _mask(opt, model)
+    assert k == 9 and int(masks[0].sum()) == 48 > k  # all 48 tied coordinates, documented
+    assert sum(int(m.sum()) for m in masks[1:]) == 0
+
+
+@pytest.mark.parametrize(
+    "make_base",
+    [
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=5e-4, nesterov=True),
+        lambda ps: torch.optim.AdamW(ps, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1),  # decoupled wd
+    ],
+    ids=["sgd", "adamw"],
+)
+def test_update_is_theta_old_plus_amplified_base_step(make_base):
+    model, batch = small_cnn(), image_batch()
+    kappa = 3.0
+    opt = IRE(make_base(model.parameters()), kappa=kappa, gamma=0.7, mask_interval=2, switch_step=2)
+    for step in range(5):
+        ref_model, ref_base = twin(model, opt.base)  # the base alone, from the same θ and state
+        old = params_of(model)
+        ref_base.zero_grad()
+        closure_for(ref_model, batch)()
+        ref_base.step()
+        opt.step(closure_for(model, batch))
+        if step < 2:  # not yet switched on: exactly the base
+            assert_bitwise(params_of(model), params_of(ref_model))
+            continue
+        for p, o, new in zip(model.parameters(), old, params_of(ref_model)):
+            n = opt.state[p]["mask"].to(o.dtype)
+            torch.testing.assert_close(p.detach(), o + (1 + kappa * n) * (new - o), rtol=1e-6, atol=1e-8)
+        # the base's state (momentum / Adam moments) is the base's own, never amplified
+        for p, rp in zip(model.parameters(), ref_model.parameters()):
+            for key, v in opt.base.state[p].items():
+                assert torch.equal(torch.as_tensor(v), torch.as_tensor(ref_base.state[rp][key])), key
+    assert 0.6 < sum(int(m.sum()) for m in _mask(opt, model)) / sum(p.numel() for p in model.parameters()) <= 0.75
+
+
+def test_kappa_zero_and_before_switch_on_are_the_base_bitwise_without_curvature_pass():
+    model, batch = small_cnn(), image_batch()
+    base = lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)  # noqa: E731
+    for kw in (dict(kappa=0.0), dict(kappa=2.0, switch_step=100)):
+        m = twin(model, base(model))[0]
+        ref_m = twin(model, base(model))[0]
+        opt, ref = IRE(base(m), **kw), base(ref_m)
+        closure = CountingClosure(closure_for(m, batch))
+        rng = torch.get_rng_state()
+        for _ in range(4):
+            opt.step(closure)
+            ref.zero_grad()
+            closure_for(ref_m, batch)()
+            ref.step()
+        assert_bitwise(params_of(m), params_of(ref_m))
+        assert closure.sampled == 0 and torch.equal(torch.get_rng_state(), rng)  # no label sampling
+        assert "theta" not in opt.state[next(m.parameters())]  # no copy either
+        metrics = opt.pop_metrics()
+        assert metrics["opt/flat_fraction"] == 0.0
+        assert metrics["opt/ire_active"] == (1.0 if kw["kappa"] == 0 else 0.0)
+
+
+def _progress(step, epoch=0, loss=None, warmup=0):
+    return Progress(step=step, epoch=epoch, total_steps=100, steps_per_epoch=2, warmup_steps=warmup, last_epoch_train_loss=loss)
+
+
+@pytest.mark.parametrize(
+    "kw,progress,expected",
+    [
+        (dict(switch_epoch=2), [_progress(i, epoch=i // 2) for i in range(6)], [0, 0, 0, 0, 1, 1]),
+        (dict(switch_step=3), [_progress(i) for i in range(5)], [0, 0, 0, 1, 1]),
+        (dict(switch_at_warmup_end=True), [_progress(i, warmup=2) for i in range(4)], [0, 0, 1, 1]),
+        # latches: the loss rising again above the threshold does not switch IRE off
+        (dict(switch_loss=0.5), [_progress(i, loss=l) for i, l in enumerate([None, 0.8, 0.4, 0.9, 2.0])], [0, 0, 1, 1, 1]),
+    ],
+    ids=["epoch", "step", "warmup", "loss"],
+)
+def test_switch_on_criteria_latch(kw, progress, expected):
+    model, batch = mlp(), vector_batch()
+    opt = IRE(torch.optim.SGD(model.parameters(), lr=0.1), **kw)
+    closure = CountingClosure(closure_for(model, batch))
+    seen = []
+    for p in progress:
+        opt.on_progress(p)
+        opt.step(closure)
+        seen.append(int(opt.active))
+    assert seen == expected
+    assert closure.sampled == 1  # one refresh at the first active step (K = 10)
+    assert opt.pop_metrics()["opt/ire_active"] == pytest.approx(sum(expected) / len(expected))
+
+
+def test_switch_criteria_without_progress_warn():
+    model, batch = mlp(), vector_batch()
+    opt = IRE(torch.optim.SGD(model.parameters(), lr=0.1), switch_epoch=0)
+    with pytest.warns(UserWarning, match=r"switch criteria need on_progress\(Progress\)"):
+        opt.step(closure_for(model, batch))
+    assert not opt.active
+    opt.switch_on()
+    opt.step(closure_for(model, batch))
+    assert opt.active and opt.pop_metrics()["opt/ire_active"] == 0.5
+
+
+def test_mask_refreshed_every_k_active_steps():
+    model, batch = mlp(), vector_batch()
+    opt = IRE(torch.optim.SGD(model.parameters(), lr=0.1), mask_interval=3)
+    closure = CountingClosure(closure_for(model, batch))
+    for i in range(7):
+        opt.step(closure)
+    assert closure.sampled == 3  # steps 0, 3, 6
+    assert closure.primary == 4  # the other steps' primary passes
+
+
+def test_kappa_decays_with_the_scheduler_lr():
+    model, batch = mlp(), vector_batch()
+    opt = IRE(torch.optim.SGD(model.parameters(), lr=0.2), kappa=2.0, kappa_decay=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 0.5**e)
+    kappas = []
+    for _ in range(3):
+        opt.step(closure_for(model, batch))
+        kappas.append(opt.pop_metrics()["opt/kappa"])
+        sched.step()
+    assert kappas == pytest.approx([2.0, 1.0, 0.5])
+    assert opt.base.param_groups[0]["lr"] == pytest.approx(0.025)  # the scheduler moved the base's lr
+
+
+def test_curvature_ema():
+    model, batch = mlp(), vector_batch()
+    values = iter([2.0, 4.0])
+
+    def sampled(params):
+        v = next(values)
+        return [torch.full_like(p, v) for p in params]
+
+    opt = IRE(torch.optim.SGD(model.parameters(), lr=0.1), curvature_beta=0.5, mask_interval=1)
+    closure = DesignedCurvature(closure_for(model, batch), sampled)
+    opt.step(closure)
+    opt.step(closure)
+    h = opt.state[next(model.parameters())]["curvature"]
+    assert torch.allclose(h, torch.full_like(h, 0.5 * 0.5 * 4.0 + 0.5 * 16.0))  # β(βh₀+(1−β)g₁²)+(1−β)g₂²
+
+
+def test_sam_ire_mask_comes_from_theta_not_theta_plus_eps():
+    model, batch = small_cnn(), image_batch()
+    seen = {}
+
+    def sampled(params):  # "curvature" = θ² at the moment of the curvature pass
+        seen["params"] = [p.detach().clone() for p in params]
+        return [p.detach().clone() for p in params]
+
+    sam = SAM(torch.optim.SGD(model.parameters(), lr=0.1), rho=0.5)
+    opt = IRE(sam, kappa=1.0, gamma=0.5)
+    theta = params_of(model)
+    inner = CountingClosure(closure_for(model, batch))
+    opt.step(DesignedCurvature(inner, sampled))
+    assert_bitwise(seen["params"], theta)  # taken at θ, before SAM's ascent
+    assert (inner.primary, inner.extra_calls) == (1, 1)  # the curvature pass WAS the primary one
+    flat = torch.cat([t.pow(2).reshape(-1) for t in theta])
+    threshold = torch.kthvalue(flat, flat_count(0.5, flat.numel())).values
+    for p, t in zip(model.parameters(), theta):
+        assert torch.equal(opt.state[p]["mask"], t.pow(2) <= threshold)
+    assert set(opt.pop_metrics()) == {"opt/perturbed_loss", "opt/ire_active", "opt/flat_fraction", "opt/kappa"}
+
+
+def test_usage_errors():
+    model, batch = mlp(), vector_batch()
+    opt = IRE(torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match=r"IRE \(curvature refresh\).step\(\) needs a closure"):
+        opt.step()
+
+    class IgnoresClosure(torch.optim.SGD):
+        def step(self, closure=None):
+            return super().step()
+
+    closure_for(model, batch)()
+    opt = IRE(IgnoresClosure(model.parameters(), lr=0.1))
+    with pytest.raises(RuntimeError, match="did not call the closure"):
+        opt.step(closure_for(model, batch))
+
+
+@pytest.mark.parametrize(
+    "kw,pattern",
+    [
+        (dict(kappa=-1.0), r"kappa=-1.0 is not allowed; expected float in \[0, inf\)"),
+        (dict(gamma=0.0), r"gamma=0.0 is not allowed; expected float in \(0, 1\)"),
+        (dict(gamma=1.0), r"gamma=1.0 is not allowed"),
+        (dict(mask_interval=0), r"mask_interval=0 is not allowed; expected int in \[1, inf\)"),
+        (dict(curvature_beta=1.0), r"curvature_beta=1.0 is not allowed"),
+        (dict(switch_epoch=-1), r"switch_epoch=-1 is not allowed; expected int in \[0, inf\) or None"),
+        (dict(switch_loss=0.0), r"switch_loss=0.0 is not allowed"),
+        (dict(kappa_decay=1), r"kappa_decay=1 is not allowed; expected True or False"),
+    ],
+)
+def test_bad_values_raise_config_error_naming_the_field(kw, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        IRE(torch.optim.SGD(mlp().parameters(), lr=0.1), **kw)
+
+
+# ---------------------------------------------------------------------------------------------- toy
+# ALGORITHMS.md §3, paper Fig. 1: L(u, v) = (1+u²)·v²/2, GD with η = 1. The minima are the line v = 0;
+# the curvature there is 1+u², so smaller |u| is flatter, and u is the flat direction. The 2-parameter
+# toy has no softmax to sample labels from, so the curvature proxy is the TRUE gradient squared
+# (FunctionClosure.with_sampled_grads returns ∇L): h = (u·v², (1+u²)·v)². γ = 0.5 marks the one
+# coordinate with the smaller h, refreshed every step (K = 1). Start (u, v) = (0.95, 0.3), 200 steps.
+# Measured end points: κ = 0 (plain GD): u = 0.749; κ = 1: u = 0.621; κ = 2: u = 0.511; κ = 5: u = 0.241
+# (|v| < 1e-22 in all four).
+def _toy_end(kappa: float, steps: int = 200):
+    uv = torch.nn.Parameter(torch.tensor([0.95, 0.3], dtype=torch.float64))
+    closure = FunctionClosure(lambda ps: 0.5 * (1 + ps[0][0] ** 2) * ps[0][1] ** 2, [uv])
+    opt = IRE(torch.optim.SGD([uv], lr=1.0), kappa=kappa, gamma=0.5, mask_interval=1)
+    for _ in range(steps):
+        opt.step(closure)
+    return [float(x) for x in uv.detach()]
+
+
+def test_toy_larger_kappa_reaches_flatter_minima():
+    ends = {k: _toy_end(k) for k in (0.0, 1.0, 2.0, 5.0)}
+    us = [abs(ends[k][0]) for k in (0.0, 1.0, 2.0, 5.0)]
+    assert us == sorted(us, reverse=True) and us[0] - us[-1] > 0.4
+    assert us == pytest.approx([0.749, 0.621, 0.511, 0.241], abs=2e-3)
+    assert all(abs(v) < 1e-6 for _, v in ends.values())
