@@ -16,12 +16,15 @@ def test_unknown_names_list_the_valid_ones():
 def test_every_workload_builds_and_evaluates(name):
     import torch
 
-    wl = get_workload(name)()
+    cls = get_workload(name)
+    wl = cls(**getattr(cls, "smoke_params", {}))  # tiny, synthetic, offline
     data = wl.load_data(0)
     model = wl.build_model()
     out = wl.evaluate(model, data.val)
-    assert set(out) == {"loss", "accuracy"} and 0.0 <= out["accuracy"] <= 1.0
-    assert {"train/loss", "val/loss", "val/accuracy"} <= set(wl.metrics)
+    assert "loss" in out and all(f"val/{k}" in wl.metrics for k in out)
+    assert "train/loss" in wl.metrics
+    if "accuracy" in out:
+        assert 0.0 <= out["accuracy"] <= 1.0
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS.names())

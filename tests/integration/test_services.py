@@ -111,6 +111,8 @@ STUDY = Study(
     finished = []
     while time.monotonic() < deadline:
         time.sleep(1.0)
+        if proc.poll() is not None:
+            pytest.fail(f"flatlab run exited early ({proc.returncode}):\n{proc.stdout.read()}")
         if (root / "mlflow.db").exists():
             try:
                 c = runs.client(uri)

@@ -54,6 +54,8 @@ def test_valid_study_passes_and_routes_fields():
         (dict(workload_params={"model": "resnet"}), r"workload_params: model='resnet' is not allowed; expected one of 'mlp', 'cnn'"),
         (dict(train={"schedule": "linear"}), r"field 'train': schedule='linear' is not allowed; expected one of 'constant', 'cosine', 'step'"),
         (dict(searcher="grid"), r"field 'lr'.*cannot be enumerated by searcher='grid'"),
+        (dict(arms=(Arm("sgd", space={"val_fraction": sp.choice([0.1, 0.2])}),)),
+         r"arm 'sgd': field 'val_fraction' changes workload 'digits''s data, which is loaded once per study; set it in Study\(workload_params=...\)"),
     ],
 )
 def test_bad_study_raises_naming_file_arm_and_field(kw, match):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from flatlab.train.closure import BatchClosure
+from flatlab.train.closure import BatchClosure, sample_labels
 from flatlab.train.schedules import Schedule
 from flatlab.train.trainer import Diverged, Trainer, TrialSpec
 from flatlab.workloads import build_workload
@@ -119,6 +119,17 @@ def test_sampled_grads_reuse_the_forward_and_keep_true_gradients(digits):
     # the sampled-label gradient equals a direct computation with the same labels
     torch.manual_seed(1)
     logits = model(x)
-    labels = torch.multinomial(torch.softmax(logits.detach(), -1), 1).reshape(-1)
+    labels = sample_labels(logits)
     direct = torch.autograd.grad(torch.nn.functional.cross_entropy(logits, labels), params)
     assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(sampled, direct))
+
+
+def test_sampled_labels_follow_the_softmax():
+    torch.manual_seed(0)
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1, 0.0], [0.0, 0.0, 0.5, 0.5]]) + 1e-30).repeat(20000, 1)
+    labels = sample_labels(logits).reshape(20000, 2)
+    freq0 = torch.bincount(labels[:, 0], minlength=4).float() / 20000
+    freq1 = torch.bincount(labels[:, 1], minlength=4).float() / 20000
+    assert torch.allclose(freq0, torch.tensor([0.7, 0.2, 0.1, 0.0]), atol=0.015)  # ~4 binomial sd
+    assert torch.allclose(freq1, torch.tensor([0.0, 0.0, 0.5, 0.5]), atol=0.015)
+    assert labels.dtype == torch.int64 and sample_labels(torch.zeros(3, 5, 7)).shape == (3, 5)

@@ -251,8 +251,15 @@ class Study:
             raise ConfigError("invalid study:\n  " + "\n  ".join(errors))
         return self
 
+    def declared_non_workload(self, arm: Arm) -> set:
+        """Fields of ``arm`` that the optimizer or the trainer take (they win over workload fields)."""
+        from flatlab.optim.registry import get_optimizer
+
+        return {h.name for h in TRAINER_HPARAMS} | {h.name for h in get_optimizer(arm.optimizer).hparams}
+
     def _validate_arm(self, arm: Arm, where: str, workload_ok: bool) -> List[str]:
         from flatlab.optim.registry import get_optimizer
+        from flatlab.workloads.registry import get_workload
 
         aw = f"{where}, arm {arm.name!r}"
         try:
@@ -272,6 +279,12 @@ class Study:
                 errors.append(
                     f"{aw}: field {key!r} is not accepted by optimizer {arm.optimizer!r}, the trainer or workload "
                     f"{self.workload!r}; accepted: {', '.join(sorted(declared))}"
+                )
+                continue
+            if key in getattr(get_workload(self.workload), "data_hparams", ()) and key not in self.declared_non_workload(arm):
+                errors.append(
+                    f"{aw}: field {key!r} changes workload {self.workload!r}'s data, which is loaded once per study; "
+                    f"set it in Study(workload_params=...) (one study per value)"
                 )
                 continue
             try:

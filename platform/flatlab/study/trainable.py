@@ -4,10 +4,12 @@ Uses only ``ray.tune`` APIs (``tune.report``, ``tune.Checkpoint``, ``tune.get_ch
 arrives through ``tune.with_parameters`` (Ray's object store, loaded once per study). Every epoch
 reports the workload's metrics; a checkpoint (model, optimizer, scheduler, RNG states) goes with every
 ``checkpoint_every``-th report and the last, so a restarted trial resumes where it stopped.
+Evaluation-only workloads (``trains = False``) report without checkpoints and upload no model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tempfile
@@ -50,8 +52,10 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
         if last:
             metrics.update(trainer.evaluate_test())
             if tracking is not None and trial_id:
+                if not trainer.trains:  # evaluation-only: the model is rebuilt from its inputs, not uploaded
+                    tracking = dataclasses.replace(tracking, log_models=False)
                 log_trial_artifacts(tracking, trial_id, trainer.model, spec, metrics)
-        if last or trainer.epoch % study.checkpoint_every == 0:
+        if trainer.trains and (last or trainer.epoch % study.checkpoint_every == 0):
             with tempfile.TemporaryDirectory() as d:
                 trainer.save(os.path.join(d, CKPT_FILE))
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))

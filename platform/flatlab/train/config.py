@@ -13,4 +13,8 @@ TRAINER_HPARAMS = (
     HParam("step_epochs", 30, int, low=1, doc="step schedule: epochs between decays"),
     HParam("step_factor", 0.1, float, low=0.0, high=1.0, low_open=True, doc="step schedule: decay factor"),
     HParam("label_smoothing", 0.0, float, low=0.0, high=1.0, high_open=True, doc="label smoothing of the training loss"),
+    HParam(
+        "clip_norm", None, float, low=0.0, low_open=True, nullable=True,
+        doc="clip the global L2 gradient norm to this after every backward pass (None = off; LMs: 1.0)",
+    ),
 )

@@ -15,6 +15,7 @@ from typing import Any, Dict, Mapping, Optional
 
 import torch
 
+from flatlab.errors import ConfigError
 from flatlab.hparams import resolve
 from flatlab.optim.protocol import Progress
 from flatlab.optim.registry import get_optimizer
@@ -74,6 +75,11 @@ class Trainer:
         self.device = torch.device(spec.device)
         seed_everything(spec.seed)
         self.model = self.workload.build_model().to(self.device)
+        # Evaluation-only workloads (``trains = False``, e.g. ``clip_interpolate``) implement
+        # ``evaluate_only(model, data) -> metrics``; run_epoch then calls it instead of training.
+        self.trains = self.workload.trains
+        if not self.trains and type(self.workload).evaluate_only is Workload.evaluate_only:
+            raise ConfigError(f"workload {spec.workload!r} declares trains=False but has no evaluate_only(model, data)")
         self.optimizer = get_optimizer(spec.optimizer).create(self.model.parameters(), **dict(spec.optimizer_params))
         n = len(data.train)
         self.steps_per_epoch = math.ceil(n / self.hp["batch_size"])
@@ -101,6 +107,8 @@ class Trainer:
         Raises:
             Diverged: the mini-batch loss became non-finite.
         """
+        if not self.trains:
+            return self._evaluate_only()
         t0 = time.perf_counter()
         self.model.train()
         train = self.data.train
@@ -124,7 +132,7 @@ class Trainer:
                         last_epoch_train_loss=self.last_train_loss,
                     )
                 )
-            closure = BatchClosure(self.model, self._loss, x, y)
+            closure = BatchClosure(self.model, self._loss, x, y, clip_norm=self.hp["clip_norm"])
             self.optimizer.step(closure)
             loss = closure.loss
             if loss is None or not torch.isfinite(loss):
@@ -150,6 +158,15 @@ class Trainer:
         pop = getattr(self.optimizer, "pop_metrics", None)
         if pop is not None:
             metrics.update(pop())
+        metrics["time/epoch_s"] = time.perf_counter() - t0
+        return metrics
+
+    def _evaluate_only(self) -> Dict[str, float]:
+        """One "epoch" of an evaluation-only workload: no optimizer step, no LR schedule."""
+        t0 = time.perf_counter()
+        metrics: Dict[str, float] = dict(self.workload.evaluate_only(self.model, self.data))
+        self.epoch += 1
+        metrics["epoch"] = self.epoch
         metrics["time/epoch_s"] = time.perf_counter() - t0
         return metrics
 

@@ -99,6 +99,12 @@ class Workload(ABC):
 
     name: ClassVar[str]
     doc: ClassVar[str] = ""
+    #: ``False`` for evaluation-only workloads (e.g. ``clip_interpolate``): the trainer then calls
+    #: :meth:`evaluate_only` once per "epoch" and never steps the optimizer.
+    trains: ClassVar[bool] = True
+    #: Parameters that change what :meth:`load_data` returns. Data is loaded once per study, so these
+    #: may only be set study-wide (``Study.workload_params``), never in an arm's search space.
+    data_hparams: ClassVar[Tuple[str, ...]] = ()
     hparams: ClassVar[Tuple[HParam, ...]] = ()
     train_defaults: ClassVar[TrainDefaults] = TrainDefaults()
     metrics: ClassVar[Tuple[str, ...]] = (
@@ -129,6 +135,10 @@ class Workload(ABC):
         return nn.functional.cross_entropy(
             outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1), label_smoothing=label_smoothing
         )
+
+    def evaluate_only(self, model: nn.Module, data: Data) -> Dict[str, float]:
+        """Metrics of an evaluation-only trial (``trains = False``); training workloads never call it."""
+        raise NotImplementedError(f"workload {self.name!r} trains; evaluate_only is for trains=False workloads")
 
     def augment(self, inputs: Inputs, generator: torch.Generator) -> Inputs:
         """Training-time augmentation of a mini-batch (default: none). Must draw only from ``generator``."""

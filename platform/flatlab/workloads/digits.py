@@ -84,6 +84,7 @@ class Digits(Workload):
         HParam("test_fraction", 0.2, float, low=0.0, high=0.5, low_open=True, doc="share of each class held out for test"),
     )
     train_defaults = TrainDefaults(batch_size=64, schedule="cosine")
+    data_hparams = ("val_fraction", "test_fraction")
 
     def load_data(self, seed: int) -> Data:
         from sklearn.datasets import load_digits

@@ -10,7 +10,14 @@ from flatlab.workloads.base import Workload
 
 
 def _load_builtins() -> None:
-    for mod in ("flatlab.workloads.digits",):
+    for mod in (
+        "flatlab.workloads.digits",
+        "flatlab.workloads.clip",
+        "flatlab.workloads.cifar",
+        "flatlab.workloads.dtd",
+        "flatlab.workloads.glue",
+        "flatlab.workloads.lm",
+    ):
         importlib.import_module(mod)
 
 

@@ -1,0 +1,256 @@
+"""Figures and summary numbers of an alpha study, rebuilt from its trials in MLflow.
+
+An alpha study runs the ``clip_interpolate`` workload (or any workload whose trials report ``interp/alpha``,
+``<split>/loss`` and ``<split>/accuracy``), one trial per (fine-tuned model, alpha[, pruned]). This
+module reads the LATEST launch of such a study (:func:`flatlab.tracking.results.trials_frame`), groups
+its FINISHED trials by fine-tuned model (the ``finetuned`` param, else the arm) and by the ``prune``
+param, and writes, with :mod:`flatlab.interpolation.plots` (seed paper "In Search of the Successful
+Interpolation"; alpha = weight on the FINE-TUNED model, the paper's ``1 - alpha``):
+
+* ``fig1_<split>_vs_alpha.png``: OOD accuracy and loss vs alpha, one line per model (Fig. 1);
+* ``fig3_sharpness_vs_alpha.png``: general adaptive average sharpness vs alpha (Fig. 3), +-1 s.e.;
+* ``fig4_layerwise_<i>_<label>.png``: layer-wise sharpness, layer x alpha heat map, per model (Fig. 4);
+* ``fig5_pruned_vs_unpruned_<i>_<label>.png``: straggler-pruned vs plain interpolation (Fig. 5,
+  Algorithm 1);
+* ``summary.json``: per model and variant the alphas and :meth:`SweepResult.summary` numbers
+  (instability Def. 1, barrier, gain Eq. 2, best alpha, failure mode) and the straggler layers.
+
+:func:`interpolation_report` logs them under ``report/`` on the launch's parent run; the CLI command
+``flatlab interpolation-report STUDY`` calls it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from flatlab.errors import ConfigError
+from flatlab.interpolation.sweep import SweepResult
+from flatlab.sharpness.results import Estimate
+
+_LAYER = "sharpness/layer/"
+_STRAGGLER = "prune/straggler/"
+
+
+@dataclass
+class ModelCurves:
+    """Everything measured along alpha for one fine-tuned model.
+
+    Attributes:
+        label: short name for legends (e.g. ``lr=3e-05, augment=randaug``).
+        key: the ``finetuned`` reference (or the arm name).
+        unpruned, pruned: loss/accuracy sweeps per split (``None`` when that variant was not run).
+        sharpness: general sharpness per alpha of the unpruned sweep (empty if not measured).
+        layerwise: ``{layer: sharpness per alpha}`` of the unpruned sweep (empty if not measured).
+        stragglers: straggler layers reported by the pruned trials.
+    """
+
+    label: str
+    key: str
+    unpruned: Optional[SweepResult] = None
+    pruned: Optional[SweepResult] = None
+    sharpness: Tuple[Estimate, ...] = ()
+    layerwise: Dict[str, Tuple[float, ...]] = field(default_factory=dict)
+    stragglers: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Report:
+    """What :func:`interpolation_report` produced: the figure paths, ``summary.json`` and the run it
+    was logged to (``None`` when not logged)."""
+
+    study: str
+    out_dir: Path
+    figures: Tuple[Path, ...]
+    summary_path: Path
+    parent_run_id: Optional[str]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:60] or "model"
+
+
+def _truthy(value: Any) -> bool:
+    return str(value).strip().lower() in ("true", "1", "1.0", "yes")
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _sweep(rows, splits: List[str]) -> SweepResult:
+    """Rows of one (model, variant), sorted by alpha; repeated alphas (seeds) are averaged."""
+    by_alpha: Dict[float, List[Any]] = {}
+    for _, r in rows.iterrows():
+        by_alpha.setdefault(round(float(r["_alpha"]), 10), []).append(r)
+    alphas = tuple(sorted(by_alpha))
+    loss = {s: tuple(_mean(by_alpha[a], f"{s}/loss") for a in alphas) for s in splits}
+    acc = {s: tuple(_mean(by_alpha[a], f"{s}/accuracy") for a in alphas) for s in splits}
+    return SweepResult(alphas, loss, acc)
+
+
+def _mean(rows: List[Any], column: str) -> float:
+    values = [float(r[column]) for r in rows if column in r and _finite(r[column])]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def collect_curves(df, split: str = "ood") -> List[ModelCurves]:
+    """Group a :func:`~flatlab.tracking.results.trials_frame` of an alpha study into per-model curves.
+
+    Args:
+        df: one row per trial; needs alpha (the ``interp/alpha`` metric, else the ``alpha`` param) and
+            ``<split>/loss``, ``<split>/accuracy``.
+        split: the OOD split the figures show (others with loss and accuracy columns are kept too).
+
+    Returns:
+        One :class:`ModelCurves` per fine-tuned model, sorted by reference.
+
+    Raises:
+        ConfigError: no finished trials, or trials without alpha / ``<split>/accuracy``.
+    """
+    if df.empty or "status" not in df.columns:
+        raise ConfigError("the study has no trials to report on")
+    df = df[df["status"] == "FINISHED"]
+    alpha_col = "interp/alpha" if "interp/alpha" in df.columns else "param.alpha"
+    for col in (alpha_col, f"{split}/accuracy", f"{split}/loss"):
+        if col not in df.columns:
+            raise ConfigError(f"the study's trials report no {col!r}; is it an alpha study (workload clip_interpolate)?")
+    if df.empty:
+        raise ConfigError("the study has no FINISHED trials")
+    df = df.assign(_alpha=df[alpha_col].astype(float))
+    from flatlab.workloads.clip_refs import label_of
+
+    splits = sorted({c[: -len("/accuracy")] for c in df.columns if c.endswith("/accuracy") and f"{c[:-9]}/loss" in df.columns})
+    splits = [s for s in splits if s not in ("train", "test", "best")]
+    df = df.assign(_key=df["param.finetuned"] if "param.finetuned" in df.columns else df["arm"])
+    df = df.assign(_pruned=df["param.prune"].map(_truthy) if "param.prune" in df.columns else False)
+    out: List[ModelCurves] = []
+    for key in sorted(set(df["_key"])):
+        rows = df[df["_key"] == key].sort_values("_alpha", kind="stable")
+        curves = ModelCurves(label=label_of(str(key)) if "param.finetuned" in df.columns else str(key), key=str(key))
+        plain, pruned = rows[~rows["_pruned"]], rows[rows["_pruned"]]
+        if len(plain):
+            curves.unpruned = _sweep(plain, splits)
+            if "sharpness/general" in plain.columns and plain["sharpness/general"].map(_finite).all():
+                se = plain["sharpness/general_stderr"] if "sharpness/general_stderr" in plain.columns else None
+                curves.sharpness = tuple(
+                    Estimate(float(v), float(se.iloc[i]) if se is not None and _finite(se.iloc[i]) else 0.0, 0, ())
+                    for i, v in enumerate(plain["sharpness/general"])
+                )
+            for col in (c for c in plain.columns if c.startswith(_LAYER)):
+                if plain[col].map(_finite).all():
+                    curves.layerwise[col[len(_LAYER) :]] = tuple(float(v) for v in plain[col])
+        if len(pruned):
+            curves.pruned = _sweep(pruned, splits)
+            found = [c[len(_STRAGGLER) :] for c in pruned.columns if c.startswith(_STRAGGLER) and pruned[c].map(_finite).any()]
+            curves.stragglers = tuple(found)
+        out.append(curves)
+    return out
+
+
+def _safe_summary(sweep: Optional[SweepResult]) -> Optional[Dict[str, Any]]:
+    if sweep is None:
+        return None
+    out: Dict[str, Any] = {"alphas": list(sweep.alphas), "loss": dict(sweep.loss), "accuracy": dict(sweep.accuracy)}
+    try:
+        out["summary"] = sweep.summary()
+    except ConfigError as exc:  # e.g. a grid without alpha 0 or 1
+        out["summary_error"] = str(exc)
+    return out
+
+
+def write_report(curves: List[ModelCurves], out_dir: Path, split: str = "ood") -> Tuple[List[Path], Path]:
+    """Write the figures (module docstring) and ``summary.json`` for ``curves`` into ``out_dir``.
+
+    Returns:
+        ``(figure paths, summary path)``. Figures whose data were not measured are skipped.
+
+    Raises:
+        ConfigError: no model has an unpruned sweep.
+    """
+    from flatlab.interpolation import plots
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plain = [c for c in curves if c.unpruned is not None]
+    if not plain:
+        raise ConfigError("no fine-tuned model has unpruned interpolation trials; nothing to plot")
+    figures = [plots.plot_sweeps({c.label: c.unpruned for c in plain}, out_dir / f"fig1_{split}_vs_alpha.png", split=split)]
+    with_sharpness = [c for c in plain if c.sharpness]
+    grids = {c.unpruned.alphas for c in with_sharpness}
+    if len(grids) == 1:
+        figures.append(
+            plots.plot_sharpness_vs_alpha(
+                next(iter(grids)), {c.label: c.sharpness for c in with_sharpness}, out_dir / "fig3_sharpness_vs_alpha.png"
+            )
+        )
+    else:  # different alpha grids: one figure per model
+        for i, c in enumerate(with_sharpness):
+            figures.append(
+                plots.plot_sharpness_vs_alpha(c.unpruned.alphas, {c.label: c.sharpness}, out_dir / f"fig3_sharpness_vs_alpha_{i}_{_slug(c.label)}.png")
+            )
+    for i, c in enumerate(curves):
+        if c.unpruned is not None and c.layerwise:
+            figures.append(plots.plot_layerwise_heatmap(c.unpruned.alphas, c.layerwise, out_dir / f"fig4_layerwise_{i}_{_slug(c.label)}.png"))
+        if c.unpruned is not None and c.pruned is not None:
+            figures.append(
+                plots.plot_pruned_vs_unpruned(c.unpruned, c.pruned, out_dir / f"fig5_pruned_vs_unpruned_{i}_{_slug(c.label)}.png", split=split)
+            )
+    summary = {
+        "split": split,
+        "alpha": "weight on the fine-tuned model (WiSE-FT); the seed paper's alpha is 1 - alpha",
+        "models": [
+            {
+                "label": c.label,
+                "finetuned": c.key,
+                "unpruned": _safe_summary(c.unpruned),
+                "pruned": _safe_summary(c.pruned),
+                "sharpness_general": [e.value for e in c.sharpness],
+                "stragglers": list(c.stragglers),
+            }
+            for c in curves
+        ],
+    }
+    summary_path = out_dir / "summary.json"
+    summary_path.write_text(json.dumps(summary, indent=2, default=float))
+    return figures, summary_path
+
+
+def interpolation_report(
+    tracking_uri: str, study: str, *, out_dir: Optional[Path] = None, split: str = "ood", log: bool = True
+) -> Report:
+    """Build the figures and ``summary.json`` of alpha study ``study`` (latest launch) from MLflow and,
+    with ``log``, upload them under ``report/`` to that launch's parent run.
+
+    Args:
+        tracking_uri: the MLflow store the study ran against.
+        out_dir: where the files are written (default: a new temporary folder).
+        split: the OOD split of Fig. 1 and Fig. 5 (``ood`` = the first OOD set).
+
+    Raises:
+        ConfigError: unknown study, no launch, no finished alpha trials (see :func:`collect_curves`).
+    """
+    from flatlab.tracking import runs
+    from flatlab.tracking.results import parent_runs, trials_frame
+
+    parents = parent_runs(tracking_uri, study)
+    if not parents:
+        raise ConfigError(f"study {study!r} has no launches recorded in {tracking_uri}")
+    curves = collect_curves(trials_frame(tracking_uri, study), split=split)
+    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"flatlab-report-{study}-"))
+    figures, summary_path = write_report(curves, out, split=split)
+    parent_id = None
+    if log:
+        parent_id = parents[0].info.run_id
+        client = runs.client(tracking_uri)
+        client.log_artifacts(parent_id, str(out), artifact_path="report")
+        client.set_tag(parent_id, "flatlab.report", "report/")
+    return Report(study, out, tuple(figures), summary_path, parent_id)

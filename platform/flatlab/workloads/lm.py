@@ -1,0 +1,513 @@
+"""``lm/<corpus>``: causal language-model pre-training from scratch (IRE paper, Fig. 3 and Fig. 4).
+
+Corpora (``data_path``: hub by default, a local folder, or ``"synthetic"``):
+
+================  =====================================  ==========================  =================
+workload          hub dataset (config)                   splits                      default model
+================  =====================================  ==========================  =================
+``lm/wikitext2``    ``Salesforce/wikitext`` (wikitext-2-raw-v1)    train / validation / test   ``transformer_2l``
+``lm/wikitext103``  ``Salesforce/wikitext`` (wikitext-103-raw-v1)  train / validation / test   ``llama_60m``
+``lm/minipile``     ``JeanKaddour/minipile``                       train / validation / test   ``llama_119m``
+``lm/openwebtext``  ``Skylion007/openwebtext``                     train (val: the last 0.05%)  ``llama_229m``
+================  =====================================  ==========================  =================
+
+Models (``model``; ``n_layers``/``width``/``n_heads``/``intermediate``/``context`` override a preset,
+e.g. for tests):
+
+* ``transformer_2l``: 2-layer decoder-only transformer (GPT-2 blocks, learned absolute positions,
+  width 128, 8 heads, context 512, tied embeddings): 6.9 M parameters with GPT-2's 50,257 tokens.
+* ``llama_60m``: Llama, 16 layers, width 410, 10 heads, FFN 1093, context 150: 73.2 M with GPT-2's
+  vocabulary. 410 / 10 = 41 is odd and RoPE rotates pairs of dimensions, so the heads are 40 wide
+  (attention inner width 400, projected back to 410): any odd head dimension is rounded down.
+* ``llama_119m``: 6 layers, 768, 12 heads, FFN 2048, context 512: 119.7 M.
+* ``llama_229m``: 16 layers, 768, 12 heads, FFN 3072, context 1024: 228.2 M.
+  (Untied input/output embeddings. The paper's counts depend on its tokenizer, which our notes do
+  not record; with GPT-2's the 119M/229M counts match and the "60M" model has 73.2 M.)
+
+Data: each split is tokenised once (``tokenizer``, default GPT-2's BPE; an end-of-text token between
+documents for minipile/openwebtext) with ``datasets.map`` (whose Arrow cache holds the tokenised
+dataset), then packed into one token stream written to ``cache_dir`` as a ``.npy`` file and
+memory-mapped. A split is the stream cut every ``context`` tokens (:class:`TokenWindows`): inputs
+``(N, context)``, targets the same windows shifted by one token. Pickling a
+file-backed split sends only the path, so trials on one node share the cache through the page
+cache (a shared filesystem across nodes). Synthetic data: a random sparse Markov chain over
+``vocab_size`` (default 256) tokens, in memory.
+
+Metrics: ``val/loss`` (nats per token), ``val/perplexity`` = exp(``val/loss``), ``val/accuracy``
+(next-token top-1), the same for ``test``, and with ``target_loss`` set, ``train/steps_to_target``:
+the first optimizer step at which the bias-corrected EMA (``target_smoothing``) of the training
+loss is <= ``target_loss`` (NaN until then); for the paper's "2x speed-up" claim, set
+``target_loss`` to AdamW's final training loss. The tracker lives in non-trainable buffers of the
+model, so it survives checkpoint/resume.
+
+Recipe (IRE paper, Fig. 4): AdamW betas (0.9, 0.95), weight decay 0.1, gradient clipping 1.0,
+linear warm-up then cosine to lr_max / 20. The workload's default recipe has batch 32, cosine;
+``clip_norm=1.0`` and ``final_lr_factor=0.05`` are trainer parameters the study files set (the
+workload recipe has no fields for them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Dict, Optional, Tuple, Union
+
+import numpy as np
+import torch
+from torch import nn
+
+from flatlab.errors import ConfigError
+from flatlab.hparams import HParam
+from flatlab.workloads.base import Data, Split, TrainDefaults, Workload
+from flatlab.workloads.registry import register_workload
+from flatlab.workloads.sources import describe_error, get_split, is_synthetic, load_hf, require_columns, require_split
+
+DEFAULT_TOKENIZER = "openai-community/gpt2"
+SYNTHETIC_VOCAB = 256
+
+
+@dataclass(frozen=True)
+class LMPreset:
+    """A model size: ``kind`` (``gpt2`` = learned absolute positions, ``llama`` = RoPE) and its shape."""
+
+    kind: str
+    n_layers: int
+    width: int
+    n_heads: int
+    context: int
+    intermediate: int = 0  # 0: 4 x width (GPT-2 blocks)
+
+
+PRESETS: Dict[str, LMPreset] = {
+    "transformer_2l": LMPreset("gpt2", 2, 128, 8, 512),
+    "llama_60m": LMPreset("llama", 16, 410, 10, 150, 1093),
+    "llama_119m": LMPreset("llama", 6, 768, 12, 512, 2048),
+    "llama_229m": LMPreset("llama", 16, 768, 12, 1024, 3072),
+}
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A pre-training corpus: hub location, splits, whether documents are separated by end-of-text."""
+
+    hub: str
+    config: Optional[str]
+    model: str
+    doc_eos: bool
+    has_eval_splits: bool = True
+
+
+CORPORA: Dict[str, Corpus] = {
+    "wikitext2": Corpus("Salesforce/wikitext", "wikitext-2-raw-v1", "transformer_2l", doc_eos=False),
+    "wikitext103": Corpus("Salesforce/wikitext", "wikitext-103-raw-v1", "llama_60m", doc_eos=False),
+    "minipile": Corpus("JeanKaddour/minipile", None, "llama_119m", doc_eos=True),
+    "openwebtext": Corpus("Skylion007/openwebtext", None, "llama_229m", doc_eos=True, has_eval_splits=False),
+}
+
+
+# --------------------------------------------------------------------------------------------------
+class TokenWindows:
+    """A 1-D token stream seen as ``(N, context)`` int64 rows: row i = ``tokens[start + i*context + shift :][:context]``.
+
+    Behaves like the tensors a :class:`~flatlab.workloads.base.Split` holds (``shape``, ``len``,
+    indexing by int / slice / index tensor returns an int64 ``torch.Tensor``). ``shift=0`` gives the
+    inputs, ``shift=1`` the next-token targets; only ``tokens[start:stop]`` is used and
+    ``N = (stop - start - 1) // context``. A stream loaded from ``path`` (a ``.npy`` file,
+    memory-mapped) pickles as ``(path, start, stop)`` only, so Ray never copies the tokens.
+    """
+
+    def __init__(
+        self, tokens: np.ndarray, context: int, shift: int = 0, path: Optional[str] = None, start: int = 0, stop: Optional[int] = None
+    ) -> None:
+        if tokens.ndim != 1:
+            raise ValueError(f"TokenWindows needs a 1-D token stream, got shape {tokens.shape}")
+        self.tokens, self.context, self.shift, self.path = tokens, int(context), int(shift), path
+        self.start = int(start)
+        self.stop = int(len(tokens) if stop is None else min(stop, len(tokens)))
+        self.n = max(0, (self.stop - self.start - 1) // self.context)
+
+    @classmethod
+    def from_file(cls, path: str, context: int, shift: int = 0, start: int = 0, stop: Optional[int] = None) -> "TokenWindows":
+        """Memory-map the ``.npy`` stream at ``path``."""
+        return cls(np.load(path, mmap_mode="r"), context, shift, path, start, stop)
+
+    def __reduce__(self) -> Any:
+        if self.path is not None:
+            return (TokenWindows.from_file, (self.path, self.context, self.shift, self.start, self.stop))
+        used = np.asarray(self.tokens[self.start : self.start + self.n * self.context + 1])
+        return (TokenWindows, (used, self.context, self.shift))
+
+    @property
+    def shape(self) -> Tuple[int, int]:
+        return (self.n, self.context)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, idx: Union[int, slice, torch.Tensor, np.ndarray]) -> torch.Tensor:
+        if isinstance(idx, slice):
+            rows = np.arange(self.n)[idx]
+        elif isinstance(idx, torch.Tensor):
+            rows = idx.cpu().numpy().astype(np.int64)
+        else:
+            rows = np.asarray(idx, dtype=np.int64)
+        single = rows.ndim == 0
+        rows = np.atleast_1d(rows)
+        if rows.size and (rows.min() < -self.n or rows.max() >= self.n):
+            raise IndexError(f"window index out of range for {self.n} windows")
+        rows = rows % max(1, self.n)
+        pos = self.start + self.shift + rows[:, None] * self.context + np.arange(self.context)[None, :]  # (B, context)
+        out = torch.from_numpy(np.asarray(self.tokens[pos], dtype=np.int64))
+        return out[0] if single else out
+
+
+@dataclass(frozen=True)
+class Stream:
+    """``tokens[start:stop]`` of a token array, file-backed when ``path`` is set."""
+
+    tokens: np.ndarray
+    path: Optional[str] = None
+    start: int = 0
+    stop: Optional[int] = None
+
+    def __len__(self) -> int:
+        return (len(self.tokens) if self.stop is None else self.stop) - self.start
+
+    def head(self, n: int) -> "Stream":
+        """The first ``n`` tokens (or all, if fewer)."""
+        return Stream(self.tokens, self.path, self.start, self.start + min(n, len(self)))
+
+    def cut(self, n: int) -> Tuple["Stream", "Stream"]:
+        """(the first ``n`` tokens, the rest)."""
+        end = self.start + len(self)
+        return Stream(self.tokens, self.path, self.start, self.start + n), Stream(self.tokens, self.path, self.start + n, end)
+
+    def windows(self, context: int) -> Split:
+        """A :class:`Split` of next-token windows (inputs and targets shifted by one)."""
+        args = (self.path, self.start, self.stop)
+        return Split(TokenWindows(self.tokens, context, 0, *args), TokenWindows(self.tokens, context, 1, *args))  # type: ignore[arg-type]
+
+
+class _ProgressSplit(Split):
+    """An empty marker split: evaluating it reports the model's steps-to-target (see :class:`CausalLM`)."""
+
+
+def markov_tokens(n: int, vocab: int, seed: int) -> np.ndarray:
+    """``n`` tokens from a random sparse Markov chain over ``vocab`` symbols (4 successors each), int32."""
+    rng = np.random.default_rng([seed, 0x1A])
+    succ = rng.integers(0, vocab, size=(vocab, 4))
+    choice = rng.integers(0, 4, size=n)
+    out = np.empty(n, dtype=np.int32)
+    t = int(rng.integers(0, vocab))
+    for i in range(n):
+        out[i] = t
+        t = int(succ[t, choice[i]])
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+class CausalLM(nn.Module):
+    """A transformers causal LM: ``forward((B, T) int64 ids) -> (B, T, V)`` float logits.
+
+    Also holds the steps-to-target tracker as a persistent buffer ``progress`` =
+    ``[steps, ema, reached_step]`` (float64; ``reached_step = 0``: not reached), updated by
+    :meth:`track` once per optimizer step.
+    """
+
+    def __init__(self, hf_model: nn.Module) -> None:
+        super().__init__()
+        self.hf = hf_model
+        self.register_buffer("progress", torch.zeros(3, dtype=torch.float64))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.hf(input_ids=input_ids, use_cache=False).logits
+
+    @torch.no_grad()
+    def track(self, loss: float, target: float, smoothing: float) -> None:
+        """Fold one step's training loss (nats per token) into the EMA; latch the step the target is met."""
+        steps, ema, reached = (float(v) for v in self.progress.cpu())
+        steps += 1
+        ema = smoothing * ema + (1 - smoothing) * loss
+        unbiased = ema / (1 - smoothing**steps) if smoothing > 0 else ema
+        if reached == 0 and unbiased <= target:
+            reached = steps
+        self.progress.copy_(torch.tensor([steps, ema, reached], dtype=torch.float64))
+
+    def steps_to_target(self) -> float:
+        """Optimizer steps until the smoothed training loss first reached the target (NaN: not yet)."""
+        reached = float(self.progress[2])
+        return reached if reached > 0 else float("nan")
+
+
+def _chunked_ce(logits: torch.Tensor, targets: torch.Tensor, chunk: int = 8192) -> Tuple[float, int]:
+    """Summed cross-entropy (nats) and token count, in chunks of rows to bound the float32 copy."""
+    flat, y = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    total = 0.0
+    for s in range(0, y.numel(), chunk):
+        total += float(nn.functional.cross_entropy(flat[s : s + chunk].float(), y[s : s + chunk], reduction="sum"))
+    return total, int(y.numel())
+
+
+def _cache_root(cache_dir: Optional[str]) -> Path:
+    return Path(cache_dir or os.environ.get("FLATLAB_CACHE") or Path.home() / ".cache" / "flatlab") / "lm"
+
+
+class LMWorkload(Workload):
+    data_hparams = ("tokenizer", "data_path", "hub_name", "cache_dir", "synthetic_tokens", "val_fraction",
+                    "max_train_tokens", "max_eval_tokens", "context")
+    """Base of the ``lm/<corpus>`` workloads (see the module docstring). Metric ``val/loss`` (min)."""
+
+    corpus_name: ClassVar[str]
+    corpus: ClassVar[Corpus]
+    metrics = (
+        "train/loss",
+        "train/accuracy",
+        "train/steps_to_target",
+        "val/loss",
+        "val/perplexity",
+        "val/accuracy",
+        "test/loss",
+        "test/perplexity",
+        "test/accuracy",
+        "lr",
+        "epoch",
+        "time/epoch_s",
+    )
+    train_defaults = TrainDefaults(batch_size=32, schedule="cosine", label_smoothing=0.0)
+    #: tiny offline parameters (a synthetic token stream, a 1-layer width-16 model): for tests over the registry
+    smoke_params: ClassVar[Dict[str, Any]] = {
+        "data_path": "synthetic", "synthetic_tokens": 1024, "n_layers": 1, "width": 16, "n_heads": 2, "intermediate": 32, "context": 16,
+    }
+
+    @classmethod
+    def _hparams(cls, corpus: Corpus) -> Tuple[HParam, ...]:
+        return (
+            HParam("model", corpus.model, str, choices=tuple(PRESETS), doc="size preset (module docstring)"),
+            HParam("n_layers", None, int, low=1, nullable=True, doc="override the preset's layers"),
+            HParam("width", None, int, low=2, nullable=True, doc="override the preset's hidden width"),
+            HParam("n_heads", None, int, low=1, nullable=True, doc="override the preset's attention heads"),
+            HParam("intermediate", None, int, low=1, nullable=True, doc="override the preset's FFN width (Llama)"),
+            HParam("context", None, int, low=2, nullable=True, doc="override the preset's context (tokens per window)"),
+            HParam("dropout", 0.0, float, low=0.0, high=1.0, high_open=True, doc="dropout (pre-training: 0)"),
+            HParam("tokenizer", DEFAULT_TOKENIZER, str, doc="hub name or local folder of the tokenizer"),
+            HParam("vocab_size", None, int, low=2, nullable=True, doc="model vocabulary (None: the tokenizer's; synthetic: 256)"),
+            HParam("data_path", None, str, nullable=True, doc="None: hub; a save_to_disk folder; or 'synthetic'"),
+            HParam("hub_name", corpus.hub, str, doc="Hugging Face dataset used when data_path is None"),
+            HParam("cache_dir", None, str, nullable=True, doc="packed token streams (None: $FLATLAB_CACHE or ~/.cache/flatlab)"),
+            HParam("tokenize_workers", 1, int, low=1, doc="processes for datasets.map tokenisation"),
+            HParam("synthetic_tokens", 8192, int, low=64, doc="data_path='synthetic': training tokens (val, test: a quarter)"),
+            HParam("val_fraction", 0.0005, float, low=0.0, high=0.5, low_open=True, doc="share of the stream held out when the corpus has no validation split"),
+            HParam("max_train_tokens", None, int, low=2, nullable=True, doc="use only the first this many training tokens"),
+            HParam("max_eval_tokens", None, int, low=2, nullable=True, doc="evaluate on at most this many tokens per split"),
+            HParam("eval_batch_size", 16, int, low=1, doc="windows per evaluation batch"),
+            HParam("target_loss", None, float, low=0.0, low_open=True, nullable=True, doc="report train/steps_to_target for this loss (nats/token)"),
+            HParam("target_smoothing", 0.9, float, low=0.0, high=1.0, high_open=True, doc="EMA factor of the training loss for steps_to_target"),
+        )
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self._model: Optional[CausalLM] = None
+
+    # ---------------------------------------------------------------------------------------------- shape
+    def shape(self) -> Dict[str, int]:
+        """The model's resolved shape: preset values with the overrides applied."""
+        pre = PRESETS[self.params["model"]]
+        out = {
+            "n_layers": self.params["n_layers"] or pre.n_layers,
+            "width": self.params["width"] or pre.width,
+            "n_heads": self.params["n_heads"] or pre.n_heads,
+            "context": self.params["context"] or pre.context,
+        }
+        out["intermediate"] = self.params["intermediate"] or pre.intermediate or 4 * out["width"]
+        if out["width"] % out["n_heads"]:
+            raise ConfigError(f"workload {self.name!r}: width={out['width']} must be divisible by n_heads={out['n_heads']}")
+        return out
+
+    # ---------------------------------------------------------------------------------------------- data
+    def _tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        name = self.params["tokenizer"]
+        try:
+            return AutoTokenizer.from_pretrained(name)
+        except Exception as exc:  # noqa: BLE001
+            raise ConfigError(
+                f"workload {self.name!r}: could not load tokenizer={name!r} ({describe_error(exc)}). "
+                "Offline: AutoTokenizer.from_pretrained(name).save_pretrained(DIR) elsewhere and pass tokenizer=DIR, "
+                "or use data_path='synthetic'."
+            ) from exc
+
+    def _packed(self, ds: Any, split: str, tok: Any) -> "Stream":
+        """The split's token stream, from the cache or tokenised now (then cached); memory-mapped."""
+        p = self.params
+        key = json.dumps([p["data_path"] or p["hub_name"], self.corpus.config, split, p["tokenizer"], self.corpus.doc_eos, len(tok)])
+        root = _cache_root(p["cache_dir"])
+        path = root / f"{self.corpus_name}-{split}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.npy"
+        if not path.exists():
+            column = require_columns(ds, ("text",), "text", self.name)
+            eos = [tok.eos_token_id] if (self.corpus.doc_eos and tok.eos_token_id is not None) else []
+
+            def encode(batch: Dict[str, Any]) -> Dict[str, Any]:
+                ids = tok(batch[column], add_special_tokens=False)["input_ids"]
+                return {"ids": [x + eos for x in ids], "n": [len(x) + len(eos) for x in ids]}
+
+            enc = ds.map(encode, batched=True, remove_columns=ds.column_names, num_proc=p["tokenize_workers"] if p["tokenize_workers"] > 1 else None, desc=f"tokenising {split}")
+            total = int(np.sum(list(enc["n"])))
+            dtype = np.uint16 if len(tok) <= np.iinfo(np.uint16).max else np.int32
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
+            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(total,))
+            pos = 0
+            for start in range(0, len(enc), 10_000):
+                for ids in enc[start : start + 10_000]["ids"]:
+                    out[pos : pos + len(ids)] = ids
+                    pos += len(ids)
+            out.flush()
+            del out
+            os.replace(tmp, path)  # atomic: concurrent loaders never see a partial file
+        return Stream(np.load(path, mmap_mode="r"), str(path))
+
+    def load_data(self, seed: int) -> Data:
+        p = self.params
+        ctx = self.shape()["context"]
+        streams: Dict[str, Stream] = {}
+        if is_synthetic(p["data_path"]):
+            n, q = p["synthetic_tokens"], p["synthetic_tokens"] // 4
+            full = Stream(markov_tokens(n + 2 * q, p["vocab_size"] or SYNTHETIC_VOCAB, seed=0))
+            streams["train"], rest = full.cut(n)
+            streams["val"], streams["test"] = rest.cut(q)
+            source = "synthetic"
+        else:
+            dsets = load_hf(self.name, p["hub_name"], self.corpus.config, p["data_path"])
+            tok = self._tokenizer()
+            streams["train"] = self._packed(require_split(dsets, ("train",), self.name, p["data_path"]), "train", tok)
+            val_ds = get_split(dsets, ("validation", "valid", "val"))
+            test_ds = get_split(dsets, ("test",))
+            if val_ds is not None:
+                streams["val"] = self._packed(val_ds, "validation", tok)
+            else:  # hold out the end of the training stream (openwebtext)
+                full = streams["train"]
+                streams["train"], streams["val"] = full.cut(len(full) - max(ctx + 1, int(len(full) * p["val_fraction"])))
+            if test_ds is not None:
+                streams["test"] = self._packed(test_ds, "test", tok)
+            source = p["data_path"] or p["hub_name"]
+        if p["max_train_tokens"]:
+            streams["train"] = streams["train"].head(p["max_train_tokens"])
+        if p["max_eval_tokens"]:
+            streams.update({k: v.head(p["max_eval_tokens"]) for k, v in streams.items() if k != "train"})
+        for k, s in streams.items():
+            if len(s) < ctx + 1:
+                raise ValueError(f"workload {self.name!r}: split {k!r} has {len(s)} tokens, fewer than context + 1 = {ctx + 1}")
+        data = Data(
+            train=streams["train"].windows(ctx),
+            val=streams["val"].windows(ctx),
+            test=streams["test"].windows(ctx) if "test" in streams else None,
+            meta={"source": source, "context": ctx, "tokens": {k: len(v) for k, v in streams.items()}},
+        )
+        if p["target_loss"] is not None:
+            empty = torch.zeros(0, ctx, dtype=torch.int64)
+            data.extra["train"] = _ProgressSplit(empty, empty)  # reported as train/steps_to_target
+        return data
+
+    # ---------------------------------------------------------------------------------------------- model
+    def build_model(self) -> nn.Module:
+        p = self.params
+        s = self.shape()
+        if p["vocab_size"]:
+            vocab = p["vocab_size"]
+        elif is_synthetic(p["data_path"]):
+            vocab = SYNTHETIC_VOCAB
+        else:
+            vocab = len(self._tokenizer())
+        kind = PRESETS[p["model"]].kind
+        if kind == "gpt2":
+            from transformers import GPT2Config, GPT2LMHeadModel
+
+            eos = min(50256, vocab - 1)  # GPT-2's end-of-text id, inside small test vocabularies
+            cfg = GPT2Config(
+                bos_token_id=eos, eos_token_id=eos, vocab_size=vocab, n_positions=s["context"], n_embd=s["width"], n_layer=s["n_layers"], n_head=s["n_heads"],
+                n_inner=s["intermediate"], resid_pdrop=p["dropout"], embd_pdrop=p["dropout"], attn_pdrop=p["dropout"],
+            )
+            hf = GPT2LMHeadModel(cfg)
+        else:
+            from transformers import LlamaConfig, LlamaForCausalLM
+
+            head_dim = s["width"] // s["n_heads"]
+            extra: Dict[str, Any] = {}
+            if head_dim % 2:  # RoPE rotates pairs of dims: round an odd head dim down (llama_60m: 41 -> 40)
+                extra["head_dim"] = head_dim - 1
+            cfg = LlamaConfig(
+                vocab_size=vocab, hidden_size=s["width"], intermediate_size=s["intermediate"], num_hidden_layers=s["n_layers"],
+                num_attention_heads=s["n_heads"], num_key_value_heads=s["n_heads"], max_position_embeddings=s["context"],
+                tie_word_embeddings=False, attention_dropout=p["dropout"], **extra,
+            )
+            hf = LlamaForCausalLM(cfg)
+        self._model = CausalLM(hf)
+        return self._model
+
+    # ---------------------------------------------------------------------------------------------- metrics
+    def batch_stats(self, outputs: torch.Tensor, targets: torch.Tensor) -> Tuple[int, int]:
+        """Next-token top-1 counts; with ``target_loss`` set also advances the steps-to-target tracker
+        (called once per training step by the trainer, with the primary pass's outputs)."""
+        if self.params["target_loss"] is not None and self._model is not None:
+            total, count = _chunked_ce(outputs, targets)
+            self._model.track(total / max(1, count), self.params["target_loss"], self.params["target_smoothing"])
+        return super().batch_stats(outputs, targets)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: Split, batch_size: int = 512) -> Dict[str, float]:
+        """``loss`` (nats per token), ``perplexity`` = exp(loss) and next-token ``accuracy`` on ``split``.
+
+        The marker split the workload adds under ``train`` when ``target_loss`` is set reports only
+        ``steps_to_target``.
+        """
+        if isinstance(split, _ProgressSplit):
+            tracker = model if isinstance(model, CausalLM) else None
+            return {"steps_to_target": tracker.steps_to_target() if tracker is not None else float("nan")}
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        bs = min(batch_size, self.params["eval_batch_size"])
+        total, count, correct = 0.0, 0, 0
+        for start in range(0, len(split), bs):
+            x = split.inputs[start : start + bs].to(device)  # type: ignore[index]
+            y = split.targets[start : start + bs].to(device)
+            out = model(x)
+            t, n = _chunked_ce(out, y)
+            total, count = total + t, count + n
+            correct += int((out.argmax(-1) == y).sum())
+        model.train(was_training)
+        loss = total / max(1, count)
+        return {"loss": loss, "perplexity": perplexity(loss), "accuracy": correct / max(1, count)}
+
+
+def perplexity(loss: float) -> float:
+    """exp(``loss``) for a mean loss in nats per token (``inf`` beyond float range)."""
+    return math.exp(loss) if loss < 709.0 else float("inf")
+
+
+def _register(corpus_name: str) -> None:
+    corpus = CORPORA[corpus_name]
+    cls = type(
+        f"LM_{corpus_name}",
+        (LMWorkload,),
+        {
+            "__doc__": f"Causal LM pre-training on {corpus_name} ({corpus.hub}); metric val/loss (min).",
+            "name": f"lm/{corpus_name}",
+            "doc": f"causal LM pre-training on {corpus_name} (HF {corpus.hub}), default model {corpus.model}",
+            "corpus_name": corpus_name,
+            "corpus": corpus,
+            "hparams": LMWorkload._hparams(corpus),
+            "__module__": __name__,
+        },
+    )
+    register_workload(cls)
+    globals()[cls.__name__] = cls
+
+
+for _c in CORPORA:
+    _register(_c)

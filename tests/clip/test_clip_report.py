@@ -1,0 +1,70 @@
+"""The alpha-study report: trials grouped into per-model curves, figures and summary numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from flatlab.errors import ConfigError
+from flatlab.interpolation.report import collect_curves, write_report
+
+REF_A = "mlflow:ft/adamw?lr=0.001&augment=none"
+REF_B = "mlflow:ft/adamw?lr=0.01&augment=randaug"
+OOD_ACC = {REF_A: (0.5, 0.8, 0.6), REF_B: (0.5, 0.4, 0.3)}  # A gains 0.3 in the interior; B is a failure mode
+
+
+def frame():
+    rows = []
+    for ref, accs in OOD_ACC.items():
+        for prune in (False, True):
+            for alpha, acc in zip((1.0, 0.0, 0.5), (accs[2], accs[0], accs[1])):  # unsorted on purpose
+                row = {"arm": "pruned" if prune else "unpruned", "status": "FINISHED", "param.finetuned": ref,
+                       "param.prune": str(prune), "interp/alpha": alpha, "ood/accuracy": acc - (0.1 * prune * alpha),
+                       "ood/loss": 1 - acc, "val/accuracy": 0.9, "val/loss": 0.2}
+                if not prune:
+                    row.update({"sharpness/general": 0.1 + alpha, "sharpness/general_stderr": 0.01,
+                                "sharpness/layer/visual.transformer.resblocks.0": alpha, "sharpness/layer/head": 0.5})
+                else:
+                    row["prune/straggler/visual.ln_post"] = 1.0
+                rows.append(row)
+    rows.append({**rows[0], "status": "FAILED", "ood/accuracy": 0.0})  # ignored
+    return pd.DataFrame(rows)
+
+
+def test_curves_group_by_model_and_variant():
+    curves = collect_curves(frame())
+    assert [c.key for c in curves] == [REF_A, REF_B]
+    a = curves[0]
+    assert a.label == "lr=0.001, augment=none"
+    assert a.unpruned.alphas == (0.0, 0.5, 1.0) and a.unpruned.accuracy["ood"] == OOD_ACC[REF_A]
+    assert a.pruned.accuracy["ood"] == pytest.approx((0.5, 0.75, 0.5))
+    assert [e.value for e in a.sharpness] == pytest.approx([0.1, 0.6, 1.1])
+    assert a.layerwise["visual.transformer.resblocks.0"] == (0.0, 0.5, 1.0)
+    assert a.stragglers == ("visual.ln_post",)
+    assert a.unpruned.gain() == pytest.approx(0.3) and not a.unpruned.failure_mode()
+    assert curves[1].unpruned.failure_mode()
+
+
+def test_report_files(tmp_path):
+    figures, summary_path = write_report(collect_curves(frame()), tmp_path)
+    names = sorted(p.name for p in figures)
+    assert names == sorted([
+        "fig1_ood_vs_alpha.png", "fig3_sharpness_vs_alpha.png",
+        "fig4_layerwise_0_lr_0.001_augment_none.png", "fig4_layerwise_1_lr_0.01_augment_randaug.png",
+        "fig5_pruned_vs_unpruned_0_lr_0.001_augment_none.png", "fig5_pruned_vs_unpruned_1_lr_0.01_augment_randaug.png",
+    ])
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in figures)
+    summary = json.loads(summary_path.read_text())
+    first = summary["models"][0]
+    assert first["unpruned"]["summary"]["ood/gain"] == pytest.approx(0.3)
+    assert summary["models"][1]["unpruned"]["summary"]["ood/failure_mode"] == 1.0
+    assert first["stragglers"] == ["visual.ln_post"]
+
+
+def test_not_an_alpha_study():
+    with pytest.raises(ConfigError, match=r"trials report no 'param.alpha'; is it an alpha study"):
+        collect_curves(pd.DataFrame([{"status": "FINISHED", "arm": "sgd", "val/accuracy": 0.5}]))
+    with pytest.raises(ConfigError, match=r"no FINISHED trials"):
+        collect_curves(frame().assign(status="FAILED"))

@@ -1,0 +1,121 @@
+"""Every paper study file (``studies/ire_*.py``, ``studies/tsam_*.py``) loads and validates at both scales,
+and its paper scale mirrors the paper's grid and settings (ALGORITHMS.md sections 2 and 3)."""
+
+from pathlib import Path
+
+import pytest
+
+from flatlab.errors import ConfigError
+from flatlab.study.loader import load_studies
+
+STUDIES_DIR = Path(__file__).resolve().parents[2] / "studies"
+FILES = sorted(p.name for p in STUDIES_DIR.glob("*.py") if p.name.startswith(("ire_", "tsam_")))
+EXPECTED_FILES = {
+    "ire_fig2_wrn16_cifar10.py", "ire_table1_cnn_cifar.py", "ire_table3_vit_cifar100.py",
+    "ire_fig3_transformer_wikitext2.py", "ire_fig4_llama.py", "tsam_table1_images.py", "tsam_glue.py",
+    "tsam_table3_samples.py", "tsam_fig4_t_schedule.py",
+}
+NO_OPTUNA = {"ire_fig4_llama.py", "tsam_table3_samples.py", "tsam_fig4_t_schedule.py"}  # fixed comparisons / ablations
+
+
+def load(name, scale):
+    return load_studies(str(STUDIES_DIR / name), scale)
+
+
+def grid_values(study, arm, field):
+    return list(study.arm(arm).dims[field].values)
+
+
+def test_all_paper_study_files_exist():
+    assert EXPECTED_FILES <= set(FILES)
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_file_loads_at_both_scales_and_smoke_is_small_and_offline(name):
+    paper, smoke = load(name, "paper"), load(name, "smoke")
+    assert paper and smoke
+    assert all(s.searcher == "grid" for s in paper if not s.name.endswith("_optuna"))
+    optuna = [s for s in paper if s.searcher == "optuna"]
+    assert (len(optuna) == 1) == (name not in NO_OPTUNA)
+    grids = [s for s in paper if s.searcher == "grid"]
+    assert all(o.num_total_trials() < min(g.num_total_trials() for g in grids) for o in optuna)  # smaller budget
+    for s in paper:
+        assert s.resources.gpu >= 1
+        assert "synthetic" not in str(s.workload_params.get("data_path"))
+    assert {s.name for s in smoke} <= {s.name for s in paper}
+    for s in smoke:
+        assert s.max_epochs <= 2 and s.resources.gpu == 0 and s.max_concurrent == 1
+        assert s.workload_params.get("data_path") == "synthetic"
+        assert s.num_total_trials() <= 4
+        assert [a.name for a in s.arms] == [a.name for a in next(p for p in paper if p.name == s.name).arms]  # same structure
+    with pytest.raises(ConfigError, match=r"scale='huge' is not defined; valid scales: paper, smoke"):
+        load(name, "huge")
+
+
+def test_ire_fig2_grid():
+    s = load("ire_fig2_wrn16_cifar10.py", "paper")[0]
+    assert s.workload == "cifar10" and s.workload_params["model"] == "wrn16_8"
+    assert grid_values(s, "sam_ire", "gamma") == [0.8, 0.9, 0.95]
+    assert grid_values(s, "sam_ire", "kappa") == [0, 2, 5, 10]
+    assert grid_values(s, "sam_ire", "schedule") == ["constant", "step"]
+    c = s.arm("sam_ire").constants()
+    assert c["switch_epoch"] == 30 and c["rho"] == 0.05 and c["momentum"] == 0.0 and s.max_epochs == 100
+    assert s.seeds == (0, 1, 2) and s.num_total_trials() == 72
+
+
+def test_ire_table1_grid():
+    studies = {s.name: s for s in load("ire_table1_cnn_cifar.py", "paper")}
+    for ds, rho, classes in (("cifar10", 0.05, 10), ("cifar100", 0.1, 100)):
+        s = studies[f"ire_table1_cnn_{ds}"]
+        assert [a.optimizer for a in s.arms] == ["sgd", "sgd_ire", "sam", "sam_ire"]
+        assert grid_values(s, "sgd_ire", "gamma") == [0.99, 0.9, 0.8] and grid_values(s, "sam_ire", "kappa") == [1, 2]
+        assert grid_values(s, "sgd", "model") == ["wrn28_10", "resnet56"]
+        assert s.arm("sam").constants()["rho"] == rho
+        # 0.1 above the label-smoothing floor (0.500 / 0.778 nats)
+        assert s.arm("sgd_ire").constants()["switch_loss"] == pytest.approx({10: 0.600, 100: 0.878}[classes], abs=1e-3)
+        assert s.train["batch_size"] == 128 and s.train["label_smoothing"] == 0.1 and s.seeds == (0, 1, 2)
+
+
+def test_ire_table3_grid():
+    s = load("ire_table3_vit_cifar100.py", "paper")[0]
+    assert grid_values(s, "adamw_ire", "kappa") == [20, 50] and grid_values(s, "adamw", "model") == ["vit_t", "vit_s"]
+    assert s.arm("adamw").constants()["lr"] == 1e-4 and s.workload_params["augment"] == "autoaugment"
+    assert s.train["batch_size"] == 64
+
+
+def test_ire_lm_studies():
+    fig3 = load("ire_fig3_transformer_wikitext2.py", "paper")[0]
+    assert fig3.workload == "lm/wikitext2" and fig3.metric == "val/loss" and fig3.mode == "min"
+    assert grid_values(fig3, "adamw", "lr")[0] == 1.5e-4 and grid_values(fig3, "adamw", "lr")[-1] == 3e-3
+    assert fig3.train["clip_norm"] == 1.0 and fig3.train["final_lr_factor"] == 0.05
+    fig4 = {s.name: s for s in load("ire_fig4_llama.py", "paper")}
+    assert {(s.workload, s.workload_params["model"]) for s in fig4.values()} == {
+        ("lm/wikitext103", "llama_60m"), ("lm/minipile", "llama_119m"), ("lm/openwebtext", "llama_229m")}
+    for s in fig4.values():
+        assert [a.optimizer for a in s.arms] == ["adamw", "adamw_ire"]
+        c = s.arm("adamw").constants()
+        assert (c["lr"], c["beta1"], c["beta2"], c["weight_decay"]) == (6e-4, 0.9, 0.95, 0.1)
+        assert s.train["clip_norm"] == 1.0 and s.train["final_lr_factor"] == 0.05
+    smoke = load("ire_fig4_llama.py", "smoke")
+    assert all("target_loss" in s.workload_params for s in smoke)
+
+
+def test_tsam_table1_grid():
+    studies = {s.name: s for s in load("tsam_table1_images.py", "paper")}
+    assert set(studies) == {"tsam_table1_cifar100", "tsam_table1_dtd", "tsam_table1_cifar100_noisy", "tsam_table1_optuna"}
+    s = studies["tsam_table1_cifar100"]
+    assert grid_values(s, "tsam", "t") == [0, 1, 5, 20, 100] and grid_values(s, "tsam", "rho") == [0.05, 0.1, 0.2]
+    assert grid_values(s, "tsam", "s") == [3, 5] and grid_values(s, "erm", "lr") == [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1]
+    assert s.train == {"batch_size": 64, "schedule": "constant", "label_smoothing": 0.1}
+    assert studies["tsam_table1_cifar100_noisy"].workload_params["label_noise"] == 0.2
+    assert studies["tsam_table1_dtd"].workload == "dtd" and studies["tsam_table1_dtd"].workload_params["pretrained"] is True
+
+
+def test_tsam_glue_and_ablations():
+    glue = {s.name: s for s in load("tsam_glue.py", "paper")}
+    assert glue["tsam_glue_cola"].metric == "val/matthews" and glue["tsam_glue_stsb"].metric == "val/pearson"
+    assert glue["tsam_glue_mrpc"].metric == "val/f1" and glue["tsam_glue_rte"].metric == "val/accuracy"
+    samples = load("tsam_table3_samples.py", "paper")[0]
+    assert grid_values(samples, "tsam", "s") == [3, 5]
+    sched = load("tsam_fig4_t_schedule.py", "paper")[0]
+    assert grid_values(sched, "tsam", "t_schedule") == ["constant", "increase", "decrease"]

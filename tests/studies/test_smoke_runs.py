@@ -1,0 +1,66 @@
+"""Every paper study file's ``smoke`` scale runs end to end through Ray Tune on CPU and logs to MLflow.
+
+All runs of this module share one local Ray (started by the first run, 2 CPUs) and one MLflow
+database; each smoke study runs one trial at a time. The cheapest files run by default, the others
+are marked ``slow`` (all of them together take about three minutes on two cores).
+"""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from flatlab.study.loader import load_studies
+from flatlab.tracking import runs
+
+pytestmark = pytest.mark.integration
+
+STUDIES_DIR = Path(__file__).resolve().parents[2] / "studies"
+FAST = ("ire_fig2_wrn16_cifar10.py", "tsam_fig4_t_schedule.py")
+SLOW = (
+    "ire_table1_cnn_cifar.py",
+    "ire_table3_vit_cifar100.py",
+    "ire_fig3_transformer_wikitext2.py",
+    "ire_fig4_llama.py",
+    "tsam_table1_images.py",
+    "tsam_glue.py",
+    "tsam_table3_samples.py",
+)
+
+
+def test_every_paper_study_file_is_covered():
+    files = {p.name for p in STUDIES_DIR.glob("*.py") if p.name.startswith(("ire_", "tsam_"))}
+    assert files == set(FAST) | set(SLOW)
+
+
+def run_smoke(name, root):
+    from flatlab.study.runner import RunOptions, run_study
+
+    path = str(STUDIES_DIR / name)
+    for study in load_studies(path, "smoke"):
+        outcome = run_study(study, RunOptions(root=root, num_cpus=2, source=path, log_models=False))
+        assert not outcome.interrupted and outcome.num_errors == 0, study.name
+        client = runs.client(outcome.tracking_uri)
+        children = client.search_runs(
+            [outcome.experiment_id], filter_string=f"tags.`{runs.PARENT}` = '{outcome.parent_run_id}'"
+        )
+        assert len(children) == study.num_total_trials(), study.name
+        assert {r.data.tags[runs.TAG_ARM] for r in children} == {a.name for a in study.arms}
+        for r in children:
+            assert r.info.status == "FINISHED" and r.data.tags[runs.TAG_OUTCOME] == "completed", (study.name, r.data.tags)
+            assert math.isfinite(r.data.metrics[study.metric]), (study.name, study.metric)
+            assert "train/loss" in r.data.metrics and "time/epoch_s" in r.data.metrics
+            if "target_loss" in study.workload_params:
+                assert "train/steps_to_target" in r.data.metrics
+        assert client.get_run(outcome.parent_run_id).info.status == "FINISHED"
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_smoke_scale_runs(name, smoke_root):
+    run_smoke(name, smoke_root)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SLOW)
+def test_smoke_scale_runs_slow(name, smoke_root):
+    run_smoke(name, smoke_root)
