@@ -14,8 +14,6 @@ def test_unknown_names_list_the_valid_ones():
 
 @pytest.mark.parametrize("name", WORKLOADS.names())
 def test_every_workload_builds_and_evaluates(name):
-    import torch
-
     cls = get_workload(name)
     wl = cls(**getattr(cls, "smoke_params", {}))  # tiny, synthetic, offline
     data = wl.load_data(0)

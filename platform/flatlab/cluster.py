@@ -6,7 +6,7 @@ import asyncio
 import os
 import shlex
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List
 
 from flatlab.errors import ConfigError
 

@@ -1,7 +1,6 @@
 import sys
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from flatlab.cli.main import app

@@ -4,7 +4,6 @@
 import math
 
 import pytest
-import torch
 
 from flatlab.train.trainer import Trainer, TrialSpec
 from flatlab.workloads import WORKLOADS, build_workload

@@ -198,7 +198,6 @@ class Study:
         Each message names the study file (``source``), the arm and the field, with the allowed values.
         Nothing is started or written. Returns ``self`` for chaining.
         """
-        from flatlab.optim.registry import get_optimizer
         from flatlab.workloads.registry import get_workload
 
         where = f"{source}: study {self.name!r}" if source else f"study {self.name!r}"

@@ -179,7 +179,7 @@ class MLflowTrialLogger(Callback):
                     payload.set()
 
     def _start_run(self, client: Any, trial_id: str, config: Dict[str, Any]) -> None:
-        from mlflow.entities import Param, RunTag
+        from mlflow.entities import Param
 
         run_id = self._run_ids.get(trial_id) or runs.find_trial_run(
             self.tracking_uri, self.experiment_id, trial_id, self.parent_run_id

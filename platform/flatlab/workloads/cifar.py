@@ -20,7 +20,7 @@ then crop + flip; for ViTs) or ``none``. Default recipe: batch 128, cosine, labe
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Dict, Tuple
+from typing import Any, ClassVar, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -104,38 +104,10 @@ class _Cifar(Workload):
 
     def load_data(self, seed: int) -> Data:
         p = self.params
-        c = self.num_classes
-        if is_synthetic(p["data_path"]):
-            n, q = p["synthetic_size"], p["synthetic_size"] // 4
-            val_size = q if p["val_size"] else 0
-            x, y = synthetic_images(n + val_size + q, c, 32, seed=0)
-            x_te, y_te = x[n + val_size :], y[n + val_size :]
-            x, y = x[: n + val_size], y[: n + val_size]
-            source = "synthetic"
-        else:
-            dsets = load_hf(self.name, p["hub_name"], None, p["data_path"])
-            train_ds = require_split(dsets, ("train",), self.name, p["data_path"])
-            test_ds = get_split(dsets, ("test",))
-            img = require_columns(train_ds, ("img", "image"), "image", self.name)
-            lab = require_columns(train_ds, self.label_columns, "label", self.name)
-            x = image_column_to_uint8(train_ds, img)
-            y = np.asarray(list(train_ds[lab]), dtype=np.int64)
-            x_te = y_te = None
-            if test_ds is not None:
-                x_te = image_column_to_uint8(test_ds, img)
-                y_te = np.asarray(list(test_ds[lab]), dtype=np.int64)
-            val_size = min(p["val_size"], len(y) // 2)
-            source = p["data_path"] or p["hub_name"]
-        if y.size and (y.min() < 0 or y.max() >= c):
-            raise ValueError(f"workload {self.name!r}: labels must lie in [0, {c}), got [{y.min()}, {y.max()}] from {source}")
-        if val_size == 0 and x_te is None:
-            raise ValueError(f"workload {self.name!r}: val_size=0 needs a test split to validate on; the data has none")
-        train, val, meta = split_and_noise(x, y, val_size, p["label_noise"], c, seed)
-        test = Split(torch.from_numpy(x_te), torch.from_numpy(y_te)) if x_te is not None else None
-        if val_size == 0:
-            val = test  # type: ignore[assignment]
-        meta.update(source=source, split_seed=seed, num_classes=c)
-        return Data(train=train, val=val, test=test, meta=meta)
+        return load_labelled_images(
+            self.name, p, self.num_classes, seed, image_columns=("img", "image"), label_columns=self.label_columns,
+            label_noise=p["label_noise"],
+        )
 
     def build_model(self) -> nn.Module:
         return ImageClassifier(build_cifar_net(self.params["model"], self.num_classes, self.params["width_mult"]), CIFAR_MEAN, CIFAR_STD)
@@ -167,3 +139,58 @@ class Cifar100(_Cifar):
     default_hub = "uoft-cs/cifar100"
     label_columns = ("fine_label", "label")
     hparams = _Cifar._hparams("uoft-cs/cifar100")
+
+
+def load_labelled_images(
+    name: str,
+    p: Dict[str, Any],
+    num_classes: int,
+    seed: int,
+    *,
+    image_columns: Tuple[str, ...],
+    label_columns: Tuple[str, ...],
+    label_noise: float = 0.0,
+    size: Optional[int] = None,
+) -> Data:
+    """Train/val/test splits of an image-classification dataset as uint8 ``(N, 3, H, W)`` tensors.
+
+    ``p`` holds the workload's ``data_path`` (None: the hub dataset ``hub_name``; a ``save_to_disk``
+    folder; or ``"synthetic"``, ``synthetic_size`` images in the same schema) and ``val_size`` (training
+    images held out, stratified by ``split_and_noise``; 0 = validate on the test split). ``size`` resizes
+    images (None keeps them). Label noise, when asked for, touches the training split only.
+
+    Raises:
+        ValueError: labels outside ``[0, num_classes)``, or ``val_size=0`` without a test split.
+    """
+    if is_synthetic(p["data_path"]):
+        n, q = p["synthetic_size"], p["synthetic_size"] // 4
+        val_size = q if p["val_size"] else 0
+        x, y = synthetic_images(n + val_size + q, num_classes, size or 32, seed=0)
+        x_te, y_te = x[n + val_size :], y[n + val_size :]
+        x, y = x[: n + val_size], y[: n + val_size]
+        source = "synthetic"
+    else:
+        dsets = load_hf(name, p["hub_name"], None, p["data_path"])
+        train_ds = require_split(dsets, ("train",), name, p["data_path"])
+        test_ds = get_split(dsets, ("test",))
+        img = require_columns(train_ds, image_columns, "image", name)
+        lab = require_columns(train_ds, label_columns, "label", name)
+        kw = {} if size is None else {"size": size, "chunk": 256}
+        x = image_column_to_uint8(train_ds, img, **kw)
+        y = np.asarray(list(train_ds[lab]), dtype=np.int64)
+        x_te = y_te = None
+        if test_ds is not None:
+            x_te = image_column_to_uint8(test_ds, img, **kw)
+            y_te = np.asarray(list(test_ds[lab]), dtype=np.int64)
+        val_size = min(p["val_size"], len(y) // 2)
+        source = p["data_path"] or p["hub_name"]
+    if y.size and (y.min() < 0 or y.max() >= num_classes):
+        raise ValueError(f"workload {name!r}: labels must lie in [0, {num_classes}), got [{y.min()}, {y.max()}] from {source}")
+    if val_size == 0 and x_te is None:
+        raise ValueError(f"workload {name!r}: val_size=0 needs a test split to validate on; the data has none")
+    train, val, meta = split_and_noise(x, y, val_size, label_noise, num_classes, seed)
+    test = Split(torch.from_numpy(x_te), torch.from_numpy(y_te)) if x_te is not None else None
+    if val_size == 0:
+        val = test  # type: ignore[assignment]
+    meta.update(source=source, split_seed=seed, num_classes=num_classes)
+    return Data(train=train, val=val, test=test, meta=meta)

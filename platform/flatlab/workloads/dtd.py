@@ -20,17 +20,16 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Dict
 
-import numpy as np
 import torch
 from torch import nn
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
-from flatlab.workloads.base import Data, Inputs, Split, TrainDefaults, Workload
-from flatlab.workloads.cifar import image_column_to_uint8, split_and_noise
-from flatlab.workloads.images import ImageClassifier, augment_images, synthetic_images
+from flatlab.workloads.base import Data, Inputs, TrainDefaults, Workload
+from flatlab.workloads.cifar import load_labelled_images
+from flatlab.workloads.images import ImageClassifier, augment_images
 from flatlab.workloads.registry import register_workload
-from flatlab.workloads.sources import describe_error, get_split, is_synthetic, load_hf, require_columns, require_split
+from flatlab.workloads.sources import describe_error
 
 NUM_CLASSES = 47
 
@@ -61,36 +60,11 @@ class DTD(Workload):
 
     def load_data(self, seed: int) -> Data:
         p = self.params
-        size = p["image_size"]
-        if is_synthetic(p["data_path"]):
-            n, q = p["synthetic_size"], p["synthetic_size"] // 4
-            val_size = q if p["val_size"] else 0
-            x, y = synthetic_images(n + val_size + q, NUM_CLASSES, size, seed=0)
-            x_te, y_te = x[n + val_size :], y[n + val_size :]
-            x, y = x[: n + val_size], y[: n + val_size]
-            source = "synthetic"
-        else:
-            dsets = load_hf(self.name, p["hub_name"], None, p["data_path"])
-            train_ds = require_split(dsets, ("train",), self.name, p["data_path"])
-            test_ds = get_split(dsets, ("test",))
-            img = require_columns(train_ds, ("image", "img"), "image", self.name)
-            lab = require_columns(train_ds, ("label",), "label", self.name)
-            x = image_column_to_uint8(train_ds, img, size=size, chunk=256)
-            y = np.asarray(list(train_ds[lab]), dtype=np.int64)
-            x_te = y_te = None
-            if test_ds is not None:
-                x_te = image_column_to_uint8(test_ds, img, size=size, chunk=256)
-                y_te = np.asarray(list(test_ds[lab]), dtype=np.int64)
-            val_size = min(p["val_size"], len(y) // 2)
-            source = p["data_path"] or p["hub_name"]
-        if val_size == 0 and x_te is None:
-            raise ValueError(f"workload 'dtd': val_size=0 needs a test split to validate on; the data has none")
-        train, val, meta = split_and_noise(x, y, val_size, 0.0, NUM_CLASSES, seed)
-        test = Split(torch.from_numpy(x_te), torch.from_numpy(y_te)) if x_te is not None else None
-        if val_size == 0:
-            val = test  # type: ignore[assignment]
-        meta.update(source=source, split_seed=seed, num_classes=NUM_CLASSES, image_size=size)
-        return Data(train=train, val=val, test=test, meta=meta)
+        data = load_labelled_images(
+            self.name, p, NUM_CLASSES, seed, image_columns=("image", "img"), label_columns=("label",), size=p["image_size"]
+        )
+        data.meta["image_size"] = p["image_size"]
+        return data
 
     def build_model(self) -> nn.Module:
         import timm
