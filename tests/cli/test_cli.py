@@ -29,6 +29,7 @@ def test_invalid_study_fails_before_anything_starts(tmp_path, monkeypatch):
     res = runner.invoke(app, ["run", str(bad)])
     assert res.exit_code == 2
     assert "loguniform: low > 0 must hold for a log range" in res.output and "bad.py" in res.output
+    assert "arm 'sgd', field 'lr'" in res.output
     assert not (tmp_path / "flatlab-runs").exists()
 
 

@@ -26,17 +26,20 @@ def test_float_ranges_map_to_optuna():
     [
         (lambda: sp.uniform(1.0, 1.0), r"uniform: low < high must hold, but got low=1.0, high=1.0"),
         (lambda: sp.loguniform(0.1, 0.01), r"loguniform: low < high must hold"),
-        (lambda: sp.loguniform(0.0, 1.0), r"low > 0 must hold for a log range, but got low=0.0"),
+        (lambda: sp.loguniform(0.0, 1.0), r"loguniform: low > 0 must hold for a log range, but got low=0.0"),
         (lambda: sp.int(5, 2), r"int: low < high must hold, but got low=5, high=2"),
         (lambda: sp.int(1.5, 3), r"int\(low, high\) needs integers"),
         (lambda: sp.choice([]), r"choice\(\[...\]\) needs at least one value, got an empty list"),
         (lambda: sp.grid([]), r"grid\(\[...\]\) needs at least one value"),
-        (lambda: sp.choice([1, 1]), r"values must be distinct"),
+        (lambda: sp.choice([1, 1]), r"choice: values must be distinct, got \[1, 1\]"),
     ],
 )
 def test_bad_dimensions_raise_clear_errors(make, match):
+    dim = make()  # building never raises: validation names the arm and field
+    with pytest.raises(ConfigError, match=r"arm 'a', field 'x': " + match):
+        dim.check(HParam("x", 1, int), "arm 'a', field 'x'")
     with pytest.raises(ConfigError, match=match):
-        make()
+        dim.to_optuna()
 
 
 def test_grid_points_are_the_cartesian_product_in_order():

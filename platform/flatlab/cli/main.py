@@ -75,7 +75,10 @@ def run(
             _fail(exc)
         interrupted |= outcome.interrupted
         df = trials_frame(outcome.tracking_uri, s.name)
-        console.print(f"\n[bold]{s.name}[/bold] finished in {outcome.wall_s:.0f} s; best trial per arm (from MLflow):")
+        console.print(
+            f"\n[bold]{s.name}[/bold] ran {outcome.wall_s:.0f} s (wall, Ray and MLflow start-up included); "
+            "best trial per arm (from MLflow):"
+        )
         render(best_per_arm(df), console)
         if interrupted:
             break

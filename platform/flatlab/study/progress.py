@@ -15,15 +15,16 @@ class ProgressPrinter(Callback):
         total: trials the study will launch; metric, mode: the study metric.
     """
 
-    def __init__(self, total: int, metric: str, mode: str, every_s: float = 15.0) -> None:
+    def __init__(self, total: int, metric: str, mode: str, every_s: float = 15.0, max_epochs: int = 0) -> None:
         self.total = total
+        self.max_epochs = max_epochs
         self.metric = metric
         self.mode = mode
         self.every_s = every_s
         self._init()
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {k: self.__dict__[k] for k in ("total", "metric", "mode", "every_s")}
+        return {k: self.__dict__.get(k, 0) for k in ("total", "metric", "mode", "every_s", "max_epochs")}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -78,7 +79,13 @@ class ProgressPrinter(Callback):
 
     def on_trial_complete(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
         last = getattr(trial, "last_result", {}) or {}
-        self._end(trial, "diverged" if last.get("diverged") else "done")
+        if last.get("diverged"):
+            outcome = "diverged"
+        elif self.max_epochs and int(last.get("epoch", 0)) < self.max_epochs:
+            outcome = "pruned"  # stopped early by the scheduler (ASHA)
+        else:
+            outcome = "done"
+        self._end(trial, outcome)
 
     def on_trial_error(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
         self._end(trial, "error")

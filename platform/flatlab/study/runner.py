@@ -135,6 +135,8 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         ConfigError: ``--resume`` with nothing to resume.
     """
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no CSV/JSON/TBX loggers per result
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")  # per-epoch checkpoints are by design
+    import mlflow  # noqa: F401  (imported before the log set-up, which then moves its handlers to the log file)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the legacy reporter honours verbose=0: our own progress only
     import optuna
 
@@ -210,7 +212,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         metric=study.metric,
         mode=study.mode,
     )
-    progress = ProgressPrinter(total, study.metric, study.mode)
+    progress = ProgressPrinter(total, study.metric, study.mode, max_epochs=study.max_epochs)
     if opts.resume:
         tuner = tune.Tuner.restore(experiment_path, trainable=trainable, resume_unfinished=True, resume_errored=True)
         callbacks = tuner._local_tuner.get_run_config().callbacks  # restored with the experiment

@@ -18,7 +18,19 @@ from flatlab.hparams import HParam
 
 
 class Dim:
-    """One search dimension."""
+    """One search dimension. Building one never raises: :meth:`problem` is reported by study validation
+    (naming the file, the arm and the field) and by :meth:`valid` before any use."""
+
+    def problem(self) -> Optional[str]:
+        """What is wrong with this dimension itself (``None`` if nothing)."""
+        return None
+
+    def valid(self, where: str = "") -> "Dim":
+        """``self``; raises ``ConfigError`` (prefixed with ``where``) if :meth:`problem` finds something."""
+        msg = self.problem()
+        if msg:
+            raise ConfigError(f"{where}: {msg}" if where else msg)
+        return self
 
     def to_optuna(self) -> Any:
         """The equivalent ``optuna.distributions`` object."""
@@ -47,21 +59,24 @@ class Float(Dim):
     high: float
     log: bool = False
 
-    def __post_init__(self) -> None:
+    def problem(self) -> Optional[str]:
         kind = "loguniform" if self.log else "uniform"
         if not (isinstance(self.low, (builtins.int, float)) and isinstance(self.high, (builtins.int, float))):
-            raise ConfigError(f"{kind}(low, high) needs numbers, got low={self.low!r}, high={self.high!r}")
+            return f"{kind}(low, high) needs numbers, got low={self.low!r}, high={self.high!r}"
         if not self.low < self.high:
-            raise ConfigError(f"{kind}: low < high must hold, but got low={self.low}, high={self.high}")
+            return f"{kind}: low < high must hold, but got low={self.low}, high={self.high}"
         if self.log and self.low <= 0:
-            raise ConfigError(f"loguniform: low > 0 must hold for a log range, but got low={self.low}")
+            return f"loguniform: low > 0 must hold for a log range, but got low={self.low}"
+        return None
 
     def to_optuna(self) -> Any:
         import optuna
 
+        self.valid()
         return optuna.distributions.FloatDistribution(float(self.low), float(self.high), log=self.log)
 
     def check(self, hp: HParam, where: str) -> None:
+        self.valid(where)
         if hp.kind not in (float, builtins.int) or hp.choices is not None:
             raise ConfigError(f"{where}: {hp.name} takes {hp.allowed()}, not a float range")
         hp.validate(self.low, where)
@@ -79,23 +94,27 @@ class Int(Dim):
     high: builtins.int
     log: bool = False
 
-    def __post_init__(self) -> None:
+    def problem(self) -> Optional[str]:
         if not (isinstance(self.low, builtins.int) and isinstance(self.high, builtins.int)):
-            raise ConfigError(f"int(low, high) needs integers, got low={self.low!r}, high={self.high!r}")
+            return f"int(low, high) needs integers, got low={self.low!r}, high={self.high!r}"
         if not self.low < self.high:
-            raise ConfigError(f"int: low < high must hold, but got low={self.low}, high={self.high}")
+            return f"int: low < high must hold, but got low={self.low}, high={self.high}"
         if self.log and self.low <= 0:
-            raise ConfigError(f"int(log=True): low > 0 must hold, but got low={self.low}")
+            return f"int(log=True): low > 0 must hold, but got low={self.low}"
+        return None
 
     def to_optuna(self) -> Any:
         import optuna
 
+        self.valid()
         return optuna.distributions.IntDistribution(self.low, self.high, log=self.log)
 
     def grid_values(self, where: str) -> List[Any]:
+        self.valid(where)
         return list(range(self.low, self.high + 1))
 
     def check(self, hp: HParam, where: str) -> None:
+        self.valid(where)
         if hp.kind is not builtins.int and hp.kind is not float:
             raise ConfigError(f"{where}: {hp.name} takes {hp.allowed()}, not an integer range")
         hp.validate(self.low, where)
@@ -112,22 +131,26 @@ class Choice(Dim):
     values: Tuple[Any, ...]
     is_grid: bool = False
 
-    def __post_init__(self) -> None:
+    def problem(self) -> Optional[str]:
         name = "grid" if self.is_grid else "choice"
         if len(self.values) == 0:
-            raise ConfigError(f"{name}([...]) needs at least one value, got an empty list")
+            return f"{name}([...]) needs at least one value, got an empty list"
         if len(set(map(repr, self.values))) != len(self.values):
-            raise ConfigError(f"{name}: values must be distinct, got {list(self.values)}")
+            return f"{name}: values must be distinct, got {list(self.values)}"
+        return None
 
     def to_optuna(self) -> Any:
         import optuna
 
+        self.valid()
         return optuna.distributions.CategoricalDistribution(list(self.values))
 
     def grid_values(self, where: str) -> List[Any]:
+        self.valid(where)
         return list(self.values)
 
     def check(self, hp: HParam, where: str) -> None:
+        self.valid(where)
         for v in self.values:
             hp.validate(v, where)
 

@@ -68,10 +68,22 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
     df = pd.DataFrame(rows)
     if df.empty:
         return df
+    for col in [c for c in df.columns if c.startswith("param.")] + ["seed"]:
+        df[col] = _numeric_if_possible(df[col])
     key = f"best/{metric}"
     df = df.sort_values(key, ascending=(mode == "min"), na_position="last", kind="stable").reset_index(drop=True)
     df.attrs["metric"], df.attrs["mode"] = metric, mode
     return df
+
+
+def _numeric_if_possible(col):
+    """MLflow stores params as strings: give back numbers where every value parses as one."""
+    import pandas as pd
+
+    try:
+        return pd.to_numeric(col)
+    except (ValueError, TypeError):
+        return col
 
 
 def best_per_arm(df):
@@ -101,7 +113,7 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
         return
     metric = df.attrs.get("metric", "val/accuracy")
     params = [c for c in df.columns if c.startswith("param.")]
-    default = ["arm", "status", "outcome", "epochs", metric, f"best/{metric}", "test/accuracy"]
+    default = ["arm", "trial_id", "status", "outcome", "epochs", metric, f"best/{metric}", "test/accuracy"]
     cols = [c for c in (columns or default) if c in df.columns]
     table = Table(*cols, *([] if columns else ["params"]), title=title or None)
     for col in table.columns[:1]:
