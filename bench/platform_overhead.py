@@ -12,6 +12,7 @@ overhead ((b) x concurrency - (a)) / N. Targets on a 2-core machine: ratio <= 0.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tempfile
@@ -75,6 +76,8 @@ def main() -> None:
         b = time.perf_counter() - t0
         if res.returncode != 0:
             sys.exit(f"flatlab run failed:\n{res.stdout}\n{res.stderr}")
+        log = (Path(tmp) / "root" / "bench_overhead" / "logs" / "flatlab.log").read_text()
+        phases = {m.group(1): float(m.group(2)) for m in re.finditer(r"(starting Tune|Tune done) \(([0-9.]+) s\)", log)}
     n = args.trials
     overhead = (b * 2 - a) / n
     print(f"trials: {n} x {args.epochs} epochs (digits CNN width {args.width}), {a / n:.1f} s per trial sequentially")
@@ -82,6 +85,11 @@ def main() -> None:
     print(f"(b) flatlab run, 2 concurrent trials: {b:7.1f} s  (Ray start-up, MLflow, checkpoints included)")
     print(f"ratio (b)/(a): {b / a:.3f}   target <= 0.65   {'PASS' if b / a <= 0.65 else 'FAIL'}")
     print(f"per-trial overhead: {overhead:.2f} s   target <= 1.0 s   {'PASS' if overhead <= 1.0 else 'FAIL'}")
+    if len(phases) == 2:
+        tune_s = phases["Tune done"] - phases["starting Tune"]
+        print(f"  breakdown of (b): {phases['starting Tune']:.1f} s set-up before Tune (Ray, MLflow, data), "
+              f"{tune_s:.1f} s in Tune ({(tune_s * 2 - a) / n:.2f} s per trial over the sequential time), "
+              f"{b - phases['Tune done']:.1f} s imports before / shutdown after")
 
 
 if __name__ == "__main__":
