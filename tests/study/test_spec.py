@@ -119,3 +119,13 @@ def test_loader_scales(tmp_path):
 def test_every_study_file_loads_and_validates(path):
     studies = load_studies(str(path))
     assert studies and all(s.num_total_trials() >= 1 for s in studies)
+
+
+def test_warns_when_ire_never_switches_on():
+    arms = (Arm("sgd_ire", space={"lr": 0.1, "switch_epoch": 5}), Arm("sgd", space={"lr": 0.1}))
+    s = base(arms=arms, max_epochs=20, grace_period=1).validate()
+    assert s.warnings() == []
+    short = s.with_budget(epochs=3)
+    assert short.warnings() == [
+        "arm 'sgd_ire': switch_epoch=5 >= max_epochs=3: IRE never switches on, so this arm trains exactly as its base optimizer"
+    ]

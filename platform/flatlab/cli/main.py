@@ -58,6 +58,9 @@ def run(
         studies = [s.with_budget(trials, epochs).validate(str(study_file)) for s in studies]
     except (FlatlabError, ValueError) as exc:
         _fail(exc)
+    for s in studies:
+        for warning in s.warnings():
+            err.print(f"[yellow]warning:[/yellow] study {s.name!r}, {warning}")
     if dry_run:
         for s in studies:
             render_plan(s, console)

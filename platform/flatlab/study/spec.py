@@ -191,6 +191,18 @@ class Study:
             for s in self.seeds
         ]
 
+    def warnings(self) -> List[str]:
+        """Settings that are valid but probably not what was meant (printed by ``flatlab run``)."""
+        out: List[str] = []
+        for arm in self.arms:
+            for key, value in arm.constants().items():
+                if key == "switch_epoch" and isinstance(value, int) and value >= self.max_epochs:
+                    out.append(
+                        f"arm {arm.name!r}: switch_epoch={value} >= max_epochs={self.max_epochs}: IRE never switches on, "
+                        f"so this arm trains exactly as its base optimizer"
+                    )
+        return out
+
     # ----------------------------------------------------------------------------------------------
     def validate(self, source: str = "") -> "Study":
         """Check the whole study; raises ONE :class:`ConfigError` listing every problem found.
