@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from flatlab.errors import ConfigError
 
@@ -113,6 +113,3 @@ def resolve(
             out[name] = by_name[name].validate(value, where)
     return out
 
-
-def names(declared: Iterable[HParam]) -> Tuple[str, ...]:
-    return tuple(h.name for h in declared)

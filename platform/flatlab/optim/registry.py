@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
 
 import torch
 
@@ -76,6 +76,3 @@ def common(*extra: HParam, lr_default: float = 0.1) -> Tuple[HParam, ...]:
     lr = HParam("lr", lr_default, float, low=0.0, low_open=True, doc=LR.doc)
     return (lr, WEIGHT_DECAY) + tuple(extra)
 
-
-def sequence_names(specs: Sequence[HParam]) -> Tuple[str, ...]:
-    return tuple(h.name for h in specs)

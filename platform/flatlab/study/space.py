@@ -9,7 +9,6 @@ OptunaSearch cannot take ``tune.grid_search``).
 from __future__ import annotations
 
 import builtins
-import math
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple, Union
 
@@ -221,6 +220,3 @@ def grid_points(space: "dict[str, Dim]", where: str) -> List["dict[str, Any]"]:
     values = [space[n].grid_values(f"{where}, field {n!r}") for n in names]
     return [dict(zip(names, combo)) for combo in itertools.product(*values)]
 
-
-def finite(x: Optional[float]) -> bool:
-    return x is not None and math.isfinite(x)

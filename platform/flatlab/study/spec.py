@@ -262,12 +262,6 @@ class Study:
             raise ConfigError("invalid study:\n  " + "\n  ".join(errors))
         return self
 
-    def declared_non_workload(self, arm: Arm) -> set:
-        """Fields of ``arm`` that the optimizer or the trainer take (they win over workload fields)."""
-        from flatlab.optim.registry import get_optimizer
-
-        return {h.name for h in TRAINER_HPARAMS} | {h.name for h in get_optimizer(arm.optimizer).hparams}
-
     def _validate_arm(self, arm: Arm, where: str, workload_ok: bool) -> List[str]:
         from flatlab.optim.registry import get_optimizer
         from flatlab.workloads.registry import get_workload
@@ -281,6 +275,8 @@ class Study:
             return []
         errors: List[str] = []
         declared = self.declared(arm)
+        route = self.route(arm)
+        data_fields = get_workload(self.workload).data_hparams
         for key, dim in arm.dims.items():
             if key in ("arm", "seed"):
                 errors.append(f"{aw}: field {key!r} is reserved; set trial seeds with Study(seeds=...)")
@@ -292,7 +288,7 @@ class Study:
                     f"{self.workload!r}; accepted: {', '.join(sorted(declared))}"
                 )
                 continue
-            if key in getattr(get_workload(self.workload), "data_hparams", ()) and key not in self.declared_non_workload(arm):
+            if route[key] == "workload" and key in data_fields:
                 errors.append(
                     f"{aw}: field {key!r} changes workload {self.workload!r}'s data, which is loaded once per study; "
                     f"set it in Study(workload_params=...) (one study per value)"

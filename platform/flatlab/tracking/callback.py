@@ -144,9 +144,6 @@ class MLflowTrialLogger(Callback):
         if self._thread is not None:
             self._thread.join(timeout=30)
 
-    def run_id(self, trial_id: str) -> Optional[str]:
-        return self._run_ids.get(trial_id)
-
     # ---- background thread --------------------------------------------------------------------
     def _worker(self) -> None:
         client = runs.client(self.tracking_uri)
