@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -7,3 +9,15 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op torch thread for the test, the caller's setting restored afterwards: tiny models gain
+    nothing from threads, and spinning threads on a busy 2-core machine make timings erratic."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -8,7 +8,6 @@ from typing import Dict
 
 import numpy as np
 import pytest
-import torch
 
 pytest.importorskip("open_clip")
 
@@ -55,11 +54,8 @@ def params(folders) -> Dict[str, object]:
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_torch_thread):
     yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
