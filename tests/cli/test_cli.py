@@ -47,3 +47,10 @@ def test_results_format_needs_output(tmp_path):
     assert res.exit_code == 2 and "--format csv needs --output PATH" in res.output
     res = runner.invoke(app, ["results", "x", "--root", str(tmp_path), "--format", "xlsx"])
     assert res.exit_code == 2 and "expected one of table, csv, parquet" in res.output
+
+
+def test_dry_run_of_fig4_names_the_steps_to_target_reference(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["run", str(REPO / "studies/ire_fig4_llama.py"), "--dry-run", "--scale", "smoke"])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("train/steps_to_target against the reference arm 'adamw'") == 3  # one per model size

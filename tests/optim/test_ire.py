@@ -312,3 +312,33 @@ def test_toy_larger_kappa_reaches_flatter_minima():
     assert us == sorted(us, reverse=True) and us[0] - us[-1] > 0.4
     assert us == pytest.approx([0.749, 0.621, 0.511, 0.241], abs=2e-3)
     assert all(abs(v) < 1e-6 for _, v in ends.values())
+
+
+# ---------------------------------------------------------------------------------------------------
+# The exact radix select IRE uses for its threshold (must equal torch.kthvalue, ties and zeros included).
+@pytest.mark.parametrize("n", [1, 7, 1000, 65_537])
+def test_radix_select_equals_kthvalue(n):
+    from flatlab.optim._flat import kth_smallest_nonnegative
+
+    g = torch.Generator().manual_seed(n)
+    h = torch.randn(n, generator=g).square()
+    if n > 10:
+        h[: n // 10] = 0.0  # many exact zeros
+        h[n // 10 : n // 5] = h[n // 2]  # a block of ties
+        h[-1] = float("inf")
+        h[-2] = 1e-42  # subnormal
+    for k in sorted({1, max(1, n // 10), max(1, n // 5), n // 2 or 1, max(1, int(0.8 * n)), n}):
+        assert kth_smallest_nonnegative(h, k).item() == torch.kthvalue(h, k).values.item()
+
+
+def test_radix_select_ignores_signs_and_rejects_bad_input():
+    from flatlab.optim._flat import kth_smallest_nonnegative
+
+    h = torch.tensor([-0.0, 3.0, 1.0, 2.0])
+    assert kth_smallest_nonnegative(h, 1).item() == 0.0 and kth_smallest_nonnegative(h, 3).item() == 2.0
+    nan_last = torch.tensor([float("nan"), 1.0, 0.5]).neg().abs()  # NaN with either sign ranks above +inf
+    assert kth_smallest_nonnegative(nan_last, 2).item() == 1.0
+    with pytest.raises(ValueError, match=r"k must be in \[1, 4\]"):
+        kth_smallest_nonnegative(h, 0)
+    with pytest.raises(ValueError, match="1-D float32"):
+        kth_smallest_nonnegative(h.double(), 1)

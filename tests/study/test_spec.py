@@ -1,3 +1,4 @@
+import math
 import textwrap
 from pathlib import Path
 
@@ -56,11 +57,23 @@ def test_valid_study_passes_and_routes_fields():
         (dict(searcher="grid"), r"field 'lr'.*cannot be enumerated by searcher='grid'"),
         (dict(arms=(Arm("sgd", space={"val_fraction": sp.choice([0.1, 0.2])}),)),
          r"arm 'sgd': field 'val_fraction' changes workload 'digits''s data, which is loaded once per study; set it in Study\(workload_params=...\)"),
+        (dict(reference_arm="adamw"), r"x\.py: study 't': reference_arm='adamw'; expected None or one of the arm names: 'sgd'"),
+        (dict(target_loss=0.0), r"target_loss=0.0; expected None or a finite float > 0"),
+        (dict(target_loss=math.inf), r"target_loss=inf; expected None or a finite float > 0"),
+        (dict(train={"curve_smoothing": 1.0}), r"field 'train': curve_smoothing=1.0 is not allowed; expected float in \[0, 1\)"),
+        (dict(reference_arm="sgd", target_loss=2.0), r"reference_arm='sgd' and target_loss=2.0 are both set; set at most one of them"),
     ],
 )
 def test_bad_study_raises_naming_file_arm_and_field(kw, match):
     with pytest.raises(ConfigError, match=match):
         base(**kw).validate("x.py")
+
+
+def test_steps_to_target_fields():
+    two = (Arm("sgd", space={"lr": 0.1}), Arm("adamw", space={"lr": 1e-3}))
+    assert base(arms=two, reference_arm="adamw").validate().reference_arm == "adamw"
+    assert base(target_loss=1.5).validate().target_loss == 1.5
+    assert base().reference_arm is None and base().target_loss is None
 
 
 def test_all_errors_reported_at_once():

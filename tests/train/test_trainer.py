@@ -131,3 +131,18 @@ def test_sampled_labels_follow_the_softmax():
     assert torch.allclose(freq0, torch.tensor([0.7, 0.2, 0.1, 0.0]), atol=0.015)  # ~4 binomial sd
     assert torch.allclose(freq1, torch.tensor([0.0, 0.0, 0.5, 0.5]), atol=0.015)
     assert labels.dtype == torch.int64 and sample_labels(torch.zeros(3, 5, 7)).shape == (3, 5)
+
+
+def test_sampled_label_logit_grad_is_the_cross_entropy_gradient_of_the_same_draw():
+    from flatlab.train.closure import sampled_label_logit_grad
+
+    logits = torch.randn(6, 5, 11, dtype=torch.float64, requires_grad=True)  # (B, T, V) as for a language model
+    torch.manual_seed(3)
+    grad = sampled_label_logit_grad(logits)
+    torch.manual_seed(3)
+    labels = sample_labels(logits)  # the same RNG stream draws the same labels
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 11), labels.reshape(-1))
+    (direct,) = torch.autograd.grad(loss, logits)
+    assert grad.shape == logits.shape and grad.dtype == logits.dtype
+    assert torch.allclose(grad, direct, atol=1e-6)  # softmax in float32 inside: float32 accuracy
+    assert torch.allclose(grad.sum(-1), torch.zeros(6, 5, dtype=torch.float64), atol=1e-7)  # rows of p - onehot sum to 0

@@ -1,4 +1,4 @@
-"""LM workloads: token windows, packing and caching, perplexity, model sizes, steps-to-target."""
+"""LM workloads: token windows, packing and caching, perplexity, model sizes, the training-loss curve."""
 
 import math
 import pickle
@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from flatlab.errors import ConfigError
 from flatlab.train.trainer import Trainer, TrialSpec
 from flatlab.workloads import build_workload, get_workload
 from flatlab.workloads.lm import TokenWindows, perplexity
@@ -120,31 +121,17 @@ def _lm_spec(**wp):
                      optimizer_params={"lr": 3e-3}, trainer_params={"batch_size": 8, "clip_norm": 1.0})
 
 
-def test_steps_to_target_is_reported_and_survives_resume(tmp_path):
-    assert "train/steps_to_target" in get_workload("lm/wikitext2").metrics
-    spec = _lm_spec(target_loss=100.0)  # met at the first step
+def test_lm_training_curve_comes_from_the_trainer():
+    """Steps-to-target is generic now (the trainer's loss curve + Study.reference_arm), not an LM feature."""
+    assert "train/steps_to_target" not in get_workload("lm/wikitext2").metrics
+    spec = _lm_spec()
     data = build_workload("lm/wikitext2", **spec.workload_params).load_data(0)
     t = Trainer(spec, data)
     m = t.run_epoch()
-    assert m["train/steps_to_target"] == 1.0 and m["train/loss"] > 0 and "train/accuracy" in m
-    never = _lm_spec(target_loss=1e-3)
-    t2 = Trainer(never, build_workload("lm/wikitext2", **never.workload_params).load_data(0))
-    m2 = t2.run_epoch()
-    assert math.isnan(m2["train/steps_to_target"])
-    t2.save(str(tmp_path / "c.pt"))
-    t3 = Trainer(never, t2.data)
-    t3.load(str(tmp_path / "c.pt"))
-    assert float(t3.model.progress[0]) == t2.step  # the tracker resumes with the model
-    off = _lm_spec()
-    m4 = Trainer(off, build_workload("lm/wikitext2", **off.workload_params).load_data(0)).run_epoch()
-    assert "train/steps_to_target" not in m4
-
-
-def test_steps_to_target_uses_the_smoothed_training_loss():
-    wl = build_workload("lm/wikitext2", data_path="synthetic", n_layers=1, width=16, n_heads=2, context=16, target_loss=2.0)
-    torch.manual_seed(0)
-    model = wl.build_model()
-    for loss in (3.0, 2.5, 1.0, 1.0, 1.0):
-        model.track(loss, 2.0, 0.5)
-    # EMA with bias correction: 3.0, 2.667, 1.714 (<= 2 at step 3)
-    assert model.steps_to_target() == 3.0
+    assert "train/steps_to_target" not in m and m["train/loss"] > 0 and "train/accuracy" in m
+    pts = t.curve.points()
+    assert [s for s, _ in pts] == list(range(1, t.step + 1)) and t.step == 5  # 39 windows of 16 tokens / batch 8
+    assert all(math.isfinite(v) and v > 0 for _, v in pts)
+    assert not any(k.startswith("progress") for k in t.model.state_dict())  # no tracker buffers in the model
+    with pytest.raises(ConfigError, match="target_loss"):
+        build_workload("lm/wikitext2", data_path="synthetic", target_loss=2.0)

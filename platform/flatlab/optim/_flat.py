@@ -79,6 +79,42 @@ def persistent_buffers(
     return out
 
 
+def kth_smallest_nonnegative(values: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k``-th smallest entry (1-based) of a 1-D float32 tensor of NON-NEGATIVE values.
+
+    Exactly ``torch.kthvalue(values, k).values`` (same value, ties and zeros included), by a two-pass
+    radix select: non-negative IEEE-754 float32 numbers order like their bit patterns read as int32,
+    so one histogram of the upper 16 bits finds the bucket holding the k-th value and a second
+    histogram of the lower 16 bits inside that bucket finds the value itself. Four elementwise passes
+    instead of kthvalue's partial sort: about 3x faster on CPU, and on CUDA it is not limited to one
+    thread block per slice as ``kthvalue`` is on a single huge slice (IRE ranks every parameter at once).
+
+    Args:
+        values: ``(n,)`` float32, every entry ≥ 0 (squares, or EMAs of squares). Signs are ignored
+            (``-0.0`` counts as 0; NaN, of either sign, ranks above +inf), so a diverging step never
+            makes the selection itself fail.
+        k: rank, ``1 ≤ k ≤ n``.
+    Returns:
+        0-d float32 tensor on ``values``' device.
+    Raises:
+        ValueError: ``values`` is not a 1-D float32 tensor, or ``k`` is outside ``[1, n]``.
+    """
+    if values.dim() != 1 or values.dtype != torch.float32:
+        raise ValueError(f"kth_smallest_nonnegative: values must be a 1-D float32 tensor, got {tuple(values.shape)} {values.dtype}")
+    if not 1 <= k <= values.numel():
+        raise ValueError(f"kth_smallest_nonnegative: k must be in [1, {values.numel()}], got {k}")
+    bits = values.view(torch.int32)
+    high = (bits >> 16) & 0x7FFF  # 0 .. 0x7F80 for finite values ≥ 0 and +inf; the mask drops sign bits
+    cum = torch.bincount(high, minlength=1 << 15).cumsum_(0)
+    rank = torch.tensor([k], dtype=cum.dtype, device=cum.device)
+    bucket = int(torch.searchsorted(cum, rank))  # first bucket whose cumulative count reaches k
+    below = int(cum[bucket - 1]) if bucket > 0 else 0
+    low = bits[high == bucket] & 0xFFFF
+    cum_low = torch.bincount(low, minlength=1 << 16).cumsum_(0)
+    offset = int(torch.searchsorted(cum_low, rank - below))
+    return torch.tensor((bucket << 16) | offset, dtype=torch.int32, device=values.device).view(torch.float32)
+
+
 class MetricMeans:
     """Means of scalar metrics since the last :meth:`pop` (the optimizers' ``pop_metrics`` hook).
 

@@ -11,7 +11,8 @@ where n is a 0/1 mask of "flat" coordinates. The mask acts on the base optimizer
 moments) is never amplified.
 
 Mask: n_i = 1 for the ⌊γ·p⌋ coordinates with the smallest curvature h_i, one threshold over the
-tensors of ALL parameter groups (``torch.kthvalue`` on their concatenation), n_i = 1 iff
+tensors of ALL parameter groups (the k-th smallest value of their concatenation, found by an exact radix select that
+equals ``torch.kthvalue``), n_i = 1 iff
 h_i ≤ threshold, so coordinates tied with the threshold all count as flat (the count can exceed
 ⌊γ·p⌋ only through such ties). p counts the coordinates of the tensors the sampled-label loss reaches;
 tensors it does not reach (sampled gradient ``None``) are left out of the ranking and never amplified
@@ -50,7 +51,7 @@ from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
 from flatlab.optim.protocol import Closure, as_closure
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.sam import SAM_SPEC
-from flatlab.optim._flat import persistent_buffers
+from flatlab.optim._flat import kth_smallest_nonnegative, persistent_buffers
 from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
 
 __all__ = ["IRE", "IRE_HPARAMS", "flat_count", "SGD_IRE_SPEC", "ADAMW_IRE_SPEC", "SAM_IRE_SPEC"]
@@ -233,7 +234,7 @@ class IRE(WrappedOptimizer):
         if k == 0:
             flags = torch.zeros(flat.shape, dtype=torch.bool, device=device)
         else:
-            threshold = torch.kthvalue(flat, k).values  # k-th smallest; h ≤ threshold is flat (ties included)
+            threshold = kth_smallest_nonnegative(flat, k)  # = torch.kthvalue(flat, k); h ≤ threshold is flat (ties included)
             flags = flat <= threshold
         self._flat_fraction = flags.sum() / flat.numel()
         for (p, _), m in zip(ranked, flags.split([p.numel() for p, _ in ranked])):

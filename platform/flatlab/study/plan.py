@@ -38,6 +38,10 @@ def plan(study: Study) -> Dict[str, Any]:
         "max_trial_epochs": study.num_total_trials() * study.max_epochs,
         "resources_per_trial": study.resources.as_dict(),
         "max_concurrent": study.max_concurrent,
+        "steps_to_target": (
+            f"reference arm {study.reference_arm!r}" if study.reference_arm is not None
+            else f"target loss {study.target_loss}" if study.target_loss is not None else None
+        ),
         "arms": arms,
     }
 
@@ -57,6 +61,8 @@ def render(study: Study, console: Any) -> None:
     )
     if p["train"]:
         console.print(f"trainer: {p['train']}")
+    if p["steps_to_target"]:
+        console.print(f"after the study: train/steps_to_target against the {p['steps_to_target']}")
     table = Table("arm", "optimizer", "trials", "searched", "fixed")
     for a in p["arms"]:
         table.add_row(

@@ -25,6 +25,12 @@ from flatlab.tracking import runs
 
 logger = logging.getLogger("flatlab")
 
+# Trial checkpoints kept per trial. Tune re-writes the whole experiment state (every trial's JSON and the
+# searcher's pickle) each time a trial has saved this many checkpoints, so that the state never points
+# at a deleted checkpoint; with 1 that is once per epoch per trial, the largest cost of the driver for
+# short epochs. 2 halves it for one extra checkpoint on disk per trial.
+KEEP_CHECKPOINTS = 2
+
 
 @dataclass
 class RunOptions:
@@ -250,7 +256,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
                 callbacks=[mlflow_cb, progress],
                 verbose=0,
                 log_to_file=True,
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
                 failure_config=tune.FailureConfig(max_failures=0),
             ),
         )
@@ -283,6 +289,11 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         launch.write_text(json.dumps(state, indent=2))
         for err in mlflow_cb.errors:
             logger.warning("MLflow: %s", err)
+    if not interrupted and (study.reference_arm is not None or study.target_loss is not None):
+        from flatlab.tracking.speedup import log_steps_to_target
+
+        log_steps_to_target(tracking_uri, experiment_id, parent_run_id, study)
+        logger.info("steps-to-target logged (%.1f s)", time.monotonic() - t0)
     if console is not None and interrupted:
         console.print(f"[yellow]interrupted[/yellow]: continue with `flatlab run {opts.source or '<study file>'} --resume`")
     return StudyOutcome(

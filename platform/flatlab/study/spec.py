@@ -88,6 +88,16 @@ class Study:
         resources: per trial; ``max_concurrent``: cap on simultaneous trials (``None`` = as resources allow).
         searcher: ``optuna`` (TPE, seeded), ``random`` (Optuna's random sampler, seeded) or ``grid``.
         checkpoint_every: epochs between trial checkpoints (the last epoch is always checkpointed).
+        reference_arm: steps-to-target against an arm (IRE paper, Fig. 4: AdamW's final loss). After the
+            study, every finished trial gets ``train/steps_to_target``: the first optimizer step at which
+            its smoothed training loss (``train/loss_smoothed``, EMA factor ``curve_smoothing``) is <= the
+            FINAL smoothed training loss of this arm's best finished trial with the same seed (best by
+            ``metric``/``mode``), and ``train/speedup`` = that reference trial's total optimizer steps /
+            ``train/steps_to_target``. Trials that never reach it get the tag
+            ``flatlab.target_reached=false`` instead. Resolution: the loss curve's stride (one step for
+            runs of up to 1024 steps, then doubling), so steps_to_target is an upper bound within it.
+        target_loss: a fixed target training loss (> 0, the workload's loss units, e.g. nats per token)
+            instead of ``reference_arm``: only ``train/steps_to_target`` is logged. Not both.
     """
 
     name: str
@@ -109,6 +119,8 @@ class Study:
     searcher: str = "optuna"
     checkpoint_every: int = 1
     description: str = ""
+    reference_arm: Optional[str] = None
+    target_loss: Optional[float] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "arms", tuple(self.arms))
@@ -256,6 +268,19 @@ class Study:
         check(len(self.arms) > 0, "arms is empty; give at least one Arm(optimizer=..., space={...})")
         names = [a.name for a in self.arms]
         check(len(set(names)) == len(names), f"arm names must be unique, got {names}")
+        check(
+            self.reference_arm is None or self.reference_arm in names,
+            f"reference_arm={self.reference_arm!r}; expected None or one of the arm names: {', '.join(map(repr, names))}",
+        )
+        check(
+            self.target_loss is None
+            or (isinstance(self.target_loss, (int, float)) and not isinstance(self.target_loss, bool) and 0 < self.target_loss < float("inf")),
+            f"target_loss={self.target_loss!r}; expected None or a finite float > 0 (the training loss to reach)",
+        )
+        check(
+            self.reference_arm is None or self.target_loss is None,
+            f"reference_arm={self.reference_arm!r} and target_loss={self.target_loss!r} are both set; set at most one of them",
+        )
         for arm in self.arms:
             errors.extend(self._validate_arm(arm, where, workload_cls is not None))
         if errors:

@@ -54,7 +54,7 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
             if tracking is not None and trial_id:
                 if not trainer.trains:  # evaluation-only: the model is rebuilt from its inputs, not uploaded
                     tracking = dataclasses.replace(tracking, log_models=False)
-                log_trial_artifacts(tracking, trial_id, trainer.model, spec, metrics)
+                log_trial_artifacts(tracking, trial_id, trainer.model, spec, metrics, curve=trainer.curve.points())
         if trainer.trains and (last or trainer.epoch % study.checkpoint_every == 0):
             with tempfile.TemporaryDirectory() as d:
                 trainer.save(os.path.join(d, CKPT_FILE))

@@ -1,4 +1,5 @@
-"""Worker-side MLflow logging: the trial's final model and its full configuration, as artifacts.
+"""Worker-side MLflow logging at a trial's last epoch: the final model and the full configuration, as
+artifacts, and the smoothed training-loss curve, as the metric history ``train/loss_smoothed``.
 
 Workers do not inherit the driver's tracking URI (ray#36257): the driver passes it explicitly in
 :class:`WorkerTracking`. The child run is created by the driver; the worker finds it by trial id.
@@ -10,14 +11,18 @@ import json
 import logging
 import os
 import tempfile
+import time
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
 from flatlab.tracking import runs
 
 logger = logging.getLogger(__name__)
+
+CURVE_METRIC = "train/loss_smoothed"
+_BATCH = 1000  # MLflow's log_batch limit on metrics per call
 
 
 @dataclass(frozen=True)
@@ -30,13 +35,32 @@ class WorkerTracking:
     log_models: bool = True
 
 
+def log_curve(client: Any, run_id: str, curve: Sequence[Tuple[int, float]]) -> None:
+    """Log ``curve`` (``(optimizer step, smoothed training loss)`` pairs) as the history of
+    ``train/loss_smoothed`` (step = optimizer step), with ``log_batch`` calls of at most 1000 metrics."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    batch = [Metric(CURVE_METRIC, float(v), now, int(s)) for s, v in curve]
+    for i in range(0, len(batch), _BATCH):
+        client.log_batch(run_id, metrics=batch[i : i + _BATCH])
+
+
 def log_trial_artifacts(
-    tracking: WorkerTracking, trial_id: str, model: torch.nn.Module, spec: Any, metrics: Dict[str, Any]
+    tracking: WorkerTracking,
+    trial_id: str,
+    model: torch.nn.Module,
+    spec: Any,
+    metrics: Dict[str, Any],
+    curve: Optional[Sequence[Tuple[int, float]]] = None,
 ) -> Optional[str]:
-    """Upload ``model/model.safetensors`` and ``trial.json`` (spec + final metrics) to the trial's run.
+    """Upload ``model/model.safetensors`` and ``trial.json`` (spec + final metrics) to the trial's run,
+    and log ``curve`` (``trainer.curve.points()``: ``(optimizer step, smoothed training loss)``, the
+    loss in the workload's units, e.g. nats per token) as the metric history ``train/loss_smoothed``,
+    which :func:`flatlab.tracking.speedup.log_steps_to_target` reads after the study.
 
     Returns the run id, or ``None`` if the run could not be found within 60 s (logged, not raised:
-    artifacts must never fail a trial).
+    artifacts must never fail a trial; neither does a failure to log the curve, which is logged).
     """
     run_id = runs.find_trial_run(tracking.tracking_uri, tracking.experiment_id, trial_id, tracking.parent_run_id, wait_s=60)
     if run_id is None:
@@ -45,6 +69,11 @@ def log_trial_artifacts(
     from safetensors.torch import save_file
 
     client = runs.client(tracking.tracking_uri)
+    if curve:
+        try:
+            log_curve(client, run_id, curve)
+        except Exception:  # noqa: BLE001 - a tracking hiccup must not fail the trial
+            logger.warning("could not log %s for trial %s", CURVE_METRIC, trial_id, exc_info=True)
     with tempfile.TemporaryDirectory() as tmp:
         info = {"spec": asdict(spec), "final_metrics": metrics}
         with open(os.path.join(tmp, "trial.json"), "w") as f:

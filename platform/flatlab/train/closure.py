@@ -13,6 +13,13 @@ from flatlab.optim.protocol import frozen_bn_stats
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def _draw(probs: torch.Tensor) -> torch.Tensor:
+    """One label per row of ``probs`` ``(N, C)`` by inverse-CDF sampling: ``(N,)`` int64."""
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand(probs.shape[0], 1, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1).reshape(-1)
+
+
 def sample_labels(logits: torch.Tensor) -> torch.Tensor:
     """Labels drawn from the model's predictive distribution, ``ŷ ~ Categorical(softmax(logits))``.
 
@@ -25,15 +32,28 @@ def sample_labels(logits: torch.Tensor) -> torch.Tensor:
         ``(...)`` int64 labels. Uses the global torch RNG (seeded by the trainer, saved in checkpoints).
     """
     flat = logits.detach().reshape(-1, logits.shape[-1]).float()
-    cdf = torch.softmax(flat, dim=-1).cumsum_(dim=-1)
-    u = torch.rand(flat.shape[0], 1, device=flat.device) * cdf[:, -1:]
-    labels = torch.searchsorted(cdf, u, right=True).clamp_(max=flat.shape[-1] - 1)
-    return labels.reshape(logits.shape[:-1])
+    return _draw(torch.softmax(flat, dim=-1)).reshape(logits.shape[:-1])
 
 
-def sampled_label_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of ``logits`` ``(..., C)`` against sampled ``labels`` ``(...)``, no smoothing."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+def sampled_label_logit_grad(logits: torch.Tensor) -> torch.Tensor:
+    """Gradient w.r.t. ``logits`` of the mean cross-entropy against labels sampled from their softmax.
+
+    With p = softmax(logits) per row and ŷ ~ Categorical(p) (drawn exactly as :func:`sample_labels`
+    draws, from the same RNG stream), the gradient of ``mean_rows CE(logits, ŷ)`` is
+    ``(p − onehot(ŷ)) / N``: built here from the softmax the sampling needs anyway, so the curvature
+    pass skips a second log-softmax forward and backward (IRE's Fisher estimator, ALGORITHMS.md §3).
+
+    Args:
+        logits: ``(..., C)`` unnormalised class scores (N = their number of rows).
+    Returns:
+        ``(..., C)`` tensor of ``logits``' dtype (the softmax itself is taken in float32).
+    """
+    flat = logits.detach().reshape(-1, logits.shape[-1]).float()
+    probs = torch.softmax(flat, dim=-1)
+    labels = _draw(probs)
+    rows = torch.arange(probs.shape[0], device=probs.device)
+    probs[rows, labels] -= 1.0
+    return probs.div_(probs.shape[0]).reshape(logits.shape).to(logits.dtype)
 
 
 class BatchClosure:
@@ -96,8 +116,9 @@ class BatchClosure:
     @torch.enable_grad()
     def with_sampled_grads(self, params: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, List[Optional[torch.Tensor]]]:
         out, loss = self._forward()
-        fisher_loss = sampled_label_loss(out, sample_labels(out))
-        sampled = torch.autograd.grad(fisher_loss, list(params), retain_graph=True, allow_unused=True)
+        # ∂/∂θ of the mean sampled-label cross-entropy, backpropagated from its logit gradient through the
+        # primary pass's graph (no second forward; the graph is kept for the true loss's backward).
+        sampled = torch.autograd.grad(out, list(params), grad_outputs=sampled_label_logit_grad(out), retain_graph=True, allow_unused=True)
         loss.backward()
         self._clip()  # the true-label gradient only: the sampled one just ranks coordinates
         self.outputs, self.loss = out.detach(), loss.detach()

@@ -17,4 +17,8 @@ TRAINER_HPARAMS = (
         "clip_norm", None, float, low=0.0, low_open=True, nullable=True,
         doc="clip the global L2 gradient norm to this after every backward pass (None = off; LMs: 1.0)",
     ),
+    HParam(
+        "curve_smoothing", 0.9, float, low=0.0, high=1.0, high_open=True,
+        doc="EMA factor of the training-loss curve used for steps-to-target (0 = raw loss; IRE paper, Fig. 4)",
+    ),
 )

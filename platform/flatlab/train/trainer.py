@@ -2,8 +2,9 @@
 
 Per epoch: shuffle with the trial's own generator, one ``optimizer.step(closure)`` per mini-batch
 (the closure protocol of :mod:`flatlab.optim.protocol`), LR schedule per step, evaluation on every
-eval split. The whole state (model, optimizer, scheduler, RNGs, counters) round-trips through
-:meth:`Trainer.state_dict`, so a resumed trial continues bit-identically on CPU.
+eval split. The whole state (model, optimizer, scheduler, RNGs, counters, the smoothed training-loss
+curve :attr:`Trainer.curve`) round-trips through :meth:`Trainer.state_dict`, so a resumed trial
+continues bit-identically on CPU.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from flatlab.optim.protocol import Progress
 from flatlab.optim.registry import get_optimizer
 from flatlab.train.closure import BatchClosure
 from flatlab.train.config import TRAINER_HPARAMS
+from flatlab.train.curve import LossCurve
 from flatlab.train.schedules import Schedule
 from flatlab.train.seeding import rng_state, seed_everything, set_rng_state
 from flatlab.workloads.base import Data, Workload, take, to_device
@@ -62,6 +64,9 @@ class TrialSpec:
 class Trainer:
     """Trains ``spec`` on ``data`` (loaded once by the caller; see :meth:`Workload.load_data`).
 
+    ``curve``: the :class:`~flatlab.train.curve.LossCurve` of the primary-pass mini-batch loss (EMA
+    factor ``curve_smoothing``), one update per optimizer step, for steps-to-target (IRE paper, Fig. 4).
+
     Raises:
         ConfigError: a parameter outside its allowed range (from the registries' declarations).
     """
@@ -97,6 +102,7 @@ class Trainer:
         self.epoch = 0  # completed epochs
         self.step = 0  # completed optimizer steps
         self.last_train_loss: Optional[float] = None
+        self.curve = LossCurve(self.hp["curve_smoothing"], device=self.device)
 
     def _loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.workload.loss(outputs, targets, self.hp["label_smoothing"])
@@ -114,7 +120,7 @@ class Trainer:
         train = self.data.train
         perm = torch.randperm(len(train), generator=self.generator)
         bs = self.hp["batch_size"]
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # on the device: no per-step copy
         correct, counted = 0, 0
         on_progress = getattr(self.optimizer, "on_progress", None)
         for start in range(0, len(train), bs):
@@ -138,6 +144,7 @@ class Trainer:
             if loss is None or not torch.isfinite(loss):
                 raise Diverged(self.step, float("nan") if loss is None else float(loss))
             loss_sum += loss.double() * len(idx)
+            self.curve.update(loss)
             c, n = self.workload.batch_stats(closure.outputs, y)
             correct, counted = correct + c, counted + n
             lr = self.optimizer.param_groups[0]["lr"]
@@ -177,7 +184,7 @@ class Trainer:
         return {f"test/{k}": v for k, v in self.workload.evaluate(self.model, self.data.test).items()}
 
     def state_dict(self) -> Dict[str, Any]:
-        """Model, optimizer (wrapped bases included), scheduler, RNG states and counters."""
+        """Model, optimizer (wrapped bases included), scheduler, RNG states, counters and the loss curve."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -187,10 +194,15 @@ class Trainer:
             "epoch": self.epoch,
             "step": self.step,
             "last_train_loss": self.last_train_loss,
+            "curve": self.curve.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned; training then continues bit-identically on CPU."""
+        """Restore what :meth:`state_dict` returned; training then continues bit-identically on CPU.
+
+        A checkpoint written before the loss curve existed restores everything else; the curve then
+        starts afresh at the checkpoint's step (points before it are missing).
+        """
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -199,6 +211,10 @@ class Trainer:
         self.epoch = state["epoch"]
         self.step = state["step"]
         self.last_train_loss = state["last_train_loss"]
+        if "curve" in state:
+            self.curve.load_state_dict(state["curve"])
+        else:
+            self.curve = LossCurve(self.hp["curve_smoothing"], device=self.device, start_step=self.step)
 
     def save(self, path: str) -> None:
         """``torch.save`` the state to ``path``."""

@@ -34,11 +34,10 @@ cache (a shared filesystem across nodes). Synthetic data: a random sparse Markov
 ``vocab_size`` (default 256) tokens, in memory.
 
 Metrics: ``val/loss`` (nats per token), ``val/perplexity`` = exp(``val/loss``), ``val/accuracy``
-(next-token top-1), the same for ``test``, and with ``target_loss`` set, ``train/steps_to_target``:
-the first optimizer step at which the bias-corrected EMA (``target_smoothing``) of the training
-loss is <= ``target_loss`` (NaN until then); for the paper's "2x speed-up" claim, set
-``target_loss`` to AdamW's final training loss. The tracker lives in non-trainable buffers of the
-model, so it survives checkpoint/resume.
+(next-token top-1), the same for ``test``. The paper's "2x speed-up" (steps to reach AdamW's final
+training loss) is not a workload metric: the trainer keeps every run's smoothed training-loss curve
+(:mod:`flatlab.train.curve`) and a study with ``reference_arm`` (or ``target_loss``) logs
+``train/steps_to_target`` and ``train/speedup`` after it ends (:mod:`flatlab.tracking.speedup`).
 
 Recipe (IRE paper, Fig. 4): AdamW betas (0.9, 0.95), weight decay 0.1, gradient clipping 1.0,
 linear warm-up then cosine to lr_max / 20. The workload's default recipe has batch 32, cosine;
@@ -192,10 +191,6 @@ class Stream:
         return Split(TokenWindows(self.tokens, context, 0, *args), TokenWindows(self.tokens, context, 1, *args))  # type: ignore[arg-type]
 
 
-class _ProgressSplit(Split):
-    """An empty marker split: evaluating it reports the model's steps-to-target (see :class:`CausalLM`)."""
-
-
 def markov_tokens(n: int, vocab: int, seed: int) -> np.ndarray:
     """``n`` tokens from a random sparse Markov chain over ``vocab`` symbols (4 successors each), int32."""
     rng = np.random.default_rng([seed, 0x1A])
@@ -211,36 +206,14 @@ def markov_tokens(n: int, vocab: int, seed: int) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------------------
 class CausalLM(nn.Module):
-    """A transformers causal LM: ``forward((B, T) int64 ids) -> (B, T, V)`` float logits.
-
-    Also holds the steps-to-target tracker as a persistent buffer ``progress`` =
-    ``[steps, ema, reached_step]`` (float64; ``reached_step = 0``: not reached), updated by
-    :meth:`track` once per optimizer step.
-    """
+    """A transformers causal LM: ``forward((B, T) int64 ids) -> (B, T, V)`` float logits."""
 
     def __init__(self, hf_model: nn.Module) -> None:
         super().__init__()
         self.hf = hf_model
-        self.register_buffer("progress", torch.zeros(3, dtype=torch.float64))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.hf(input_ids=input_ids, use_cache=False).logits
-
-    @torch.no_grad()
-    def track(self, loss: float, target: float, smoothing: float) -> None:
-        """Fold one step's training loss (nats per token) into the EMA; latch the step the target is met."""
-        steps, ema, reached = (float(v) for v in self.progress.cpu())
-        steps += 1
-        ema = smoothing * ema + (1 - smoothing) * loss
-        unbiased = ema / (1 - smoothing**steps) if smoothing > 0 else ema
-        if reached == 0 and unbiased <= target:
-            reached = steps
-        self.progress.copy_(torch.tensor([steps, ema, reached], dtype=torch.float64))
-
-    def steps_to_target(self) -> float:
-        """Optimizer steps until the smoothed training loss first reached the target (NaN: not yet)."""
-        reached = float(self.progress[2])
-        return reached if reached > 0 else float("nan")
 
 
 def _chunked_ce(logits: torch.Tensor, targets: torch.Tensor, chunk: int = 8192) -> Tuple[float, int]:
@@ -266,7 +239,6 @@ class LMWorkload(Workload):
     metrics = (
         "train/loss",
         "train/accuracy",
-        "train/steps_to_target",
         "val/loss",
         "val/perplexity",
         "val/accuracy",
@@ -304,13 +276,7 @@ class LMWorkload(Workload):
             HParam("max_train_tokens", None, int, low=2, nullable=True, doc="use only the first this many training tokens"),
             HParam("max_eval_tokens", None, int, low=2, nullable=True, doc="evaluate on at most this many tokens per split"),
             HParam("eval_batch_size", 16, int, low=1, doc="windows per evaluation batch"),
-            HParam("target_loss", None, float, low=0.0, low_open=True, nullable=True, doc="report train/steps_to_target for this loss (nats/token)"),
-            HParam("target_smoothing", 0.9, float, low=0.0, high=1.0, high_open=True, doc="EMA factor of the training loss for steps_to_target"),
         )
-
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        self._model: Optional[CausalLM] = None
 
     # ---------------------------------------------------------------------------------------------- shape
     def shape(self) -> Dict[str, int]:
@@ -402,16 +368,12 @@ class LMWorkload(Workload):
         for k, s in streams.items():
             if len(s) < ctx + 1:
                 raise ValueError(f"workload {self.name!r}: split {k!r} has {len(s)} tokens, fewer than context + 1 = {ctx + 1}")
-        data = Data(
+        return Data(
             train=streams["train"].windows(ctx),
             val=streams["val"].windows(ctx),
             test=streams["test"].windows(ctx) if "test" in streams else None,
             meta={"source": source, "context": ctx, "tokens": {k: len(v) for k, v in streams.items()}},
         )
-        if p["target_loss"] is not None:
-            empty = torch.zeros(0, ctx, dtype=torch.int64)
-            data.extra["train"] = _ProgressSplit(empty, empty)  # reported as train/steps_to_target
-        return data
 
     # ---------------------------------------------------------------------------------------------- model
     def build_model(self) -> nn.Module:
@@ -446,28 +408,12 @@ class LMWorkload(Workload):
                 tie_word_embeddings=False, attention_dropout=p["dropout"], **extra,
             )
             hf = LlamaForCausalLM(cfg)
-        self._model = CausalLM(hf)
-        return self._model
+        return CausalLM(hf)
 
     # ---------------------------------------------------------------------------------------------- metrics
-    def batch_stats(self, outputs: torch.Tensor, targets: torch.Tensor) -> Tuple[int, int]:
-        """Next-token top-1 counts; with ``target_loss`` set also advances the steps-to-target tracker
-        (called once per training step by the trainer, with the primary pass's outputs)."""
-        if self.params["target_loss"] is not None and self._model is not None:
-            total, count = _chunked_ce(outputs, targets)
-            self._model.track(total / max(1, count), self.params["target_loss"], self.params["target_smoothing"])
-        return super().batch_stats(outputs, targets)
-
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: Split, batch_size: int = 512) -> Dict[str, float]:
-        """``loss`` (nats per token), ``perplexity`` = exp(loss) and next-token ``accuracy`` on ``split``.
-
-        The marker split the workload adds under ``train`` when ``target_loss`` is set reports only
-        ``steps_to_target``.
-        """
-        if isinstance(split, _ProgressSplit):
-            tracker = model if isinstance(model, CausalLM) else None
-            return {"steps_to_target": tracker.steps_to_target() if tracker is not None else float("nan")}
+        """``loss`` (nats per token), ``perplexity`` = exp(loss) and next-token ``accuracy`` on ``split``."""
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device

@@ -1,0 +1,184 @@
+"""After a study: optimizer steps to reach a target training loss, and the speed-up over a reference arm.
+
+IRE paper, Fig. 4 ("AdmIRE reaches AdamW's final loss in about half the steps"). Each finished trial
+has its smoothed training-loss curve in MLflow (metric history ``train/loss_smoothed``, step =
+optimizer step, logged by the worker at the trial's last epoch). With ``Study.reference_arm`` the
+target of a seed is the final smoothed loss of that arm's best finished trial with that seed; with
+``Study.target_loss`` it is that number. Logged here, on each finished child run:
+
+* ``train/steps_to_target``: the first recorded step whose smoothed loss is <= the target (an upper
+  bound within one curve stride of the exact step), and the tag ``flatlab.target_reached``
+  (``true``/``false``; when false, no steps_to_target is logged);
+* ``train/speedup`` (reference arm only): the reference trial's total optimizer steps /
+  ``train/steps_to_target`` (> 1: faster than the reference);
+
+and on the parent run, ``reference/train_loss_smoothed`` (the target, step = seed).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+from flatlab.tracking import runs
+from flatlab.tracking.artifacts import CURVE_METRIC
+from flatlab.train.curve import Point, first_step_at_or_below
+
+if TYPE_CHECKING:
+    from flatlab.study.spec import Study
+
+logger = logging.getLogger(__name__)
+
+STEPS_METRIC = "train/steps_to_target"
+SPEEDUP_METRIC = "train/speedup"
+TARGET_METRIC = "reference/train_loss_smoothed"
+TAG_REACHED = "flatlab.target_reached"
+
+
+@dataclass
+class _Trial:
+    run_id: str
+    arm: str
+    seed: int
+    metric: Optional[float]  # the study metric's latest value (None: missing or not finite)
+    curve: List[Point] = field(default_factory=list)
+
+
+def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: str, study: Study) -> Dict[str, Any]:
+    """Compute and log steps-to-target (and speed-up) for the finished child runs of ``parent_run_id``.
+
+    Args:
+        tracking_uri, experiment_id, parent_run_id: the study launch (``StudyOutcome`` fields).
+        study: gives ``reference_arm`` or ``target_loss`` (neither: nothing is done) and ``metric``/
+            ``mode``, which pick the reference trial among the reference arm's finished trials of a seed.
+
+    Returns:
+        ``{"targets": {seed: {"target": loss, "reference_run": run id or None, "reference_steps": int
+        or None}}, "runs": {run_id: {"arm", "seed", "steps_to_target": int or None, "speedup": float
+        or None}}, "skipped": {run_id: reason}, "errors": [message]}``. A seed without a usable
+        reference trial has no target; its trials are skipped.
+
+    Never raises for MLflow errors: a failure reading or writing one run is logged as a warning,
+    listed under ``errors``, and the other runs are still done.
+    """
+    summary: Dict[str, Any] = {"targets": {}, "runs": {}, "skipped": {}, "errors": []}
+    if study.reference_arm is None and study.target_loss is None:
+        return summary
+
+    def fail(what: str, exc: Exception) -> None:
+        logger.warning("steps-to-target: %s failed: %s", what, exc)
+        summary["errors"].append(f"{what}: {exc}")
+
+    try:
+        client = runs.client(tracking_uri)
+        children = _finished_children(client, experiment_id, parent_run_id)
+    except Exception as exc:  # noqa: BLE001
+        fail(f"listing the child runs of {parent_run_id}", exc)
+        return summary
+
+    trials: List[_Trial] = []
+    for run in children:
+        tags = run.data.tags
+        try:
+            seed = int(tags.get(runs.TAG_SEED, ""))
+        except ValueError:
+            summary["skipped"][run.info.run_id] = f"no integer {runs.TAG_SEED} tag"
+            continue
+        value = run.data.metrics.get(study.metric)
+        trial = _Trial(run.info.run_id, tags.get(runs.TAG_ARM, ""), seed, value if value is not None and math.isfinite(value) else None)
+        try:
+            trial.curve = _curve(client, trial.run_id)
+        except Exception as exc:  # noqa: BLE001
+            fail(f"reading {CURVE_METRIC} of run {trial.run_id}", exc)
+            continue
+        if not trial.curve:
+            summary["skipped"][trial.run_id] = f"no {CURVE_METRIC} history"
+            continue
+        trials.append(trial)
+
+    targets = summary["targets"]
+    if study.target_loss is not None:
+        for seed in sorted({t.seed for t in trials}):
+            targets[seed] = {"target": float(study.target_loss), "reference_run": None, "reference_steps": None}
+    else:
+        for seed in sorted({t.seed for t in trials}):
+            ref = _best([t for t in trials if t.arm == study.reference_arm and t.seed == seed], study.mode)
+            if ref is not None:
+                last_step, last_value = ref.curve[-1]
+                targets[seed] = {"target": last_value, "reference_run": ref.run_id, "reference_steps": last_step}
+
+    for t in trials:
+        goal = targets.get(t.seed)
+        if goal is None:
+            summary["skipped"][t.run_id] = f"no finished {study.reference_arm!r} trial with seed {t.seed} and a finite {study.metric}"
+            continue
+        steps = first_step_at_or_below(t.curve, goal["target"])
+        speedup = goal["reference_steps"] / steps if (steps and goal["reference_steps"]) else None
+        try:
+            _log_trial(client, t.run_id, steps, speedup)
+        except Exception as exc:  # noqa: BLE001
+            fail(f"logging steps-to-target of run {t.run_id}", exc)
+            continue
+        summary["runs"][t.run_id] = {"arm": t.arm, "seed": t.seed, "steps_to_target": steps, "speedup": speedup}
+
+    if targets:
+        try:
+            _log_targets(client, parent_run_id, {seed: g["target"] for seed, g in targets.items()})
+        except Exception as exc:  # noqa: BLE001
+            fail(f"logging {TARGET_METRIC} to the parent run {parent_run_id}", exc)
+    return summary
+
+
+def _finished_children(client: Any, experiment_id: str, parent_run_id: str) -> List[Any]:
+    """Every FINISHED child run of ``parent_run_id`` (all result pages)."""
+    out: List[Any] = []
+    token = None
+    while True:
+        page = client.search_runs(
+            [experiment_id], filter_string=f"tags.`{runs.PARENT}` = '{parent_run_id}'", max_results=1000, page_token=token
+        )
+        out.extend(r for r in page if r.info.status == "FINISHED")
+        token = getattr(page, "token", None)
+        if not token:
+            return out
+
+
+def _curve(client: Any, run_id: str) -> List[Point]:
+    """The run's ``train/loss_smoothed`` history by step (the latest value per step, e.g. after a re-log)."""
+    latest: Dict[int, Tuple[int, float]] = {}  # step -> (timestamp, value)
+    for m in client.get_metric_history(run_id, CURVE_METRIC):
+        if m.step not in latest or m.timestamp >= latest[m.step][0]:
+            latest[m.step] = (m.timestamp, m.value)
+    return [(step, latest[step][1]) for step in sorted(latest)]
+
+
+def _best(candidates: List[_Trial], mode: str) -> Optional[_Trial]:
+    """The candidate with the best study metric (``mode`` ``max`` or ``min``); ties: the first run id."""
+    scored = sorted((t for t in candidates if t.metric is not None), key=lambda t: t.run_id)
+    if not scored:
+        return None
+    pick = max if mode == "max" else min
+    return pick(scored, key=lambda t: t.metric)
+
+
+def _log_trial(client: Any, run_id: str, steps: Optional[int], speedup: Optional[float]) -> None:
+    from mlflow.entities import Metric
+
+    client.set_tag(run_id, TAG_REACHED, "true" if steps is not None else "false")
+    if steps is None:
+        return
+    now = int(time.time() * 1000)
+    metrics = [Metric(STEPS_METRIC, float(steps), now, 0)]
+    if speedup is not None:
+        metrics.append(Metric(SPEEDUP_METRIC, float(speedup), now, 0))
+    client.log_batch(run_id, metrics=metrics)
+
+
+def _log_targets(client: Any, parent_run_id: str, targets: Dict[int, float]) -> None:
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    client.log_batch(parent_run_id, metrics=[Metric(TARGET_METRIC, float(v), now, int(seed)) for seed, v in sorted(targets.items())])
