@@ -16,9 +16,11 @@
    study's NAME, arm and params (``mlflow:<prefix>_finetune/adamw?lr=...&augment=...``), in that study's
    LATEST launch: the fine-tune study must have run (to the end) before the alpha study starts.
 
-Then ``flatlab interpolation-report <prefix>_alpha`` draws Figs. 1 (OOD accuracy/loss vs alpha per
+When the alpha study finishes, ``flatlab run`` draws Figs. 1 (OOD accuracy/loss vs alpha per
 model), 3 (sharpness vs alpha), 4 (layer-wise sharpness heat maps) and 5 (pruned vs unpruned) and logs
-them with ``summary.json`` (instability, gain, failure mode per model) on the alpha study's launch run.
+them with ``summary.json`` (instability, gain, failure mode per model) on the alpha study's launch run
+(the clip_interpolate workload's after-study step; ``flatlab interpolation-report <prefix>_alpha``
+rebuilds them on demand).
 
 Scales:
 
@@ -26,14 +28,17 @@ Scales:
   from a filled HF cache with HF_HUB_OFFLINE=1), ImageNet as ID and ImageNet-A as OOD, from image
   folders with WordNet-id class folders: ``$FLATLAB_IMAGENET/{train,val}`` and ``$FLATLAB_IMAGENET_A``
   (defaults ``/data/imagenet``, ``/data/imagenet-a``; ``hf:<name>@<split>`` sources work too).
-  ImageNet-A is scored on its 200 classes (matched by folder name). Simplifications, because a study's
-  data live in memory as uint8 tensors (150 KB per image): fine-tuning uses 100 images per class
-  (100k, not the full 1.28M), ID accuracy 10 validation images per class (10k), sharpness a fixed
-  subset of 1,000 ImageNet-A images. One GPU per trial.
+  ImageNet-A is scored on its 200 classes (matched by folder name). Fine-tuning uses the full ImageNet
+  training set (1.28M images), streamed from disk (``train_in_memory=False``: each trial decodes its
+  mini-batches on the fly, one ahead, with ``load_workers`` threads, default min(8, CPUs)), so
+  ``$FLATLAB_IMAGENET`` must be on a filesystem every node sees. Simplifications, because the
+  evaluation sets live in memory as uint8 tensors (150 KB per image): ID accuracy on 10 validation
+  images per class (10k), sharpness on a fixed subset of 1,000 ImageNet-A images. One GPU per trial.
 * ``smoke``: the same two studies on a tiny random-weight ViT and generated image folders (3 classes;
   the OOD folder holds 2 of them, exercising the class subset) written under ``$FLATLAB_CACHE``
-  (default ``~/.cache/flatlab``) at load time; 2 learning rates x 3 augmentations, 3 alphas; runs
-  offline on CPU: ``flatlab run studies/rft_clip.py --scale smoke``.
+  (default ``~/.cache/flatlab``) at load time, training images streamed from them as at paper scale;
+  2 learning rates x 3 augmentations, 3 alphas; runs offline on CPU:
+  ``flatlab run studies/rft_clip.py --scale smoke``.
 """
 
 import os
@@ -98,10 +103,11 @@ def build(scale):
                    "templates": "openai"},
             data={"id_data": os.path.join(imagenet, "val"), "id_per_class": 10, "ood_data": imagenet_a,
                   "eval_batch_size": 512},
-            train_data={"train_data": os.path.join(imagenet, "train"), "train_per_class": 100},
+            train_data={"train_data": os.path.join(imagenet, "train"), "train_per_class": 0, "train_in_memory": False},
             lrs=(1e-5, 3e-5, 1e-4),
             alphas=alpha_grid(0.05),
-            train={"batch_size": 256, "schedule": "cosine", "warmup_epochs": 0.5, "label_smoothing": 0.0},
+            # 0.1 epoch of full ImageNet at batch 256 = 500 warm-up steps (WiSE-FT's warm-up length)
+            train={"batch_size": 256, "schedule": "cosine", "warmup_epochs": 0.1, "label_smoothing": 0.0},
             epochs=10,
             resources=Resources(cpu=8, gpu=1),
             concurrent=None,
@@ -115,7 +121,7 @@ def build(scale):
         "rft_clip_smoke",
         model={"model_name": "flatlab-tiny-vit", "pretrained": "", "templates": "simple"},
         data={"id_data": str(folders["val"]), "ood_data": str(folders["ood"]), "load_workers": 1},
-        train_data={"train_data": str(folders["train"])},
+        train_data={"train_data": str(folders["train"]), "train_in_memory": False},
         lrs=(1e-3, 1e-2),
         alphas=(0.0, 0.5, 1.0),
         train={"batch_size": 8, "schedule": "cosine", "warmup_epochs": 0.5},

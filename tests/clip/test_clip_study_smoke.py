@@ -1,6 +1,7 @@
 """End to end: ``flatlab run studies/rft_clip.py --scale smoke`` (fine-tune study, then the alpha study
 that finds its checkpoints in MLflow) through Ray Tune on local Ray (2 CPUs), then
-``flatlab interpolation-report``; checked in MLflow. Offline: tiny random-weight model, generated images."""
+the report ``flatlab run`` builds after the alpha study (and ``flatlab interpolation-report`` again); checked
+in MLflow. Offline: tiny random-weight model, generated images."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def smoke(tmp_path_factory):
     cli = CliRunner()
     try:
         run = cli.invoke(app, ["run", str(STUDY_FILE), "--scale", "smoke", "--root", str(root), "--num-cpus", "2"])
+        (root / "after_run.txt").write_text(run.output + "\n" + _report_listing(root))  # before the command re-logs it
         report = cli.invoke(app, ["interpolation-report", ALPHA, "--root", str(root)])
     finally:
         ray.shutdown()
@@ -36,6 +38,18 @@ def smoke(tmp_path_factory):
     assert run.exit_code == 0, run.output + repr(run.exception)
     assert report.exit_code == 0, report.output + repr(report.exception)
     return root
+
+
+def _report_listing(root):
+    """Names of the files under report/ on the alpha study's launch run, one per line."""
+    from flatlab.tracking import runs
+    from flatlab.tracking.results import parent_runs
+
+    uri = f"sqlite:///{(root / 'mlflow.db').resolve()}"
+    parents = parent_runs(uri, ALPHA)
+    if not parents:
+        return ""
+    return "\n".join(Path(a.path).name for a in runs.client(uri).list_artifacts(parents[0].info.run_id, "report"))
 
 
 def _children(client, uri, study):
@@ -103,3 +117,10 @@ def test_report_artifacts_on_the_alpha_launch(smoke):
     assert sum(n.startswith("fig4_layerwise_") for n in names) == 6
     assert sum(n.startswith("fig5_pruned_vs_unpruned_") for n in names) == 6
     assert (smoke / ALPHA / "report" / "summary.json").is_file()
+
+
+def test_flatlab_run_builds_the_report_after_the_alpha_study(smoke):
+    text = (smoke / "after_run.txt").read_text()
+    assert "report: 14 figures and summary.json" in text  # printed by flatlab run itself
+    listed = set(text.splitlines())
+    assert {"fig1_ood_vs_alpha.png", "fig3_sharpness_vs_alpha.png", "summary.json"} <= listed

@@ -98,6 +98,24 @@ def _init_ray(opts: RunOptions, tracking_uri: str) -> None:
         ray.init(num_cpus=opts.num_cpus, include_dashboard=False, **kwargs)
 
 
+def _after_study(study: Study, tracking_uri: str, out: Path, console: Any) -> None:
+    """The workload's :meth:`~flatlab.workloads.base.Workload.after_study` hook. A failure there is
+    reported, not raised: every trial is already recorded in MLflow."""
+    from flatlab.workloads.registry import get_workload
+
+    try:
+        lines = get_workload(study.workload).after_study(tracking_uri, study.name, str(out / "report"))
+    except Exception as exc:  # noqa: BLE001 - the study's results stand; say how to retry
+        logger.exception("after-study step of workload %s failed", study.workload)
+        if console is not None:
+            console.print(f"[yellow]warning:[/yellow] the after-study step of workload {study.workload!r} failed: {exc}")
+        return
+    for line in lines:
+        logger.info("%s", line)
+        if console is not None:
+            console.print(line)
+
+
 def _launch_file(out: Path) -> Path:
     return out / "launch.json"
 
@@ -294,6 +312,8 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
 
         log_steps_to_target(tracking_uri, experiment_id, parent_run_id, study)
         logger.info("steps-to-target logged (%.1f s)", time.monotonic() - t0)
+    if not interrupted:
+        _after_study(study, tracking_uri, out, console)
     if console is not None and interrupted:
         console.print(f"[yellow]interrupted[/yellow]: continue with `flatlab run {opts.source or '<study file>'} --resume`")
     return StudyOutcome(

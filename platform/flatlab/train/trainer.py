@@ -123,9 +123,13 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # on the device: no per-step copy
         correct, counted = 0, 0
         on_progress = getattr(self.optimizer, "on_progress", None)
+        prefetch = getattr(train.inputs, "prefetch", None)  # inputs decoded on demand (e.g. LazyImages)
         for start in range(0, len(train), bs):
             idx = perm[start : start + bs]
-            x = to_device(self.workload.augment(take(train.inputs, idx), self.generator), self.device)
+            batch = take(train.inputs, idx)
+            if prefetch is not None and start + bs < len(train):
+                prefetch(perm[start + bs : start + 2 * bs])  # decode the next mini-batch while this one trains
+            x = to_device(self.workload.augment(batch, self.generator), self.device)
             y = train.targets[idx].to(self.device, non_blocking=True)
             if on_progress is not None:
                 on_progress(

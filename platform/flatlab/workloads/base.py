@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, Optional, Tuple, Union
+from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -46,7 +46,10 @@ def _rows(inputs: Inputs) -> int:
 class Split:
     """One data split held in memory.
 
-    ``inputs``: ``(N, ...)`` tensor, or a dict of such tensors (e.g. ``input_ids``, ``attention_mask``);
+    ``inputs``: ``(N, ...)`` tensor, or a dict of such tensors (e.g. ``input_ids``, ``attention_mask``),
+    or an object that only looks like a tensor and decodes rows when indexed (``shape``, ``x[idx]`` for
+    a LongTensor or slice -> tensor; optionally ``prefetch(idx)``, which the trainer calls one mini-batch
+    ahead), e.g. :class:`~flatlab.workloads.lazy_images.LazyImages`;
     ``targets``: ``(N,)`` class ids, ``(N, T)`` token ids, or ``(N,)`` float regression targets.
     """
 
@@ -139,6 +142,19 @@ class Workload(ABC):
     def evaluate_only(self, model: nn.Module, data: Data) -> Dict[str, float]:
         """Metrics of an evaluation-only trial (``trains = False``); training workloads never call it."""
         raise NotImplementedError(f"workload {self.name!r} trains; evaluate_only is for trains=False workloads")
+
+    @classmethod
+    def after_study(cls, tracking_uri: str, study_name: str, out_dir: str) -> List[str]:
+        """Run by ``flatlab run`` on the driver after a launch of a study on this workload finished (not
+        interrupted): work that needs all of its trials, e.g. figures from MLflow (default: nothing).
+
+        Args:
+            tracking_uri: the MLflow store of the study; ``study_name``: its experiment.
+            out_dir: a folder for files it writes (``<root>/<study>/report``).
+        Returns:
+            Lines for the terminal (paths written, where things were logged).
+        """
+        return []
 
     def augment(self, inputs: Inputs, generator: torch.Generator) -> Inputs:
         """Training-time augmentation of a mini-batch (default: none). Must draw only from ``generator``."""

@@ -18,7 +18,10 @@ general and per layer) on a fixed OOD subset, and optionally after straggler pru
 ``alpha`` is then an ordinary search dimension, e.g. ``sp.grid(alpha_grid(0.05))`` with the grid searcher.
 
 Models and data: :mod:`~flatlab.workloads.clip_model`, :mod:`~flatlab.workloads.clip_data` (defaults:
-a tiny random-weight ViT and generated images, so the workloads run offline out of the box).
+a tiny random-weight ViT and generated images, so the workloads run offline out of the box). Training
+images are held in memory as uint8 tensors, or with ``train_in_memory=False`` streamed from disk
+(:class:`~flatlab.workloads.lazy_images.LazyImages`, decoded one mini-batch ahead) for training sets
+larger than memory, such as full ImageNet.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ from flatlab.hparams import HParam, resolve
 from flatlab.workloads.base import Data, Inputs, Split, TrainDefaults, Workload, take, to_device
 from flatlab.workloads.clip_augment import AUGMENTATIONS, augment_batch
 from flatlab.workloads.clip_data import (
-    into_label_space, label_indices, label_names, load_images, parse_index_list, parse_ood_sources, parse_source,
-    pixel_transform,
+    into_label_space, label_indices, label_names, lazy_images, load_images, parse_index_list, parse_ood_sources,
+    parse_source, pixel_transform,
 )
 from flatlab.workloads.clip_model import (
     TEMPLATE_SETS, TINY_MODEL, ClipSpec, build_zero_shot_classifier, classnames_from_labels, load_clip, load_state_file,
@@ -61,7 +64,7 @@ _EVAL_HPARAMS = (
     HParam("ood_per_class", 0, int, low=0, doc="OOD images kept per class (0 = all)"),
     HParam("ood_classes", "auto", str, doc="logit columns of the first OOD set's labels: 'auto' (by label name) or 'i,j,...'"),
     HParam("eval_batch_size", 256, int, low=1, doc="evaluation batch size (images)"),
-    HParam("load_workers", 0, int, low=0, doc="image decoding threads when loading (0 = min(8, CPUs))"),
+    HParam("load_workers", 0, int, low=0, doc="image decoding threads when loading, and in each trial when streaming (0 = min(8, CPUs))"),
 )
 _ZERO_SHOT_KEYS = ["model_name", "pretrained", "quick_gelu", "init_seed", "model_config", "classnames", "templates"]
 _EVAL_METRICS = ("ood/loss", "ood/accuracy")
@@ -80,7 +83,8 @@ class _SubsetCrossEntropy:
 
 
 class _ClipWorkload(Workload):
-    data_hparams = ("id_data", "id_per_class", "ood_data", "ood_per_class", "ood_classes", "train_data", "train_per_class")
+    data_hparams = ("id_data", "id_per_class", "ood_data", "ood_per_class", "ood_classes", "train_data", "train_per_class",
+                    "train_in_memory")
     """What both CLIP workloads share: the zero-shot model, the ID/OOD evaluation sets, evaluation."""
 
     def clip_spec(self) -> ClipSpec:
@@ -174,6 +178,8 @@ class ClipFinetune(_ClipWorkload):
     hparams = _MODEL_HPARAMS + (
         HParam("train_data", "synthetic:train", str, doc="training images; folder path, hf:<name>[@split] or synthetic:train"),
         HParam("train_per_class", 0, int, low=0, doc="training images kept per class (0 = all)"),
+        HParam("train_in_memory", True, bool, doc="False = decode training images on the fly from train_data (one mini-batch "
+               "ahead), for datasets larger than memory; the files must be on a filesystem every node sees; eval splits stay in memory"),
         HParam("augment", "none", str, choices=AUGMENTATIONS, doc="training augmentation: none, flip-crop, or randaug (flip-crop + RandAugment)"),
         HParam("randaug_ops", 2, int, low=0, doc="RandAugment: operations per image"),
         HParam("randaug_magnitude", 9, int, low=0, high=30, doc="RandAugment: magnitude on its 0..30 scale"),
@@ -185,13 +191,22 @@ class ClipFinetune(_ClipWorkload):
     def load_data(self, seed: int) -> Data:
         """Train, ID (``val``) and OOD splits as uint8 images; train labels mapped into the ID label space.
 
+        With ``train_in_memory=False`` the training inputs are a
+        :class:`~flatlab.workloads.lazy_images.LazyImages` over the same images in the same order
+        (decoded per mini-batch, in each trial's process); the evaluation splits are tensors either way.
+
         Raises:
             ConfigError: unreadable sources; training or OOD labels that are not ID labels.
         """
         p = self.params
         transform = self._transform()
         val, extra, meta = self._load_eval(seed, transform)
-        pix, y, names = self._load(p["train_data"], transform, p["train_per_class"], seed)
+        if p["train_in_memory"]:
+            pix, y, names = self._load(p["train_data"], transform, p["train_per_class"], seed)
+        else:
+            pix, y, names = lazy_images(
+                parse_source(p["train_data"]), transform, per_class=p["train_per_class"], seed=seed, workers=p["load_workers"]
+            )
         space = meta["labels"]
         if list(names) != list(space):
             y = label_indices(names, space, f"train_data {p['train_data']}")[y]
@@ -233,6 +248,18 @@ class ClipInterpolate(_ClipWorkload):
     metrics = Workload.metrics + _EVAL_METRICS + (
         "interp/alpha", "sharpness/general", "sharpness/general_stderr", "sharpness/clean_loss", "prune/n_stragglers",
     )
+
+    @classmethod
+    def after_study(cls, tracking_uri: str, study_name: str, out_dir: str) -> List[str]:
+        """The seed paper's figures (1, 3, 4, 5) and ``summary.json`` from the finished alpha study, logged
+        under ``report/`` on its launch run (:func:`flatlab.interpolation.report.interpolation_report`;
+        ``flatlab interpolation-report`` rebuilds them on demand)."""
+        from pathlib import Path
+
+        from flatlab.interpolation.report import interpolation_report
+
+        rep = interpolation_report(tracking_uri, study_name, out_dir=Path(out_dir))
+        return [f"report: {len(rep.figures)} figures and {rep.summary_path.name} in {rep.out_dir}, logged under report/ on run {rep.parent_run_id}"]
 
     def load_data(self, seed: int) -> Data:
         """ID (``val``, also passed as ``train``, which is never iterated) and OOD splits.

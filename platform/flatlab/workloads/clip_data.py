@@ -15,6 +15,9 @@ Images are preprocessed ONCE (on the driver) with the model's evaluation transfo
 tensor conversion and normalisation (open_clip: resize, centre crop, RGB), and kept as uint8
 ``(N, 3, S, S)`` tensors; :class:`~flatlab.workloads.clip_model.ClipClassifier` normalises inside, and
 augmentations act on the uint8 pixels. Memory: ``N * 3 * S * S`` bytes (150 KB per 224x224 image).
+:func:`lazy_images` instead gives a :class:`~flatlab.workloads.lazy_images.LazyImages` that decodes the
+same pixels when a mini-batch is indexed (training sets larger than memory; the files must be on a
+filesystem every node sees).
 
 Label spaces: the classifier's classes are the labels of the ID set; another split's labels are mapped
 into them by name (:func:`label_indices`). A split whose classes are a strict subset (ImageNet-A/R:
@@ -25,16 +28,18 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from flatlab.errors import ConfigError
 from flatlab.workloads.base import Split
+from flatlab.workloads.lazy_images import LazyImages, default_workers
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 SYNTHETIC_CLASSES = ("red", "green", "blue")
@@ -98,15 +103,17 @@ def parse_source(text: str) -> Source:
 
 # ---- image folders ----------------------------------------------------------------------------
 def _folder_index(root: str) -> Tuple[List[str], List[Tuple[str, int]]]:
+    """``(label names, [(path relative to root, label)])``, files sorted by path within each class."""
     base = Path(root)
     if not base.is_dir():
         raise ConfigError(f"image folder {root!r} does not exist or is not a directory")
     labels: List[str] = []
     items: List[Tuple[str, int]] = []
     for sub in sorted(p for p in base.iterdir() if p.is_dir()):
+        top = str(sub)
         files = sorted(
-            os.path.join(d, f)
-            for d, _, names in os.walk(sub)
+            os.path.join(sub.name if d == top else os.path.join(sub.name, os.path.relpath(d, top)), f)
+            for d, _, names in os.walk(top)
             for f in names
             if f.lower().endswith(IMAGE_EXTENSIONS)
         )
@@ -241,22 +248,29 @@ def label_names(source: Source) -> List[str]:
     return list(ds.features[label_col].names)
 
 
-def pixel_transform(preprocess: Any) -> PixelTransform:
-    """Turn open_clip's evaluation transform (a ``Compose``) into PIL -> uint8 ``(3, S, S)``: its steps
-    before tensor conversion (resize, centre crop, RGB) then ``pil_to_tensor``; ``ToTensor`` and
-    ``Normalize`` are dropped (the classifier normalises)."""
-    from torchvision.transforms import Normalize, ToTensor
-    from torchvision.transforms.functional import pil_to_tensor
+class _PixelTransform:
+    """PIL -> uint8 ``(3, S, S)``: convert to RGB, apply ``steps`` (PIL -> PIL), ``pil_to_tensor``.
+    A class rather than a closure so that it pickles with the standard library."""
 
-    steps = [t for t in getattr(preprocess, "transforms", [preprocess]) if not isinstance(t, (ToTensor, Normalize))]
+    def __init__(self, steps: Iterable[Any]) -> None:
+        self.steps = list(steps)
 
-    def apply(img: Any) -> torch.Tensor:
+    def __call__(self, img: Any) -> torch.Tensor:
+        from torchvision.transforms.functional import pil_to_tensor
+
         img = img.convert("RGB")
-        for t in steps:
+        for t in self.steps:
             img = t(img)
         return pil_to_tensor(img)
 
-    return apply
+
+def pixel_transform(preprocess: Any) -> PixelTransform:
+    """Turn open_clip's evaluation transform (a ``Compose``) into PIL -> uint8 ``(3, S, S)``: its steps
+    before tensor conversion (resize, centre crop, RGB) then ``pil_to_tensor``; ``ToTensor`` and
+    ``Normalize`` are dropped (the classifier normalises). The result pickles (as its steps do)."""
+    from torchvision.transforms import Normalize, ToTensor
+
+    return _PixelTransform(t for t in getattr(preprocess, "transforms", [preprocess]) if not isinstance(t, (ToTensor, Normalize)))
 
 
 def _choose(labels: np.ndarray, per_class: int, seed: int) -> np.ndarray:
@@ -268,16 +282,117 @@ def _choose(labels: np.ndarray, per_class: int, seed: int) -> np.ndarray:
     return np.sort(np.concatenate(keep)) if keep else np.arange(0)
 
 
+class ImageReader:
+    """Reads one item of ``source`` and preprocesses it with ``transform``: item -> uint8 ``(3, S, S)``.
+
+    Items: for a folder, the file's path relative to the folder (``bytes``, as :func:`select_items`
+    gives them); for an ``hf:`` or ``synthetic:`` source, the row index (int). Pickles as the source and
+    the transform only; the data set (hf) or the generated images (synthetic) are opened again, once per
+    process, on first use. Thread-safe.
+
+    Raises:
+        ConfigError: (on a call) an item that cannot be read (missing file, not an image), naming it;
+            an unloadable hf source.
+    """
+
+    def __init__(self, source: Source, transform: PixelTransform) -> None:
+        self.source = source
+        self.transform = transform
+        self._setup()
+
+    def _setup(self) -> None:
+        self._opened: Optional[Tuple[Any, str]] = None  # (images or dataset column, image column)
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        return {"source": self.source, "transform": self.transform}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    def _open(self) -> Tuple[Any, str]:
+        with self._lock:
+            if self._opened is None:
+                if self.source.kind == "synthetic":
+                    self._opened = (synthetic_images(self.source.location)[0], "")
+                else:
+                    ds, image_col, _ = _hf_dataset(self.source)
+                    self._opened = (ds.select_columns([image_col]), image_col)
+            return self._opened
+
+    def describe(self, item: Any) -> str:
+        """The item in words: its file path, or ``<source> row <i>``."""
+        if self.source.kind == "folder":
+            return repr(self.path(item))
+        return f"{self.source} row {int(item)}"
+
+    def path(self, item: Any) -> str:
+        """The file of a folder item (the folder joined with the relative path)."""
+        return os.path.join(self.source.location, os.fsdecode(bytes(item)))
+
+    def __call__(self, item: Any) -> torch.Tensor:
+        if self.source.kind == "folder":
+            from PIL import Image
+
+            try:
+                with Image.open(self.path(item)) as img:
+                    return self.transform(img)
+            except OSError as exc:  # missing file, unreadable or not an image (PIL.UnidentifiedImageError)
+                raise ConfigError(f"cannot read image {self.describe(item)}: {exc}") from None
+        data, image_col = self._open()
+        try:
+            return self.transform(data[int(item)][image_col] if image_col else data[int(item)])
+        except OSError as exc:
+            raise ConfigError(f"cannot read image {self.describe(item)}: {exc}") from None
+
+
+def select_items(source: Source, transform: PixelTransform, *, per_class: int = 0, seed: int = 0
+                 ) -> Tuple[ImageReader, np.ndarray, torch.Tensor, List[str]]:
+    """The items of ``source`` that :func:`load_images` keeps, without decoding any image.
+
+    Returns:
+        ``(reader, items, targets, label_names)``: the :class:`ImageReader`; the ``N`` items in order
+        (folder: relative paths as a bytes array; hf/synthetic: int64 row indices); int64 ``(N,)``
+        labels in the source's label order; the label names.
+
+    Raises:
+        ConfigError: a missing or empty source.
+    """
+    reader = ImageReader(source, transform)
+    if source.kind == "synthetic":
+        images, labels = synthetic_images(source.location)
+        reader._opened = (images, "")  # this process's copy; not pickled
+        labels, names = np.asarray(labels), list(SYNTHETIC_CLASSES)
+        idx = _choose(labels, per_class, seed)
+        items = idx.astype(np.int64)
+    elif source.kind == "folder":
+        names, entries = _folder_index(source.location)
+        labels = np.asarray([y for _, y in entries], dtype=np.int64)
+        idx = _choose(labels, per_class, seed)
+        items = np.asarray([os.fsencode(entries[i][0]) for i in idx], dtype=bytes) if len(idx) else np.zeros(0, dtype="S1")
+    else:
+        ds, image_col, label_col = _hf_dataset(source)
+        reader._opened = (ds.select_columns([image_col]), image_col)
+        labels, names = np.asarray(ds[label_col]), list(ds.features[label_col].names)
+        idx = _choose(labels, per_class, seed)
+        items = idx.astype(np.int64)
+    return reader, items, torch.as_tensor(labels[idx], dtype=torch.int64), names
+
+
 def _decode(items: Sequence[Any], load: Callable[[Any], torch.Tensor], workers: int) -> torch.Tensor:
-    if not items:
+    if not len(items):
         raise ConfigError("no images selected")
     first = load(items[0])
     out = torch.empty((len(items), *first.shape), dtype=torch.uint8)
     out[0] = first
+    describe = getattr(load, "describe", lambda item: repr(item))
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # PIL decodes and resizes without the GIL
         for i, t in enumerate(pool.map(load, items[1:]), start=1):
             if t.shape != first.shape:
-                raise ConfigError(f"image {i} has shape {tuple(t.shape)} after preprocessing, expected {tuple(first.shape)}")
+                raise ConfigError(
+                    f"image {i} ({describe(items[i])}) has shape {tuple(t.shape)} after preprocessing, expected {tuple(first.shape)}"
+                )
             out[i] = t
     return out
 
@@ -297,33 +412,37 @@ def load_images(
         order, and the label names.
 
     Raises:
-        ConfigError: a missing or empty source, images of different sizes after preprocessing.
+        ConfigError: a missing or empty source; an unreadable image or images of different sizes after
+            preprocessing (naming the image).
     """
-    workers = workers or min(8, os.cpu_count() or 1)
-    if source.kind == "synthetic":
-        images, labels = synthetic_images(source.location)
-        idx = _choose(np.asarray(labels), per_class, seed)
-        pix = _decode([images[i] for i in idx], transform, workers)
-        return pix, torch.as_tensor(np.asarray(labels)[idx], dtype=torch.int64), list(SYNTHETIC_CLASSES)
-    if source.kind == "folder":
-        names, items = _folder_index(source.location)
-        labels = np.asarray([y for _, y in items])
-        idx = _choose(labels, per_class, seed)
+    reader, items, targets, names = select_items(source, transform, per_class=per_class, seed=seed)
+    return _decode(items, reader, default_workers(workers)), targets, names
 
-        def load_file(path: str) -> torch.Tensor:
-            from PIL import Image
 
-            with Image.open(path) as img:
-                return transform(img)
+def lazy_images(
+    source: Source, transform: PixelTransform, *, per_class: int = 0, seed: int = 0, workers: int = 0
+) -> Tuple[LazyImages, torch.Tensor, List[str]]:
+    """:func:`load_images` without holding the pixels: the same items in the same order, as a
+    :class:`~flatlab.workloads.lazy_images.LazyImages` that decodes a mini-batch when it is indexed
+    (its rows equal :func:`load_images`' exactly). Decodes the first image once, for the shape.
 
-        pix = _decode([items[i][0] for i in idx], load_file, workers)
-        return pix, torch.as_tensor(labels[idx], dtype=torch.int64), names
-    ds, image_col, label_col = _hf_dataset(source)
-    labels = np.asarray(ds[label_col])
-    idx = _choose(labels, per_class, seed)
-    column = ds.select_columns([image_col])
-    pix = _decode([int(i) for i in idx], lambda i: transform(column[i][image_col]), workers)
-    return pix, torch.as_tensor(labels[idx], dtype=torch.int64), list(ds.features[label_col].names)
+    The images must stay readable at the same place for as long as it is used, from every node that
+    receives it (a shared filesystem); an ``hf:`` source is re-opened in each process (a
+    ``save_to_disk`` folder on a shared filesystem, or a filled cache there); a ``synthetic:`` source is
+    generated again in each process.
+
+    Args:
+        workers: decoding threads of each process using it (0 = ``min(8, cpu count)``).
+
+    Returns:
+        ``(images, targets, label_names)``: ``LazyImages`` of shape ``(N, 3, S, S)``, int64 ``(N,)``
+        targets in the source's label order, and the label names.
+
+    Raises:
+        ConfigError: a missing or empty source; an unreadable first image (later images: when indexed).
+    """
+    reader, items, targets, names = select_items(source, transform, per_class=per_class, seed=seed)
+    return LazyImages(items, reader, workers=workers), targets, names
 
 
 def label_indices(names: Sequence[str], label_space: Sequence[str], where: str) -> torch.Tensor:
