@@ -1,3 +1,4 @@
+import math
 import numpy as np
 import pytest
 import torch
@@ -146,3 +147,21 @@ def test_sampled_label_logit_grad_is_the_cross_entropy_gradient_of_the_same_draw
     assert grad.shape == logits.shape and grad.dtype == logits.dtype
     assert torch.allclose(grad, direct, atol=1e-6)  # softmax in float32 inside: float32 accuracy
     assert torch.allclose(grad.sum(-1), torch.zeros(6, 5, dtype=torch.float64), atol=1e-7)  # rows of p - onehot sum to 0
+
+
+def test_a_deferred_divergence_check_reports_the_exact_first_bad_step(digits):
+    """Accelerators read the divergence flag every `check_every` steps; the reported step must not move."""
+
+    def first_bad_step(check_every):
+        t = Trainer(spec(optimizer_params={"lr": 1e6, "momentum": 0.9}, workload_params={"model": "mlp"}), digits)
+        t.check_every = check_every
+        with pytest.raises(Diverged) as info:
+            for _ in range(4):
+                t.run_epoch()
+        return info.value, t.step
+
+    now, steps_now = first_bad_step(1)  # CPU default: checked after every step
+    later, steps_later = first_bad_step(7)
+    assert now.step == later.step and not math.isfinite(now.loss) and not math.isfinite(later.loss)
+    assert steps_now == now.step  # stopped at the bad step itself ...
+    assert now.step <= steps_later <= now.step + 7  # ... or at the next check (every 7 steps, or the epoch's end)

@@ -102,6 +102,9 @@ class Trainer:
         self.epoch = 0  # completed epochs
         self.step = 0  # completed optimizer steps
         self.last_train_loss: Optional[float] = None
+        # Steps between reads of the divergence flag: every step on CPU (free there), every 16 on
+        # accelerators (each read waits for the device; a diverged trial runs at most 15 steps more).
+        self.check_every = 1 if self.device.type == "cpu" else 16
         self.curve = LossCurve(self.hp["curve_smoothing"], device=self.device)
 
     def _loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -121,7 +124,10 @@ class Trainer:
         perm = torch.randperm(len(train), generator=self.generator)
         bs = self.hp["batch_size"]
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # on the device: no per-step copy
-        correct, counted = 0, 0
+        correct: Any = 0
+        counted = 0
+        first_bad = torch.full((), -1, dtype=torch.int64, device=self.device)  # first step with a non-finite loss
+        bad_loss = torch.zeros((), dtype=torch.float64, device=self.device)  # and that loss
         on_progress = getattr(self.optimizer, "on_progress", None)
         prefetch = getattr(train.inputs, "prefetch", None)  # inputs decoded on demand (e.g. LazyImages)
         for start in range(0, len(train), bs):
@@ -145,8 +151,15 @@ class Trainer:
             closure = BatchClosure(self.model, self._loss, x, y, clip_norm=self.hp["clip_norm"])
             self.optimizer.step(closure)
             loss = closure.loss
-            if loss is None or not torch.isfinite(loss):
-                raise Diverged(self.step, float("nan") if loss is None else float(loss))
+            if loss is None:
+                raise Diverged(self.step, float("nan"))
+            # Divergence is flagged on the device and read every `check_every` steps (and at the end of the
+            # epoch), so the loop never waits for an accelerator; the step it reports is still exact.
+            newly_bad = ~torch.isfinite(loss) & (first_bad < 0)
+            first_bad = torch.where(newly_bad, self.step, first_bad)
+            bad_loss = torch.where(newly_bad, loss.double(), bad_loss)
+            if (self.step + 1) % self.check_every == 0:
+                self._raise_if_diverged(first_bad, bad_loss)
             loss_sum += loss.double() * len(idx)
             self.curve.update(loss)
             c, n = self.workload.batch_stats(closure.outputs, y)
@@ -154,6 +167,7 @@ class Trainer:
             lr = self.optimizer.param_groups[0]["lr"]
             self.scheduler.step()
             self.step += 1
+        self._raise_if_diverged(first_bad, bad_loss)
         self.epoch += 1
         self.last_train_loss = float(loss_sum) / len(train)
         metrics: Dict[str, float] = {
@@ -162,7 +176,7 @@ class Trainer:
             "lr": lr,
         }
         if counted:
-            metrics["train/accuracy"] = correct / counted
+            metrics["train/accuracy"] = int(correct) / counted
         for prefix, split in self.data.eval_splits().items():
             for k, v in self.workload.evaluate(self.model, split).items():
                 metrics[f"{prefix}/{k}"] = v
@@ -171,6 +185,12 @@ class Trainer:
             metrics.update(pop())
         metrics["time/epoch_s"] = time.perf_counter() - t0
         return metrics
+
+    @staticmethod
+    def _raise_if_diverged(first_bad: torch.Tensor, bad_loss: torch.Tensor) -> None:
+        step = int(first_bad)  # the one host read (a device sync on accelerators)
+        if step >= 0:
+            raise Diverged(step, float(bad_loss))
 
     def _evaluate_only(self) -> Dict[str, float]:
         """One "epoch" of an evaluation-only workload: no optimizer step, no LR schedule."""

@@ -160,9 +160,13 @@ class Workload(ABC):
         """Training-time augmentation of a mini-batch (default: none). Must draw only from ``generator``."""
         return inputs
 
-    def batch_stats(self, outputs: torch.Tensor, targets: torch.Tensor) -> Tuple[int, int]:
-        """``(correct, counted)`` for the running train accuracy (top-1 over every target position)."""
-        return int((outputs.argmax(dim=-1) == targets).sum()), int(targets.numel())
+    def batch_stats(self, outputs: torch.Tensor, targets: torch.Tensor) -> Tuple[Union[int, torch.Tensor], int]:
+        """``(correct, counted)`` for the running train accuracy (top-1 over every target position).
+
+        ``correct`` may be a 0-d tensor on the training device: the trainer sums it there and reads it
+        once per epoch, so a training step never waits for the accelerator.
+        """
+        return (outputs.argmax(dim=-1) == targets).sum(), int(targets.numel())
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: Split, batch_size: int = 512) -> Dict[str, float]:

@@ -315,7 +315,8 @@ class GlueWorkload(Workload):
             return nn.functional.mse_loss(outputs.float(), targets.float())
         return super().loss(outputs, targets, label_smoothing)
 
-    def batch_stats(self, outputs: torch.Tensor, targets: torch.Tensor) -> Tuple[int, int]:
+    def batch_stats(self, outputs: torch.Tensor, targets: torch.Tensor) -> Tuple[Any, int]:
+        """As :meth:`Workload.batch_stats`; ``(0, 0)`` for the regression task (no training accuracy)."""
         if self.task.regression:
             return 0, 0  # no training accuracy for a regression task
         return super().batch_stats(outputs, targets)
