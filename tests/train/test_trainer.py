@@ -72,6 +72,7 @@ def test_epoch_reports_the_common_metrics(digits):
     m = Trainer(spec(epochs=1), digits).run_epoch()
     assert {"epoch", "train/loss", "train/accuracy", "val/loss", "val/accuracy", "lr", "time/epoch_s"} <= set(m)
     assert m["epoch"] == 1 and 0 <= m["val/accuracy"] <= 1
+    assert all(type(v) in (int, float) for v in m.values()), m  # Tune refuses tensors in reported metrics
 
 
 def test_schedules_closed_forms():

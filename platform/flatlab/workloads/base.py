@@ -188,4 +188,4 @@ class Workload(ABC):
             correct, count = correct + c, count + n
         model.train(was_training)
         count = max(1, count)
-        return {"loss": total_loss / count, "accuracy": correct / count}
+        return {"loss": total_loss / count, "accuracy": int(correct) / count}
