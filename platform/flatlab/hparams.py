@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from flatlab.errors import ConfigError
+from flatlab.errors import ConfigError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,9 @@ def resolve(
     if not allow_extra:
         unknown = sorted(set(given) - set(by_name))
         if unknown:
+            hints = "".join(did_you_mean(u, by_name) for u in unknown)
             raise ConfigError(
-                f"{where}: unknown parameter(s) {', '.join(unknown)}; accepted: {', '.join(sorted(by_name)) or '(none)'}"
+                f"{where}: unknown parameter(s) {', '.join(unknown)}{hints}; accepted: {', '.join(sorted(by_name)) or '(none)'}"
             )
     out = {h.name: h.default for h in declared}
     for name, value in given.items():

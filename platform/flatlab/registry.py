@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Generic, Iterator, List, Optional, TypeVar
 
-from flatlab.errors import UnknownNameError
+from flatlab.errors import UnknownNameError, did_you_mean
 
 T = TypeVar("T")
 
@@ -42,7 +42,8 @@ class Registry(Generic[T]):
             return self._entries[name]
         except KeyError:
             valid = ", ".join(sorted(self._entries)) or "(none registered)"
-            raise UnknownNameError(f"unknown {self.kind} {name!r}; valid {self.kind}s: {valid}") from None
+            hint = did_you_mean(name, self._entries)
+            raise UnknownNameError(f"unknown {self.kind} {name!r}{hint}; valid {self.kind}s: {valid}") from None
 
     def names(self) -> List[str]:
         """Sorted registered names."""

@@ -54,3 +54,15 @@ def test_dry_run_of_fig4_names_the_steps_to_target_reference(tmp_path, monkeypat
     res = runner.invoke(app, ["run", str(REPO / "studies/ire_fig4_llama.py"), "--dry-run", "--scale", "smoke"])
     assert res.exit_code == 0, res.output
     assert res.output.count("train/steps_to_target against the reference arm 'adamw'") == 3  # one per model size
+
+
+def test_a_misspelt_study_field_is_a_clear_error_not_a_traceback(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    bad = tmp_path / "typo.py"
+    bad.write_text("from flatlab import Arm, Study\nSTUDY = Study(name='t', workload='digits', arms=(Arm('sgd'),), referance_arm='sgd')\n")
+    res = runner.invoke(app, ["run", str(bad), "--dry-run"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "Study() has no field 'referance_arm' (did you mean 'reference_arm'?)" in " ".join(res.output.split())
+    bad.write_text("from flatlab import Arm, Study\nSTUDY = Study(name='t', workload='digits', arms=(Arm('sgd'),), curve_smoothing=0.5)\n")
+    res = runner.invoke(app, ["run", str(bad), "--dry-run"])
+    assert res.exit_code == 2 and "is a trainer parameter: put it in train={...}" in " ".join(res.output.split())

@@ -290,7 +290,7 @@ def test_bad_values_raise_config_error_naming_the_field(kw, pattern):
 
 
 # ---------------------------------------------------------------------------------------------- toy
-# ALGORITHMS.md §3, paper Fig. 1: L(u, v) = (1+u²)·v²/2, GD with η = 1. The minima are the line v = 0;
+# IRE paper, Fig. 1: L(u, v) = (1+u²)·v²/2, GD with η = 1. The minima are the line v = 0;
 # the curvature there is 1+u², so smaller |u| is flatter, and u is the flat direction. The 2-parameter
 # toy has no softmax to sample labels from, so the curvature proxy is the TRUE gradient squared
 # (FunctionClosure.with_sampled_grads returns ∇L): h = (u·v², (1+u²)·v)². γ = 0.5 marks the one

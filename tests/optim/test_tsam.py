@@ -208,7 +208,7 @@ def test_bad_values_raise_config_error_naming_the_field(kw, pattern):
 
 
 # ---------------------------------------------------------------------------------------------- toy
-# ALGORITHMS.md §2: L(θ) = 2·sin(4πθ)/(2θ) + 0.005(θ−1)², ρ = 0.2, lr 0.005, start θ = 0.5. Its local
+# TSAM paper, Fig. 1: L(θ) = 2·sin(4πθ)/(2θ) + 0.005(θ−1)², ρ = 0.2, lr 0.005, start θ = 0.5. Its local
 # minima sit near 0.358, 0.868, 1.370, 1.872, 2.373 with curvature L'' ≈ 431, 181, 115, 84, 67: the
 # further right, the flatter. Noise: Gaussian clipped to r = 0.1 (in 1-D, δ = ±0.1 nearly always).
 # The iterate keeps bouncing (ρ = 0.2 is 40% of the distance between minima), so the end point is the

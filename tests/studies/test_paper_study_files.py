@@ -1,5 +1,5 @@
 """Every paper study file (``studies/ire_*.py``, ``studies/tsam_*.py``) loads and validates at both scales,
-and its paper scale mirrors the paper's grid and settings (ALGORITHMS.md sections 2 and 3)."""
+and its paper scale mirrors the paper's grid and settings (the TSAM and IRE papers)."""
 
 from pathlib import Path
 

@@ -1,6 +1,6 @@
 """Small tensor-list helpers shared by the SAM-family optimizers (private module).
 
-Every optimizer here works on "all trainable tensors flattened together" (ALGORITHMS.md notation θ)
+Every optimizer here works on "all trainable tensors flattened together" (the papers' θ)
 without ever materialising the flat vector: global norms and updates run over lists of tensors with
 ``torch._foreach_*`` kernels (one launch per device instead of one per tensor).
 """
@@ -13,7 +13,7 @@ import torch
 
 Number = Union[float, int]
 
-# Added to every global norm before dividing by it (ALGORITHMS.md §1).
+# Added to every global norm before dividing by it (as in the SAM authors' code).
 NORM_EPS = 1e-12
 
 

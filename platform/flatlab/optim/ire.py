@@ -1,6 +1,6 @@
 """IRE: Implicit Regularization Enhancement over any base optimizer (Wang et al., NeurIPS 2024).
 
-The update (ALGORITHMS.md §3: the paper's practical IRE as the authors' code runs it): the base optimizer
+The update (the paper's practical IRE as the authors' code runs it): the base optimizer
 steps as usual, Δ = θ_new − θ_old, and then
 
     θ ← θ_old + (1 + κ·n) ⊙ Δ     (computed as θ_new + κ·n⊙Δ in one fused torch.lerp; n = 0 coordinates
@@ -102,7 +102,7 @@ class _CurvatureClosure:
 
 
 class IRE(WrappedOptimizer):
-    """IRE over ``base`` (SGD → SGD-IRE, AdamW → AdmIRE, SAM → SAM-IRE; ALGORITHMS.md §3).
+    """IRE over ``base`` (SGD → SGD-IRE, AdamW → AdmIRE, SAM → SAM-IRE; Wang et al. 2024, practical IRE).
 
     Args:
         base: any ``torch.optim.Optimizer`` (wrappers included) whose ``step(closure)`` calls the
@@ -333,7 +333,7 @@ def _wrap_ire(base: torch.optim.Optimizer, **kw: Any) -> IRE:
 
 
 SGD_IRE_SPEC = register_optimizer(
-    wrapped_spec("sgd_ire", SGD_SPEC, IRE_HPARAMS, _wrap_ire, doc="SGD-IRE (Wang et al. 2024; ALGORITHMS.md §3)")
+    wrapped_spec("sgd_ire", SGD_SPEC, IRE_HPARAMS, _wrap_ire, doc="SGD-IRE (Wang et al., NeurIPS 2024)")
 )
 # AdmIRE: the paper's betas (0.9, 0.95) and weight decay 0.1 as defaults; its eps 1e-16 (LLM runs) is not
 # a sensible general default and is left at AdamW's 1e-8; gradient clipping (1.0) is the trainer's.

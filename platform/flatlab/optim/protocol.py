@@ -4,7 +4,7 @@ The trainer hands each optimizer a :class:`Closure` for the current mini-batch. 
 the mean mini-batch loss and the gradients (into ``p.grad``) at the *current* parameters, like the
 closure of ``torch.optim.LBFGS``. Optimizers that need more than one pass per step (SAM: 2, TSAM: 2s,
 IRE's curvature pass) use the closure's extra entry points, which never update BatchNorm running
-statistics (ALGORITHMS.md §1, davda54/sam#17). There are no optimizer-specific branches in the trainer.
+statistics (the SAM paper's practice, davda54/sam#17). There are no optimizer-specific branches in the trainer.
 
 Optional hooks an optimizer may implement (the trainer calls them when present):
 
@@ -45,7 +45,7 @@ class Closure(Protocol):
         Returns ``(loss, sampled)`` where ``sampled[i]`` has the shape of ``params[i]`` (``None`` if that
         parameter does not influence the loss). ``p.grad`` holds the true-label gradient, exactly as
         after ``__call__``. The sampled gradient reuses the same forward graph (IRE's Fisher estimate,
-        ALGORITHMS.md §3), so BatchNorm statistics are updated once.
+        IRE paper), so BatchNorm statistics are updated once.
         """
         ...
 

@@ -1,6 +1,6 @@
 """SAM (Foret et al., ICLR 2021) and ASAM (Kwon et al., ICML 2021) as one wrapper optimizer.
 
-One step, ALGORITHMS.md §1 (SAM paper Algorithm 1 with ε̂ of its Eq. 2 for p = 2; ASAM paper's Algorithm 1
+One step (SAM paper Algorithm 1 with ε̂ of its Eq. 2 for p = 2; ASAM paper's Algorithm 1
 for p = 2 with T_w = |w| + η):
 
 1. primary pass at θ: loss and g = ∇L(θ) (``closure()``, BatchNorm statistics updated once);

@@ -1,9 +1,9 @@
 """TSAM: tilted sharpness-aware minimization ("Reweighting Local Minima with Tilted SAM").
 
-Objective (ALGORITHMS.md §2): L^t(θ) = (1/t)·log E_ε[exp(t·L(θ+ε))]; t → 0 gives E_ε[L(θ+ε)], t → ∞ SAM's
+Objective: L^t(θ) = (1/t)·log E_ε[exp(t·L(θ+ε))]; t → 0 gives E_ε[L(θ+ε)], t → ∞ SAM's
 max. Its gradient (Lemma 1) is Σ_j w_j ∇L(θ+ε_j) with w = softmax(t·L_j) over s sampled ε_j.
 
-One step, ALGORITHMS.md §2 (paper Algorithms 1 + 2 as the authors' released code runs them):
+One step (paper Algorithms 1 + 2 as the authors' released code runs them):
 
 for j = 1..s:
   1. δ_j: Gaussian N(0, I) over all parameters, rescaled by min(1, r/‖δ‖₂) (so ‖δ_j‖₂ ≤ r), or uniform
@@ -25,11 +25,11 @@ BatchNorm running statistics are updated once per step. ``primary_pass`` says wh
 
 Memory: the tilted gradient is accumulated ONLINE with a running max m, so nothing grows with s:
     A ← A·e^{t(m−m')} + G_j·e^{t(L_j−m')},  S ← S·e^{t(m−m')} + e^{t(L_j−m')},  m' = max(m, L_j),
-and the aggregate is A/S (= the stabilised softmax of ALGORITHMS.md §2.4). Persistent buffers: θ and A
+and the aggregate is A/S (= the stabilised softmax of step 4). Persistent buffers: θ and A
 (2 parameter copies); transient: the noise δ_j (1 copy) while it is drawn. The authors keep s copies.
 
 Not implemented: the paper's HMC sampler (ε from exp(δ·L) with correction weights exp((t−δ)·L)); the
-released code does not use it either (ALGORITHMS.md §2).
+released code does not use it either.
 """
 
 from __future__ import annotations

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from flatlab.errors import ConfigError
+from flatlab.errors import ConfigError, did_you_mean
 from flatlab.study.spec import Study
 
 
@@ -26,7 +28,29 @@ def load_module(path: str):
         spec.loader.exec_module(module)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    except TypeError as exc:
+        raise _keyword_error(path, exc) or exc
     return module
+
+
+_UNEXPECTED = re.compile(r"(Study|Arm|Resources)\.__init__\(\) got an unexpected keyword argument '(\w+)'")
+
+
+def _keyword_error(path: str, exc: TypeError) -> Optional[ConfigError]:
+    """A ConfigError for ``Study(misspelt=...)`` (and Arm/Resources) naming the valid fields, else None."""
+    from flatlab.study.spec import Arm, Resources
+    from flatlab.train.config import TRAINER_HPARAMS
+
+    m = _UNEXPECTED.search(str(exc))
+    if m is None:
+        return None
+    cls = {"Study": Study, "Arm": Arm, "Resources": Resources}[m.group(1)]
+    key = m.group(2)
+    valid = [f.name for f in dataclasses.fields(cls)]
+    hint = did_you_mean(key, valid)
+    if cls is Study and key in {h.name for h in TRAINER_HPARAMS}:
+        hint = f" ({key!r} is a trainer parameter: put it in train={{...}}, or in an arm's space)"
+    return ConfigError(f"{path}: {m.group(1)}() has no field {key!r}{hint}; its fields: {', '.join(valid)}")
 
 
 def load_studies(path: str, scale: Optional[str] = None) -> List[Study]:
@@ -45,7 +69,10 @@ def load_studies(path: str, scale: Optional[str] = None) -> List[Study]:
         chosen = scale or scales[0]
         if chosen not in scales:
             raise ConfigError(f"{path}: scale={chosen!r} is not defined; valid scales: {', '.join(scales)}")
-        found = module.build(chosen)
+        try:
+            found = module.build(chosen)
+        except TypeError as exc:
+            raise _keyword_error(path, exc) or exc
     elif scale is not None:
         raise ConfigError(f"{path}: --scale {scale!r} given, but this study file defines no SCALES/build(scale)")
     elif hasattr(module, "STUDIES"):

@@ -65,12 +65,19 @@ class StudyOutcome:
 def _setup_file_logging(log_dir: Path) -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(log_dir / "flatlab.log")
+    handler.flatlab_study_log = True  # type: ignore[attr-defined]
+    # Tune's per-result JSON/CSV files are off (the results live in MLflow), so its end-of-run analysis
+    # warns that it found none for every trial: expected, not worth alarming anyone in the log.
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     for name in ("flatlab", "ray", "ray.tune", "ray.train", "ray.data", "optuna", "mlflow", "alembic"):
         lg = logging.getLogger(name)
         for h in list(lg.handlers):
             if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
                 lg.removeHandler(h)
+            elif getattr(h, "flatlab_study_log", False) and h.baseFilename != handler.baseFilename:
+                lg.removeHandler(h)  # the previous study's log (several studies in one file or process)
+                h.close()
         if not any(isinstance(h, logging.FileHandler) and h.baseFilename == handler.baseFilename for h in lg.handlers):
             lg.addHandler(handler)
         lg.propagate = False

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from flatlab.errors import ConfigError, UnknownNameError
+from flatlab.errors import ConfigError, UnknownNameError, did_you_mean
 from flatlab.hparams import HParam, resolve
 from flatlab.study.space import Dim, as_dim, grid_points, is_searched
 from flatlab.train.config import TRAINER_HPARAMS
@@ -309,8 +309,8 @@ class Study:
             hp = declared.get(key)
             if hp is None:
                 errors.append(
-                    f"{aw}: field {key!r} is not accepted by optimizer {arm.optimizer!r}, the trainer or workload "
-                    f"{self.workload!r}; accepted: {', '.join(sorted(declared))}"
+                    f"{aw}: field {key!r}{did_you_mean(key, declared)} is not accepted by optimizer {arm.optimizer!r}, the "
+                    f"trainer or workload {self.workload!r}; accepted: {', '.join(sorted(declared))}"
                 )
                 continue
             if route[key] == "workload" and key in data_fields:

@@ -113,7 +113,9 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
         return
     metric = df.attrs.get("metric", "val/accuracy")
     params = [c for c in df.columns if c.startswith("param.")]
-    default = ["arm", "trial_id", "status", "outcome", "epochs", metric, f"best/{metric}", "test/accuracy"]
+    test = next((c for c in ("test/accuracy", "test/perplexity", "test/loss") if _has_values(df, c)), "test/accuracy")
+    default = ["arm", "trial_id", "status", "outcome", "epochs", metric, f"best/{metric}", test]
+    default += [c for c in ("train/steps_to_target", "train/speedup") if _has_values(df, c)]  # Study(reference_arm=...)
     cols = [c for c in (columns or default) if c in df.columns]
     table = Table(*cols, *([] if columns else ["params"]), title=title or None)
     for col in table.columns[:1]:
@@ -121,13 +123,21 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
     for _, row in df.iterrows():
         cells = [_fmt(row[c]) for c in cols]
         if not columns:
-            cells.append(" ".join(f"{c[6:]}={_fmt(row[c])}" for c in params if _fmt(row[c]) != "-"))
+            cells.append(" ".join(f"{c[6:]}={_fmt(row[c], numeric_text=True)}" for c in params if _fmt(row[c]) != "-"))
         table.add_row(*cells)
     console.print(table)
 
 
-def _fmt(v: Any) -> str:
+def _has_values(df, column: str) -> bool:
+    return column in df.columns and bool(df[column].notna().any())
+
+
+def _fmt(v: Any, numeric_text: bool = False) -> str:
+    """A table cell. ``numeric_text``: strings that read as floats (MLflow stores params as text) are
+    shortened like numbers; other text (trial ids such as ``11879e00``) is shown as it is."""
     if isinstance(v, str):
+        if not numeric_text:
+            return v
         try:
             v = float(v) if any(ch in v for ch in ".e") else v
         except ValueError:

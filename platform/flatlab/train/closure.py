@@ -41,7 +41,7 @@ def sampled_label_logit_grad(logits: torch.Tensor) -> torch.Tensor:
     With p = softmax(logits) per row and ŷ ~ Categorical(p) (drawn exactly as :func:`sample_labels`
     draws, from the same RNG stream), the gradient of ``mean_rows CE(logits, ŷ)`` is
     ``(p − onehot(ŷ)) / N``: built here from the softmax the sampling needs anyway, so the curvature
-    pass skips a second log-softmax forward and backward (IRE's Fisher estimator, ALGORITHMS.md §3).
+    pass skips a second log-softmax forward and backward (IRE's Fisher estimator, Wang et al. 2024).
 
     Args:
         logits: ``(..., C)`` unnormalised class scores (N = their number of rows).
