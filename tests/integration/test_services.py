@@ -145,3 +145,7 @@ STUDY = Study(
         assert sorted(set(steps)) == list(range(1, epochs + 1))
         if r.data.tags[runs.TAG_TRIAL] in done_ids:
             assert len(steps) == epochs  # finished before the interrupt: not run again
+
+    again = flatlab("run", str(study), "--root", str(root), "--resume", "--num-cpus", "2")  # the launch has finished now
+    assert again.returncode == 0 and "already finished; nothing to resume" in again.stdout, again.stdout + again.stderr
+    assert len(c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")) == n

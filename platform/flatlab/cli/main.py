@@ -152,8 +152,9 @@ def studies(directory: Path = typer.Argument(Path("studies"), help="folder of st
     files = sorted(p for p in directory.glob("*.py") if not p.name.startswith("_"))
     if not files:
         _fail(FlatlabError(f"no study files in {directory}"))
+    width = max(len(str(p)) for p in files)
     for p in files:
-        console.print(f"{str(p):40s} {describe_file(str(p))}")
+        console.print(f"{str(p):{width}s}  {describe_file(str(p))}", soft_wrap=True)
 
 
 @app.command()

@@ -197,6 +197,14 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         if not launch.exists():
             raise ConfigError(f"--resume: no earlier launch of study {study.name!r} under {out} (missing {launch.name})")
         previous = json.loads(launch.read_text())
+        if previous.get("status") == "finished":  # every trial ended: nothing to continue, nothing to start
+            if console is not None:
+                console.print(f"study [bold]{study.name}[/bold]: its latest launch already finished; nothing to resume")
+            return StudyOutcome(
+                study=study.name, tracking_uri=tracking_uri, experiment_id=previous.get("experiment_id", ""),
+                parent_run_id=previous["parent_run_id"], experiment_path=previous["experiment_path"], interrupted=False,
+                num_trials=study.num_total_trials(), num_errors=0, wall_s=time.monotonic() - t0,
+            )
         if not tune.Tuner.can_restore(previous["experiment_path"]):
             raise ConfigError(f"--resume: the Tune experiment at {previous['experiment_path']} cannot be restored")
 
