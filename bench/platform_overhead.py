@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,28 @@ def sequential(study) -> float:
     return time.perf_counter() - t0
 
 
+def time_outside_training(db: Path) -> list:
+    """Per trial: seconds between its MLflow run's start and end not spent in its epochs (set-up,
+    reporting, checkpoints, artifact upload), from the study's SQLite store."""
+    import sqlite3
+
+    con = sqlite3.connect(str(db))
+    rows = con.execute(
+        "select r.run_uuid, r.start_time, r.end_time from runs r join tags t on t.run_uuid = r.run_uuid "
+        "where t.key = 'flatlab.role' and t.value = 'trial'"
+    ).fetchall()
+    out = []
+    for run_id, start, end in rows:
+        (epochs,) = con.execute(
+            "select sum(v) from (select max(value) as v from metrics where run_uuid = ? and key = 'time/epoch_s' group by step)",
+            (run_id,),
+        ).fetchone()
+        if start and end and epochs is not None:
+            out.append((end - start) / 1000 - epochs)
+    con.close()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=6)
@@ -77,6 +100,7 @@ def main() -> None:
         if res.returncode != 0:
             sys.exit(f"flatlab run failed:\n{res.stdout}\n{res.stderr}")
         log = (Path(tmp) / "root" / "bench_overhead" / "logs" / "flatlab.log").read_text()
+        outside = time_outside_training(Path(tmp) / "root" / "mlflow.db")
         phases = {m.group(1): float(m.group(2)) for m in re.finditer(r"(starting Tune|Tune done) \(([0-9.]+) s\)", log)}
     n = args.trials
     overhead = (b * 2 - a) / n
@@ -85,6 +109,10 @@ def main() -> None:
     print(f"(b) flatlab run, 2 concurrent trials: {b:7.1f} s  (Ray start-up, MLflow, checkpoints included)")
     print(f"ratio (b)/(a): {b / a:.3f}   target <= 0.65   {'PASS' if b / a <= 0.65 else 'FAIL'}")
     print(f"per-trial overhead: {overhead:.2f} s   target <= 1.0 s   {'PASS' if overhead <= 1.0 else 'FAIL'}")
+    if outside:
+        print(f"  per trial, time outside its epochs (MLflow run span - sum of time/epoch_s): "
+              f"{statistics.mean(outside):.2f} s mean, {min(outside):.2f}-{max(outside):.2f} s "
+              f"(the first trial on each worker also starts the worker)")
     if len(phases) == 2:
         tune_s = phases["Tune done"] - phases["starting Tune"]
         print(f"  breakdown of (b): {phases['starting Tune']:.1f} s set-up before Tune (Ray, MLflow, data), "
