@@ -25,14 +25,16 @@ class UnknownNameError(FlatlabError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-def did_you_mean(name: str, valid: Iterable[str]) -> str:
-    """``" (did you mean 'x'?)"`` for the closest valid names to a misspelt ``name``, else ``""``.
+def did_you_mean(name: object, valid: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the valid names closest to a misspelt ``name``, else ``""``.
 
-    Close = difflib's similarity ratio >= 0.6, or ``name`` is a prefix of / contained in a valid name
-    (``admire`` -> ``adamw_ire``).
+    Close = difflib's similarity ratio >= 0.6 (``kapa`` -> ``kappa``, ``admire`` -> ``adamw_ire``), or, for
+    names of 3+ characters, contained in a valid name. A ``name`` that is not a string gets no hint.
     """
-    valid = list(valid)
+    if not isinstance(name, str):
+        return ""
+    valid = [v for v in valid if isinstance(v, str)]
     close = difflib.get_close_matches(name, valid, n=2, cutoff=0.6)
-    if not close:
-        close = [v for v in valid if name and name.lower() in v.lower()][:2]
+    if not close and len(name) >= 3:
+        close = [v for v in valid if name.lower() in v.lower()][:2]
     return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""

@@ -104,10 +104,8 @@ def resolve(
     if not allow_extra:
         unknown = sorted(set(given) - set(by_name))
         if unknown:
-            hints = "".join(did_you_mean(u, by_name) for u in unknown)
-            raise ConfigError(
-                f"{where}: unknown parameter(s) {', '.join(unknown)}{hints}; accepted: {', '.join(sorted(by_name)) or '(none)'}"
-            )
+            named = ", ".join(f"{u}{did_you_mean(u, by_name)}" for u in unknown)
+            raise ConfigError(f"{where}: unknown parameter(s) {named}; accepted: {', '.join(sorted(by_name)) or '(none)'}")
     out = {h.name: h.default for h in declared}
     for name, value in given.items():
         if name in by_name:

@@ -178,3 +178,16 @@ def test_rft_clip_paper_scale_streams_the_full_training_set():
     assert paper.workload == "clip_finetune"
     assert paper.workload_params["train_in_memory"] is False and paper.workload_params["train_per_class"] == 0
     assert paper.workload_params["id_per_class"] == 10  # evaluation subsets unchanged
+
+
+def test_a_relative_folder_still_reads_after_the_trial_changes_directory(thirty, transform, tmp_path, monkeypatch):
+    """Tune runs each trial in its own working directory: relative sources are made absolute at parse time."""
+    monkeypatch.chdir(thirty.parent)
+    src = parse_source(thirty.name)  # relative to the driver's directory
+    lazy, _, _ = lazy_images(src, transform, workers=1)
+    blob = pickle.dumps(lazy)
+    elsewhere = tmp_path / "trial_dir"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    moved = pickle.loads(blob)
+    assert torch.equal(moved[[1, 2]], lazy[[1, 2]])

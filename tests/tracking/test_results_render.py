@@ -26,14 +26,15 @@ def test_ids_stay_text_and_float_params_are_shortened():
 def test_language_model_and_speedup_columns_appear_when_recorded():
     df = pd.DataFrame(
         {"arm": ["adamw", "adamw_ire"], "trial_id": ["a1", "b2"], "status": ["FINISHED"] * 2, "outcome": ["completed"] * 2,
-         "epochs": [1, 1], "val/loss": [5.6, 5.5], "best/val/loss": [5.6, 5.5], "test/perplexity": [270.4, 244.7],
-         "train/steps_to_target": [8.0, 6.0], "train/speedup": [1.0, 1.3333]}
+         "epochs": [1, 1], "val/loss": [5.6, 5.5], "best/val/loss": [5.6, 5.5], "test/accuracy": [0.21, 0.22],
+         "test/perplexity": [270.4, 244.7], "train/steps_to_target": [24576.0, 12352.0], "train/speedup": [1.0, 1.9896]}
     )
     df.attrs["metric"] = "val/loss"
     header = _table(df).splitlines()[1]
     for col in ("test/perplexity", "train/steps_to_target", "train/speedup"):
         assert col in header
-    assert "1.333" in _table(df)
+    assert "test/accuracy" not in header  # a language model's perplexity is shown instead
+    assert "24576" in _table(df) and "12352" in _table(df) and "1.99" in _table(df)  # step counts in full
     df2 = df.drop(columns=["train/steps_to_target", "train/speedup"])
     df2.attrs["metric"] = "val/loss"
     assert "speedup" not in _table(df2)

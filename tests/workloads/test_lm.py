@@ -135,3 +135,13 @@ def test_lm_training_curve_comes_from_the_trainer():
     assert not any(k.startswith("progress") for k in t.model.state_dict())  # no tracker buffers in the model
     with pytest.raises(ConfigError, match="target_loss"):
         build_workload("lm/wikitext2", data_path="synthetic", target_loss=2.0)
+
+
+def test_checkpoints_with_the_old_progress_buffer_still_load():
+    wl = build_workload("lm/wikitext2", data_path="synthetic", n_layers=1, width=16, n_heads=2, context=16)
+    model = wl.build_model()
+    old = dict(model.state_dict())
+    old["progress"] = torch.tensor([3.0, 2.5, 0.0], dtype=torch.float64)  # written by flatlab before the loss curve
+    model.load_state_dict(old)  # strict: every other key must still match
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        model.load_state_dict({**old, "something_else": torch.zeros(1)})

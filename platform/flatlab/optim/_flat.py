@@ -86,8 +86,9 @@ def kth_smallest_nonnegative(values: torch.Tensor, k: int) -> torch.Tensor:
     radix select: non-negative IEEE-754 float32 numbers order like their bit patterns read as int32,
     so one histogram of the upper 16 bits finds the bucket holding the k-th value and a second
     histogram of the lower 16 bits inside that bucket finds the value itself. Four elementwise passes
-    instead of kthvalue's partial sort: about 3x faster on CPU, and on CUDA it is not limited to one
-    thread block per slice as ``kthvalue`` is on a single huge slice (IRE ranks every parameter at once).
+    instead of kthvalue's partial sort: about 3x faster on CPU (measured on 0.3 M and 11 M values). On
+    CUDA it avoids ``kthvalue``'s per-slice kernel on one huge slice (IRE ranks every parameter at
+    once); its speed there is not measured yet.
 
     Args:
         values: ``(n,)`` float32, every entry ≥ 0 (squares, or EMAs of squares). Signs are ignored

@@ -33,7 +33,7 @@ def load_module(path: str):
     return module
 
 
-_UNEXPECTED = re.compile(r"(Study|Arm|Resources)\.__init__\(\) got an unexpected keyword argument '(\w+)'")
+_UNEXPECTED = re.compile(r"(?<![\w.])(Study|Arm|Resources)\.__init__\(\) got an unexpected keyword argument '(\w+)'")
 
 
 def _keyword_error(path: str, exc: TypeError) -> Optional[ConfigError]:

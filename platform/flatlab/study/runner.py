@@ -64,7 +64,9 @@ class StudyOutcome:
 
 def _setup_file_logging(log_dir: Path) -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(log_dir / "flatlab.log")
+    path = str((log_dir / "flatlab.log").resolve())
+    existing = [h for h in logging.getLogger("flatlab").handlers if getattr(h, "flatlab_study_log", False) and h.baseFilename == path]
+    handler = existing[0] if existing else logging.FileHandler(path)
     handler.flatlab_study_log = True  # type: ignore[attr-defined]
     # Tune's per-result JSON/CSV files are off (the results live in MLflow), so its end-of-run analysis
     # warns that it found none for every trial: expected, not worth alarming anyone in the log.
@@ -103,6 +105,24 @@ def _init_ray(opts: RunOptions, tracking_uri: str) -> None:
         ray.init(**kwargs)
     else:
         ray.init(num_cpus=opts.num_cpus, include_dashboard=False, **kwargs)
+
+
+def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_id: str, out: Path, console: Any) -> None:
+    """What runs after a launch whose trials all ended: steps-to-target, then the workload's hook."""
+    if study.reference_arm is not None or study.target_loss is not None:
+        from flatlab.tracking.speedup import log_steps_to_target
+
+        summary = log_steps_to_target(tracking_uri, experiment_id, parent_run_id, study)
+        reached = sum(r["steps_to_target"] is not None for r in summary["runs"].values())
+        line = (
+            f"steps-to-target: {reached} of {len(summary['runs'])} trials reached the target"
+            + (f"; {len(summary['skipped'])} skipped (no curve or no reference)" if summary["skipped"] else "")
+            + (f"; {len(summary['errors'])} MLflow errors (see the log)" if summary["errors"] else "")
+        )
+        logger.info("%s", line)
+        if console is not None:
+            console.print(line)
+    _after_study(study, tracking_uri, out, console)
 
 
 def _after_study(study: Study, tracking_uri: str, out: Path, console: Any) -> None:
@@ -197,9 +217,13 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         if not launch.exists():
             raise ConfigError(f"--resume: no earlier launch of study {study.name!r} under {out} (missing {launch.name})")
         previous = json.loads(launch.read_text())
-        if previous.get("status") == "finished":  # every trial ended: nothing to continue, nothing to start
+        if previous.get("status") == "finished" and previous.get("num_errors", 1) == 0:
+            # every trial completed: nothing to continue and no Ray to start; the post-study steps are
+            # re-done (they are idempotent), in case they were cut short the first time
             if console is not None:
                 console.print(f"study [bold]{study.name}[/bold]: its latest launch already finished; nothing to resume")
+            _setup_file_logging(out / "logs")
+            _post_study(study, tracking_uri, previous.get("experiment_id", ""), previous["parent_run_id"], out, console)
             return StudyOutcome(
                 study=study.name, tracking_uri=tracking_uri, experiment_id=previous.get("experiment_id", ""),
                 parent_run_id=previous["parent_run_id"], experiment_path=previous["experiment_path"], interrupted=False,
@@ -319,16 +343,12 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         client.set_terminated(parent_run_id, status=status)
         state = json.loads(launch.read_text())
         state["status"] = status.lower()
+        state["num_errors"] = num_errors
         launch.write_text(json.dumps(state, indent=2))
         for err in mlflow_cb.errors:
             logger.warning("MLflow: %s", err)
-    if not interrupted and (study.reference_arm is not None or study.target_loss is not None):
-        from flatlab.tracking.speedup import log_steps_to_target
-
-        log_steps_to_target(tracking_uri, experiment_id, parent_run_id, study)
-        logger.info("steps-to-target logged (%.1f s)", time.monotonic() - t0)
     if not interrupted:
-        _after_study(study, tracking_uri, out, console)
+        _post_study(study, tracking_uri, experiment_id, parent_run_id, out, console)
     if console is not None and interrupted:
         console.print(f"[yellow]interrupted[/yellow]: continue with `flatlab run {opts.source or '<study file>'} --resume`")
     return StudyOutcome(

@@ -113,7 +113,7 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
         return
     metric = df.attrs.get("metric", "val/accuracy")
     params = [c for c in df.columns if c.startswith("param.")]
-    test = next((c for c in ("test/accuracy", "test/perplexity", "test/loss") if _has_values(df, c)), "test/accuracy")
+    test = next((c for c in ("test/perplexity", "test/accuracy", "test/loss") if _has_values(df, c)), "test/accuracy")
     default = ["arm", "trial_id", "status", "outcome", "epochs", metric, f"best/{metric}", test]
     default += [c for c in ("train/steps_to_target", "train/speedup") if _has_values(df, c)]  # Study(reference_arm=...)
     cols = [c for c in (columns or default) if c in df.columns]
@@ -145,5 +145,7 @@ def _fmt(v: Any, numeric_text: bool = False) -> str:
     if isinstance(v, float):
         if v != v:
             return "-"
+        if v.is_integer() and abs(v) < 1e15:
+            return str(int(v))  # counts (epochs, train/steps_to_target) in full
         return f"{v:.4g}"
     return "-" if v is None else str(v)

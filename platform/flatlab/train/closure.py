@@ -31,8 +31,8 @@ def sample_labels(logits: torch.Tensor) -> torch.Tensor:
     Returns:
         ``(...)`` int64 labels. Uses the global torch RNG (seeded by the trainer, saved in checkpoints).
     """
-    flat = logits.detach().reshape(-1, logits.shape[-1]).float()
-    return _draw(torch.softmax(flat, dim=-1)).reshape(logits.shape[:-1])
+    probs = torch.softmax(logits.detach().reshape(-1, logits.shape[-1]), dim=-1, dtype=torch.float32)
+    return _draw(probs).reshape(logits.shape[:-1])
 
 
 def sampled_label_logit_grad(logits: torch.Tensor) -> torch.Tensor:
@@ -48,9 +48,8 @@ def sampled_label_logit_grad(logits: torch.Tensor) -> torch.Tensor:
     Returns:
         ``(..., C)`` tensor of ``logits``' dtype (the softmax itself is taken in float32).
     """
-    flat = logits.detach().reshape(-1, logits.shape[-1]).float()
-    probs = torch.softmax(flat, dim=-1)
-    labels = _draw(probs)
+    probs = torch.softmax(logits.detach().reshape(-1, logits.shape[-1]), dim=-1, dtype=torch.float32)
+    labels = _draw(probs)  # its cumulative sum is freed on return: two (N, C) float32 buffers at the peak
     rows = torch.arange(probs.shape[0], device=probs.device)
     probs[rows, labels] -= 1.0
     return probs.div_(probs.shape[0]).reshape(logits.shape).to(logits.dtype)

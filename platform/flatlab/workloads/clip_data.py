@@ -94,11 +94,15 @@ def parse_source(text: str) -> Source:
             name, split = rest, "train"
         if not name or not split:
             raise ConfigError(f"hf source {text!r}: expected hf:<name or path>[@<split>]")
+        local = os.path.expanduser(name)
+        if os.path.isdir(local):  # a save_to_disk folder: absolute, so trials (Tune moves each into its own dir) find it
+            name = os.path.abspath(local)
         return Source("hf", name, split)
     path = text[len("folder:") :] if text.startswith("folder:") else text
     if not path:
         raise ConfigError(f"folder source {text!r} has an empty path")
-    return Source("folder", os.path.expanduser(path))
+    # Absolute: streamed images are read in the trials, whose working directory Tune changes.
+    return Source("folder", os.path.abspath(os.path.expanduser(path)))
 
 
 # ---- image folders ----------------------------------------------------------------------------

@@ -206,14 +206,23 @@ def markov_tokens(n: int, vocab: int, seed: int) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------------------
 class CausalLM(nn.Module):
-    """A transformers causal LM: ``forward((B, T) int64 ids) -> (B, T, V)`` float logits."""
+    """A transformers causal LM: ``forward((B, T) int64 ids) -> (B, T, V)`` float logits.
+
+    State dicts written by earlier flatlab versions held a ``progress`` buffer (a steps-to-target
+    tracker, now the trainer's loss curve); loading drops it, so their checkpoints still resume.
+    """
 
     def __init__(self, hf_model: nn.Module) -> None:
         super().__init__()
         self.hf = hf_model
+        self._register_load_state_dict_pre_hook(_drop_legacy_progress)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.hf(input_ids=input_ids, use_cache=False).logits
+
+
+def _drop_legacy_progress(state_dict: Dict[str, Any], prefix: str, *args: Any) -> None:
+    state_dict.pop(prefix + "progress", None)
 
 
 def _chunked_ce(logits: torch.Tensor, targets: torch.Tensor, chunk: int = 8192) -> Tuple[float, int]:
