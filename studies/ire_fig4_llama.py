@@ -9,7 +9,8 @@ Studies (``build(scale)``, one per model size, run in this order; searcher ``gri
 Each: arm ``adamw`` and arm ``adamw_ire`` (AdmIRE, gamma {0.6, 0.8} x kappa {2, 5}, our grid; IRE on
 from the end of warm-up), both at lr_max 6e-4 with betas (0.9, 0.95), eps 1e-16, weight decay 0.1,
 gradient clipping 1.0, linear warm-up (2% of the run) then cosine to lr_max/20; 1 seed (the figure
-shows single curves). 1 + 4 = 5 trials per size, FIFO, one GPU and 8 CPUs per trial.
+shows single curves). 1 + 4 = 5 trials per size, FIFO, one GPU and 8 CPUs per trial (119M and
+229M accumulate gradients over micro-batches of 64 / 32 sequences to fit one GPU).
 
 The speed-up metric is automatic (``reference_arm="adamw"``): every run records its smoothed training
 loss per optimizer step (``train/loss_smoothed``, bias-corrected EMA with factor ``curve_smoothing``,
@@ -35,6 +36,11 @@ from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
 BASE = {"lr": 6e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-16, "weight_decay": 0.1}
+
+# Gradient accumulation at paper scale (trainer micro_batch_size): a whole 256 x 1024-token batch of the
+# 229M model needs over 100 GB of activations and logits (50,257-way), more than one GPU holds; the
+# update is the same up to float rounding. Ours; the paper does not say how it fit its batches.
+MICRO_BATCH = {"llama_60m": None, "llama_119m": 64, "llama_229m": 32}
 
 SIZES = (
     # size, workload, batch, epochs, extra workload params at paper scale, tiny shape for smoke
@@ -64,6 +70,7 @@ def build(scale: str):
                     "warmup_epochs": 0.02 * epochs if paper else 0.25,
                     "final_lr_factor": 0.05,
                     "clip_norm": 1.0,
+                    **({"micro_batch_size": MICRO_BATCH[size]} if paper and MICRO_BATCH[size] else {}),
                 },
                 arms=(
                     Arm("adamw", space=dict(BASE)),

@@ -166,3 +166,49 @@ def test_a_deferred_divergence_check_reports_the_exact_first_bad_step(digits):
     assert now.step == later.step and not math.isfinite(now.loss) and not math.isfinite(later.loss)
     assert steps_now == now.step  # stopped at the bad step itself ...
     assert now.step <= steps_later <= now.step + 7  # ... or at the next check (every 7 steps, or the epoch's end)
+
+
+@pytest.mark.parametrize("name, params", [
+    ("sgd", {"lr": 0.1, "momentum": 0.9}),
+    ("sam", {"lr": 0.1, "momentum": 0.9, "rho": 0.05}),
+    ("sgd_ire", {"lr": 0.1, "momentum": 0.9, "kappa": 2.0, "gamma": 0.5, "mask_interval": 1}),
+])
+def test_micro_batches_give_the_full_batch_step(digits, name, params):
+    """Gradient accumulation over chunks of 24 (the last one 16) = one pass over 64, for every closure pass
+    (SAM's extra pass and IRE's sampled-label gradient included). The MLP has no BatchNorm, so the chunks
+    see the same normalisation as the whole batch."""
+    from flatlab.optim import get_optimizer
+
+    x, y = digits.train.inputs[:64], digits.train.targets[:64]
+    after = []
+    for micro in (None, 24):
+        torch.manual_seed(0)
+        model = build_workload("digits", model="mlp").build_model()
+        opt = get_optimizer(name).create(model.parameters(), **params)
+        seen = []
+        closure = BatchClosure(model, torch.nn.functional.cross_entropy, x, y, micro_batch=micro,
+                               on_outputs=lambda out, t: seen.append(len(t)))
+        torch.manual_seed(1)  # the same label draws for IRE's curvature pass
+        opt.step(closure)
+        assert sum(seen) == 64 and len(seen) == (1 if micro is None else 3)
+        after.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+        assert (closure.outputs is None) == (micro is not None)
+    assert torch.allclose(after[0], after[1], atol=1e-6, rtol=1e-5)
+
+
+def test_micro_batched_sampled_gradients_sum_to_the_full_batch_ones(digits):
+    x, y = digits.train.inputs[:64], digits.train.targets[:64]
+    torch.manual_seed(0)
+    model = build_workload("digits", model="mlp").build_model()
+    params = list(model.parameters())
+    grads = []
+    for micro in (None, 16):
+        torch.manual_seed(5)
+        loss, sampled = BatchClosure(model, torch.nn.functional.cross_entropy, x, y, micro_batch=micro).with_sampled_grads(params)
+        grads.append((loss, sampled, [p.grad.clone() for p in params]))
+    (l0, s0, g0), (l1, s1, g1) = grads
+    assert torch.allclose(l0, l1, atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g0, g1))  # the true-label gradient
+    # sampled: each chunk draws its labels from the same RNG stream in order; with the CPU generator the
+    # 4 draws of 16 uniforms equal one draw of 64, so the sampled gradients agree too
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(s0, s1))

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from flatlab.optim.protocol import frozen_bn_stats
+from flatlab.workloads.base import Inputs, take
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -60,27 +61,39 @@ class BatchClosure:
 
     Args:
         model: the network (in train mode).
-        loss_fn: ``loss_fn(outputs, targets) -> scalar`` (label smoothing etc. inside).
-        inputs, targets: the mini-batch (any shapes the model / loss accept).
+        loss_fn: ``loss_fn(outputs, targets) -> scalar`` mean over the examples it is given (label
+            smoothing etc. inside).
+        inputs, targets: the mini-batch, ``(N, ...)`` (a tensor or a dict of tensors) and ``(N, ...)``.
         clip_norm: if set, the global L2 norm of the true-label gradient is clipped to it after EVERY
             backward pass (primary and extra), so each optimizer, SAM's ascent and IRE's base step
             included, only ever sees clipped gradients. ``None``: no clipping.
+        micro_batch: if set and smaller than N, every pass (primary, extra, sampled-label) runs the batch
+            in chunks of this many examples and accumulates the gradients, each chunk's mean loss
+            weighted by its share of N: the same gradient as one pass over N up to float rounding, with
+            the activation memory of one chunk (gradient accumulation). BatchNorm then normalises each
+            chunk with its own statistics, as accumulation always does.
+        on_outputs: called with ``(outputs, targets)`` (detached) of every chunk of the PRIMARY pass,
+            e.g. for the running training accuracy (exactly one primary pass per optimizer step).
     """
 
     def __init__(
         self,
         model: nn.Module,
         loss_fn: LossFn,
-        inputs: torch.Tensor,
+        inputs: Inputs,
         targets: torch.Tensor,
         clip_norm: Optional[float] = None,
+        micro_batch: Optional[int] = None,
+        on_outputs: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None,
     ) -> None:
         self.model = model
         self.clip_norm = clip_norm
         self.loss_fn = loss_fn
         self.inputs = inputs
         self.targets = targets
-        self.outputs: Optional[torch.Tensor] = None  # outputs of the last primary pass (detached)
+        self.micro_batch = micro_batch
+        self.on_outputs = on_outputs
+        self.outputs: Optional[torch.Tensor] = None  # outputs of the last primary pass (detached; None when chunked)
         self.loss: Optional[torch.Tensor] = None  # loss of the last primary pass, at the unperturbed point
 
     def _zero_grad(self) -> None:
@@ -91,34 +104,58 @@ class BatchClosure:
         if self.clip_norm is not None:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
 
-    def _forward(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        self._zero_grad()
-        out = self.model(self.inputs)
-        return out, self.loss_fn(out, self.targets)
+    def _chunks(self) -> Iterator[Tuple[Inputs, torch.Tensor, Optional[float]]]:
+        """``(inputs, targets, weight)`` per chunk; weight ``None`` = the whole batch in one piece."""
+        n = int(self.targets.shape[0])
+        if self.micro_batch is None or self.micro_batch >= n:
+            yield self.inputs, self.targets, None
+            return
+        for start in range(0, n, self.micro_batch):
+            part = slice(start, start + self.micro_batch)
+            yield take(self.inputs, part), self.targets[part], (min(n, start + self.micro_batch) - start) / n
 
     @torch.enable_grad()
+    def _pass(self, primary: bool, sampled_for: Optional[Sequence[torch.Tensor]] = None) -> Tuple[torch.Tensor, List[Optional[torch.Tensor]]]:
+        """Forward/backward over the batch (chunked if asked); returns the loss and, with ``sampled_for``,
+        the sampled-label gradients of those tensors (IRE's curvature pass, from the same forward)."""
+        self._zero_grad()
+        params = list(sampled_for) if sampled_for is not None else []
+        sampled: List[Optional[torch.Tensor]] = [None] * len(params)
+        total: Optional[torch.Tensor] = None
+        for x, y, weight in self._chunks():
+            out = self.model(x)
+            loss = self.loss_fn(out, y)
+            if sampled_for is not None:
+                # ∂/∂θ of the mean sampled-label cross-entropy, backpropagated from its logit gradient
+                # through this forward's graph (kept for the true loss's backward below).
+                seed = sampled_label_logit_grad(out)
+                if weight is not None:
+                    seed.mul_(weight)
+                grads = torch.autograd.grad(out, params, grad_outputs=seed, retain_graph=True, allow_unused=True)
+                sampled = [g if s is None else (s if g is None else s.add_(g)) for s, g in zip(sampled, grads)]
+            (loss if weight is None else loss * weight).backward()
+            part = loss.detach() if weight is None else loss.detach() * weight
+            total = part if total is None else total + part
+            if primary:
+                if weight is None:
+                    self.outputs = out.detach()
+                if self.on_outputs is not None:
+                    self.on_outputs(out.detach(), y)
+        self._clip()  # the true-label gradient only: the sampled one just ranks coordinates
+        assert total is not None
+        return total, sampled
+
     def __call__(self) -> torch.Tensor:
-        out, loss = self._forward()
-        loss.backward()
-        self._clip()
-        self.outputs, self.loss = out.detach(), loss.detach()
+        self.outputs = None
+        self.loss, _ = self._pass(primary=True)
         return self.loss
 
-    @torch.enable_grad()
     def extra(self) -> torch.Tensor:
         with frozen_bn_stats(self.model):
-            _, loss = self._forward()
-            loss.backward()
-        self._clip()
-        return loss.detach()
+            loss, _ = self._pass(primary=False)
+        return loss
 
-    @torch.enable_grad()
     def with_sampled_grads(self, params: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, List[Optional[torch.Tensor]]]:
-        out, loss = self._forward()
-        # ∂/∂θ of the mean sampled-label cross-entropy, backpropagated from its logit gradient through the
-        # primary pass's graph (no second forward; the graph is kept for the true loss's backward).
-        sampled = torch.autograd.grad(out, list(params), grad_outputs=sampled_label_logit_grad(out), retain_graph=True, allow_unused=True)
-        loss.backward()
-        self._clip()  # the true-label gradient only: the sampled one just ranks coordinates
-        self.outputs, self.loss = out.detach(), loss.detach()
-        return self.loss, list(sampled)
+        self.outputs = None
+        self.loss, sampled = self._pass(primary=True, sampled_for=params)
+        return self.loss, sampled

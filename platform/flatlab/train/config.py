@@ -18,6 +18,10 @@ TRAINER_HPARAMS = (
         doc="clip the global L2 gradient norm to this after every backward pass (None = off; LMs: 1.0)",
     ),
     HParam(
+        "micro_batch_size", None, int, low=1, nullable=True,
+        doc="run each mini-batch in chunks of this many examples, accumulating gradients (None = whole batch; memory)",
+    ),
+    HParam(
         "curve_smoothing", 0.9, float, low=0.0, high=1.0, high_open=True,
         doc="EMA factor of the training-loss curve used for steps-to-target (0 = raw loss; IRE paper, Fig. 4)",
     ),

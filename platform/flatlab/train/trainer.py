@@ -38,6 +38,20 @@ class Diverged(RuntimeError):
         self.loss = loss
 
 
+class _TrainStats:
+    """Sums the workload's ``batch_stats`` over an epoch (``correct`` may stay a device tensor)."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self.correct: Any = 0
+        self.counted = 0
+
+    def add(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+        c, n = self.workload.batch_stats(outputs, targets)
+        self.correct = self.correct + c
+        self.counted += n
+
+
 @dataclass(frozen=True)
 class TrialSpec:
     """Everything that defines one training run; a trial is reproducible from it.
@@ -124,8 +138,7 @@ class Trainer:
         perm = torch.randperm(len(train), generator=self.generator)
         bs = self.hp["batch_size"]
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # on the device: no per-step copy
-        correct: Any = 0
-        counted = 0
+        stats = _TrainStats(self.workload)  # running train accuracy, fed by the primary pass's outputs
         first_bad = torch.full((), -1, dtype=torch.int64, device=self.device)  # first step with a non-finite loss
         bad_loss = torch.zeros((), dtype=torch.float64, device=self.device)  # and that loss
         on_progress = getattr(self.optimizer, "on_progress", None)
@@ -148,7 +161,10 @@ class Trainer:
                         last_epoch_train_loss=self.last_train_loss,
                     )
                 )
-            closure = BatchClosure(self.model, self._loss, x, y, clip_norm=self.hp["clip_norm"])
+            closure = BatchClosure(
+                self.model, self._loss, x, y, clip_norm=self.hp["clip_norm"], micro_batch=self.hp["micro_batch_size"],
+                on_outputs=stats.add,
+            )
             self.optimizer.step(closure)
             loss = closure.loss
             if loss is None:
@@ -162,8 +178,6 @@ class Trainer:
                 self._raise_if_diverged(first_bad, bad_loss)
             loss_sum += loss.double() * len(idx)
             self.curve.update(loss)
-            c, n = self.workload.batch_stats(closure.outputs, y)
-            correct, counted = correct + c, counted + n
             lr = self.optimizer.param_groups[0]["lr"]
             self.scheduler.step()
             self.step += 1
@@ -175,8 +189,8 @@ class Trainer:
             "train/loss": self.last_train_loss,
             "lr": lr,
         }
-        if counted:
-            metrics["train/accuracy"] = int(correct) / counted
+        if stats.counted:
+            metrics["train/accuracy"] = int(stats.correct) / stats.counted
         for prefix, split in self.data.eval_splits().items():
             for k, v in self.workload.evaluate(self.model, split).items():
                 metrics[f"{prefix}/{k}"] = v
