@@ -22,7 +22,6 @@ from flatlab.tracking import runs
 logger = logging.getLogger(__name__)
 
 CURVE_METRIC = "train/loss_smoothed"
-_BATCH = 1000  # MLflow's log_batch limit on metrics per call
 
 
 @dataclass(frozen=True)
@@ -41,9 +40,7 @@ def log_curve(client: Any, run_id: str, curve: Sequence[Tuple[int, float]]) -> N
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
-    batch = [Metric(CURVE_METRIC, float(v), now, int(s)) for s, v in curve]
-    for i in range(0, len(batch), _BATCH):
-        client.log_batch(run_id, metrics=batch[i : i + _BATCH])
+    runs.log_metrics(client, run_id, [Metric(CURVE_METRIC, float(v), now, int(s)) for s, v in curve])
 
 
 def log_trial_artifacts(

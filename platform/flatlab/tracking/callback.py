@@ -209,9 +209,7 @@ class MLflowTrialLogger(Callback):
             run_id = self._run_ids.get(trial_id)
             if run_id is None:
                 continue  # its start is still queued behind; sent on a later flush
-            batch = [Metric(k, v, now, step) for metrics, step in pending.pop(trial_id) for k, v in metrics.items()]
-            for i in range(0, len(batch), 1000):  # MLflow's log_batch limit
-                client.log_batch(run_id, metrics=batch[i : i + 1000])
+            runs.log_metrics(client, run_id, [Metric(k, v, now, step) for metrics, step in pending.pop(trial_id) for k, v in metrics.items()])
 
     def _end_run(self, client: Any, trial_id: str, status: str, outcome: str, error: Optional[str]) -> None:
         run_id = self._run_ids.get(trial_id)

@@ -11,7 +11,7 @@ import subprocess
 import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 TAG_ROLE = "flatlab.role"
 TAG_TRIAL = "flatlab.trial_id"
@@ -83,6 +83,16 @@ def find_trial_run(tracking_uri: str, experiment_id: str, trial_id: str, parent_
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.5)
+
+
+LOG_BATCH_LIMIT = 1000  # MLflow's limit on metrics per log_batch call
+
+
+def log_metrics(client: Any, run_id: str, metrics: Sequence[Any]) -> None:
+    """Send ``metrics`` (``mlflow.entities.Metric``) to ``run_id`` in as few ``log_batch`` calls as
+    MLflow's per-call limit allows."""
+    for i in range(0, len(metrics), LOG_BATCH_LIMIT):
+        client.log_batch(run_id, metrics=list(metrics[i : i + LOG_BATCH_LIMIT]))
 
 
 def numeric_metrics(result: Dict) -> Dict[str, float]:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -39,7 +38,7 @@ import torch
 
 from flatlab.errors import ConfigError
 from flatlab.workloads.base import Split
-from flatlab.workloads.lazy_images import LazyImages, default_workers
+from flatlab.workloads.lazy_images import LazyImages
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 SYNTHETIC_CLASSES = ("red", "green", "blue")
@@ -384,23 +383,6 @@ def select_items(source: Source, transform: PixelTransform, *, per_class: int = 
     return reader, items, torch.as_tensor(labels[idx], dtype=torch.int64), names
 
 
-def _decode(items: Sequence[Any], load: Callable[[Any], torch.Tensor], workers: int) -> torch.Tensor:
-    if not len(items):
-        raise ConfigError("no images selected")
-    first = load(items[0])
-    out = torch.empty((len(items), *first.shape), dtype=torch.uint8)
-    out[0] = first
-    describe = getattr(load, "describe", lambda item: repr(item))
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # PIL decodes and resizes without the GIL
-        for i, t in enumerate(pool.map(load, items[1:]), start=1):
-            if t.shape != first.shape:
-                raise ConfigError(
-                    f"image {i} ({describe(items[i])}) has shape {tuple(t.shape)} after preprocessing, expected {tuple(first.shape)}"
-                )
-            out[i] = t
-    return out
-
-
 def load_images(
     source: Source, transform: PixelTransform, *, per_class: int = 0, seed: int = 0, workers: int = 0
 ) -> Tuple[torch.Tensor, torch.Tensor, List[str]]:
@@ -419,8 +401,11 @@ def load_images(
         ConfigError: a missing or empty source; an unreadable image or images of different sizes after
             preprocessing (naming the image).
     """
-    reader, items, targets, names = select_items(source, transform, per_class=per_class, seed=seed)
-    return _decode(items, reader, default_workers(workers)), targets, names
+    images, targets, names = lazy_images(source, transform, per_class=per_class, seed=seed, workers=workers)
+    try:
+        return images[:], targets, names  # every row, decoded on the thread pool, shapes checked
+    finally:
+        images.close()
 
 
 def lazy_images(
