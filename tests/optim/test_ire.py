@@ -318,7 +318,7 @@ def test_toy_larger_kappa_reaches_flatter_minima():
 # The exact radix select IRE uses for its threshold (must equal torch.kthvalue, ties and zeros included).
 @pytest.mark.parametrize("n", [1, 7, 1000, 65_537])
 def test_radix_select_equals_kthvalue(n):
-    from flatlab.optim._flat import kth_smallest_nonnegative
+    from flatlab.optim._flat import kth_smallest_nonnegative, kth_smallest_with_count
 
     g = torch.Generator().manual_seed(n)
     h = torch.randn(n, generator=g).square()
@@ -329,13 +329,18 @@ def test_radix_select_equals_kthvalue(n):
         h[-2] = 1e-42  # subnormal
     for k in sorted({1, max(1, n // 10), max(1, n // 5), n // 2 or 1, max(1, int(0.8 * n)), n}):
         assert kth_smallest_nonnegative(h, k).item() == torch.kthvalue(h, k).values.item()
+        value, count = kth_smallest_with_count(h, k)
+        assert value.item() == torch.kthvalue(h, k).values.item()
+        assert count == int((h <= value).sum()) and count >= k  # ties with the k-th value all counted
 
 
 def test_radix_select_ignores_signs_and_rejects_bad_input():
-    from flatlab.optim._flat import kth_smallest_nonnegative
+    from flatlab.optim._flat import kth_smallest_nonnegative, kth_smallest_with_count
 
     h = torch.tensor([-0.0, 3.0, 1.0, 2.0])
     assert kth_smallest_nonnegative(h, 1).item() == 0.0 and kth_smallest_nonnegative(h, 3).item() == 2.0
+    assert kth_smallest_with_count(h, 1)[1] == 1 and kth_smallest_with_count(h, 4)[1] == 4
+    assert kth_smallest_with_count(torch.tensor([2.0, 0.0, 2.0, -0.0, 1.0]), 2)[1] == 2  # -0.0 and 0.0 tie
     nan_last = torch.tensor([float("nan"), 1.0, 0.5]).neg().abs()  # NaN with either sign ranks above +inf
     assert kth_smallest_nonnegative(nan_last, 2).item() == 1.0
     with pytest.raises(ValueError, match=r"k must be in \[1, 4\]"):

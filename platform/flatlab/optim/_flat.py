@@ -7,6 +7,7 @@ without ever materialising the flat vector: global norms and updates run over li
 
 from __future__ import annotations
 
+import sys
 from typing import Dict, Iterable, List, MutableMapping, Sequence, Tuple, Union
 
 import torch
@@ -82,11 +83,22 @@ def persistent_buffers(
 def kth_smallest_nonnegative(values: torch.Tensor, k: int) -> torch.Tensor:
     """The ``k``-th smallest entry (1-based) of a 1-D float32 tensor of NON-NEGATIVE values.
 
-    Exactly ``torch.kthvalue(values, k).values`` (same value, ties and zeros included), by a two-pass
-    radix select: non-negative IEEE-754 float32 numbers order like their bit patterns read as int32,
-    so one histogram of the upper 16 bits finds the bucket holding the k-th value and a second
-    histogram of the lower 16 bits inside that bucket finds the value itself. Four elementwise passes
-    instead of kthvalue's partial sort: about 3x faster on CPU (measured on 0.3 M and 11 M values). On
+    Exactly ``torch.kthvalue(values, k).values`` (same value, ties and zeros included); see
+    :func:`kth_smallest_with_count`, which also returns how many entries are ≤ it.
+    """
+    return kth_smallest_with_count(values, k)[0]
+
+
+def kth_smallest_with_count(values: torch.Tensor, k: int) -> Tuple[torch.Tensor, int]:
+    """``(v, c)``: the ``k``-th smallest entry ``v`` (1-based) of a 1-D float32 tensor of NON-NEGATIVE
+    values, and the number ``c ≥ k`` of entries ≤ ``v`` (ties with ``v`` included).
+
+    ``v`` is exactly ``torch.kthvalue(values, k).values`` and ``c`` equals ``(values <= v).sum()``
+    whenever ``v`` is not NaN. Two-pass radix select: non-negative IEEE-754 float32 numbers order like
+    their bit patterns read as integers, so one histogram of the upper 16 bits finds the bucket holding
+    the k-th value and a second histogram of the lower 16 bits inside that bucket finds the value
+    itself; the two cumulative histograms also give ``c`` for free (no pass over a comparison mask).
+    About 3x faster than ``kthvalue``'s partial sort on CPU (measured on 0.3 M and 11 M values). On
     CUDA it avoids ``kthvalue``'s per-slice kernel on one huge slice (IRE ranks every parameter at
     once); its speed there is not measured yet.
 
@@ -96,7 +108,8 @@ def kth_smallest_nonnegative(values: torch.Tensor, k: int) -> torch.Tensor:
             makes the selection itself fail.
         k: rank, ``1 ≤ k ≤ n``.
     Returns:
-        0-d float32 tensor on ``values``' device.
+        0-d float32 tensor on ``values``' device, and the count as a Python int (one host read, as
+        the select already needs).
     Raises:
         ValueError: ``values`` is not a 1-D float32 tensor, or ``k`` is outside ``[1, n]``.
     """
@@ -104,8 +117,13 @@ def kth_smallest_nonnegative(values: torch.Tensor, k: int) -> torch.Tensor:
         raise ValueError(f"kth_smallest_nonnegative: values must be a 1-D float32 tensor, got {tuple(values.shape)} {values.dtype}")
     if not 1 <= k <= values.numel():
         raise ValueError(f"kth_smallest_nonnegative: k must be in [1, {values.numel()}], got {k}")
+    values = values.contiguous()
     bits = values.view(torch.int32)
-    high = (bits >> 16) & 0x7FFF  # 0 .. 0x7F80 for finite values ≥ 0 and +inf; the mask drops sign bits
+    if sys.byteorder == "little":  # the upper halves as a strided int16 view: one pass, half the bytes
+        high = values.view(torch.int16)[1::2] & 0x7FFF
+    else:
+        high = (bits >> 16) & 0x7FFF
+    # high: 0 .. 0x7F80 for finite values ≥ 0 and +inf (the mask drops sign bits); NaNs above
     cum = torch.bincount(high, minlength=1 << 15).cumsum_(0)
     rank = torch.tensor([k], dtype=cum.dtype, device=cum.device)
     bucket = int(torch.searchsorted(cum, rank))  # first bucket whose cumulative count reaches k
@@ -113,7 +131,9 @@ def kth_smallest_nonnegative(values: torch.Tensor, k: int) -> torch.Tensor:
     low = bits[high == bucket] & 0xFFFF
     cum_low = torch.bincount(low, minlength=1 << 16).cumsum_(0)
     offset = int(torch.searchsorted(cum_low, rank - below))
-    return torch.tensor((bucket << 16) | offset, dtype=torch.int32, device=values.device).view(torch.float32)
+    count = below + int(cum_low[offset])
+    value = torch.tensor((bucket << 16) | offset, dtype=torch.int32, device=values.device).view(torch.float32)
+    return value, count
 
 
 class MetricMeans:

@@ -51,7 +51,7 @@ from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
 from flatlab.optim.protocol import Closure, as_closure
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.sam import SAM_SPEC
-from flatlab.optim._flat import kth_smallest_nonnegative, persistent_buffers
+from flatlab.optim._flat import kth_smallest_with_count, persistent_buffers
 from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
 
 __all__ = ["IRE", "IRE_HPARAMS", "flat_count", "SGD_IRE_SPEC", "ADAMW_IRE_SPEC", "SAM_IRE_SPEC"]
@@ -159,7 +159,7 @@ class IRE(WrappedOptimizer):
         self._steps = 0  # step() calls so far
         self._since_refresh: Optional[int] = None  # active steps since the mask was computed (None: no mask)
         self._lr_max = [float(g["lr"]) for g in self.param_groups]
-        self._flat_fraction: Any = 0.0  # 0-d tensor once a mask exists
+        self._flat_fraction: Any = 0.0  # fraction of ranked coordinates marked flat by the last refresh
         self._warned = False
         self._mask_version = 0  # bumped when masks change; keys the cached lerp weights
         self._weight_key: Dict[int, Tuple[int, float, int]] = {}
@@ -233,10 +233,13 @@ class IRE(WrappedOptimizer):
         k = flat_count(self.gamma, flat.numel())
         if k == 0:
             flags = torch.zeros(flat.shape, dtype=torch.bool, device=device)
+            self._flat_fraction = 0.0
         else:
-            threshold = kth_smallest_nonnegative(flat, k)  # = torch.kthvalue(flat, k); h ≤ threshold is flat (ties included)
+            # threshold = torch.kthvalue(flat, k); h ≤ threshold is flat (ties included); the select
+            # also counts the flat coordinates, so no pass over the flags is needed for the metric
+            threshold, count = kth_smallest_with_count(flat, k)
             flags = flat <= threshold
-        self._flat_fraction = flags.sum() / flat.numel()
+            self._flat_fraction = (count if not math.isnan(float(threshold)) else int(flags.sum())) / flat.numel()
         for (p, _), m in zip(ranked, flags.split([p.numel() for p, _ in ranked])):
             self.state[p]["mask"] = m.view(p.shape).to(p.device)  # views of one flag vector
 
