@@ -1,5 +1,7 @@
 """The same commands against real services on 127.0.0.1: an MLflow tracking server and a Ray head."""
 
+import json
+import os
 import signal
 import subprocess
 import time
@@ -149,3 +151,86 @@ STUDY = Study(
     again = flatlab("run", str(study), "--root", str(root), "--resume", "--num-cpus", "2")  # the launch has finished now
     assert again.returncode == 0 and "already finished; nothing to resume" in again.stdout, again.stdout + again.stderr
     assert len(c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")) == n
+
+
+# Imported by every Python process of the test's flatlab run (sitecustomize on PYTHONPATH, inherited by
+# Ray's workers): while the marker file exists, every trial raises after its first epoch.
+FAIL_AFTER_FIRST_EPOCH = '''
+import importlib.abc, importlib.util, os, sys
+
+MARK = os.environ.get("FLATLAB_TEST_FAIL_MARK")
+
+
+class _PatchTrainer(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "flatlab.train.trainer":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            original = module.Trainer.run_epoch
+
+            def run_epoch(self):
+                if self.epoch >= 1 and os.path.exists(MARK):
+                    raise RuntimeError("injected trial failure")
+                return original(self)
+
+            module.Trainer.run_epoch = run_epoch
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if MARK:
+    sys.meta_path.insert(0, _PatchTrainer())
+'''
+
+
+def test_resume_retries_errored_trials_from_their_checkpoints(tmp_path):
+    epochs = 3
+    study = write_study(tmp_path / "err.py", f"""
+STUDY = Study(
+    name="err",
+    workload="digits",
+    workload_params={{"width": 16}},
+    arms=(Arm("sgd", space={{"lr": sp.grid([0.05, 0.1])}}),),
+    searcher="grid",
+    max_epochs={epochs},
+    scheduler="fifo",
+    max_concurrent=2,
+)
+""")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FAIL_AFTER_FIRST_EPOCH)
+    mark = tmp_path / "fail-now"
+    mark.touch()
+    e = env()
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook), e.get("PYTHONPATH", "")) if p)
+    e["FLATLAB_TEST_FAIL_MARK"] = str(mark)
+    root = tmp_path / "root"
+    cmd = [str(BIN / "flatlab"), "run", str(study), "--root", str(root), "--num-cpus", "2"]
+    first = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    c = runs.client(runs.default_tracking_uri(root))
+    exp = c.get_experiment_by_name("err")
+    trial_filter = f"tags.`{runs.TAG_ROLE}` = 'trial'"
+    failed = c.search_runs([exp.experiment_id], filter_string=trial_filter)
+    assert len(failed) == 2 and all(r.info.status == "FAILED" for r in failed)
+    assert all(r.data.tags.get(runs.TAG_OUTCOME) == "error" for r in failed)
+    launch = json.loads((root / "err" / "launch.json").read_text())
+    assert launch["status"] == "finished" and launch["num_errors"] == 2
+
+    mark.unlink()  # the cause is fixed: --resume retries the errored trials from their last checkpoint
+    second = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, env=e, timeout=600)
+    assert second.returncode == 0, second.stdout + second.stderr
+    after = c.search_runs([exp.experiment_id], filter_string=trial_filter)
+    assert {r.info.run_id for r in after} == {r.info.run_id for r in failed}  # the same MLflow runs, reopened
+    assert all(r.info.status == "FINISHED" and r.data.tags.get(runs.TAG_OUTCOME) == "completed" for r in after)
+    for r in after:  # epoch 1 ran once (restored from its checkpoint), epochs 2..3 after the resume
+        assert [m.step for m in c.get_metric_history(r.info.run_id, "epoch")] == list(range(1, epochs + 1))
+    launch = json.loads((root / "err" / "launch.json").read_text())
+    assert launch["status"] == "finished" and launch["num_errors"] == 0
