@@ -30,6 +30,7 @@ from flatlab.sharpness.data import (
     DEFAULT_BATCH_SIZE, EvalData, as_subset, call_model, functional_forward, weighted_batches,
 )
 from flatlab.sharpness.results import Estimate
+from flatlab.train.closure import sample_labels
 
 FISHER_ESTIMATORS = ("per_example", "batch")
 
@@ -37,8 +38,7 @@ FISHER_ESTIMATORS = ("per_example", "batch")
 def _sample_labels(logits: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     if logits.ndim != 2:
         raise ConfigError(f"fisher_trace needs (B, C) logits from the model; got shape {tuple(logits.shape)}")
-    probs = torch.softmax(logits.detach().double(), dim=-1)
-    return torch.multinomial(probs, 1, generator=gen).squeeze(1)  # (B,)
+    return sample_labels(logits, generator=gen)  # (B,), the trainer's sampler on this estimate's own RNG
 
 
 def fisher_trace(

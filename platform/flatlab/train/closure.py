@@ -14,26 +14,29 @@ from flatlab.workloads.base import Inputs, take
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _draw(probs: torch.Tensor) -> torch.Tensor:
+def _draw(probs: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """One label per row of ``probs`` ``(N, C)`` by inverse-CDF sampling: ``(N,)`` int64."""
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand(probs.shape[0], 1, device=probs.device) * cdf[:, -1:]
+    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=probs.dtype, generator=generator) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1).reshape(-1)
 
 
-def sample_labels(logits: torch.Tensor) -> torch.Tensor:
+def sample_labels(logits: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """Labels drawn from the model's predictive distribution, ``ŷ ~ Categorical(softmax(logits))``.
 
     Inverse-CDF sampling (one uniform per row, ``searchsorted`` in the cumulative softmax): the same
     distribution as ``torch.multinomial`` at a fraction of its cost on wide outputs (LM vocabularies).
+    The sampler of IRE's curvature pass and of the sampled-label Fisher trace (Wang et al. 2024).
 
     Args:
         logits: ``(..., C)`` unnormalised class scores.
+        generator: the RNG to draw from (on ``logits``' device); ``None``: the global torch RNG
+            (seeded by the trainer, saved in checkpoints).
     Returns:
-        ``(...)`` int64 labels. Uses the global torch RNG (seeded by the trainer, saved in checkpoints).
+        ``(...)`` int64 labels.
     """
     probs = torch.softmax(logits.detach().reshape(-1, logits.shape[-1]), dim=-1, dtype=torch.float32)
-    return _draw(probs).reshape(logits.shape[:-1])
+    return _draw(probs, generator).reshape(logits.shape[:-1])
 
 
 def sampled_label_logit_grad(logits: torch.Tensor) -> torch.Tensor:
