@@ -146,3 +146,11 @@ def test_trainer_resume_keeps_the_curve(digits, tmp_path, one_torch_thread):
     assert legacy.curve.step == 9 and legacy.curve.points() == []
     legacy.run_epoch()
     assert [s for s, _ in legacy.curve.points()] == list(range(10, 19))
+
+
+def test_accumulation_dtype_is_float64_except_on_mps():
+    from flatlab.train.precision import accumulation_dtype
+
+    assert accumulation_dtype("cpu") is torch.float64 and accumulation_dtype(torch.device("cuda", 1)) is torch.float64
+    assert accumulation_dtype("mps") is torch.float32  # MPS has no float64
+    assert LossCurve(0.9, device="cpu").dtype is torch.float64

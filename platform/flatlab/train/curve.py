@@ -12,6 +12,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from flatlab.train.precision import accumulation_dtype
+
 Point = Tuple[int, float]
 
 
@@ -45,7 +47,7 @@ class LossCurve:
         self.max_points = max_points
         self.device = torch.device(device)
         # float64 for an exact checkpoint round trip through Python floats (MPS has no float64)
-        self.dtype = torch.float32 if self.device.type == "mps" else torch.float64
+        self.dtype = accumulation_dtype(self.device)
         self.step = int(start_step)  # optimizer steps seen (the step of the latest update)
         self.count = 0  # updates folded into the EMA (the bias-correction exponent)
         self.stride = 1

@@ -23,6 +23,7 @@ from flatlab.optim.registry import get_optimizer
 from flatlab.train.closure import BatchClosure
 from flatlab.train.config import TRAINER_HPARAMS
 from flatlab.train.curve import LossCurve
+from flatlab.train.precision import accumulation_dtype
 from flatlab.train.schedules import Schedule
 from flatlab.train.seeding import rng_state, seed_everything, set_rng_state
 from flatlab.workloads.base import Data, Workload, take, to_device
@@ -137,10 +138,11 @@ class Trainer:
         train = self.data.train
         perm = torch.randperm(len(train), generator=self.generator)
         bs = self.hp["batch_size"]
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # on the device: no per-step copy
+        wide = accumulation_dtype(self.device)  # float64 (float32 on MPS)
+        loss_sum = torch.zeros((), dtype=wide, device=self.device)  # on the device: no per-step copy
         stats = _TrainStats(self.workload)  # running train accuracy, fed by the primary pass's outputs
         first_bad = torch.full((), -1, dtype=torch.int64, device=self.device)  # first step with a non-finite loss
-        bad_loss = torch.zeros((), dtype=torch.float64, device=self.device)  # and that loss
+        bad_loss = torch.zeros((), dtype=wide, device=self.device)  # and that loss
         on_progress = getattr(self.optimizer, "on_progress", None)
         prefetch = getattr(train.inputs, "prefetch", None)  # inputs decoded on demand (e.g. LazyImages)
         for start in range(0, len(train), bs):
@@ -173,10 +175,10 @@ class Trainer:
             # epoch), so the loop never waits for an accelerator; the step it reports is still exact.
             newly_bad = ~torch.isfinite(loss) & (first_bad < 0)
             first_bad = torch.where(newly_bad, self.step, first_bad)
-            bad_loss = torch.where(newly_bad, loss.double(), bad_loss)
+            bad_loss = torch.where(newly_bad, loss.to(wide), bad_loss)
             if (self.step + 1) % self.check_every == 0:
                 self._raise_if_diverged(first_bad, bad_loss)
-            loss_sum += loss.double() * len(idx)
+            loss_sum += loss.to(wide) * len(idx)
             self.curve.update(loss)
             lr = self.optimizer.param_groups[0]["lr"]
             self.scheduler.step()
