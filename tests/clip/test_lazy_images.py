@@ -191,3 +191,17 @@ def test_a_relative_folder_still_reads_after_the_trial_changes_directory(thirty,
     monkeypatch.chdir(elsewhere)
     moved = pickle.loads(blob)
     assert torch.equal(moved[[1, 2]], lazy[[1, 2]])
+
+
+def test_default_decoders_follow_the_processs_cpu_share():
+    from flatlab.workloads.lazy_images import default_workers
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # what a 1-CPU trial sets
+        assert default_workers(0) == 1 and default_workers(3) == 3
+        torch.set_num_threads(2)
+        assert default_workers(0) == 2
+    finally:
+        torch.set_num_threads(before)
+    assert default_workers(0) == min(8, before)

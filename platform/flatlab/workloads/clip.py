@@ -64,7 +64,7 @@ _EVAL_HPARAMS = (
     HParam("ood_per_class", 0, int, low=0, doc="OOD images kept per class (0 = all)"),
     HParam("ood_classes", "auto", str, doc="logit columns of the first OOD set's labels: 'auto' (by label name) or 'i,j,...'"),
     HParam("eval_batch_size", 256, int, low=1, doc="evaluation batch size (images)"),
-    HParam("load_workers", 0, int, low=0, doc="image decoding threads when loading, and in each trial when streaming (0 = min(8, CPUs))"),
+    HParam("load_workers", 0, int, low=0, doc="image decoding threads when loading, and in each trial when streaming (0 = min(8, the process's CPU share: a trial's CPUs))"),
 )
 _ZERO_SHOT_KEYS = ["model_name", "pretrained", "quick_gelu", "init_seed", "model_config", "classnames", "templates"]
 _EVAL_METRICS = ("ood/loss", "ood/accuracy")

@@ -391,7 +391,7 @@ def load_images(
     Args:
         transform: PIL -> uint8 ``(3, S, S)`` (:func:`pixel_transform`).
         per_class: keep at most this many images per class (a random choice fixed by ``seed``); 0 = all.
-        workers: decoding threads (0 = ``min(8, cpu count)``).
+        workers: decoding threads (0 = ``min(8, torch's thread count)``).
 
     Returns:
         ``(images, targets, label_names)``: uint8 ``(N, 3, S, S)``, int64 ``(N,)`` in the source's label
@@ -421,7 +421,7 @@ def lazy_images(
     generated again in each process.
 
     Args:
-        workers: decoding threads of each process using it (0 = ``min(8, cpu count)``).
+        workers: decoding threads of each process using it (0 = ``min(8, torch's thread count)``: a trial's CPU allocation).
 
     Returns:
         ``(images, targets, label_names)``: ``LazyImages`` of shape ``(N, 3, S, S)``, int64 ``(N,)``

@@ -14,7 +14,6 @@ replicated mount at the same path).
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -30,8 +29,10 @@ the item when it cannot be read. May have ``describe(item) -> str`` (used in err
 
 
 def default_workers(workers: int = 0) -> int:
-    """Decoding threads: ``workers``, or ``min(8, cpu count)`` for 0."""
-    return workers or min(8, os.cpu_count() or 1)
+    """Decoding threads: ``workers``, or for 0 ``min(8, torch.get_num_threads())``: torch's thread
+    count is the process's CPU share (a trial sets it to its CPU allocation; elsewhere it is the
+    machine's cores), so a 1-CPU trial on a shared node does not start 8 decoders."""
+    return workers or min(8, max(1, torch.get_num_threads()))
 
 
 class LazyImages:
@@ -41,7 +42,7 @@ class LazyImages:
         items: the ``N`` items, a 1-D numpy array (e.g. file paths as bytes, or int row indices); kept
             as given, row ``i`` is ``read(items[i])``.
         read: picklable :data:`ItemReader` (holds the pixel transform, not the pixels).
-        workers: decoding threads per process (0 = ``min(8, cpu count)``).
+        workers: decoding threads per process (0 = :func:`default_workers`).
 
     The first item is decoded once here, to learn ``S`` (:attr:`shape`).
 
