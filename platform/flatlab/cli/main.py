@@ -226,11 +226,11 @@ def exit_without_teardown(code: object = 0) -> None:
     """End the process like ``sys.exit(code)`` but without the interpreter's module teardown.
 
     Everything a normal exit does for correctness still happens, in the same order: the threading
-    exit callbacks run and non-daemon threads are joined, ``atexit`` handlers run (Ray's shutdown, ``logging.shutdown``, MLflow's), and
-    the standard streams are flushed. Only the final freeing of every module and object is skipped;
-    with torch, Ray, MLflow and Optuna loaded that teardown alone takes 1-2 s, which the OS does for
-    free. ``code`` follows ``sys.exit``: ``None`` is 0, an int is the status, anything else is printed
-    to stderr and gives 1.
+    exit callbacks run and non-daemon threads are joined, ``atexit`` handlers run (Ray's shutdown,
+    ``logging.shutdown``, MLflow's), and the standard streams are flushed. Only the final freeing of
+    every module and object is skipped; with torch, Ray, MLflow and Optuna loaded that teardown alone
+    takes 1-2 s, which the OS does for free. ``code`` follows ``sys.exit``: ``None`` is 0, an int is
+    the status, anything else is printed to stderr and gives 1.
     """
     import atexit
     import threading
