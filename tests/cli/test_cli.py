@@ -1,6 +1,7 @@
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from flatlab.cli.main import app
@@ -42,11 +43,29 @@ def test_listings():
     assert res.exit_code == 0 and "digits" in res.output and "one of 'mlp', 'cnn'" in res.output and "label_smoothing" in res.output
 
 
-def test_results_format_needs_output(tmp_path):
-    res = runner.invoke(app, ["results", "x", "--root", str(tmp_path), "--format", "csv"])
-    assert res.exit_code == 2 and "--format csv needs --output PATH" in res.output
-    res = runner.invoke(app, ["results", "x", "--root", str(tmp_path), "--format", "xlsx"])
-    assert res.exit_code == 2 and "expected one of table, csv, parquet" in res.output
+def test_results_format_and_output_must_agree(tmp_path):
+    def fails(*args):
+        res = runner.invoke(app, ["results", "x", "--root", str(tmp_path), *args])
+        assert res.exit_code == 2
+        return res.output
+
+    assert "expected one of table, csv, parquet" in fails("--format", "xlsx")
+    assert "--format parquet needs --output PATH" in fails("--format", "parquet")
+    assert "ends in .parquet; make them agree" in fails("--format", "csv", "--output", str(tmp_path / "t.parquet"))
+    assert "cannot tell the format from its suffix" in fails("--output", str(tmp_path / "t.xlsx"))
+    assert "--format table prints to the terminal" in fails("--format", "table", "--output", str(tmp_path / "t.csv"))
+    assert not any(tmp_path.iterdir())  # nothing queried, nothing written
+
+
+@pytest.mark.parametrize(
+    "fmt, output, expected",
+    [(None, None, "table"), ("csv", None, "csv"), (None, "r.CSV", "csv"), (None, "r.parquet", "parquet"),
+     ("parquet", "r.parquet", "parquet"), ("csv", "results.txt", "csv")],
+)
+def test_results_format_from_flag_or_suffix(fmt, output, expected):
+    from flatlab.cli.main import export_format
+
+    assert export_format(fmt, None if output is None else Path(output)) == expected
 
 
 def test_dry_run_of_fig4_names_the_steps_to_target_reference(tmp_path, monkeypatch):

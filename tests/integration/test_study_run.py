@@ -1,5 +1,7 @@
 """A 4-trial study through Ray Tune on local Ray (2 CPUs), checked in MLflow, results and export."""
 
+import io
+
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -90,6 +92,10 @@ def test_results_cli_and_parquet_round_trip(study_run, tmp_path):
     df = trials_frame(outcome.tracking_uri, "it4")
     pd.testing.assert_frame_equal(back.reset_index(drop=True), df.reset_index(drop=True), check_dtype=False)
     assert list(back["arm"])[-1] == "boom"
+    res = cli.invoke(app, ["results", "it4", "--root", str(root), "--format", "csv"])  # csv to stdout
+    assert res.exit_code == 0, res.output
+    csv = pd.read_csv(io.StringIO(res.output), dtype={"trial_id": str})
+    assert list(csv["trial_id"]) == list(df["trial_id"].astype(str)) and list(csv["arm"])[-1] == "boom"
     res = cli.invoke(app, ["results", "nope", "--root", str(root)])
     assert res.exit_code == 2 and "no study 'nope'" in res.output and "it4" in res.output
 

@@ -69,6 +69,16 @@ def test_bad_study_raises_naming_file_arm_and_field(kw, match):
         base(**kw).validate("x.py")
 
 
+def test_an_unknown_optimizer_does_not_hide_the_arms_own_range_errors():
+    study = base(arms=(Arm("adamww", space={"lr": sp.loguniform(-1e-4, 1e-2), "beta1": sp.choice([])}),))
+    with pytest.raises(ConfigError) as info:
+        study.validate("x.py")
+    msg = str(info.value)
+    assert "arm 'adamww': field 'optimizer': unknown optimizer 'adamww' (did you mean 'adamw'" in msg
+    assert "arm 'adamww', field 'lr': loguniform: low > 0 must hold for a log range, but got low=-0.0001" in msg
+    assert "arm 'adamww', field 'beta1': " in msg  # the empty choice, in the same report
+
+
 def test_steps_to_target_fields():
     two = (Arm("sgd", space={"lr": 0.1}), Arm("adamw", space={"lr": 1e-3}))
     assert base(arms=two, reference_arm="adamw").validate().reference_arm == "adamw"

@@ -24,7 +24,7 @@ def _root(root: Optional[Path]) -> Path:
 
 
 def _fail(exc: Exception) -> None:
-    err.print(f"[red]error:[/red] {exc}")
+    err.print(f"[red]error:[/red] {exc}", soft_wrap=True)  # one line per message, also when piped
     raise typer.Exit(2)
 
 
@@ -60,7 +60,7 @@ def run(
         _fail(exc)
     for s in studies:
         for warning in s.warnings():
-            err.print(f"[yellow]warning:[/yellow] study {s.name!r}, {warning}")
+            err.print(f"[yellow]warning:[/yellow] study {s.name!r}, {warning}", soft_wrap=True)
     if dry_run:
         for s in studies:
             render_plan(s, console)
@@ -89,13 +89,43 @@ def run(
         raise typer.Exit(130)
 
 
+def export_format(fmt: Optional[str], output: Optional[Path]) -> str:
+    """The format ``flatlab results`` writes: ``--format`` if given, else the suffix of ``--output``
+    (``.csv``/``.parquet``), else ``table``.
+
+    Raises:
+        FlatlabError: an unknown format; ``--format table`` or ``parquet`` with an impossible
+            ``--output``; a suffix that contradicts ``--format``; an ``--output`` suffix that names no
+            format when ``--format`` is not given.
+    """
+    formats = ("table", "csv", "parquet")
+    if fmt is not None and fmt not in formats:
+        raise FlatlabError(f"--format {fmt!r} is not supported; expected one of {', '.join(formats)}")
+    suffix = output.suffix.lower().lstrip(".") if output is not None else ""
+    if fmt is None:
+        if output is None:
+            return "table"
+        if suffix not in ("csv", "parquet"):
+            raise FlatlabError(f"--output {output}: cannot tell the format from its suffix; add --format csv or --format parquet")
+        return suffix
+    if fmt == "table" and output is not None:
+        raise FlatlabError("--format table prints to the terminal; use --format csv or parquet with --output")
+    if fmt == "parquet" and output is None:
+        raise FlatlabError("--format parquet needs --output PATH (it is a binary file)")
+    if output is not None and suffix in ("csv", "parquet") and suffix != fmt:
+        raise FlatlabError(f"--format {fmt} but --output {output} ends in .{suffix}; make them agree")
+    return fmt
+
+
 @app.command()
 def results(
     study: str = typer.Argument(..., help="study name (the MLflow experiment)"),
     tracking_uri: Optional[str] = typer.Option(None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI"),
     root: Optional[Path] = typer.Option(None, help=ROOT_HELP),
-    fmt: str = typer.Option("table", "--format", help="table, csv or parquet"),
-    output: Optional[Path] = typer.Option(None, help="file for csv/parquet"),
+    fmt: Optional[str] = typer.Option(
+        None, "--format", help="table, csv or parquet (default: from --output's suffix, else table); csv without --output goes to stdout"
+    ),
+    output: Optional[Path] = typer.Option(None, help="file for csv/parquet (.csv or .parquet)"),
     all_launches: bool = typer.Option(False, "--all", help="trials of every launch, not only the latest"),
     best: bool = typer.Option(False, "--best", help="only the best trial of each arm"),
 ) -> None:
@@ -105,15 +135,14 @@ def results(
 
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
-        if fmt not in ("table", "csv", "parquet"):
-            raise FlatlabError(f"--format {fmt!r} is not supported; expected one of table, csv, parquet")
-        if fmt != "table" and output is None:
-            raise FlatlabError(f"--format {fmt} needs --output PATH")
+        fmt = export_format(fmt, output)
         df = trials_frame(uri, study, all_launches=all_launches)
         if best:
             df = best_per_arm(df)
         if fmt == "table":
             render(df, console, title=f"{study} ({len(df)} trials)")
+        elif output is None:  # csv to stdout, for pipes and redirection
+            sys.stdout.write(df.to_csv(index=False))
         else:
             export(df, str(output), fmt)
             console.print(f"wrote {len(df)} trials to {output}")

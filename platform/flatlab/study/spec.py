@@ -295,7 +295,10 @@ class Study:
         try:
             get_optimizer(arm.optimizer)
         except UnknownNameError as exc:
-            return [f"{aw}: field 'optimizer': {exc}"]
+            # the fields cannot be checked against an unknown optimizer, but each dimension's own
+            # problems (a log range with low <= 0, an empty choice ...) are still reported now
+            own = [f"{aw}, field {key!r}: {msg}" for key, dim in arm.dims.items() if (msg := dim.problem())]
+            return [f"{aw}: field 'optimizer': {exc}"] + own
         if not workload_ok:
             return []
         errors: List[str] = []
