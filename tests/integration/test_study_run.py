@@ -96,6 +96,12 @@ def test_results_cli_and_parquet_round_trip(study_run, tmp_path):
     assert res.exit_code == 0, res.output
     csv = pd.read_csv(io.StringIO(res.output), dtype={"trial_id": str})
     assert list(csv["trial_id"]) == list(df["trial_id"].astype(str)) and list(csv["arm"])[-1] == "boom"
+    res = cli.invoke(app, ["results", "it4", "--root", str(root), "--by-config", "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    per_config = pd.read_csv(io.StringIO(res.output))
+    assert per_config["trials"].sum() == 4 and {"seeds", "val/accuracy mean", "val/accuracy std"} <= set(per_config.columns)
+    res = cli.invoke(app, ["results", "it4", "--root", str(root), "--by-config", "--best"])
+    assert res.exit_code == 0 and "it4 (4 configurations)" in res.output and "seeds" in res.output, res.output
     res = cli.invoke(app, ["results", "nope", "--root", str(root)])
     assert res.exit_code == 2 and "no study 'nope'" in res.output and "it4" in res.output
 

@@ -127,25 +127,31 @@ def results(
     ),
     output: Optional[Path] = typer.Option(None, help="file for csv/parquet (.csv or .parquet)"),
     all_launches: bool = typer.Option(False, "--all", help="trials of every launch, not only the latest"),
-    best: bool = typer.Option(False, "--best", help="only the best trial of each arm"),
+    best: bool = typer.Option(False, "--best", help="only the best trial (or, with --by-config, configuration) of each arm"),
+    per_config: bool = typer.Option(
+        False, "--by-config", help="one row per configuration: mean and std over seeds of the completed trials"
+    ),
 ) -> None:
     """Print a study's trials from MLflow (params, final and best metrics, status), best first."""
     from flatlab.tracking import runs
-    from flatlab.tracking.results import best_per_arm, export, render, trials_frame
+    from flatlab.tracking.results import best_per_arm, by_config, export, render, trials_frame
 
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
         fmt = export_format(fmt, output)
         df = trials_frame(uri, study, all_launches=all_launches)
+        rows = "trials"
+        if per_config:
+            df, rows = by_config(df), "configurations"
         if best:
             df = best_per_arm(df)
         if fmt == "table":
-            render(df, console, title=f"{study} ({len(df)} trials)")
+            render(df, console, title=f"{study} ({len(df)} {rows})")
         elif output is None:  # csv to stdout, for pipes and redirection
             sys.stdout.write(df.to_csv(index=False))
         else:
             export(df, str(output), fmt)
-            console.print(f"wrote {len(df)} trials to {output}")
+            console.print(f"wrote {len(df)} {rows} to {output}")
     except (FlatlabError, ValueError) as exc:
         _fail(exc)
 

@@ -93,6 +93,54 @@ def best_per_arm(df):
     return df.groupby("arm", sort=False).head(1).reset_index(drop=True)
 
 
+def by_config(df):
+    """One row per configuration, seeds pooled: what a paper table reports (e.g. IRE Table 1, means
+    over 3 seeds).
+
+    A configuration is an arm plus its trial params (``param.*``; the seed is not one). For each, from
+    the trials that completed (``outcome == "completed"``: not pruned, diverged or failed), the mean
+    and sample standard deviation (ddof = 1; NaN with one seed) over seeds of: the study metric, its
+    best value, the test metric (``test/perplexity``, ``test/accuracy`` or ``test/loss``, the first
+    present) and, when present, ``train/speedup`` and ``train/steps_to_target``. Ordered best first by
+    the mean of ``best/<metric>`` (the per-trial table's order); configurations with no completed
+    trial come last.
+
+    Args:
+        df: a :func:`trials_frame` table (its ``attrs`` give the metric and mode).
+    Returns:
+        Columns ``arm``, ``seeds`` (completed trials), ``trials`` (all of them), ``<m> mean`` and
+        ``<m> std`` for each metric above, then the ``param.*`` columns.
+    """
+    import pandas as pd
+
+    if df.empty:
+        return df
+    metric, mode = df.attrs.get("metric", "val/accuracy"), df.attrs.get("mode", "max")
+    test = next((c for c in ("test/perplexity", "test/accuracy", "test/loss") if _has_values(df, c)), None)
+    metrics = [m for m in (metric, f"best/{metric}", test, "train/speedup", "train/steps_to_target") if m and _has_values(df, m)]
+    params = [c for c in df.columns if c.startswith("param.")]
+    keys = ["arm"] + params
+    done = df["outcome"] == "completed"
+    rows = []
+    for key, group in df.groupby(keys, dropna=False, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        ok = group[done.loc[group.index]]
+        row = {"arm": key[0], "seeds": len(ok), "trials": len(group)}
+        for m in metrics:
+            values = pd.to_numeric(ok[m], errors="coerce")
+            row[f"{m} mean"] = values.mean() if len(values) else float("nan")
+            row[f"{m} std"] = values.std(ddof=1) if len(values) > 1 else float("nan")
+        row.update(dict(zip(params, key[1:])))
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    rank = f"best/{metric} mean" if f"best/{metric} mean" in out.columns else f"{metric} mean"
+    if rank in out.columns:
+        out = out.sort_values(rank, ascending=(mode == "min"), na_position="last", kind="stable").reset_index(drop=True)
+    out.attrs.update(df.attrs)
+    out.attrs["columns"] = ["arm", "seeds", "trials"] + [f"{m} {s}" for m in metrics for s in ("mean", "std")]
+    return out
+
+
 def export(df, path: str, fmt: str) -> None:
     """Write ``df`` as ``csv`` or ``parquet`` (pyarrow). Raises ``ConfigError`` for other formats."""
     if fmt == "csv":
@@ -105,7 +153,8 @@ def export(df, path: str, fmt: str) -> None:
 
 def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "") -> None:
     """Print ``df`` as a rich table: arm, status, outcome, epochs, the metric (final and best), test
-    accuracy, and the trial's params in one column (``columns`` overrides the choice)."""
+    accuracy, and the trial's params in one column (``columns`` overrides the choice; a
+    :func:`by_config` summary shows its seed counts, means and standard deviations instead)."""
     from rich.table import Table
 
     if df.empty:
@@ -116,6 +165,7 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
     test = next((c for c in ("test/perplexity", "test/accuracy", "test/loss") if _has_values(df, c)), "test/accuracy")
     default = ["arm", "trial_id", "status", "outcome", "epochs", metric, f"best/{metric}", test]
     default += [c for c in ("train/steps_to_target", "train/speedup") if _has_values(df, c)]  # Study(reference_arm=...)
+    default = df.attrs.get("columns", default)  # a summary (by_config) names its own columns
     cols = [c for c in (columns or default) if c in df.columns]
     table = Table(*cols, *([] if columns else ["params"]), title=title or None)
     for col in table.columns[:1]:
