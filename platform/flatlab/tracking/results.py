@@ -116,7 +116,7 @@ def by_config(df):
     if df.empty:
         return df
     metric, mode = df.attrs.get("metric", "val/accuracy"), df.attrs.get("mode", "max")
-    test = next((c for c in ("test/perplexity", "test/accuracy", "test/loss") if _has_values(df, c)), None)
+    test = _test_metric(df)
     metrics = [m for m in (metric, f"best/{metric}", test, "train/speedup", "train/steps_to_target") if m and _has_values(df, m)]
     params = [c for c in df.columns if c.startswith("param.")]
     keys = ["arm"] + params
@@ -162,7 +162,7 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
         return
     metric = df.attrs.get("metric", "val/accuracy")
     params = [c for c in df.columns if c.startswith("param.")]
-    test = next((c for c in ("test/perplexity", "test/accuracy", "test/loss") if _has_values(df, c)), "test/accuracy")
+    test = _test_metric(df) or "test/accuracy"
     default = ["arm", "trial_id", "status", "outcome", "epochs", metric, f"best/{metric}", test]
     default += [c for c in ("train/steps_to_target", "train/speedup") if _has_values(df, c)]  # Study(reference_arm=...)
     default = df.attrs.get("columns", default)  # a summary (by_config) names its own columns
@@ -176,6 +176,12 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
             cells.append(" ".join(f"{c[6:]}={_fmt(row[c], numeric_text=True)}" for c in params if _fmt(row[c]) != "-"))
         table.add_row(*cells)
     console.print(table)
+
+
+def _test_metric(df) -> Optional[str]:
+    """The test metric a table shows: ``test/perplexity`` (language models), else ``test/accuracy``,
+    else ``test/loss``, the first with values; ``None`` if there is none."""
+    return next((c for c in ("test/perplexity", "test/accuracy", "test/loss") if _has_values(df, c)), None)
 
 
 def _has_values(df, column: str) -> bool:
