@@ -85,3 +85,36 @@ def test_a_misspelt_study_field_is_a_clear_error_not_a_traceback(tmp_path, monke
     bad.write_text("from flatlab import Arm, Study\nSTUDY = Study(name='t', workload='digits', arms=(Arm('sgd'),), curve_smoothing=0.5)\n")
     res = runner.invoke(app, ["run", str(bad), "--dry-run"])
     assert res.exit_code == 2 and "is a trainer parameter: put it in train={...}" in " ".join(res.output.split())
+
+
+@pytest.mark.parametrize("searcher, seeds, pooled", [("grid", (0, 1), True), ("grid", (0,), False), ("optuna", (0, 1), False)])
+def test_run_ends_with_seed_means_when_every_grid_point_ran_with_every_seed(tmp_path, monkeypatch, searcher, seeds, pooled):
+    import pandas as pd
+
+    import flatlab.study.runner as runner_mod
+    import flatlab.tracking.results as results_mod
+
+    space = "sp.grid([0.1])" if searcher == "grid" else "sp.loguniform(0.01, 0.1)"
+    study = tmp_path / "seeds.py"
+    study.write_text(
+        "from flatlab import Arm, Study\nfrom flatlab import space as sp\n"
+        f"STUDY = Study(name='seeds', workload='digits', arms=(Arm('sgd', space={{'lr': {space}}}),), "
+        f"searcher={searcher!r}, seeds={seeds!r}, scheduler='fifo', max_epochs=1)\n"
+    )
+    trials = pd.DataFrame(
+        {"arm": ["sgd", "sgd"], "trial_id": ["t1", "t0"], "status": ["FINISHED"] * 2, "outcome": ["completed"] * 2,
+         "epochs": [1, 1], "seed": [1, 0], "val/accuracy": [0.9, 0.8], "best/val/accuracy": [0.9, 0.8],
+         "test/accuracy": [0.9, 0.7], "param.lr": [0.1, 0.1]}
+    )  # best first, as trials_frame returns it
+    trials.attrs.update(metric="val/accuracy", mode="max")
+    outcome = runner_mod.StudyOutcome(study="seeds", tracking_uri="sqlite:///x.db", experiment_id="1", parent_run_id="p",
+                                      experiment_path="e", interrupted=False, num_trials=2, num_errors=0, wall_s=1.0)
+    monkeypatch.setattr(runner_mod, "run_study", lambda s, opts, console=None: outcome)  # no Ray: the summary only
+    monkeypatch.setattr(results_mod, "trials_frame", lambda uri, name, **kw: trials)
+    res = runner.invoke(app, ["run", str(study), "--root", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    if pooled:
+        assert "best configuration per arm, mean and std over 2 seeds" in res.output
+        assert "0.85" in res.output and "0.8" in res.output  # the mean of val/accuracy and of test/accuracy
+    else:
+        assert "best trial per arm (from MLflow)" in res.output and "t1" in res.output and "0.85" not in res.output

@@ -69,6 +69,14 @@ def test_bad_study_raises_naming_file_arm_and_field(kw, match):
         base(**kw).validate("x.py")
 
 
+def test_grace_period_is_bounded_by_the_budget_only_under_asha():
+    base(scheduler="fifo", max_epochs=1, grace_period=2).validate("x.py")  # FIFO never reads it
+    with pytest.raises(ConfigError, match=r"grace_period=2; expected an int in \[1, max_epochs=1\] \(scheduler='asha'\)"):
+        base(scheduler="asha", max_epochs=1, grace_period=2).validate("x.py")
+    with pytest.raises(ConfigError, match=r"grace_period=0; expected an int >= 1"):
+        base(scheduler="fifo", grace_period=0).validate("x.py")
+
+
 def test_an_unknown_optimizer_does_not_hide_the_arms_own_range_errors():
     study = base(arms=(Arm("adamww", space={"lr": sp.loguniform(-1e-4, 1e-2), "beta1": sp.choice([])}),))
     with pytest.raises(ConfigError) as info:

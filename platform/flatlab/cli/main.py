@@ -66,7 +66,7 @@ def run(
             render_plan(s, console)
         return
     from flatlab.study.runner import RunOptions, run_study
-    from flatlab.tracking.results import best_per_arm, render, trials_frame
+    from flatlab.tracking.results import best_per_arm, by_config, render, trials_frame
 
     opts = RunOptions(root=_root(root), address=address, tracking_uri=tracking_uri, storage=storage, resume=resume,
                       source=str(study_file), num_cpus=num_cpus)
@@ -78,11 +78,13 @@ def run(
             _fail(exc)
         interrupted |= outcome.interrupted
         df = trials_frame(outcome.tracking_uri, s.name)
+        pooled = s.searcher == "grid" and len(s.seeds) > 1  # every grid point ran with every seed
         console.print(
             f"\n[bold]{s.name}[/bold] ran {outcome.wall_s:.0f} s (wall, Ray and MLflow start-up included); "
-            "best trial per arm (from MLflow):"
+            + (f"best configuration per arm, mean and std over {len(s.seeds)} seeds" if pooled else "best trial per arm")
+            + " (from MLflow):"
         )
-        render(best_per_arm(df), console)
+        render(best_per_arm(by_config(df) if pooled else df), console)
         if interrupted:
             break
     if interrupted:

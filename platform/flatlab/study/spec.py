@@ -255,10 +255,13 @@ class Study:
         check(self.scheduler in SCHEDULERS, f"scheduler={self.scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
         check(_is_int(self.num_trials) and self.num_trials >= 1, f"num_trials={self.num_trials!r}; expected an int >= 1")
         check(_is_int(self.max_epochs) and self.max_epochs >= 1, f"max_epochs={self.max_epochs!r}; expected an int >= 1")
-        check(
-            _is_int(self.grace_period) and 1 <= self.grace_period <= (self.max_epochs if _is_int(self.max_epochs) else 1),
-            f"grace_period={self.grace_period!r}; expected an int in [1, max_epochs={self.max_epochs}]",
-        )
+        if self.scheduler == "asha":  # ASHA's first rung must lie within the budget; FIFO ignores it
+            check(
+                _is_int(self.grace_period) and 1 <= self.grace_period <= (self.max_epochs if _is_int(self.max_epochs) else 1),
+                f"grace_period={self.grace_period!r}; expected an int in [1, max_epochs={self.max_epochs}] (scheduler='asha')",
+            )
+        else:
+            check(_is_int(self.grace_period) and self.grace_period >= 1, f"grace_period={self.grace_period!r}; expected an int >= 1")
         check(_is_int(self.reduction_factor) and self.reduction_factor >= 2, f"reduction_factor={self.reduction_factor!r}; expected an int >= 2")
         check(len(self.seeds) > 0 and all(_is_int(s) and s >= 0 for s in self.seeds), f"seeds={self.seeds!r}; expected a non-empty tuple of ints >= 0")
         check(_is_int(self.seed) and self.seed >= 0, f"seed={self.seed!r}; expected an int >= 0")
