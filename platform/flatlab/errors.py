@@ -37,4 +37,6 @@ def did_you_mean(name: object, valid: Iterable[str]) -> str:
     close = difflib.get_close_matches(name, valid, n=2, cutoff=0.6)
     if not close and len(name) >= 3:
         close = [v for v in valid if name.lower() in v.lower()][:2]
+    if not close:  # a valid name inside a longer one: search_space -> space
+        close = [v for v in valid if len(v) >= 4 and v.lower() in name.lower()][:2]
     return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""

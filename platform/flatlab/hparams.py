@@ -98,17 +98,24 @@ def resolve(
     """Fill defaults and validate ``given`` against ``declared``.
 
     Raises:
-        ConfigError: an unknown name (listing the accepted ones) or a value outside its allowed range.
+        ConfigError: unknown names (listing the accepted ones) and values outside their allowed
+            ranges, all of them in one error, one per line.
     """
     by_name = {h.name: h for h in declared}
+    problems = []
     if not allow_extra:
         unknown = sorted(set(given) - set(by_name))
         if unknown:
             named = ", ".join(f"{u}{did_you_mean(u, by_name)}" for u in unknown)
-            raise ConfigError(f"{where}: unknown parameter(s) {named}; accepted: {', '.join(sorted(by_name)) or '(none)'}")
+            problems.append(f"{where}: unknown parameter(s) {named}; accepted: {', '.join(sorted(by_name)) or '(none)'}")
     out = {h.name: h.default for h in declared}
     for name, value in given.items():
         if name in by_name:
-            out[name] = by_name[name].validate(value, where)
+            try:
+                out[name] = by_name[name].validate(value, where)
+            except ConfigError as exc:
+                problems.append(str(exc))
+    if problems:  # every problem at once, one per line
+        raise ConfigError("\n".join(problems))
     return out
 

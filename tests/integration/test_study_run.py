@@ -121,3 +121,21 @@ def test_pruned_and_errored_trials_get_terminal_statuses():
     cb.on_trial_error(0, [], T("d", {}))
     got = [cb._queue.get_nowait()[2][:2] for _ in range(4)]
     assert got == [("FINISHED", "completed"), ("KILLED", "pruned"), ("FAILED", "diverged"), ("FAILED", "error")]
+
+
+@pytest.mark.parametrize("failed, expected", [(False, ("KILLED", "interrupted")), (True, ("FAILED", "error"))])
+def test_runs_left_open_end_as_interrupted_or_failed_with_the_launch(tmp_path, failed, expected):
+    from flatlab.tracking.callback import MLflowTrialLogger
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    exp = runs.get_or_create_experiment(uri, "open")
+    parent = runs.client(uri).create_run(exp).info.run_id
+    cb = MLflowTrialLogger(uri, exp, parent, {}, {"sgd": "sgd"}, max_epochs=10, metric="val/accuracy", mode="max")
+
+    class T:
+        trial_id, config = "t1", {"arm": "sgd", "seed": 0}
+
+    cb.on_trial_start(0, [], T())
+    cb.close(interrupted=not failed, failed=failed)
+    run = runs.client(uri).search_runs([exp], filter_string=f"tags.`{runs.TAG_TRIAL}` = 't1'")[0]
+    assert (run.info.status, run.data.tags[runs.TAG_OUTCOME]) == expected

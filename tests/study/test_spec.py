@@ -160,3 +160,88 @@ def test_warns_when_ire_never_switches_on():
     assert short.warnings() == [
         "arm 'sgd_ire': switch_epoch=5 >= max_epochs=3: IRE never switches on, so this arm trains exactly as its base optimizer"
     ]
+
+
+def test_metric_reported_only_after_the_last_epoch_is_rejected():
+    with pytest.raises(ConfigError, match=r"metric='test/accuracy' is reported only after the last epoch .* val/accuracy"):
+        base(metric="test/accuracy").validate("x.py")
+
+
+def test_float_range_on_an_int_field_is_rejected_with_the_fix():
+    study = base(arms=(Arm("tsam", space={"s": sp.uniform(1, 5)}),))
+    with pytest.raises(ConfigError, match=r"arm 'tsam', field 's': s takes int in \[1, inf\), not a float range; use space.int\(1, 5\)"):
+        study.validate("x.py")
+    base(arms=(Arm("tsam", space={"s": sp.int(1, 5)}),)).validate("x.py")
+
+
+def test_default_grace_period_fits_a_short_budget_and_seeds_are_checked():
+    assert Study(name="t", workload="digits", arms=(Arm("sgd"),), max_epochs=1).validate().grace_period == 1
+    assert Study(name="t", workload="digits", arms=(Arm("sgd"),), max_epochs=9).grace_period == 2
+    with pytest.raises(ConfigError, match=r"seeds=\(0, 0, 1\) repeats a seed"):
+        base(seeds=(0, 0, 1)).validate()
+    with pytest.raises(ConfigError, match=r"seeds=0; expected a non-empty tuple of ints >= 0, e.g. seeds=\(0, 1, 2\)"):
+        base(seeds=0).validate()
+
+
+def test_arms_forms_a_study_author_slips_into():
+    one = Study(name="t", workload="digits", arms=(Arm("sgd")))  # no trailing comma: one Arm, accepted
+    assert one.arms == (Arm("sgd"),)
+    with pytest.raises(ConfigError, match=r"arms must be Arm\(\.\.\.\) objects, got 'sgd' \(str\)"):
+        Study(name="t", workload="digits", arms=("sgd", "adamw"))
+
+
+def test_every_problem_of_train_and_of_every_study_at_once(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        base(train={"batch_size": 0, "epochs": 10}).validate("x.py")
+    assert "unknown parameter(s) epochs" in str(info.value) and "batch_size=0" in str(info.value)
+    assert all(line.startswith("x.py") or line.startswith("invalid study") or line.startswith("  x.py")
+               for line in str(info.value).splitlines())
+    f = tmp_path / "two.py"
+    f.write_text(
+        "from flatlab import Arm, Study\n"
+        "STUDIES = [Study(name='a', workload='digits', arms=(Arm('sgdd'),)),\n"
+        "           Study(name='b', workload='digits', arms=(Arm('sgd'),), metric='val/acc')]\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_studies(str(f))
+    assert "study 'a'" in str(info.value) and "'sgdd'" in str(info.value) and "study 'b'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "body, match",
+    [
+        ("STUDY = Study(name='t', workload='digits', arms=(Arm('sgd'),)\n", r"bad\.py, line \d+: syntax error"),
+        ("import numpyy\n", r"bad\.py, line 3: No module named 'numpyy'; is it installed \(or spelt right\)\?"),
+        ("x = 1 / 0\n", r"bad\.py, line 3: ZeroDivisionError: division by zero"),
+        ("STUDY = Study(name='t', workload='digits', arms=(Arm('sgd', search_space={}),))\n",
+         r"Arm\(\) has no field 'search_space' \(did you mean 'space'\?\)"),
+    ],
+)
+def test_study_file_errors_are_one_message_with_the_line(tmp_path, body, match):
+    f = tmp_path / "bad.py"
+    f.write_text("from flatlab import Arm, Study\nfrom flatlab import space as sp\n" + body)
+    with pytest.raises(ConfigError, match=match):
+        load_studies(str(f))
+    with pytest.raises(ConfigError, match=r"is a directory; give a study file"):
+        load_studies(str(tmp_path))
+
+
+def test_warmup_longer_than_the_budget_warns():
+    s = base(train={"warmup_epochs": 5}, max_epochs=3).validate()
+    assert s.warnings() == ["train warmup_epochs=5 >= max_epochs=3: the LR never leaves its warm-up"]
+    assert "int(16, 256, log=True)" == sp.int(16, 256, log=True).describe()
+
+
+def test_a_combination_the_optimizer_rejects_is_reported_before_any_trial():
+    bad = base(arms=(Arm("sgd", space={"lr": sp.loguniform(1e-3, 1.0), "nesterov": True, "momentum": 0.0}),))
+    with pytest.raises(ConfigError, match=r"arm 'sgd': optimizer 'sgd' rejects these settings: .*nesterov=True needs momentum > 0"):
+        bad.validate("x.py")
+    # a searched momentum is probed at its middle value (0.45): a valid space is not rejected
+    base(arms=(Arm("sgd", space={"nesterov": True, "momentum": sp.uniform(0.0, 0.9)}),)).validate("x.py")
+    assert sp.loguniform(1e-4, 1e-2).representative() == pytest.approx(1e-3)
+    assert sp.int(16, 256, log=True).representative() == 64 and sp.choice(["a", "b"]).representative() == "a"
+
+
+def test_arm_names_are_restricted_like_study_names():
+    with pytest.raises(ConfigError, match=r"arm name 'sgd lr/0.1': use letters, digits, '_', '.', '-'"):
+        base(arms=(Arm("sgd", name="sgd lr/0.1"),)).validate()

@@ -7,7 +7,7 @@ import importlib.util
 import re
 import sys
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from flatlab.errors import ConfigError, did_you_mean
 from flatlab.study.spec import Study
@@ -16,6 +16,8 @@ from flatlab.study.spec import Study
 def load_module(path: str):
     """Import the study file at ``path`` as a module (not added to ``sys.modules``' package tree)."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{path!r} is a directory; give a study file, e.g. studies/digits_demo.py (`flatlab studies` lists them)")
     if not p.is_file():
         raise ConfigError(f"study file {path!r} does not exist")
     mod_name = f"flatlab_study_{p.stem}"
@@ -24,13 +26,39 @@ def load_module(path: str):
         raise ConfigError(f"study file {path!r} is not a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module  # dataclasses defined in the file need their module registered
+    _run_study_code(path, lambda: spec.loader.exec_module(module))  # type: ignore[union-attr]
+    return module
+
+
+def _run_study_code(path: str, fn: Callable[[], Any]) -> Any:
+    """``fn()`` (executing the study file, or its ``build(scale)``), with any error it raises turned
+    into ONE :class:`ConfigError` naming the file and, where known, the line: a study author gets a
+    message, not a traceback."""
     try:
-        spec.loader.exec_module(module)
+        return fn()
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    except TypeError as exc:
-        raise _keyword_error(path, exc) or exc
-    return module
+    except SyntaxError as exc:
+        raise ConfigError(f"{path}, line {exc.lineno}: syntax error: {exc.msg}") from None
+    except ImportError as exc:
+        raise ConfigError(f"{path}{_line_in(path, exc)}: {exc}; is it installed (or spelt right)?") from None
+    except Exception as exc:
+        keyword = _keyword_error(path, exc) if isinstance(exc, TypeError) else None
+        if keyword is not None:
+            raise keyword from None
+        raise ConfigError(f"{path}{_line_in(path, exc)}: {type(exc).__name__}: {exc}") from None
+
+
+def _line_in(path: str, exc: BaseException) -> str:
+    """``", line N"`` of the innermost traceback frame in the study file itself, else ``""``."""
+    target = str(Path(path).resolve())
+    line = ""
+    tb = exc.__traceback__
+    while tb is not None:
+        if str(Path(tb.tb_frame.f_code.co_filename).resolve()) == target:
+            line = f", line {tb.tb_lineno}"
+        tb = tb.tb_next
+    return line
 
 
 _UNEXPECTED = re.compile(r"(?<![\w.])(Study|Arm|Resources)\.__init__\(\) got an unexpected keyword argument '(\w+)'")
@@ -69,10 +97,7 @@ def load_studies(path: str, scale: Optional[str] = None) -> List[Study]:
         chosen = scale or scales[0]
         if chosen not in scales:
             raise ConfigError(f"{path}: scale={chosen!r} is not defined; valid scales: {', '.join(scales)}")
-        try:
-            found = module.build(chosen)
-        except TypeError as exc:
-            raise _keyword_error(path, exc) or exc
+        found = _run_study_code(path, lambda: module.build(chosen))
     elif scale is not None:
         raise ConfigError(f"{path}: --scale {scale!r} given, but this study file defines no SCALES/build(scale)")
     elif hasattr(module, "STUDIES"):
@@ -87,8 +112,14 @@ def load_studies(path: str, scale: Optional[str] = None) -> List[Study]:
     names = [s.name for s in studies]
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: study names must be unique within a file, got {names}")
-    for s in studies:
-        s.validate(source=path)
+    problems = []
+    for s in studies:  # every study's problems at once
+        try:
+            s.validate(source=path)
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ConfigError("\n".join(problems))
     return studies
 
 

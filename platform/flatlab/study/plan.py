@@ -52,7 +52,7 @@ def render(study: Study, console: Any) -> None:
 
     p = plan(study)
     console.print(
-        f"[bold]{p['study']}[/bold]: workload {p['workload']} {p['workload_params'] or ''}, metric {p['metric']} ({p['mode']}), "
+        f"[bold]{p['study']}[/bold]: workload {p['workload']}{' ' + str(p['workload_params']) if p['workload_params'] else ''}, metric {p['metric']} ({p['mode']}), "
         f"searcher {p['searcher']}, scheduler {p['scheduler']}"
     )
     console.print(

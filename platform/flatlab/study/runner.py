@@ -337,7 +337,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         raise
     finally:
         logger.info("Tune done (%.1f s)", time.monotonic() - t0)
-        mlflow_cb.close(interrupted=interrupted or failed)
+        mlflow_cb.close(interrupted=interrupted, failed=failed)
         logger.info("MLflow flushed (%.1f s)", time.monotonic() - t0)
         status = "FAILED" if failed else "KILLED" if interrupted else "FINISHED"
         client.set_terminated(parent_run_id, status=status)

@@ -9,6 +9,7 @@ OptunaSearch cannot take ``tune.grid_search``).
 from __future__ import annotations
 
 import builtins
+import math
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple, Union
 
@@ -46,6 +47,12 @@ class Dim:
         """Raise ``ConfigError`` if any value this dimension can take is outside ``hp``'s allowed range."""
         raise NotImplementedError
 
+    def representative(self) -> Any:
+        """One typical value (the middle of a range, geometric for log ranges; a choice's first value; a
+        constant itself): study validation builds each arm's optimizer with these once, so that a
+        combination it rejects is reported before any trial starts."""
+        raise NotImplementedError
+
     def describe(self) -> str:
         return repr(self)
 
@@ -76,10 +83,15 @@ class Float(Dim):
 
     def check(self, hp: HParam, where: str) -> None:
         self.valid(where)
-        if hp.kind not in (float, builtins.int) or hp.choices is not None:
+        if hp.kind is builtins.int and hp.choices is None:
+            raise ConfigError(f"{where}: {hp.name} takes {hp.allowed()}, not a float range; use space.int({self.low:g}, {self.high:g})")
+        if hp.kind is not float or hp.choices is not None:
             raise ConfigError(f"{where}: {hp.name} takes {hp.allowed()}, not a float range")
         hp.validate(self.low, where)
         hp.validate(self.high, where)
+
+    def representative(self) -> float:
+        return math.sqrt(self.low * self.high) if self.log else 0.5 * (self.low + self.high)
 
     def describe(self) -> str:
         return f"{'loguniform' if self.log else 'uniform'}({self.low:g}, {self.high:g})"
@@ -119,8 +131,12 @@ class Int(Dim):
         hp.validate(self.low, where)
         hp.validate(self.high, where)
 
+    def representative(self) -> builtins.int:
+        middle = math.sqrt(self.low * self.high) if self.log else 0.5 * (self.low + self.high)
+        return min(self.high, max(self.low, round(middle)))
+
     def describe(self) -> str:
-        return f"int({self.low}, {self.high})"
+        return f"int({self.low}, {self.high}{', log=True' if self.log else ''})"
 
 
 @dataclass(frozen=True)
@@ -153,6 +169,9 @@ class Choice(Dim):
         for v in self.values:
             hp.validate(v, where)
 
+    def representative(self) -> Any:
+        return self.values[0]
+
     def describe(self) -> str:
         return f"{'grid' if self.is_grid else 'choice'}({list(self.values)})"
 
@@ -168,6 +187,9 @@ class Fixed(Dim):
 
     def check(self, hp: HParam, where: str) -> None:
         hp.validate(self.value, where)
+
+    def representative(self) -> Any:
+        return self.value
 
     def describe(self) -> str:
         return repr(self.value)

@@ -110,7 +110,7 @@ class Study:
     num_trials: int = 8
     max_epochs: int = 20
     scheduler: str = "asha"
-    grace_period: int = 2
+    grace_period: Optional[int] = None
     reduction_factor: int = 3
     seeds: Tuple[int, ...] = (0,)
     seed: int = 0
@@ -123,8 +123,24 @@ class Study:
     target_loss: Optional[float] = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "arms", tuple(self.arms))
-        object.__setattr__(self, "seeds", tuple(self.seeds))
+        arms = self.arms
+        if isinstance(arms, Arm):  # arms=(Arm(...)) without its trailing comma is one Arm, not a tuple
+            arms = (arms,)
+        if isinstance(arms, (str, bytes)) or not hasattr(arms, "__iter__"):
+            raise ConfigError(f"study {self.name!r}: arms={arms!r}; expected a tuple of Arm(...), e.g. arms=(Arm('sgd'),)")
+        arms = tuple(arms)
+        for a in arms:
+            if not isinstance(a, Arm):
+                raise ConfigError(
+                    f"study {self.name!r}: arms must be Arm(...) objects, got {a!r} ({type(a).__name__}); "
+                    f"e.g. arms=(Arm('sgd'), Arm('adamw'))"
+                )
+        object.__setattr__(self, "arms", arms)
+        if hasattr(self.seeds, "__iter__") and not isinstance(self.seeds, (str, bytes)):
+            object.__setattr__(self, "seeds", tuple(self.seeds))  # anything else is reported by validate()
+        if self.grace_period is None:  # ASHA's default first rung: 2 epochs, or the whole budget if shorter
+            budget = self.max_epochs if _is_int(self.max_epochs) and self.max_epochs >= 1 else 2
+            object.__setattr__(self, "grace_period", min(2, budget))
 
     # ----------------------------------------------------------------------------------------------
     def with_budget(self, trials: Optional[int] = None, epochs: Optional[int] = None) -> "Study":
@@ -206,6 +222,9 @@ class Study:
     def warnings(self) -> List[str]:
         """Settings that are valid but probably not what was meant (printed by ``flatlab run``)."""
         out: List[str] = []
+        warmup = self.train.get("warmup_epochs") if isinstance(self.train, Mapping) else None
+        if isinstance(warmup, (int, float)) and not isinstance(warmup, bool) and warmup >= self.max_epochs:
+            out.append(f"train warmup_epochs={warmup} >= max_epochs={self.max_epochs}: the LR never leaves its warm-up")
         for arm in self.arms:
             for key, value in arm.constants().items():
                 if key == "switch_epoch" and isinstance(value, int) and value >= self.max_epochs:
@@ -213,6 +232,8 @@ class Study:
                         f"arm {arm.name!r}: switch_epoch={value} >= max_epochs={self.max_epochs}: IRE never switches on, "
                         f"so this arm trains exactly as its base optimizer"
                     )
+                if key == "warmup_epochs" and isinstance(value, (int, float)) and value >= self.max_epochs:
+                    out.append(f"arm {arm.name!r}: warmup_epochs={value} >= max_epochs={self.max_epochs}: the LR never leaves its warm-up")
         return out
 
     # ----------------------------------------------------------------------------------------------
@@ -241,15 +262,20 @@ class Study:
             try:
                 resolve(workload_cls.hparams, self.workload_params, f"{where}: workload_params")
             except ConfigError as exc:
-                errors.append(str(exc))
-            check(
-                self.metric in workload_cls.metrics,
-                f"metric={self.metric!r} is not reported by workload {self.workload!r}; it reports: {', '.join(workload_cls.metrics)}",
-            )
+                errors.extend(str(exc).splitlines())
+            per_epoch = [m for m in workload_cls.metrics if not m.startswith("test/")]
+            if self.metric in workload_cls.metrics and self.metric not in per_epoch:
+                check(False, f"metric={self.metric!r} is reported only after the last epoch (the test split is kept out of "
+                      f"model selection); the searcher and scheduler need one reported every epoch: {', '.join(per_epoch)}")
+            else:
+                check(
+                    self.metric in workload_cls.metrics,
+                    f"metric={self.metric!r} is not reported by workload {self.workload!r}; it reports: {', '.join(per_epoch)}",
+                )
         try:
             resolve(TRAINER_HPARAMS, self.train, f"{where}: field 'train'")
         except ConfigError as exc:
-            errors.append(str(exc))
+            errors.extend(str(exc).splitlines())
         check(self.mode in MODES, f"mode={self.mode!r}; expected one of {', '.join(MODES)}")
         check(self.searcher in SEARCHERS, f"searcher={self.searcher!r}; expected one of {', '.join(SEARCHERS)}")
         check(self.scheduler in SCHEDULERS, f"scheduler={self.scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
@@ -263,7 +289,10 @@ class Study:
         else:
             check(_is_int(self.grace_period) and self.grace_period >= 1, f"grace_period={self.grace_period!r}; expected an int >= 1")
         check(_is_int(self.reduction_factor) and self.reduction_factor >= 2, f"reduction_factor={self.reduction_factor!r}; expected an int >= 2")
-        check(len(self.seeds) > 0 and all(_is_int(s) and s >= 0 for s in self.seeds), f"seeds={self.seeds!r}; expected a non-empty tuple of ints >= 0")
+        seeds_ok = isinstance(self.seeds, tuple) and len(self.seeds) > 0 and all(_is_int(s) and s >= 0 for s in self.seeds)
+        check(seeds_ok, f"seeds={self.seeds!r}; expected a non-empty tuple of ints >= 0, e.g. seeds=(0, 1, 2)")
+        if seeds_ok:
+            check(len(set(self.seeds)) == len(self.seeds), f"seeds={self.seeds!r} repeats a seed (the same trials would run twice)")
         check(_is_int(self.seed) and self.seed >= 0, f"seed={self.seed!r}; expected an int >= 0")
         check(self.resources.cpu > 0 and self.resources.gpu >= 0, f"resources={self.resources}; expected cpu > 0 and gpu >= 0")
         check(self.max_concurrent is None or (_is_int(self.max_concurrent) and self.max_concurrent >= 1), f"max_concurrent={self.max_concurrent!r}; expected None or an int >= 1")
@@ -271,6 +300,8 @@ class Study:
         check(len(self.arms) > 0, "arms is empty; give at least one Arm(optimizer=..., space={...})")
         names = [a.name for a in self.arms]
         check(len(set(names)) == len(names), f"arm names must be unique, got {names}")
+        for n in names:  # they name MLflow runs, Optuna studies and Tune trials
+            check(isinstance(n, str) and bool(_NAME.match(n)), f"arm name {n!r}: use letters, digits, '_', '.', '-'")
         check(
             self.reference_arm is None or self.reference_arm in names,
             f"reference_arm={self.reference_arm!r}; expected None or one of the arm names: {', '.join(map(repr, names))}",
@@ -334,7 +365,26 @@ class Study:
                 grid_points(arm.dims, aw)
             except ConfigError as exc:
                 errors.append(str(exc))
+        if not errors:
+            errors += _probe_optimizer(arm, aw, route)
         return errors
+
+
+def _probe_optimizer(arm: Arm, where: str, route: Mapping[str, str]) -> List[str]:
+    """Build ``arm``'s optimizer once, on a one-element dummy parameter, with its fixed values and a
+    representative value of every searched dimension (:meth:`Dim.representative`). A combination the
+    optimizer rejects as a whole (``nesterov=True`` with ``momentum=0``) is then reported now, naming
+    the arm, instead of failing every trial."""
+    import torch
+
+    from flatlab.optim.registry import get_optimizer
+
+    values = {k: dim.representative() for k, dim in arm.dims.items() if route.get(k) == "optimizer"}
+    try:
+        get_optimizer(arm.optimizer).create([torch.zeros(1, requires_grad=True)], **values)
+    except (ConfigError, ValueError) as exc:
+        return [f"{where}: optimizer {arm.optimizer!r} rejects these settings: {exc}"]
+    return []
 
 
 def _is_int(x: Any) -> bool:

@@ -134,11 +134,13 @@ class MLflowTrialLogger(Callback):
         self._queue.put(("flush", "", done))
         done.wait(timeout)
 
-    def close(self, interrupted: bool = False) -> None:
-        """Flush, then end every child run still open as KILLED (``flatlab.outcome=interrupted``)."""
+    def close(self, interrupted: bool = False, failed: bool = False) -> None:
+        """Flush, then end every child run still open: KILLED (``flatlab.outcome=interrupted``) when the
+        launch was interrupted, FAILED (``flatlab.outcome=error``) when Tune itself raised."""
         self.flush()
+        status, outcome = ("FAILED", "error") if failed else ("KILLED", "interrupted")
         for trial_id in list(self._open):
-            self._queue.put(("end", trial_id, ("KILLED", "interrupted", None)))
+            self._queue.put(("end", trial_id, (status, outcome, "the launch failed; see logs/flatlab.log" if failed else None)))
         self.flush()
         self._queue.put(("stop", "", None))
         if self._thread is not None:
