@@ -245,3 +245,11 @@ def test_a_combination_the_optimizer_rejects_is_reported_before_any_trial():
 def test_arm_names_are_restricted_like_study_names():
     with pytest.raises(ConfigError, match=r"arm name 'sgd lr/0.1': use letters, digits, '_', '.', '-'"):
         base(arms=(Arm("sgd", name="sgd lr/0.1"),)).validate()
+
+
+def test_a_grid_under_a_sampling_searcher_warns():
+    s = base(arms=(Arm("sgd", space={"lr": sp.grid([0.01, 0.1])}),), searcher="optuna").validate()
+    assert s.warnings() == [
+        "arm 'sgd': lr written as grid([...]) but searcher='optuna' samples them like choice([...]); use searcher='grid' to run every point"
+    ]
+    assert base(arms=(Arm("sgd", space={"lr": sp.grid([0.01, 0.1])}),), searcher="grid").validate().warnings() == []

@@ -226,6 +226,12 @@ class Study:
         if isinstance(warmup, (int, float)) and not isinstance(warmup, bool) and warmup >= self.max_epochs:
             out.append(f"train warmup_epochs={warmup} >= max_epochs={self.max_epochs}: the LR never leaves its warm-up")
         for arm in self.arms:
+            grids = [k for k, d in arm.dims.items() if getattr(d, "is_grid", False)]
+            if grids and self.searcher != "grid":
+                out.append(
+                    f"arm {arm.name!r}: {', '.join(grids)} written as grid([...]) but searcher={self.searcher!r} samples "
+                    f"them like choice([...]); use searcher='grid' to run every point"
+                )
             for key, value in arm.constants().items():
                 if key == "switch_epoch" and isinstance(value, int) and value >= self.max_epochs:
                     out.append(
