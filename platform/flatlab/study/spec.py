@@ -222,9 +222,12 @@ class Study:
     def warnings(self) -> List[str]:
         """Settings that are valid but probably not what was meant (printed by ``flatlab run``)."""
         out: List[str] = []
-        warmup = self.train.get("warmup_epochs") if isinstance(self.train, Mapping) else None
-        if isinstance(warmup, (int, float)) and not isinstance(warmup, bool) and warmup >= self.max_epochs:
-            out.append(f"train warmup_epochs={warmup} >= max_epochs={self.max_epochs}: the LR never leaves its warm-up")
+
+        def long_warmup(who: str, value: Any) -> None:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= self.max_epochs:
+                out.append(f"{who} warmup_epochs={value} >= max_epochs={self.max_epochs}: the LR never leaves its warm-up")
+
+        long_warmup("train", self.train.get("warmup_epochs") if isinstance(self.train, Mapping) else None)
         for arm in self.arms:
             grids = [k for k, d in arm.dims.items() if getattr(d, "is_grid", False)]
             if grids and self.searcher != "grid":
@@ -238,8 +241,8 @@ class Study:
                         f"arm {arm.name!r}: switch_epoch={value} >= max_epochs={self.max_epochs}: IRE never switches on, "
                         f"so this arm trains exactly as its base optimizer"
                     )
-                if key == "warmup_epochs" and isinstance(value, (int, float)) and value >= self.max_epochs:
-                    out.append(f"arm {arm.name!r}: warmup_epochs={value} >= max_epochs={self.max_epochs}: the LR never leaves its warm-up")
+                if key == "warmup_epochs":
+                    long_warmup(f"arm {arm.name!r}:", value)
         return out
 
     # ----------------------------------------------------------------------------------------------

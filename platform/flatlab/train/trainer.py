@@ -175,10 +175,11 @@ class Trainer:
             # epoch), so the loop never waits for an accelerator; the step it reports is still exact.
             newly_bad = ~torch.isfinite(loss) & (first_bad < 0)
             first_bad = torch.where(newly_bad, self.step, first_bad)
-            bad_loss = torch.where(newly_bad, loss.to(wide), bad_loss)
+            wide_loss = loss.to(wide)
+            bad_loss = torch.where(newly_bad, wide_loss, bad_loss)
             if (self.step + 1) % self.check_every == 0:
                 self._raise_if_diverged(first_bad, bad_loss)
-            loss_sum += loss.to(wide) * len(idx)
+            loss_sum += wide_loss * len(idx)
             self.curve.update(loss)
             lr = self.optimizer.param_groups[0]["lr"]
             self.scheduler.step()
