@@ -50,10 +50,58 @@ def git_commit() -> str:
         return "unknown"
 
 
+_SCHEMA_READY: set = set()  # SQLite URIs whose schema this process has already opened under the lock
+SCHEMA_LOCK_TIMEOUT_S = 300.0
+
+
+def sqlite_file(tracking_uri: str) -> Optional[Path]:
+    """The database file of a ``sqlite:`` tracking URI (``None`` for other stores and in-memory SQLite)."""
+    if not tracking_uri.startswith("sqlite:"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    database = make_url(tracking_uri).database
+    return Path(database) if database and database != ":memory:" else None
+
+
 def client(tracking_uri: str):
+    """An ``MlflowClient`` for ``tracking_uri``.
+
+    For a SQLite file, the first open in each process happens under an inter-process file lock
+    (``<db>.lock``, next to the file). MLflow creates and migrates a SQLite schema without any
+    locking, so two processes opening a new file at once — a study starting while ``flatlab
+    results``, the MLflow UI or a second study reads the same root — both run the migration and
+    one of them fails (``table ... already exists``). Where the lock cannot be taken (a read-only
+    directory) the store is opened without it.
+
+    Raises:
+        TimeoutError: another process held the lock for more than ``SCHEMA_LOCK_TIMEOUT_S`` seconds.
+    """
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=tracking_uri)
+    db = sqlite_file(tracking_uri)
+    if db is None or tracking_uri in _SCHEMA_READY:
+        return MlflowClient(tracking_uri=tracking_uri)
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(f"{db}.lock", timeout=SCHEMA_LOCK_TIMEOUT_S)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise TimeoutError(
+            f"the MLflow store {db} stayed locked ({db}.lock) for {SCHEMA_LOCK_TIMEOUT_S:.0f} s by another "
+            "process creating or migrating its schema"
+        ) from None
+    except OSError:
+        lock = None  # no lock file possible here (read-only directory): open as MLflow would
+    try:
+        c = MlflowClient(tracking_uri=tracking_uri)
+        c.search_experiments(max_results=1)  # builds the store (some MLflow versions build it lazily)
+    finally:
+        if lock is not None:
+            lock.release()
+    _SCHEMA_READY.add(tracking_uri)
+    return c
 
 
 def get_or_create_experiment(tracking_uri: str, name: str, artifact_root: Optional[str] = None) -> str:
