@@ -2,6 +2,9 @@
 ``flatlab results`` or a second study reads the same root) all get a working store."""
 
 import multiprocessing as mp
+import time
+
+import pytest
 
 from flatlab.tracking import runs
 
@@ -25,8 +28,6 @@ def test_concurrent_first_opens_of_a_new_sqlite_store_all_succeed(tmp_path):
     procs = [ctx.Process(target=_open, args=(uri, start, out)) for _ in range(4)]
     for p in procs:
         p.start()
-    import time
-
     time.sleep(6.0)  # every child has imported mlflow and waits at the start line
     start.set()
     results = [out.get(timeout=120) for _ in procs]
@@ -42,3 +43,24 @@ def test_sqlite_file_of_tracking_uris(tmp_path):
     assert runs.sqlite_file("sqlite://") is None
     assert runs.sqlite_file("http://localhost:5000") is None
     assert runs.sqlite_file("postgresql://u@h/db") is None
+
+
+def test_a_settled_store_is_stamped_and_a_stale_stamp_is_not_trusted(tmp_path, monkeypatch):
+    import mlflow
+
+    uri = runs.default_tracking_uri(tmp_path)
+    db = runs.sqlite_file(uri)
+    runs.client(uri)
+    stamp = (tmp_path / "mlflow.db.schema").read_text()
+    revision = runs._alembic_revision(db)
+    assert revision and stamp == f"mlflow {mlflow.__version__} schema {revision}"
+    # a new process (no in-process memo) with the same MLflow opens without the lock
+    monkeypatch.setattr(runs, "_SCHEMA_READY", set())
+    monkeypatch.setattr("filelock.FileLock.acquire", lambda *a, **k: (_ for _ in ()).throw(AssertionError("locked")))
+    runs.client(uri)
+    # the file replaced by a new, empty one: the stamp no longer matches, so the lock is taken again
+    monkeypatch.setattr(runs, "_SCHEMA_READY", set())
+    db.unlink()
+    assert runs._alembic_revision(db) is None
+    with pytest.raises(AssertionError, match="locked"):
+        runs.client(uri)

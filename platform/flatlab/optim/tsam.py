@@ -10,7 +10,8 @@ for j = 1..s:
      in the r-ball; r = ``noise_radius``.
   2. gradient g at θ+δ_j; ascent ε_j = δ_j + ρ·g/(‖g‖₂ + 1e-12).
   3. loss L_j and gradient G_j at θ+ε_j (``closure.extra()``: BatchNorm statistics not updated).
-  4. restore θ (bit-exact copy); fold (L_j, G_j) into the tilted-gradient accumulator.
+  4. restore θ (bit-exact: the next sample writes θ + δ_{j+1} from the saved θ, the last copies it
+     back); fold (L_j, G_j) into the tilted-gradient accumulator.
 The base optimizer then steps with Σ_j w_j G_j (weights detached: no gradient flows through them).
 
 Passes and BatchNorm: 2s forward/backward per step, exactly one of them primary (``closure()``), so
@@ -235,11 +236,22 @@ class TSAM(WrappedOptimizer):
         return tilt_at(self.t, self.t_schedule, fraction)
 
     @torch.no_grad()
-    def _add_noise(self, params: List[torch.Tensor]) -> None:
-        # θ ← θ + δ (same draws and values as sample_noise, with the scaling fused into the add)
+    def _place_noisy(self, params: List[torch.Tensor], theta: List[torch.Tensor]) -> None:
+        # θ' ← θ + δ from the saved θ (same draws and values as sample_noise, the scaling fused into the
+        # add). Writing θ + δ straight into the parameters also restores them from the previous sample:
+        # one pass instead of a restore copy and an in-place add (bitwise the same result).
         if self.noise_radius > 0:
             noise = [torch.randn_like(p) for p in params]
-            add_scaled_(params, noise, noise_scale(noise, self.noise_radius, self.noise), src_is_scratch=True)
+            scale = noise_scale(noise, self.noise_radius, self.noise)
+            if scale.device.type == "cpu":
+                alpha = float(scale)
+                for p, t, n in zip(params, theta, noise):
+                    torch.add(t, n, alpha=alpha, out=p)
+                return
+            torch._foreach_copy_(params, theta)  # accelerators: keep the scale on the device (no sync)
+            add_scaled_(params, noise, scale, src_is_scratch=True)
+        else:
+            torch._foreach_copy_(params, theta)
 
     @torch.no_grad()
     def _ascend(self, params: List[torch.Tensor]) -> None:
@@ -267,9 +279,9 @@ class TSAM(WrappedOptimizer):
             with torch.enable_grad():
                 if j == 0 and self.primary_pass == "center":
                     primary_loss = c()  # at θ: BatchNorm statistics as in a plain step
-                    self._add_noise(params)
+                    self._place_noisy(params, theta)
                 else:
-                    self._add_noise(params)
+                    self._place_noisy(params, theta)  # also undoes sample j-1's perturbation exactly
                     if j == 0:
                         primary_loss = c()  # at θ+δ_1
                     else:
@@ -277,8 +289,8 @@ class TSAM(WrappedOptimizer):
                 self._ascend(params)  # θ+ε_j
                 perturbed_loss = c.extra()
             acc.add(perturbed_loss, [p.grad for p in params], consume=True)
-            with torch.no_grad():
-                torch._foreach_copy_(params, theta)  # restore θ exactly
+        with torch.no_grad():
+            torch._foreach_copy_(params, theta)  # restore θ exactly
         with torch.no_grad():
             for p, g in zip(params, acc.gradient()):
                 if p.grad is not None:  # tensors the loss does not reach keep grad None, as in a plain step

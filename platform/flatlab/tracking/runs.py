@@ -64,15 +64,42 @@ def sqlite_file(tracking_uri: str) -> Optional[Path]:
     return Path(database) if database and database != ":memory:" else None
 
 
+def _alembic_revision(db: Path) -> Optional[str]:
+    """The schema revision recorded in an MLflow SQLite file (``None``: no file, or no schema yet)."""
+    import sqlite3
+
+    if not db.exists():
+        return None
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5.0)
+        try:
+            row = con.execute("SELECT version_num FROM alembic_version").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None
+    return None if row is None else str(row[0])
+
+
+def _schema_stamp(db: Path) -> Optional[str]:
+    import mlflow
+
+    revision = _alembic_revision(db)
+    return None if revision is None else f"mlflow {mlflow.__version__} schema {revision}"
+
+
 def client(tracking_uri: str):
     """An ``MlflowClient`` for ``tracking_uri``.
 
-    For a SQLite file, the first open in each process happens under an inter-process file lock
-    (``<db>.lock``, next to the file). MLflow creates and migrates a SQLite schema without any
-    locking, so two processes opening a new file at once — a study starting while ``flatlab
-    results``, the MLflow UI or a second study reads the same root — both run the migration and
-    one of them fails (``table ... already exists``). Where the lock cannot be taken (a read-only
-    directory) the store is opened without it.
+    For a SQLite file, MLflow creates and migrates the schema on first open without any locking, so
+    two processes opening a new file at once — a study starting while ``flatlab results``, a second
+    study or the trials' own workers read the same root — both run the migration and one of them
+    fails (``table ... already exists``). So the first open in each process holds an inter-process
+    file lock (``<db>.lock``) unless the schema is known to be settled: the process that built it
+    under the lock leaves a stamp (``<db>.schema``: MLflow version and schema revision), and a
+    process with the same MLflow version that finds the file at that revision opens it without
+    waiting. Where no lock file can be made (a read-only directory) the store is opened as MLflow
+    would.
 
     Raises:
         TimeoutError: another process held the lock for more than ``SCHEMA_LOCK_TIMEOUT_S`` seconds.
@@ -81,6 +108,14 @@ def client(tracking_uri: str):
 
     db = sqlite_file(tracking_uri)
     if db is None or tracking_uri in _SCHEMA_READY:
+        return MlflowClient(tracking_uri=tracking_uri)
+    stamp_file = db.with_name(db.name + ".schema")
+    try:
+        settled = stamp_file.read_text() == _schema_stamp(db)
+    except OSError:
+        settled = False
+    if settled:
+        _SCHEMA_READY.add(tracking_uri)
         return MlflowClient(tracking_uri=tracking_uri)
     from filelock import FileLock, Timeout
 
@@ -97,6 +132,10 @@ def client(tracking_uri: str):
     try:
         c = MlflowClient(tracking_uri=tracking_uri)
         c.search_experiments(max_results=1)  # builds the store (some MLflow versions build it lazily)
+        if lock is not None:
+            stamp = _schema_stamp(db)
+            if stamp is not None:
+                stamp_file.write_text(stamp)
     finally:
         if lock is not None:
             lock.release()
