@@ -118,3 +118,13 @@ def test_run_ends_with_seed_means_when_every_grid_point_ran_with_every_seed(tmp_
         assert "0.85" in res.output and "0.8" in res.output  # the mean of val/accuracy and of test/accuracy
     else:
         assert "best trial per arm (from MLflow)" in res.output and "t1" in res.output and "0.85" not in res.output
+
+
+def test_results_under_a_root_with_no_store_is_an_error_and_creates_nothing(tmp_path):
+    res = runner.invoke(app, ["results", "digits_demo", "--root", str(tmp_path / "nowhere")])
+    assert res.exit_code == 2
+    assert "no MLflow store at" in res.output and "pass --root" in " ".join(res.output.split())
+    assert not (tmp_path / "nowhere").exists()
+    res = runner.invoke(app, ["interpolation-report", "rft_clip_alpha", "--root", str(tmp_path)])
+    assert res.exit_code == 2 and "no MLflow store at" in res.output
+    assert not any(tmp_path.iterdir())

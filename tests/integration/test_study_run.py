@@ -92,6 +92,8 @@ def test_results_cli_and_parquet_round_trip(study_run, tmp_path):
     df = trials_frame(outcome.tracking_uri, "it4")
     pd.testing.assert_frame_equal(back.reset_index(drop=True), df.reset_index(drop=True), check_dtype=False)
     assert list(back["arm"])[-1] == "boom"
+    done = df["outcome"] == "completed"
+    assert "lr" not in df.columns and df.loc[done, "last_lr"].gt(0).all() and "param.lr" in df.columns  # no two lr columns
     res = cli.invoke(app, ["results", "it4", "--root", str(root), "--format", "csv"])  # csv to stdout
     assert res.exit_code == 0, res.output
     csv = pd.read_csv(io.StringIO(res.output), dtype={"trial_id": str})
@@ -101,7 +103,8 @@ def test_results_cli_and_parquet_round_trip(study_run, tmp_path):
     per_config = pd.read_csv(io.StringIO(res.output))
     assert per_config["trials"].sum() == 4 and {"seeds", "val/accuracy mean", "val/accuracy std"} <= set(per_config.columns)
     res = cli.invoke(app, ["results", "it4", "--root", str(root), "--by-config", "--best"])
-    assert res.exit_code == 0 and "it4 (4 configurations)" in res.output and "seeds" in res.output, res.output
+    assert res.exit_code == 0 and "it4 (3 configurations)" in res.output and "seeds" in res.output, res.output
+    assert "1 configuration(s) with no completed trial" in res.output  # the diverged arm 'boom'
     res = cli.invoke(app, ["results", "nope", "--root", str(root)])
     assert res.exit_code == 2 and "no study 'nope'" in res.output and "it4" in res.output
 

@@ -70,8 +70,8 @@ def test_by_config_pools_seeds_of_completed_trials_best_first():
     assert list(best["arm"]) == ["sam", "sgd"] and best["param.rho"][0] == 0.1
     text = _table(out)
     header = text.splitlines()[1]
-    assert "seeds" in header and "val/accuracy mean" in header and "test/accuracy std" in header
-    assert "rho=0.1" in text and "0.96" in text
+    assert "seeds" in header and "val/accuracy" in header and "test/accuracy" in header and "mean" not in header
+    assert "rho=0.1" in text and "0.96 ± 0.01414" in text and "mean ± sample std" in text
 
 
 def test_by_config_of_one_seed_has_no_std():
@@ -82,3 +82,37 @@ def test_by_config_of_one_seed_has_no_std():
     one.attrs.update(df.attrs)
     out = by_config(one)
     assert list(out["seeds"]) == [1, 1, 1] and out["val/accuracy std"].isna().all()
+
+
+def test_a_narrow_console_wraps_values_and_headers_instead_of_cutting_them():
+    from flatlab.tracking.results import by_config
+
+    df = _seeded_trials()
+    df["param.weight_decay"] = 0.000512345
+    df.attrs["metric"], df.attrs["mode"] = "val/accuracy", "max"
+    by_config_frame = by_config(df)
+    console = Console(record=True, width=70)
+    render(by_config_frame, console)
+    out = console.export_text()
+    assert "…" not in out
+    params = "".join(line.rstrip(" │").rsplit("│", 1)[-1].strip() for line in out.splitlines() if line.startswith("│"))
+    assert params.count("weight_decay=0.0005123") == 3  # folded cells, read in order, give whole values
+
+
+def test_cli_by_config_table_leaves_out_configurations_no_seed_completed(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import flatlab.tracking.results as results_mod
+    from flatlab.cli.main import app
+
+    df = _seeded_trials()
+    pruned = df.iloc[:1].assign(outcome="pruned", **{"param.lr": 0.5, "trial_id": "p0"})
+    trials = pd.concat([df, pruned], ignore_index=True)
+    trials.attrs.update(df.attrs)
+    monkeypatch.setattr(results_mod, "trials_frame", lambda uri, name, **kw: trials)
+    res = CliRunner().invoke(app, ["results", "s", "--root", str(tmp_path), "--by-config"])
+    assert res.exit_code == 0, res.output
+    assert "s (3 configurations)" in res.output and "lr=0.5" not in res.output
+    assert "1 configuration(s) with no completed trial" in res.output
+    csv = CliRunner().invoke(app, ["results", "s", "--root", str(tmp_path), "--by-config", "--format", "csv"]).output
+    assert len(pd.read_csv(__import__("io").StringIO(csv))) == 4  # exports keep it, with seeds 0

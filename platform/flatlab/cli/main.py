@@ -13,7 +13,8 @@ from rich.console import Console
 from flatlab.errors import FlatlabError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Hyperparameter studies of sharpness-aware and flat-minima training.")
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+# Piped output: 160 columns unless COLUMNS says otherwise (rich would assume 80).
+console = Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 err = Console(stderr=True, highlight=False)
 
 ROOT_HELP = "output root: MLflow SQLite store, Optuna studies, Tune storage, logs (env FLATLAB_ROOT)"
@@ -148,7 +149,16 @@ def results(
         if best:
             df = best_per_arm(df)
         if fmt == "table":
+            hidden = 0
+            if per_config:  # configurations no seed completed (pruned, diverged, failed): nothing to average
+                hidden = int((df["seeds"] == 0).sum()) if not df.empty else 0
+                df = df[df["seeds"] > 0] if hidden else df
             render(df, console, title=f"{study} ({len(df)} {rows})")
+            if hidden:
+                console.print(
+                    f"{hidden} configuration(s) with no completed trial (pruned, diverged or failed) not shown; "
+                    "`flatlab results` lists every trial, and csv/parquet exports include them (seeds 0)"
+                )
         elif output is None:  # csv to stdout, for pipes and redirection
             sys.stdout.write(df.to_csv(index=False))
         else:

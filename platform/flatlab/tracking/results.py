@@ -8,9 +8,19 @@ from flatlab.errors import ConfigError
 from flatlab.tracking import runs
 
 
+# Final metrics whose plain name reads like a hyperparameter: the scheduled learning rate of the last
+# epoch is ``last_lr``, next to the searched ``param.lr``.
+FINAL_NAMES = {"lr": "last_lr"}
+
+
 def parent_runs(tracking_uri: str, study: str) -> List[Any]:
-    """Parent (launch) runs of ``study``, newest first. Raises ``ConfigError`` if the study is unknown."""
-    c = runs.client(tracking_uri)
+    """Parent (launch) runs of ``study``, newest first.
+
+    Raises:
+        ConfigError: the study is unknown, or the tracking URI names a SQLite file that does not exist
+            (nothing is created).
+    """
+    c = runs.client(runs.existing_store(tracking_uri))
     exp = c.get_experiment_by_name(study)
     if exp is None:
         names = sorted(e.name for e in c.search_experiments() if e.name != "Default")
@@ -25,7 +35,8 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
 
     Columns: ``arm``, ``optimizer``, ``status``, ``outcome``, ``epochs``, ``seed``, the final
     ``<metric>`` and ``best/<metric>``, ``test/accuracy``/``test/loss`` when present, then every
-    other final metric and the trial's params as ``param.<name>``, ``run_id``, ``trial_id``.
+    other final metric (the last epoch's scheduled learning rate as ``last_lr``) and the trial's
+    params as ``param.<name>``, ``run_id``, ``trial_id``.
     ``metric``/``mode`` default to the study's, read from the launch run.
     """
     import pandas as pd
@@ -58,7 +69,7 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
             }
             for k in sorted(m):
                 if k not in row and k not in ("epoch",):
-                    row[k] = m[k]
+                    row[FINAL_NAMES.get(k, k)] = m[k]
             for k, v in sorted(r.data.params.items()):
                 if k not in ("arm", "seed"):
                     row[f"param.{k}"] = v
@@ -138,6 +149,7 @@ def by_config(df):
         out = out.sort_values(rank, ascending=(mode == "min"), na_position="last", kind="stable").reset_index(drop=True)
     out.attrs.update(df.attrs)
     out.attrs["columns"] = ["arm", "seeds", "trials"] + [f"{m} {s}" for m in metrics for s in ("mean", "std")]
+    out.attrs["pooled"] = metrics  # render() shows each as one "mean ± std" column
     return out
 
 
@@ -153,8 +165,9 @@ def export(df, path: str, fmt: str) -> None:
 
 def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "") -> None:
     """Print ``df`` as a rich table: arm, status, outcome, epochs, the metric (final and best), test
-    accuracy, and the trial's params in one column (``columns`` overrides the choice; a
-    :func:`by_config` summary shows its seed counts, means and standard deviations instead)."""
+    accuracy, and the trial's params in one column (``columns`` overrides the choice). A
+    :func:`by_config` summary shows its seed counts and one ``mean ± std`` column per pooled metric.
+    On a narrow console, cells and headers wrap; nothing is cut off."""
     from rich.table import Table
 
     if df.empty:
@@ -163,15 +176,24 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
     metric = df.attrs.get("metric", "val/accuracy")
     params = [c for c in df.columns if c.startswith("param.")]
     test = _test_metric(df) or "test/accuracy"
-    default = ["arm", "trial_id", "status", "outcome", "epochs", metric, f"best/{metric}", test]
-    default += [c for c in ("train/steps_to_target", "train/speedup") if _has_values(df, c)]  # Study(reference_arm=...)
-    default = df.attrs.get("columns", default)  # a summary (by_config) names its own columns
-    cols = [c for c in (columns or default) if c in df.columns]
-    table = Table(*cols, *([] if columns else ["params"]), title=title or None)
+    pooled = [] if columns else list(df.attrs.get("pooled", []))
+    if pooled:
+        cols = [c for c in ("arm", "seeds", "trials") if c in df.columns]
+    else:
+        default = ["arm", "trial_id", "status", "outcome", "epochs", metric, f"best/{metric}", test]
+        default += [c for c in ("train/steps_to_target", "train/speedup") if _has_values(df, c)]  # Study(reference_arm=...)
+        cols = [c for c in (columns or default) if c in df.columns]
+    caption = "mean ± sample std over the seeds that completed" if pooled else None
+    table = Table(*cols, *pooled, *([] if columns else ["params"]), title=title or None, caption=caption)
+    for col in table.columns:
+        col.overflow = "fold"  # a narrow terminal wraps values and headers, never cuts them ("…")
     for col in table.columns[:1]:
         col.no_wrap = True
     for _, row in df.iterrows():
         cells = [_fmt(row[c]) for c in cols]
+        for m in pooled:
+            mean, std = _fmt(row[f"{m} mean"]), _fmt(row[f"{m} std"])
+            cells.append(mean if std == "-" else f"{mean} ± {std}")
         if not columns:
             cells.append(" ".join(f"{c[6:]}={_fmt(row[c], numeric_text=True)}" for c in params if _fmt(row[c]) != "-"))
         table.add_row(*cells)

@@ -88,6 +88,24 @@ def _schema_stamp(db: Path) -> Optional[str]:
     return None if revision is None else f"mlflow {mlflow.__version__} schema {revision}"
 
 
+def existing_store(tracking_uri: str) -> str:
+    """``tracking_uri``, after checking that a SQLite store file exists (read-only commands must not
+    create an empty store where the user mistyped the root). Other stores are returned unchecked.
+
+    Raises:
+        ConfigError: the URI names a SQLite file that does not exist.
+    """
+    db = sqlite_file(tracking_uri)
+    if db is not None and not db.exists():
+        from flatlab.errors import ConfigError
+
+        raise ConfigError(
+            f"no MLflow store at {db}: nothing has run under this root yet; pass --root (or set FLATLAB_ROOT) "
+            "to the root a study ran with, or --tracking-uri / MLFLOW_TRACKING_URI for a tracking server"
+        )
+    return tracking_uri
+
+
 def client(tracking_uri: str):
     """An ``MlflowClient`` for ``tracking_uri``.
 
