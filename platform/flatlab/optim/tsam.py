@@ -291,7 +291,6 @@ class TSAM(WrappedOptimizer):
             acc.add(perturbed_loss, [p.grad for p in params], consume=True)
         with torch.no_grad():
             torch._foreach_copy_(params, theta)  # restore θ exactly
-        with torch.no_grad():
             for p, g in zip(params, acc.gradient()):
                 if p.grad is not None:  # tensors the loss does not reach keep grad None, as in a plain step
                     p.grad.copy_(g)
