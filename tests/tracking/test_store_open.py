@@ -20,8 +20,8 @@ def _open(uri, start, out):
 
 
 def test_concurrent_first_opens_of_a_new_sqlite_store_all_succeed(tmp_path):
-    # Without the lock, MLflow's unlocked schema migration failed in 3 of 4 such processes in every
-    # round tried (table ... already exists / duplicate column / alembic row mismatch).
+    # Without the lock, every one of 12 such opens (3 rounds of 4 processes) failed in MLflow's unlocked
+    # schema migration (table ... already exists / duplicate column / alembic row mismatch).
     uri = runs.default_tracking_uri(tmp_path)
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
