@@ -148,7 +148,6 @@ def by_config(df):
     if rank in out.columns:
         out = out.sort_values(rank, ascending=(mode == "min"), na_position="last", kind="stable").reset_index(drop=True)
     out.attrs.update(df.attrs)
-    out.attrs["columns"] = ["arm", "seeds", "trials"] + [f"{m} {s}" for m in metrics for s in ("mean", "std")]
     out.attrs["pooled"] = metrics  # render() shows each as one "mean ± std" column
     return out
 
