@@ -31,11 +31,42 @@ def _samples(n=5, seed=0, loss_scale=1.0, loss_offset=0.0):
     return losses, grads
 
 
-def _accumulate(t, losses, grads):
-    acc = TiltedAccumulator(t, [torch.empty(4, 3), torch.empty(3)])
+def _accumulate(t, losses, grads, storage="buffers"):
+    """storage: 'buffers' (given), 'adopt' (the first gradients, consumed) or 'clone' (not consumed)."""
+    acc = TiltedAccumulator(t, [torch.empty(4, 3), torch.empty(3)] if storage == "buffers" else None)
     for loss, g in zip(losses, grads):
-        acc.add(loss, g)
+        if storage == "adopt":
+            acc.add(loss, [x.clone() for x in g], consume=True)
+        else:
+            acc.add(loss, g)
     return acc, acc.gradient()
+
+
+def test_accumulator_storages_agree_and_clone_leaves_the_inputs_alone():
+    losses, grads = _samples(seed=5)
+    kept = [[x.clone() for x in g] for g in grads]
+    results = [_accumulate(5.0, losses, grads, storage)[1] for storage in ("buffers", "adopt", "clone")]
+    for agg in results[1:]:
+        for a, b in zip(results[0], agg):
+            assert torch.equal(a, b)
+    assert all(torch.equal(a, b) for g, k in zip(grads, kept) for a, b in zip(g, k))
+
+
+def test_adopting_accumulator_starts_a_tensor_at_its_first_gradient():
+    # the second tensor has no gradient in the first sample: its aggregate is w_2·G_2 + w_3·G_3 (A was 0)
+    losses, grads = _samples(n=3, seed=6)
+    t = 2.0
+    acc = TiltedAccumulator(t)
+    for j, (loss, g) in enumerate(zip(losses, grads)):
+        acc.add(loss, [g[0], None if j == 0 else g[1]])
+    agg = acc.gradient()
+    w = torch.softmax(t * torch.stack(losses).double(), 0)
+    torch.testing.assert_close(agg[0].double(), sum(w[j] * grads[j][0].double() for j in range(3)), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(agg[1].double(), sum(w[j] * grads[j][1].double() for j in (1, 2)), rtol=1e-6, atol=1e-7)
+    never = TiltedAccumulator(t)
+    for loss, g in zip(losses, grads):
+        never.add(loss, [g[0], None])
+    assert never.gradient()[1] is None
 
 
 def test_accumulator_t0_is_the_plain_mean():
@@ -175,7 +206,8 @@ def test_extra_memory_does_not_grow_with_s():
         opt = TSAM(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), s=s)
         opt.step(closure_for(m, batch))
         copies[s] = sum(v.numel() for st in opt.state.values() for v in st.values() if torch.is_tensor(v)) / n
-    assert copies[3] == copies[8] == 2.0  # θ and the tilted-gradient accumulator
+    # θ only: the accumulator takes over the first perturbed gradient, the noise is drawn into the parameters
+    assert copies[3] == copies[8] == 1.0
 
 
 def test_t_schedule_is_linear_in_progress():
@@ -278,3 +310,40 @@ def test_toy_larger_tilt_ends_in_flatter_minima():
     assert max(curv[1.0] + curv[100.0]) < 190  # tilted: flatter minima only
     assert mean_curv[0.0] > mean_curv[1.0] >= mean_curv[100.0]
     assert mean_end[0.0] + 0.05 < mean_end[1.0] and mean_end[1.0] + 0.2 < mean_end[100.0]  # further right
+
+
+def test_unreached_tensor_keeps_grad_none_and_others_get_the_tilted_gradient():
+    model, batch = mlp(), vector_batch()
+    spare = torch.nn.Parameter(torch.ones(3))  # in the optimizer, never in the loss
+    opt = TSAM(torch.optim.SGD([*model.parameters(), spare], lr=0.1), rho=0.1, s=3, t=2.0, noise_radius=0.1)
+    opt.step(closure_for(model, batch))
+    assert spare.grad is None
+    assert torch.equal(spare.detach(), torch.ones(3))  # θ restored exactly, not stepped
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_plain_closure_that_zeroes_grads_in_place_gives_the_same_step():
+    # A plain callable closure may zero p.grad in place (zero_grad(set_to_none=False)); the accumulator
+    # keeps earlier samples' gradient tensors, which must not be zeroed under it.
+    model, batch = mlp(), vector_batch()
+    m2, _ = twin(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    ref = closure_for(model, batch)
+    x, y = batch
+
+    def zeroing():
+        for p in m2.parameters():
+            if p.grad is not None:
+                p.grad.zero_()
+        loss = torch.nn.functional.cross_entropy(m2(x), y)
+        loss.backward()
+        return loss.detach()
+
+    kw = dict(rho=0.1, s=3, t=2.0, noise_radius=0.1)
+    o1 = TSAM(torch.optim.SGD(model.parameters(), lr=0.1), **kw)
+    o2 = TSAM(torch.optim.SGD(m2.parameters(), lr=0.1), **kw)
+    torch.manual_seed(0)
+    o1.step(ref)
+    torch.manual_seed(0)
+    o2.step(zeroing)
+    for a, b in zip(model.parameters(), m2.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)

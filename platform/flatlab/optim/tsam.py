@@ -26,8 +26,11 @@ BatchNorm running statistics are updated once per step. ``primary_pass`` says wh
 
 Memory: the tilted gradient is accumulated ONLINE with a running max m, so nothing grows with s:
     A ← A·e^{t(m−m')} + G_j·e^{t(L_j−m')},  S ← S·e^{t(m−m')} + e^{t(L_j−m')},  m' = max(m, L_j),
-and the aggregate is A/S (= the stabilised softmax of step 4). Persistent buffers: θ and A
-(2 parameter copies); transient: the noise δ_j (1 copy) while it is drawn. The authors keep s copies.
+and the aggregate is A/S (= the stabilised softmax of step 4). Persistent buffer: θ (1 parameter
+copy). A lives in the first sample's gradient tensors (taken over, not copied; one copy while the step
+runs, handed to the base as p.grad at the end), and the noise δ_j is drawn into the parameters
+themselves, so neither needs a buffer of its own: 2 extra copies at the peak (θ and A), 1 between steps.
+The authors keep s copies.
 
 Not implemented: the paper's HMC sampler (ε from exp(δ·L) with correction weights exp((t−δ)·L)); the
 released code does not use it either.
@@ -106,19 +109,23 @@ def noise_scale(noise: Sequence[torch.Tensor], radius: float, kind: str) -> torc
 class TiltedAccumulator:
     """Streaming tilted aggregate Σ_j softmax(t·L)_j G_j and log-mean-exp, in O(1) memory in s.
 
-    Keeps the running max m of the losses, S = Σ_j exp(t(L_j − m)) and A = Σ_j exp(t(L_j − m))·G_j (in
-    the given ``buffers``); when a larger loss arrives, A and S are rescaled by exp(t(m_old − m_new)), so
-    no exponent is ever positive (no overflow for losses ~1e3 and large t). All arithmetic stays on the
-    device (0-d tensors): no host sync.
+    Keeps the running max m of the losses, S = Σ_j exp(t(L_j − m)) and A = Σ_j exp(t(L_j − m))·G_j;
+    when a larger loss arrives, A and S are rescaled by exp(t(m_old − m_new)), so no exponent is ever
+    positive (no overflow for losses ~1e3 and large t). All arithmetic stays on the device (0-d
+    tensors): no host sync.
 
     Args:
         t: tilt ≥ 0 (0 gives the plain mean).
-        buffers: one tensor per parameter (shapes of the gradients), overwritten.
+        buffers: one tensor per gradient (same shapes) to hold A, overwritten. ``None`` (what TSAM
+            uses): A lives in the first gradients handed to :meth:`add` with ``consume=True`` (cloned
+            otherwise), so the accumulator needs no memory of its own; a tensor whose gradient is
+            ``None`` in every sample then has ``None`` as its aggregate.
     """
 
-    def __init__(self, t: float, buffers: Sequence[torch.Tensor]) -> None:
+    def __init__(self, t: float, buffers: Optional[Sequence[torch.Tensor]] = None) -> None:
         self.t = float(t)
-        self.buffers = list(buffers)
+        self._adopt = buffers is None
+        self.buffers: List[Optional[torch.Tensor]] = list(buffers) if buffers is not None else []
         self.count = 0
         self._max: Optional[torch.Tensor] = None
         self._sum: Optional[torch.Tensor] = None  # S
@@ -130,18 +137,23 @@ class TiltedAccumulator:
 
         Args:
             loss: L_j, 0-d (nats, the mean mini-batch loss at θ+ε_j).
-            grads: G_j, one tensor per buffer with the buffer's shape (``None`` = zero for that tensor).
-            consume: the caller gives ``grads`` away; they are scaled in place (no allocation).
+            grads: G_j, one tensor per gradient slot, the same shapes in every sample (``None`` = zero
+                for that tensor).
+            consume: the caller gives ``grads`` away: they are scaled in place or kept as the
+                accumulator's own storage (no allocation), so the caller must not write to them again.
         """
         loss = loss.detach().to(torch.promote_types(loss.dtype, torch.float32)).reshape(())
-        present = [(b, g) for b, g in zip(self.buffers, grads) if g is not None]
         if self.count == 0:
             self._max, self._sum, self._loss_sum = loss.clone(), torch.ones_like(loss), loss.clone()
-            for buf, g in zip(self.buffers, grads):
-                if g is None:
-                    buf.zero_()
-                else:
-                    buf.copy_(g)
+            if self._adopt:
+                self.buffers = [None if g is None else (g if consume else g.clone()) for g in grads]
+            else:
+                for buf, g in zip(self.buffers, grads):
+                    assert buf is not None
+                    if g is None:
+                        buf.zero_()
+                    else:
+                        buf.copy_(g)
         else:
             assert self._max is not None and self._sum is not None and self._loss_sum is not None
             new_max = torch.maximum(self._max, loss)
@@ -150,19 +162,26 @@ class TiltedAccumulator:
             self._sum = self._sum * old_w + new_w
             self._max = new_max
             self._loss_sum = self._loss_sum + loss
-            if old_w.device.type != "cpu" or float(old_w) != 1.0:  # CPU: skip when the max did not move
-                torch._foreach_mul_(self.buffers, old_w.to(self.buffers[0].dtype))
+            held = [b for b in self.buffers if b is not None]
+            if held and (old_w.device.type != "cpu" or float(old_w) != 1.0):  # CPU: skip when the max did not move
+                torch._foreach_mul_(held, old_w.to(held[0].dtype))
+            present = [(b, g) for b, g in zip(self.buffers, grads) if b is not None and g is not None]
             if present:
                 add_scaled_([b for b, _ in present], [g for _, g in present], new_w, src_is_scratch=consume)
+            for i, (b, g) in enumerate(zip(self.buffers, grads)):
+                if b is None and g is not None:  # first gradient of this tensor: A_i was 0
+                    self.buffers[i] = (g if consume else g.clone()).mul_(new_w.to(g.dtype))
         self.count += 1
 
     @torch.no_grad()
-    def gradient(self) -> List[torch.Tensor]:
-        """Normalise in place and return the buffers: A/S = Σ_j softmax(t·L)_j G_j."""
+    def gradient(self) -> List[Optional[torch.Tensor]]:
+        """Normalise in place and return the buffers: A/S = Σ_j softmax(t·L)_j G_j (``None``: never given)."""
         if self.count == 0:
             raise RuntimeError("TiltedAccumulator.gradient() before any add()")
         assert self._sum is not None
-        torch._foreach_div_(self.buffers, self._sum.to(self.buffers[0].dtype))
+        held = [b for b in self.buffers if b is not None]
+        if held:
+            torch._foreach_div_(held, self._sum.to(held[0].dtype))
         return self.buffers
 
     def tilted_loss(self) -> torch.Tensor:
@@ -237,19 +256,22 @@ class TSAM(WrappedOptimizer):
 
     @torch.no_grad()
     def _place_noisy(self, params: List[torch.Tensor], theta: List[torch.Tensor]) -> None:
-        # θ' ← θ + δ from the saved θ (same draws and values as sample_noise, the scaling fused into the
-        # add). Writing θ + δ straight into the parameters also restores them from the previous sample:
-        # one pass instead of a restore copy and an in-place add (bitwise the same result).
+        # θ' ← θ + δ from the saved θ, with the same draws and values as sample_noise. The standard-normal
+        # draws go straight into the parameters (``p.normal_()`` consumes the RNG exactly as
+        # ``torch.randn_like(p)``), which then hold n until θ + scale·n is written over them: no noise
+        # buffer (one parameter copy less at the peak, no allocation per sample). Writing from the saved
+        # θ also undoes the previous sample's perturbation in the same pass.
         if self.noise_radius > 0:
-            noise = [torch.randn_like(p) for p in params]
-            scale = noise_scale(noise, self.noise_radius, self.noise)
+            for p in params:
+                p.normal_()
+            scale = noise_scale(params, self.noise_radius, self.noise)
             if scale.device.type == "cpu":
                 alpha = float(scale)
-                for p, t, n in zip(params, theta, noise):
-                    torch.add(t, n, alpha=alpha, out=p)
+                for p, t in zip(params, theta):
+                    torch.add(t, p, alpha=alpha, out=p)  # θ + scale·n, elementwise in place
                 return
-            torch._foreach_copy_(params, theta)  # accelerators: keep the scale on the device (no sync)
-            add_scaled_(params, noise, scale, src_is_scratch=True)
+            torch._foreach_mul_(params, scale)  # accelerators: keep the scale on the device (no sync)
+            torch._foreach_add_(params, theta)
         else:
             torch._foreach_copy_(params, theta)
 
@@ -271,7 +293,7 @@ class TSAM(WrappedOptimizer):
         c = as_closure(require_closure(closure, "TSAM"))
         params = [p for p in self._params() if p.requires_grad]
         theta = persistent_buffers(self.state, params, "theta")
-        acc = TiltedAccumulator(self.current_t(), persistent_buffers(self.state, params, "tilted_grad"))
+        acc = TiltedAccumulator(self.current_t())  # keeps each step's first G_j as its storage
         with torch.no_grad():
             torch._foreach_copy_(theta, params)
         primary_loss: Optional[torch.Tensor] = None
@@ -289,11 +311,12 @@ class TSAM(WrappedOptimizer):
                 self._ascend(params)  # θ+ε_j
                 perturbed_loss = c.extra()
             acc.add(perturbed_loss, [p.grad for p in params], consume=True)
+            for p in params:  # the accumulator owns those tensors now; a closure that zeroes p.grad in
+                p.grad = None  # place must not reach them
         with torch.no_grad():
             torch._foreach_copy_(params, theta)  # restore θ exactly
-            for p, g in zip(params, acc.gradient()):
-                if p.grad is not None:  # tensors the loss does not reach keep grad None, as in a plain step
-                    p.grad.copy_(g)
+        for p, g in zip(params, acc.gradient()):
+            p.grad = g  # None for tensors the loss does not reach, as in a plain step
         self.base.step()
         self._metrics.add("opt/perturbed_loss", acc.mean_loss())
         self._metrics.add("opt/perturbed_loss_max", acc.max_loss())
