@@ -345,5 +345,22 @@ def test_radix_select_ignores_signs_and_rejects_bad_input():
     assert kth_smallest_nonnegative(nan_last, 2).item() == 1.0
     with pytest.raises(ValueError, match=r"k must be in \[1, 4\]"):
         kth_smallest_nonnegative(h, 0)
-    with pytest.raises(ValueError, match="1-D float32"):
+    with pytest.raises(ValueError, match="must be float32 tensors"):
         kth_smallest_nonnegative(h.double(), 1)
+    with pytest.raises(ValueError, match="must be float32 tensors"):
+        kth_smallest_nonnegative([], 1)
+
+
+@pytest.mark.parametrize("chunk", [5, 64, 1 << 22])  # pieces smaller than the k-th bucket, and not
+def test_radix_select_over_several_tensors_equals_kthvalue_of_their_concatenation(monkeypatch, chunk):
+    import flatlab.optim._flat as flat_mod
+
+    monkeypatch.setattr(flat_mod, "SELECT_CHUNK", chunk)
+    g = torch.Generator().manual_seed(3)
+    parts = [torch.randn(7, 5, generator=g).square(), torch.zeros(40), torch.randn(300, generator=g).square(), torch.full((3, 4), 0.25)]
+    parts[2][::7] = 0.25  # ties across tensors
+    every = torch.cat([p.flatten() for p in parts])
+    for k in (1, 40, 41, 60, 100, 200, every.numel()):
+        value, count = flat_mod.kth_smallest_with_count(parts, k)
+        assert value.item() == torch.kthvalue(every, k).values.item()
+        assert count == int((every <= value).sum())

@@ -11,8 +11,8 @@ where n is a 0/1 mask of "flat" coordinates. The mask acts on the base optimizer
 moments) is never amplified.
 
 Mask: n_i = 1 for the ⌊γ·p⌋ coordinates with the smallest curvature h_i, one threshold over the
-tensors of ALL parameter groups (the k-th smallest value of their concatenation, found by an exact radix select that
-equals ``torch.kthvalue``), n_i = 1 iff
+tensors of ALL parameter groups (the k-th smallest value of them all, found by an exact radix select that
+equals ``torch.kthvalue`` of their concatenation without building it), n_i = 1 iff
 h_i ≤ threshold, so coordinates tied with the threshold all count as flat (the count can exceed
 ⌊γ·p⌋ only through such ties). p counts the coordinates of the tensors the sampled-label loss reaches;
 tensors it does not reach (sampled gradient ``None``) are left out of the ranking and never amplified
@@ -51,7 +51,7 @@ from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
 from flatlab.optim.protocol import Closure, as_closure
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.sam import SAM_SPEC
-from flatlab.optim._flat import kth_smallest_with_count, persistent_buffers
+from flatlab.optim._flat import SELECT_CHUNK, kth_smallest_with_count, persistent_buffers
 from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
 
 __all__ = ["IRE", "IRE_HPARAMS", "flat_count", "SGD_IRE_SPEC", "ADAMW_IRE_SPEC", "SAM_IRE_SPEC"]
@@ -116,7 +116,9 @@ class IRE(WrappedOptimizer):
 
     Memory: θ_old (one parameter copy, reused), the mask (1 byte per coordinate), the lerp weights
     −κ·n (one copy, rebuilt when the mask or κ_t changes), and the curvature EMA in float32 when
-    ``curvature_beta > 0``. Cost at K = 10: one extra backward pass (the sampled labels' gradient)
+    ``curvature_beta > 0``: 2.25 copies between steps. A refresh adds the sampled-label gradient
+    (one copy, squared in place into h) and the new masks; the threshold's select works in bounded
+    pieces (``flatlab.optim._flat.SELECT_CHUNK``). Cost at K = 10: one extra backward pass (the sampled labels' gradient)
     every K active steps plus two elementwise passes per step (copy θ_old, one fused lerp).
 
     Compose with IRE outermost (``IRE(SAM(SGD))``): a wrapper that calls its base's ``step()`` without
@@ -209,7 +211,11 @@ class IRE(WrappedOptimizer):
     # ------------------------------------------------------------------ mask
     @torch.no_grad()
     def _refresh_mask(self, params: Sequence[torch.Tensor], sampled: Sequence[Optional[torch.Tensor]]) -> None:
-        # h for every ranked coordinate in ONE flat float32 vector (concatenation in group order).
+        # h for every ranked coordinate, in float32, and ONE threshold over all of them. Up to
+        # SELECT_CHUNK coordinates in all, h is one concatenated vector (at most 16 MB; one kernel per
+        # pass instead of one per tensor). Above that the tensors are ranked where they are: float32
+        # sampled gradients, which are scratch (the closure hands them over), are squared in place, so
+        # no copy of h is ever made.
         ranked = [(p, g.detach()) for p, g in zip(params, sampled) if g is not None]
         for p, g in zip(params, sampled):
             if g is None:  # the loss does not reach p: not ranked, never amplified
@@ -227,21 +233,39 @@ class IRE(WrappedOptimizer):
                     ema = self.state[p]["curvature"] = torch.zeros_like(g, dtype=torch.float32)
                 g32 = g.float()
                 hs.append(ema.mul_(self.curvature_beta).addcmul_(g32, g32, value=1.0 - self.curvature_beta))
-            flat = torch.cat([h.reshape(-1).to(device) for h in hs])
         else:
-            flat = torch.cat([g.reshape(-1).to(device=device, dtype=torch.float32) for _, g in ranked]).square_()
-        k = flat_count(self.gamma, flat.numel())
+            hs = [g for _, g in ranked]  # squared below
+        total = sum(h.numel() for h in hs)
+        flat: Optional[torch.Tensor] = None
+        if total <= SELECT_CHUNK:
+            flat = torch.cat([h.reshape(-1).to(device=device, dtype=torch.float32) for h in hs])
+            if self.curvature_beta == 0:
+                flat.square_()
+            parts: List[torch.Tensor] = [flat]
+        else:
+            if self.curvature_beta == 0:
+                hs = [(g if g.dtype == torch.float32 else g.float()).square_() for g in hs]
+            parts = [h if h.device == device else h.to(device) for h in hs]  # a model split over devices
+        k = flat_count(self.gamma, total)
         if k == 0:
-            flags = torch.zeros(flat.shape, dtype=torch.bool, device=device)
+            for p, _ in ranked:
+                self.state[p]["mask"] = torch.zeros_like(p, dtype=torch.bool)
             self._flat_fraction = 0.0
+            return
+        # threshold = torch.kthvalue(all h, k); h ≤ threshold is flat (ties included); the select also
+        # counts the flat coordinates, so no pass over the masks is needed for the metric. A float32
+        # threshold compared with float32 h: exact.
+        value, count = kth_smallest_with_count(parts, k)
+        threshold = float(value)
+        if flat is not None:
+            flags: Sequence[torch.Tensor] = (flat <= threshold).split([p.numel() for p, _ in ranked])
         else:
-            # threshold = torch.kthvalue(flat, k); h ≤ threshold is flat (ties included); the select
-            # also counts the flat coordinates, so no pass over the flags is needed for the metric
-            threshold, count = kth_smallest_with_count(flat, k)
-            flags = flat <= threshold
-            self._flat_fraction = (count if not math.isnan(float(threshold)) else int(flags.sum())) / flat.numel()
-        for (p, _), m in zip(ranked, flags.split([p.numel() for p, _ in ranked])):
-            self.state[p]["mask"] = m.view(p.shape).to(p.device)  # views of one flag vector
+            flags = [h <= threshold for h in hs]
+        for (p, _), m in zip(ranked, flags):
+            self.state[p]["mask"] = m.view(p.shape).to(p.device)
+        if math.isnan(threshold):  # a diverged step: the count is of the (empty) comparison instead
+            count = sum(int(m.sum()) for m in flags)
+        self._flat_fraction = count / total
 
     @torch.no_grad()
     def _amplify(self, params: Sequence[torch.Tensor], kappas: Sequence[float]) -> None:

@@ -45,7 +45,8 @@ class Closure(Protocol):
         Returns ``(loss, sampled)`` where ``sampled[i]`` has the shape of ``params[i]`` (``None`` if that
         parameter does not influence the loss). ``p.grad`` holds the true-label gradient, exactly as
         after ``__call__``. The sampled gradient reuses the same forward graph (IRE's Fisher estimate,
-        IRE paper), so BatchNorm statistics are updated once.
+        IRE paper), so BatchNorm statistics are updated once. The caller owns the ``sampled`` tensors
+        (IRE squares them in place), so they must not be held or reused by the closure.
         """
         ...
 
