@@ -193,7 +193,7 @@ def transient_peak_bytes(run: Callable[[], None], device: torch.device) -> Optio
 
 
 def peak_extra_copies(
-    case: "Case", model: nn.Module, loss_fn, x, y, device: torch.device, warmup: int, steps: int
+    case: Case, model: nn.Module, loss_fn, x, y, device: torch.device, warmup: int, steps: int
 ) -> Tuple[float, Optional[float]]:
     """``(state, peak)``: extra memory of ``case``'s optimizer over its base, in parameter copies.
 

@@ -80,9 +80,9 @@ def persistent_buffers(
     return out
 
 
-# Elements per piece of the radix select: its temporaries (the upper halves as int16, a bool flag and,
+# Entries per piece of the radix select: its temporaries (the upper halves as int16, a bool flag and,
 # for the entries in the k-th value's bucket, an int64 index and two int32 values each) stay below
-# ~18 MB whatever the number of values.
+# about 20 MB whatever the number of values.
 SELECT_CHUNK = 1 << 20
 
 
@@ -117,10 +117,10 @@ def kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]],
     the bucket holding the k-th value and a second histogram of the lower 16 bits inside that bucket
     finds the value itself; the two cumulative histograms also give ``c`` for free (no pass over a
     comparison mask). About 3x faster than ``kthvalue``'s partial sort on CPU (measured on 0.3 M and
-    11 M values).
+    11 M values); its speed on CUDA is not measured yet.
 
     Memory: both passes run over pieces of at most ``SELECT_CHUNK`` entries, so the temporaries stay
-    bounded (below ~18 MB) whatever the number of values, also when most entries share the k-th
+    bounded (about 20 MB) whatever the number of values, also when most entries share the k-th
     value's bucket (all-zero curvature, dead units, unused embedding rows), where gathering the bucket
     at once would take three more copies of the values. With more than one piece the upper bits are
     read twice instead of being kept.

@@ -118,8 +118,9 @@ class IRE(WrappedOptimizer):
     −κ·n (one copy, rebuilt when the mask or κ_t changes), and the curvature EMA in float32 when
     ``curvature_beta > 0``: 2.25 copies between steps. A refresh adds the sampled-label gradient
     (one copy, squared in place into h) and the new masks; the threshold's select works in bounded
-    pieces (``flatlab.optim._flat.SELECT_CHUNK``). Cost at K = 10: one extra backward pass (the sampled labels' gradient)
-    every K active steps plus two elementwise passes per step (copy θ_old, one fused lerp).
+    pieces (``flatlab.optim._flat.SELECT_CHUNK``). Cost at K = 10: one extra backward pass (the
+    sampled labels' gradient) every K active steps plus two elementwise passes per step (copy θ_old,
+    one fused lerp).
 
     Compose with IRE outermost (``IRE(SAM(SGD))``): a wrapper that calls its base's ``step()`` without
     a closure (SAM, TSAM) cannot drive IRE's curvature pass.
@@ -212,7 +213,7 @@ class IRE(WrappedOptimizer):
     @torch.no_grad()
     def _refresh_mask(self, params: Sequence[torch.Tensor], sampled: Sequence[Optional[torch.Tensor]]) -> None:
         # h for every ranked coordinate, in float32, and ONE threshold over all of them. Up to
-        # SELECT_CHUNK coordinates in all, h is one concatenated vector (at most 16 MB; one kernel per
+        # SELECT_CHUNK coordinates in all, h is one concatenated vector (at most 4 MB; one kernel per
         # pass instead of one per tensor). Above that the tensors are ranked where they are: float32
         # sampled gradients, which are scratch (the closure hands them over), are squared in place, so
         # no copy of h is ever made.
@@ -263,7 +264,7 @@ class IRE(WrappedOptimizer):
             flags = [h <= threshold for h in hs]
         for (p, _), m in zip(ranked, flags):
             self.state[p]["mask"] = m.view(p.shape).to(p.device)
-        if math.isnan(threshold):  # a diverged step: the count is of the (empty) comparison instead
+        if math.isnan(threshold):  # a diverged step: h ≤ NaN marks nothing, so count the masks instead
             count = sum(int(m.sum()) for m in flags)
         self._flat_fraction = count / total
 
