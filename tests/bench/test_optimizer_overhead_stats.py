@@ -1,23 +1,14 @@
 """The optimizer-overhead bench's interval for its median block ratio (bench/optimizer_overhead.py)."""
 
-import importlib.util
 import math
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "optimizer_overhead.py"
-
 
 @pytest.fixture(scope="module")
-def median_interval():
-    spec = importlib.util.spec_from_file_location("optimizer_overhead_bench", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module.median_interval
+def median_interval(optimizer_bench):
+    return optimizer_bench.median_interval
 
 
 def test_interval_is_the_order_statistics_with_binomial_coverage(median_interval):
