@@ -114,18 +114,17 @@ class TiltedAccumulator:
     positive (no overflow for losses ~1e3 and large t). All arithmetic stays on the device (0-d
     tensors): no host sync.
 
+    A lives in the first gradient of each tensor handed to :meth:`add`: taken over with
+    ``consume=True`` (no memory of its own), cloned otherwise. A tensor whose gradient is ``None`` in
+    every sample has ``None`` as its aggregate.
+
     Args:
         t: tilt ≥ 0 (0 gives the plain mean).
-        buffers: one tensor per gradient (same shapes) to hold A, overwritten. ``None`` (what TSAM
-            uses): A lives in the first gradients handed to :meth:`add` with ``consume=True`` (cloned
-            otherwise), so the accumulator needs no memory of its own; a tensor whose gradient is
-            ``None`` in every sample then has ``None`` as its aggregate.
     """
 
-    def __init__(self, t: float, buffers: Optional[Sequence[torch.Tensor]] = None) -> None:
+    def __init__(self, t: float) -> None:
         self.t = float(t)
-        self._adopt = buffers is None
-        self.buffers: List[Optional[torch.Tensor]] = list(buffers) if buffers is not None else []
+        self.buffers: List[Optional[torch.Tensor]] = []
         self.count = 0
         self._max: Optional[torch.Tensor] = None
         self._sum: Optional[torch.Tensor] = None  # S
@@ -145,15 +144,7 @@ class TiltedAccumulator:
         loss = loss.detach().to(torch.promote_types(loss.dtype, torch.float32)).reshape(())
         if self.count == 0:
             self._max, self._sum, self._loss_sum = loss.clone(), torch.ones_like(loss), loss.clone()
-            if self._adopt:
-                self.buffers = [None if g is None else (g if consume else g.clone()) for g in grads]
-            else:
-                for buf, g in zip(self.buffers, grads):
-                    assert buf is not None
-                    if g is None:
-                        buf.zero_()
-                    else:
-                        buf.copy_(g)
+            self.buffers = [None if g is None else (g if consume else g.clone()) for g in grads]
         else:
             assert self._max is not None and self._sum is not None and self._loss_sum is not None
             new_max = torch.maximum(self._max, loss)
