@@ -369,7 +369,9 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated substrings of the cases to run (e.g. 'TSAM,IRE')")
     ap.add_argument("--verbose", action="store_true", help="print every block's ratio")
     ap.add_argument("--memory-only", action="store_true", help="skip the timing; measure memory only")
-    ap.add_argument("--json", default="", metavar="FILE", help="also write every row (time and memory) to FILE as JSON")
+    ap.add_argument(
+        "--json", default="", metavar="FILE", help="also write the run's settings and every row (time and memory) to FILE as JSON"
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument(
         "--clock", default="wall", choices=["wall", "cpu"],
@@ -417,8 +419,9 @@ def main() -> None:
         def records(table: List[List[str]]) -> List[Dict[str, object]]:
             return [{k: _number_or_text(v) for k, v in zip(table[0], r)} for r in table[1:]]
 
+        settings = {**vars(args), "threads": torch.get_num_threads(), "torch": torch.__version__}  # threads in use
         with open(args.json, "w") as f:
-            json.dump({"time": records(rows), "memory": records(mem_rows)}, f, indent=1, ensure_ascii=False)
+            json.dump({"settings": settings, "time": records(rows), "memory": records(mem_rows)}, f, indent=1, ensure_ascii=False)
     judged = rows[1:] + mem_rows[1:]
     fails = sum(r[-1].startswith("FAIL") for r in judged)
     noisy = sum(r[-1].endswith("(within noise)") for r in rows[1:])
