@@ -220,9 +220,8 @@ def peak_extra_copies(
     where the peak cannot be measured.
     """
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    opt_model, base_model = copy.deepcopy(model), copy.deepcopy(model)
-    opt, base = build(case.name, dict(case.hparams), opt_model, base_model)
-    runners = [Runner(opt, opt_model, loss_fn, x, y, device), Runner(base, base_model, loss_fn, x, y, device)]
+    runners = paired_runners(case, model, loss_fn, x, y, device)
+    opt, base = (r.opt for r in runners)
     for r in runners:
         r.steps(warmup)
     peaks = [transient_peak_bytes(lambda r=r: r.steps(steps), device) for r in runners]
@@ -264,6 +263,13 @@ class Runner:
         self.sync()
         self.wall.append((time.perf_counter() - w0) / n)
         self.cpu.append((time.process_time() - c0) / n)
+
+
+def paired_runners(case: Case, model: nn.Module, loss_fn, x, y, device: torch.device) -> List[Runner]:
+    """``[optimizer's runner, base's runner]``, each on its own copy of ``model``'s initial weights."""
+    opt_model, base_model = copy.deepcopy(model), copy.deepcopy(model)
+    opt, base = build(case.name, dict(case.hparams), opt_model, base_model)
+    return [Runner(opt, opt_model, loss_fn, x, y, device), Runner(base, base_model, loss_fn, x, y, device)]
 
 
 def selected(args: argparse.Namespace) -> List[Case]:
@@ -310,9 +316,7 @@ def run_model(model_name: str, args: argparse.Namespace, device: torch.device) -
     model, loss_fn, x, y = workload(model_name, device, args.batch)
     rows = []
     for case in selected(args):
-        opt_model, base_model = copy.deepcopy(model), copy.deepcopy(model)
-        opt, base = build(case.name, dict(case.hparams), opt_model, base_model)
-        runners = [Runner(opt, opt_model, loss_fn, x, y, device), Runner(base, base_model, loss_fn, x, y, device)]
+        runners = paired_runners(case, model, loss_fn, x, y, device)
         opt_r, base_r = runners
         steps = args.ire_steps if "ire" in case.name else args.steps
         for r in runners:
