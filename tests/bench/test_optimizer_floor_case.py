@@ -1,0 +1,38 @@
+"""The optimizer-overhead bench's "IRE's floor" row: SGD alone, its closure adding IRE's sampled-label
+pass to every n-th step (bench/optimizer_overhead.py, SampledEvery)."""
+
+import torch
+import torch.nn.functional as F
+
+from flatlab.train.closure import BatchClosure
+
+
+def test_sampled_pass_runs_on_every_nth_step_and_leaves_the_true_gradient(optimizer_bench):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    inner = BatchClosure(model, F.cross_entropy, x, y)
+    step, sampled_at = 0, []
+    real = inner.with_sampled_grads
+
+    def spy(params):
+        sampled_at.append(step)
+        return real(params)
+
+    inner.with_sampled_grads = spy
+    closure = optimizer_bench.SampledEvery(inner, list(model.parameters()), 3)
+    for step in range(1, 8):
+        loss = closure()
+        # the step's gradient is the true-label one whichever pass ran
+        want = torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters()))
+        for p, g in zip(model.parameters(), want):
+            torch.testing.assert_close(p.grad, g)
+        torch.testing.assert_close(loss, F.cross_entropy(model(x), y))
+    assert sampled_at == [3, 6]  # the 3rd and 6th of 7 steps
+
+
+def test_floor_case_is_timed_in_ire_blocks_and_has_no_memory_row(optimizer_bench):
+    (floor,) = [c for c in optimizer_bench.CASES if c.sampled_every is not None]
+    assert (floor.name, floor.sampled_every, floor.refreshes, floor.target_time) == ("sgd", 10, True, None)
+    assert "ire" in floor.label.lower()  # selected by --only IRE, next to the IRE rows
+    assert not [c for c in optimizer_bench.CASES if c.sampled_every is None and c.name == "sgd"]
