@@ -22,7 +22,9 @@ through /proc/self/clear_refs, Linux) on a probe MLP with two 3072×3072 weights
 mmap threshold at 64 KiB (mallopt), so every tensor from that size up is its own mapping and a freed
 one leaves the RSS at once; activations are negligible there. After timing runs the CPU memory is
 measured in a fresh child process (the same script with ``--memory-only``), whose heap holds no free
-chunks left by them. Where the peak cannot be measured the state figure is judged. ``--json FILE`` writes every row of both tables.
+chunks left by them. Where the peak cannot be measured the state figure is judged. ``--json FILE``
+writes every row of both tables (timing rows also with their unrounded block ratios, interval and
+target as numbers).
 
 The last timing row, "IRE's floor", is not an optimizer: SGD alone, its closure adding IRE's
 sampled-label pass (labels drawn from the softmax, one more backward through the step's own graph) to
@@ -380,7 +382,10 @@ def print_table(rows: List[List[str]]) -> None:
             print("  ".join("-" * w for w in widths))
 
 
-def run_model(model_name: str, args: argparse.Namespace, device: torch.device) -> List[List[str]]:
+def run_model(model_name: str, args: argparse.Namespace, device: torch.device, numbers: List[Dict[str, object]]) -> List[List[str]]:
+    """Timing rows (text, as printed) of every selected case on one model; for each row, ``numbers`` gets
+    the figures the text rounds or formats: the block ratios on the judged clock, the median's interval
+    and its coverage, and the target (``None``: no target)."""
     model, loss_fn, x, y = workload(model_name, device, args.batch)
     rows = []
     for case in selected(args):
@@ -425,6 +430,9 @@ def run_model(model_name: str, args: argparse.Namespace, device: torch.device) -
                 f"≤ {case.target_time:g}" if case.target_time is not None else "—", verdict,
             ]
         )
+        numbers.append(
+            {"block ratios": ratios, "interval": [lo, hi], "interval coverage": coverage, "target ratio": case.target_time}
+        )
         print("  " + " | ".join(rows[-1]), flush=True)
     return rows
 
@@ -449,7 +457,8 @@ def main() -> None:
     ap.add_argument("--verbose", action="store_true", help="print every block's ratio")
     ap.add_argument("--memory-only", action="store_true", help="skip the timing; measure memory only")
     ap.add_argument(
-        "--json", default="", metavar="FILE", help="also write the run's settings and every row (time and memory) to FILE as JSON"
+        "--json", default="", metavar="FILE", help="also write the run's settings and every row (time and memory) to FILE as JSON; timing rows add "
+        "'block ratios', 'interval', 'interval coverage' and 'target ratio' as numbers"
     )
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument(
@@ -471,10 +480,11 @@ def main() -> None:
         + ("" if args.memory_only else f"repeats={args.repeats} batch={args.batch} clock={args.clock}")
     )
     rows = [header]
+    numbers: List[Dict[str, object]] = []  # per timing row, the unrounded figures for --json
     if not args.memory_only:
         print("  " + " | ".join(header), flush=True)
         for m in args.models.split(","):
-            rows += run_model(m.strip(), args, device)
+            rows += run_model(m.strip(), args, device, numbers)
         print_table(rows)
 
     # Memory: on CUDA each model's own step (allocator statistics); on CPU the probe MLP (peak RSS).
@@ -503,7 +513,8 @@ def main() -> None:
 
         settings = {**vars(args), "threads": torch.get_num_threads(), "torch": torch.__version__}  # threads in use
         with open(args.json, "w") as f:
-            json.dump({"settings": settings, "time": records(rows), "memory": records(mem_rows)}, f, indent=1, ensure_ascii=False)
+            timing = [{**record, **extra} for record, extra in zip(records(rows), numbers)]
+            json.dump({"settings": settings, "time": timing, "memory": records(mem_rows)}, f, indent=1, ensure_ascii=False)
     judged = rows[1:] + mem_rows[1:]
     fails = sum(r[-1].startswith("FAIL") for r in judged)
     noisy = sum(r[-1].endswith("(within noise)") for r in rows[1:])

@@ -61,6 +61,10 @@ def test_memory_after_timing_is_measured_in_a_fresh_process(optimizer_bench, mem
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
     assert [r["optimizer / base"] for r in report["time"]] == ["SGD-IRE / SGD (K=10)", "AdmIRE / AdamW (K=10)"]
+    for timing in report["time"]:  # the unrounded figures behind the printed text, as numbers
+        (block,) = timing["block ratios"]  # --repeats 1
+        assert timing["ratio (wall)"] == round(block, 3)
+        assert (timing["interval"], timing["interval coverage"], timing["target ratio"]) == ([block, block], 0.0, 1.1)
     rows = {r["optimizer / base"]: (r["model"], r["state copies"], r["peak extra copies"]) for r in report["memory"]}
     assert rows["SGD-IRE / SGD (K=10)"] == ("probe",) + memory["SGD-IRE / SGD (K=10)"][:2]
     assert rows["AdmIRE / AdamW (K=10)"][:2] == ("probe", 2.25)
