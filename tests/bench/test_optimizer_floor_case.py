@@ -31,8 +31,11 @@ def test_sampled_pass_runs_on_every_nth_step_and_leaves_the_true_gradient(optimi
     assert sampled_at == [3, 6]  # the 3rd and 6th of 7 steps
 
 
-def test_floor_case_is_sgd_at_k_10_timed_in_ire_blocks_without_a_target(optimizer_bench):
-    (floor,) = [c for c in optimizer_bench.CASES if c.sampled_every is not None]
+def test_floor_cases_are_the_ire_bases_at_k_10_timed_in_ire_blocks_without_a_target(optimizer_bench):
+    floors = [c for c in optimizer_bench.CASES if c.sampled_every is not None]
     # blocks of --ire-steps (10) steps hold exactly one sampled pass, as the IRE rows hold one refresh
-    assert (floor.name, floor.sampled_every, floor.refreshes, floor.target_time) == ("sgd", 10, True, None)
-    assert "ire" in floor.label.lower()  # selected by --only IRE, next to the IRE rows
+    assert [(c.name, c.sampled_every, c.refreshes, c.target_time, c.timing_only) for c in floors] == [
+        ("sgd", 10, True, None, True),
+        ("adamw", 10, True, None, True),
+    ]
+    assert all("ire" in c.label.lower() for c in floors)  # selected by --only IRE, next to the IRE rows

@@ -54,7 +54,7 @@ def test_memory_after_timing_is_measured_in_a_fresh_process(optimizer_bench, mem
     # before. The bench now measures memory in a child process; its rows must be a --memory-only run's.
     out = tmp_path / "run.json"
     cmd = [
-        sys.executable, optimizer_bench.__file__, "--models", "cnn", "--only", "SGD-IRE,AdmIRE", "--repeats", "1",
+        sys.executable, optimizer_bench.__file__, "--models", "cnn", "--only", "SGD-IRE / SGD,AdmIRE", "--repeats", "1",
         "--warmup", "1", "--threads", "1", "--json", str(out),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
