@@ -455,8 +455,11 @@ def main() -> None:
     )
     ap.add_argument("--batch", type=int, default=64, help="images per batch (the LM uses batch/4 sequences of 64 tokens)")
     ap.add_argument("--steps", type=int, default=3, help="steps per timed block")
-    ap.add_argument("--ire-steps", type=int, default=10, help="steps per timed block of the IRE rows and the floor row; K is 10 in those cases, so the "
-        "default puts one refresh in every block")
+    ap.add_argument(
+        "--ire-steps", type=int, default=10,
+        help="steps per timed block of the IRE rows (the diagnostic ones included); K is 10 in those cases, so "
+        "the default puts one refresh in every block",
+    )
     ap.add_argument("--repeats", type=int, default=9, help="timed optimizer blocks (paired with base blocks); the median is reported")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps of each optimizer and its base before timing")
     ap.add_argument("--only", default="", help="comma-separated substrings of the cases to run (e.g. 'TSAM,IRE')")
