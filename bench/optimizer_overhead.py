@@ -120,7 +120,8 @@ class Case:
 
     @property
     def refreshes(self) -> bool:
-        """Whether some steps carry a curvature pass (timed in blocks of ``--ire-steps``)."""
+        """Whether the row belongs to the IRE family (IRE, the mask-held row, the floor rows), timed in
+        blocks of ``--ire-steps`` so that each block holds the same number of curvature passes."""
         return "ire" in self.name or self.sampled_every is not None
 
 

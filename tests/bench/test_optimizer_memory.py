@@ -12,18 +12,22 @@ import sys
 import pytest
 
 
+def run_bench(optimizer_bench, out, *args):
+    """The bench run in a subprocess with ``--threads 1 --json out`` and ``args``: its JSON report."""
+    cmd = [sys.executable, optimizer_bench.__file__, *args, "--threads", "1", "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    if "could not be fixed" in done.stdout:
+        pytest.skip("glibc's mmap threshold cannot be fixed here (not glibc)")
+    return json.loads(out.read_text())
+
+
 @pytest.fixture(scope="module")
 def memory(optimizer_bench, tmp_path_factory):
     if not optimizer_bench._reset_peak_rss():
         pytest.skip("peak RSS cannot be reset here (needs Linux /proc/self/clear_refs)")
     out = tmp_path_factory.mktemp("bench") / "memory.json"
-    script = optimizer_bench.__file__
-    cmd = [sys.executable, script, "--memory-only", "--threads", "1", "--only", "SAM / SGD,TSAM,SGD-IRE", "--json", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    if "could not be fixed" in done.stdout:
-        pytest.skip("glibc's mmap threshold cannot be fixed here (not glibc)")
-    rows = json.loads(out.read_text())["memory"]
+    rows = run_bench(optimizer_bench, out, "--memory-only", "--only", "SAM / SGD,TSAM,SGD-IRE")["memory"]
     return {r["optimizer / base"]: (r["state copies"], r["peak extra copies"], r["result"]) for r in rows}
 
 
@@ -52,14 +56,8 @@ def test_memory_after_timing_is_measured_in_a_fresh_process(optimizer_bench, mem
     # 2.38-2.50 instead of 3.53 and 2.25: the timing runs leave large free chunks in glibc's heap, and
     # malloc serves requests from them without mapping new pages, so the peak RSS depended on what ran
     # before. The bench now measures memory in a child process; its rows must be a --memory-only run's.
-    out = tmp_path / "run.json"
-    cmd = [
-        sys.executable, optimizer_bench.__file__, "--models", "cnn", "--only", "SGD-IRE / SGD,AdmIRE", "--repeats", "1",
-        "--warmup", "1", "--threads", "1", "--json", str(out),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(out.read_text())
+    args = ("--models", "cnn", "--only", "SGD-IRE / SGD,AdmIRE", "--repeats", "1", "--warmup", "1")
+    report = run_bench(optimizer_bench, tmp_path / "run.json", *args)
     assert [r["optimizer / base"] for r in report["time"]] == ["SGD-IRE / SGD (K=10)", "AdmIRE / AdamW (K=10)"]
     for timing in report["time"]:  # the unrounded figures behind the printed text, as numbers
         (block,) = timing["block ratios"]  # --repeats 1
