@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Dict, List, Optional
 
@@ -60,7 +61,7 @@ class ProgressPrinter(Callback):
 
     def on_trial_result(self, iteration: int, trials: List, trial: Any, result: Dict, **info: Any) -> None:
         v = result.get(self.metric)
-        if isinstance(v, (int, float)) and v == v and self._better(v):
+        if isinstance(v, (int, float)) and math.isfinite(v) and self._better(v):
             self._best = float(v)
             self._best_desc = f"{trial.config.get('arm')} {trial.trial_id}, epoch {result.get('epoch')}"
         if time.monotonic() - self._last_print > self.every_s:
@@ -71,21 +72,17 @@ class ProgressPrinter(Callback):
         self._done[trial.trial_id] = outcome
         last = getattr(trial, "last_result", {}) or {}
         v = last.get(self.metric)
-        shown = f"{v:.4f}" if isinstance(v, (int, float)) else "-"
+        shown = f"{v:.4f}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
         self._print(f"  {outcome:9s} {trial.config.get('arm', ''):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}  {self.metric} {shown}")
         if time.monotonic() - self._last_status > 5.0 or not self._running:
             self._print(self.status())
             self._last_status = time.monotonic()
 
     def on_trial_complete(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
-        last = getattr(trial, "last_result", {}) or {}
-        if last.get("diverged"):
-            outcome = "diverged"
-        elif self.max_epochs and int(last.get("epoch", 0)) < self.max_epochs:
-            outcome = "pruned"  # stopped early by the scheduler (ASHA)
-        else:
-            outcome = "done"
-        self._end(trial, outcome)
+        from flatlab.study.searchers import trial_outcome
+
+        outcome = trial_outcome(getattr(trial, "last_result", {}) or {}, False, self.metric)
+        self._end(trial, "done" if outcome == "completed" else outcome)
 
     def on_trial_error(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
         self._end(trial, "error")

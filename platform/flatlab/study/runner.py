@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from flatlab.errors import ConfigError
 from flatlab.study.spec import Study
@@ -179,6 +179,93 @@ def _open_launch(
     return experiment_id, parent.info.run_id, exp_name
 
 
+def _experiment_path(storage_path: str, name: str) -> str:
+    return str(Path(storage_path) / name) if "://" not in storage_path else f"{storage_path.rstrip('/')}/{name}"
+
+
+def _update_launch(launch: Path, **changes: Any) -> None:
+    state = json.loads(launch.read_text())
+    state.update(changes)
+    launch.write_text(json.dumps(state, indent=2))
+
+
+def _new_tuner(study: Study, trainable: Any, searcher: Any, scheduler: Any, name: str, storage_path: str,
+               callbacks: List[Any], num_samples: int) -> Any:
+    from ray import tune
+
+    return tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            metric=study.metric,
+            mode=study.mode,
+            search_alg=searcher,
+            scheduler=scheduler,
+            num_samples=num_samples,
+            max_concurrent_trials=study.max_concurrent,
+            reuse_actors=True,
+        ),
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=storage_path,
+            callbacks=callbacks,
+            verbose=0,
+            log_to_file=True,
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
+    )
+
+
+def _restore_tuner(path: str, trainable: Any, callbacks: List[Any]) -> Any:
+    """Restore the Tune experiment at ``path``, with this launch's live callbacks swapped in."""
+    from ray import tune
+
+    tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+    restored = tuner._local_tuner.get_run_config().callbacks  # pickled with the experiment
+    for i, cb in enumerate(restored):
+        for live in callbacks:
+            if type(cb) is type(live):
+                restored[i] = live
+    return tuner
+
+
+def _searcher_of(tuner: Any) -> Any:
+    """The flatlab searcher inside a tuner (Tune may wrap it)."""
+    alg = tuner._local_tuner._tune_config.search_alg
+    while hasattr(alg, "searcher"):
+        alg = alg.searcher
+    return alg
+
+
+def final_configs(study: Study, grid: Any) -> List[Dict[str, Any]]:
+    """The final stage's trial configs: for each arm, its best completed search trial's configuration (by
+    the study metric's final value; pruned, diverged and errored trials are never chosen) once per seed
+    of ``study.final_seeds``, with ``stage = final``. An arm with no completed trial gets none (logged).
+
+    Args:
+        grid: the search's Tune ``ResultGrid`` (each result's ``config`` and last ``metrics``).
+    """
+    from flatlab.study.searchers import trial_outcome
+
+    best: Dict[str, Tuple[float, Dict[str, Any]]] = {}
+    sign = 1.0 if study.mode == "max" else -1.0
+    for result in grid:
+        config, metrics = result.config or {}, result.metrics or {}
+        if trial_outcome(metrics, result.error is not None, study.metric) != "completed":
+            continue
+        arm, value = config.get("arm"), sign * float(metrics[study.metric])
+        if arm not in best or value > best[arm][0]:
+            best[arm] = (value, config)
+    configs: List[Dict[str, Any]] = []
+    for arm in study.arms:
+        if arm.name not in best:
+            logger.warning("final stage: arm %s has no completed search trial; it gets no final trials", arm.name)
+            continue
+        chosen = {k: v for k, v in best[arm.name][1].items() if k not in ("seed", runs.STAGE_KEY)}
+        configs += [{**chosen, "seed": seed, runs.STAGE_KEY: runs.STAGE_FINAL} for seed in study.final_seeds]
+    return configs
+
+
 def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutcome:
     """Run (or ``opts.resume``) ``study``; returns when every trial has ended or on interruption.
 
@@ -198,7 +285,8 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
 
     from flatlab import __version__
     from flatlab.study.progress import ProgressPrinter
-    from flatlab.study.searchers import ArmSearcher
+    from flatlab.study.schedulers import build_scheduler
+    from flatlab.study.searchers import ArmSearcher, FixedSearcher
     from flatlab.study.trainable import run_trial
     from flatlab.tracking.artifacts import WorkerTracking
     from flatlab.tracking.callback import MLflowTrialLogger
@@ -252,11 +340,12 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         experiment_id, parent_run_id, exp_name = opened.result()
     logger.info("MLflow ready, data loaded (%.1f s)", time.monotonic() - t0)
     client = runs.client(tracking_uri)
-    experiment_path = str(Path(storage_path) / exp_name) if "://" not in storage_path else f"{storage_path.rstrip('/')}/{exp_name}"
+    experiment_path = _experiment_path(storage_path, exp_name)
     launch.write_text(
         json.dumps(
             {"experiment_path": experiment_path, "experiment_name": exp_name, "parent_run_id": parent_run_id,
-             "tracking_uri": tracking_uri, "experiment_id": experiment_id, "status": "running"},
+             "tracking_uri": tracking_uri, "experiment_id": experiment_id, "status": "running",
+             "optuna_storage": f"sqlite:///{out / 'optuna.db'}"},
             indent=2,
         )
     )
@@ -275,51 +364,20 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         metric=study.metric,
         mode=study.mode,
     )
-    progress = ProgressPrinter(total, study.metric, study.mode, max_epochs=study.max_epochs)
+    progress = ProgressPrinter(total + len(study.arms) * len(study.final_seeds), study.metric, study.mode,
+                               max_epochs=study.max_epochs)
+    callbacks = [mlflow_cb, progress]
     if opts.resume:
-        tuner = tune.Tuner.restore(experiment_path, trainable=trainable, resume_unfinished=True, resume_errored=True)
-        callbacks = tuner._local_tuner.get_run_config().callbacks  # restored with the experiment
-        for i, cb in enumerate(callbacks):  # swap in live instances bound to this launch
-            if isinstance(cb, MLflowTrialLogger):
-                callbacks[i] = mlflow_cb
-            elif isinstance(cb, ProgressPrinter):
-                callbacks[i] = progress
+        tuner = _restore_tuner(experiment_path, trainable, callbacks)
     else:
-        scheduler = None
-        if study.scheduler == "asha":
-            from ray.tune.schedulers import ASHAScheduler
-
-            scheduler = ASHAScheduler(
-                time_attr="training_iteration",
-                max_t=study.max_epochs,
-                grace_period=study.grace_period,
-                reduction_factor=study.reduction_factor,
-            )
         searcher = ArmSearcher(study, optuna_storage=f"sqlite:///{out / 'optuna.db'}", launch=exp_name)
-        tuner = tune.Tuner(
-            trainable,
-            tune_config=tune.TuneConfig(
-                metric=study.metric,
-                mode=study.mode,
-                search_alg=searcher,
-                scheduler=scheduler,
-                num_samples=total,
-                max_concurrent_trials=study.max_concurrent,
-                reuse_actors=True,
-            ),
-            run_config=tune.RunConfig(
-                name=exp_name,
-                storage_path=storage_path,
-                callbacks=[mlflow_cb, progress],
-                verbose=0,
-                log_to_file=True,
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
-                failure_config=tune.FailureConfig(max_failures=0),
-            ),
-        )
+        tuner = _new_tuner(study, trainable, searcher, build_scheduler(study), exp_name, storage_path, callbacks, total)
+    _searcher_of(tuner).run_id_of = mlflow_cb.run_id_of
     if console is not None:
         console.print(
-            f"study [bold]{study.name}[/bold]: {total} trials, tracking {tracking_uri}, logs {out / 'logs'}"
+            f"study [bold]{study.name}[/bold]: {total} trials"
+            + (f", then {len(study.arms) * len(study.final_seeds)} final-seed trials" if study.final_seeds else "")
+            + f", tracking {tracking_uri}, logs {out / 'logs'}"
             + (" (resumed)" if opts.resume else "")
         )
     logger.info("starting Tune (%.1f s)", time.monotonic() - t0)
@@ -328,8 +386,21 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     try:
         grid = tuner.fit()
         num_errors = grid.num_errors
-        ended = grid.num_terminated + grid.num_errors
-        interrupted = ended < total
+        interrupted = grid.num_terminated + grid.num_errors < total
+        if study.final_seeds and not interrupted:
+            final_name = f"{exp_name}-final"
+            final_path = _experiment_path(storage_path, final_name)
+            _update_launch(launch, final_experiment_path=final_path)
+            if opts.resume and tune.Tuner.can_restore(final_path):
+                final = _restore_tuner(final_path, trainable, callbacks)
+            else:
+                configs = final_configs(study, grid)
+                logger.info("final stage: %d trials (%s)", len(configs), ", ".join(sorted({c["arm"] for c in configs})))
+                final = _new_tuner(study, trainable, FixedSearcher(configs, study.metric, study.mode), None, final_name,
+                                   storage_path, callbacks, len(configs))
+            final_grid = final.fit()
+            num_errors += final_grid.num_errors
+            interrupted = final_grid.num_terminated + final_grid.num_errors < len(final_grid)
     except KeyboardInterrupt:
         interrupted = True
     except BaseException:
@@ -341,10 +412,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         logger.info("MLflow flushed (%.1f s)", time.monotonic() - t0)
         status = "FAILED" if failed else "KILLED" if interrupted else "FINISHED"
         client.set_terminated(parent_run_id, status=status)
-        state = json.loads(launch.read_text())
-        state["status"] = status.lower()
-        state["num_errors"] = num_errors
-        launch.write_text(json.dumps(state, indent=2))
+        _update_launch(launch, status=status.lower(), num_errors=num_errors)
         for err in mlflow_cb.errors:
             logger.warning("MLflow: %s", err)
     if not interrupted:

@@ -1,23 +1,42 @@
-"""One Tune searcher for all arms of a study, with an equal budget per arm.
+"""One Tune searcher for all arms of a study, with an equal budget per arm, that tells Optuna what happened.
 
 :class:`ArmSearcher` hands out trials arm by arm (the arm with the fewest trials goes next), so a
 single ``Tuner`` serves every optimizer arm and no worker idles at an arm's tail. For ``optuna`` and
-``random`` it delegates to one ``OptunaSearch`` per arm (its own Optuna study, seeded, stored in
-SQLite beside the study's outputs); for ``grid`` it enumerates the arm's grid x seeds in order.
-Its state is pickled by Tune (``save``/``restore``), so ``--resume`` continues the same searches.
+``random`` it drives one Optuna study per arm (``<launch>.<arm>``, seeded, stored in SQLite beside the
+study's outputs) through Optuna's ask/tell interface; for ``grid`` it enumerates the arm's grid x seeds.
+
+Optuna is told the truth about each trial (Ray's ``OptunaSearch`` stores a scheduler-stopped trial as
+COMPLETE with its partial value, so Optuna's best trial could be a pruned one):
+
+* every epoch's value of the study metric is reported as an intermediate value (step = epoch);
+* a trial that ran its whole budget (or stopped at its training-loss target) is COMPLETE with its
+  final value; one stopped by the scheduler is PRUNED; one that raised or diverged is FAIL;
+* each Optuna trial carries the user attributes ``tune_trial_id``, ``arm``, ``seed`` and, once it ends,
+  ``mlflow_run_id`` (from :attr:`ArmSearcher.run_id_of`, which the runner points at the MLflow
+  callback); the Optuna study's metric name is the study's metric, so optuna-dashboard shows
+  ``val/accuracy``, not "Objective 0".
+
+Its state (``save``/``restore``, read by ``--resume``) is JSON: counters and trial-number maps. The
+searches themselves live in the Optuna storage, so nothing read back can execute code.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import pickle
-from typing import Any, Dict, List, Optional
+import math
+from typing import Any, Callable, Dict, List, Optional
 
 from ray.tune.search import Searcher
 
+from flatlab.errors import ConfigError
 from flatlab.study.spec import Study
 
 logger = logging.getLogger(__name__)
+
+COMPLETED_KEY = "completed"
+"""Set to 1 in a trial's last report when it ran its whole budget or reached its training-loss target."""
+DIVERGED_KEY = "diverged"
 
 
 def _sampler(kind: str, seed: int):
@@ -26,6 +45,25 @@ def _sampler(kind: str, seed: int):
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed)
+
+
+def optuna_study_name(launch: str, arm: str) -> str:
+    """Name of ``arm``'s Optuna study in a launch (``<launch>.<arm>``)."""
+    return f"{launch}.{arm}"
+
+
+def trial_outcome(result: Optional[Dict[str, Any]], error: bool, metric: str) -> str:
+    """How a trial ended, from its last result: ``completed``, ``pruned`` (stopped by the scheduler),
+    ``diverged`` or ``error``. One rule for Optuna's states and MLflow's statuses."""
+    if error:
+        return "error"
+    result = result or {}
+    if result.get(DIVERGED_KEY):
+        return "diverged"
+    if result.get(COMPLETED_KEY):
+        value = result.get(metric)
+        return "completed" if isinstance(value, (int, float)) and math.isfinite(value) else "diverged"
+    return "pruned"
 
 
 class ArmSearcher(Searcher):
@@ -45,27 +83,42 @@ class ArmSearcher(Searcher):
         self._count: Dict[str, int] = {a: 0 for a in self._arms}
         self._trial_arm: Dict[str, str] = {}
         self._points: Dict[str, List[Dict[str, Any]]] = {}
+        self._storage_url = optuna_storage
+        self._launch = launch or study.name
+        # tune trial id -> [optuna storage trial id, optuna trial number, last reported step]
+        self._optuna: Dict[str, List[int]] = {}
         self._constants: Dict[str, Dict[str, Any]] = {}
-        self._sub: Dict[str, Any] = {}
+        self._distributions: Dict[str, Dict[str, Any]] = {}
+        self._studies: Dict[str, Any] = {}
+        self._study_seed = study.seed
+        self._kind = study.searcher
+        self.run_id_of: Optional[Callable[[str], Optional[str]]] = None  # Tune trial id -> MLflow run id
         if study.searcher == "grid":
             self._points = {a.name: study.grid(a) for a in study.arms}
             self._budget = {a: len(p) for a, p in self._points.items()}
             return
-        from ray.tune.search.optuna import OptunaSearch
-
         self._budget = {a.name: study.num_trials for a in study.arms}
-        for i, arm in enumerate(study.arms):
+        for arm in study.arms:
             self._constants[arm.name] = arm.constants()
-            searched = arm.searched()
-            if searched:
-                self._sub[arm.name] = OptunaSearch(
-                    space={k: d.to_optuna() for k, d in searched.items()},
-                    metric=study.metric,
-                    mode=study.mode,
-                    sampler=_sampler(study.searcher, study.seed * 1000 + i),
-                    study_name=f"{launch or study.name}.{arm.name}",
-                    storage=_storage(optuna_storage),
-                )
+            self._distributions[arm.name] = {k: d.to_optuna() for k, d in arm.searched().items()}
+        self._open_studies()
+
+    def _open_studies(self) -> None:
+        import optuna
+
+        storage = _storage(self._storage_url)
+        for i, arm in enumerate(self._arms):
+            if not self._distributions.get(arm):
+                continue  # nothing searched: the arm's trials are its constants
+            st = optuna.create_study(
+                study_name=optuna_study_name(self._launch, arm),
+                storage=storage,
+                sampler=_sampler(self._kind, self._study_seed * 1000 + i),
+                direction="maximize" if self.mode == "max" else "minimize",
+                load_if_exists=True,
+            )
+            st.set_metric_names([self.metric])
+            self._studies[arm] = st
 
     def set_search_properties(self, metric: Optional[str], mode: Optional[str], config: Dict, **spec: Any) -> bool:
         return True  # metric and mode come from the study
@@ -83,33 +136,135 @@ class ArmSearcher(Searcher):
             config = dict(self._points[arm][i])
         else:
             config = {"arm": arm, "seed": self._seeds[i % len(self._seeds)], **self._constants[arm]}
-            sub = self._sub.get(arm)
-            if sub is not None:
-                params = sub.suggest(trial_id)
-                if params is None:
-                    return None
-                config.update(params)
+            st = self._studies.get(arm)
+            if st is not None:
+                trial = st.ask(self._distributions[arm])
+                trial.set_user_attr("tune_trial_id", trial_id)
+                trial.set_user_attr("arm", arm)
+                trial.set_user_attr("seed", config["seed"])
+                self._optuna[trial_id] = [trial._trial_id, trial.number, -1]
+                config.update(trial.params)
         self._count[arm] += 1
         self._trial_arm[trial_id] = arm
         return config
 
+    def _trial(self, trial_id: str):
+        import optuna
+
+        arm = self._trial_arm.get(trial_id, "")
+        if arm not in self._studies or trial_id not in self._optuna:
+            return None, None
+        st = self._studies[arm]
+        return st, optuna.trial.Trial(st, self._optuna[trial_id][0])
+
     def on_trial_result(self, trial_id: str, result: Dict) -> None:
-        sub = self._sub.get(self._trial_arm.get(trial_id, ""))
-        if sub is not None and self.metric in result:
-            sub.on_trial_result(trial_id, result)
+        st, trial = self._trial(trial_id)
+        value = result.get(self.metric)
+        if trial is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return
+        step = int(result.get("epoch", result.get("training_iteration", 0)))
+        record = self._optuna[trial_id]
+        if step <= record[2]:
+            return  # re-run after a resume from an earlier checkpoint: the step is already recorded
+        trial.report(float(value), step)
+        record[2] = step
 
     def on_trial_complete(self, trial_id: str, result: Optional[Dict] = None, error: bool = False) -> None:
-        sub = self._sub.get(self._trial_arm.get(trial_id, ""))
-        if sub is not None:
-            sub.on_trial_complete(trial_id, result=result, error=error)
+        import optuna
+
+        st, _ = self._trial(trial_id)
+        if st is None:
+            return
+        number = self._optuna[trial_id][1]
+        if st.trials[number].state.is_finished():
+            return  # told already (a duplicate completion)
+        outcome = trial_outcome(result, error, self.metric)
+        try:
+            run_id = self.run_id_of(trial_id) if self.run_id_of is not None else None
+            if run_id:
+                optuna.trial.Trial(st, self._optuna[trial_id][0]).set_user_attr("mlflow_run_id", run_id)
+            if outcome == "completed":
+                st.tell(number, float(result[self.metric]))
+            elif outcome == "pruned":
+                st.tell(number, state=optuna.trial.TrialState.PRUNED)
+            else:
+                st.tell(number, state=optuna.trial.TrialState.FAIL)
+        except Exception:  # noqa: BLE001 - the Optuna record must not fail the study
+            logger.exception("could not tell Optuna the outcome of trial %s", trial_id)
+
+    # ---- state: JSON only ---------------------------------------------------------------------
+    _STATE = ("_arms", "_seeds", "_count", "_trial_arm", "_points", "_storage_url", "_launch", "_optuna", "_budget",
+              "_study_seed", "_kind")
 
     def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump(self.__dict__, f)
+        state = {k: getattr(self, k) for k in self._STATE}
+        state["_format"] = "flatlab.ArmSearcher/1"
+        with open(checkpoint_path, "w") as f:
+            json.dump(state, f)
 
     def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as f:
-            self.__dict__.update(pickle.load(f))
+        """Read what :meth:`save` wrote (JSON); the searches continue from the Optuna storage.
+
+        Raises:
+            ConfigError: the file is not this searcher's JSON state (e.g. an old pickle).
+        """
+        try:
+            with open(checkpoint_path) as f:
+                state = json.load(f)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{checkpoint_path}: not a flatlab searcher state (JSON expected; refusing to unpickle): {exc}") from exc
+        if not isinstance(state, dict) or state.get("_format") != "flatlab.ArmSearcher/1":
+            raise ConfigError(f"{checkpoint_path}: not a flatlab searcher state (format flatlab.ArmSearcher/1 expected)")
+        for k in self._STATE:
+            setattr(self, k, state[k])
+        if self._kind != "grid" and not self._studies:
+            self._open_studies()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # Tune pickles the searcher into its own experiment state: keep configuration, not live handles
+        return {k: v for k, v in self.__dict__.items() if k not in ("_studies", "run_id_of")}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._studies, self.run_id_of = {}, None
+        if self._kind != "grid":
+            self._open_studies()
+
+
+class FixedSearcher(Searcher):
+    """Hands out a fixed list of trial configs in order, then finishes (the final-seeds stage)."""
+
+    def __init__(self, configs: List[Dict[str, Any]], metric: str, mode: str) -> None:
+        super().__init__(metric=metric, mode=mode)
+        self._configs = [dict(c) for c in configs]
+        self._next = 0
+
+    def set_search_properties(self, metric: Optional[str], mode: Optional[str], config: Dict, **spec: Any) -> bool:
+        return True
+
+    def suggest(self, trial_id: str) -> Optional[Dict[str, Any]]:
+        if self._next >= len(self._configs):
+            return Searcher.FINISHED
+        self._next += 1
+        return dict(self._configs[self._next - 1])
+
+    def on_trial_complete(self, trial_id: str, result: Optional[Dict] = None, error: bool = False) -> None:
+        pass
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "w") as f:
+            json.dump({"_format": "flatlab.FixedSearcher/1", "configs": self._configs, "next": self._next}, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        """Raises ConfigError: the file is not this searcher's JSON state."""
+        try:
+            with open(checkpoint_path) as f:
+                state = json.load(f)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{checkpoint_path}: not a flatlab searcher state (JSON expected): {exc}") from exc
+        if not isinstance(state, dict) or state.get("_format") != "flatlab.FixedSearcher/1":
+            raise ConfigError(f"{checkpoint_path}: not a flatlab searcher state (format flatlab.FixedSearcher/1 expected)")
+        self._configs, self._next = state["configs"], state["next"]
 
 
 def _storage(url: Optional[str]):

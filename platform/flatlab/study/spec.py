@@ -98,6 +98,18 @@ class Study:
             runs of up to 1024 steps, then doubling), so steps_to_target is an upper bound within it.
         target_loss: a fixed target training loss (> 0, the workload's loss units, e.g. nats per token)
             instead of ``reference_arm``: only ``train/steps_to_target`` is logged. Not both.
+        measures: flatness measures every completed trial computes on its final model, measure name ->
+            parameters (``flatlab measures`` lists them), e.g. ``{"fisher_trace": {}, "neighbourhood_loss":
+            {"sigma": 0.03, "draws": 40}}``; logged as ``flat/<measure>`` metrics and in ``trial.json``.
+        measure_examples, measure_seed, measure_split: the fixed evaluation subset of the measures:
+            ``measure_examples`` rows (0 = all) of the ``measure_split`` split (``train``: the training
+            loss, whose minimum the optimizers reach; or an evaluation split such as ``val``), chosen with
+            ``measure_seed``, which also seeds the measures' noise, probes and sampled labels: the same
+            for every trial, so values are paired across arms and seeds.
+        final_seeds: after the search, each arm's best configuration (by ``metric`` among its completed
+            trials) is re-run once per seed here, with no early stopping, as trials tagged
+            ``flatlab.stage=final`` in the same MLflow parent run; ``flatlab compare`` reports them.
+            Empty: no final stage (grid studies pool their seeds instead).
     """
 
     name: str
@@ -121,6 +133,11 @@ class Study:
     description: str = ""
     reference_arm: Optional[str] = None
     target_loss: Optional[float] = None
+    measures: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    measure_examples: int = 512
+    measure_seed: int = 0
+    measure_split: str = "train"
+    final_seeds: Tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         arms = self.arms
@@ -136,16 +153,23 @@ class Study:
                     f"e.g. arms=(Arm('sgd'), Arm('adamw'))"
                 )
         object.__setattr__(self, "arms", arms)
-        if hasattr(self.seeds, "__iter__") and not isinstance(self.seeds, (str, bytes)):
-            object.__setattr__(self, "seeds", tuple(self.seeds))  # anything else is reported by validate()
+        for name in ("seeds", "final_seeds"):
+            value = getattr(self, name)
+            if hasattr(value, "__iter__") and not isinstance(value, (str, bytes, Mapping)):
+                object.__setattr__(self, name, tuple(value))  # anything else is reported by validate()
         if self.grace_period is None:  # ASHA's default first rung: 2 epochs, or the whole budget if shorter
             budget = self.max_epochs if _is_int(self.max_epochs) and self.max_epochs >= 1 else 2
             object.__setattr__(self, "grace_period", min(2, budget))
 
     # ----------------------------------------------------------------------------------------------
-    def with_budget(self, trials: Optional[int] = None, epochs: Optional[int] = None) -> "Study":
-        """A copy with a smaller (or larger) budget: ``trials`` per arm, ``epochs`` per trial."""
+    def with_budget(
+        self, trials: Optional[int] = None, epochs: Optional[int] = None, final_seeds: Optional[int] = None
+    ) -> "Study":
+        """A copy with a smaller (or larger) budget: ``trials`` per arm, ``epochs`` per trial and the first
+        ``final_seeds`` final seeds (0: no final stage)."""
         changes: Dict[str, Any] = {}
+        if final_seeds is not None:
+            changes["final_seeds"] = tuple(self.final_seeds)[:final_seeds]
         if trials is not None:
             changes["num_trials"] = trials
         if epochs is not None:
@@ -190,7 +214,7 @@ class Study:
         trn: Dict[str, Any] = dict(self.train)
         wl: Dict[str, Any] = dict(self.workload_params)
         for k, v in config.items():
-            if k in ("arm", "seed"):
+            if k in ("arm", "seed", "stage"):
                 continue
             {"optimizer": opt, "trainer": trn, "workload": wl}.get(route.get(k, ""), opt)[k] = v
         return TrialSpec(
@@ -228,6 +252,10 @@ class Study:
                 out.append(f"{who} warmup_epochs={value} >= max_epochs={self.max_epochs}: the LR never leaves its warm-up")
 
         long_warmup("train", self.train.get("warmup_epochs") if isinstance(self.train, Mapping) else None)
+        reused = sorted(set(self.final_seeds) & set(self.seeds)) if isinstance(self.final_seeds, tuple) else []
+        if reused:
+            out.append(f"final_seeds {reused} also seed the search trials: the final stage then re-runs seeds the "
+                       f"configuration was selected on; fresh seeds give an unbiased estimate")
         for arm in self.arms:
             grids = [k for k, d in arm.dims.items() if getattr(d, "is_grid", False)]
             if grids and self.searcher != "grid":
@@ -324,11 +352,42 @@ class Study:
             self.reference_arm is None or self.target_loss is None,
             f"reference_arm={self.reference_arm!r} and target_loss={self.target_loss!r} are both set; set at most one of them",
         )
+        errors.extend(self._validate_measures(where))
         for arm in self.arms:
             errors.extend(self._validate_arm(arm, where, workload_cls is not None))
         if errors:
             raise ConfigError("invalid study:\n  " + "\n  ".join(errors))
         return self
+
+    def _validate_measures(self, where: str) -> List[str]:
+        """Problems with ``measures``, their subset and ``final_seeds`` (each naming the field)."""
+        from flatlab.sharpness.measures import resolve_measures
+
+        errors: List[str] = []
+        if not isinstance(self.measures, Mapping):
+            errors.append(f"{where}: measures={self.measures!r}; expected a dict of measure name -> parameters, "
+                          f"e.g. measures={{'fisher_trace': {{}}}} (see `flatlab measures`)")
+        else:
+            try:
+                resolve_measures(self.measures, f"{where}: measures")
+            except ConfigError as exc:
+                errors.extend(str(exc).splitlines())
+        if not (_is_int(self.measure_examples) and 0 <= self.measure_examples <= 10**7):
+            errors.append(f"{where}: measure_examples={self.measure_examples!r}; expected an int in [0, 10**7] (0 = the whole split)")
+        if not (_is_int(self.measure_seed) and 0 <= self.measure_seed < 2**32):
+            errors.append(f"{where}: measure_seed={self.measure_seed!r}; expected an int in [0, 2**32)")
+        splits = ("train", "val")
+        if self.measure_split not in splits:
+            errors.append(f"{where}: measure_split={self.measure_split!r}; expected one of {', '.join(map(repr, splits))}")
+        fs = self.final_seeds
+        if not (isinstance(fs, tuple) and all(_is_int(x) and 0 <= x < 2**32 for x in fs)):
+            errors.append(f"{where}: final_seeds={fs!r}; expected a tuple of ints in [0, 2**32), e.g. final_seeds=(1, 2, 3)")
+        elif len(set(fs)) != len(fs):
+            errors.append(f"{where}: final_seeds={fs!r} repeats a seed")
+        elif fs and self.searcher == "grid":
+            errors.append(f"{where}: final_seeds={fs!r} with searcher='grid': a grid already runs every point with every "
+                          f"seed in seeds=...; put the seeds there and leave final_seeds empty")
+        return errors
 
     def _validate_arm(self, arm: Arm, where: str, workload_ok: bool) -> List[str]:
         from flatlab.optim.registry import get_optimizer

@@ -12,6 +12,7 @@ RUNNING. The callback pickles without its thread (Tune stores it in the experime
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -96,9 +97,10 @@ class MLflowTrialLogger(Callback):
         self.on_trial_start(iteration, trials, trial)
 
     def on_trial_result(self, iteration: int, trials: List, trial: Any, result: Dict, **info: Any) -> None:
-        metrics = runs.numeric_metrics(result)
+        # a diverged trial reports an infinite metric to Tune; MLflow would store it as +-1.8e308
+        metrics = {k: v for k, v in runs.numeric_metrics(result).items() if math.isfinite(v)}
         value = metrics.get(self.metric)
-        if value is not None and value == value:
+        if value is not None:
             best = self._best.get(trial.trial_id)
             better = best is None or (value > best if self.mode == "max" else value < best)
             if better:
@@ -109,13 +111,11 @@ class MLflowTrialLogger(Callback):
         self._queue.put(("metrics", trial.trial_id, (metrics, step)))
 
     def on_trial_complete(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
+        from flatlab.study.searchers import trial_outcome
+
         last = self._last.get(trial.trial_id) or getattr(trial, "last_result", {}) or {}
-        if last.get("diverged"):
-            status, outcome = "FAILED", "diverged"
-        elif int(last.get("epoch", 0)) < self.max_epochs:
-            status, outcome = "KILLED", "pruned"
-        else:
-            status, outcome = "FINISHED", "completed"
+        outcome = trial_outcome(last, False, self.metric)
+        status = {"completed": "FINISHED", "pruned": "KILLED"}.get(outcome, "FAILED")
         self._queue.put(("end", trial.trial_id, (status, outcome, None)))
 
     def on_trial_error(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
@@ -126,6 +126,12 @@ class MLflowTrialLogger(Callback):
         self.flush()
 
     # ---- driver API -----------------------------------------------------------------------------
+    def run_id_of(self, trial_id: str, timeout: float = 10.0) -> Optional[str]:
+        """The MLflow run id of a Tune trial (waits up to ``timeout`` s for its queued creation)."""
+        if trial_id not in self._run_ids:
+            self.flush(timeout)
+        return self._run_ids.get(trial_id)
+
     def flush(self, timeout: float = 120.0) -> None:
         """Block until everything enqueued so far is written (or ``timeout`` seconds pass)."""
         if self._thread is None:
@@ -193,10 +199,11 @@ class MLflowTrialLogger(Callback):
                 runs.TAG_ARM: arm,
                 runs.TAG_OPT: self.arm_optimizer.get(arm, arm),
                 runs.TAG_SEED: str(config.get("seed", "")),
+                runs.TAG_STAGE: str(config.get(runs.STAGE_KEY, runs.STAGE_SEARCH)),
             }
             run = client.create_run(self.experiment_id, tags=tags, run_name=f"{arm}-{trial_id}")
             run_id = run.info.run_id
-            params = [Param(k, str(v)) for k, v in sorted(config.items())]
+            params = [Param(k, str(v)) for k, v in sorted(config.items()) if k != runs.STAGE_KEY]
             client.log_batch(run_id, params=params)
         else:
             client.update_run(run_id, status="RUNNING")

@@ -12,6 +12,12 @@ from flatlab.tracking import runs
 # epoch is ``last_lr``, next to the searched ``param.lr``.
 FINAL_NAMES = {"lr": "last_lr"}
 
+# Magnitudes MLflow gives back for an infinite metric (it stores +-inf as +-1.797e308): never a real value.
+SENTINEL = 1e300
+
+# How trials rank in every table: a completed trial before a pruned one, failures last.
+OUTCOME_RANK = {"completed": 0, "pruned": 1, "interrupted": 2, "diverged": 3, "error": 4}
+
 
 def parent_runs(tracking_uri: str, study: str) -> List[Any]:
     """Parent (launch) runs of ``study``, newest first.
@@ -81,10 +87,24 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
         return df
     for col in [c for c in df.columns if c.startswith("param.")] + ["seed"]:
         df[col] = _numeric_if_possible(df[col])
-    key = f"best/{metric}"
-    df = df.sort_values(key, ascending=(mode == "min"), na_position="last", kind="stable").reset_index(drop=True)
+    numeric = df.select_dtypes("number").columns
+    df[numeric] = df[numeric].mask(df[numeric].abs() >= SENTINEL)  # +-inf as older MLflow stores kept it
+    df = sort_trials(df, metric, mode)
     df.attrs["metric"], df.attrs["mode"] = metric, mode
     return df
+
+
+def sort_trials(df, metric: str, mode: str):
+    """Completed trials first, then pruned, interrupted, and last diverged and errored ones; within each,
+    best final ``metric`` first (``best/<metric>`` breaks ties). A pruned trial never outranks a
+    completed one."""
+    rank = df["outcome"].map(OUTCOME_RANK).fillna(len(OUTCOME_RANK))
+    ascending = mode == "min"
+    keys = df.assign(_rank=rank)
+    order = keys.sort_values(
+        ["_rank", metric, f"best/{metric}"], ascending=[True, ascending, ascending], na_position="last", kind="stable"
+    ).index
+    return df.loc[order].reset_index(drop=True)
 
 
 def _numeric_if_possible(col):
@@ -98,10 +118,18 @@ def _numeric_if_possible(col):
 
 
 def best_per_arm(df):
-    """The best row of each arm (``df`` as returned by :func:`trials_frame`, already best first)."""
+    """The best row of each arm (``df`` as returned by :func:`trials_frame` or :func:`by_config`, already
+    ordered by :func:`sort_trials`): a completed trial whenever the arm has one; an arm with none shows
+    its best pruned (or interrupted) trial, its ``outcome`` saying so; diverged and errored trials are
+    never selected. Final-stage trials (re-runs of the chosen configuration) are not candidates."""
     if df.empty:
         return df
-    return df.groupby("arm", sort=False).head(1).reset_index(drop=True)
+    rows = df
+    if "stage" in rows.columns:
+        rows = rows[rows["stage"] != "final"]
+    if "outcome" in rows.columns:
+        rows = rows[rows["outcome"].isin(["completed", "pruned", "interrupted"])]
+    return rows.groupby("arm", sort=False).head(1).reset_index(drop=True)
 
 
 def by_config(df):
@@ -112,9 +140,12 @@ def by_config(df):
     the trials that completed (``outcome == "completed"``: not pruned, diverged or failed), the mean
     and sample standard deviation (ddof = 1; NaN with one seed) over seeds of: the study metric, its
     best value, the test metric (``test/perplexity``, ``test/accuracy`` or ``test/loss``, the first
-    present) and, when present, ``train/speedup`` and ``train/steps_to_target``. Ordered best first by
-    the mean of ``best/<metric>`` (the per-trial table's order); configurations with no completed
-    trial come last.
+    present) and, when present, ``train/speedup``, ``train/steps_to_target``,
+    ``train/epochs_to_target`` and every flatness measure ``flat/*``. A target's statistics are over the
+    seeds that reached it, so ``reached`` says how many did: ``"k/n"`` of the ``n`` completed seeds
+    (a miss is counted, never hidden in the mean). Ordered best first by the mean of ``best/<metric>``
+    (the per-trial table's order); configurations with no completed trial come last. Search and
+    final-stage trials of one configuration are separate rows (``stage``).
 
     Args:
         df: a :func:`trials_frame` table (its ``attrs`` give the metric and mode).
@@ -128,20 +159,25 @@ def by_config(df):
         return df
     metric, mode = df.attrs.get("metric", "val/accuracy"), df.attrs.get("mode", "max")
     test = _test_metric(df)
-    metrics = [m for m in (metric, f"best/{metric}", test, "train/speedup", "train/steps_to_target") if m and _has_values(df, m)]
+    targets = [m for m in TARGET_METRICS if _has_values(df, m)]
+    flat = sorted(c for c in df.columns if c.startswith("flat/") and _has_values(df, c))
+    metrics = [m for m in (metric, f"best/{metric}", test) if m and _has_values(df, m)] + targets + flat
     params = [c for c in df.columns if c.startswith("param.")]
-    keys = ["arm"] + params
+    stage = ["stage"] if "stage" in df.columns else []
+    keys = ["arm"] + stage + params
     done = df["outcome"] == "completed"
     rows = []
     for key, group in df.groupby(keys, dropna=False, sort=False):
         key = key if isinstance(key, tuple) else (key,)
         ok = group[done.loc[group.index]]
-        row = {"arm": key[0], "seeds": len(ok), "trials": len(group)}
+        row = {"arm": key[0], **dict(zip(stage, key[1:2])), "seeds": len(ok), "trials": len(group)}
+        if targets:
+            row["reached"] = f"{_reached(ok)}/{len(ok)}"
         for m in metrics:
             values = pd.to_numeric(ok[m], errors="coerce")
             row[f"{m} mean"] = values.mean() if len(values) else float("nan")
             row[f"{m} std"] = values.std(ddof=1) if len(values) > 1 else float("nan")
-        row.update(dict(zip(params, key[1:])))
+        row.update(dict(zip(params, key[1 + len(stage):])))
         rows.append(row)
     out = pd.DataFrame(rows)
     rank = f"best/{metric} mean" if f"best/{metric} mean" in out.columns else f"{metric} mean"
@@ -150,6 +186,20 @@ def by_config(df):
     out.attrs.update(df.attrs)
     out.attrs["pooled"] = metrics  # render() shows each as one "mean ± std" column
     return out
+
+
+TARGET_METRICS = ("train/speedup", "train/steps_to_target", "train/epochs_to_target")
+
+
+def _reached(ok) -> int:
+    """Completed trials that reached their target: ``train/target_reached == 1`` where logged (a
+    training-loss target), else a value of ``train/steps_to_target`` (a reference arm's loss)."""
+    import pandas as pd
+
+    if "train/target_reached" in ok.columns and ok["train/target_reached"].notna().any():
+        return int((pd.to_numeric(ok["train/target_reached"], errors="coerce") == 1).sum())
+    column = next((m for m in ("train/steps_to_target", "train/epochs_to_target") if m in ok.columns), None)
+    return int(ok[column].notna().sum()) if column else 0
 
 
 def export(df, path: str, fmt: str) -> None:
@@ -177,7 +227,7 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
     test = _test_metric(df) or "test/accuracy"
     pooled = [] if columns else list(df.attrs.get("pooled", []))
     if pooled:
-        cols = [c for c in ("arm", "seeds", "trials") if c in df.columns]
+        cols = [c for c in ("arm", "stage", "seeds", "trials", "reached") if c in df.columns]
     else:
         default = ["arm", "trial_id", "status", "outcome", "epochs", metric, f"best/{metric}", test]
         default += [c for c in ("train/steps_to_target", "train/speedup") if _has_values(df, c)]  # Study(reference_arm=...)

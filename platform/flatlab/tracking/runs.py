@@ -23,7 +23,10 @@ TAG_SEED = "flatlab.seed"
 TAG_COMMIT = "flatlab.git_commit"
 TAG_VERSION = "flatlab.version"
 TAG_OUTCOME = "flatlab.outcome"  # completed | pruned | diverged | error | interrupted
+TAG_STAGE = "flatlab.stage"  # search (tuning trials) | final (each arm's best configuration over fresh seeds)
 PARENT = "mlflow.parentRunId"
+STAGE_KEY = "stage"  # the trial config key that carries the stage (not a hyperparameter; never logged as a param)
+STAGE_SEARCH, STAGE_FINAL = "search", "final"
 
 
 def default_tracking_uri(root: Path) -> str:

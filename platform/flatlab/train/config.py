@@ -22,6 +22,11 @@ TRAINER_HPARAMS = (
         doc="run each mini-batch in chunks of this many examples, accumulating gradients (None = whole batch; memory)",
     ),
     HParam(
+        "stop_at_train_loss", None, float, low=0.0, low_open=True, nullable=True,
+        doc="end the trial at the first epoch whose mean training loss is <= this (None = off); flatness is then "
+        "measured at a matched training loss (IRE paper: flatter at the same loss). Logs train/epochs_to_target",
+    ),
+    HParam(
         "curve_smoothing", 0.9, float, low=0.0, high=1.0, high_open=True,
         doc="EMA factor of the training-loss curve used for steps-to-target (0 = raw loss; IRE paper, Fig. 4)",
     ),
