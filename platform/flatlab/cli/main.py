@@ -229,6 +229,25 @@ def workloads() -> None:
     _hparam_table(TRAINER_HPARAMS)
 
 
+@app.command()
+def measures(name: Optional[str] = typer.Argument(None, help="show only this measure")) -> None:
+    """List the registered flatness measures (a study's `measures=`) with their parameters, defaults,
+    allowed ranges, source and the metrics they log."""
+    from flatlab.sharpness.measures import TIME_KEY, get_measure, list_measures
+
+    try:
+        names = [get_measure(name).name] if name is not None else list(list_measures())
+    except FlatlabError as exc:
+        _fail(exc)
+    for n in names:
+        m = get_measure(n)
+        console.print(f"[bold]{m.name}[/bold]  {m.doc}", soft_wrap=True)
+        console.print(f"  source: {m.source}", soft_wrap=True)
+        console.print(f"  metrics: {', '.join(m.metrics)}", soft_wrap=True)
+        _hparam_table(m.hparams)
+    console.print(f"and {TIME_KEY}: wall seconds of all the measures of a trial together")
+
+
 def _hparam_table(hparams) -> None:
     from rich.table import Table
 

@@ -11,7 +11,10 @@ Public surface (everything takes ``model, data`` first; ``params`` restricts a m
 * worst-case adaptive sharpness: :func:`worst_case_sharpness`;
 * curvature: :func:`hessian_trace` (Hutchinson 1989), :func:`top_hessian_eigenvalue`,
   :func:`hessian_vector_product`, :func:`fisher_trace` (IRE's measure);
-* TSAM's flatness measure: :func:`neighbourhood_loss`.
+* TSAM's flatness measure: :func:`neighbourhood_loss`;
+* the measures registry trials and studies use (:mod:`flatlab.sharpness.measures`): :class:`Measure`,
+  :func:`get_measure`, :func:`list_measures`, :func:`resolve_measures`, :func:`compute_measures`,
+  :func:`measure_subset`.
 """
 
 from flatlab.sharpness.average import average_sharpness, layerwise_sharpness, neighbourhood_loss
@@ -23,6 +26,10 @@ from flatlab.sharpness.grouping import (
     select_group, vit_grouping,
 )
 from flatlab.sharpness.hessian import hessian_trace, hessian_vector_product, top_hessian_eigenvalue
+from flatlab.sharpness.measures import (
+    MEASURES, Measure, compute_measures, get_measure, list_measures, measure_subset, register_measure,
+    resolve_measures,
+)
 from flatlab.sharpness.results import (
     EigenEstimate, Estimate, NeighbourhoodLoss, SharpnessEstimate, WorstCaseSharpness,
 )
@@ -30,11 +37,13 @@ from flatlab.sharpness.worst_case import worst_case_sharpness
 
 __all__ = [
     "GROUPINGS",
+    "MEASURES",
     "EigenEstimate",
     "Estimate",
     "EvalSubset",
     "GroupRule",
     "Grouping",
+    "Measure",
     "NeighbourhoodLoss",
     "SharpnessEstimate",
     "WorstCaseSharpness",
@@ -42,15 +51,21 @@ __all__ = [
     "average_sharpness",
     "average_sharpness_batched",
     "clip_grouping",
+    "compute_measures",
     "fisher_trace",
     "get_grouping",
+    "get_measure",
     "group_parameters",
     "hessian_trace",
     "hessian_vector_product",
     "keys_of",
     "layerwise_sharpness",
+    "list_measures",
+    "measure_subset",
     "module_grouping",
     "neighbourhood_loss",
+    "register_measure",
+    "resolve_measures",
     "select_group",
     "top_hessian_eigenvalue",
     "vit_grouping",

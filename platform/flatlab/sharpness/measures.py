@@ -1,0 +1,370 @@
+"""The flatness measures registry: one place where trials and studies compute flatness.
+
+A study declares the measures it wants as ``{name: {param: value}}``, e.g.::
+
+    {"fisher_trace": {}, "hessian_trace": {"probes": 30},
+     "neighbourhood_loss": {"sigma": 0.03, "draws": 40}, "avg_sharpness": {"rho": 0.5, "adaptive": True}}
+
+:func:`resolve_measures` validates that declaration before anything runs (every problem in one error);
+:func:`measure_subset` picks the study's fixed evaluation subset (the same rows for every trial);
+:func:`compute_measures` runs the measures on a trial's final model and returns ``flat/*`` metrics.
+
+Registered measures (``flatlab measures`` lists them) and the metric keys each one returns:
+
+* ``fisher_trace`` (IRE paper, flatness measure: Tr of the Fisher with labels sampled from the model):
+  ``flat/fisher_trace`` (nats per parameter unit^2), ``flat/fisher_trace_stderr`` (over label draws,
+  only when ``samples >= 2``).
+* ``hessian_trace`` (Hutchinson 1989; the IRE paper's Tr(H)): ``flat/hessian_trace`` (loss units per
+  parameter unit^2), ``flat/hessian_trace_stderr`` (over probes, when ``probes >= 2``).
+* ``neighbourhood_loss`` (TSAM paper, Fig. 2): ``flat/neighbourhood_loss`` = mean of ``L(theta + eps)``,
+  ``flat/neighbourhood_loss_var`` = its sample variance over draws, ``flat/neighbourhood_loss_stderr``,
+  ``flat/neighbourhood_loss_clean`` = ``L(theta)`` on the same subset (loss units).
+* ``avg_sharpness`` (seed "In Search of the Successful Interpolation", App. A; Andriushchenko et al.
+  2023): ``flat/avg_sharpness`` = ``E[L(theta + delta)] - L(theta)``, ``flat/avg_sharpness_stderr``
+  (when ``draws >= 2``), ``flat/avg_sharpness_clean`` = ``L(theta)`` (loss units).
+
+and ``time/measures_s``: wall seconds of all measures together.
+
+Pairing: every measure draws its noise, probes or labels from a ``torch.Generator`` seeded with the
+``seed`` given to :func:`compute_measures`, so trials measured with the same seed on the same subset see
+the same draws (paired comparisons between optimizers).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flatlab.errors import ConfigError, did_you_mean
+from flatlab.hparams import HParam, resolve
+from flatlab.registry import Registry
+from flatlab.sharpness import _state
+from flatlab.sharpness.average import average_sharpness, neighbourhood_loss
+from flatlab.sharpness.data import DEFAULT_BATCH_SIZE, EvalSubset, LossFn
+from flatlab.sharpness.fisher import FISHER_ESTIMATORS, fisher_trace
+from flatlab.sharpness.hessian import hessian_trace
+
+Compute = Callable[[nn.Module, EvalSubset, LossFn, Mapping[str, Any], int], Dict[str, float]]
+"""``compute(model, subset, loss_fn, params, seed) -> {metric name: value}`` (params already resolved)."""
+
+TIME_KEY = "time/measures_s"
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A registered flatness measure.
+
+    Attributes:
+        name: registry name used in studies (``fisher_trace``, ``hessian_trace`` ...).
+        doc: one line: what is measured, units.
+        source: paper and figure/equation the measure comes from.
+        hparams: declared parameters with defaults and allowed ranges.
+        compute: see :data:`Compute`; returns the metrics listed in ``metrics`` (the ``_stderr`` key only
+            when the estimate has one, i.e. two or more draws/probes).
+        metrics: every metric name ``compute`` may return.
+    """
+
+    name: str
+    doc: str
+    source: str
+    hparams: Tuple[HParam, ...]
+    compute: Compute
+    metrics: Tuple[str, ...] = ()
+
+    def resolve(self, given: Mapping[str, Any], where: str = "") -> Dict[str, Any]:
+        """Defaults filled in and values validated; raises ``ConfigError`` naming every bad field."""
+        return resolve(self.hparams, given, where or f"measure {self.name!r}")
+
+
+MEASURES: Registry[Measure] = Registry("measure")
+
+
+def register_measure(measure: Measure) -> Measure:
+    """Add ``measure`` to :data:`MEASURES` (raises ``ValueError`` if the name exists)."""
+    return MEASURES.register(measure.name, measure)
+
+
+def get_measure(name: str) -> Measure:
+    """Look up a registered measure.
+
+    Raises:
+        UnknownNameError: ``name`` is not registered (the message lists the valid names).
+    """
+    return MEASURES.get(name)
+
+
+def list_measures() -> Tuple[str, ...]:
+    """The registered measure names, sorted."""
+    return tuple(MEASURES.names())
+
+
+# ---- the registered measures ---------------------------------------------------------------------
+
+
+def _with_stderr(key: str, value: float, stderr: float) -> Dict[str, float]:
+    out = {key: float(value)}
+    if math.isfinite(stderr):  # nan with a single draw: no standard error to report
+        out[f"{key}_stderr"] = float(stderr)
+    return out
+
+
+def _fisher(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int) -> Dict[str, float]:
+    # The Fisher of the model's own predictive distribution: cross-entropy on sampled labels whatever
+    # the training loss (label smoothing, a subset of logits ...), so loss_fn is not used.
+    est = fisher_trace(model, subset, n_samples=p["samples"], estimator=p["estimator"], seed=seed)
+    return _with_stderr("flat/fisher_trace", est.value, est.stderr)
+
+
+def _hessian(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int) -> Dict[str, float]:
+    est = hessian_trace(model, subset, n_probes=p["probes"], seed=seed, loss_fn=loss_fn)
+    return _with_stderr("flat/hessian_trace", est.value, est.stderr)
+
+
+def _neighbourhood(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int) -> Dict[str, float]:
+    est = neighbourhood_loss(model, subset, sigma=p["sigma"], n_draws=p["draws"], seed=seed, loss_fn=loss_fn)
+    out = _with_stderr("flat/neighbourhood_loss", est.mean, est.stderr)
+    out["flat/neighbourhood_loss_var"] = float(est.variance)
+    out["flat/neighbourhood_loss_clean"] = float(est.clean_loss)
+    return out
+
+
+def _avg_sharpness(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int) -> Dict[str, float]:
+    est = average_sharpness(
+        model, subset, rho=p["rho"], n_draws=p["draws"], adaptive=p["adaptive"], seed=seed, loss_fn=loss_fn
+    )
+    out = _with_stderr("flat/avg_sharpness", est.value, est.stderr)
+    out["flat/avg_sharpness_clean"] = float(est.clean_loss)
+    return out
+
+
+register_measure(Measure(
+    name="fisher_trace",
+    doc="Tr(F), Fisher with labels sampled from the model's softmax; needs (B, C) logits (nats per parameter unit^2)",
+    source="IRE paper (Improving Generalization and Convergence by Enhancing Implicit Regularization), flatness measure Tr(F) ~ Tr(H)",
+    hparams=(
+        HParam("samples", 1, int, low=1, doc="independent label draws per example (the estimate averages them)"),
+        HParam("estimator", "per_example", str, choices=FISHER_ESTIMATORS,
+               doc="per_example: per-example gradients (tensor inputs); batch: Sophia/IRE's batch-gradient estimator"),
+    ),
+    compute=_fisher,
+    metrics=("flat/fisher_trace", "flat/fisher_trace_stderr"),
+))
+
+register_measure(Measure(
+    name="hessian_trace",
+    doc="Hutchinson estimate of Tr(H) of the loss, Rademacher probes (loss units per parameter unit^2)",
+    source="Hutchinson 1989; IRE paper's Tr(nabla^2 L)",
+    hparams=(HParam("probes", 30, int, low=1, doc="Rademacher probes v, each giving v^T H v"),),
+    compute=_hessian,
+    metrics=("flat/hessian_trace", "flat/hessian_trace_stderr"),
+))
+
+register_measure(Measure(
+    name="neighbourhood_loss",
+    doc="mean and variance of L(theta + eps), eps ~ N(0, sigma^2 I) (loss units; _var in loss units^2)",
+    source="TSAM paper (Reweighting Local Minima with Tilted SAM), Fig. 2",
+    hparams=(
+        HParam("sigma", 0.03, float, low=0.0, low_open=True,
+               doc="noise standard deviation per coordinate, parameter units (default: the issue's example value)"),
+        HParam("draws", 40, int, low=2, doc="noise draws (>= 2 for the variance)"),
+    ),
+    compute=_neighbourhood,
+    metrics=("flat/neighbourhood_loss", "flat/neighbourhood_loss_var", "flat/neighbourhood_loss_stderr",
+             "flat/neighbourhood_loss_clean"),
+))
+
+register_measure(Measure(
+    name="avg_sharpness",
+    doc="adaptive average sharpness E[L(theta + delta)] - L(theta), delta ~ N(0, rho^2 diag(|theta|^2)) (loss units)",
+    source="seed 'In Search of the Successful Interpolation', App. A; Andriushchenko et al. 2023",
+    hparams=(
+        HParam("rho", 1.0, float, low=0.0, low_open=True,
+               doc="noise scale, relative to |theta| when adaptive (seed paper App. A: 1.0)"),
+        HParam("draws", 20, int, low=1, doc="noise draws (seed paper: 20)"),
+        HParam("adaptive", True, bool, doc="c = |theta| elementwise (True) or c = 1 (False)"),
+    ),
+    compute=_avg_sharpness,
+    metrics=("flat/avg_sharpness", "flat/avg_sharpness_stderr", "flat/avg_sharpness_clean"),
+))
+
+
+# ---- validation ------------------------------------------------------------------------------------
+
+
+def resolve_measures(spec: Mapping[str, Mapping[str, Any]], where: str) -> Dict[str, Dict[str, Any]]:
+    """Validate a study's measures declaration and fill in the defaults.
+
+    Args:
+        spec: ``{measure name: {param: value}}``; ``{}`` as the value takes every default.
+        where: what declared it, e.g. ``"study 'digits_flatness', measures"``; starts every message.
+
+    Returns:
+        ``{measure name: {param: value}}`` with every declared parameter, in the order of ``spec``.
+
+    Raises:
+        ConfigError: ``spec`` or one of its values is not a mapping, an unknown measure (listing the
+            valid names), an unknown parameter (listing the accepted ones) or a value outside its
+            allowed range; all problems in one error, one per line.
+    """
+    if not isinstance(spec, Mapping):
+        raise ConfigError(
+            f"{where}: measures must be a mapping {{measure name: {{param: value}}}}, e.g. "
+            f"{{'hessian_trace': {{'probes': 30}}}}; got {type(spec).__name__} {spec!r}"
+        )
+    valid = list_measures()
+    problems = []
+    out: Dict[str, Dict[str, Any]] = {}
+    for name, given in spec.items():
+        if not isinstance(name, str) or name not in valid:
+            problems.append(
+                f"{where}: unknown measure {name!r}{did_you_mean(name, valid)}; valid measures: {', '.join(valid)}"
+            )
+            continue
+        if not isinstance(given, Mapping):
+            problems.append(
+                f"{where}, measure {name!r}: parameters must be a mapping {{param: value}} ({{}} for the defaults); "
+                f"got {type(given).__name__} {given!r}"
+            )
+            continue
+        try:
+            out[name] = get_measure(name).resolve(given, f"{where}, measure {name!r}")
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return out
+
+
+# ---- running ------------------------------------------------------------------------------------------
+
+
+def compute_measures(
+    model: nn.Module,
+    subset: EvalSubset,
+    loss_fn: Optional[LossFn],
+    resolved: Mapping[str, Mapping[str, Any]],
+    seed: int = 0,
+) -> Dict[str, float]:
+    """Run every measure of ``resolved`` on ``model`` over ``subset``.
+
+    The model is evaluated in eval mode (BatchNorm uses and keeps its running statistics, dropout is
+    off); its parameters, buffers, ``.grad`` and training flags are exactly as before afterwards, also
+    when a measure raises.
+
+    Args:
+        model: the trial's final model, on the device it was trained on.
+        subset: the fixed evaluation subset (:func:`measure_subset`).
+        loss_fn: ``loss_fn(outputs, targets) -> scalar`` batch-mean loss (``None``: cross-entropy);
+            ``fisher_trace`` always uses cross-entropy on sampled labels.
+        resolved: ``{measure: params}``, normally from :func:`resolve_measures` (validated again here).
+        seed: seed of every measure's noise, probes and sampled labels; the same seed gives the same
+            draws for every trial (paired comparisons).
+
+    Returns:
+        ``{metric name: float}``: the keys listed in the module docstring for each measure, and
+        ``time/measures_s`` (wall seconds, all measures). Values may be ``nan``/``inf`` for a diverged model.
+
+    Raises:
+        ConfigError: an invalid ``resolved``; a measure that cannot apply to this model or subset (e.g.
+            ``fisher_trace`` on outputs that are not ``(B, C)`` logits), the message naming the measure.
+    """
+    resolved = resolve_measures(resolved, "compute_measures")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"compute_measures: seed must be an int; got {seed!r}")
+    if not isinstance(subset, EvalSubset):
+        raise ConfigError(f"compute_measures: subset must be an EvalSubset (see measure_subset); got {type(subset).__name__}")
+    loss_fn = loss_fn or F.cross_entropy
+    out: Dict[str, float] = {}
+    start = time.perf_counter()
+    with _state.eval_mode(model):
+        for name, params in resolved.items():
+            try:
+                out.update(get_measure(name).compute(model, subset, loss_fn, params, seed))
+            except ConfigError as exc:
+                raise ConfigError(f"measure {name!r} cannot run on this model: {exc}") from exc
+    out[TIME_KEY] = time.perf_counter() - start
+    return out
+
+
+def measure_subset(
+    split: Any,
+    examples: int,
+    seed: int,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    device: Union[str, torch.device] = "cpu",
+) -> EvalSubset:
+    """The fixed evaluation subset a study measures on: ``examples`` rows of ``split``.
+
+    The rows are the first ``examples`` of a permutation drawn with ``torch.Generator().manual_seed(seed)``,
+    then sorted (kept in the split's order), so every trial with the same split and seed gets the same
+    rows; ``examples`` of 0 or at least ``len(split)`` takes every row. Batches of ``batch_size``
+    consecutive chosen rows, moved to ``device``.
+
+    Inputs are passed to the model the way the trainer passes them: a tensor ``(N, ...)`` (or a
+    tensor-like such as :class:`~flatlab.workloads.lazy_images.LazyImages`, decoded here) as
+    ``model(x)``; a dict of ``(N, ...)`` tensors as ``model(x)`` too (stored as the one-element tuple
+    ``(x,)`` in the batch); a tuple/list of ``(N, ...)`` tensors as ``model(*x)``.
+
+    Args:
+        split: a :class:`flatlab.workloads.base.Split` (``inputs``, ``targets`` with ``N`` rows).
+        examples: subset size ``m`` (0 = all).
+        seed: seed of the row choice (independent of the measures' noise seed).
+        batch_size: rows per batch (memory, not the result: the loss is example-weighted).
+        device: where the subset's tensors live (the model's device avoids a copy per pass).
+
+    Returns:
+        :class:`EvalSubset` of ``min(examples, N)`` (or ``N``) examples.
+
+    Raises:
+        ConfigError: ``examples < 0``, ``batch_size < 1``, a non-int seed, an empty split, or a
+            split without ``inputs``/``targets``.
+    """
+    from flatlab.workloads.base import take
+
+    _state.check_count("examples", examples, minimum=0)
+    _state.check_count("batch_size", batch_size)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"seed must be an int; got {seed!r}")
+    if not (hasattr(split, "inputs") and hasattr(split, "targets")):
+        raise ConfigError(f"split must have inputs and targets (a flatlab Split); got {type(split).__name__}")
+    n = len(split.targets)
+    if n == 0:
+        raise ConfigError("the split to measure on has no examples")
+    m = n if examples == 0 or examples >= n else examples
+    if m == n:
+        idx = torch.arange(n)
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        idx = torch.randperm(n, generator=gen)[:m].sort().values
+
+    def rows(ix: Any) -> Any:
+        if isinstance(split.inputs, (tuple, list)):
+            return tuple(take(t, ix) for t in split.inputs)
+        return take(split.inputs, ix)
+
+    x, y = rows(idx), split.targets[idx]
+    batches = []
+    for i in range(0, m, batch_size):
+        part = slice(i, i + batch_size)
+        xb = tuple(t[part] for t in x) if isinstance(x, tuple) else take(x, part)
+        batches.append(((xb,) if isinstance(xb, dict) else xb, y[part]))
+    return EvalSubset(tuple(batches)).to(device)
+
+
+__all__ = [
+    "MEASURES",
+    "Measure",
+    "TIME_KEY",
+    "compute_measures",
+    "get_measure",
+    "list_measures",
+    "measure_subset",
+    "register_measure",
+    "resolve_measures",
+]
