@@ -36,6 +36,9 @@ def run(
     scale: Optional[str] = typer.Option(None, help="scale of a study file that defines several (e.g. smoke, paper)"),
     trials: Optional[int] = typer.Option(None, min=1, help="trials per arm (overrides the study)"),
     epochs: Optional[int] = typer.Option(None, min=1, help="epochs per trial (overrides the study)"),
+    final_seeds: Optional[int] = typer.Option(
+        None, "--final-seeds", min=0, help="run only the first N of the study's final seeds (0: no final stage)"
+    ),
     address: Optional[str] = typer.Option(None, help="address of an existing Ray cluster (default: start a local one)"),
     tracking_uri: Optional[str] = typer.Option(None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI (default: SQLite under the root)"),
     storage: Optional[str] = typer.Option(None, help="Ray Tune storage path (shared storage on a multi-node cluster)"),
@@ -56,7 +59,7 @@ def run(
             if missing:
                 raise FlatlabError(f"--study {', '.join(missing)}: not in {study_file}; studies there: {', '.join(sorted(known))}")
             studies = [s for s in studies if s.name in study]
-        studies = [s.with_budget(trials, epochs).validate(str(study_file)) for s in studies]
+        studies = [s.with_budget(trials, epochs, final_seeds).validate(str(study_file)) for s in studies]
     except (FlatlabError, ValueError) as exc:
         _fail(exc)
     for s in studies:

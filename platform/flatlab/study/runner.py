@@ -104,7 +104,8 @@ def _init_ray(opts: RunOptions, tracking_uri: str) -> None:
     elif os.environ.get("RAY_ADDRESS"):  # inside a Ray Job: join the cluster that runs it
         ray.init(**kwargs)
     else:
-        ray.init(num_cpus=opts.num_cpus, include_dashboard=False, **kwargs)
+        # "local": always a new local instance, never a `ray start` head that happens to run on this machine
+        ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=False, **kwargs)
 
 
 def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_id: str, out: Path, console: Any) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import warnings
 from typing import Any, Callable, Dict, List, Optional
 
 from ray.tune.search import Searcher
@@ -117,7 +118,9 @@ class ArmSearcher(Searcher):
                 direction="maximize" if self.mode == "max" else "minimize",
                 load_if_exists=True,
             )
-            st.set_metric_names([self.metric])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                st.set_metric_names([self.metric])
             self._studies[arm] = st
 
     def set_search_properties(self, metric: Optional[str], mode: Optional[str], config: Dict, **spec: Any) -> bool:
@@ -175,6 +178,8 @@ class ArmSearcher(Searcher):
         st, _ = self._trial(trial_id)
         if st is None:
             return
+        if result:  # Tune hands the result that ended the trial (its last epoch, or the one ASHA stopped at) only here
+            self.on_trial_result(trial_id, result)
         number = self._optuna[trial_id][1]
         if st.trials[number].state.is_finished():
             return  # told already (a duplicate completion)

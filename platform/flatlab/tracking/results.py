@@ -70,6 +70,7 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
                 "outcome": r.data.tags.get(runs.TAG_OUTCOME, ""),
                 "epochs": int(m.get("epoch", 0)),
                 "seed": r.data.tags.get(runs.TAG_SEED, ""),
+                "stage": r.data.tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH),
                 metric: m.get(metric),
                 f"best/{metric}": m.get(f"best/{metric}"),
             }
