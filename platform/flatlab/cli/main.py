@@ -204,11 +204,12 @@ def compare(
         efficiency = None
         if against is not None:
             other = trials_frame(uri, against)
-            common = sorted(set(df["arm"]) & set(other["arm"]))
+            searched = [set(f.loc[f["stage"] != "final", "arm"]) for f in (df, other)]  # final stages are not search
+            common = sorted(searched[0] & searched[1])
             if not common:
                 raise FlatlabError(
-                    f"--against {against}: no arm in common with {study}; arms of {study}: {', '.join(sorted(set(df['arm'])))}; "
-                    f"of {against}: {', '.join(sorted(set(other['arm'])))}"
+                    f"--against {against}: no arm has search or grid trials in both studies; arms of {study}: "
+                    f"{', '.join(sorted(searched[0])) or '(none)'}; of {against}: {', '.join(sorted(searched[1])) or '(none)'}"
                 )
             m, mode = df.attrs.get("metric", "val/accuracy"), df.attrs.get("mode", "max")
             efficiency = {a: cmp.hpo_efficiency(df, other, metric=m, mode=mode, tolerance=tolerance, arm=a) for a in common}
