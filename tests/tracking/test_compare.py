@@ -133,7 +133,8 @@ def test_targets_count_k_of_n_reached_and_pair_only_seeds_that_reached(compariso
     assert body[("train/epochs_to_target", "sgd")][2] == "3/4 reached"
     notes = " ".join(comparison.notes)
     assert "sam: seed 5 error" in notes and "ire: seed 2 diverged" in notes
-    assert "sgd: seeds 3 completed without reaching the target" in notes and "ire: seeds 4 completed without" in notes
+    assert "sgd: seed 3 completed without reaching the target (train/epochs_to_target)." in notes
+    assert "ire: seed 4 completed without" in notes and "ire: seed 2 diverged; counted in the seeds run, no values from it." in notes
 
 
 def test_one_seed_gives_dashes_not_an_exception():
@@ -398,6 +399,12 @@ def test_log_comparison_puts_the_table_and_plot_on_the_parent_run(store):
     assert cmp.log_comparison(uri, parent, trials_frame(uri, "toy"), reference="nope") == []  # warns, never raises
 
 
+def test_log_comparison_never_creates_a_store(tmp_path, caplog):
+    db = tmp_path / "none.db"
+    assert cmp.log_comparison(f"sqlite:///{db}", "p", final_frame(), reference="sgd") == []
+    assert not db.exists() and "no comparison table for run p" in caplog.text
+
+
 def test_cli_compare(store, tmp_path):
     from typer.testing import CliRunner
 
@@ -422,8 +429,11 @@ def test_cli_compare(store, tmp_path):
     assert res.exit_code == 2 and "expected one of table, markdown, latex, csv" in res.output
     res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--format", "csv", "--against", "toy", "--tolerance", "0.01"])
     assert res.exit_code == 0, res.output
-    table, efficiency = res.output.split("\n\n", 1)
+    table, efficiency = res.output.split("\n\n", 1)  # two CSV blocks
     assert len(pd.read_csv(io.StringIO(table))) == 9
     eff = pd.read_csv(io.StringIO(efficiency)).set_index("arm")
     # only sgd has a search trial (final-stage trials are not search): the study against itself needs it alone
     assert list(eff.index) == ["sgd"] and eff.loc["sgd", "grid_epochs"] == 5 and eff.loc["sgd", "fraction"] == 1.0
+    res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--against", "toy"])
+    assert res.exit_code == 0, res.output
+    assert "HPO efficiency: toy (search) against toy (grid)" in res.output and "fraction of grid compute" in res.output

@@ -67,6 +67,7 @@ def run(
             render_plan(s, console)
         return
     from flatlab.study.runner import RunOptions, run_study
+    from flatlab.tracking.compare import log_comparison
     from flatlab.tracking.results import best_per_arm, by_config, render, trials_frame
 
     opts = RunOptions(root=_root(root), address=address, tracking_uri=tracking_uri, storage=storage, resume=resume,
@@ -86,6 +87,8 @@ def run(
             + " (from MLflow):"
         )
         render(best_per_arm(by_config(df) if pooled else df), console)
+        # the paper table and the metric-vs-flatness plot as artifacts of the launch (`flatlab compare` prints them)
+        log_comparison(outcome.tracking_uri, outcome.parent_run_id, df, study=s.name)
         if interrupted:
             break
     if interrupted:

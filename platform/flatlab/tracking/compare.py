@@ -292,7 +292,7 @@ def select_sample(df) -> Tuple[Any, str, List[str]]:
     dup = sample.duplicated(["arm", "seed"], keep="last")
     if dup.any():
         pairs = ", ".join(f"{a} seed {s}" for a, s in sample.loc[dup, ["arm", "seed"]].itertuples(index=False))
-        notes.append(f"repeated trials ({pairs}): the latest started of each is used")
+        notes.append(f"repeated trials ({pairs}): the latest started of each is used.")
         sample = sample[~dup]
     sample = sample.sort_values(["arm", "seed"], kind="stable").reset_index(drop=True)
     sample.attrs.update(df.attrs)
@@ -357,11 +357,12 @@ def compare_table(df, *, metric: Optional[str] = None, reference: str, measures:
         failed = mine[~done.loc[mine.index]]
         if len(failed):
             what = ", ".join(f"seed {s} {o or 'unfinished'}" for s, o in failed[["seed", "outcome"]].itertuples(index=False))
-            notes.append(f"{arm}: {what}; counted in the seeds run, no values from them")
+            notes.append(f"{arm}: {what}; counted in the seeds run, no values from {'it' if len(failed) == 1 else 'them'}.")
         for q in targets:
             missed = mine[done.loc[mine.index] & mine[q].isna()]
             if len(missed):
-                notes.append(f"{arm}: seeds {', '.join(map(str, missed['seed']))} completed without reaching the target ({q})")
+                which = ", ".join(map(str, missed["seed"]))
+                notes.append(f"{arm}: seed{'s' if len(missed) > 1 else ''} {which} completed without reaching the target ({q}).")
 
     rows = []
     for q in quantities:
@@ -492,16 +493,17 @@ def to_markdown(comparison: Comparison) -> str:
     """A GitHub markdown table (title, table, then the caption as a list); numbers as printed by
     :func:`cells`, so they can be parsed back."""
     title = f"### {comparison.study + ': ' if comparison.study else ''}{comparison.metric} and flatness vs {comparison.reference}"
-    table = markdown_table(headers(comparison), cells(comparison))
+    table = markdown_table(headers(comparison), cells(comparison), left=2)
     return "\n".join([title, "", table, ""] + [f"- {line}" for line in caption(comparison)]) + "\n"
 
 
-def markdown_table(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
-    """A pipe table; ``|`` inside a cell is escaped."""
+def markdown_table(head: Sequence[str], body: Sequence[Sequence[str]], left: int = 1) -> str:
+    """A pipe table, the first ``left`` columns left-aligned and the rest right; ``|`` in a cell is escaped."""
     def line(cells_: Sequence[str]) -> str:
         return "| " + " | ".join(str(x).replace("|", "\\|") for x in cells_) + " |"
 
-    return "\n".join([line(head), "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"] + [line(r) for r in body])
+    rule = "|" + "|".join(["---"] * left + ["---:"] * (len(head) - left)) + "|"
+    return "\n".join([line(head), rule] + [line(r) for r in body])
 
 
 _LATEX = {"\\": r"\textbackslash{}", "_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "$": r"\$", "{": r"\{",
@@ -642,7 +644,8 @@ def log_comparison(tracking_uri: str, parent_run_id: str, df, reference: Optiona
     (``MlflowClient.log_text``/``log_artifact``).
 
     ``reference`` defaults to :func:`default_reference` with the parent run's param ``reference_arm``.
-    Never raises: a failure is logged as a warning and that artifact is skipped.
+    Never raises (and never creates a store): a failure is logged as a warning and that artifact is
+    skipped.
 
     Returns:
         The artifact paths logged.
@@ -651,7 +654,7 @@ def log_comparison(tracking_uri: str, parent_run_id: str, df, reference: Optiona
 
     logged: List[str] = []
     try:
-        client = runs.client(tracking_uri)
+        client = runs.client(runs.existing_store(tracking_uri))  # never creates a store
         if reference is None:
             recorded = client.get_run(parent_run_id).data.params.get("reference_arm")
             reference = default_reference(df["arm"].unique() if df is not None and "arm" in df else [], recorded)
