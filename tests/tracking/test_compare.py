@@ -93,6 +93,15 @@ def test_mean_std_and_t_interval_per_arm(comparison):
     assert comparison.row("test/accuracy", "sgd").summary.mean == pytest.approx(0.905)  # the search trial is left out
 
 
+def test_an_arm_without_final_trials_is_named_in_the_notes():
+    df = final_frame()
+    extra = pd.DataFrame([{"arm": "adamw", "seed": 0, "outcome": "completed", "stage": "search", "test/accuracy": 0.8}])
+    both = pd.concat([df, extra], ignore_index=True)
+    both.attrs.update(df.attrs)
+    c = cmp.compare_table(both, reference="sgd")
+    assert "adamw" not in c.arms and "no final-stage trials for adamw: not in the table." in c.notes
+
+
 def test_paired_difference_ci_and_p_value_against_the_reference(comparison):
     sam = comparison.row("test/accuracy", "sam").diff
     d = [0.03, 0.02, 0.01, 0.04]  # sam - sgd, seeds 1..4

@@ -269,6 +269,9 @@ def select_sample(df) -> Tuple[Any, str, List[str]]:
     notes: List[str] = []
     if "stage" in df.columns and (df["stage"] == "final").any():
         sample, source = df[df["stage"] == "final"], "final"
+        left = sorted(set(df["arm"]) - set(sample["arm"]))
+        if left:
+            notes.append(f"no final-stage trials for {', '.join(left)}: not in the table.")
     else:
         metric, mode = df.attrs.get("metric", "val/accuracy"), df.attrs.get("mode", "max")
         key = f"best/{metric}" if _has_values(df, f"best/{metric}") else metric
@@ -630,7 +633,7 @@ def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None) -> Path
         ax.set_visible(False)
     axes[0].legend(fontsize="small", title="arm")
     if title:
-        fig.suptitle(f"{title}: {metric} against flatness, one point per seed")
+        fig.suptitle(f"{title}: {metric} against flatness\n(one point per seed)", fontsize="medium")
     path = Path(path)
     fig.savefig(path, dpi=120)
     return path
