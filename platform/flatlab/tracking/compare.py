@@ -326,7 +326,6 @@ def compare_table(df, *, metric: Optional[str] = None, reference: str, measures:
         ConfigError: no trials; unknown metric, reference arm or measure (listing the valid ones);
             ``confidence`` outside (0, 1).
     """
-    import pandas as pd
     from flatlab.tracking.results import _test_metric
 
     if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
@@ -595,6 +594,7 @@ def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None) -> Path
         ConfigError: no trials, or no ``flat/*`` measure with values.
     """
     import numpy as np
+    import pandas as pd
     from matplotlib.figure import Figure
 
     from flatlab.tracking.results import _test_metric
@@ -606,8 +606,6 @@ def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None) -> Path
         metric = metric or _test_metric(data) or "test/accuracy"
         seeds = seed_values(sample, [metric] + [c for c in sample.columns if c.startswith(FLAT_PREFIX)])
         title = ""
-    import pandas as pd
-
     measures = [c for c in seeds.columns if c.startswith(FLAT_PREFIX) and _has_values(seeds, c)]
     if not measures:
         raise ConfigError("no flat/* measure recorded in the compared trials: nothing to plot against the test metric")
