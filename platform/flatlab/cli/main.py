@@ -70,6 +70,7 @@ def run(
             render_plan(s, console)
         return
     from flatlab.study.runner import RunOptions, run_study
+    from flatlab.tracking.compare import log_comparison
     from flatlab.tracking.results import best_per_arm, by_config, render, trials_frame
 
     opts = RunOptions(root=_root(root), address=address, tracking_uri=tracking_uri, storage=storage, resume=resume,
@@ -89,6 +90,8 @@ def run(
             + " (from MLflow):"
         )
         render(best_per_arm(by_config(df) if pooled else df), console)
+        # the paper table and the metric-vs-flatness plot as artifacts of the launch (`flatlab compare` prints them)
+        log_comparison(outcome.tracking_uri, outcome.parent_run_id, df, study=s.name)
         if interrupted:
             break
     if interrupted:
@@ -169,6 +172,87 @@ def results(
             console.print(f"wrote {len(df)} {rows} to {output}")
     except (FlatlabError, ValueError) as exc:
         _fail(exc)
+
+
+@app.command()
+def compare(
+    study: str = typer.Argument(..., help="study name (the MLflow experiment)"),
+    reference: Optional[str] = typer.Option(
+        None, help="arm every other arm is paired against (default: the study's reference_arm, else sgd, else the first arm alphabetically)"
+    ),
+    metric: Optional[str] = typer.Option(None, help="test metric (default: test/perplexity, test/accuracy or test/loss, the first recorded)"),
+    fmt: str = typer.Option("table", "--format", help="table, markdown, latex or csv (text formats go to stdout)"),
+    against: Optional[str] = typer.Option(
+        None, help="a search study (Optuna + ASHA) of the same arms: the share of this grid study's trial-epochs it needed to reach the grid's best validation metric"
+    ),
+    tolerance: float = typer.Option(0.0, help="with --against: reaching within this of the grid's best counts (absolute, the metric's units)"),
+    confidence: float = typer.Option(0.95, help="of the t intervals"),
+    plot: Optional[Path] = typer.Option(None, help="also save the test-metric-against-flatness figure (PNG) here"),
+    tracking_uri: Optional[str] = typer.Option(None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI"),
+    root: Optional[Path] = typer.Option(None, help=ROOT_HELP),
+) -> None:
+    """The paper table: per arm mean ± std and CI over seeds of the test metric, flatness and epochs or
+    steps to target (final-stage trials, else each arm's best configuration), and paired per-seed
+    differences against a reference arm."""
+    from flatlab.tracking import compare as cmp
+    from flatlab.tracking import runs
+    from flatlab.tracking.results import parent_runs, trials_frame
+
+    uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
+    try:
+        if fmt not in cmp.FORMATS:
+            raise FlatlabError(f"--format {fmt!r} is not supported; expected one of {', '.join(cmp.FORMATS)}")
+        df = trials_frame(uri, study)
+        if reference is None:
+            recorded = parent_runs(uri, study)[0].data.params.get("reference_arm")
+            reference = cmp.default_reference(cmp.select_sample(df)[0]["arm"].unique(), recorded)
+        comparison = cmp.compare_table(df, metric=metric, reference=reference, confidence=confidence, study=study)
+        efficiency = None
+        if against is not None:
+            other = trials_frame(uri, against)
+            searched = [set(f.loc[f["stage"] != "final", "arm"]) for f in (df, other)]  # final stages are not search
+            common = sorted(searched[0] & searched[1])
+            if not common:
+                raise FlatlabError(
+                    f"--against {against}: no arm has search or grid trials in both studies; arms of {study}: "
+                    f"{', '.join(sorted(searched[0])) or '(none)'}; of {against}: {', '.join(sorted(searched[1])) or '(none)'}"
+                )
+            m, mode = df.attrs.get("metric", "val/accuracy"), df.attrs.get("mode", "max")
+            efficiency = {a: cmp.hpo_efficiency(df, other, metric=m, mode=mode, tolerance=tolerance, arm=a) for a in common}
+        if fmt == "table":
+            cmp.render(comparison, console)
+        else:
+            sys.stdout.write(cmp.format_comparison(comparison, fmt))
+        if efficiency is not None:
+            _print_efficiency(efficiency, fmt, study, against)
+        if plot is not None:
+            cmp.plot_metric_vs_flatness(comparison, plot)
+            err.print(f"wrote {plot}")
+    except (FlatlabError, ValueError) as exc:
+        _fail(exc)
+
+
+def _print_efficiency(efficiency, fmt: str, grid: str, search: str) -> None:
+    """The ``--against`` table in ``fmt`` (csv: a second CSV block after one empty line)."""
+    import pandas as pd
+
+    from flatlab.tracking import compare as cmp
+
+    head, body = cmp.efficiency_cells(efficiency)
+    title = f"HPO efficiency: {search} (search) against {grid} (grid), trial-epochs to reach the grid's best"
+    if fmt == "table":
+        from rich.table import Table
+
+        table = Table(*head, title=title)
+        for row in body:
+            table.add_row(*row)
+        console.print(table)
+    elif fmt == "markdown":
+        sys.stdout.write(f"\n### {title}\n\n{cmp.markdown_table(head, body)}\n")
+    elif fmt == "latex":
+        sys.stdout.write("\n" + cmp.latex_table(head, body, title))
+    else:
+        sys.stdout.write("\n" + pd.DataFrame([{"arm": a, **r} for a, r in efficiency.items()]).to_csv(index=False))
 
 
 @app.command("interpolation-report")

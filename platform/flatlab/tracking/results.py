@@ -42,7 +42,9 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
     Columns: ``arm``, ``optimizer``, ``status``, ``outcome``, ``epochs``, ``seed``, the final
     ``<metric>`` and ``best/<metric>``, ``test/accuracy``/``test/loss`` when present, then every
     other final metric (the last epoch's scheduled learning rate as ``last_lr``) and the trial's
-    params as ``param.<name>``, ``run_id``, ``trial_id``.
+    params as ``param.<name>``, ``run_id``, ``trial_id``, ``stage`` (tag ``flatlab.stage``, default
+    ``search``), ``launch`` (the parent run id), ``start_time`` and ``end_time`` (ms since the epoch;
+    NaN while running).
     ``metric``/``mode`` default to the study's, read from the launch run.
     """
     import pandas as pd
@@ -82,6 +84,10 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
                     row[f"param.{k}"] = v
             row["run_id"] = r.info.run_id
             row["trial_id"] = r.data.tags.get(runs.TAG_TRIAL, "")
+            row["stage"] = r.data.tags.get("flatlab.stage", "search")  # or "final": best config, fresh seeds
+            row["launch"] = parent.info.run_id
+            row["start_time"] = r.info.start_time  # ms since the epoch (MLflow's unit)
+            row["end_time"] = r.info.end_time  # None while the run is still running
             rows.append(row)
     df = pd.DataFrame(rows)
     if df.empty:
