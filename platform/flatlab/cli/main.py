@@ -70,7 +70,6 @@ def run(
             render_plan(s, console)
         return
     from flatlab.study.runner import RunOptions, run_study
-    from flatlab.tracking.compare import log_comparison
     from flatlab.tracking.results import best_per_arm, by_config, render, trials_frame
 
     opts = RunOptions(root=_root(root), address=address, tracking_uri=tracking_uri, storage=storage, resume=resume,
@@ -90,12 +89,26 @@ def run(
             + " (from MLflow):"
         )
         render(best_per_arm(by_config(df) if pooled else df), console)
-        # the paper table and the metric-vs-flatness plot as artifacts of the launch (`flatlab compare` prints them)
-        log_comparison(outcome.tracking_uri, outcome.parent_run_id, df, study=s.name)
+        if not outcome.interrupted and (pooled or s.final_seeds):
+            _print_comparison(df, s, console)
         if interrupted:
             break
     if interrupted:
         raise typer.Exit(130)
+
+
+def _print_comparison(df, study, out) -> None:
+    """The ``flatlab compare`` table of a launch that just ended (a failure here is one warning line)."""
+    from flatlab.tracking import compare as cmp
+
+    try:
+        reference = cmp.default_reference(cmp.select_sample(df)[0]["arm"].unique(), study.reference_arm)
+        comparison = cmp.compare_table(df, reference=reference, study=study.name)
+    except (FlatlabError, ValueError) as exc:
+        err.print(f"[yellow]warning:[/yellow] no comparison table: {exc}", soft_wrap=True)
+        return
+    out.print(f"\n[bold]{study.name}[/bold]: `flatlab compare {study.name}` (also logged to the launch's MLflow run):")
+    cmp.render(comparison, out)
 
 
 def export_format(fmt: Optional[str], output: Optional[Path]) -> str:

@@ -42,6 +42,9 @@ def plan(study: Study) -> Dict[str, Any]:
             f"reference arm {study.reference_arm!r}" if study.reference_arm is not None
             else f"target loss {study.target_loss}" if study.target_loss is not None else None
         ),
+        "measures": {k: dict(v) for k, v in study.measures.items()},
+        "measure_subset": {"split": study.measure_split, "examples": study.measure_examples, "seed": study.measure_seed},
+        "final_seeds": list(study.final_seeds),
         "arms": arms,
     }
 
@@ -61,6 +64,14 @@ def render(study: Study, console: Any) -> None:
     )
     if p["train"]:
         console.print(f"trainer: {p['train']}")
+    if p["measures"]:
+        sub = p["measure_subset"]
+        console.print(
+            f"flatness after each completed trial: {', '.join(f'{k} {v}' if v else k for k, v in p['measures'].items())} "
+            f"on {sub['examples'] or 'all'} {sub['split']} examples (seed {sub['seed']})"
+        )
+    if p["final_seeds"]:
+        console.print(f"then each arm's best configuration (by {p['metric']}) over final seeds {p['final_seeds']}, no early stopping")
     if p["steps_to_target"]:
         console.print(f"after the study: train/steps_to_target against the {p['steps_to_target']}")
     table = Table("arm", "optimizer", "trials", "searched", "fixed")

@@ -109,7 +109,8 @@ def _init_ray(opts: RunOptions, tracking_uri: str) -> None:
 
 
 def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_id: str, out: Path, console: Any) -> None:
-    """What runs after a launch whose trials all ended: steps-to-target, then the workload's hook."""
+    """What runs after a launch whose trials all ended: steps-to-target, the comparison table and plot
+    (artifacts of the parent run, as ``flatlab compare`` shows them), then the workload's hook."""
     if study.reference_arm is not None or study.target_loss is not None:
         from flatlab.tracking.speedup import log_steps_to_target
 
@@ -123,6 +124,12 @@ def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_
         logger.info("%s", line)
         if console is not None:
             console.print(line)
+    if study.final_seeds or (study.searcher == "grid" and len(study.seeds) > 1):
+        from flatlab.tracking.compare import log_comparison
+        from flatlab.tracking.results import trials_frame
+
+        log_comparison(tracking_uri, parent_run_id, trials_frame(tracking_uri, study.name), study.reference_arm,
+                       study=study.name)
     _after_study(study, tracking_uri, out, console)
 
 
@@ -172,6 +179,9 @@ def _open_launch(
     )
     p = plan(study)
     params = {k: p[k] for k in ("workload", "metric", "mode", "searcher", "scheduler", "max_epochs", "total_trials", "seeds")}
+    params.update(final_seeds=p["final_seeds"], measures=p["measures"])
+    if study.reference_arm is not None:
+        params["reference_arm"] = study.reference_arm
     params.update({"source": opts.source, "workload_params": p["workload_params"], "train": p["train"]})
     client.log_batch(parent.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
     client.log_dict(parent.info.run_id, p, "plan.json")

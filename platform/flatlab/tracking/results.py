@@ -84,7 +84,6 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
                     row[f"param.{k}"] = v
             row["run_id"] = r.info.run_id
             row["trial_id"] = r.data.tags.get(runs.TAG_TRIAL, "")
-            row["stage"] = r.data.tags.get("flatlab.stage", "search")  # or "final": best config, fresh seeds
             row["launch"] = parent.info.run_id
             row["start_time"] = r.info.start_time  # ms since the epoch (MLflow's unit)
             row["end_time"] = r.info.end_time  # None while the run is still running
