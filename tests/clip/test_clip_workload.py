@@ -77,6 +77,26 @@ def test_interpolation_trial_endpoints_and_no_training(finetuned, params, eval_d
     assert len(half.optimizer.state) == 0  # no optimizer step was taken
 
 
+def test_general_sharpness_is_adaptive_average_sharpness_on_the_seeded_ood_subset(finetuned, params, eval_data):
+    # The workload goes through the measures registry (avg_sharpness); pin its value to a direct call of the
+    # estimator on the subset chosen by hand: 4 of the 6 OOD rows, permutation seeded by sharpness_seed, sorted.
+    from flatlab.sharpness import EvalSubset, average_sharpness
+    from flatlab.workloads.clip import _SubsetCrossEntropy
+
+    kw = dict(finetuned=str(finetuned["path"]), alpha=1.0, sharpness_draws=3, sharpness_examples=4, sharpness_seed=2,
+              sharpness_rho=0.5, sharpness_layerwise=False)
+    trainer = interp_trainer(params, eval_data, **kw)
+    m = trainer.run_epoch()
+    ood = eval_data.extra["ood"]
+    idx = torch.randperm(len(ood), generator=torch.Generator().manual_seed(2))[:4].sort().values
+    direct = average_sharpness(trainer.model, EvalSubset(((ood.inputs[idx], ood.targets[idx]),)), rho=0.5, n_draws=3,
+                               seed=2, loss_fn=_SubsetCrossEntropy(ood.classes))
+    assert m["sharpness/general"] == pytest.approx(direct.value, rel=1e-6, abs=1e-9)
+    assert m["sharpness/general_stderr"] == pytest.approx(direct.stderr, rel=1e-6, abs=1e-9)
+    assert m["sharpness/clean_loss"] == pytest.approx(direct.clean_loss, rel=1e-6)
+    assert not any(k.startswith("sharpness/layer/") for k in m)
+
+
 def test_sharpness_and_straggler_pruning(finetuned, params, eval_data):
     from flatlab.sharpness import group_parameters
 

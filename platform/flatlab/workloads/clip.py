@@ -26,7 +26,6 @@ larger than memory, such as full ImageNet.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
@@ -338,16 +337,10 @@ class ClipInterpolate(_ClipWorkload):
     def _sharpness_subset(self, split: Split, device: torch.device):
         """The fixed OOD subset (seed paper App. A): ``m`` examples chosen with ``sharpness_seed``, in
         batches of ``eval_batch_size``, on ``device``; and the loss on the split's logit columns."""
-        from flatlab.sharpness import EvalSubset
+        from flatlab.sharpness import measure_subset
 
         p = self.params
-        n = len(split)
-        m = min(n, p["sharpness_examples"] or n)
-        gen = torch.Generator().manual_seed(p["sharpness_seed"])
-        idx = torch.randperm(n, generator=gen)[:m].sort().values
-        x, y = take(split.inputs, idx), split.targets[idx]
-        bs = p["eval_batch_size"]
-        subset = EvalSubset(tuple((take(x, slice(i, i + bs)), y[i : i + bs]) for i in range(0, m, bs))).to(device)
+        subset = measure_subset(split, p["sharpness_examples"], p["sharpness_seed"], p["eval_batch_size"], device)
         return subset, _SubsetCrossEntropy(getattr(split, "classes", None))
 
     def _stragglers(self, model, ft, subset, loss_fn, groups, ckpt) -> Tuple[List[str], Dict[str, float]]:
@@ -379,18 +372,24 @@ class ClipInterpolate(_ClipWorkload):
         return result
 
     def _sharpness(self, model, subset, loss_fn) -> Dict[str, float]:
-        """Adaptive average sharpness (seed paper App. A), general and (optionally) per layer."""
-        from flatlab.sharpness import average_sharpness, layerwise_sharpness
+        """Adaptive average sharpness (seed paper App. A), general and (optionally) per layer.
+
+        The general value is the measures registry's ``avg_sharpness`` (:func:`flatlab.sharpness.compute_measures`,
+        the same measure every study's ``measures=`` runs), under this workload's metric names; the per-layer
+        values are the same estimator restricted to one group (:func:`flatlab.sharpness.layerwise_sharpness`).
+        """
+        from flatlab.sharpness import compute_measures, layerwise_sharpness
 
         p = self.params
-        kw = dict(rho=p["sharpness_rho"], n_draws=p["sharpness_draws"], seed=p["sharpness_seed"], loss_fn=loss_fn)
-        general = average_sharpness(model, subset, **kw)
+        measure = {"avg_sharpness": {"rho": p["sharpness_rho"], "draws": p["sharpness_draws"], "adaptive": True}}
+        flat = compute_measures(model, subset, loss_fn, measure, seed=p["sharpness_seed"])
         out = {
-            "sharpness/general": general.value,
-            "sharpness/general_stderr": general.stderr if math.isfinite(general.stderr) else 0.0,
-            "sharpness/clean_loss": general.clean_loss,
+            "sharpness/general": flat["flat/avg_sharpness"],
+            "sharpness/general_stderr": flat.get("flat/avg_sharpness_stderr", 0.0),  # absent with one draw
+            "sharpness/clean_loss": flat["flat/avg_sharpness_clean"],
         }
         if p["sharpness_layerwise"]:
+            kw = dict(rho=p["sharpness_rho"], n_draws=p["sharpness_draws"], seed=p["sharpness_seed"], loss_fn=loss_fn)
             for g, est in layerwise_sharpness(model, subset, "clip", **kw).items():
                 out[f"sharpness/layer/{g}"] = est.value
         return out
