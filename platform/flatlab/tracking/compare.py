@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 CONFIDENCE = 0.95
 FLAT_PREFIX = "flat/"
+AUXILIARY = ("_stderr", "_clean")  # flat/<measure>_stderr, _clean: shown only when asked for by name
 EPOCHS_TO_TARGET = "train/epochs_to_target"
 STEPS_TO_TARGET = "train/steps_to_target"
 TARGET_REACHED = "train/target_reached"  # 1.0 reached, 0.0 missed (a training-loss target)
@@ -316,7 +317,7 @@ def compare_table(df, *, metric: Optional[str] = None, reference: str, measures:
             first recorded).
         reference: the arm every other arm is paired against.
         measures: the ``flat/*`` measures to include (``fisher_trace`` or ``flat/fisher_trace``;
-            default every one recorded in the sample).
+            default every one recorded in the sample except the auxiliary ``*_stderr`` and ``*_clean``).
         confidence: of the t-intervals, in (0, 1).
         study: the study's name, for titles.
     Returns:
@@ -339,6 +340,8 @@ def compare_table(df, *, metric: Optional[str] = None, reference: str, measures:
     if reference not in arms:
         raise ConfigError(f"reference arm {reference!r} is not in the compared trials; arms: {', '.join(arms)}")
     flat = [c for c in sorted(sample.columns) if c.startswith(FLAT_PREFIX) and _has_values(sample, c)]
+    if measures is None:  # by default the measures' values, not their Monte-Carlo errors or clean losses
+        flat = [c for c in flat if not c.endswith(AUXILIARY)]
     if measures is not None:
         wanted = [m if m.startswith(FLAT_PREFIX) else FLAT_PREFIX + m for m in measures]
         unknown = [m for m in wanted if m not in flat]
