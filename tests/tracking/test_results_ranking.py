@@ -1,0 +1,70 @@
+"""Results tables rank completed trials first, never pick a failed trial, never show a sentinel, and
+count target misses next to target means."""
+
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from flatlab.tracking.results import best_per_arm, by_config, render, sort_trials
+
+
+def frame():
+    rows = [
+        # arm sgd: a pruned trial whose partial value beats the completed one; a diverged one
+        {"arm": "sgd", "trial_id": "p", "outcome": "pruned", "epochs": 1, "val/accuracy": 0.99, "stage": "search"},
+        {"arm": "sgd", "trial_id": "c", "outcome": "completed", "epochs": 9, "val/accuracy": 0.90, "stage": "search"},
+        {"arm": "sgd", "trial_id": "d", "outcome": "diverged", "epochs": 2, "val/accuracy": float("nan"), "stage": "search"},
+        {"arm": "sgd", "trial_id": "f", "outcome": "completed", "epochs": 9, "val/accuracy": 0.999, "stage": "final"},
+        # arm tsam: nothing completed, one errored with the best value, one pruned
+        {"arm": "tsam", "trial_id": "e", "outcome": "error", "epochs": 1, "val/accuracy": 0.95, "stage": "search"},
+        {"arm": "tsam", "trial_id": "q", "outcome": "pruned", "epochs": 3, "val/accuracy": 0.50, "stage": "search"},
+    ]
+    df = pd.DataFrame(rows)
+    df["best/val/accuracy"] = df["val/accuracy"]
+    df.attrs.update(metric="val/accuracy", mode="max")
+    return df
+
+
+def test_sort_ranks_outcomes_before_values():
+    order = list(sort_trials(frame(), "val/accuracy", "max")["trial_id"])
+    assert order == ["f", "c", "p", "q", "d", "e"]
+    order_min = list(sort_trials(frame(), "val/accuracy", "min")["trial_id"])
+    assert order_min[:2] == ["c", "f"]  # completed first in either direction
+
+
+def test_best_per_arm_is_completed_search_trial_and_never_a_failed_one():
+    best = best_per_arm(sort_trials(frame(), "val/accuracy", "max"))
+    assert dict(zip(best["arm"], best["trial_id"])) == {"sgd": "c", "tsam": "q"}
+
+
+def test_by_config_counts_target_misses():
+    rows = []
+    for seed, steps in enumerate([100.0, None, 140.0]):
+        rows.append({"arm": "sgd_ire", "seed": seed, "outcome": "completed", "val/accuracy": 0.9,
+                     "best/val/accuracy": 0.9, "train/steps_to_target": steps,
+                     "train/speedup": None if steps is None else 200.0 / steps, "param.kappa": 2.0})
+    df = pd.DataFrame(rows)
+    df.attrs.update(metric="val/accuracy", mode="max")
+    out = by_config(df)
+    assert out.loc[0, "seeds"] == 3 and out.loc[0, "reached"] == "2/3"
+    assert out.loc[0, "train/speedup mean"] == pytest.approx((2.0 + 200.0 / 140.0) / 2)
+    console = Console(record=True, width=250)
+    render(out, console)
+    assert "2/3" in console.export_text()
+
+
+def test_trials_frame_masks_sentinels(tmp_path):
+    from mlflow.entities import Metric
+
+    from flatlab.tracking import runs
+    from flatlab.tracking.results import trials_frame
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = runs.client(uri)
+    exp = runs.get_or_create_experiment(uri, "s", str(tmp_path / "art"))
+    parent = c.create_run(exp, tags={runs.TAG_ROLE: "study"}).info.run_id
+    c.log_param(parent, "metric", "val/accuracy")
+    child = c.create_run(exp, tags={runs.PARENT: parent, runs.TAG_ARM: "sgd", runs.TAG_OUTCOME: "diverged"}).info.run_id
+    c.log_batch(child, metrics=[Metric("val/accuracy", -1.7976931348623157e308, 0, 1), Metric("epoch", 1, 0, 1)])
+    df = trials_frame(uri, "s")
+    assert df["val/accuracy"].isna().all()
