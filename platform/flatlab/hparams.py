@@ -54,7 +54,12 @@ class HParam:
         return text + (" or None" if self.nullable else "")
 
     def validate(self, value: Any, where: str = "") -> Any:
-        """Return ``value`` coerced to ``kind``; raises :class:`ConfigError` naming the field and allowed values."""
+        """Return ``value`` coerced to ``kind``.
+
+        Raises:
+            ConfigError: naming the field and the allowed values, for a value of the wrong type, outside
+                the range, a float that is not finite (nan, inf) or beyond float32's range, an int beyond 64 bits.
+        """
         prefix = f"{where}: " if where else ""
         if value is None and self.nullable:
             return None
@@ -77,15 +82,25 @@ class HParam:
             if isinstance(value, float) and not value.is_integer():
                 raise bad
             value = int(value)
+            if abs(value) > MAX_INT:  # torch, numpy and SQLite hold it in 64 bits
+                raise ConfigError(f"{prefix}{self.name}={value!r} is too large; expected {self.allowed()}, |value| <= 2**63 - 1")
         else:
-            value = float(value)
-            if math.isnan(value):
+            if isinstance(value, int) and abs(value) > MAX_INT:
                 raise bad
+            value = float(value)
+            if not math.isfinite(value):  # nan, inf, -inf: no field takes them
+                raise ConfigError(f"{prefix}{self.name}={value!r} is not allowed; expected a finite {self.allowed()}")
+            if abs(value) > MAX_FLOAT:  # torch holds optimizer scalars in float32: 1e308 would overflow there
+                raise ConfigError(f"{prefix}{self.name}={value!r} is too large; expected {self.allowed()}, |value| <= {MAX_FLOAT:.4g}")
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
             raise bad
         if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
             raise bad
         return value
+
+
+MAX_INT = 2**63 - 1  # the largest int a field may take (64-bit signed, as torch and numpy store it)
+MAX_FLOAT = 3.4028234663852886e38  # the largest float a field may take (float32's largest, torch's default dtype)
 
 
 def _fmt(x: float) -> str:
@@ -98,13 +113,15 @@ def resolve(
     """Fill defaults and validate ``given`` against ``declared``.
 
     Raises:
-        ConfigError: unknown names (listing the accepted ones) and values outside their allowed
-            ranges, all of them in one error, one per line.
+        ConfigError: ``given`` is not a mapping; unknown names (listing the accepted ones) and values
+            outside their allowed ranges, all of them in one error, one per line.
     """
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"{where}={given!r} ({type(given).__name__}); expected a dict of parameter -> value, e.g. {{}}")
     by_name = {h.name: h for h in declared}
     problems = []
     if not allow_extra:
-        unknown = sorted(set(given) - set(by_name))
+        unknown = sorted(set(given) - set(by_name), key=repr)
         if unknown:
             named = ", ".join(f"{u}{did_you_mean(u, by_name)}" for u in unknown)
             problems.append(f"{where}: unknown parameter(s) {named}; accepted: {', '.join(sorted(by_name)) or '(none)'}")

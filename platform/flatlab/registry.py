@@ -40,7 +40,7 @@ class Registry(Generic[T]):
         self._ensure_loaded()
         try:
             return self._entries[name]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable name (a list, a dict) is unknown too
             valid = ", ".join(sorted(self._entries)) or "(none registered)"
             hint = did_you_mean(name, self._entries)
             raise UnknownNameError(f"unknown {self.kind} {name!r}{hint}; valid {self.kind}s: {valid}") from None

@@ -69,6 +69,13 @@ def run(
         for s in studies:
             render_plan(s, console)
         return
+    if address:  # one line and exit 2 within seconds for an unreachable head; a token when one is at hand
+        from flatlab.cluster import check_address
+
+        try:
+            check_address(address)
+        except FlatlabError as exc:
+            _fail(exc)
     from flatlab.study.runner import RunOptions, run_study
     from flatlab.tracking.results import best_per_arm, by_config, render, trials_frame
 
@@ -80,6 +87,13 @@ def run(
             outcome = run_study(s, opts, console=console)
         except FlatlabError as exc:
             _fail(exc)
+        except ConnectionError as exc:  # Ray's, e.g. a head that wants a token we do not have
+            if not address:
+                raise
+            _fail(FlatlabError(
+                f"--address {address}: {exc}; a head with token authentication needs its token here "
+                "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
+            ))
         interrupted |= outcome.interrupted
         df = trials_frame(outcome.tracking_uri, s.name)
         pooled = s.searcher == "grid" and len(s.seeds) > 1  # every grid point ran with every seed

@@ -92,25 +92,29 @@ def load_studies(path: str, scale: Optional[str] = None) -> List[Study]:
             any invalid study (all problems listed, naming the file, arm and field).
     """
     module = load_module(path)
-    scales: Tuple[str, ...] = tuple(getattr(module, "SCALES", ()))
+    scales = _scales(path, module)
     if hasattr(module, "build") and scales:
         chosen = scale or scales[0]
         if chosen not in scales:
             raise ConfigError(f"{path}: scale={chosen!r} is not defined; valid scales: {', '.join(scales)}")
         found = _run_study_code(path, lambda: module.build(chosen))
+        export = f"build({chosen!r})"
     elif scale is not None:
         raise ConfigError(f"{path}: --scale {scale!r} given, but this study file defines no SCALES/build(scale)")
     elif hasattr(module, "STUDIES"):
-        found = module.STUDIES
+        found, export = module.STUDIES, "STUDIES"
     elif hasattr(module, "STUDY"):
-        found = module.STUDY
+        found, export = module.STUDY, "STUDY"
     else:
         raise ConfigError(f"{path}: a study file must define STUDY, STUDIES, or SCALES with build(scale)")
-    studies = [found] if isinstance(found, Study) else list(found)
+    studies = [found] if isinstance(found, Study) else list(found) if isinstance(found, (list, tuple)) else None
     if not studies or not all(isinstance(s, Study) for s in studies):
-        raise ConfigError(f"{path}: STUDY/STUDIES must be flatlab.Study objects, got {found!r}")
+        got = "nothing (None)" if found is None else f"{found!r} ({type(found).__name__})"
+        raise ConfigError(
+            f"{path}: {export} must be a flatlab.Study (or, for STUDIES and build(scale), a non-empty list of them); got {got}"
+        )
     names = [s.name for s in studies]
-    if len(set(names)) != len(names):
+    if len(set(map(repr, names))) != len(names):
         raise ConfigError(f"{path}: study names must be unique within a file, got {names}")
     problems = []
     for s in studies:  # every study's problems at once
@@ -118,9 +122,23 @@ def load_studies(path: str, scale: Optional[str] = None) -> List[Study]:
             s.validate(source=path)
         except ConfigError as exc:
             problems.append(str(exc))
+        except Exception as exc:  # noqa: BLE001 - a value no check foresaw: still one message, not a traceback
+            problems.append(f"{path}: study {s.name!r}: could not be validated: {type(exc).__name__}: {exc}")
     if problems:
         raise ConfigError("\n".join(problems))
     return studies
+
+
+def _scales(path: str, module: Any) -> Tuple[str, ...]:
+    """The file's ``SCALES`` (a tuple or list of names; ``()`` when absent).
+
+    Raises:
+        ConfigError: ``SCALES`` is not a list/tuple of strings.
+    """
+    scales = getattr(module, "SCALES", ())
+    if not isinstance(scales, (list, tuple)) or not all(isinstance(x, str) for x in scales):
+        raise ConfigError(f"{path}: SCALES={scales!r}; expected a tuple of scale names, the first the default, e.g. SCALES = ('paper', 'smoke')")
+    return tuple(scales)
 
 
 def describe_file(path: str) -> str:

@@ -11,6 +11,8 @@ Output root layout (``--root``, default ``./flatlab-runs``)::
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import json
 import logging
 import os
@@ -191,6 +193,7 @@ def _open_launch(
 
 
 def _experiment_path(storage_path: str, name: str) -> str:
+    """The Tune experiment folder (or URI) of launch ``name`` under ``storage_path``."""
     return str(Path(storage_path) / name) if "://" not in storage_path else f"{storage_path.rstrip('/')}/{name}"
 
 
@@ -277,8 +280,75 @@ def final_configs(study: Study, grid: Any) -> List[Dict[str, Any]]:
     return configs
 
 
+class _LaunchGuard:
+    """Ends a launch that fails between opening its MLflow parent run and Tune's start (Ray start-up, data
+    loading, building the searcher and the Tuner): the parent run ends FAILED (KILLED on Ctrl-C) and
+    launch.json says ``failed`` (``killed``), never RUNNING/``running``. From ``tuner.fit()`` on,
+    :func:`run_study`'s own ``finally`` records the outcome, and the guard is disarmed."""
+
+    def __init__(self) -> None:
+        self.opened: Any = None  # the future of _open_launch: (experiment_id, parent_run_id, tune name)
+        self.launch: Optional[Path] = None
+        self.tracking_uri = ""
+        self.storage_path = ""
+
+    def arm(self, opened: Any, launch: Path, tracking_uri: str, storage_path: str) -> None:
+        self.opened, self.launch, self.tracking_uri, self.storage_path = opened, launch, tracking_uri, storage_path
+
+    def disarm(self) -> None:
+        self.opened = None
+
+    def end(self, exc: BaseException) -> None:
+        """Record ``exc``'s launch as failed (or killed); never raises (``exc`` is what the caller sees)."""
+        if self.opened is None or self.launch is None:
+            return
+        opened, self.opened = self.opened, None
+        try:
+            experiment_id, parent_run_id, exp_name = opened.result()
+        except BaseException:  # noqa: BLE001 - MLflow itself failed: no parent run was opened
+            return
+        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+        logger.error("launch failed before Tune started: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        try:
+            runs.client(self.tracking_uri).set_terminated(parent_run_id, status=status)
+            self.launch.write_text(json.dumps(
+                {"experiment_path": _experiment_path(self.storage_path, exp_name), "experiment_name": exp_name,
+                 "parent_run_id": parent_run_id, "tracking_uri": self.tracking_uri, "experiment_id": experiment_id,
+                 "status": status.lower(), "num_errors": 0},
+                indent=2,
+            ))
+        except Exception:  # noqa: BLE001 - report the original error, not this one
+            logger.exception("could not record the failed launch in MLflow / %s", self.launch)
+
+
+_GUARD: "contextvars.ContextVar[_LaunchGuard]" = contextvars.ContextVar("flatlab_launch_guard")
+
+
+def _ends_failed_launches(fn: Any) -> Any:
+    """Decorator of :func:`run_study`: any exception it raises after the launch was opened first ends the
+    launch through :class:`_LaunchGuard` (armed by ``run_study`` once ``_open_launch`` is submitted)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        guard = _LaunchGuard()
+        token = _GUARD.set(guard)
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as exc:
+            guard.end(exc)
+            raise
+        finally:
+            _GUARD.reset(token)
+
+    return wrapper
+
+
+@_ends_failed_launches
 def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutcome:
     """Run (or ``opts.resume``) ``study``; returns when every trial has ended or on interruption.
+
+    Any exception after the launch was opened (Ray start-up, data loading, the searcher ...) ends its
+    MLflow parent run FAILED and launch.json ``failed`` before it propagates (:class:`_LaunchGuard`).
 
     Raises:
         ConfigError: ``--resume`` with nothing to resume.
@@ -343,6 +413,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     # MLflow set-up (seconds on a fresh SQLite store) overlaps Ray's start-up and the data loading.
     with ThreadPoolExecutor(max_workers=1) as pool:
         opened = pool.submit(_open_launch, study, opts, tracking_uri, root, common_tags, previous)
+        _GUARD.get(_LaunchGuard()).arm(opened, launch, tracking_uri, storage_path)  # a failure from here on ends it FAILED
         _init_ray(opts, tracking_uri)
         _setup_file_logging(out / "logs")  # ray.init reconfigures logging
         logger.info("Ray ready (%.1f s)", time.monotonic() - t0)
@@ -394,6 +465,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     logger.info("starting Tune (%.1f s)", time.monotonic() - t0)
     interrupted, failed = False, False
     num_errors = 0
+    _GUARD.get(_LaunchGuard()).disarm()  # the finally below records the outcome from here on
     try:
         grid = tuner.fit()
         num_errors = grid.num_errors

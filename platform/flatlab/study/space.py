@@ -67,8 +67,10 @@ class Float(Dim):
 
     def problem(self) -> Optional[str]:
         kind = "loguniform" if self.log else "uniform"
-        if not (isinstance(self.low, (builtins.int, float)) and isinstance(self.high, (builtins.int, float))):
+        if not (_is_number(self.low) and _is_number(self.high)):
             return f"{kind}(low, high) needs numbers, got low={self.low!r}, high={self.high!r}"
+        if not (math.isfinite(self.low) and math.isfinite(self.high) and math.isfinite(self.high - self.low)):
+            return f"{kind}(low, high) needs finite bounds (and a finite width high - low), got low={self.low!r}, high={self.high!r}"
         if not self.low < self.high:
             return f"{kind}: low < high must hold, but got low={self.low}, high={self.high}"
         if self.log and self.low <= 0:
@@ -106,8 +108,10 @@ class Int(Dim):
     log: bool = False
 
     def problem(self) -> Optional[str]:
-        if not (isinstance(self.low, builtins.int) and isinstance(self.high, builtins.int)):
+        if not (_is_int(self.low) and _is_int(self.high)):
             return f"int(low, high) needs integers, got low={self.low!r}, high={self.high!r}"
+        if max(abs(self.low), abs(self.high)) > MAX_INT_RANGE:
+            return f"int(low, high) needs |low|, |high| <= 2**53 (Optuna samples integers as floats), got low={self.low}, high={self.high}"
         if not self.low < self.high:
             return f"int: low < high must hold, but got low={self.low}, high={self.high}"
         if self.log and self.low <= 0:
@@ -148,6 +152,8 @@ class Choice(Dim):
 
     def problem(self) -> Optional[str]:
         name = "grid" if self.is_grid else "choice"
+        if not isinstance(self.values, tuple):
+            return f"{name}([...]) needs a list of values, got {self.values!r}"
         if len(self.values) == 0:
             return f"{name}([...]) needs at least one value, got an empty list"
         if len(set(map(repr, self.values))) != len(self.values):
@@ -212,12 +218,29 @@ def integer(low: builtins.int, high: builtins.int, log: bool = False) -> Int:
 
 def choice(values: Union[List[Any], Tuple[Any, ...]]) -> Choice:
     """One of ``values`` (sampled by Optuna; enumerated by the grid searcher)."""
-    return Choice(tuple(values))
+    return Choice(_as_values(values))
 
 
 def grid(values: Union[List[Any], Tuple[Any, ...]]) -> Choice:
     """Exhaustive values, as a paper's grid (enumerated by ``searcher='grid'``, categorical for Optuna)."""
-    return Choice(tuple(values), is_grid=True)
+    return Choice(_as_values(values), is_grid=True)
+
+
+def _as_values(values: Any) -> Any:
+    """A list or tuple as a tuple; anything else as it is, for :meth:`Choice.problem` to report (building
+    a dimension never raises)."""
+    return tuple(values) if isinstance(values, (list, tuple)) else values
+
+
+MAX_INT_RANGE = 2**53  # largest |bound| of an int range: Optuna's IntDistribution computes in float64
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (builtins.int, float)) and not isinstance(x, bool)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, builtins.int) and not isinstance(x, bool)
 
 
 def fixed(value: Any) -> Fixed:

@@ -10,6 +10,7 @@ starts and reports all problems at once.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -21,6 +22,12 @@ from flatlab.train.config import TRAINER_HPARAMS
 from flatlab.train.trainer import TrialSpec
 
 SEARCHERS = ("optuna", "grid", "random")
+# The searchers seed arm i's Optuna sampler with seed * SAMPLER_SEED_STRIDE + i (study/searchers.py), and
+# numpy's RandomState inside the samplers needs that in [0, 2**32): this bounds the study seed.
+SAMPLER_SEED_STRIDE = 1000
+SEED_LIMIT = 2**32  # trial seeds and derived sampler seeds lie in [0, SEED_LIMIT)
+MAX_COUNT = 10**6  # upper bound of trial, epoch and rung counts (a typo's 10**9 would run forever)
+MAX_RESOURCE = 2**16  # upper bound of per-trial CPUs / GPUs
 SCHEDULERS = ("asha", "fifo")
 MODES = ("max", "min")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -54,6 +61,11 @@ class Arm:
     def __post_init__(self) -> None:
         if not self.name:
             object.__setattr__(self, "name", self.optimizer)
+        if not isinstance(self.space, Mapping):
+            raise ConfigError(
+                f"arm {self.name!r}: space={self.space!r} ({type(self.space).__name__}); expected a dict of field -> "
+                f"value or dimension, e.g. space={{'lr': space.loguniform(1e-3, 1.0)}}"
+            )
         object.__setattr__(self, "space", {k: as_dim(v) for k, v in dict(self.space).items()})
 
     @property
@@ -313,30 +325,20 @@ class Study:
             resolve(TRAINER_HPARAMS, self.train, f"{where}: field 'train'")
         except ConfigError as exc:
             errors.extend(str(exc).splitlines())
+        errors.extend(f"{where}: {m}" for m in _scalar_problems(self))
         check(self.mode in MODES, f"mode={self.mode!r}; expected one of {', '.join(MODES)}")
         check(self.searcher in SEARCHERS, f"searcher={self.searcher!r}; expected one of {', '.join(SEARCHERS)}")
         check(self.scheduler in SCHEDULERS, f"scheduler={self.scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
-        check(_is_int(self.num_trials) and self.num_trials >= 1, f"num_trials={self.num_trials!r}; expected an int >= 1")
-        check(_is_int(self.max_epochs) and self.max_epochs >= 1, f"max_epochs={self.max_epochs!r}; expected an int >= 1")
         if self.scheduler == "asha":  # ASHA's first rung must lie within the budget; FIFO ignores it
             check(
                 _is_int(self.grace_period) and 1 <= self.grace_period <= (self.max_epochs if _is_int(self.max_epochs) else 1),
-                f"grace_period={self.grace_period!r}; expected an int in [1, max_epochs={self.max_epochs}] (scheduler='asha')",
+                f"grace_period={self.grace_period!r}; expected an int in [1, max_epochs={self.max_epochs!r}] (scheduler='asha')",
             )
         else:
-            check(_is_int(self.grace_period) and self.grace_period >= 1, f"grace_period={self.grace_period!r}; expected an int >= 1")
-        check(_is_int(self.reduction_factor) and self.reduction_factor >= 2, f"reduction_factor={self.reduction_factor!r}; expected an int >= 2")
-        seeds_ok = isinstance(self.seeds, tuple) and len(self.seeds) > 0 and all(_is_int(s) and s >= 0 for s in self.seeds)
-        check(seeds_ok, f"seeds={self.seeds!r}; expected a non-empty tuple of ints >= 0, e.g. seeds=(0, 1, 2)")
-        if seeds_ok:
-            check(len(set(self.seeds)) == len(self.seeds), f"seeds={self.seeds!r} repeats a seed (the same trials would run twice)")
-        check(_is_int(self.seed) and self.seed >= 0, f"seed={self.seed!r}; expected an int >= 0")
-        check(self.resources.cpu > 0 and self.resources.gpu >= 0, f"resources={self.resources}; expected cpu > 0 and gpu >= 0")
-        check(self.max_concurrent is None or (_is_int(self.max_concurrent) and self.max_concurrent >= 1), f"max_concurrent={self.max_concurrent!r}; expected None or an int >= 1")
-        check(_is_int(self.checkpoint_every) and self.checkpoint_every >= 1, f"checkpoint_every={self.checkpoint_every!r}; expected an int >= 1")
+            check(_is_int(self.grace_period) and 1 <= self.grace_period <= MAX_COUNT, f"grace_period={self.grace_period!r}; expected an int in [1, {MAX_COUNT}]")
         check(len(self.arms) > 0, "arms is empty; give at least one Arm(optimizer=..., space={...})")
         names = [a.name for a in self.arms]
-        check(len(set(names)) == len(names), f"arm names must be unique, got {names}")
+        check(len(set(map(repr, names))) == len(names), f"arm names must be unique, got {names}")
         for n in names:  # they name MLflow runs, Optuna studies and Tune trials
             check(isinstance(n, str) and bool(_NAME.match(n)), f"arm name {n!r}: use letters, digits, '_', '.', '-'")
         check(
@@ -394,6 +396,8 @@ class Study:
         from flatlab.workloads.registry import get_workload
 
         aw = f"{where}, arm {arm.name!r}"
+        if not isinstance(arm.optimizer, str):
+            return [f"{aw}: field 'optimizer'={arm.optimizer!r}; expected a registered optimizer name (`flatlab optimizers` lists them)"]
         try:
             get_optimizer(arm.optimizer)
         except UnknownNameError as exc:
@@ -453,6 +457,54 @@ def _probe_optimizer(arm: Arm, where: str, route: Mapping[str, str]) -> List[str
     except (ConfigError, ValueError) as exc:
         return [f"{where}: optimizer {arm.optimizer!r} rejects these settings: {exc}"]
     return []
+
+
+def _scalar_problems(study: "Study") -> List[str]:
+    """The problems of ``study``'s counts, seeds and resources (each message names its field and the
+    allowed range). Bounds: counts <= :data:`MAX_COUNT`; trial seeds in [0, 2**32); the study seed such
+    that every sampler seed ``seed * 1000 + arm index`` (study/searchers.py) stays below 2**32."""
+    out: List[str] = []
+
+    def count(name: str, low: int, nullable: bool = False) -> None:
+        value = getattr(study, name)
+        if nullable and value is None:
+            return
+        if not (_is_int(value) and low <= value <= MAX_COUNT):
+            out.append(f"{name}={value!r}; expected {'None or ' if nullable else ''}an int in [{low}, {MAX_COUNT}]")
+
+    count("num_trials", 1)
+    count("max_epochs", 1)
+    count("reduction_factor", 2)
+    count("max_concurrent", 1, nullable=True)
+    count("checkpoint_every", 1)
+    seeds = study.seeds
+    if not (isinstance(seeds, tuple) and seeds and all(_is_int(s) and 0 <= s < SEED_LIMIT for s in seeds)):
+        out.append(f"seeds={seeds!r}; expected a non-empty tuple of ints in [0, 2**32), e.g. seeds=(0, 1, 2)")
+    elif len(set(seeds)) != len(seeds):
+        out.append(f"seeds={seeds!r} repeats a seed (the same trials would run twice)")
+    n_arms = len(study.arms) if isinstance(study.arms, tuple) else 1
+    max_seed = (SEED_LIMIT - max(n_arms, 1)) // SAMPLER_SEED_STRIDE
+    if not (_is_int(study.seed) and 0 <= study.seed <= max_seed):
+        out.append(
+            f"seed={study.seed!r}; expected an int in [0, {max_seed}] (arm i's sampler is seeded with "
+            f"seed * {SAMPLER_SEED_STRIDE} + i, which must stay below 2**32)"
+        )
+    res = study.resources
+    if not isinstance(res, Resources):
+        out.append(f"resources={res!r} ({type(res).__name__}); expected Resources(cpu=..., gpu=...), e.g. Resources(cpu=2, gpu=0.5)")
+    else:
+        cpu_ok = _is_number(res.cpu) and 0 < res.cpu <= MAX_RESOURCE
+        gpu_ok = _is_number(res.gpu) and 0 <= res.gpu <= MAX_RESOURCE and (res.gpu <= 1 or float(res.gpu).is_integer())
+        if not (cpu_ok and gpu_ok):
+            out.append(
+                f"resources=Resources(cpu={res.cpu!r}, gpu={res.gpu!r}); expected cpu in (0, {MAX_RESOURCE}] and gpu in "
+                f"[0, {MAX_RESOURCE}], a fraction only up to 1 (Ray shares a GPU, it does not split several)"
+            )
+    return out
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _is_int(x: Any) -> bool:
