@@ -23,6 +23,7 @@ TAG_SEED = "flatlab.seed"
 TAG_COMMIT = "flatlab.git_commit"
 TAG_VERSION = "flatlab.version"
 TAG_OUTCOME = "flatlab.outcome"  # completed | pruned | diverged | error | interrupted
+TAG_ERROR = "flatlab.error"  # a failed trial's "Type: message" (full traceback: its error.txt artifact)
 PARENT = "mlflow.parentRunId"
 
 
