@@ -114,7 +114,8 @@ def test_trial_raising_at_epoch_2_keeps_its_error_in_mlflow(tmp_path, monkeypatc
     assert "RuntimeError: injected trial failure" in text and "in run_epoch" in text and 'raise RuntimeError("injected' in text
     res = CliRunner().invoke(app, ["results", "errs", "--root", str(root)], terminal_width=250)
     assert res.exit_code == 0, res.output
-    assert "error" in res.output.splitlines()[1] and "RuntimeError: injected trial failure" in res.output
+    header = next(l for l in res.output.splitlines() if "outcome" in l)
+    assert "error" in header and "RuntimeError: injected trial failure" in res.output, res.output
 
     mark.unlink()  # fixed: the resumed trial finishes and loses the stale tag
     try:
