@@ -97,6 +97,7 @@ def test_trial_raising_at_epoch_2_keeps_its_error_in_mlflow(tmp_path, monkeypatc
     mark.touch()
     monkeypatch.setenv("PYTHONPATH", ":".join(p for p in (str(hook), __import__("os").environ.get("PYTHONPATH", "")) if p))
     monkeypatch.setenv("FLATLAB_TEST_FAIL_MARK", str(mark))
+    monkeypatch.setenv("RAY_ADDRESS", "local")  # a new local instance, never a Ray head found running on this machine
     study = Study(name="errs", workload="digits", workload_params={"width": 16},
                   arms=(Arm("sgd", space={"lr": sp.loguniform(0.01, 0.1)}),), num_trials=1, max_epochs=2,
                   scheduler="fifo").validate()
