@@ -54,7 +54,8 @@ class HParam:
         return text + (" or None" if self.nullable else "")
 
     def validate(self, value: Any, where: str = "") -> Any:
-        """Return ``value`` coerced to ``kind``; raises :class:`ConfigError` naming the field and allowed values."""
+        """Return ``value`` coerced to ``kind``; raises :class:`ConfigError` naming the field and allowed values
+        (NaN, infinities and ints beyond float's range are never allowed for a float)."""
         prefix = f"{where}: " if where else ""
         if value is None and self.nullable:
             return None
@@ -78,9 +79,14 @@ class HParam:
                 raise bad
             value = int(value)
         else:
-            value = float(value)
+            try:
+                value = float(value)
+            except OverflowError:  # an int beyond float's range
+                raise ConfigError(f"{prefix}{self.name}={value!r} is not allowed; expected a finite {self.allowed()}") from None
             if math.isnan(value):
                 raise bad
+            if math.isinf(value):
+                raise ConfigError(f"{prefix}{self.name}={value!r} is not allowed; expected a finite {self.allowed()}")
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
             raise bad
         if self.high is not None and (value > self.high or (self.high_open and value == self.high)):

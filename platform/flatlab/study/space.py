@@ -57,9 +57,17 @@ class Dim:
         return repr(self)
 
 
+def _finite(x: Any) -> bool:
+    """``x`` is a number that converts to a finite float (not NaN, not infinite, not an int beyond 1e308)."""
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
+
+
 @dataclass(frozen=True)
 class Float(Dim):
-    """A float in ``[low, high]``, log-uniform if ``log`` (then ``low > 0`` is required)."""
+    """A float in ``[low, high]``, both finite, log-uniform if ``log`` (then ``low > 0`` is required)."""
 
     low: float
     high: float
@@ -69,6 +77,8 @@ class Float(Dim):
         kind = "loguniform" if self.log else "uniform"
         if not (isinstance(self.low, (builtins.int, float)) and isinstance(self.high, (builtins.int, float))):
             return f"{kind}(low, high) needs numbers, got low={self.low!r}, high={self.high!r}"
+        if not (_finite(self.low) and _finite(self.high)):
+            return f"{kind}: low and high must be finite numbers, but got low={self.low!r}, high={self.high!r}"
         if not self.low < self.high:
             return f"{kind}: low < high must hold, but got low={self.low}, high={self.high}"
         if self.log and self.low <= 0:
