@@ -162,3 +162,23 @@ def test_checkpoint_of_another_optimizer_is_refused(digits, tmp_path):
     Trainer(spec("sgd"), digits).save(str(tmp_path))
     with pytest.raises(CheckpointError, match=r"does not fit this trial \(ValueError: SAM.load_state_dict"):
         Trainer(spec("sam"), digits).load(str(tmp_path))
+
+
+def test_trial_with_a_crafted_checkpoint_fails_before_training(digits, tmp_path, monkeypatch):
+    from ray import tune
+
+    from flatlab import Arm, Study
+    from flatlab.study import trainable
+
+    marker = tmp_path / "pwned"
+    ckpt = tmp_path / "checkpoint_000001"
+    ckpt.mkdir()
+    torch.save({"model": _Payload(str(marker))}, str(ckpt / "trainer.pt"))
+    monkeypatch.setattr(trainable.tune, "get_checkpoint", lambda: tune.Checkpoint.from_directory(str(ckpt)))
+    reported = []
+    monkeypatch.setattr(trainable.tune, "report", lambda *a, **k: reported.append(a))
+    study = Study(name="c", workload="digits", workload_params={"model": "cnn", "width": 4},
+                  arms=(Arm("sgd", space={"lr": 0.05}),), num_trials=1, max_epochs=2).validate()
+    with pytest.raises(CheckpointError, match=r"checkpoint_000001.*trainer\.pt, a pickle"):
+        trainable.run_trial({"arm": "sgd", "seed": 0, "lr": 0.05}, study=study, data=digits)
+    assert not marker.exists() and reported == [] and trainable.CKPT_FILES == CHECKPOINT_FILES
