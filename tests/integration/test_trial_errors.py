@@ -56,7 +56,7 @@ def test_error_tag_and_artifact_then_cleared_on_restart(tmp_path):
     from flatlab.tracking.callback import MLflowTrialLogger
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
-    exp = runs.get_or_create_experiment(uri, "errs")
+    exp = runs.get_or_create_experiment(uri, "errs", artifact_root=str(tmp_path / "art"))  # not ./mlruns
     c = runs.client(uri)
     parent = c.create_run(exp).info.run_id
     f = tmp_path / "err.txt"
