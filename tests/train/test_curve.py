@@ -132,9 +132,9 @@ def test_trainer_resume_keeps_the_curve(digits, tmp_path, one_torch_thread):
     full.run_epoch(), full.run_epoch()
     first = Trainer(spec(), digits)
     first.run_epoch()
-    first.save(str(tmp_path / "ckpt.pt"))
+    first.save(str(tmp_path / "ckpt"))
     resumed = Trainer(spec(), digits)
-    resumed.load(str(tmp_path / "ckpt.pt"))
+    resumed.load(str(tmp_path / "ckpt"))
     resumed.run_epoch()
     assert len(full.curve.points()) == 18
     assert resumed.curve.points() == full.curve.points()

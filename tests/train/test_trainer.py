@@ -49,10 +49,10 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(digits, tmp_path):
     ref = [full.run_epoch() for _ in range(4)]
     first = Trainer(spec(), digits)
     first.run_epoch(), first.run_epoch()
-    first.save(str(tmp_path / "ckpt.pt"))
+    first.save(str(tmp_path / "ckpt"))
     torch.manual_seed(12345)  # a restarted process has different global RNG state
     resumed = Trainer(spec(seed=7), digits)
-    resumed.load(str(tmp_path / "ckpt.pt"))
+    resumed.load(str(tmp_path / "ckpt"))
     got = [resumed.run_epoch() for _ in range(2)]
     for a, b in zip(ref[2:], got):
         for k in ("epoch", "train/loss", "val/loss", "val/accuracy", "lr"):

@@ -93,6 +93,10 @@ def _setup_file_logging(log_dir: Path) -> None:
 def _init_ray(opts: RunOptions, tracking_uri: str) -> None:
     import ray
 
+    from flatlab.study.ray_messages import route_ray_errors_to_log
+
+    route_ray_errors_to_log()  # Ray's "A worker died ..." broadcasts: to logs/flatlab.log, not the terminal
+
     if ray.is_initialized():
         return
     env = {"MLFLOW_TRACKING_URI": tracking_uri, "PYTHONWARNINGS": "ignore::DeprecationWarning"}

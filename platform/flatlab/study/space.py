@@ -59,7 +59,7 @@ class Dim:
 
 @dataclass(frozen=True)
 class Float(Dim):
-    """A float in ``[low, high]``, log-uniform if ``log`` (then ``low > 0`` is required)."""
+    """A float in ``[low, high]``, both finite, log-uniform if ``log`` (then ``low > 0`` is required)."""
 
     low: float
     high: float
@@ -69,7 +69,7 @@ class Float(Dim):
         kind = "loguniform" if self.log else "uniform"
         if not (_is_number(self.low) and _is_number(self.high)):
             return f"{kind}(low, high) needs numbers, got low={self.low!r}, high={self.high!r}"
-        if not (math.isfinite(self.low) and math.isfinite(self.high) and math.isfinite(self.high - self.low)):
+        if not (_finite(self.low) and _finite(self.high) and _finite(self.high - self.low)):
             return f"{kind}(low, high) needs finite bounds (and a finite width high - low), got low={self.low!r}, high={self.high!r}"
         if not self.low < self.high:
             return f"{kind}: low < high must hold, but got low={self.low}, high={self.high}"
@@ -233,6 +233,14 @@ def _as_values(values: Any) -> Any:
 
 
 MAX_INT_RANGE = 2**53  # largest |bound| of an int range: Optuna's IntDistribution computes in float64
+
+
+def _finite(x: Any) -> bool:
+    """``x`` converts to a finite float (not NaN, not infinite, not an int beyond float's range)."""
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
 
 
 def _is_number(x: Any) -> bool:

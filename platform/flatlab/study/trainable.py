@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import tempfile
 from typing import Any, Dict, Optional
 
@@ -23,10 +22,11 @@ from ray import tune
 from flatlab.study.searchers import COMPLETED_KEY, DIVERGED_KEY
 from flatlab.study.spec import Study
 from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
+from flatlab.train.checkpoint import CHECKPOINT_FILES
 from flatlab.train.trainer import Diverged, Trainer
 from flatlab.workloads.base import Data
 
-CKPT_FILE = "trainer.pt"
+CKPT_FILES = CHECKPOINT_FILES  # trainer.safetensors + trainer.json (no pickle)
 
 
 def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Optional[WorkerTracking] = None) -> None:
@@ -39,7 +39,7 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
-            trainer.load(os.path.join(d, CKPT_FILE))
+            trainer.load(d)  # safetensors + JSON only; anything else raises CheckpointError: the trial fails
     trial_id = tune.get_context().get_trial_id()
     target = trainer.hp.get("stop_at_train_loss")
     while trainer.epoch < study.max_epochs:
@@ -62,7 +62,7 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
                 log_trial_artifacts(tracking, trial_id, trainer.model, spec, metrics, curve=trainer.curve.points())
         if trainer.trains and (last or trainer.epoch % study.checkpoint_every == 0):
             with tempfile.TemporaryDirectory() as d:
-                trainer.save(os.path.join(d, CKPT_FILE))
+                trainer.save(d)
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
         else:
             tune.report(metrics)

@@ -5,8 +5,10 @@ tripled a small study's wall time in our measurements). This callback only enque
 thread; one background thread creates runs, sends metrics with ``MlflowClient.log_batch`` (all
 pending results of a run in one call), and ends runs. Statuses: FINISHED for completed trials,
 KILLED (``flatlab.outcome=pruned``) for trials the scheduler stopped, FAILED for errors and divergence
-(``flatlab.outcome=diverged``). :meth:`close` marks anything still open KILLED, so no run is left
-RUNNING. The callback pickles without its thread (Tune stores it in the experiment state for resume).
+(``flatlab.outcome=diverged``); a failed trial's exception and traceback go to its ``error.txt``
+artifact and ``Type: message`` to its ``flatlab.error`` tag, which a restart removes. :meth:`close`
+marks anything still open KILLED, so no run is left RUNNING. The callback pickles without its
+thread (Tune stores it in the experiment state for resume).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ray.tune import Callback
 
 from flatlab.tracking import runs
+from flatlab.tracking.trial_errors import one_line, read_trial_error
 
 logger = logging.getLogger(__name__)
 
@@ -119,8 +122,8 @@ class MLflowTrialLogger(Callback):
         self._queue.put(("end", trial.trial_id, (status, outcome, None)))
 
     def on_trial_error(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
-        err = getattr(trial, "error_file", None) or "trial raised; see the trial's error file"
-        self._queue.put(("end", trial.trial_id, ("FAILED", "error", str(err))))
+        # Read Tune's error file now, on the driver: it lives in Ray's temporary session folder.
+        self._queue.put(("end", trial.trial_id, ("FAILED", "error", read_trial_error(trial))))
 
     def on_experiment_end(self, trials: List, **info: Any) -> None:
         self.flush()
@@ -207,6 +210,8 @@ class MLflowTrialLogger(Callback):
             client.log_batch(run_id, params=params)
         else:
             client.update_run(run_id, status="RUNNING")
+            if runs.TAG_ERROR in client.get_run(run_id).data.tags:  # restarted after an error: not failed now
+                client.delete_tag(run_id, runs.TAG_ERROR)
         self._run_ids[trial_id] = run_id
         self._open.add(trial_id)
 
@@ -227,7 +232,12 @@ class MLflowTrialLogger(Callback):
         client.set_tag(run_id, runs.TAG_OUTCOME, outcome)
         if outcome == "pruned":
             client.set_tag(run_id, "pruned", "true")
-        if error:
-            client.set_tag(run_id, "flatlab.error", error[:5000])
+        if error:  # one line as a tag (shown by ``flatlab results``), the full text as an artifact
+            client.set_tag(run_id, runs.TAG_ERROR, one_line(error))
+            try:
+                client.log_text(run_id, error + "\n", "error.txt")
+            except Exception as exc:  # the run must still end FAILED
+                logger.warning("could not log error.txt for trial %s: %s", trial_id, exc)
+                self.errors.append(f"error.txt {trial_id}: {exc}")
         client.set_terminated(run_id, status=status)
         self._open.discard(trial_id)

@@ -39,7 +39,8 @@ def parent_runs(tracking_uri: str, study: str) -> List[Any]:
 def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, metric: Optional[str] = None, mode: Optional[str] = None):
     """One row per trial (child run) of the latest launch (or all launches), best first.
 
-    Columns: ``arm``, ``optimizer``, ``status``, ``outcome``, ``epochs``, ``seed``, the final
+    Columns: ``arm``, ``optimizer``, ``status``, ``outcome``, ``error`` (a failed trial's
+    ``Type: message``, else empty), ``epochs``, ``seed``, the final
     ``<metric>`` and ``best/<metric>``, ``test/accuracy``/``test/loss`` when present, then every
     other final metric (the last epoch's scheduled learning rate as ``last_lr``) and the trial's
     params as ``param.<name>``, ``run_id``, ``trial_id``, ``stage`` (tag ``flatlab.stage``, default
@@ -70,6 +71,7 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
                 "optimizer": r.data.tags.get(runs.TAG_OPT, ""),
                 "status": r.info.status,
                 "outcome": r.data.tags.get(runs.TAG_OUTCOME, ""),
+                "error": r.data.tags.get(runs.TAG_ERROR, ""),  # "Type: message" of a failed trial
                 "epochs": int(m.get("epoch", 0)),
                 "seed": r.data.tags.get(runs.TAG_SEED, ""),
                 "stage": r.data.tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH),
@@ -237,6 +239,7 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
     else:
         default = ["arm", "trial_id", "status", "outcome", "epochs", metric, f"best/{metric}", test]
         default += [c for c in ("train/steps_to_target", "train/speedup") if _has_values(df, c)]  # Study(reference_arm=...)
+        default += ["error"] if "error" in df.columns and df["error"].fillna("").astype(bool).any() else []
         cols = [c for c in (columns or default) if c in df.columns]
     caption = "mean ± sample std over the seeds that completed" if pooled else None
     table = Table(*cols, *pooled, *([] if columns else ["params"]), title=title or None, caption=caption)

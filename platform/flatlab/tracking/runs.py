@@ -24,6 +24,7 @@ TAG_COMMIT = "flatlab.git_commit"
 TAG_VERSION = "flatlab.version"
 TAG_OUTCOME = "flatlab.outcome"  # completed | pruned | diverged | error | interrupted
 TAG_STAGE = "flatlab.stage"  # search (tuning trials) | final (each arm's best configuration over fresh seeds)
+TAG_ERROR = "flatlab.error"  # a failed trial's "Type: message" (full traceback: its error.txt artifact)
 PARENT = "mlflow.parentRunId"
 STAGE_KEY = "stage"  # the trial config key that carries the stage (not a hyperparameter; never logged as a param)
 STAGE_SEARCH, STAGE_FINAL = "search", "final"

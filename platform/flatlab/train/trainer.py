@@ -4,12 +4,14 @@ Per epoch: shuffle with the trial's own generator, one ``optimizer.step(closure)
 (the closure protocol of :mod:`flatlab.optim.protocol`), LR schedule per step, evaluation on every
 eval split. The whole state (model, optimizer, scheduler, RNGs, counters, the smoothed training-loss
 curve :attr:`Trainer.curve`) round-trips through :meth:`Trainer.state_dict`, so a resumed trial
-continues bit-identically on CPU.
+continues bit-identically on CPU; :meth:`Trainer.save`/:meth:`Trainer.load` store it as safetensors +
+JSON (:mod:`flatlab.train.checkpoint`), which load without executing code.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional
@@ -20,6 +22,7 @@ from flatlab.errors import ConfigError
 from flatlab.hparams import resolve
 from flatlab.optim.protocol import Progress
 from flatlab.optim.registry import get_optimizer
+from flatlab.train.checkpoint import STATE_FILE, CheckpointError, load_state, save_state
 from flatlab.train.closure import BatchClosure
 from flatlab.train.config import TRAINER_HPARAMS
 from flatlab.train.curve import LossCurve
@@ -257,10 +260,29 @@ class Trainer:
         else:
             self.curve = LossCurve(self.hp["curve_smoothing"], device=self.device, start_step=self.step)
 
-    def save(self, path: str) -> None:
-        """``torch.save`` the state to ``path``."""
-        torch.save(self.state_dict(), path)
+    def save(self, directory: str) -> None:
+        """Write :meth:`state_dict` into ``directory`` (created if missing) as ``trainer.safetensors``
+        (every tensor) and ``trainer.json`` (the rest); see :mod:`flatlab.train.checkpoint`.
 
-    def load(self, path: str) -> None:
-        """Load a state saved by :meth:`save` (``weights_only=False``: RNG states are Python objects)."""
-        self.load_state_dict(torch.load(path, map_location=self.device, weights_only=False))
+        Raises:
+            TypeError: a part of the state is neither a tensor nor plain data (a bug in an optimizer's
+                ``state_dict``).
+        """
+        save_state(self.state_dict(), directory)
+
+    def load(self, directory: str) -> None:
+        """Load a state written by :meth:`save`. Nothing read can execute code (no pickle).
+
+        Raises:
+            CheckpointError: ``directory`` does not hold flatlab's two files (e.g. an old pickle
+                ``trainer.pt``), or they are malformed or do not fit this trial (another model, another
+                optimizer); the message names the file.
+        """
+        state = load_state(directory)
+        try:
+            self.load_state_dict(state)
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError, OverflowError) as exc:
+            where = os.path.join(directory, STATE_FILE)
+            raise CheckpointError(
+                f"{where}: the checkpoint does not fit this trial ({type(exc).__name__}: {exc})"
+            ) from exc
