@@ -369,6 +369,9 @@ def compare_table(df, *, metric: Optional[str] = None, reference: str, measures:
                 which = ", ".join(map(str, missed["seed"]))
                 notes.append(f"{arm}: seed{'s' if len(missed) > 1 else ''} {which} completed without reaching the target ({q}).")
 
+    if flat and _has_values(sample, TARGET_REACHED):
+        notes.append("flat/* rows: measured at the training-loss target (stop_at_train_loss); seeds that missed it "
+                     "are counted in the seeds run and give no flatness value.")
     rows = []
     for q in quantities:
         ref = _by_seed(seeds, reference, q)
@@ -383,8 +386,9 @@ def compare_table(df, *, metric: Optional[str] = None, reference: str, measures:
 
 def seed_values(sample, quantities: Sequence[str]):
     """Per (arm, seed) row of ``sample``: ``arm``, ``seed``, ``outcome``, ``run_id`` and each quantity's
-    value, NaN unless the trial completed with a finite value (and, for ``train/epochs_to_target``,
-    ``train/target_reached == 1`` where recorded)."""
+    value, NaN unless the trial completed with a finite value (and, for ``train/epochs_to_target`` and
+    every ``flat/*`` measure, ``train/target_reached == 1`` where recorded: flatness is compared at the
+    matched training loss, so a seed that never reached it gives no flatness value)."""
     import pandas as pd
 
     done = _completed(sample)
@@ -392,7 +396,7 @@ def seed_values(sample, quantities: Sequence[str]):
     for q in quantities:
         values = pd.to_numeric(sample[q], errors="coerce") if q in sample else pd.Series(float("nan"), index=sample.index)
         keep = done & values.map(_finite)
-        if q == EPOCHS_TO_TARGET and TARGET_REACHED in sample:
+        if (q == EPOCHS_TO_TARGET or q.startswith(FLAT_PREFIX)) and _has_values(sample, TARGET_REACHED):
             keep &= pd.to_numeric(sample[TARGET_REACHED], errors="coerce") == 1.0
         seeds[q] = values.where(keep)
     return seeds
