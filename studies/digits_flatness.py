@@ -13,7 +13,7 @@ per arm with 95 % intervals, and paired differences against SGD.
 Scales (``--scale``):
 
 * ``full`` (default; study ``digits_flatness``): all eight registered optimizers (SGD, SAM, ASAM,
-  TSAM, SGD-IRE, SAM-IRE, AdamW, AdmIRE), 8 trials per arm, up to 30 epochs, then 5 final seeds.
+  TSAM, SGD-IRE, SAM-IRE, AdamW, AdmIRE), 16 trials per arm, up to 30 epochs, then 5 final seeds.
 * ``demo`` (study ``digits_flatness_demo``, what ``make demo`` runs): SGD, SAM, TSAM, SGD-IRE, AdamW
   and AdmIRE, 4 trials per arm, up to 20 epochs, then 3 final seeds.
 
@@ -59,7 +59,7 @@ def build(scale: str) -> Study:
         arms=tuple(ARMS.values()) if full else tuple(ARMS[a] for a in DEMO_ARMS),
         metric="val/accuracy",
         mode="max",
-        num_trials=8 if full else 4,
+        num_trials=16 if full else 4,
         max_epochs=30 if full else 20,
         scheduler="asha",
         grace_period=3,

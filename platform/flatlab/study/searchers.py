@@ -202,10 +202,7 @@ class ArmSearcher(Searcher):
               "_study_seed", "_kind")
 
     def save(self, checkpoint_path: str) -> None:
-        state = {k: getattr(self, k) for k in self._STATE}
-        state["_format"] = "flatlab.ArmSearcher/1"
-        with open(checkpoint_path, "w") as f:
-            json.dump(state, f)
+        _write_state(checkpoint_path, "flatlab.ArmSearcher/1", {k: getattr(self, k) for k in self._STATE})
 
     def restore(self, checkpoint_path: str) -> None:
         """Read what :meth:`save` wrote (JSON); the searches continue from the Optuna storage.
@@ -213,13 +210,7 @@ class ArmSearcher(Searcher):
         Raises:
             ConfigError: the file is not this searcher's JSON state (e.g. an old pickle).
         """
-        try:
-            with open(checkpoint_path) as f:
-                state = json.load(f)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"{checkpoint_path}: not a flatlab searcher state (JSON expected; refusing to unpickle): {exc}") from exc
-        if not isinstance(state, dict) or state.get("_format") != "flatlab.ArmSearcher/1":
-            raise ConfigError(f"{checkpoint_path}: not a flatlab searcher state (format flatlab.ArmSearcher/1 expected)")
+        state = _read_state(checkpoint_path, "flatlab.ArmSearcher/1")
         for k in self._STATE:
             setattr(self, k, state[k])
         if self._kind != "grid" and not self._studies:
@@ -257,19 +248,33 @@ class FixedSearcher(Searcher):
         pass
 
     def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "w") as f:
-            json.dump({"_format": "flatlab.FixedSearcher/1", "configs": self._configs, "next": self._next}, f)
+        _write_state(checkpoint_path, "flatlab.FixedSearcher/1", {"configs": self._configs, "next": self._next})
 
     def restore(self, checkpoint_path: str) -> None:
         """Raises ConfigError: the file is not this searcher's JSON state."""
-        try:
-            with open(checkpoint_path) as f:
-                state = json.load(f)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"{checkpoint_path}: not a flatlab searcher state (JSON expected): {exc}") from exc
-        if not isinstance(state, dict) or state.get("_format") != "flatlab.FixedSearcher/1":
-            raise ConfigError(f"{checkpoint_path}: not a flatlab searcher state (format flatlab.FixedSearcher/1 expected)")
+        state = _read_state(checkpoint_path, "flatlab.FixedSearcher/1")
         self._configs, self._next = state["configs"], state["next"]
+
+
+def _write_state(path: str, fmt: str, state: Dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump({**state, "_format": fmt}, f)
+
+
+def _read_state(path: str, fmt: str) -> Dict[str, Any]:
+    """The JSON state :func:`_write_state` wrote in format ``fmt``; nothing read can execute code.
+
+    Raises:
+        ConfigError: the file is not JSON (e.g. an old pickle: refused, never unpickled) or not ``fmt``.
+    """
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: not a flatlab searcher state (JSON expected; refusing to unpickle): {exc}") from exc
+    if not isinstance(state, dict) or state.get("_format") != fmt:
+        raise ConfigError(f"{path}: not a flatlab searcher state (format {fmt} expected)")
+    return state
 
 
 def _storage(url: Optional[str]):
