@@ -101,7 +101,7 @@ def flat_count(gamma: float, numel: int) -> int:
 
     This is the count of ALGORITHMS.md and of the authors' later ``ire_new.py`` (``torch.kthvalue``).
     The authors' earlier top-k code (which calls 1−γ "rank") marks n − ⌊(1−γ)·n⌋ + 1 coordinates
-    instead, one or two more than ⌊γ·n⌋ (e.g. γ = 0.8, n = 10: 9 there, 8 here); we keep ⌊γ·n⌋.
+    instead, one or two more than ⌊γ·n⌋ (e.g. γ = 0.75, n = 8: 7 there, 6 here); we keep ⌊γ·n⌋.
     """
     return math.floor(Fraction(repr(float(gamma))) * numel)
 
