@@ -95,7 +95,7 @@ def test_batchnorm_statistics_equal_one_plain_sgd_step(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_plain_parameters_give_the_named_step(name):
+def test_plain_parameters_give_the_named_step(name, monkeypatch):
     # One code path: names change nothing but ASAM's scope, which without them falls back to ndim >= 2
     # (on small_cnn that differs from the official rule at the BatchNorm gains) and warns.
     spec, batch = get_optimizer(name), image_batch()
@@ -103,14 +103,14 @@ def test_plain_parameters_give_the_named_step(name):
     torch.manual_seed(5)
     _step(spec.create(named_model.named_parameters()), named_model, batch, 0)
     torch.manual_seed(5)
+    plain_opt = spec.create(plain_model.parameters())
+    assert all("param_names" not in g for g in plain_opt.param_groups)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         import flatlab.optim.sam as sam_module
 
-        sam_module._warned_unnamed = False
-        plain_opt = spec.create(plain_model.parameters())
-    assert all("param_names" not in g for g in plain_opt.param_groups)
-    _step(plain_opt, plain_model, batch, 0)
+        monkeypatch.setattr(sam_module, "_warned_unnamed", False)
+        _step(plain_opt, plain_model, batch, 0)
     messages = [str(w.message) for w in caught]
     same = all(torch.equal(a, b) for a, b in zip(params_of(named_model), params_of(plain_model)))
     if name == "asam":

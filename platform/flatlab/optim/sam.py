@@ -102,7 +102,7 @@ class SAM(WrappedOptimizer):
         eta: η ≥ 0 of T_w (ASAM only).
         asam_scope: which tensors get T_w (see :func:`asam_scaled`): ``'weight_names'`` (default, the
             official rule; needs an optimizer built from ``named_parameters()``, otherwise it falls back
-            to ``'weights'`` and warns once), ``'weights'`` or ``'all'``.
+            to ``'weights'`` and warns once, at its first step), ``'weights'`` or ``'all'``.
 
     Each :meth:`step` costs 2 forward/backward passes. Extra memory: one copy of the parameters (θ is
     stored during the step, in a buffer reused across steps).
@@ -110,7 +110,8 @@ class SAM(WrappedOptimizer):
     Warns:
         UserWarning: ``adaptive=True`` with ``asam_scope='weight_names'`` over parameter groups without
             ``param_names`` (built from ``model.parameters()``): the ndim >= 2 rule is used instead. Once
-            per process.
+            per process, at the first ascent step (building an optimizer only to validate its
+            hyperparameters does not warn).
 
     Raises:
         ConfigError: ``rho < 0``, ``eta < 0``, or an unknown ``asam_scope``.
@@ -131,8 +132,6 @@ class SAM(WrappedOptimizer):
         self.adaptive = ADAPTIVE.validate(adaptive, "SAM")
         self.eta = ETA.validate(eta, "SAM")
         self.asam_scope = ASAM_SCOPE.validate(asam_scope, "SAM")
-        if self.adaptive and self.asam_scope == "weight_names" and not _named(self.param_groups):
-            _warn_unnamed_once()
         self._perturbed: Optional[List[torch.Tensor]] = None
 
     def _describe(self) -> str:
@@ -141,6 +140,8 @@ class SAM(WrappedOptimizer):
         return f"rho={self.rho}"
 
     def _scales(self, params: List[torch.Tensor]) -> List[bool]:
+        if self.asam_scope == "weight_names" and not _named(self.param_groups):
+            _warn_unnamed_once()  # at the first ascent, so that building an optimizer to validate stays quiet
         names = {}
         for g in self.param_groups:
             for p, n in zip(g["params"], g.get("param_names", [None] * len(g["params"]))):
