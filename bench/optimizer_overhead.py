@@ -162,12 +162,13 @@ def state_bytes(opt: torch.optim.Optimizer) -> int:
 
 
 def build(case_name: str, hparams: Dict[str, object], model: nn.Module, base_model: nn.Module):
-    """(optimizer over ``model``, its base alone over ``base_model`` with the same base hyperparameters)."""
+    """(optimizer over ``model.named_parameters()`` as the trainer builds it, its base alone over
+    ``base_model`` with the same base hyperparameters)."""
     spec = get_optimizer(case_name)
     values = spec.resolve(hparams)
     base_spec = get_optimizer(spec.base) if spec.base else spec
     base_values = {h.name: values[h.name] for h in base_spec.hparams}
-    return spec.build(model.parameters(), **values), base_spec.build(base_model.parameters(), **base_values)
+    return spec.build(model.named_parameters(), **values), base_spec.build(base_model.parameters(), **base_values)
 
 
 def median_interval(values: List[float], level: float = 0.9) -> Tuple[float, float, float]:

@@ -11,7 +11,7 @@ def make_net(seed: int) -> nn.Module:
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
     net[1].running_mean.normal_()
-    net[1].num_batches_tracked.fill_(seed + 1)  # integer buffer: must be copied from the fine-tuned side
+    net[1].num_batches_tracked.fill_(seed + 1)  # integer buffer: copied from the nearer end
     return net
 
 

@@ -16,18 +16,38 @@ def test_alpha_zero_one_and_half(pair):
     assert list(at0) == list(zs)
     for k in zs:
         if zs[k].is_floating_point():
-            assert torch.equal(at0[k], zs[k]) and torch.equal(at1[k], ft[k])  # exact ends
             assert torch.allclose(mid[k], (zs[k] + ft[k]) / 2, rtol=0, atol=1e-6)
             assert at0[k].data_ptr() != zs[k].data_ptr()  # fresh copies
-        else:  # num_batches_tracked: copied from the fine-tuned model at every alpha
-            assert zs[k].dtype == torch.int64
-            for sd in (at0, at1, mid):
-                assert torch.equal(sd[k], ft[k]) and sd[k].dtype == torch.int64
+        else:  # num_batches_tracked: from the nearer end; the tie at 0.5 goes to the fine-tuned model
+            assert zs[k].dtype == torch.int64 and mid[k].dtype == torch.int64
+            assert torch.equal(mid[k], ft[k])
     assert not torch.equal(zs["0.weight"], ft["0.weight"])
     for k in zs:  # inputs untouched
         assert torch.equal(zs[k], zs_copy[k])
     quarter = interpolate(zs, ft, 0.25)
     assert torch.allclose(quarter["3.bias"], 0.75 * zs["3.bias"] + 0.25 * ft["3.bias"], atol=1e-7)
+
+
+@pytest.mark.parametrize("alpha,end", [(0.0, "zs"), (1.0, "ft")])
+def test_ends_are_exact_copies_of_every_entry(pair, alpha, end):
+    zs, ft, _ = pair
+    expected = zs if end == "zs" else ft
+    out = interpolate(zs, ft, alpha)
+    assert list(out) == list(expected)
+    ints = [k for k in zs if not zs[k].is_floating_point()]
+    assert ints == ["1.num_batches_tracked"] and int(zs[ints[0]]) != int(ft[ints[0]])  # the ends differ there
+    for k, v in expected.items():  # floats and integer buffers alike: same dtype, same bits
+        assert out[k].dtype == v.dtype and torch.equal(out[k], v), k
+
+
+@pytest.mark.parametrize("alpha,end", [(0.25, "zs"), (0.4999, "zs"), (0.5, "ft"), (0.75, "ft"), (-0.5, "zs"), (1.5, "ft")])
+def test_integer_buffers_come_from_the_nearer_end(pair, alpha, end):
+    zs, ft, _ = pair
+    out = interpolate(zs, ft, alpha)
+    src = zs if end == "zs" else ft
+    assert torch.equal(out["1.num_batches_tracked"], src["1.num_batches_tracked"])
+    layer = interpolate_keys(zs, ft, alpha, ["1.num_batches_tracked", "1.weight"])
+    assert torch.equal(layer["1.num_batches_tracked"], src["1.num_batches_tracked"])
 
 
 def test_layerwise_interpolation_changes_only_the_given_keys(pair):

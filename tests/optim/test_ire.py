@@ -3,6 +3,8 @@ the curvature EMA, and the paper's 2-D toy problem."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -83,6 +85,54 @@ def test_mask_marks_exactly_floor_gamma_p_smallest_across_groups():
     n_bias = sum(int(opt.state[p]["mask"].sum()) for p in opt.param_groups[1]["params"])
     assert 0 < n_bias < k  # the threshold is shared by the two groups
     assert opt.pop_metrics()["opt/flat_fraction"] == pytest.approx(k / p_total)
+
+
+def test_gamma_doc_states_the_authors_earlier_top_k_count():
+    from flatlab.optim import get_optimizer
+
+    doc = {h.name: h.doc for h in get_optimizer("sgd_ire").hparams}["gamma"]
+    assert "⌊γ·p⌋" in doc and "p − ⌊(1−γ)·p⌋ + 1" in doc
+    assert "n − ⌊(1−γ)·n⌋ + 1" in flat_count.__doc__
+    assert flat_count(0.75, 8) == 6 and 8 - math.floor((1 - 0.75) * 8) + 1 == 7  # the doc's example: 6 here, 7 there
+
+
+def _layered_curvature(params):
+    # mlp(): 0.weight (8×6) h = 1, 0.bias (8) h = 10, 2.weight (4×8) h = 2 + 0.01·i (distinct), 2.bias (4) h = 0.5
+    values = [torch.ones(8, 6), torch.full((8,), 10.0), 2.0 + 0.01 * torch.arange(32.0).reshape(4, 8), torch.full((4,), 0.5)]
+    return [v.sqrt() for v in values]
+
+
+# γ = 0.6 of 92 coordinates: k = 55 = the 4 of 2.bias + the 48 of 0.weight + the 3 smallest of 2.weight
+LAYER_FRACTIONS = {"0.weight": 1.0, "0.bias": 0.0, "2.weight": 3 / 32, "2.bias": 1.0}
+
+
+def test_per_tensor_flat_fractions_by_parameter_name():
+    model, batch = mlp(), vector_batch()
+    opt = IRE(torch.optim.SGD(model.named_parameters(), lr=0.1), gamma=0.6, mask_interval=10, log_flat_fraction=True)
+    closure = DesignedCurvature(closure_for(model, batch), _layered_curvature)
+    opt.step(closure)
+    opt.step(closure)  # the held mask: the same fractions
+    metrics = opt.pop_metrics()
+    per_tensor = {k[len("opt/flat_fraction/"):]: v for k, v in metrics.items() if k.startswith("opt/flat_fraction/")}
+    assert per_tensor == pytest.approx(LAYER_FRACTIONS, abs=1e-12)
+    assert metrics["opt/flat_fraction"] == pytest.approx(55 / 92)
+    assert closure.calls == 1
+
+
+def test_per_tensor_flat_fractions_without_names_and_only_on_active_steps():
+    model, batch = mlp(), vector_batch()
+    opt = IRE(torch.optim.SGD(model.parameters(), lr=0.1), gamma=0.6, switch_step=1, log_flat_fraction=True)
+    closure = DesignedCurvature(closure_for(model, batch), _layered_curvature)
+    opt.step(closure)  # not yet on: no per-tensor metric
+    assert not any(k.startswith("opt/flat_fraction/") for k in opt.pop_metrics())
+    opt.step(closure)
+    metrics = opt.pop_metrics()
+    expected = {f"opt/flat_fraction/param{i}": v for i, v in enumerate(LAYER_FRACTIONS.values())}
+    assert {k: v for k, v in metrics.items() if k.startswith("opt/flat_fraction/")} == pytest.approx(expected, abs=1e-12)
+    other = mlp()
+    off = IRE(torch.optim.SGD(other.parameters(), lr=0.1), gamma=0.6)  # the default: not reported
+    off.step(DesignedCurvature(closure_for(other, batch), _layered_curvature))
+    assert set(off.pop_metrics()) == {"opt/ire_active", "opt/flat_fraction", "opt/kappa"}
 
 
 def test_ties_at_the_threshold_count_as_flat():

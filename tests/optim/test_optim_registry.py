@@ -1,11 +1,13 @@
 """Every registered optimizer (parametrized over OPTIMIZERS.names(), so new entries are tested too):
-builds from its defaults, steps a small BatchNorm CNN, updates BatchNorm statistics exactly once,
+builds from its defaults over ``model.named_parameters()`` (as the trainer does) and over plain
+``model.parameters()``, steps a small BatchNorm CNN, updates BatchNorm statistics exactly once,
 resumes bit-identically from a checkpoint, and rejects bad hyperparameters with a named ConfigError."""
 
 from __future__ import annotations
 
 import math
 import re
+import warnings
 from typing import Any, Dict, List
 
 import pytest
@@ -26,6 +28,9 @@ EXPECTED_METRICS = {
     "sgd_ire": {"opt/ire_active", "opt/flat_fraction", "opt/kappa"},
     "adamw_ire": {"opt/ire_active", "opt/flat_fraction", "opt/kappa"},
     "sam_ire": {"opt/perturbed_loss", "opt/ire_active", "opt/flat_fraction", "opt/kappa"},
+    "sam_adamw": {"opt/perturbed_loss"},
+    "tsam_adamw": {"opt/perturbed_loss", "opt/perturbed_loss_max", "opt/tilted_loss"},
+    "sam_adamw_ire": {"opt/perturbed_loss", "opt/ire_active", "opt/flat_fraction", "opt/kappa"},
 }
 
 
@@ -47,7 +52,8 @@ def test_the_papers_optimizers_are_registered():
 @pytest.mark.parametrize("name", NAMES)
 def test_builds_from_defaults_and_steps_a_batchnorm_cnn(name):
     model, batch = small_cnn(), image_batch()
-    opt = get_optimizer(name).create(model.parameters())
+    opt = get_optimizer(name).create(model.named_parameters())
+    assert [g["param_names"] for g in opt.param_groups] == [[n for n, _ in model.named_parameters()]]
     before = params_of(model)
     loss = _step(opt, model, batch, 0)
     assert loss is not None and math.isfinite(float(loss))
@@ -60,18 +66,57 @@ def test_builds_from_defaults_and_steps_a_batchnorm_cnn(name):
         assert set(metrics) == EXPECTED_METRICS[name]
 
 
+def _plain_sgd_buffers(batch):
+    ref = small_cnn()
+    torch.optim.SGD(ref.parameters(), lr=0.1).step(closure_for(ref, batch))
+    return dict(ref.named_buffers())
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_batchnorm_statistics_equal_one_plain_sgd_step(name):
-    model, batch = small_cnn(), image_batch()
-    ref = twin(model, torch.optim.SGD(model.parameters(), lr=0.1))[0]
-    opt = get_optimizer(name).create(model.parameters())
-    _step(opt, model, batch, 0)
-    plain = torch.optim.SGD(ref.parameters(), lr=0.1)
-    plain.step(closure_for(ref, batch))
-    bufs, ref_bufs = dict(model.named_buffers()), dict(ref.named_buffers())
+    # TSAM's default primary pass runs at θ+δ_1 (the released procedure), so its statistics are those
+    # of one pass there; with primary_pass='center' they are exactly a plain step's.
+    spec, batch = get_optimizer(name), image_batch()
+    centered = {"primary_pass": "center"} if "primary_pass" in {h.name for h in spec.hparams} else {}
+    model = small_cnn()
+    _step(spec.create(model.named_parameters(), **centered), model, batch, 0)
+    bufs, ref_bufs = dict(model.named_buffers()), _plain_sgd_buffers(batch)
     assert set(bufs) == set(ref_bufs) and any("running_mean" in k for k in bufs)
     for key in bufs:
         assert torch.equal(bufs[key], ref_bufs[key]), key  # incl. num_batches_tracked == 1
+    if centered:
+        noisy = small_cnn()
+        _step(spec.create(noisy.named_parameters()), noisy, batch, 0)
+        for key, value in noisy.named_buffers():
+            if key.endswith("num_batches_tracked"):
+                assert int(value) == 1, key  # still exactly one updating pass
+            else:  # ... at θ+δ_1: close to the plain step's statistics, not equal
+                assert not torch.equal(value, ref_bufs[key]) and torch.allclose(value, ref_bufs[key], atol=0.5), key
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_plain_parameters_give_the_named_step(name, monkeypatch):
+    # One code path: names change nothing but ASAM's scope, which without them falls back to ndim >= 2
+    # (on small_cnn that differs from the official rule at the BatchNorm gains) and warns.
+    spec, batch = get_optimizer(name), image_batch()
+    named_model, plain_model = small_cnn(), small_cnn()
+    torch.manual_seed(5)
+    _step(spec.create(named_model.named_parameters()), named_model, batch, 0)
+    torch.manual_seed(5)
+    plain_opt = spec.create(plain_model.parameters())
+    assert all("param_names" not in g for g in plain_opt.param_groups)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import flatlab.optim.sam as sam_module
+
+        monkeypatch.setattr(sam_module, "_warned_unnamed", False)
+        _step(plain_opt, plain_model, batch, 0)
+    messages = [str(w.message) for w in caught]
+    same = all(torch.equal(a, b) for a, b in zip(params_of(named_model), params_of(plain_model)))
+    if name == "asam":
+        assert not same and len(messages) == 1 and "ndim >= 2 are scaled instead" in messages[0]
+    else:
+        assert same and messages == []
 
 
 def _checkpoint_overrides(name: str) -> Dict[str, Any]:
@@ -90,7 +135,7 @@ def test_checkpoint_round_trip_resumes_bit_identically(name):
     spec, kw, batches = get_optimizer(name), _checkpoint_overrides(name), _batches()
     torch.manual_seed(123)
     model = small_cnn(seed=0)
-    opt = spec.create(model.parameters(), **kw)
+    opt = spec.create(model.named_parameters(), **kw)
     for i in range(3):
         _step(opt, model, batches[i], i)
     saved = roundtrip({"model": model.state_dict(), "opt": opt.state_dict(), "rng": torch.get_rng_state()})
@@ -99,7 +144,7 @@ def test_checkpoint_round_trip_resumes_bit_identically(name):
     expected = params_of(model)
 
     fresh = small_cnn(seed=99)  # different init: everything must come from the checkpoint
-    fresh_opt = spec.create(fresh.parameters(), **kw)
+    fresh_opt = spec.create(fresh.named_parameters(), **kw)
     fresh.load_state_dict(saved["model"])
     fresh_opt.load_state_dict(saved["opt"])
     torch.set_rng_state(saved["rng"])

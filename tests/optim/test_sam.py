@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -88,6 +89,29 @@ def _named_groups(model):
     return [{"params": list(model.named_parameters())}]
 
 
+def test_asam_without_names_uses_the_dimension_rule_and_warns_once(monkeypatch):
+    import flatlab.optim.sam as sam_module
+
+    monkeypatch.setattr(sam_module, "_warned_unnamed", False)
+    model, batch = small_cnn(), image_batch()
+    plain_model = copy.deepcopy(model)
+    dims = SAM(torch.optim.SGD(_named_groups(model), lr=0.1), rho=0.5, adaptive=True, asam_scope="weights")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # building it (e.g. to validate hyperparameters) is quiet
+        plain = SAM(sgd(plain_model), rho=0.5, adaptive=True)  # default scope, no names
+    assert plain.asam_scope == "weight_names"
+    with pytest.warns(UserWarning, match=r"built from model.parameters\(\); tensors with ndim >= 2 are scaled instead"):
+        plain.step(closure_for(plain_model, batch))
+    dims.step(closure_for(model, batch))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: neither the next step nor another optimizer warns again
+        plain.step(closure_for(plain_model, batch))
+        dims.step(closure_for(model, batch))
+        other = copy.deepcopy(small_cnn())
+        SAM(sgd(other), rho=0.5, adaptive=True).step(closure_for(other, batch))
+    assert_bitwise(params_of(plain_model), params_of(model))  # exactly the 'weights' rule
+
+
 def test_asam_scope_rule_is_documented_one():
     model = small_cnn()
     names = dict(model.named_parameters())
@@ -98,6 +122,8 @@ def test_asam_scope_rule_is_documented_one():
     assert asam_scaled(names["1.weight"], "1.weight", "weight_names")  # ... but the official rule does
     assert not asam_scaled(names["1.bias"], "1.bias", "weight_names")
     assert asam_scaled(names["1.bias"], "1.bias", "all")
+    assert not asam_scaled(names["1.weight"], None, "weight_names")  # unnamed: the ndim >= 2 rule
+    assert asam_scaled(names["0.weight"], None, "weight_names")
 
 
 @pytest.mark.parametrize("scope", ["weights", "all", "weight_names"])
@@ -181,8 +207,7 @@ def test_usage_errors():
         (dict(rho=-0.1), r"rho=-0.1 is not allowed; expected float in \[0, inf\)"),
         (dict(eta=-1.0), r"eta=-1.0 is not allowed"),
         (dict(adaptive="yes"), r"adaptive='yes' is not allowed; expected True or False"),
-        (dict(adaptive=True, asam_scope="bias"), r"asam_scope='bias' is not allowed; expected one of 'weights', 'all'"),
-        (dict(adaptive=True, asam_scope="weight_names"), r"asam_scope='weight_names' needs parameter names"),
+        (dict(adaptive=True, asam_scope="bias"), r"asam_scope='bias' is not allowed; expected one of 'weight_names', 'weights', 'all'"),
     ],
 )
 def test_bad_values_raise_config_error_naming_the_field(kw, pattern):

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from flatlab.errors import ConfigError
+from flatlab.optim import get_optimizer
 from flatlab.study.loader import load_studies
 
 STUDIES_DIR = Path(__file__).resolve().parents[2] / "studies"
@@ -81,6 +82,16 @@ def test_ire_table3_grid():
     assert grid_values(s, "adamw_ire", "kappa") == [20, 50] and grid_values(s, "adamw", "model") == ["vit_t", "vit_s"]
     assert s.arm("adamw").constants()["lr"] == 1e-4 and s.workload_params["augment"] == "autoaugment"
     assert s.train["batch_size"] == 64
+    # SAM and SAM-IRE over AdamW at the paper's lr 1e-4, as the adamw arms
+    assert [a.optimizer for a in s.arms] == ["adamw", "adamw_ire", "sam_adamw", "sam_adamw_ire"]
+    for arm in ("sam_adamw", "sam_adamw_ire"):
+        c = s.arm(arm).constants()
+        assert (c["lr"], c["weight_decay"], c["rho"]) == (1e-4, 5e-4, 0.1)
+    assert grid_values(s, "sam_adamw_ire", "gamma") == [0.99, 0.9, 0.8]
+    assert get_optimizer("sam_adamw").base == "adamw" and get_optimizer("sam_adamw_ire").base == "sam_adamw"
+    optuna = load("ire_table3_vit_cifar100.py", "paper")[1]
+    assert [a.optimizer for a in optuna.arms] == ["adamw", "adamw_ire", "sam_adamw", "sam_adamw_ire"]
+    assert optuna.arm("sam_adamw").dims["lr"] == optuna.arm("adamw").dims["lr"]  # the same AdamW lr range
 
 
 def test_ire_lm_studies():

@@ -75,6 +75,18 @@ def test_epoch_reports_the_common_metrics(digits):
     assert all(type(v) in (int, float) for v in m.values()), m  # Tune refuses tensors in reported metrics
 
 
+def test_optimizer_is_built_from_named_parameters_so_asam_uses_the_official_rule(digits):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning: the names reach ASAM
+        t = Trainer(spec(epochs=1, optimizer="asam", optimizer_params={"lr": 0.05, "rho": 0.5}), digits)
+        t.run_epoch()
+    names = [n for n, _ in t.model.named_parameters()]
+    assert [n for g in t.optimizer.param_groups for n in g["param_names"]] == names
+    assert any("weight" in n for n, p in t.model.named_parameters() if p.ndim == 1)  # BatchNorm gains, scaled
+
+
 def test_schedules_closed_forms():
     cos = Schedule("cosine", total_steps=110, steps_per_epoch=10, warmup_steps=10, final_factor=0.05)
     assert cos.factor(0) == pytest.approx(0.1) and cos.factor(9) == pytest.approx(1.0)

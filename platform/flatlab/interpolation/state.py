@@ -10,8 +10,11 @@ writes ``theta_alpha = alpha * theta_zs + (1 - alpha) * theta_ft``, i.e. its alp
 the zero-shot model; its ``alpha`` equals our ``1 - alpha``.
 
 Every floating-point tensor is interpolated (classification head and ``logit_scale`` included);
-integer and bool tensors (e.g. BatchNorm's ``num_batches_tracked``) and non-tensor entries are copied
-from the fine-tuned state dict. Computed with ``torch.lerp``; ``alpha = 0`` / ``1`` return exact copies.
+integer and bool tensors (e.g. BatchNorm's ``num_batches_tracked``) and non-tensor entries cannot be
+mixed, so they are copied from the end ``alpha`` is nearer to: the zero-shot state dict for
+``alpha < 0.5``, the fine-tuned one for ``alpha >= 0.5`` (the tie at 0.5 goes to the fine-tuned end).
+Computed with ``torch.lerp``; ``alpha = 0`` / ``1`` return exact copies of the zero-shot / fine-tuned
+state dict, every entry (floats and integers).
 """
 
 from __future__ import annotations
@@ -66,6 +69,15 @@ def _check_alpha(alpha: float) -> float:
     return float(alpha)
 
 
+def _nearer_end(a: Any, b: Any, alpha: float) -> Any:
+    """The entry of the end ``alpha`` is nearer to (``a`` = zero-shot for alpha < 0.5, else ``b``), copied."""
+    src = a if alpha < 0.5 else b
+    if isinstance(src, torch.Tensor):
+        dst_device = a.device if isinstance(a, torch.Tensor) else src.device
+        return src.detach().clone().to(dst_device)
+    return src
+
+
 def _mix(a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
     b = b.to(a.device)
     if alpha == 0.0:
@@ -100,8 +112,9 @@ def interpolate_keys(
     interpolated with weight ``alpha`` on the fine-tuned model. ``keys=None`` interpolates everything
     (:func:`interpolate`).
 
-    Integer/bool tensors among ``keys`` (or everywhere when ``keys=None``) are copied from ``ft``; all
-    other entries are copies of ``zs``.
+    Integer/bool tensors and non-tensor entries among ``keys`` (or everywhere when ``keys=None``) are
+    copied from the end ``alpha`` is nearer to (``zs`` for ``alpha < 0.5``, ``ft`` for ``alpha >= 0.5``);
+    all other entries are copies of ``zs``.
 
     Raises:
         ConfigError: as :func:`interpolate`; a key in ``keys`` that is not in the state dicts.
@@ -123,5 +136,5 @@ def interpolate_keys(
         elif isinstance(a, torch.Tensor) and a.is_floating_point():
             out[key] = _mix(a, b, alpha)
         else:
-            out[key] = b.detach().clone().to(a.device) if isinstance(b, torch.Tensor) else b
+            out[key] = _nearer_end(a, b, alpha)
     return out

@@ -16,7 +16,18 @@ equals ``torch.kthvalue`` of their concatenation without building it), n_i = 1 i
 h_i ≤ threshold, so coordinates tied with the threshold all count as flat (the count can exceed
 ⌊γ·p⌋ only through such ties). p counts the coordinates of the tensors the sampled-label loss reaches;
 tensors it does not reach (sampled gradient ``None``) are left out of the ranking and never amplified
-(as in the authors' code). γ is read as the decimal written (``⌊0.29·100⌋ = 29``, not 28).
+(as in the authors' code). γ is read as the decimal written (``⌊0.29·100⌋ = 29``, not 28). The count
+⌊γ·p⌋ is the one of the authors' later ``ire_new.py``; their earlier top-k code marks
+p − ⌊(1−γ)·p⌋ + 1 coordinates (one or two more), see :func:`flat_count`.
+
+Metrics (``pop_metrics``, means over the steps since the last call): ``opt/ire_active``, ``opt/kappa``
+and ``opt/flat_fraction`` (fraction of ranked coordinates marked flat by the mask in force; 0 on
+inactive steps). With ``log_flat_fraction=True`` also ``opt/flat_fraction/<group>`` per parameter
+TENSOR (the authors log these per layer): ``<group>`` is the parameter's name when the optimizer was
+built from ``model.named_parameters()`` (as the trainer does), else ``param<i>`` with i its index in
+the optimizer's parameter order (the ``state_dict`` index); the value is the flat fraction of that
+tensor's coordinates under the mask in force, averaged over the ACTIVE steps only (none before
+switch-on); a tensor the sampled-label loss does not reach reports 0.
 
 Curvature: h = g_ŷ ⊙ g_ŷ, the gradient of the mean loss on labels sampled from the model's own softmax
 (diagonal Fisher / Gauss-Newton estimate, Sophia's estimator), from ``closure.with_sampled_grads``;
@@ -50,15 +61,22 @@ from flatlab.hparams import HParam
 from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
 from flatlab.optim.protocol import Closure, as_closure
 from flatlab.optim.registry import register_optimizer
-from flatlab.optim.sam import SAM_SPEC
+from flatlab.optim.sam import SAM_ADAMW_SPEC, SAM_SPEC
 from flatlab.optim._flat import SELECT_CHUNK, kth_smallest_with_count, persistent_buffers
 from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
 
-__all__ = ["IRE", "IRE_HPARAMS", "flat_count", "SGD_IRE_SPEC", "ADAMW_IRE_SPEC", "SAM_IRE_SPEC"]
+__all__ = ["IRE", "IRE_HPARAMS", "flat_count", "SGD_IRE_SPEC", "ADAMW_IRE_SPEC", "SAM_IRE_SPEC", "SAM_ADAMW_IRE_SPEC"]
 
 KAPPA = HParam("kappa", 2.0, float, low=0.0, doc="κ: flat coordinates move (1+κ)× the base step; paper: 1-2 CNN, 20-50 ViT")
 GAMMA = HParam(
-    "gamma", 0.8, float, low=0.0, high=1.0, low_open=True, high_open=True, doc="γ: fraction of coordinates taken as flat"
+    "gamma",
+    0.8,
+    float,
+    low=0.0,
+    high=1.0,
+    low_open=True,
+    high_open=True,
+    doc="γ: fraction of coordinates taken as flat, ⌊γ·p⌋ of p (the authors' earlier top-k code: p − ⌊(1−γ)·p⌋ + 1)",
 )
 MASK_INTERVAL = HParam("mask_interval", 10, int, low=1, doc="K: active steps between curvature refreshes (paper: 10)")
 CURVATURE_BETA = HParam("curvature_beta", 0.0, float, low=0.0, high=1.0, high_open=True, doc="EMA β of h (authors: 0)")
@@ -69,11 +87,22 @@ SWITCH_LOSS = HParam(
     "switch_loss", None, float, low=0.0, low_open=True, nullable=True, doc="switch on once last epoch's train loss < this"
 )
 KAPPA_DECAY = HParam("kappa_decay", False, bool, doc="κ_t = κ·lr_t/lr_max (decays with the LR schedule)")
-IRE_HPARAMS = (KAPPA, GAMMA, MASK_INTERVAL, CURVATURE_BETA, SWITCH_EPOCH, SWITCH_STEP, SWITCH_AT_WARMUP_END, SWITCH_LOSS, KAPPA_DECAY)
+LOG_FLAT_FRACTION = HParam(
+    "log_flat_fraction", False, bool, doc="also report opt/flat_fraction/<parameter name> (per tensor, active steps)"
+)
+IRE_HPARAMS = (
+    KAPPA, GAMMA, MASK_INTERVAL, CURVATURE_BETA, SWITCH_EPOCH, SWITCH_STEP, SWITCH_AT_WARMUP_END, SWITCH_LOSS, KAPPA_DECAY,
+    LOG_FLAT_FRACTION,
+)
 
 
 def flat_count(gamma: float, numel: int) -> int:
-    """⌊γ·numel⌋ with γ read as the decimal it prints as (so 0.29·100 gives 29, not 28)."""
+    """⌊γ·numel⌋ with γ read as the decimal it prints as (so 0.29·100 gives 29, not 28).
+
+    This is the count of ALGORITHMS.md and of the authors' later ``ire_new.py`` (``torch.kthvalue``).
+    The authors' earlier top-k code (which calls 1−γ "rank") marks n − ⌊(1−γ)·n⌋ + 1 coordinates
+    instead, one or two more than ⌊γ·n⌋ (e.g. γ = 0.75, n = 8: 7 there, 6 here); we keep ⌊γ·n⌋.
+    """
     return math.floor(Fraction(repr(float(gamma))) * numel)
 
 
@@ -113,6 +142,8 @@ class IRE(WrappedOptimizer):
         curvature_beta: β ∈ [0, 1), EMA factor of h.
         switch_epoch, switch_step, switch_at_warmup_end, switch_loss: switch-on criteria (module doc).
         kappa_decay: scale κ by lr_t/lr_max per group.
+        log_flat_fraction: report ``opt/flat_fraction/<name>`` per parameter tensor (module doc); costs
+            one count per tensor on refresh steps.
 
     Memory: θ_old (one parameter copy, reused), the mask (1 byte per coordinate), the lerp weights
     −κ·n (one copy, rebuilt when the mask or κ_t changes), and the curvature EMA in float32 when
@@ -144,6 +175,7 @@ class IRE(WrappedOptimizer):
         switch_at_warmup_end: bool = False,
         switch_loss: Optional[float] = None,
         kappa_decay: bool = False,
+        log_flat_fraction: bool = False,
     ) -> None:
         super().__init__(base)
         where = "IRE"
@@ -156,6 +188,7 @@ class IRE(WrappedOptimizer):
         self.switch_at_warmup_end = SWITCH_AT_WARMUP_END.validate(switch_at_warmup_end, where)
         self.switch_loss = SWITCH_LOSS.validate(switch_loss, where)
         self.kappa_decay = KAPPA_DECAY.validate(kappa_decay, where)
+        self.log_flat_fraction = LOG_FLAT_FRACTION.validate(log_flat_fraction, where)
         criteria = (self.switch_epoch, self.switch_step, self.switch_loss)
         self._needs_switch = any(c is not None for c in criteria) or self.switch_at_warmup_end
         self._active = not self._needs_switch
@@ -166,6 +199,7 @@ class IRE(WrappedOptimizer):
         self._warned = False
         self._mask_version = 0  # bumped when masks change; keys the cached lerp weights
         self._weight_key: Dict[int, Tuple[int, float, int]] = {}
+        self._layer_fractions: Dict[str, float] = {}  # log_flat_fraction: per-tensor flat fractions of the mask
 
     def _describe(self) -> str:
         return f"kappa={self.kappa}, gamma={self.gamma}, mask_interval={self.mask_interval}"
@@ -212,6 +246,33 @@ class IRE(WrappedOptimizer):
     # ------------------------------------------------------------------ mask
     @torch.no_grad()
     def _refresh_mask(self, params: Sequence[torch.Tensor], sampled: Sequence[Optional[torch.Tensor]]) -> None:
+        self._compute_mask(params, sampled)
+        if self.log_flat_fraction:
+            self._layer_fractions = self._fractions_by_tensor(params)
+
+    def _tensor_names(self) -> Dict[torch.Tensor, str]:
+        """Parameter -> metric suffix: its name (groups built from named parameters), else ``param<i>``."""
+        out: Dict[torch.Tensor, str] = {}
+        i = 0
+        for g in self.param_groups:
+            names = g.get("param_names")
+            for j, p in enumerate(g["params"]):
+                out[p] = names[j] if names is not None else f"param{i}"
+                i += 1
+        return out
+
+    @torch.no_grad()
+    def _fractions_by_tensor(self, params: Sequence[torch.Tensor]) -> Dict[str, float]:
+        # one count per tensor, read to the host together (one sync per refresh)
+        names = self._tensor_names()
+        masks = [self.state[p]["mask"] for p in params]
+        if not masks:
+            return {}
+        counts = torch.stack([m.sum().to(masks[0].device) for m in masks]).tolist()
+        return {names[p]: c / max(1, p.numel()) for p, c in zip(params, counts)}
+
+    @torch.no_grad()
+    def _compute_mask(self, params: Sequence[torch.Tensor], sampled: Sequence[Optional[torch.Tensor]]) -> None:
         # h for every ranked coordinate, in float32, and ONE threshold over all of them. Up to
         # SELECT_CHUNK coordinates in all, h is one concatenated vector (at most 4 MB; one kernel per
         # pass instead of one per tensor). Above that the tensors are ranked where they are: float32
@@ -333,6 +394,8 @@ class IRE(WrappedOptimizer):
         self._metrics.add("opt/ire_active", 1.0)
         self._metrics.add("opt/flat_fraction", self._flat_fraction)
         self._metrics.add("opt/kappa", kappas[0])
+        for name, fraction in self._layer_fractions.items():
+            self._metrics.add(f"opt/flat_fraction/{name}", fraction)
         return loss
 
     # ------------------------------------------------------------------ checkpoints
@@ -344,6 +407,7 @@ class IRE(WrappedOptimizer):
             "since_refresh": self._since_refresh,
             "lr_max": list(self._lr_max),
             "flat_fraction": float(ff),
+            "layer_fractions": dict(self._layer_fractions),
         }
 
     def _load_extra_state(self, extra: Mapping[str, Any]) -> None:
@@ -353,6 +417,7 @@ class IRE(WrappedOptimizer):
         self._since_refresh = None if since is None else int(since)
         self._lr_max = [float(x) for x in extra.get("lr_max", self._lr_max)]
         self._flat_fraction = float(extra.get("flat_fraction", 0.0))
+        self._layer_fractions = {str(k): float(v) for k, v in extra.get("layer_fractions", {}).items()}
         self._mask_version += 1  # masks were replaced: rebuild the lerp weights
 
 
@@ -377,4 +442,13 @@ ADAMW_IRE_SPEC = register_optimizer(
 )
 SAM_IRE_SPEC = register_optimizer(
     wrapped_spec("sam_ire", SAM_SPEC, IRE_HPARAMS, _wrap_ire, doc="SAM-IRE: mask from the gradient at θ (Wang et al. 2024)")
+)
+SAM_ADAMW_IRE_SPEC = register_optimizer(
+    wrapped_spec(
+        "sam_adamw_ire",
+        SAM_ADAMW_SPEC,
+        IRE_HPARAMS,
+        _wrap_ire,
+        doc="SAM-IRE over AdamW: IRE(SAM(AdamW)), mask from the gradient at θ (Wang et al. 2024, Table 3 ViT arms)",
+    )
 )

@@ -22,7 +22,10 @@ class OptimizerSpec:
         name: registry name used in studies (``sgd``, ``sam``, ``tsam``, ``sgd_ire`` ...).
         hparams: declared hyperparameters (``lr`` included), with defaults and allowed ranges.
         build: ``build(params, **hparams) -> torch.optim.Optimizer``; ``params`` is what
-            ``torch.optim.Optimizer`` accepts (an iterable of tensors or of param-group dicts).
+            ``torch.optim.Optimizer`` accepts: an iterable of tensors, of ``(name, tensor)`` pairs
+            (``model.named_parameters()``; torch keeps the names as ``group['param_names']``, which
+            ASAM's official scope reads), or of param-group dicts holding either. Builders hand
+            ``params`` to a torch optimizer and wrappers share its groups, so names reach every level.
         doc: one line, with the source paper.
         base: name of the base optimizer this one modifies (``None`` for a base optimizer); the
             benchmarks compare against it.
@@ -39,7 +42,14 @@ class OptimizerSpec:
         return resolve(self.hparams, given, where or f"optimizer {self.name!r}")
 
     def create(self, params: Iterable[Any], **hparams: Any) -> torch.optim.Optimizer:
-        """Validate ``hparams`` and build the optimizer over ``params``."""
+        """Validate ``hparams`` and build the optimizer over ``params``.
+
+        Args:
+            params: ``model.named_parameters()`` (preferred: the trainer passes it, and ASAM's default
+                scope needs the names), ``model.parameters()``, or param-group dicts of either.
+        Raises:
+            ConfigError: a hyperparameter outside its range or unknown.
+        """
         return self.build(params, **self.resolve(hparams))
 
 

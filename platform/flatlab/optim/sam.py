@@ -10,24 +10,27 @@ for p = 2 with T_w = |w| + η):
 4. θ ← stored θ (bit-exact), then the base optimizer steps with ∇L(θ+ε).
 
 Weight decay, momentum and the learning rate belong to the base optimizer, whose ``param_groups`` this
-wrapper shares (LR schedulers act on what is stepped).
+wrapper shares (LR schedulers act on what is stepped). The base is a choice, not a subclass: the
+registry entries ``sam`` / ``asam`` wrap SGD and ``sam_adamw`` wraps AdamW (IRE paper, Table 3's ViT
+arms), all built by :func:`flatlab.optim.wrapper.wrapped_spec` from the same :class:`SAM` and the
+base's own entry (its hyperparameters and defaults: AdamW's lr 1e-3, betas (0.9, 0.999), eps 1e-8).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, List, Optional
 
 import torch
 
-from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.optim._flat import NORM_EPS, add_scaled_, global_norm, persistent_buffers, split_with_grad
-from flatlab.optim.basic import SGD_SPEC
+from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
 from flatlab.optim.protocol import as_closure
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
 
-__all__ = ["SAM", "RHO", "ASAM_RHO", "ETA", "ASAM_SCOPE", "SAM_HPARAMS", "ASAM_HPARAMS", "asam_scaled", "SAM_SPEC", "ASAM_SPEC"]
+__all__ = ["SAM", "RHO", "ASAM_RHO", "ETA", "ASAM_SCOPE", "SAM_HPARAMS", "ASAM_HPARAMS", "asam_scaled", "SAM_SPEC", "ASAM_SPEC", "SAM_ADAMW_SPEC"]
 
 RHO = HParam("rho", 0.05, float, low=0.0, doc="SAM neighbourhood radius (L2, global); 0.05 CIFAR-10, 0.1 CIFAR-100")
 ASAM_RHO = HParam(
@@ -36,10 +39,11 @@ ASAM_RHO = HParam(
 ETA = HParam("eta", 0.01, float, low=0.0, doc="ASAM offset in T_w = |w| + eta (Kwon et al. 2021, ASAM Alg. 1)")
 ASAM_SCOPE = HParam(
     "asam_scope",
-    "weights",
+    "weight_names",
     str,
-    choices=("weights", "all", "weight_names"),
-    doc="tensors scaled by T_w: 'weights' = ndim >= 2, 'all', 'weight_names' = name contains 'weight' (official)",
+    choices=("weight_names", "weights", "all"),
+    doc="tensors scaled by T_w: 'weight_names' = name contains 'weight' (official; unnamed params: ndim >= 2), "
+    "'weights' = ndim >= 2, 'all'",
 )
 SAM_HPARAMS = (RHO,)
 ASAM_HPARAMS = (ASAM_RHO, ETA, ASAM_SCOPE)
@@ -51,18 +55,41 @@ def asam_scaled(p: torch.Tensor, name: Optional[str], scope: str) -> bool:
 
     The rule, by ``scope``:
 
-    * ``'weights'`` (default): ``p.ndim >= 2`` — weight matrices / conv kernels / embeddings. Biases and
-      every other 1-d or 0-d tensor (BatchNorm / LayerNorm gains and shifts) get T = 1.
+    * ``'weight_names'`` (default): the official ASAM code's rule, ``'weight' in name`` — weight
+      matrices, conv kernels, embeddings named ``*weight*`` AND the 1-d gains of normalisation layers
+      (``bn.weight``, ``ln.weight``); biases get T = 1. Needs parameter names, i.e. an optimizer built
+      from ``model.named_parameters()`` (torch keeps them as ``group['param_names']``; the trainer does
+      this). Without a name (``name=None``) the ``'weights'`` rule is used instead.
+    * ``'weights'``: ``p.ndim >= 2`` — weight matrices / conv kernels / embeddings. Biases and every
+      other 1-d or 0-d tensor (normalisation gains and shifts) get T = 1.
     * ``'all'``: every tensor (the popular port's rule).
-    * ``'weight_names'``: the official ASAM code's rule, ``'weight' in name``; unlike ``'weights'`` it
-      also scales the 1-d gains of normalisation layers (``bn.weight``). Needs parameter names, i.e.
-      groups built from ``model.named_parameters()`` (torch stores them as ``group['param_names']``).
     """
     if scope == "all":
         return True
-    if scope == "weights":
+    if scope == "weights" or name is None:
         return p.ndim >= 2
-    return name is not None and "weight" in name
+    return "weight" in name
+
+
+_warned_unnamed = False
+
+
+def _named(param_groups: List[dict]) -> bool:
+    # torch keeps the names of an optimizer built from named parameters in every group (all or none)
+    return all("param_names" in g for g in param_groups)
+
+
+def _warn_unnamed_once() -> None:
+    global _warned_unnamed
+    if _warned_unnamed:
+        return
+    _warned_unnamed = True
+    warnings.warn(
+        "ASAM: asam_scope='weight_names' (the official rule) needs parameter names, but the optimizer was "
+        "built from model.parameters(); tensors with ndim >= 2 are scaled instead (asam_scope='weights'), "
+        "so normalisation gains get T = 1. Build it from model.named_parameters() for the official rule.",
+        stacklevel=4,
+    )
 
 
 class SAM(WrappedOptimizer):
@@ -73,15 +100,21 @@ class SAM(WrappedOptimizer):
         rho: neighbourhood radius ρ ≥ 0 (parameter units; ASAM: in the T_w-rescaled norm).
         adaptive: ASAM's elementwise scaling T_w = |w| + η (Kwon et al. 2021, Algorithm 1, p = 2).
         eta: η ≥ 0 of T_w (ASAM only).
-        asam_scope: which tensors get T_w (see :func:`asam_scaled`): ``'weights'``, ``'all'`` or
-            ``'weight_names'``.
+        asam_scope: which tensors get T_w (see :func:`asam_scaled`): ``'weight_names'`` (default, the
+            official rule; needs an optimizer built from ``named_parameters()``, otherwise it falls back
+            to ``'weights'`` and warns once, at its first step), ``'weights'`` or ``'all'``.
 
     Each :meth:`step` costs 2 forward/backward passes. Extra memory: one copy of the parameters (θ is
     stored during the step, in a buffer reused across steps).
 
+    Warns:
+        UserWarning: ``adaptive=True`` with ``asam_scope='weight_names'`` over parameter groups without
+            ``param_names`` (built from ``model.parameters()``): the ndim >= 2 rule is used instead. Once
+            per process, at the first ascent step (building an optimizer only to validate its
+            hyperparameters does not warn).
+
     Raises:
-        ConfigError: ``rho < 0``, ``eta < 0``, an unknown ``asam_scope``, or ``asam_scope='weight_names'``
-            with parameter groups that carry no ``param_names``.
+        ConfigError: ``rho < 0``, ``eta < 0``, or an unknown ``asam_scope``.
     """
 
     _state_tag = "sam"
@@ -92,19 +125,13 @@ class SAM(WrappedOptimizer):
         rho: float = 0.05,
         adaptive: bool = False,
         eta: float = 0.01,
-        asam_scope: str = "weights",
+        asam_scope: str = "weight_names",
     ) -> None:
         super().__init__(base)
         self.rho = RHO.validate(rho, "SAM")
         self.adaptive = ADAPTIVE.validate(adaptive, "SAM")
         self.eta = ETA.validate(eta, "SAM")
         self.asam_scope = ASAM_SCOPE.validate(asam_scope, "SAM")
-        if self.adaptive and self.asam_scope == "weight_names":
-            if not all("param_names" in g for g in self.param_groups):
-                raise ConfigError(
-                    "SAM: asam_scope='weight_names' needs parameter names; build the base optimizer from "
-                    "model.named_parameters() (or use asam_scope='weights' / 'all')"
-                )
         self._perturbed: Optional[List[torch.Tensor]] = None
 
     def _describe(self) -> str:
@@ -113,6 +140,8 @@ class SAM(WrappedOptimizer):
         return f"rho={self.rho}"
 
     def _scales(self, params: List[torch.Tensor]) -> List[bool]:
+        if self.asam_scope == "weight_names" and not _named(self.param_groups):
+            _warn_unnamed_once()  # at the first ascent, so that building an optimizer to validate stays quiet
         names = {}
         for g in self.param_groups:
             for p, n in zip(g["params"], g.get("param_names", [None] * len(g["params"]))):
@@ -206,4 +235,9 @@ SAM_SPEC = register_optimizer(
 )
 ASAM_SPEC = register_optimizer(
     wrapped_spec("asam", SGD_SPEC, ASAM_HPARAMS, _wrap_asam, doc="ASAM over SGD (Kwon et al. 2021, ASAM Alg. 1)")
+)
+SAM_ADAMW_SPEC = register_optimizer(
+    wrapped_spec(
+        "sam_adamw", ADAMW_SPEC, SAM_HPARAMS, _wrap_sam, doc="SAM over AdamW (Foret et al. 2021; IRE paper Table 3 ViT arms)"
+    )
 )

@@ -17,12 +17,16 @@ The base optimizer then steps with Σ_j w_j G_j (weights detached: no gradient f
 Passes and BatchNorm: 2s forward/backward per step, exactly one of them primary (``closure()``), so
 BatchNorm running statistics are updated once per step. ``primary_pass`` says which one:
 
-* ``'center'`` (default): the primary pass runs at θ itself, so the running statistics are exactly those
-  of a plain step on the batch; its gradient g(θ) is sample 1's ascent direction
-  (ε_1 = δ_1 + ρ·g(θ)/‖g(θ)‖). Samples 2..s are as above. This is our deviation from the released code
-  (which updates BatchNorm statistics in all s noisy passes, at θ+δ_j).
-* ``'noisy'``: every sample exactly as above; sample 1's first pass (at θ+δ_1) is the primary one, so
-  the statistics are updated once, at θ+δ_1.
+* ``'noisy'`` (default, the released procedure): every sample exactly as above, including the first,
+  whose ascent gradient is taken at θ+δ_1; sample 1's first pass (at θ+δ_1) is the primary one, so
+  the statistics are updated once, at θ+δ_1 (the released code updates them in all s noisy passes;
+  the parameters' trajectory does not depend on that, since train-mode BatchNorm normalises with batch
+  statistics). The returned loss is L(θ+δ_1).
+* ``'center'`` (our earlier default, an option): the primary pass runs at θ itself, so the running
+  statistics are exactly those of a plain step on the batch and the returned loss is L(θ). What it
+  changes: sample 1's ascent direction is the gradient at θ, not at θ+δ_1
+  (ε_1 = δ_1 + ρ·g(θ)/‖g(θ)‖); samples 2..s are as above. Same pass count. The iterates then drift
+  away from the released procedure's (13 % relative after 20 steps in the comparison of issue 14).
 
 Memory: the tilted gradient is accumulated ONLINE with a running max m, so nothing grows with s:
     A ← A·e^{t(m−m')} + G_j·e^{t(L_j−m')},  S ← S·e^{t(m−m')} + e^{t(L_j−m')},  m' = max(m, L_j),
@@ -31,6 +35,9 @@ copy). A lives in the first sample's gradient tensors (taken over, not copied; o
 runs, handed to the base as p.grad at the end), and the noise δ_j is drawn into the parameters
 themselves, so neither needs a buffer of its own: 2 extra copies at the peak (θ and A), 1 between steps.
 The authors keep s copies.
+
+The base is a choice (registry entries ``tsam`` over SGD, ``tsam_adamw`` over AdamW), built from the same
+:class:`TSAM` by :func:`flatlab.optim.wrapper.wrapped_spec`.
 
 Not implemented: the paper's HMC sampler (ε from exp(δ·L) with correction weights exp((t−δ)·L)); the
 released code does not use it either.
@@ -45,13 +52,13 @@ import torch
 
 from flatlab.hparams import HParam
 from flatlab.optim._flat import NORM_EPS, add_scaled_, global_norm, persistent_buffers, split_with_grad
-from flatlab.optim.basic import SGD_SPEC
+from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
 from flatlab.optim.protocol import as_closure
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.sam import RHO
 from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
 
-__all__ = ["TSAM", "TiltedAccumulator", "sample_noise", "noise_scale", "tilt_at", "TSAM_HPARAMS", "TSAM_SPEC"]
+__all__ = ["TSAM", "TiltedAccumulator", "sample_noise", "noise_scale", "tilt_at", "TSAM_HPARAMS", "TSAM_SPEC", "TSAM_ADAMW_SPEC"]
 
 S = HParam("s", 3, int, low=1, doc="perturbations sampled per step (2s forward/backward passes); paper: 3, 5")
 T = HParam("t", 1.0, float, low=0.0, high=1e6, doc="tilt t >= 0 (0: mean over samples, large: max); paper: 0-100")
@@ -61,7 +68,11 @@ T_SCHEDULE = HParam(
     "t_schedule", "constant", str, choices=("constant", "increase", "decrease"), doc="t over training: linear 0→t or t→0"
 )
 PRIMARY_PASS = HParam(
-    "primary_pass", "center", str, choices=("center", "noisy"), doc="where the BatchNorm-updating pass runs (module doc)"
+    "primary_pass",
+    "noisy",
+    str,
+    choices=("noisy", "center"),
+    doc="'noisy': sample 1's ascent gradient at θ+δ_1 (released code); 'center': at θ, BN stats from θ",
 )
 TSAM_HPARAMS = (RHO, S, T, NOISE_RADIUS, NOISE, T_SCHEDULE, PRIMARY_PASS)
 
@@ -203,8 +214,9 @@ class TSAM(WrappedOptimizer):
         noise: ``'gaussian'`` or ``'uniform'`` (see :func:`sample_noise`).
         t_schedule: ``'constant'``, ``'increase'`` (0 → t) or ``'decrease'`` (t → 0), linear in the
             step index given by ``on_progress`` (without progress the fraction done is taken as 0).
-        primary_pass: ``'center'`` or ``'noisy'``: where the one BatchNorm-updating pass runs (module
-            docstring).
+        primary_pass: ``'noisy'`` (default: the released procedure, every ascent gradient at θ+δ_j) or
+            ``'center'`` (sample 1's ascent gradient and the BatchNorm-updating pass at θ); module
+            docstring.
 
     With ``rho = 0`` and ``noise_radius = 0`` every sample is θ itself and the step is the base step.
 
@@ -223,7 +235,7 @@ class TSAM(WrappedOptimizer):
         noise_radius: float = 1.0,
         noise: str = "gaussian",
         t_schedule: str = "constant",
-        primary_pass: str = "center",
+        primary_pass: str = "noisy",
     ) -> None:
         super().__init__(base)
         self.rho = RHO.validate(rho, "TSAM")
@@ -277,7 +289,7 @@ class TSAM(WrappedOptimizer):
         """One TSAM step (2s passes, one primary), then the base step with the tilted gradient.
 
         Returns:
-            The primary pass's loss (at θ with ``primary_pass='center'``, at θ+δ_1 with ``'noisy'``).
+            The primary pass's loss (at θ+δ_1 with the default ``primary_pass='noisy'``, at θ with ``'center'``).
         Raises:
             ValueError: ``closure`` is None.
         """
@@ -322,4 +334,7 @@ def _wrap_tsam(base: torch.optim.Optimizer, **kw: object) -> TSAM:
 
 TSAM_SPEC = register_optimizer(
     wrapped_spec("tsam", SGD_SPEC, TSAM_HPARAMS, _wrap_tsam, doc="Tilted SAM over SGD (TSAM, Alg. 1 + 2, Lemma 1)")
+)
+TSAM_ADAMW_SPEC = register_optimizer(
+    wrapped_spec("tsam_adamw", ADAMW_SPEC, TSAM_HPARAMS, _wrap_tsam, doc="Tilted SAM over AdamW (TSAM, Alg. 1 + 2, Lemma 1)")
 )

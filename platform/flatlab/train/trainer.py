@@ -103,7 +103,7 @@ class Trainer:
         self.trains = self.workload.trains
         if not self.trains and type(self.workload).evaluate_only is Workload.evaluate_only:
             raise ConfigError(f"workload {spec.workload!r} declares trains=False but has no evaluate_only(model, data)")
-        self.optimizer = get_optimizer(spec.optimizer).create(self.model.parameters(), **dict(spec.optimizer_params))
+        self.optimizer = get_optimizer(spec.optimizer).create(self.model.named_parameters(), **dict(spec.optimizer_params))
         n = len(data.train)
         self.steps_per_epoch = math.ceil(n / self.hp["batch_size"])
         self.schedule = Schedule(
