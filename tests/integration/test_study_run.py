@@ -118,7 +118,10 @@ def test_pruned_and_errored_trials_get_terminal_statuses():
         def __init__(self, tid, last):
             self.trial_id, self.last_result, self.config = tid, last, {}
 
-    for tid, last in (("a", {"epoch": 10}), ("b", {"epoch": 4}), ("c", {"epoch": 2, "diverged": 1})):
+    # a trial completed when its last report says so (its whole budget, or its training-loss target);
+    # one that ended without that flag was stopped by the scheduler
+    for tid, last in (("a", {"epoch": 10, "completed": 1, "val/accuracy": 0.9}), ("b", {"epoch": 4, "val/accuracy": 0.5}),
+                      ("c", {"epoch": 2, "diverged": 1})):
         cb._last[tid] = last
         cb.on_trial_complete(0, [], T(tid, last))
     cb.on_trial_error(0, [], T("d", {}))
