@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
+from flatlab.study.space import Conditional
 from flatlab.study.spec import Study
 
 
@@ -17,7 +18,8 @@ def plan(study: Study) -> Dict[str, Any]:
                 "arm": arm.name,
                 "optimizer": arm.optimizer,
                 "trials": n,
-                "searched": {k: d.describe() for k, d in arm.searched().items()},
+                "searched": {k: d.describe() for k, d in arm.searched().items()},  # with "if <condition>"
+                "conditions": {k: d.condition_text() for k, d in arm.dims.items() if isinstance(d, Conditional)},
                 "fixed": arm.constants(),
                 "routes": study.route(arm),
             }
