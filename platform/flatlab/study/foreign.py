@@ -70,14 +70,16 @@ def _from_tune(d: Any) -> Optional[Dim]:
 
     sampler = getattr(d, "sampler", None)
     if isinstance(sampler, ts.Quantized):
+        log = isinstance(sampler.sampler, (ts.Float._LogUniform, ts.Integer._LogUniform))
         if isinstance(d, ts.Integer):
             return Unsupported(
-                f"tune.qrandint({d.lower}, {d.upper}, {sampler.q}) has no flatlab equivalent (sp.int steps by 1); "
-                f"write sp.choice(list(range({d.lower}, {d.upper + 1}, {sampler.q})))"
+                f"tune.q{'log' if log else ''}randint({d.lower}, {d.upper}, {sampler.q}) has no flatlab equivalent "
+                f"(sp.int steps by 1); write sp.choice(list(range({d.lower}, {d.upper + 1}, {sampler.q})))"
             )
+        kind = "loguniform" if log else "uniform"
         return Unsupported(
-            f"a quantised Tune float (q={sampler.q}, in [{d.lower}, {d.upper}]) has no flatlab equivalent (flatlab's "
-            f"float ranges are continuous); write sp.uniform({d.lower}, {d.upper}) or sp.choice([...]) of the steps"
+            f"tune.q{kind}({d.lower}, {d.upper}, {sampler.q}) (a quantised float) has no flatlab equivalent (flatlab's "
+            f"float ranges are continuous); write sp.{kind}({d.lower}, {d.upper}) or sp.choice([...]) of the steps"
         )
     if isinstance(d, ts.Float):
         if isinstance(sampler, ts.Float._LogUniform):
@@ -94,6 +96,6 @@ def _from_tune(d: Any) -> Optional[Dim]:
     if isinstance(d, ts.Categorical):
         return Choice(tuple(d.categories))
     return Unsupported(
-        f"{type(d).__name__} (tune.sample_from, a define-by-run value) has no flatlab equivalent; write "
+        f"tune.sample_from(...) ({type(d).__name__}, a define-by-run value) has no flatlab equivalent; write "
         f"sp.choice/sp.uniform/..., and sp.when(parent, value, {{...}}) for a field that depends on another"
     )
