@@ -213,3 +213,22 @@ def test_dry_run_prints_the_conditions(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["run", str(f), "--dry-run"])
     assert res.exit_code == 0, res.output
     assert "step_epochs ~ int(5, 30) if schedule == 'step'" in res.output
+
+
+def test_readme_examples_of_named_arms_and_conditional_fields():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text[text.index("### Several arms of one optimizer"):text.index("## The answer a study gives")]
+    named, conditional = re.findall(r"```python\n(.*?)```", section, re.S)
+    ns = {"Arm": Arm, "sp": sp}
+    exec(named, ns)
+    arm = eval(conditional, ns)
+    study = Study(name="readme", workload="digits", arms=ns["arms"] + (arm,), num_trials=16).validate()
+    assert [a.name for a in study.arms] == ["sgd", "sgd_nesterov", "sam"]
+    s = ArmSearcher(study, launch="L")
+    sam = [c for c in (s.suggest(f"t{i}") for i in range(48)) if c["arm"] == "sam"]
+    assert len(sam) == 16 and {c["momentum"] for c in sam} == {0.0, 0.9} and {c["schedule"] for c in sam} == {"cosine", "step"}
+    assert all(("nesterov" in c) == (c["momentum"] == 0.9) and ("step_epochs" in c) == (c["schedule"] == "step") for c in sam)
+    assert plan(study)["arms"][2]["searched"]["nesterov"] == "choice([False, True]) if momentum == 0.9"
