@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
+from flatlab.study.space import Conditional, Fixed, inner
 from flatlab.study.spec import Study
 
 
@@ -17,7 +18,8 @@ def plan(study: Study) -> Dict[str, Any]:
                 "arm": arm.name,
                 "optimizer": arm.optimizer,
                 "trials": n,
-                "searched": {k: d.describe() for k, d in arm.searched().items()},
+                "searched": {k: d.describe() for k, d in arm.searched().items()},  # with "if <condition>"
+                "conditions": {k: d.condition_text() for k, d in arm.dims.items() if isinstance(d, Conditional)},
                 "fixed": arm.constants(),
                 "routes": study.route(arm),
             }
@@ -75,12 +77,14 @@ def render(study: Study, console: Any) -> None:
     if p["steps_to_target"]:
         console.print(f"after the study: train/steps_to_target against the {p['steps_to_target']}")
     table = Table("arm", "optimizer", "trials", "searched", "fixed")
-    for a in p["arms"]:
+    for arm, a in zip(study.arms, p["arms"]):
+        dims = arm.dims
         table.add_row(
             a["arm"],
             a["optimizer"],
             str(a["trials"]),
-            "\n".join(f"{k} ~ {v}" for k, v in a["searched"].items()) or "-",
+            # a conditional constant reads "k = v if <condition>", a searched field "k ~ dimension [if ...]"
+            "\n".join(f"{k} {'=' if isinstance(inner(dims[k]), Fixed) else '~'} {v}" for k, v in a["searched"].items()) or "-",
             "\n".join(f"{k} = {v!r}" for k, v in a["fixed"].items()) or "-",
         )
     console.print(table)

@@ -3,7 +3,10 @@
 :class:`ArmSearcher` hands out trials arm by arm (the arm with the fewest trials goes next), so a
 single ``Tuner`` serves every optimizer arm and no worker idles at an arm's tail. For ``optuna`` and
 ``random`` it drives one Optuna study per arm (``<launch>.<arm>``, seeded, stored in SQLite beside the
-study's outputs) through Optuna's ask/tell interface; for ``grid`` it enumerates the arm's grid x seeds.
+study's outputs) through Optuna's ask/tell interface, define-by-run: ``ask()``, then ``trial.suggest_*``
+for each field active in this trial (a ``space.when`` field only when its condition holds, so an
+inactive field is absent from the config, from MLflow's params and from the trainer's spec). For
+``grid`` it enumerates the arm's active grid points x seeds.
 
 Optuna is told the truth about each trial (Ray's ``OptunaSearch`` stores a scheduler-stopped trial as
 COMPLETE with its partial value, so Optuna's best trial could be a pruned one):
@@ -31,6 +34,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ray.tune.search import Searcher
 
 from flatlab.errors import ConfigError
+from flatlab.study.space import Dim, inner, is_searched, sample
 from flatlab.study.spec import Study
 
 logger = logging.getLogger(__name__)
@@ -88,8 +92,7 @@ class ArmSearcher(Searcher):
         self._launch = launch or study.name
         # tune trial id -> [optuna storage trial id, optuna trial number, last reported step]
         self._optuna: Dict[str, List[int]] = {}
-        self._constants: Dict[str, Dict[str, Any]] = {}
-        self._distributions: Dict[str, Dict[str, Any]] = {}
+        self._spaces: Dict[str, Dict[str, Dim]] = {}
         self._studies: Dict[str, Any] = {}
         self._study_seed = study.seed
         self._kind = study.searcher
@@ -100,8 +103,7 @@ class ArmSearcher(Searcher):
             return
         self._budget = {a.name: study.num_trials for a in study.arms}
         for arm in study.arms:
-            self._constants[arm.name] = arm.constants()
-            self._distributions[arm.name] = {k: d.to_optuna() for k, d in arm.searched().items()}
+            self._spaces[arm.name] = arm.dims
         self._open_studies()
 
     def _open_studies(self) -> None:
@@ -109,8 +111,8 @@ class ArmSearcher(Searcher):
 
         storage = _storage(self._storage_url)
         for i, arm in enumerate(self._arms):
-            if not self._distributions.get(arm):
-                continue  # nothing searched: the arm's trials are its constants
+            if not any(is_searched(inner(d)) for d in self._spaces.get(arm, {}).values()):
+                continue  # nothing searched: the arm's trials are its (conditional) constants
             st = optuna.create_study(
                 study_name=optuna_study_name(self._launch, arm),
                 storage=storage,
@@ -138,15 +140,17 @@ class ArmSearcher(Searcher):
         if self._points:
             config = dict(self._points[arm][i])
         else:
-            config = {"arm": arm, "seed": self._seeds[i % len(self._seeds)], **self._constants[arm]}
+            config = {"arm": arm, "seed": self._seeds[i % len(self._seeds)]}
             st = self._studies.get(arm)
+            trial = None
             if st is not None:
-                trial = st.ask(self._distributions[arm])
+                trial = st.ask()
                 trial.set_user_attr("tune_trial_id", trial_id)
                 trial.set_user_attr("arm", arm)
                 trial.set_user_attr("seed", config["seed"])
                 self._optuna[trial_id] = [trial._trial_id, trial.number, -1]
-                config.update(trial.params)
+            # parents before children; only the active fields are suggested (the trial's own sampler seeds them)
+            config.update(sample(self._spaces[arm], lambda name, dim: dim.suggest(trial, name)))
         self._count[arm] += 1
         self._trial_arm[trial_id] = arm
         return config

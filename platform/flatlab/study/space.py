@@ -1,9 +1,10 @@
 """Search-space primitives: ``loguniform``, ``uniform``, ``integer`` (``flatlab.space.int``), ``choice``,
-``fixed`` and ``grid``.
+``fixed``, ``grid`` and the conditional ``when``.
 
-Each dimension maps to an Optuna distribution (Optuna TPE / random searchers) and, where it is
-discrete, to a list of values (the ``grid`` searcher, which enumerates with Tune's own semantics:
-OptunaSearch cannot take ``tune.grid_search``).
+Each dimension maps to an Optuna distribution (Optuna TPE / random searchers, which suggest the active
+fields of a trial one by one, define-by-run) and, where it is discrete, to a list of values (the ``grid``
+searcher, which enumerates only active combinations: OptunaSearch cannot take ``tune.grid_search``).
+Optuna distributions and Ray Tune domains written in a space are converted by :func:`as_dim`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import builtins
 import math
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
@@ -34,6 +35,10 @@ class Dim:
 
     def to_optuna(self) -> Any:
         """The equivalent ``optuna.distributions`` object."""
+        raise NotImplementedError
+
+    def suggest(self, trial: Any, name: str) -> Any:
+        """A value for field ``name`` from the Optuna trial ``trial`` (``trial.suggest_*``, define-by-run)."""
         raise NotImplementedError
 
     def grid_values(self, where: str) -> List[Any]:
@@ -83,6 +88,10 @@ class Float(Dim):
         self.valid()
         return optuna.distributions.FloatDistribution(float(self.low), float(self.high), log=self.log)
 
+    def suggest(self, trial: Any, name: str) -> float:
+        self.valid()
+        return trial.suggest_float(name, float(self.low), float(self.high), log=self.log)
+
     def check(self, hp: HParam, where: str) -> None:
         self.valid(where)
         if hp.kind is builtins.int and hp.choices is None:
@@ -123,6 +132,10 @@ class Int(Dim):
 
         self.valid()
         return optuna.distributions.IntDistribution(self.low, self.high, log=self.log)
+
+    def suggest(self, trial: Any, name: str) -> builtins.int:
+        self.valid()
+        return trial.suggest_int(name, self.low, self.high, log=self.log)
 
     def grid_values(self, where: str) -> List[Any]:
         self.valid(where)
@@ -165,6 +178,10 @@ class Choice(Dim):
 
         self.valid()
         return optuna.distributions.CategoricalDistribution(list(self.values))
+
+    def suggest(self, trial: Any, name: str) -> Any:
+        self.valid()
+        return trial.suggest_categorical(name, list(self.values))
 
     def grid_values(self, where: str) -> List[Any]:
         self.valid(where)
@@ -256,20 +273,260 @@ def fixed(value: Any) -> Fixed:
     return Fixed(value)
 
 
+@dataclass(frozen=True)
+class Unsupported(Dim):
+    """A space entry that has no flatlab equivalent (an Optuna distribution with ``step``, ``tune.randn`` ...).
+    Building it never raises: :meth:`problem` (``message``, naming the flatlab equivalent) is reported by
+    study validation, naming the arm and the field."""
+
+    message: str
+
+    def problem(self) -> Optional[str]:
+        return self.message
+
+    def check(self, hp: HParam, where: str) -> None:
+        self.valid(where)
+
+    def describe(self) -> str:
+        return f"<{self.message}>"
+
+
+Condition = Tuple[str, Tuple[Any, ...]]  # (parent field, the values of it that make the field active)
+
+
+@dataclass(frozen=True)
+class Conditional(Dim):
+    """``dim``, active in a trial only when every condition holds: for each ``(parent, values)`` in
+    ``conditions`` the trial's value of field ``parent`` is one of ``values`` (same type and equal; an
+    inactive parent makes its children inactive too). Written with :func:`when`. An inactive field is
+    absent from the trial's config, so from its MLflow params, and its declared default applies."""
+
+    dim: Dim
+    conditions: Tuple[Condition, ...]
+
+    def problem(self) -> Optional[str]:
+        for parent, values in self.conditions:
+            if not isinstance(parent, str) or not parent:
+                return f"when(parent, value, space): parent must be a field name, got {parent!r}"
+            if not values:
+                return f"when({parent!r}, value, space): value must be a value or a non-empty list of values, got []"
+        return self.dim.problem()
+
+    def active(self, config: "dict[str, Any]") -> bool:
+        """All conditions hold for the (partial) trial config ``config``."""
+        return all(parent in config and _among(config[parent], values) for parent, values in self.conditions)
+
+    def to_optuna(self) -> Any:
+        return self.dim.to_optuna()
+
+    def suggest(self, trial: Any, name: str) -> Any:
+        return self.dim.suggest(trial, name)
+
+    def grid_values(self, where: str) -> List[Any]:
+        return self.dim.grid_values(where)
+
+    def check(self, hp: HParam, where: str) -> None:
+        self.valid(where)
+        self.dim.check(hp, where)
+
+    def representative(self) -> Any:
+        return self.dim.representative()
+
+    def condition_text(self) -> str:
+        """E.g. ``schedule == 'step'``, ``model in ['cnn', 'mlp'] and width == 64``."""
+        return " and ".join(
+            f"{p} == {v[0]!r}" if len(v) == 1 else f"{p} in {list(v)!r}" for p, v in self.conditions
+        )
+
+    def describe(self) -> str:
+        return f"{self.dim.describe()} if {self.condition_text()}"
+
+
+def when(parent: str, value: Any, space: "dict[str, Any]") -> "dict[str, Conditional]":
+    """Fields that exist only when field ``parent`` takes ``value`` (or one of ``value`` if it is a list or
+    tuple). Spread it into an arm's space::
+
+        {"schedule": sp.choice(["cosine", "step"]),
+         **sp.when("schedule", "step", {"step_epochs": sp.int(5, 30), "step_factor": sp.uniform(0.1, 0.5)})}
+
+    ``parent`` is another field of the same space (a ``choice``, ``grid``, ``int`` or fixed value);
+    ``when`` nests (the inner fields need both conditions). Several values of one parent go in one list:
+    two ``**when(...)`` naming the same field would silently keep only the last (Python's dict rules).
+
+    Raises:
+        ConfigError: ``space`` is not a dict (the other problems are reported by study validation).
+    """
+    if not isinstance(space, Mapping):
+        raise ConfigError(
+            f"when({parent!r}, {value!r}, space): space must be a dict of field -> dimension, got {space!r}"
+        )
+    values = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    out: Dict[str, Conditional] = {}
+    for key, entry in space.items():
+        dim = as_dim(entry)
+        if isinstance(dim, Conditional):
+            out[key] = Conditional(dim.dim, ((parent, values),) + dim.conditions)
+        else:
+            out[key] = Conditional(dim, ((parent, values),))
+    return out
+
+
+def _among(x: Any, values: Tuple[Any, ...]) -> bool:
+    """``x`` equals one of ``values`` with the same type (``True`` is not ``1``, ``1`` is not ``1.0``)."""
+    return any(type(x) is type(v) and x == v for v in values)
+
+
 def as_dim(value: Any) -> Dim:
-    """A :class:`Dim` from a space entry (plain values become :class:`Fixed`)."""
-    return value if isinstance(value, Dim) else Fixed(value)
+    """A :class:`Dim` from a space entry: a flatlab dimension as it is; an Optuna distribution or a Ray Tune
+    domain (``tune.loguniform`` ...) converted (:mod:`flatlab.study.foreign`), or :class:`Unsupported`
+    naming the flatlab equivalent; any other plain value becomes :class:`Fixed`."""
+    if isinstance(value, Dim):
+        return value
+    from flatlab.study.foreign import from_foreign
+
+    converted = from_foreign(value)
+    return converted if converted is not None else Fixed(value)
 
 
 def is_searched(dim: Dim) -> bool:
+    """Not an unconditional constant."""
     return not isinstance(dim, Fixed)
 
 
+def inner(dim: Dim) -> Dim:
+    """The dimension itself, without its condition."""
+    return dim.dim if isinstance(dim, Conditional) else dim
+
+
+def ordered(space: "dict[str, Dim]") -> List[str]:
+    """The fields of ``space`` with every condition's parent before its children, otherwise in declaration
+    order (an unconditional space keeps its order).
+
+    Raises:
+        ConfigError: the conditions form a cycle (``a`` needs ``b`` which needs ``a``).
+    """
+    parents = {k: {p for p, _ in d.conditions if p in space and p != k} if isinstance(d, Conditional) else set()
+               for k, d in space.items()}
+    out: List[str] = []
+    placed: set = set()
+    while len(out) < len(space):
+        ready = [k for k in space if k not in placed and parents[k] <= placed]
+        if not ready:
+            left = [k for k in space if k not in placed]
+            raise ConfigError(f"fields {left} depend on each other through when(...): the conditions form a cycle")
+        out.append(ready[0])
+        placed.add(ready[0])
+    return out
+
+
+def sample(space: "dict[str, Dim]", pick: Callable[[str, Dim], Any]) -> "dict[str, Any]":
+    """One trial's values: every active field (fixed values as they are, ``pick(name, dim)`` for the searched
+    ones, parents before children); inactive fields are absent.
+
+    Raises:
+        ConfigError: from :func:`ordered`.
+    """
+    config: Dict[str, Any] = {}
+    for name in ordered(space):
+        dim = space[name]
+        if isinstance(dim, Conditional):
+            if not dim.active(config):
+                continue
+            dim = dim.dim
+        config[name] = dim.value if isinstance(dim, Fixed) else pick(name, dim)
+    return config
+
+
 def grid_points(space: "dict[str, Dim]", where: str) -> List["dict[str, Any]"]:
-    """The cartesian product of every dimension's grid values, in declaration order (last varies fastest)."""
-    import itertools
+    """The cartesian product of every dimension's grid values, in declaration order (last varies fastest),
+    with only active combinations: a conditional field multiplies only the points where it is active and
+    is absent from the others.
 
-    names = list(space)
-    values = [space[n].grid_values(f"{where}, field {n!r}") for n in names]
-    return [dict(zip(names, combo)) for combo in itertools.product(*values)]
+    Raises:
+        ConfigError: a continuous dimension (naming ``where`` and the field), or a cycle of conditions.
+    """
+    points: List[Dict[str, Any]] = [{}]
+    for name in ordered(space):
+        dim = space[name]
+        values = dim.grid_values(f"{where}, field {name!r}")
+        grown: List[Dict[str, Any]] = []
+        for p in points:
+            if isinstance(dim, Conditional) and not dim.active(p):
+                grown.append(p)  # inactive here: the field is absent from this point
+            else:
+                grown.extend({**p, name: v} for v in values)
+        points = grown
+    return points
 
+
+def representatives(space: "dict[str, Dim]") -> List["dict[str, Any]"]:
+    """Typical trial configs (:meth:`Dim.representative` of every searched field): the plain one, plus one
+    per conditional field inactive there, with its parents (and theirs) set to the first value that
+    activates it. Study validation builds the arm's optimizer with each.
+
+    Raises:
+        ConfigError: from :func:`ordered`.
+    """
+    base = sample(space, lambda n, d: d.representative())
+    out = [base]
+    for name, dim in space.items():
+        if not isinstance(dim, Conditional) or name in base:
+            continue
+        forced: Dict[str, Any] = {}
+        todo = list(dim.conditions)
+        while todo:
+            parent, values = todo.pop(0)
+            if parent in forced or parent not in space:
+                continue
+            forced[parent] = values[0]
+            if isinstance(space[parent], Conditional):
+                todo.extend(space[parent].conditions)  # type: ignore[attr-defined]
+        config = sample(space, lambda n, d: forced[n] if n in forced else d.representative())
+        if config not in out:
+            out.append(config)
+    return out
+
+
+def condition_problems(space: "dict[str, Dim]") -> List[Tuple[str, str]]:
+    """``(field, message)`` for every condition that cannot work: a parent that is not a field of the space,
+    is continuous, or never takes the value; a cycle of conditions."""
+    out: List[Tuple[str, str]] = []
+    for name, dim in space.items():
+        if not isinstance(dim, Conditional) or dim.problem():
+            continue
+        for parent, values in dim.conditions:
+            if parent == name:
+                out.append((name, f"when({parent!r}, ...) makes the field depend on itself"))
+                continue
+            if parent not in space:
+                out.append((name, f"when({parent!r}, ...): condition on unknown field {parent!r}; the arm's fields: "
+                                  f"{', '.join(k for k in space if k != name)}"))
+                continue
+            pdim = inner(space[parent])
+            if pdim.problem():
+                continue  # reported on the parent's own field
+            takes = _takes(pdim)
+            if takes is None:
+                out.append((name, f"when({parent!r}, ...): {parent!r} is {pdim.describe()}, continuous; a condition "
+                                  f"needs a discrete parent: choice([...]), grid([...]), int(low, high) or a fixed value"))
+                continue
+            for v in values:
+                if not takes(v):
+                    out.append((name, f"when({parent!r}, {v!r}, ...): {parent!r} never takes {v!r}; it takes {pdim.describe()}"))
+    if not out:
+        try:
+            ordered(space)
+        except ConfigError as exc:
+            out.append((next(k for k, d in space.items() if isinstance(d, Conditional)), str(exc)))
+    return out
+
+
+def _takes(dim: Dim) -> Optional[Callable[[Any], bool]]:
+    """Whether a value is one ``dim`` can take; ``None`` for continuous dimensions."""
+    if isinstance(dim, Fixed):
+        return lambda v: _among(v, (dim.value,))
+    if isinstance(dim, Choice):
+        return lambda v: _among(v, dim.values)
+    if isinstance(dim, Int):
+        return lambda v: _is_int(v) and dim.low <= v <= dim.high
+    return None

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from flatlab.errors import ConfigError, UnknownNameError, did_you_mean
 from flatlab.hparams import HParam, resolve
-from flatlab.study.space import Dim, as_dim, grid_points, is_searched
+from flatlab.study.space import Dim, as_dim, condition_problems, grid_points, inner, is_searched, representatives
 from flatlab.train.config import TRAINER_HPARAMS
 from flatlab.train.trainer import TrialSpec
 
@@ -51,7 +51,12 @@ class Arm:
     Attributes:
         name: the arm's label (defaults to the optimizer name); unique within the study.
         optimizer: registered optimizer name (see ``flatlab optimizers``).
-        space: field -> dimension (``flatlab.space`` primitives) or a constant.
+        space: field -> dimension (``flatlab.space`` primitives, Optuna distributions or Tune domains, which
+            are converted) or a constant; ``**space.when(parent, value, {...})`` adds fields that exist only
+            when field ``parent`` takes ``value`` (absent from other trials, so their defaults apply).
+
+    Several arms may use one optimizer under different names (``Arm("sgd", name="sgd_nesterov", ...)``):
+    each gets its own Optuna study, ASHA rungs and ``num_trials``.
     """
 
     optimizer: str
@@ -61,6 +66,12 @@ class Arm:
     def __post_init__(self) -> None:
         if not self.name:
             object.__setattr__(self, "name", self.optimizer)
+        if callable(self.space) and not isinstance(self.space, Mapping):
+            raise ConfigError(
+                f"arm {self.name!r}: space={self.space!r} is a function; a define-by-run space cannot be validated, shown "
+                f"by --dry-run or enumerated by searcher='grid': write a dict, with conditional fields as "
+                f"**space.when(parent, value, {{field: dimension}})"
+            )
         if not isinstance(self.space, Mapping):
             raise ConfigError(
                 f"arm {self.name!r}: space={self.space!r} ({type(self.space).__name__}); expected a dict of field -> "
@@ -73,11 +84,11 @@ class Arm:
         return dict(self.space)  # type: ignore[arg-type]
 
     def searched(self) -> Dict[str, Dim]:
-        """Dimensions the searcher samples."""
+        """Dimensions the searcher samples, and the conditional fields (``space.when``)."""
         return {k: d for k, d in self.dims.items() if is_searched(d)}
 
     def constants(self) -> Dict[str, Any]:
-        """Fixed values of this arm."""
+        """Fixed values of this arm (every trial has them; conditional fields are not among them)."""
         return {k: d.value for k, d in self.dims.items() if not is_searched(d)}  # type: ignore[attr-defined]
 
 
@@ -269,7 +280,7 @@ class Study:
             out.append(f"final_seeds {reused} also seed the search trials: the final stage then re-runs seeds the "
                        f"configuration was selected on; fresh seeds give an unbiased estimate")
         for arm in self.arms:
-            grids = [k for k, d in arm.dims.items() if getattr(d, "is_grid", False)]
+            grids = [k for k, d in arm.dims.items() if getattr(inner(d), "is_grid", False)]
             if grids and self.searcher != "grid":
                 out.append(
                     f"arm {arm.name!r}: {', '.join(grids)} written as grid([...]) but searcher={self.searcher!r} samples "
@@ -432,6 +443,7 @@ class Study:
                 dim.check(hp, f"{aw}, field {key!r}")
             except ConfigError as exc:
                 errors.append(str(exc))
+        errors.extend(f"{aw}, field {key!r}: {msg}" for key, msg in condition_problems(arm.dims))
         if self.searcher == "grid" and not errors:
             try:
                 grid_points(arm.dims, aw)
@@ -451,11 +463,12 @@ def _probe_optimizer(arm: Arm, where: str, route: Mapping[str, str]) -> List[str
 
     from flatlab.optim.registry import get_optimizer
 
-    values = {k: dim.representative() for k, dim in arm.dims.items() if route.get(k) == "optimizer"}
-    try:
-        get_optimizer(arm.optimizer).create([torch.zeros(1, requires_grad=True)], **values)
-    except (ConfigError, ValueError) as exc:
-        return [f"{where}: optimizer {arm.optimizer!r} rejects these settings: {exc}"]
+    for config in representatives(arm.dims):  # one per branch of the conditional fields
+        values = {k: v for k, v in config.items() if route.get(k) == "optimizer"}
+        try:
+            get_optimizer(arm.optimizer).create([torch.zeros(1, requires_grad=True)], **values)
+        except (ConfigError, ValueError) as exc:
+            return [f"{where}: optimizer {arm.optimizer!r} rejects these settings: {exc}"]
     return []
 
 
