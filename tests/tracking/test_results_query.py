@@ -202,3 +202,13 @@ def test_cli_and_python_api_give_the_same_frame(store):
                   "--columns", "trial_id,flat/fisher_trace")
     assert list(api["trial_id"]) == list(csv["trial_id"]) == ["t4", "t3"]
     assert list(api["flat/fisher_trace"]) == list(csv["flat/fisher_trace"]) == [5.0, 7.0]
+
+
+def test_by_config_follows_the_metric(store):
+    per_config = frame(store, by_config=True, metric="flat/fisher_trace", best=True)
+    assert list(per_config["arm"]) == ["sgd_ire", "tsam", "sgd"]  # the completed configurations with the least Tr(F)
+    assert list(per_config["flat/fisher_trace mean"]) == [4.0, 5.0, 9.0]
+    assert list(per_config.columns).count("flat/fisher_trace mean") == 1
+    table = cli(store, "--by-config", "--metric", "flat/fisher_trace")
+    header = next(line for line in table.output.splitlines() if "seeds" in line)
+    assert header.count("flat/fisher_trace") == 1, table.output

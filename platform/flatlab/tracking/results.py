@@ -181,6 +181,7 @@ def by_config(df):
     targets = [m for m in TARGET_METRICS if _has_values(df, m)]
     flat = sorted(c for c in df.columns if c.startswith("flat/") and _has_values(df, c))
     metrics = [m for m in (metric, f"best/{metric}", test) if m and _has_values(df, m)] + targets + flat
+    metrics = list(dict.fromkeys(metrics))  # a --metric that is also a flat/* or target metric: once
     params = [c for c in df.columns if c.startswith("param.")]
     stage = ["stage"] if "stage" in df.columns else []
     keys = ["arm"] + stage + params
@@ -233,7 +234,8 @@ def export(df, path: str, fmt: str) -> None:
 
 def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "") -> None:
     """Print ``df`` as a rich table: arm, status, outcome, epochs, the metric (final and best), test
-    accuracy, and the trial's params in one column (``columns`` overrides the choice). A
+    accuracy, the launch (first :data:`LAUNCH_LABEL` characters of its run id), the start time (local,
+    ``YYYY-MM-DD HH:MM:SS``) and the trial's params in one column (``columns`` overrides the choice). A
     :func:`by_config` summary shows its seed counts and one ``mean ± std`` column per pooled metric.
     On a narrow console, cells and headers wrap; nothing is cut off."""
     from rich.table import Table
