@@ -44,7 +44,7 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
     ``Type: message``, else empty), ``epochs``, ``seed``, the final
     ``<metric>`` and ``best/<metric>``, ``test/accuracy``/``test/loss`` when present, then every
     other final metric (the last epoch's scheduled learning rate as ``last_lr``) and the trial's
-    params as ``param.<name>``, ``run_id``, ``trial_id``, ``stage`` (tag ``flatlab.stage``, default
+    params as ``param.<name>`` (numbers where every value is one; integers as nullable ``Int64``), ``run_id``, ``trial_id``, ``stage`` (tag ``flatlab.stage``, default
     ``search``), ``launch`` (the parent run id), ``start_time`` and ``end_time`` (ms since the epoch;
     NaN while running).
     ``metric``/``mode`` default to the study's, read from the launch run.
@@ -129,7 +129,10 @@ def _numeric_if_possible(col):
 
     present = col.dropna()
     if len(present) and all(isinstance(v, str) and _INTEGER.fullmatch(v.strip()) for v in present):
-        return pd.array([None if pd.isna(v) else int(v) for v in col], dtype="Int64")
+        try:
+            return pd.array([None if pd.isna(v) else int(v) for v in col], dtype="Int64")
+        except (OverflowError, TypeError, ValueError):  # beyond int64: as floats below
+            pass
     try:
         return pd.to_numeric(col)
     except (ValueError, TypeError):
@@ -317,4 +320,3 @@ def _fmt(v: Any, numeric_text: bool = False) -> str:
             return str(int(v))  # counts (epochs, train/steps_to_target) in full
         return f"{v:.4g}"
     return str(v)
-
