@@ -29,3 +29,35 @@ def test_optimizer_snippet_trains_with_sgd_ire():
     assert float(namespace["loss"]) < 0.3  # digits, 200 steps of SGD-IRE from a cross-entropy of ~2.3
     assert opt.active and opt._flat_fraction == pytest.approx(0.8, abs=1e-3)  # ⌊0.8·p⌋ flat (+ ties)
     assert "opt/flat_fraction" in out.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_python_api_snippet_runs_a_study_and_reads_it_back(tmp_path, monkeypatch):
+    """The README's notebook snippet as written: flatlab.run on a Study through local Ray, then
+    flatlab.results with a filter and a sort, checked against a pandas computation on the full frame."""
+    import ray
+
+    import flatlab
+
+    code = _snippet("### From Python (notebooks)")
+    monkeypatch.chdir(tmp_path)  # the snippet's root="flatlab-runs" is relative
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    out = io.StringIO()
+    namespace: dict = {}
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "README snippet", "exec"), namespace)
+    finally:
+        ray.shutdown()
+    outcome, df = namespace["outcome"], namespace["df"]
+    assert type(outcome).__name__ == "StudyOutcome" and outcome.study == "notebook_demo"
+    assert outcome.num_trials == 4 and not outcome.interrupted
+    assert (tmp_path / "flatlab-runs" / "mlflow.db").is_file()
+    every = flatlab.results("notebook_demo", root=tmp_path / "flatlab-runs")
+    assert len(every) == 4 and set(every["arm"]) == {"sgd", "adamw"}
+    expected = every[every["outcome"] == "completed"].sort_values("val/accuracy", ascending=False, kind="stable")
+    assert list(df["run_id"]) == list(expected["run_id"]) and len(df) >= 1
+    assert (df["launch"] == outcome.parent_run_id).all() and (df["epochs"] == 3).all()
+    printed = out.getvalue()
+    assert "param.lr" in printed and f"{df['val/accuracy'].iloc[0]:.6f}"[:4] in printed

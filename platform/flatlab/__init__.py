@@ -4,4 +4,14 @@ __version__ = "0.1.0"
 
 from flatlab.study.spec import Arm, Resources, Study  # noqa: E402
 
-__all__ = ["Arm", "Resources", "Study", "__version__"]
+__all__ = ["Arm", "Resources", "Study", "results", "run", "__version__"]
+
+
+def __getattr__(name: str):
+    """``flatlab.run`` and ``flatlab.results`` (:mod:`flatlab.api`), imported on first use so that
+    ``import flatlab`` loads neither Ray, MLflow nor pandas."""
+    if name in ("run", "results"):
+        from flatlab import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'flatlab' has no attribute {name!r}")

@@ -167,26 +167,44 @@ def results(
     per_config: bool = typer.Option(
         False, "--by-config", help="one row per configuration: mean and std over seeds of the completed trials"
     ),
+    arm: Optional[List[str]] = typer.Option(None, "--arm", help="only this arm's trials (repeat for several)"),
+    metric: Optional[str] = typer.Option(
+        None, help="rank by this metric instead of the study's, e.g. flat/fisher_trace (completed trials still first)"
+    ),
+    mode: Optional[str] = typer.Option(
+        None, help="min or max for --metric (default: the study's for its metric; min for flat/*, time/*, losses, perplexity, *_to_target; else max)"
+    ),
+    filter_: Optional[str] = typer.Option(
+        None, "--filter", help="pandas query over the trials, e.g. \"outcome == 'completed' and epochs > 5\"; "
+        "names with '/' or '.' in backticks: \"`val/accuracy` > 0.9 and `param.lr` < 0.1\""
+    ),
+    sort: Optional[List[str]] = typer.Option(
+        None, "--sort", help="sort the table by COLUMN (ascending) or -COLUMN (descending); repeat for ties, e.g. --sort arm --sort -param.lr"
+    ),
+    columns: Optional[str] = typer.Option(None, help="comma list of the columns to show or export, e.g. arm,val/accuracy,param.lr"),
 ) -> None:
-    """Print a study's trials from MLflow (params, final and best metrics, status), best first."""
+    """Print a study's trials from MLflow (params, final and best metrics, status), best first.
+
+    Filters apply in this order: --arm, --metric (ranking), --filter (on the trial rows), --by-config,
+    --best, --sort, --columns.
+    """
     from flatlab.tracking import runs
-    from flatlab.tracking.results import best_per_arm, by_config, export, render, trials_frame
+    from flatlab.tracking.query import select
+    from flatlab.tracking.results import export, render, trials_frame
 
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
         fmt = export_format(fmt, output)
         df = trials_frame(uri, study, all_launches=all_launches)
-        rows = "trials"
-        if per_config:
-            df, rows = by_config(df), "configurations"
-        if best:
-            df = best_per_arm(df)
+        rows = "configurations" if per_config else "trials"
+        shown = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
+        df = select(df, arms=arm, metric=metric, mode=mode, filter=filter_, best=best, by_config=per_config, sort=sort, columns=shown)
         if fmt == "table":
             hidden = 0
-            if per_config:  # configurations no seed completed (pruned, diverged, failed): nothing to average
+            if per_config and "seeds" in df.columns:  # configurations no seed completed (pruned, diverged, failed)
                 hidden = int((df["seeds"] == 0).sum()) if not df.empty else 0
                 df = df[df["seeds"] > 0] if hidden else df
-            render(df, console, title=f"{study} ({len(df)} {rows})")
+            render(df, console, columns=shown, title=f"{study} ({len(df)} {rows})")
             if hidden:
                 console.print(
                     f"{hidden} configuration(s) with no completed trial (pruned, diverged or failed) not shown; "
@@ -318,29 +336,54 @@ def studies(directory: Path = typer.Argument(Path("studies"), help="folder of st
         console.print(f"{str(p):{width}s}  {describe_file(str(p))}", soft_wrap=True)
 
 
+def _entries(registry, name: Optional[str]) -> List[str]:
+    """The names ``flatlab optimizers/workloads NAME`` shows: all without NAME; NAME itself; or, for a
+    family prefix such as ``glue`` or ``lm``, its members (``glue/cola`` ...). An unknown NAME fails
+    with the valid names (exit 2)."""
+    if name is None:
+        return registry.names()
+    family = [n for n in registry.names() if n.startswith(f"{name}/")]
+    if name not in registry and family:
+        return family
+    try:
+        registry.get(name)
+    except FlatlabError as exc:
+        _fail(exc)
+    return [name]
+
+
 @app.command()
-def optimizers() -> None:
+def optimizers(name: Optional[str] = typer.Argument(None, help="show only this optimizer, e.g. tsam")) -> None:
     """List the registered optimizers with their hyperparameters, defaults and allowed ranges."""
     from flatlab.optim.registry import OPTIMIZERS
 
-    for name in OPTIMIZERS.names():
+    for name in _entries(OPTIMIZERS, name):
         spec = OPTIMIZERS.get(name)
         console.print(f"[bold]{name}[/bold]  {spec.doc}")
         _hparam_table(spec.hparams)
 
 
 @app.command()
-def workloads() -> None:
-    """List the registered workloads with their parameters, defaults and allowed ranges."""
+def workloads(
+    name: Optional[str] = typer.Argument(
+        None, help="show only this workload (e.g. cifar10), a family (glue, lm), or 'trainer' for the trainer's parameters"
+    ),
+) -> None:
+    """List the registered workloads with their parameters, defaults and allowed ranges, then the
+    trainer's parameters (any study or arm may set these)."""
     from flatlab.train.config import TRAINER_HPARAMS
     from flatlab.workloads.registry import WORKLOADS
 
-    for name in WORKLOADS.names():
-        cls = WORKLOADS.get(name)
-        console.print(f"[bold]{name}[/bold]  {cls.doc}  metrics: {', '.join(cls.metrics)}")
+    names = [] if name == "trainer" else _entries(WORKLOADS, name)
+    for n in names:
+        cls = WORKLOADS.get(n)
+        console.print(f"[bold]{n}[/bold]  {cls.doc}  metrics: {', '.join(cls.metrics)}")
         _hparam_table(cls.hparams)
-    console.print("[bold]trainer[/bold] (any study or arm may set these)")
-    _hparam_table(TRAINER_HPARAMS)
+    if name is None or name == "trainer":
+        console.print("[bold]trainer[/bold] (any study or arm may set these)")
+        _hparam_table(TRAINER_HPARAMS)
+    else:
+        console.print("the trainer's parameters (batch_size, schedule, ...; any study or arm may set them): `flatlab workloads trainer`")
 
 
 @app.command()

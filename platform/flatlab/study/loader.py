@@ -19,7 +19,7 @@ def load_module(path: str):
     if p.is_dir():
         raise ConfigError(f"{path!r} is a directory; give a study file, e.g. studies/digits_demo.py (`flatlab studies` lists them)")
     if not p.is_file():
-        raise ConfigError(f"study file {path!r} does not exist")
+        raise ConfigError(f"study file {path!r} does not exist{_missing_file_hint(p)}")
     mod_name = f"flatlab_study_{p.stem}"
     spec = importlib.util.spec_from_file_location(mod_name, p)
     if spec is None or spec.loader is None:
@@ -28,6 +28,20 @@ def load_module(path: str):
     sys.modules[mod_name] = module  # dataclasses defined in the file need their module registered
     _run_study_code(path, lambda: spec.loader.exec_module(module))  # type: ignore[union-attr]
     return module
+
+
+def _missing_file_hint(p: Path) -> str:
+    """Why a study path was not found and the fix: a relative path is read from the working directory;
+    name a file that exists there under another spelling (``.py`` added, the project's ``studies/``)."""
+    if p.is_absolute():
+        return ""
+    cwd = Path.cwd()
+    project = Path(__file__).resolve().parents[3]  # platform/flatlab/study/loader.py -> the checkout
+    tries = [cwd / p.with_suffix(".py"), project / p, project / p.with_suffix(".py"), project / "studies" / p.name,
+             project / "studies" / p.with_suffix(".py").name] if p.suffix in ("", ".py") else [project / p]
+    found = next((t for t in tries if t.is_file()), None)
+    hint = f"; did you mean {found}?" if found else "; give its absolute path, or run from the folder it is relative to"
+    return f" (a relative path is read from the working directory {cwd}){hint}"
 
 
 def _run_study_code(path: str, fn: Callable[[], Any]) -> Any:

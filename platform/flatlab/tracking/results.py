@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, List, Optional
 
 from flatlab.errors import ConfigError
@@ -43,7 +44,7 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
     ``Type: message``, else empty), ``epochs``, ``seed``, the final
     ``<metric>`` and ``best/<metric>``, ``test/accuracy``/``test/loss`` when present, then every
     other final metric (the last epoch's scheduled learning rate as ``last_lr``) and the trial's
-    params as ``param.<name>``, ``run_id``, ``trial_id``, ``stage`` (tag ``flatlab.stage``, default
+    params as ``param.<name>`` (numbers where every value is one; integers as nullable ``Int64``), ``run_id``, ``trial_id``, ``stage`` (tag ``flatlab.stage``, default
     ``search``), ``launch`` (the parent run id), ``start_time`` and ``end_time`` (ms since the epoch;
     NaN while running).
     ``metric``/``mode`` default to the study's, read from the launch run.
@@ -109,16 +110,29 @@ def sort_trials(df, metric: str, mode: str):
     rank = df["outcome"].map(OUTCOME_RANK).fillna(len(OUTCOME_RANK))
     ascending = mode == "min"
     keys = df.assign(_rank=rank)
-    order = keys.sort_values(
-        ["_rank", metric, f"best/{metric}"], ascending=[True, ascending, ascending], na_position="last", kind="stable"
-    ).index
+    by = ["_rank"] + [c for c in (metric, f"best/{metric}") if c in df.columns]
+    order = keys.sort_values(by, ascending=[True] + [ascending] * (len(by) - 1), na_position="last", kind="stable").index
     return df.loc[order].reset_index(drop=True)
 
 
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
 def _numeric_if_possible(col):
-    """MLflow stores params as strings: give back numbers where every value parses as one."""
+    """MLflow stores params as strings: give back numbers where every value parses as one.
+
+    A column whose every present value is an integer literal (``"3"``, ``"-10"``) becomes pandas'
+    nullable ``Int64``, so that an arm without the param (a missing value) does not turn it into
+    floats (``s = 3.0``); other numeric columns become ``float64``; anything else stays text.
+    """
     import pandas as pd
 
+    present = col.dropna()
+    if len(present) and all(isinstance(v, str) and _INTEGER.fullmatch(v.strip()) for v in present):
+        try:
+            return pd.array([None if pd.isna(v) else int(v) for v in col], dtype="Int64")
+        except (OverflowError, TypeError, ValueError):  # beyond int64: as floats below
+            pass
     try:
         return pd.to_numeric(col)
     except (ValueError, TypeError):
@@ -170,6 +184,7 @@ def by_config(df):
     targets = [m for m in TARGET_METRICS if _has_values(df, m)]
     flat = sorted(c for c in df.columns if c.startswith("flat/") and _has_values(df, c))
     metrics = [m for m in (metric, f"best/{metric}", test) if m and _has_values(df, m)] + targets + flat
+    metrics = list(dict.fromkeys(metrics))  # a --metric that is also a flat/* or target metric: once
     params = [c for c in df.columns if c.startswith("param.")]
     stage = ["stage"] if "stage" in df.columns else []
     keys = ["arm"] + stage + params
@@ -222,7 +237,8 @@ def export(df, path: str, fmt: str) -> None:
 
 def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "") -> None:
     """Print ``df`` as a rich table: arm, status, outcome, epochs, the metric (final and best), test
-    accuracy, and the trial's params in one column (``columns`` overrides the choice). A
+    accuracy, the launch (first :data:`LAUNCH_LABEL` characters of its run id), the start time (local,
+    ``YYYY-MM-DD HH:MM:SS``) and the trial's params in one column (``columns`` overrides the choice). A
     :func:`by_config` summary shows its seed counts and one ``mean ± std`` column per pooled metric.
     On a narrow console, cells and headers wrap; nothing is cut off."""
     from rich.table import Table
@@ -240,6 +256,7 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
         default = ["arm", "trial_id", "status", "outcome", "epochs", metric, f"best/{metric}", test]
         default += [c for c in ("train/steps_to_target", "train/speedup") if _has_values(df, c)]  # Study(reference_arm=...)
         default += ["error"] if "error" in df.columns and df["error"].fillna("").astype(bool).any() else []
+        default += ["launch", "start_time"]
         cols = [c for c in (columns or default) if c in df.columns]
     caption = "mean ± sample std over the seeds that completed" if pooled else None
     table = Table(*cols, *pooled, *([] if columns else ["params"]), title=title or None, caption=caption)
@@ -248,7 +265,7 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
     for col in table.columns[:1]:
         col.no_wrap = True
     for _, row in df.iterrows():
-        cells = [_fmt(row[c]) for c in cols]
+        cells = [_cell(c, row[c]) for c in cols]
         for m in pooled:
             mean, std = _fmt(row[f"{m} mean"]), _fmt(row[f"{m} std"])
             cells.append(mean if std == "-" else f"{mean} ± {std}")
@@ -268,6 +285,22 @@ def _has_values(df, column: str) -> bool:
     return column in df.columns and bool(df[column].notna().any())
 
 
+LAUNCH_LABEL = 8  # characters of the launch (parent run) id a table shows, like a short git hash
+
+
+def _cell(column: str, v: Any) -> str:
+    """A table cell of ``column``: the launch id shortened to its first :data:`LAUNCH_LABEL`
+    characters, start and end times (ms since the epoch) as local ``YYYY-MM-DD HH:MM:SS``; csv and
+    parquet exports keep the raw values."""
+    import datetime
+
+    if column == "launch" and isinstance(v, str):
+        return v[:LAUNCH_LABEL]
+    if column in ("start_time", "end_time") and _fmt(v) != "-":
+        return datetime.datetime.fromtimestamp(float(v) / 1000).strftime("%Y-%m-%d %H:%M:%S")
+    return _fmt(v)
+
+
 def _fmt(v: Any, numeric_text: bool = False) -> str:
     """A table cell. ``numeric_text``: strings that read as floats (MLflow stores params as text) are
     shortened like numbers; other text (trial ids such as ``11879e00``) is shown as it is."""
@@ -278,10 +311,12 @@ def _fmt(v: Any, numeric_text: bool = False) -> str:
             v = float(v) if any(ch in v for ch in ".e") else v
         except ValueError:
             return v
+    if v is None or type(v).__name__ == "NAType":  # pandas.NA: a missing value of a nullable (Int64) column
+        return "-"
     if isinstance(v, float):
         if v != v:
             return "-"
         if v.is_integer() and abs(v) < 1e15:
             return str(int(v))  # counts (epochs, train/steps_to_target) in full
         return f"{v:.4g}"
-    return "-" if v is None else str(v)
+    return str(v)

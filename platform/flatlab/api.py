@@ -1,0 +1,142 @@
+"""The Python API for notebooks and scripts: :func:`run` a study and read its :func:`results` as a
+pandas DataFrame, with the options of ``flatlab run`` and ``flatlab results``.
+
+Both are exported from :mod:`flatlab` and imported on first use, so ``import flatlab`` stays light.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Iterable, List, Optional, Union
+
+from flatlab.errors import ConfigError, did_you_mean
+from flatlab.study.spec import Study
+
+
+def run(
+    study: Union[Study, str, os.PathLike],
+    *,
+    studies: Union[None, str, Iterable[str]] = None,
+    scale: Optional[str] = None,
+    trials: Optional[int] = None,
+    epochs: Optional[int] = None,
+    final_seeds: Optional[int] = None,
+    root: Union[None, str, os.PathLike] = None,
+    console: Any = None,
+    **options: Any,
+):
+    """Run a study on Ray Tune (Optuna searcher, ASHA, MLflow tracking), as ``flatlab run`` does.
+
+    Args:
+        study: a :class:`~flatlab.Study`, or the path of a study file (relative to the working
+            directory).
+        studies: with a file, run only these of its studies (``--study``).
+        scale: with a file that defines ``SCALES``, the scale (``--scale``).
+        trials, epochs, final_seeds: the budget overrides of ``--trials``, ``--epochs``,
+            ``--final-seeds``.
+        root: the output root (``--root``; default env ``FLATLAB_ROOT``, else ``./flatlab-runs``).
+        console: a ``rich`` console for the end-of-study lines (progress lines are printed either way).
+        **options: any other field of :class:`flatlab.study.runner.RunOptions`: ``address``,
+            ``tracking_uri``, ``storage``, ``resume``, ``num_cpus`` ...
+
+    Returns:
+        For a :class:`Study`, its :class:`~flatlab.study.runner.StudyOutcome`; for a file, a list of
+        them, one per study run, in the file's order (it stops after an interrupted one).
+
+    Raises:
+        ConfigError: an invalid study or file, ``studies`` that the file does not define, an option
+            that ``RunOptions`` does not have (naming the valid ones), or any error ``flatlab run`` reports.
+    """
+    from flatlab.study.loader import load_studies
+    from flatlab.study.runner import RunOptions, run_study
+
+    valid = [f.name for f in dataclasses.fields(RunOptions) if f.name not in ("root", "source")]
+    unknown = [k for k in options if k not in valid]
+    if unknown:
+        names = ["studies", "scale", "trials", "epochs", "final_seeds", "root", "console", *valid]
+        raise ConfigError(
+            f"flatlab.run(): unknown option {', '.join(map(repr, unknown))}{did_you_mean(unknown[0], names)}; "
+            f"valid options: {', '.join(names)}"
+        )
+    if isinstance(study, Study):
+        if scale is not None or studies is not None:
+            raise ConfigError("flatlab.run(): scale= and studies= choose among a study file's studies; this is a Study")
+        chosen, source = [study], ""
+    else:
+        source = os.fspath(study)
+        chosen = load_studies(source, scale=scale)
+        wanted = [studies] if isinstance(studies, str) else list(studies or [])
+        if wanted:
+            known = [s.name for s in chosen]
+            missing = [n for n in wanted if n not in known]
+            if missing:
+                raise ConfigError(f"studies={missing}: not in {source}; studies there: {', '.join(sorted(known))}")
+            chosen = [s for s in chosen if s.name in wanted]
+    chosen = [s.with_budget(trials, epochs, final_seeds).validate(source) for s in chosen]
+    if options.get("address"):  # an unreachable head fails within seconds, as with the CLI
+        from flatlab.cluster import check_address
+
+        check_address(options["address"])
+    root_path = Path(root) if root is not None else Path(os.environ.get("FLATLAB_ROOT", "flatlab-runs"))
+    opts = RunOptions(root=root_path, source=source, **options)
+    outcomes = []
+    for s in chosen:
+        outcome = run_study(s, opts, console=console)
+        outcomes.append(outcome)
+        if outcome.interrupted:
+            break
+    return outcomes[0] if isinstance(study, Study) else outcomes
+
+
+def results(
+    name: str,
+    *,
+    root: Union[None, str, os.PathLike] = None,
+    tracking_uri: Optional[str] = None,
+    all_launches: bool = False,
+    arms: Union[None, str, Iterable[str]] = None,
+    metric: Optional[str] = None,
+    mode: Optional[str] = None,
+    filter: Optional[str] = None,  # noqa: A002 - the CLI's name
+    best: bool = False,
+    by_config: bool = False,
+    sort: Union[None, str, Iterable[str]] = None,
+    columns: Union[None, str, Iterable[str]] = None,
+):
+    """A study's trials from MLflow as a pandas DataFrame: the table of ``flatlab results``.
+
+    One row per trial of the latest launch (``all_launches``: of every launch), best first (completed
+    trials before pruned ones, failures last), with raw values: ``launch`` is the full parent run id,
+    ``start_time``/``end_time`` are ms since the epoch, params are ``param.<name>`` (integers as
+    pandas' nullable ``Int64``). The filters are those of the CLI, applied in its order (arms, metric,
+    filter, by_config, best, sort, columns; see :mod:`flatlab.tracking.query`):
+
+    Args:
+        name: the study name (its MLflow experiment).
+        root: the output root whose ``mlflow.db`` to read (default env ``FLATLAB_ROOT``, else
+            ``./flatlab-runs``); ignored when ``tracking_uri`` (or env ``MLFLOW_TRACKING_URI``) is set.
+        arms: only these arms (``--arm``).
+        metric, mode: rank by this metric (``--metric``, ``--mode``).
+        filter: a pandas query over the trials (``--filter``), e.g.
+            ``"outcome == 'completed' and `param.lr` < 0.1"`` (backticks around names with '/' or '.').
+        best, by_config: ``--best``, ``--by-config``.
+        sort: ``"col"`` / ``"-col"`` or a list of them (``--sort``).
+        columns: a list or comma list of the columns to keep (``--columns``).
+
+    Raises:
+        ConfigError: an unknown study or store, and every filter error of ``flatlab results``.
+    """
+    from flatlab.tracking import runs
+    from flatlab.tracking.query import select
+    from flatlab.tracking.results import trials_frame
+
+    base = Path(root) if root is not None else Path(os.environ.get("FLATLAB_ROOT", "flatlab-runs"))
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or runs.default_tracking_uri(base.resolve())
+    df = trials_frame(uri, name, all_launches=all_launches)
+    return select(df, arms=arms, metric=metric, mode=mode, filter=filter, best=best, by_config=by_config, sort=sort,
+                  columns=columns)
+
+
+__all__: List[str] = ["run", "results"]
