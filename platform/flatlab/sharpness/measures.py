@@ -18,7 +18,11 @@ Registered measures (``flatlab measures`` lists them) and the metric keys each o
   parameter unit^2), ``flat/hessian_trace_stderr`` (over probes, when ``probes >= 2``).
 * ``neighbourhood_loss`` (TSAM paper, Fig. 2): ``flat/neighbourhood_loss`` = mean of ``L(theta + eps)``,
   ``flat/neighbourhood_loss_var`` = its sample variance over draws, ``flat/neighbourhood_loss_stderr``,
-  ``flat/neighbourhood_loss_clean`` = ``L(theta)`` on the same subset (loss units).
+  ``flat/neighbourhood_loss_clean`` = ``L(theta)`` on the same subset (loss units). With ``sigmas``
+  (a list of further noise scales, for a sweep such as TSAM Fig. 2), per ``s`` in it also
+  ``flat/neighbourhood_loss/sigma_<s>``, ``flat/neighbourhood_loss_var/sigma_<s>`` and
+  ``flat/neighbourhood_loss_stderr/sigma_<s>`` (``s`` written with ``:g``; :func:`sigma_key`); every
+  scale uses the same standard-normal draws ``z`` (``eps = s * z``), so the curve over ``s`` is paired.
 * ``avg_sharpness`` (seed "In Search of the Successful Interpolation", App. A; Andriushchenko et al.
   2023): ``flat/avg_sharpness`` = ``E[L(theta + delta)] - L(theta)``, ``flat/avg_sharpness_stderr``
   (when ``draws >= 2``), ``flat/avg_sharpness_clean`` = ``L(theta)`` (loss units).
@@ -126,12 +130,41 @@ def _hessian(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[s
     return _with_stderr("flat/hessian_trace", est.value, est.stderr)
 
 
+def sigma_key(key: str, sigma: float) -> str:
+    """The metric name of ``key`` at noise scale ``sigma`` for ``neighbourhood_loss``'s ``sigmas``:
+    ``flat/neighbourhood_loss/sigma_0.01`` (``sigma`` with ``:g``; MLflow names allow no ``@`` or ``=``)."""
+    return f"{key}/sigma_{sigma:g}"
+
+
 def _neighbourhood(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int) -> Dict[str, float]:
     est = neighbourhood_loss(model, subset, sigma=p["sigma"], n_draws=p["draws"], seed=seed, loss_fn=loss_fn)
     out = _with_stderr("flat/neighbourhood_loss", est.mean, est.stderr)
     out["flat/neighbourhood_loss_var"] = float(est.variance)
     out["flat/neighbourhood_loss_clean"] = float(est.clean_loss)
+    for sigma in p["sigmas"] or ():  # the same seed: the same standard-normal draws z at every sigma (eps = sigma z)
+        at = neighbourhood_loss(model, subset, sigma=sigma, n_draws=p["draws"], seed=seed, loss_fn=loss_fn)
+        for key, value in _with_stderr("flat/neighbourhood_loss", at.mean, at.stderr).items():
+            out[sigma_key(key, sigma)] = value
+        out[sigma_key("flat/neighbourhood_loss_var", sigma)] = float(at.variance)
     return out
+
+
+class _FloatList(HParam):
+    """An optional non-empty list of distinct floats, each checked like a float ``HParam`` with the same bounds."""
+
+    def allowed(self) -> str:
+        return f"None or a non-empty list of distinct floats, each {HParam(self.name, 0.0, float, self.low, self.high, self.low_open, self.high_open).allowed().removeprefix('float ')}"
+
+    def validate(self, value: Any, where: str = "") -> Any:
+        if value is None:
+            return None
+        prefix = f"{where}: " if where else ""
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value or len(set(value)) != len(value):
+            raise ConfigError(f"{prefix}{self.name}={value!r} is not allowed; expected {self.allowed()}")
+        return tuple(
+            HParam(f"{self.name}[{i}]", 0.0, float, self.low, self.high, self.low_open, self.high_open).validate(v, where)
+            for i, v in enumerate(value)
+        )
 
 
 def _avg_sharpness(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int) -> Dict[str, float]:
@@ -173,6 +206,9 @@ register_measure(Measure(
         HParam("sigma", 0.03, float, low=0.0, low_open=True,
                doc="noise standard deviation per coordinate, parameter units (default: the issue's example value)"),
         HParam("draws", 40, int, low=2, doc="noise draws (>= 2 for the variance)"),
+        _FloatList("sigmas", None, float, low=0.0, low_open=True,
+                   doc="optional further noise scales (a sweep, TSAM Fig. 2): per sigma s, the keys "
+                       "flat/neighbourhood_loss/sigma_<s>, flat/neighbourhood_loss_var/sigma_<s>, _stderr/sigma_<s>"),
     ),
     compute=_neighbourhood,
     metrics=("flat/neighbourhood_loss", "flat/neighbourhood_loss_var", "flat/neighbourhood_loss_stderr",
@@ -367,4 +403,5 @@ __all__ = [
     "measure_subset",
     "register_measure",
     "resolve_measures",
+    "sigma_key",
 ]
