@@ -33,6 +33,10 @@ Preprocessing (torchvision's reference recipe, ImageNet mean/std normalisation i
   the margins of the longer side (1/8 of each side of a 4:3 image) and upsamples small crops from fewer
   pixels; a larger ``resize_size`` reduces the second effect (and makes evaluation resize differently).
   ``augment='none'`` centre-crops ``crop_size`` from the stored image.
+
+Flatness measures (``Study.measures``) on ``measure_split='train'`` see the stored training images
+(``resize_size`` square, uncropped: ResNet's global pooling accepts them); ``measure_split='val'`` measures
+on ``crop_size`` evaluation crops as the test set is seen.
 """
 
 from __future__ import annotations
