@@ -18,8 +18,9 @@ threshold 1.5 applies as stated (with smoothing 0.1 over 1000 classes the loss c
 1.02 nats, see ``ire_table1_cnn_cifar.smoothed_loss_floor``); SAM rho = 0.05 (Foret et al. 2021's
 ResNet-50 / ImageNet value); IRE's mask refreshed every 10 steps (the default, ``mask_interval``).
 
-Cost: one GPU and 16 CPUs per trial (the CPUs decode JPEGs: ~2,000 images/s are needed to keep one
-H100-class GPU busy with ResNet-50); a SAM epoch is two forward/backward passes. Roughly 30 trials x
+Cost: one GPU and 16 CPUs per trial, 16 decoding threads (``workers``; the CPUs decode JPEGs and crop:
+an H100-class GPU trains ResNet-50 at a few thousand images/s, more than 16 PIL threads decode, so
+expect the input pipeline to bound SGD's speed; not measured here); a SAM epoch is two forward/backward passes. Roughly 30 trials x
 90 epochs, i.e. many GPU-days: run it on a cluster (``Resources(gpu=...)`` per trial; set the data on a
 filesystem every node sees, e.g. ``workload_params={"data_path": "/shared/imagenet"}`` with
 ``train/`` and ``val/`` ImageFolders, or a filled Hugging Face cache for the gated
@@ -65,7 +66,7 @@ def build(scale: str):
             name=NAME if paper else f"{NAME}_smoke",
             description="SGD/SAM +- IRE on ResNet-50, ImageNet-1k (IRE Table 2)",
             workload="imagenet",
-            workload_params={"model": "resnet50"} if paper else SMOKE_DATA,
+            workload_params={"model": "resnet50", "workers": 16} if paper else SMOKE_DATA,
             arms=_arms(paper),
             train={"batch_size": 256 if paper else 8, "schedule": "cosine", "label_smoothing": 0.0},
             metric="val/accuracy",

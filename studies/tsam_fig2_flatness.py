@@ -5,7 +5,7 @@ One study, ``tsam_fig2_flatness`` (searcher ``grid``): ResNet-18 (CIFAR stem) on
 paper; arms ``erm`` (SGD), ``sam``, ``tsam``, each at one configuration, 3 seeds; 9 trials, FIFO.
 Every trial measures ``neighbourhood_loss`` on its final model with a sweep over sigma
 (``measures={"neighbourhood_loss": {"sigmas": SIGMAS, ...}}``): per sigma ``s`` the metrics
-``flat/neighbourhood_loss/sigma_<s>`` (mean over noise draws) and ``flat/neighbourhood_loss_var/sigma_<s>``
+``flat/neighbourhood_loss/sigma_<s>`` (mean over noise draws) and ``flat/neighbourhood_loss/sigma_<s>_var``
 (variance over draws), on the same 1,024 training examples and the same standard-normal draws for every
 trial and every sigma (``eps = s * z``: paired across arms, seeds and scales). After the study the runner
 logs the figure on the launch's parent run (:mod:`flatlab.tracking.flatness_sweep`):

@@ -25,10 +25,11 @@ def test_every_sigma_gets_its_keys_equal_to_a_direct_estimate(quad, kit):
     for s in SIGMAS:
         direct = neighbourhood_loss(model, kit.QUAD_DATA, sigma=s, n_draws=30, seed=2, loss_fn=kit.quadratic_loss)
         assert out[f"flat/neighbourhood_loss/sigma_{s:g}"] == direct.mean
-        assert out[f"flat/neighbourhood_loss_var/sigma_{s:g}"] == pytest.approx(direct.variance, rel=1e-12)
-        assert out[f"flat/neighbourhood_loss_stderr/sigma_{s:g}"] == pytest.approx(direct.stderr, rel=1e-12)
+        assert out[f"flat/neighbourhood_loss/sigma_{s:g}_var"] == pytest.approx(direct.variance, rel=1e-12)
+        assert out[f"flat/neighbourhood_loss/sigma_{s:g}_stderr"] == pytest.approx(direct.stderr, rel=1e-12)
     assert out["flat/neighbourhood_loss"] == out["flat/neighbourhood_loss/sigma_0.1"]  # sigma is one of them here
-    assert sigma_key("flat/neighbourhood_loss", 0.001) == "flat/neighbourhood_loss/sigma_0.001"
+    assert sigma_key(0.001) == "flat/neighbourhood_loss/sigma_0.001" and sigma_key(1e-5, "_var") == "flat/neighbourhood_loss/sigma_1e-05_var"
+    assert {k for k in out if "/sigma_" in k} == {sigma_key(s, stat) for s in SIGMAS for stat in ("", "_var", "_stderr")}
     plain = _run(model, kit, {"sigma": 0.1, "draws": 30})
     assert not any("/sigma_" in k for k in plain)  # no sweep: the keys of before
 

@@ -19,8 +19,8 @@ def _frame():
     ):
         rows.append({"arm": arm, "seed": seed, "stage": stage, "outcome": outcome,
                      "flat/neighbourhood_loss/sigma_0.01": m1, "flat/neighbourhood_loss/sigma_0.1": m2,
-                     "flat/neighbourhood_loss_var/sigma_0.01": v1, "flat/neighbourhood_loss_var/sigma_0.1": v2,
-                     "flat/neighbourhood_loss_stderr/sigma_0.01": 0.0})
+                     "flat/neighbourhood_loss/sigma_0.01_var": v1, "flat/neighbourhood_loss/sigma_0.1_var": v2,
+                     "flat/neighbourhood_loss/sigma_0.01_stderr": 0.0, "flat/neighbourhood_loss/sigma_1e-05_var": 1.0})
     return pd.DataFrame(rows)
 
 

@@ -20,8 +20,8 @@ Registered measures (``flatlab measures`` lists them) and the metric keys each o
   ``flat/neighbourhood_loss_var`` = its sample variance over draws, ``flat/neighbourhood_loss_stderr``,
   ``flat/neighbourhood_loss_clean`` = ``L(theta)`` on the same subset (loss units). With ``sigmas``
   (a list of further noise scales, for a sweep such as TSAM Fig. 2), per ``s`` in it also
-  ``flat/neighbourhood_loss/sigma_<s>``, ``flat/neighbourhood_loss_var/sigma_<s>`` and
-  ``flat/neighbourhood_loss_stderr/sigma_<s>`` (``s`` written with ``:g``; :func:`sigma_key`); every
+  ``flat/neighbourhood_loss/sigma_<s>`` (mean), ``flat/neighbourhood_loss/sigma_<s>_var`` and
+  ``flat/neighbourhood_loss/sigma_<s>_stderr`` (``s`` written with ``:g``; :func:`sigma_key`); every
   scale uses the same standard-normal draws ``z`` (``eps = s * z``), so the curve over ``s`` is paired.
 * ``avg_sharpness`` (seed "In Search of the Successful Interpolation", App. A; Andriushchenko et al.
   2023): ``flat/avg_sharpness`` = ``E[L(theta + delta)] - L(theta)``, ``flat/avg_sharpness_stderr``
@@ -130,10 +130,12 @@ def _hessian(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[s
     return _with_stderr("flat/hessian_trace", est.value, est.stderr)
 
 
-def sigma_key(key: str, sigma: float) -> str:
-    """The metric name of ``key`` at noise scale ``sigma`` for ``neighbourhood_loss``'s ``sigmas``:
-    ``flat/neighbourhood_loss/sigma_0.01`` (``sigma`` with ``:g``; MLflow names allow no ``@`` or ``=``)."""
-    return f"{key}/sigma_{sigma:g}"
+def sigma_key(sigma: float, stat: str = "") -> str:
+    """The metric name of ``neighbourhood_loss``'s sweep at noise scale ``sigma``:
+    ``flat/neighbourhood_loss/sigma_0.01`` (the mean), then ``stat`` = ``_var`` or ``_stderr`` appended
+    (``sigma`` with ``:g``; MLflow names allow no ``@`` or ``=``; the ``_stderr`` ending keeps it among
+    the auxiliary columns of comparison tables)."""
+    return f"flat/neighbourhood_loss/sigma_{sigma:g}{stat}"
 
 
 def _neighbourhood(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int) -> Dict[str, float]:
@@ -143,9 +145,10 @@ def _neighbourhood(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Map
     out["flat/neighbourhood_loss_clean"] = float(est.clean_loss)
     for sigma in p["sigmas"] or ():  # the same seed: the same standard-normal draws z at every sigma (eps = sigma z)
         at = neighbourhood_loss(model, subset, sigma=sigma, n_draws=p["draws"], seed=seed, loss_fn=loss_fn)
-        for key, value in _with_stderr("flat/neighbourhood_loss", at.mean, at.stderr).items():
-            out[sigma_key(key, sigma)] = value
-        out[sigma_key("flat/neighbourhood_loss_var", sigma)] = float(at.variance)
+        out[sigma_key(sigma)] = float(at.mean)
+        out[sigma_key(sigma, "_var")] = float(at.variance)
+        if math.isfinite(at.stderr):
+            out[sigma_key(sigma, "_stderr")] = float(at.stderr)
     return out
 
 
@@ -208,7 +211,7 @@ register_measure(Measure(
         HParam("draws", 40, int, low=2, doc="noise draws (>= 2 for the variance)"),
         _FloatList("sigmas", None, float, low=0.0, low_open=True,
                    doc="optional further noise scales (a sweep, TSAM Fig. 2): per sigma s, the keys "
-                       "flat/neighbourhood_loss/sigma_<s>, flat/neighbourhood_loss_var/sigma_<s>, _stderr/sigma_<s>"),
+                       "flat/neighbourhood_loss/sigma_<s>, .../sigma_<s>_var, .../sigma_<s>_stderr"),
     ),
     compute=_neighbourhood,
     metrics=("flat/neighbourhood_loss", "flat/neighbourhood_loss_var", "flat/neighbourhood_loss_stderr",

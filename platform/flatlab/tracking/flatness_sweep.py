@@ -2,7 +2,7 @@
 scale ``sigma``, one line per arm, from a study's MLflow trials.
 
 A study asks for the sweep with ``measures={"neighbourhood_loss": {"sigmas": [...], ...}}``; every trial
-then logs ``flat/neighbourhood_loss/sigma_<s>`` and ``flat/neighbourhood_loss_var/sigma_<s>``
+then logs ``flat/neighbourhood_loss/sigma_<s>`` and ``flat/neighbourhood_loss/sigma_<s>_var``
 (:mod:`flatlab.sharpness.measures`). After the study, :func:`log_flatness_sweep` (called by the runner's
 post-study step) averages them over seeds per arm and logs, on the launch's parent run:
 
@@ -27,10 +27,9 @@ from typing import Any, List, Optional
 logger = logging.getLogger(__name__)
 
 MEAN_PREFIX = "flat/neighbourhood_loss/sigma_"
-VAR_PREFIX = "flat/neighbourhood_loss_var/sigma_"
 ARTIFACT_DIR = "flatness_sweep"
 STEM = "neighbourhood_loss_vs_sigma"
-_SIGMA = re.compile(r"^flat/neighbourhood_loss/sigma_(.+)$")
+_SIGMA = re.compile(r"^flat/neighbourhood_loss/sigma_([0-9.e+-]+)$")  # the mean's key; + "_var" for the variance
 
 
 def wants_sweep(measures: Any) -> bool:
@@ -44,7 +43,7 @@ def sweep_table(df):
 
     Args:
         df: one row per trial with ``arm``, ``stage``, ``outcome`` and the ``flat/neighbourhood_loss/sigma_<s>``
-            and ``flat/neighbourhood_loss_var/sigma_<s>`` columns.
+            and ``flat/neighbourhood_loss/sigma_<s>_var`` columns.
     Returns:
         A ``pandas.DataFrame`` with columns ``arm``, ``sigma`` (float), ``mean``, ``mean_std``, ``var``,
         ``var_std`` (loss units; ``_var`` in loss units^2; ``_std``: sample standard deviation over seeds,
@@ -66,9 +65,8 @@ def sweep_table(df):
     for arm in dict.fromkeys(rows["arm"]):
         part = rows[rows["arm"] == arm]
         for sigma, col in sigmas:
-            suffix = col[len(MEAN_PREFIX):]
             means = part[col].dropna().astype(float)
-            var_col = VAR_PREFIX + suffix
+            var_col = col + "_var"
             vars_ = part[var_col].dropna().astype(float) if var_col in part else pd.Series(dtype=float)
             if means.empty:
                 continue
