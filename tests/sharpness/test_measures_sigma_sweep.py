@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flatlab.errors import ConfigError
-from flatlab.sharpness import as_subset, compute_measures, resolve_measures
+from flatlab.sharpness import as_subset, compute_measures, get_measure, resolve_measures
 from flatlab.sharpness.average import neighbourhood_loss
 from flatlab.sharpness.measures import sigma_key
 
@@ -30,6 +30,8 @@ def test_every_sigma_gets_its_keys_equal_to_a_direct_estimate(quad, kit):
     assert out["flat/neighbourhood_loss"] == out["flat/neighbourhood_loss/sigma_0.1"]  # sigma is one of them here
     assert sigma_key(0.001) == "flat/neighbourhood_loss/sigma_0.001" and sigma_key(1e-5, "_var") == "flat/neighbourhood_loss/sigma_1e-05_var"
     assert {k for k in out if "/sigma_" in k} == {sigma_key(s, stat) for s in SIGMAS for stat in ("", "_var", "_stderr")}
+    declared = set(get_measure("neighbourhood_loss").metrics)  # with the placeholder <s> for the scale
+    assert {k.replace(f"sigma_{s:g}", "sigma_<s>") for k in out for s in SIGMAS if f"sigma_{s:g}" in k} <= declared
     plain = _run(model, kit, {"sigma": 0.1, "draws": 30})
     assert not any("/sigma_" in k for k in plain)  # no sweep: the keys of before
 
@@ -54,5 +56,7 @@ def test_sigmas_must_be_a_non_empty_list_of_distinct_positive_floats():
             resolve_measures({"neighbourhood_loss": {"sigmas": bad}}, where)
     with pytest.raises(ConfigError, match=r"sigmas\[1\]=-0.5 is not allowed; expected float in \(0, inf\)"):
         resolve_measures({"neighbourhood_loss": {"sigmas": [0.1, -0.5]}}, where)
+    with pytest.raises(ConfigError, match=r"sigmas\[0\]=\[0.1\] is not allowed; expected float in \(0, inf\)"):
+        resolve_measures({"neighbourhood_loss": {"sigmas": [[0.1]]}}, where)
     got = resolve_measures({"neighbourhood_loss": {"sigmas": [0.01, 1]}}, where)["neighbourhood_loss"]
     assert got["sigmas"] == (0.01, 1.0) and isinstance(got["sigmas"][1], float)

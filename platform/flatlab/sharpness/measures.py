@@ -130,12 +130,12 @@ def _hessian(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[s
     return _with_stderr("flat/hessian_trace", est.value, est.stderr)
 
 
-def sigma_key(sigma: float, stat: str = "") -> str:
+def sigma_key(sigma: Union[float, str], stat: str = "") -> str:
     """The metric name of ``neighbourhood_loss``'s sweep at noise scale ``sigma``:
     ``flat/neighbourhood_loss/sigma_0.01`` (the mean), then ``stat`` = ``_var`` or ``_stderr`` appended
     (``sigma`` with ``:g``; MLflow names allow no ``@`` or ``=``; the ``_stderr`` ending keeps it among
     the auxiliary columns of comparison tables)."""
-    return f"flat/neighbourhood_loss/sigma_{sigma:g}{stat}"
+    return f"flat/neighbourhood_loss/sigma_{sigma if isinstance(sigma, str) else format(sigma, 'g')}{stat}"
 
 
 def _neighbourhood(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int) -> Dict[str, float]:
@@ -155,19 +155,22 @@ def _neighbourhood(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Map
 class _FloatList(HParam):
     """An optional non-empty list of distinct floats, each checked like a float ``HParam`` with the same bounds."""
 
+    def _element(self, name: str) -> HParam:
+        return HParam(name, 0.0, float, self.low, self.high, self.low_open, self.high_open)
+
     def allowed(self) -> str:
-        return f"None or a non-empty list of distinct floats, each {HParam(self.name, 0.0, float, self.low, self.high, self.low_open, self.high_open).allowed().removeprefix('float ')}"
+        return f"None or a non-empty list of distinct floats, each {self._element(self.name).allowed().removeprefix('float ')}"
 
     def validate(self, value: Any, where: str = "") -> Any:
         if value is None:
             return None
-        prefix = f"{where}: " if where else ""
-        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value or len(set(value)) != len(value):
-            raise ConfigError(f"{prefix}{self.name}={value!r} is not allowed; expected {self.allowed()}")
-        return tuple(
-            HParam(f"{self.name}[{i}]", 0.0, float, self.low, self.high, self.low_open, self.high_open).validate(v, where)
-            for i, v in enumerate(value)
-        )
+        bad = ConfigError(f"{where + ': ' if where else ''}{self.name}={value!r} is not allowed; expected {self.allowed()}")
+        if not isinstance(value, (list, tuple)) or not value:
+            raise bad
+        out = tuple(self._element(f"{self.name}[{i}]").validate(v, where) for i, v in enumerate(value))
+        if len(set(out)) != len(out):
+            raise bad
+        return out
 
 
 def _avg_sharpness(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int) -> Dict[str, float]:
@@ -215,7 +218,7 @@ register_measure(Measure(
     ),
     compute=_neighbourhood,
     metrics=("flat/neighbourhood_loss", "flat/neighbourhood_loss_var", "flat/neighbourhood_loss_stderr",
-             "flat/neighbourhood_loss_clean"),
+             "flat/neighbourhood_loss_clean", sigma_key("<s>"), sigma_key("<s>", "_var"), sigma_key("<s>", "_stderr")),
 ))
 
 register_measure(Measure(
