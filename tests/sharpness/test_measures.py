@@ -162,7 +162,7 @@ def test_resolve_measures_fills_the_defaults():
     assert resolve_measures(ALL, "study 's'") == {
         "fisher_trace": {"samples": 1, "estimator": "per_example"},
         "hessian_trace": {"probes": 30},
-        "neighbourhood_loss": {"sigma": 0.03, "draws": 40},
+        "neighbourhood_loss": {"sigma": 0.03, "draws": 40, "sigmas": None},
         "avg_sharpness": {"rho": 0.5, "draws": 20, "adaptive": True},
     }
     assert resolve_measures({"avg_sharpness": {}}, "w") == {"avg_sharpness": {"rho": 1.0, "draws": 20, "adaptive": True}}

@@ -14,9 +14,15 @@ FILES = sorted(p.name for p in STUDIES_DIR.glob("*.py") if p.name.startswith(("i
 EXPECTED_FILES = {
     "ire_fig2_wrn16_cifar10.py", "ire_table1_cnn_cifar.py", "ire_table3_vit_cifar100.py",
     "ire_fig3_transformer_wikitext2.py", "ire_fig4_llama.py", "tsam_table1_images.py", "tsam_glue.py",
-    "tsam_table3_samples.py", "tsam_fig4_t_schedule.py",
+    "tsam_table3_samples.py", "tsam_fig4_t_schedule.py", "ire_table2_resnet50_imagenet.py", "tsam_fig2_flatness.py",
 }
-NO_OPTUNA = {"ire_fig4_llama.py", "tsam_table3_samples.py", "tsam_fig4_t_schedule.py"}  # fixed comparisons / ablations
+NO_OPTUNA = {"ire_fig4_llama.py", "tsam_table3_samples.py", "tsam_fig4_t_schedule.py",  # fixed comparisons / ablations
+             "ire_table2_resnet50_imagenet.py", "tsam_fig2_flatness.py"}
+
+
+def paper_name(smoke_name):
+    """The paper-scale study a smoke study mirrors (a smoke study may carry its own ``_smoke`` name)."""
+    return smoke_name.removesuffix("_smoke")
 
 
 def load(name, scale):
@@ -43,12 +49,12 @@ def test_file_loads_at_both_scales_and_smoke_is_small_and_offline(name):
     for s in paper:
         assert s.resources.gpu >= 1
         assert "synthetic" not in str(s.workload_params.get("data_path"))
-    assert {s.name for s in smoke} <= {s.name for s in paper}
+    assert {paper_name(s.name) for s in smoke} <= {s.name for s in paper}
     for s in smoke:
         assert s.max_epochs <= 2 and s.resources.gpu == 0 and s.max_concurrent == 1
         assert s.workload_params.get("data_path") == "synthetic"
         assert s.num_total_trials() <= 4
-        assert [a.name for a in s.arms] == [a.name for a in next(p for p in paper if p.name == s.name).arms]  # same structure
+        assert [a.name for a in s.arms] == [a.name for a in next(p for p in paper if p.name == paper_name(s.name)).arms]  # same structure
     with pytest.raises(ConfigError, match=r"scale='huge' is not defined; valid scales: paper, smoke"):
         load(name, "huge")
 
@@ -131,3 +137,25 @@ def test_tsam_glue_and_ablations():
     assert grid_values(samples, "tsam", "s") == [3, 5]
     sched = load("tsam_fig4_t_schedule.py", "paper")[0]
     assert grid_values(sched, "tsam", "t_schedule") == ["constant", "increase", "decrease"]
+
+
+def test_ire_table2_grid():
+    s = load("ire_table2_resnet50_imagenet.py", "paper")[0]
+    assert s.workload == "imagenet" and s.workload_params["model"] == "resnet50"
+    assert [a.optimizer for a in s.arms] == ["sgd", "sgd_ire", "sam", "sam_ire"]
+    for arm in ("sgd_ire", "sam_ire"):
+        assert grid_values(s, arm, "gamma") == [0.8, 0.6] and grid_values(s, arm, "kappa") == [2, 4]
+        assert s.arm(arm).constants()["switch_loss"] == 1.5  # the paper's threshold, no label smoothing
+    assert s.train["label_smoothing"] == 0.0 and s.seeds == (0, 1, 2) and s.num_total_trials() == 30
+    smoke = load("ire_table2_resnet50_imagenet.py", "smoke")[0]
+    assert smoke.name == "ire_table2_resnet50_imagenet_smoke" and smoke.resources.gpu == 0
+
+
+def test_tsam_fig2_sweeps_sigma_for_erm_sam_and_tsam():
+    s = load("tsam_fig2_flatness.py", "paper")[0]
+    assert [(a.name, a.optimizer) for a in s.arms] == [("erm", "sgd"), ("sam", "sam"), ("tsam", "tsam")]
+    assert s.arm("tsam").constants()["t"] == 20  # the paper's best t on CIFAR-100 / ResNet-18
+    nl = s.measures["neighbourhood_loss"]
+    assert list(nl["sigmas"]) == sorted(nl["sigmas"]) and len(nl["sigmas"]) >= 5 and s.measure_split == "train"
+    assert s.workload == "cifar100" and s.seeds == (0, 1, 2)
+    assert load("tsam_fig2_flatness.py", "smoke")[0].name == "tsam_fig2_flatness_smoke"

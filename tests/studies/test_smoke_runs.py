@@ -26,6 +26,8 @@ SLOW = (
     "tsam_table1_images.py",
     "tsam_glue.py",
     "tsam_table3_samples.py",
+    "ire_table2_resnet50_imagenet.py",
+    "tsam_fig2_flatness.py",
 )
 
 

@@ -8,7 +8,7 @@ import pytest
 from flatlab.train.trainer import Trainer, TrialSpec
 from flatlab.workloads import WORKLOADS, build_workload
 
-PAPER_WORKLOADS = [n for n in WORKLOADS.names() if n.split("/")[0] in ("cifar10", "cifar100", "dtd", "glue", "lm")]
+PAPER_WORKLOADS = [n for n in WORKLOADS.names() if n.split("/")[0] in ("cifar10", "cifar100", "dtd", "glue", "lm", "imagenet")]
 
 
 def test_the_paper_workloads_are_registered():

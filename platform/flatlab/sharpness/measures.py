@@ -18,7 +18,11 @@ Registered measures (``flatlab measures`` lists them) and the metric keys each o
   parameter unit^2), ``flat/hessian_trace_stderr`` (over probes, when ``probes >= 2``).
 * ``neighbourhood_loss`` (TSAM paper, Fig. 2): ``flat/neighbourhood_loss`` = mean of ``L(theta + eps)``,
   ``flat/neighbourhood_loss_var`` = its sample variance over draws, ``flat/neighbourhood_loss_stderr``,
-  ``flat/neighbourhood_loss_clean`` = ``L(theta)`` on the same subset (loss units).
+  ``flat/neighbourhood_loss_clean`` = ``L(theta)`` on the same subset (loss units). With ``sigmas``
+  (a list of further noise scales, for a sweep such as TSAM Fig. 2), per ``s`` in it also
+  ``flat/neighbourhood_loss/sigma_<s>`` (mean), ``flat/neighbourhood_loss/sigma_<s>_var`` and
+  ``flat/neighbourhood_loss/sigma_<s>_stderr`` (``s`` written with ``:g``; :func:`sigma_key`); every
+  scale uses the same standard-normal draws ``z`` (``eps = s * z``), so the curve over ``s`` is paired.
 * ``avg_sharpness`` (seed "In Search of the Successful Interpolation", App. A; Andriushchenko et al.
   2023): ``flat/avg_sharpness`` = ``E[L(theta + delta)] - L(theta)``, ``flat/avg_sharpness_stderr``
   (when ``draws >= 2``), ``flat/avg_sharpness_clean`` = ``L(theta)`` (loss units).
@@ -126,12 +130,47 @@ def _hessian(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[s
     return _with_stderr("flat/hessian_trace", est.value, est.stderr)
 
 
+def sigma_key(sigma: Union[float, str], stat: str = "") -> str:
+    """The metric name of ``neighbourhood_loss``'s sweep at noise scale ``sigma``:
+    ``flat/neighbourhood_loss/sigma_0.01`` (the mean), then ``stat`` = ``_var`` or ``_stderr`` appended
+    (``sigma`` with ``:g``; MLflow names allow no ``@`` or ``=``; the ``_stderr`` ending keeps it among
+    the auxiliary columns of comparison tables)."""
+    return f"flat/neighbourhood_loss/sigma_{sigma if isinstance(sigma, str) else format(sigma, 'g')}{stat}"
+
+
 def _neighbourhood(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int) -> Dict[str, float]:
     est = neighbourhood_loss(model, subset, sigma=p["sigma"], n_draws=p["draws"], seed=seed, loss_fn=loss_fn)
     out = _with_stderr("flat/neighbourhood_loss", est.mean, est.stderr)
     out["flat/neighbourhood_loss_var"] = float(est.variance)
     out["flat/neighbourhood_loss_clean"] = float(est.clean_loss)
+    for sigma in p["sigmas"] or ():  # the same seed: the same standard-normal draws z at every sigma (eps = sigma z)
+        at = neighbourhood_loss(model, subset, sigma=sigma, n_draws=p["draws"], seed=seed, loss_fn=loss_fn)
+        out[sigma_key(sigma)] = float(at.mean)
+        out[sigma_key(sigma, "_var")] = float(at.variance)
+        if math.isfinite(at.stderr):
+            out[sigma_key(sigma, "_stderr")] = float(at.stderr)
     return out
+
+
+class _FloatList(HParam):
+    """An optional non-empty list of distinct floats, each checked like a float ``HParam`` with the same bounds."""
+
+    def _element(self, name: str) -> HParam:
+        return HParam(name, 0.0, float, self.low, self.high, self.low_open, self.high_open)
+
+    def allowed(self) -> str:
+        return f"None or a non-empty list of distinct floats, each {self._element(self.name).allowed().removeprefix('float ')}"
+
+    def validate(self, value: Any, where: str = "") -> Any:
+        if value is None:
+            return None
+        bad = ConfigError(f"{where + ': ' if where else ''}{self.name}={value!r} is not allowed; expected {self.allowed()}")
+        if not isinstance(value, (list, tuple)) or not value:
+            raise bad
+        out = tuple(self._element(f"{self.name}[{i}]").validate(v, where) for i, v in enumerate(value))
+        if len(set(out)) != len(out):
+            raise bad
+        return out
 
 
 def _avg_sharpness(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int) -> Dict[str, float]:
@@ -173,10 +212,13 @@ register_measure(Measure(
         HParam("sigma", 0.03, float, low=0.0, low_open=True,
                doc="noise standard deviation per coordinate, parameter units (default: the issue's example value)"),
         HParam("draws", 40, int, low=2, doc="noise draws (>= 2 for the variance)"),
+        _FloatList("sigmas", None, float, low=0.0, low_open=True,
+                   doc="optional further noise scales (a sweep, TSAM Fig. 2): per sigma s, the keys "
+                       "flat/neighbourhood_loss/sigma_<s>, .../sigma_<s>_var, .../sigma_<s>_stderr"),
     ),
     compute=_neighbourhood,
     metrics=("flat/neighbourhood_loss", "flat/neighbourhood_loss_var", "flat/neighbourhood_loss_stderr",
-             "flat/neighbourhood_loss_clean"),
+             "flat/neighbourhood_loss_clean", sigma_key("<s>"), sigma_key("<s>", "_var"), sigma_key("<s>", "_stderr")),
 ))
 
 register_measure(Measure(
@@ -367,4 +409,5 @@ __all__ = [
     "measure_subset",
     "register_measure",
     "resolve_measures",
+    "sigma_key",
 ]

@@ -136,6 +136,8 @@ def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_
 
         log_comparison(tracking_uri, parent_run_id, trials_frame(tracking_uri, study.name), study.reference_arm,
                        study=study.name)
+    from flatlab.tracking.flatness_sweep import log_flatness_sweep  # TSAM Fig. 2, when the study's measures sweep sigma
+    log_flatness_sweep(tracking_uri, parent_run_id, study, console)
     _after_study(study, tracking_uri, out, console)
 
 
