@@ -181,43 +181,51 @@ def optuna_plots(study: Any, out: Path, tmp: Path, skipped: List[str]) -> List[P
             skipped.append(f"parallel coordinates and importances of arm {arm.name!r}: it searches no parameter")
             continue
         try:
-            st = optuna.load_study(study_name=optuna_study_name(launch, arm.name), storage=storage)
-        except KeyError:
-            skipped.append(f"parallel coordinates and importances of arm {arm.name!r}: no Optuna study {optuna_study_name(launch, arm.name)!r}")
-            continue
-        done = st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if not done:
-            skipped.append(f"parallel coordinates and importances of arm {arm.name!r}: no completed trial")
-            continue
-        paths.append(_optuna_png(lambda: optuna.visualization.matplotlib.plot_parallel_coordinate(st),
-                                 tmp / f"parallel_coordinate_{arm.name}.png", f"{arm.name}: {study.metric}"))
-        if len(done) < 2:
-            skipped.append(f"importances of arm {arm.name!r}: {len(done)} completed trial (needs >= 2)")
-            continue
-        evaluator = optuna.importance.FanovaImportanceEvaluator(seed=IMPORTANCE_SEED)
-        try:
-            paths.append(_optuna_png(lambda: optuna.visualization.matplotlib.plot_param_importances(st, evaluator=evaluator),
-                                     tmp / f"param_importances_{arm.name}.png", f"{arm.name}: importance for {study.metric}"))
-        except (ValueError, RuntimeError) as exc:  # e.g. every completed trial has the same values
-            skipped.append(f"importances of arm {arm.name!r}: {exc}")
+            paths += _arm_plots(optuna.load_study(study_name=optuna_study_name(launch, arm.name), storage=storage),
+                                arm.name, study.metric, tmp, skipped)
+        except Exception as exc:  # noqa: BLE001 - one arm's plot must not cost the others theirs
+            logger.warning("study report: Optuna plots of arm %s failed: %s", arm.name, exc, exc_info=True)
+            skipped.append(f"parallel coordinates and importances of arm {arm.name!r} ({type(exc).__name__}: {exc})")
+    return paths
+
+
+def _arm_plots(st: Any, arm: str, metric: str, tmp: Path, skipped: List[str]) -> List[Path]:
+    """The parallel-coordinate and importance PNGs of one arm's Optuna study ``st`` (see :func:`optuna_plots`)."""
+    import optuna
+
+    plots = optuna.visualization.matplotlib
+    done = st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if not done:
+        skipped.append(f"parallel coordinates and importances of arm {arm!r}: no completed trial")
+        return []
+    paths = [_optuna_png(lambda: plots.plot_parallel_coordinate(st, target_name=metric),
+                         tmp / f"parallel_coordinate_{arm}.png", f"{arm}: {metric}")]
+    if len(done) < 2:
+        skipped.append(f"importances of arm {arm!r}: {len(done)} completed trial (needs >= 2)")
+        return paths
+    evaluator = optuna.importance.FanovaImportanceEvaluator(seed=IMPORTANCE_SEED)
+    paths.append(_optuna_png(lambda: plots.plot_param_importances(st, evaluator=evaluator, target_name=metric),
+                             tmp / f"param_importances_{arm}.png", f"{arm}: importance for {metric}"))
     return paths
 
 
 def _optuna_png(draw: Any, path: Path, title: str) -> Path:
     """Run one of Optuna's matplotlib plots (``draw() -> Axes``), title it, save it to ``path`` and close
-    its figure (Optuna draws through pyplot: an open figure would stay in pyplot's registry)."""
+    its figure. Optuna draws through pyplot and switches pyplot's style to ``ggplot`` for good: the
+    caller's rcParams are restored afterwards, and the figure leaves pyplot's registry."""
+    import matplotlib
     import matplotlib.pyplot as plt
     import optuna
 
-    with warnings.catch_warnings():
+    with matplotlib.rc_context(), warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         ax = draw()
-    fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
-    try:
-        fig.suptitle(title, fontsize="medium")
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-    finally:
-        plt.close(fig)
+        fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+        try:
+            fig.suptitle(title, fontsize="medium")
+            fig.savefig(path, dpi=110, bbox_inches="tight")
+        finally:
+            plt.close(fig)
     return path
 
 
