@@ -219,6 +219,7 @@ def _optuna_png(draw: Any, path: Path, title: str) -> Path:
 
     with matplotlib.rc_context(), warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.simplefilter("ignore", UserWarning)  # matplotlib on one trial: "identical low and high ylims"
         ax = draw()
         fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
         try:
