@@ -67,7 +67,8 @@ def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Pat
     except Exception as exc:  # noqa: BLE001
         logger.warning("study report: best-per-arm metrics not logged to run %s: %s", parent_run_id, exc, exc_info=True)
     plots = (
-        ("learning curves", lambda tmp: [plot_learning_curves(client, df, study.metric, tmp / "learning_curves.png")]),
+        ("learning curves", lambda tmp: [plot_learning_curves(client, df, study.metric, tmp / "learning_curves.png",
+                                                              arms=[a.name for a in study.arms])]),
         ("Optuna plots", lambda tmp: optuna_plots(study, Path(out), tmp, skipped)),
         ("metric against flatness", lambda tmp: flatness_plot(study, df, tmp, skipped)),
     )
