@@ -36,7 +36,7 @@ def mlflow_server(tmp_path):
         env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
-        wait_http(f"http://127.0.0.1:{port}/health", timeout=90)
+        wait_http(f"http://127.0.0.1:{port}/health", timeout=240)  # minutes on a loaded machine
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.send_signal(signal.SIGTERM)
