@@ -36,7 +36,7 @@ def mlflow_server(tmp_path):
         env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
-        wait_http(f"http://127.0.0.1:{port}/health", timeout=90)
+        wait_http(f"http://127.0.0.1:{port}/health", timeout=240)  # minutes on a loaded machine
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -58,6 +58,8 @@ def test_study_logs_to_a_tracking_server_workers_included(tmp_path, mlflow_serve
     for r in children:
         assert len(c.get_metric_history(r.info.run_id, "val/accuracy")) == 2
         assert [a.path for a in c.list_artifacts(r.info.run_id, "model")] == ["model/model.safetensors"]
+    assert "View run" not in res.stdout + res.stderr  # MLflow's per-run URL lines are off
+    assert c.get_experiment(exp.experiment_id).tags[runs.TAG_EXPERIMENT_KIND] == "custom_model_development"
     res = flatlab("results", "srv", "--tracking-uri", mlflow_server)
     assert res.returncode == 0 and res.stdout.count("FINISHED") == 2
 
@@ -234,3 +236,15 @@ STUDY = Study(
         assert [m.step for m in c.get_metric_history(r.info.run_id, "epoch")] == list(range(1, epochs + 1))
     launch = json.loads((root / "err" / "launch.json").read_text())
     assert launch["status"] == "finished" and launch["num_errors"] == 0
+
+
+def test_no_view_run_lines_from_flatlab_clients(mlflow_server, capfd, monkeypatch):
+    """MLflow prints "🏃 View run ..." whenever a run on an HTTP server ends; flatlab's clients do not."""
+    monkeypatch.delenv(runs.SUPPRESS_URL_ENV, raising=False)
+    c = runs.client(mlflow_server)
+    exp = runs.get_or_create_experiment(mlflow_server, "quiet")
+    c.set_terminated(c.create_run(exp).info.run_id)
+    assert "View run" not in capfd.readouterr().out
+    monkeypatch.setenv(runs.SUPPRESS_URL_ENV, "false")  # the control: MLflow's own behaviour
+    c.set_terminated(c.create_run(exp).info.run_id)
+    assert "View run" in capfd.readouterr().out

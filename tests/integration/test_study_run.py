@@ -145,3 +145,38 @@ def test_runs_left_open_end_as_interrupted_or_failed_with_the_launch(tmp_path, f
     cb.close(interrupted=not failed, failed=failed)
     run = runs.client(uri).search_runs([exp], filter_string=f"tags.`{runs.TAG_TRIAL}` = 't1'")[0]
     assert (run.info.status, run.data.tags[runs.TAG_OUTCOME]) == expected
+
+
+def test_full_config_environment_and_study_report(study_run):
+    """The arm 'adamw' searches only lr: its run still records every resolved value; the parent run has the
+    environment, the best values per arm and the report's plots; the experiment opens as a training one."""
+    import json
+
+    import ray
+    import torch
+
+    root, outcome = study_run
+    c = runs.client(outcome.tracking_uri)
+    assert c.get_experiment(outcome.experiment_id).tags[runs.TAG_EXPERIMENT_KIND] == "custom_model_development"
+    children = c.search_runs([outcome.experiment_id], filter_string=f"tags.`{runs.PARENT}` = '{outcome.parent_run_id}'")
+    adamw = next(r for r in children if r.data.tags[runs.TAG_ARM] == "adamw")
+    p = adamw.data.params
+    assert 1e-3 <= float(p["lr"]) <= 1e-2 and p["opt.lr"] == p["lr"]  # the searched value under its own name too
+    assert p["opt.beta1"] == "0.9" and p["opt.weight_decay"] == "0.0"  # adamw's declared defaults
+    assert p["train.batch_size"] == "64" and p["train.schedule"] == "cosine" and p["train.epochs"] == str(EPOCHS)
+    assert p["wl.width"] == "32" and p["wl.model"] == "mlp" and p["wl.depth"] == "2"
+    trial = json.loads(open(c.download_artifacts(adamw.info.run_id, "trial.json", str(root))).read())
+    assert trial["resolved"]["trainer"]["batch_size"] == 64 and trial["resolved"]["optimizer"]["beta2"] == 0.999
+    assert trial["resolved"]["optimizer"]["lr"] == float(p["lr"])
+    parent = c.get_run(outcome.parent_run_id)
+    for run in (parent, adamw):
+        assert run.data.tags["flatlab.env.ray"] == ray.__version__
+        assert run.data.tags["flatlab.env.cuda"] == (torch.version.cuda or "none")
+    packages = open(c.download_artifacts(outcome.parent_run_id, "environment/requirements.txt", str(root))).read()
+    assert f"ray=={ray.__version__}" in packages.splitlines()
+    report = {a.path for a in c.list_artifacts(outcome.parent_run_id, "report")}
+    # one completed trial per arm: parallel coordinates of the searching arms, no importances (needs >= 2)
+    assert report == {"report/learning_curves.png", "report/parallel_coordinate_sgd.png", "report/parallel_coordinate_adamw.png"}
+    assert parent.data.metrics["best/adamw/val/accuracy"] == adamw.data.metrics["val/accuracy"]
+    assert parent.data.metrics["best/adamw/test/accuracy"] == adamw.data.metrics["test/accuracy"]
+    assert "best/boom/val/accuracy" not in parent.data.metrics  # it diverged: no completed trial

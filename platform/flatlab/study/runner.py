@@ -138,6 +138,8 @@ def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_
                        study=study.name)
     from flatlab.tracking.flatness_sweep import log_flatness_sweep  # TSAM Fig. 2, when the study's measures sweep sigma
     log_flatness_sweep(tracking_uri, parent_run_id, study, console)
+    from flatlab.tracking.study_report import log_study_report  # best per arm and plots on the parent run
+    log_study_report(study, tracking_uri, parent_run_id, out, console)
     _after_study(study, tracking_uri, out, console)
 
 
@@ -174,6 +176,7 @@ def _open_launch(
     from mlflow.entities import Param
 
     from flatlab.study.plan import plan
+    from flatlab.tracking.environment import log_packages
 
     experiment_id = runs.get_or_create_experiment(tracking_uri, study.name, runs.artifact_location(root))
     client = runs.client(tracking_uri)
@@ -193,6 +196,7 @@ def _open_launch(
     params.update({"source": opts.source, "workload_params": p["workload_params"], "train": p["train"]})
     client.log_batch(parent.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
     client.log_dict(parent.info.run_id, p, "plan.json")
+    log_packages(client, parent.info.run_id)  # environment/requirements.txt (tracking/environment.py)
     if opts.source and Path(opts.source).is_file():
         client.log_artifact(parent.info.run_id, opts.source, artifact_path="study")
     return experiment_id, parent.info.run_id, exp_name
@@ -377,6 +381,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     from flatlab.study.trainable import run_trial
     from flatlab.tracking.artifacts import WorkerTracking
     from flatlab.tracking.callback import MLflowTrialLogger
+    from flatlab.tracking.environment import environment_tags
     from flatlab.workloads.registry import build_workload
 
     t0 = time.monotonic()
@@ -414,6 +419,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         runs.TAG_WORKLOAD: study.workload,
         runs.TAG_COMMIT: runs.git_commit(),
         runs.TAG_VERSION: __version__,
+        **environment_tags(),  # python, torch, CUDA, Ray ... versions (tracking/environment.py)
         **opts.extra_tags,
     }
     # MLflow set-up (seconds on a fresh SQLite store) overlaps Ray's start-up and the data loading.
@@ -451,6 +457,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         max_epochs=study.max_epochs,
         metric=study.metric,
         mode=study.mode,
+        study=study,  # child runs' params: the resolved configuration too
     )
     progress = ProgressPrinter(total + len(study.arms) * len(study.final_seeds), study.metric, study.mode,
                                max_epochs=study.max_epochs)

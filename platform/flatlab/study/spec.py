@@ -251,6 +251,18 @@ class Study:
             device=device,
         )
 
+    def resolved_config(self, config: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
+        """Every value one trial (``config``: ``{"arm", "seed", field: value ...}``) runs with, defaults
+        filled in from the declarations: ``{"optimizer": {...}, "trainer": {...}, "workload": {...}}``
+        (``trainer`` includes ``epochs``; see :func:`flatlab.train.resolved.resolve_spec`).
+
+        Raises:
+            ConfigError: a value outside its allowed range; UnknownNameError: an unknown arm.
+        """
+        from flatlab.train.resolved import resolve_spec
+
+        return resolve_spec(self.trial_spec(config))
+
     def num_total_trials(self) -> int:
         """Trials the whole study launches (all arms)."""
         if self.searcher == "grid":

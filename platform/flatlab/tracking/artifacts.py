@@ -51,7 +51,9 @@ def log_trial_artifacts(
     metrics: Dict[str, Any],
     curve: Optional[Sequence[Tuple[int, float]]] = None,
 ) -> Optional[str]:
-    """Upload ``model/model.safetensors`` and ``trial.json`` (spec + final metrics) to the trial's run,
+    """Upload ``model/model.safetensors`` and ``trial.json`` (``spec``: the values the study set;
+    ``resolved``: every value the trial ran with, defaults included, as
+    :func:`flatlab.train.resolved.resolve_spec` gives it; ``final_metrics``) to the trial's run,
     and log ``curve`` (``trainer.curve.points()``: ``(optimizer step, smoothed training loss)``, the
     loss in the workload's units, e.g. nats per token) as the metric history ``train/loss_smoothed``,
     which :func:`flatlab.tracking.speedup.log_steps_to_target` reads after the study.
@@ -72,7 +74,7 @@ def log_trial_artifacts(
         except Exception:  # noqa: BLE001 - a tracking hiccup must not fail the trial
             logger.warning("could not log %s for trial %s", CURVE_METRIC, trial_id, exc_info=True)
     with tempfile.TemporaryDirectory() as tmp:
-        info = {"spec": asdict(spec), "final_metrics": metrics}
+        info = {"spec": asdict(spec), "resolved": _resolved(spec, trial_id), "final_metrics": metrics}
         with open(os.path.join(tmp, "trial.json"), "w") as f:
             json.dump(info, f, indent=2, default=str)
         client.log_artifact(run_id, os.path.join(tmp, "trial.json"))
@@ -82,3 +84,14 @@ def log_trial_artifacts(
             save_file(state, os.path.join(tmp, "model", "model.safetensors"))
             client.log_artifacts(run_id, os.path.join(tmp, "model"), artifact_path="model")
     return run_id
+
+
+def _resolved(spec: Any, trial_id: str) -> Optional[Dict[str, Dict[str, Any]]]:
+    """``spec``'s resolved configuration, or ``None`` (logged) where it cannot be resolved."""
+    from flatlab.train.resolved import resolve_spec
+
+    try:
+        return resolve_spec(spec)
+    except Exception:  # noqa: BLE001 - artifacts must never fail a trial
+        logger.warning("could not resolve the configuration of trial %s", trial_id, exc_info=True)
+        return None

@@ -39,6 +39,8 @@ class MLflowTrialLogger(Callback):
         arm_optimizer: arm name -> optimizer name (tagged on each child run).
         max_epochs: trials whose last epoch is below it and that did not diverge count as pruned.
         metric, mode: the study metric; ``best/<metric>`` is logged alongside it.
+        study: the :class:`~flatlab.study.spec.Study`; when given, each child run's params hold the
+            trial's resolved configuration too (:func:`flatlab.tracking.runs.trial_params`).
     """
 
     def __init__(
@@ -51,6 +53,7 @@ class MLflowTrialLogger(Callback):
         max_epochs: int,
         metric: str,
         mode: str,
+        study: Any = None,
     ) -> None:
         self.tracking_uri = tracking_uri
         self.experiment_id = experiment_id
@@ -60,14 +63,16 @@ class MLflowTrialLogger(Callback):
         self.max_epochs = max_epochs
         self.metric = metric
         self.mode = mode
+        self.study = study
         self._init_runtime()
 
     # ---- pickling: configuration only ----------------------------------------------------------
     def __getstate__(self) -> Dict[str, Any]:
-        keep = ("tracking_uri", "experiment_id", "parent_run_id", "tags", "arm_optimizer", "max_epochs", "metric", "mode")
+        keep = ("tracking_uri", "experiment_id", "parent_run_id", "tags", "arm_optimizer", "max_epochs", "metric", "mode", "study")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.study = None  # state pickled before the callback held its study
         self.__dict__.update(state)
         self._init_runtime()
 
@@ -206,14 +211,24 @@ class MLflowTrialLogger(Callback):
             }
             run = client.create_run(self.experiment_id, tags=tags, run_name=f"{arm}-{trial_id}")
             run_id = run.info.run_id
-            params = [Param(k, str(v)) for k, v in sorted(config.items()) if k != runs.STAGE_KEY]
-            client.log_batch(run_id, params=params)
+            client.log_batch(run_id, params=[Param(k, v) for k, v in self._params(config).items()])
         else:
             client.update_run(run_id, status="RUNNING")
             if runs.TAG_ERROR in client.get_run(run_id).data.tags:  # restarted after an error: not failed now
                 client.delete_tag(run_id, runs.TAG_ERROR)
         self._run_ids[trial_id] = run_id
         self._open.add(trial_id)
+
+    def _params(self, config: Dict[str, Any]) -> Dict[str, str]:
+        """The child run's params: ``config`` as given, and its resolved configuration where it can be
+        resolved (a failure is logged: the trial itself reports the bad value)."""
+        resolved = None
+        if self.study is not None:
+            try:
+                resolved = self.study.resolved_config({k: v for k, v in config.items() if k != runs.STAGE_KEY})
+            except Exception:  # noqa: BLE001 - the trial fails with the real error; keep its run
+                logger.warning("could not resolve the configuration of %s", config, exc_info=True)
+        return runs.trial_params(config, resolved)
 
     def _send_metrics(self, client: Any, pending: Dict[str, List]) -> None:
         from mlflow.entities import Metric

@@ -586,7 +586,7 @@ def format_comparison(comparison: Comparison, fmt: str) -> str:
 # Plot and MLflow
 
 
-def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None) -> Path:
+def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_trials: bool = False) -> Path:
     """Save a PNG: the test metric against each flatness measure, one point per seed (completed
     trials), one colour per arm; one panel per ``flat/*`` measure (log x where a measure is positive
     and spans more than two decades).
@@ -595,6 +595,8 @@ def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None) -> Path
         data: a :class:`Comparison`, or a ``trials_frame`` table (its :func:`select_sample` is plotted).
         path: the PNG file to write (its folder must exist).
         metric: the test metric when ``data`` is a table (default as in :func:`compare_table`).
+        all_trials: with a table, plot every completed trial (a search's trials, one point each)
+            instead of its :func:`select_sample`.
     Returns:
         ``path`` as a ``Path``.
     Raises:
@@ -609,7 +611,7 @@ def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None) -> Path
     if isinstance(data, Comparison):
         seeds, metric, title = data.seeds, data.metric, data.study
     else:
-        sample, _, _ = select_sample(data)
+        sample = data[_completed(data)] if all_trials else select_sample(data)[0]
         metric = metric or _test_metric(data) or "test/accuracy"
         seeds = seed_values(sample, [metric] + [c for c in sample.columns if c.startswith(FLAT_PREFIX)])
         title = ""

@@ -83,7 +83,7 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
                 if k not in row and k not in ("epoch",):
                     row[FINAL_NAMES.get(k, k)] = m[k]
             for k, v in sorted(r.data.params.items()):
-                if k not in ("arm", "seed"):
+                if k not in ("arm", "seed") and not runs.is_resolved_param(k):  # opt.*, train.*, wl.*: the run's params
                     row[f"param.{k}"] = v
             row["run_id"] = r.info.run_id
             row["trial_id"] = r.data.tags.get(runs.TAG_TRIAL, "")

@@ -29,6 +29,39 @@ PARENT = "mlflow.parentRunId"
 STAGE_KEY = "stage"  # the trial config key that carries the stage (not a hyperparameter; never logged as a param)
 STAGE_SEARCH, STAGE_FINAL = "search", "final"
 
+# A trial's MLflow params: its config as the searcher gave it under the plain names (``arm``, ``seed``,
+# ``lr`` ...: what queries such as ``params.lr`` use), and every resolved value, defaults included, under
+# a prefix per section (``opt.momentum``, ``train.batch_size``, ``wl.width``). Field names never hold a
+# dot, so a dotted param is always a resolved one.
+RESOLVED_PREFIX = {"optimizer": "opt.", "trainer": "train.", "workload": "wl."}
+PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value's length (characters)
+
+# MLflow 3's UI opens an experiment by this tag: training runs, not the GenAI (traces) overview.
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+# MLflowClient.set_terminated prints "🏃 View run ... / 🧪 View experiment ..." to stdout for every run
+# ended on an HTTP tracking server (mlflow/tracking/_tracking_service/client.py, _log_url), one pair per
+# trial: flatlab's clients turn that off (the user may set it to "false" to have them back).
+SUPPRESS_URL_ENV = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+
+
+def is_resolved_param(name: str) -> bool:
+    """Whether an MLflow param of a trial is one of its resolved values (``opt.*``, ``train.*``, ``wl.*``)."""
+    return name.startswith(tuple(RESOLVED_PREFIX.values()))
+
+
+def trial_params(config: Dict[str, Any], resolved: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, str]:
+    """The MLflow params of a trial: ``config``'s entries under their own names (except the stage, which
+    is a tag), then ``resolved`` (:meth:`flatlab.study.spec.Study.resolved_config`) as
+    ``<prefix><name>`` (:data:`RESOLVED_PREFIX`). Values are ``str(value)``, cut to MLflow's limit: the
+    same config always gives the same strings, as MLflow requires of a resumed run."""
+    out = {k: str(v) for k, v in sorted(config.items()) if k != STAGE_KEY}
+    for section, values in (resolved or {}).items():
+        prefix = RESOLVED_PREFIX[section]
+        out.update({f"{prefix}{k}": str(v) for k, v in sorted(values.items())})
+    return {k: v[:PARAM_VALUE_LIMIT] for k, v in out.items()}
+
 
 def default_tracking_uri(root: Path) -> str:
     """``MLFLOW_TRACKING_URI`` if set, else a SQLite file ``<root>/mlflow.db``."""
@@ -128,6 +161,7 @@ def client(tracking_uri: str):
     """
     from mlflow.tracking import MlflowClient
 
+    os.environ.setdefault(SUPPRESS_URL_ENV, "true")  # read at each set_terminated: no "View run" lines
     db = sqlite_file(tracking_uri)
     if db is None or tracking_uri in _SCHEMA_READY:
         return MlflowClient(tracking_uri=tracking_uri)
@@ -166,15 +200,21 @@ def client(tracking_uri: str):
 
 
 def get_or_create_experiment(tracking_uri: str, name: str, artifact_root: Optional[str] = None) -> str:
-    """Experiment id for ``name`` (created if missing; local SQLite stores get ``artifact_root``)."""
+    """Experiment id for ``name`` (created if missing; local SQLite stores get ``artifact_root``).
+
+    The experiment is marked as a training experiment (tag ``mlflow.experimentKind`` =
+    ``custom_model_development``), so MLflow 3's UI opens its runs, not the GenAI overview; an existing
+    experiment gets the tag too."""
     c = client(tracking_uri)
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             c.restore_experiment(exp.experiment_id)
+        if exp.tags.get(TAG_EXPERIMENT_KIND) != EXPERIMENT_KIND:
+            c.set_experiment_tag(exp.experiment_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND)
         return exp.experiment_id
     use_root = artifact_root if tracking_uri.startswith("sqlite:") else None
-    return c.create_experiment(name, artifact_location=use_root)
+    return c.create_experiment(name, artifact_location=use_root, tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND})
 
 
 def find_trial_run(tracking_uri: str, experiment_id: str, trial_id: str, parent_run_id: str, wait_s: float = 0.0) -> Optional[str]:

@@ -19,14 +19,13 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 
 from flatlab.errors import ConfigError
-from flatlab.hparams import resolve
 from flatlab.optim.protocol import Progress
 from flatlab.optim.registry import get_optimizer
 from flatlab.train.checkpoint import STATE_FILE, CheckpointError, load_state, save_state
 from flatlab.train.closure import BatchClosure
-from flatlab.train.config import TRAINER_HPARAMS
 from flatlab.train.curve import LossCurve
 from flatlab.train.precision import accumulation_dtype
+from flatlab.train.resolved import resolve_trainer
 from flatlab.train.schedules import Schedule
 from flatlab.train.seeding import rng_state, seed_everything, set_rng_state
 from flatlab.workloads.base import Data, Workload, take, to_device
@@ -92,8 +91,7 @@ class Trainer:
     def __init__(self, spec: TrialSpec, data: Data, workload: Optional[Workload] = None) -> None:
         self.spec = spec
         self.workload = workload or build_workload(spec.workload, **dict(spec.workload_params))
-        defaults = {k: getattr(self.workload.train_defaults, k) for k in ("batch_size", "schedule", "warmup_epochs", "label_smoothing")}
-        self.hp = resolve(TRAINER_HPARAMS, {**defaults, **dict(spec.trainer_params)}, "trainer")
+        self.hp = resolve_trainer(self.workload.train_defaults, spec.trainer_params)
         self.data = data
         self.device = torch.device(spec.device)
         seed_everything(spec.seed)

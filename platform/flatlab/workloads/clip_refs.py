@@ -140,7 +140,7 @@ def find_trial_run(tracking_uri: str, study: str, arm: str, params: Dict[str, st
     wanted = "&".join(f"{k}={v}" for k, v in params.items()) or "(no params)"
     if not matches:
         shown = "; ".join(
-            ", ".join(f"{k}={v}" for k, v in sorted(r.data.params.items()) if k != "arm") for r in finished[:8]
+            ", ".join(f"{k}={v}" for k, v in sorted(r.data.params.items()) if k != "arm" and not runs.is_resolved_param(k)) for r in finished[:8]
         )
         raise ConfigError(
             f"no FINISHED trial of study {study!r}, arm {arm!r} (latest launch) has {wanted}; "

@@ -1,0 +1,245 @@
+"""The study's summary on its MLflow parent run: best values per arm and the plots a reader looks for first.
+
+After a launch (``study/runner.py`` ``_post_study``), :func:`log_study_report` logs to the parent run:
+
+* metrics ``best/<arm>/<metric>`` and ``best/<arm>/<test metric>`` (``test/accuracy``, or
+  ``test/perplexity``/``test/loss`` where the workload reports that instead): the values of each arm's
+  best completed search trial (:func:`flatlab.tracking.results.best_per_arm`, by the study metric);
+* ``report/learning_curves.png``: the study metric against the epoch, one line per trial, one panel per
+  arm (solid: completed, dotted: pruned or stopped, dashed: final-stage re-runs);
+* ``report/parallel_coordinate_<arm>.png`` and ``report/param_importances_<arm>.png``: Optuna's
+  matplotlib visualisations over the arm's Optuna study (``<root>/<study>/optuna.db``, study
+  ``<launch>.<arm>``; fANOVA importances with a fixed seed, which need >= 2 completed trials and a
+  searched parameter);
+* ``report/metric_vs_flatness.png`` (:func:`flatlab.tracking.compare.plot_metric_vs_flatness`) over the
+  completed trials, for studies without a final stage whose trials measured flatness (``flat/*``); with a
+  final stage, :func:`flatlab.tracking.compare.log_comparison` logs it under ``compare/``.
+
+What cannot be drawn (no completed trial, a grid study without Optuna studies, an arm that searches
+nothing) is skipped with its reason in the study's log. Nothing here ever raises: every trial is already
+recorded, and a plot must not fail the study.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+logger = logging.getLogger(__name__)
+
+ARTIFACT_DIR = "report"
+IMPORTANCE_SEED = 0  # fANOVA's random forest: the same importances on every run of the report
+
+
+def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Path, console: Any = None) -> List[str]:
+    """Log the study report of launch ``parent_run_id`` (see the module docstring) to that run.
+
+    Args:
+        study: the :class:`~flatlab.study.spec.Study`.
+        tracking_uri: the MLflow store the launch logged to.
+        parent_run_id: the launch's parent run.
+        out: the study's output folder (``<root>/<study>``: ``launch.json``, ``optuna.db``).
+        console: a rich console for the one-line summary (``None``: log only).
+    Returns:
+        The artifact paths and metric names logged.
+    """
+    from flatlab.tracking import runs
+    from flatlab.tracking.results import trials_frame
+
+    logged: List[str] = []
+    skipped: List[str] = []
+    try:
+        client = runs.client(runs.existing_store(tracking_uri))
+        df = trials_frame(tracking_uri, study.name)
+        if "launch" in df.columns:
+            df = df[df["launch"] == parent_run_id]
+    except Exception as exc:  # noqa: BLE001 - a report must never fail the study
+        logger.warning("study report: no trials read for run %s: %s", parent_run_id, exc)
+        return logged
+    try:
+        logged += log_best_per_arm(client, parent_run_id, df, study.metric)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("study report: best-per-arm metrics not logged to run %s: %s", parent_run_id, exc, exc_info=True)
+    plots = (
+        ("learning curves", lambda tmp: [plot_learning_curves(client, df, study.metric, tmp / "learning_curves.png",
+                                                              arms=[a.name for a in study.arms])]),
+        ("Optuna plots", lambda tmp: optuna_plots(study, Path(out), tmp, skipped)),
+        ("metric against flatness", lambda tmp: flatness_plot(study, df, tmp, skipped)),
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, make in plots:
+            try:
+                for path in make(Path(tmp)):
+                    client.log_artifact(parent_run_id, str(path), ARTIFACT_DIR)
+                    logged.append(f"{ARTIFACT_DIR}/{Path(path).name}")
+            except Exception as exc:  # noqa: BLE001 - warn, keep the other plots
+                logger.warning("study report: %s not logged to run %s: %s", name, parent_run_id, exc, exc_info=True)
+                skipped.append(f"{name} ({type(exc).__name__}: {exc})")
+    for reason in skipped:
+        logger.info("study report: skipped %s", reason)
+    n_plots = sum(p.endswith(".png") for p in logged)
+    line = f"study report: {n_plots} plots on the parent run ({ARTIFACT_DIR}/)" + (
+        f"; {len(skipped)} skipped (reasons in the log)" if skipped else ""
+    )
+    logger.info("%s", line)
+    if console is not None:
+        console.print(line)
+    return logged
+
+
+def log_best_per_arm(client: Any, run_id: str, df: Any, metric: str) -> List[str]:
+    """Log ``best/<arm>/<metric>`` and ``best/<arm>/<test metric>`` to ``run_id``: the final values of each
+    arm's best completed search trial (``df``: a :func:`~flatlab.tracking.results.trials_frame` table,
+    best first). Arms without a completed trial get none. Returns the metric names logged."""
+    from mlflow.entities import Metric
+
+    from flatlab.tracking.results import _test_metric, best_per_arm
+
+    if df.empty or "outcome" not in df.columns:
+        return []
+    best = best_per_arm(df[df["outcome"] == "completed"])
+    test = _test_metric(df)
+    now = int(1000 * time.time())
+    metrics = []
+    for _, row in best.iterrows():
+        for name in [metric] + ([test] if test else []):
+            value = row.get(name)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                metrics.append(Metric(f"best/{row['arm']}/{name}", float(value), now, 0))
+    if metrics:
+        client.log_batch(run_id, metrics=metrics)
+    return [m.key for m in metrics]
+
+
+_STYLE = {"completed": "-", "final": "--"}  # anything else (pruned, diverged, interrupted): dotted
+
+
+def plot_learning_curves(client: Any, df: Any, metric: str, path: Path, arms: Optional[List[str]] = None) -> Path:
+    """Save a PNG: ``metric`` against the epoch (its MLflow history, step = epoch), one line per trial of
+    ``df`` (a :func:`~flatlab.tracking.results.trials_frame` table), one panel per arm (``arms``: their
+    order; default: as they appear). Solid: completed search trials; dashed: final-stage trials; dotted:
+    pruned, diverged or interrupted ones.
+
+    Raises:
+        ValueError: ``df`` has no trial with a recorded value of ``metric``.
+    """
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    curves: Dict[str, List[Any]] = {}
+    for _, row in df.iterrows():
+        history = {m.step: m.value for m in sorted(client.get_metric_history(row["run_id"], metric), key=lambda m: m.timestamp)}
+        points = [(s, v) for s, v in sorted(history.items()) if math.isfinite(v)]  # the last value of a re-run epoch
+        if points:
+            style = "--" if row.get("stage") == "final" else _STYLE.get(row.get("outcome"), ":")
+            curves.setdefault(row["arm"], []).append((points, style))
+    if not curves:
+        raise ValueError(f"no trial recorded {metric!r}: no learning curve to draw")
+    order = [a for a in (arms or []) if a in curves] + [a for a in curves if a not in (arms or [])]
+    cols = min(3, len(order))
+    nrows = math.ceil(len(order) / cols)
+    fig = Figure(figsize=(4.2 * cols, 3.4 * nrows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(nrows, cols, squeeze=False, sharey=True)).ravel()
+    for i, (ax, arm) in enumerate(zip(axes, order)):
+        for points, style in curves[arm]:
+            x, y = zip(*points)
+            ax.plot(x, y, style, color=f"C{i % 10}", alpha=0.75, linewidth=1.2, marker="." if len(x) < 3 else None)
+        ax.set_title(f"{arm} ({len(curves[arm])} trials)", fontsize="medium")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(order):]:
+        ax.set_visible(False)
+    fig.suptitle(f"{metric} per epoch (solid: completed, dotted: stopped early, dashed: final stage)", fontsize="small")
+    fig.savefig(path, dpi=110)
+    return Path(path)
+
+
+def optuna_plots(study: Any, out: Path, tmp: Path, skipped: List[str]) -> List[Path]:
+    """Per arm, Optuna's parallel-coordinate plot and fANOVA importance plot of its Optuna study
+    (``<out>/optuna.db``, study ``<launch>.<arm>``, ``launch`` = launch.json's ``experiment_name``) as
+    PNGs under ``tmp``. An arm that cannot have one gets a reason appended to ``skipped``: no Optuna
+    studies (grid searcher), no searched parameter, no completed trial, fewer than 2 for importances."""
+    import optuna
+
+    from flatlab.study.searchers import optuna_study_name
+
+    db, launch_file = out / "optuna.db", out / "launch.json"
+    if study.searcher == "grid" or not db.exists() or not launch_file.exists():
+        skipped.append(f"parallel coordinates and importances: no Optuna studies (searcher={study.searcher!r}, {db})")
+        return []
+    launch = json.loads(launch_file.read_text())["experiment_name"]
+    storage = optuna.storages.RDBStorage(f"sqlite:///{db}", engine_kwargs={"connect_args": {"timeout": 30}})
+    paths: List[Path] = []
+    for arm in study.arms:
+        if not arm.searched():
+            skipped.append(f"parallel coordinates and importances of arm {arm.name!r}: it searches no parameter")
+            continue
+        try:
+            paths += _arm_plots(optuna.load_study(study_name=optuna_study_name(launch, arm.name), storage=storage),
+                                arm.name, study.metric, tmp, skipped)
+        except Exception as exc:  # noqa: BLE001 - one arm's plot must not cost the others theirs
+            logger.warning("study report: Optuna plots of arm %s failed: %s", arm.name, exc, exc_info=True)
+            skipped.append(f"parallel coordinates and importances of arm {arm.name!r} ({type(exc).__name__}: {exc})")
+    return paths
+
+
+def _arm_plots(st: Any, arm: str, metric: str, tmp: Path, skipped: List[str]) -> List[Path]:
+    """The parallel-coordinate and importance PNGs of one arm's Optuna study ``st`` (see :func:`optuna_plots`)."""
+    import optuna
+
+    plots = optuna.visualization.matplotlib
+    done = st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if not done:
+        skipped.append(f"parallel coordinates and importances of arm {arm!r}: no completed trial")
+        return []
+    paths = [_optuna_png(lambda: plots.plot_parallel_coordinate(st, target_name=metric),
+                         tmp / f"parallel_coordinate_{arm}.png", f"{arm}: {metric}")]
+    if len(done) < 2:
+        skipped.append(f"importances of arm {arm!r}: {len(done)} completed trial (needs >= 2)")
+        return paths
+    evaluator = optuna.importance.FanovaImportanceEvaluator(seed=IMPORTANCE_SEED)
+    paths.append(_optuna_png(lambda: plots.plot_param_importances(st, evaluator=evaluator, target_name=metric),
+                             tmp / f"param_importances_{arm}.png", f"{arm}: importance for {metric}"))
+    return paths
+
+
+def _optuna_png(draw: Any, path: Path, title: str) -> Path:
+    """Run one of Optuna's matplotlib plots (``draw() -> Axes``), title it, save it to ``path`` and close
+    its figure. Optuna draws through pyplot and switches pyplot's style to ``ggplot`` for good: the
+    caller's rcParams are restored afterwards, and the figure leaves pyplot's registry."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+    import optuna
+
+    with matplotlib.rc_context(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.simplefilter("ignore", UserWarning)  # matplotlib on one trial: "identical low and high ylims"
+        ax = draw()
+        fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+        try:
+            fig.suptitle(title, fontsize="medium")
+            fig.savefig(path, dpi=110, bbox_inches="tight")
+        finally:
+            plt.close(fig)
+    return path
+
+
+def flatness_plot(study: Any, df: Any, tmp: Path, skipped: List[str]) -> List[Path]:
+    """``metric_vs_flatness.png`` over ``df``'s completed trials, for studies without a final stage (with
+    one, :func:`~flatlab.tracking.compare.log_comparison` logs it); skipped (with a reason) where no trial
+    recorded a ``flat/*`` measure."""
+    from flatlab.tracking.compare import plot_metric_vs_flatness
+
+    if study.final_seeds or (study.searcher == "grid" and len(study.seeds) > 1):
+        return []  # the comparison already has it (compare/metric_vs_flatness.png)
+    if not any(c.startswith("flat/") and df[c].notna().any() for c in df.columns):
+        skipped.append("metric against flatness: no trial recorded a flat/* measure")
+        return []
+    return [plot_metric_vs_flatness(df, tmp / "metric_vs_flatness.png", all_trials=True)]

@@ -1,0 +1,121 @@
+"""The study report on the parent run: best values per arm, learning curves, Optuna's plots, metric vs flatness."""
+
+import json
+import logging
+
+import pytest
+
+from flatlab import Arm, Study
+from flatlab import space as sp
+from flatlab.tracking import runs
+
+LAUNCH = "rep-20260101-000000"
+STUDY = Study(
+    name="rep",
+    workload="digits",
+    arms=(
+        Arm("sgd", space={"lr": sp.loguniform(0.01, 0.5), "momentum": sp.uniform(0.5, 0.95)}),
+        Arm("adamw", space={"lr": 3e-3}),  # searches nothing: no Optuna study, no Optuna plots
+    ),
+    num_trials=3,
+    max_epochs=3,
+)
+# (arm, trial, outcome, val/accuracy per epoch, test/accuracy, flat/fisher_trace, lr, momentum)
+TRIALS = [
+    ("sgd", "s1", "completed", [0.5, 0.7, 0.80], 0.78, 3.0, 0.05, 0.9),
+    ("sgd", "s2", "completed", [0.6, 0.8, 0.90], 0.88, 2.0, 0.2, 0.6),
+    ("sgd", "s3", "pruned", [0.95], None, None, 0.4, 0.7),  # best value, but stopped early: never "best"
+    ("adamw", "a1", "completed", [0.4, 0.6, 0.70], 0.69, 4.0, 3e-3, None),
+    ("adamw", "a2", "diverged", [0.1], None, None, 3e-3, None),
+]
+
+
+@pytest.fixture
+def store(tmp_path):
+    import optuna
+    from mlflow.entities import Metric, Param
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp = runs.get_or_create_experiment(uri, STUDY.name, (tmp_path / "art").as_uri())
+    c = runs.client(uri)
+    parent = c.create_run(exp, tags={runs.TAG_ROLE: "study"}).info.run_id
+    c.log_batch(parent, params=[Param("metric", "val/accuracy"), Param("mode", "max")])
+    out = tmp_path / STUDY.name
+    out.mkdir()
+    (out / "launch.json").write_text(json.dumps({"experiment_name": LAUNCH, "parent_run_id": parent}))
+    storage = f"sqlite:///{out / 'optuna.db'}"
+    st = optuna.create_study(study_name=f"{LAUNCH}.sgd", storage=storage, direction="maximize")
+    dists = {"lr": optuna.distributions.FloatDistribution(0.01, 0.5, log=True),
+             "momentum": optuna.distributions.FloatDistribution(0.5, 0.95)}
+    for arm, tid, outcome, curve, test, flat, lr, mom in TRIALS:
+        tags = {runs.PARENT: parent, runs.TAG_ARM: arm, runs.TAG_TRIAL: tid, runs.TAG_OUTCOME: outcome}
+        run = c.create_run(exp, tags=tags).info.run_id
+        metrics = [Metric("val/accuracy", v, 1000 + e, e + 1) for e, v in enumerate(curve)]
+        metrics += [Metric("epoch", len(curve), 0, len(curve))]
+        metrics += [Metric("test/accuracy", test, 0, 3), Metric("flat/fisher_trace", flat, 0, 3)] if test else []
+        c.log_batch(run, metrics=metrics, params=[Param("arm", arm), Param("lr", str(lr))])
+        c.set_terminated(run, "FINISHED" if outcome == "completed" else "KILLED" if outcome == "pruned" else "FAILED")
+        if arm == "sgd":
+            state = optuna.trial.TrialState.COMPLETE if outcome == "completed" else optuna.trial.TrialState.PRUNED
+            st.add_trial(optuna.trial.create_trial(params={"lr": lr, "momentum": mom}, distributions=dists,
+                                                   value=curve[-1] if outcome == "completed" else None, state=state))
+    return uri, c, parent, out
+
+
+def test_report_logs_best_per_arm_and_every_plot(store, caplog):
+    from flatlab.tracking.study_report import log_study_report
+
+    import matplotlib
+
+    uri, c, parent, out = store
+    style = dict(matplotlib.rcParams)
+    with caplog.at_level(logging.INFO, logger="flatlab.tracking.study_report"):
+        logged = log_study_report(STUDY, uri, parent, out)
+    assert dict(matplotlib.rcParams) == style  # Optuna's ggplot style does not leak into the caller's plots
+    metrics = c.get_run(parent).data.metrics
+    # the best COMPLETED search trial of each arm (s3's 0.95 was pruned)
+    assert metrics["best/sgd/val/accuracy"] == 0.90 and metrics["best/sgd/test/accuracy"] == 0.88
+    assert metrics["best/adamw/val/accuracy"] == 0.70 and metrics["best/adamw/test/accuracy"] == 0.69
+    arts = {a.path for a in c.list_artifacts(parent, "report")}
+    assert arts == {"report/learning_curves.png", "report/parallel_coordinate_sgd.png",
+                    "report/param_importances_sgd.png", "report/metric_vs_flatness.png"}
+    assert set(logged) >= arts
+    for path in arts:  # real PNGs
+        local = c.download_artifacts(parent, path, str(out))
+        assert open(local, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert "arm 'adamw': it searches no parameter" in caplog.text  # the reason it has no Optuna plots
+
+
+def test_learning_curves_draw_one_line_per_trial_and_panel_per_arm(store, tmp_path):
+    from matplotlib.figure import Figure
+
+    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.study_report import plot_learning_curves
+
+    uri, c, parent, out = store
+    drawn = {}
+    real = Figure.savefig
+
+    def capture(fig, path, **kw):
+        drawn.update({ax.get_title(): [line.get_xydata().tolist() for line in ax.get_lines()] for ax in fig.axes if ax.get_visible()})
+        return real(fig, path, **kw)
+
+    Figure.savefig = capture
+    try:
+        plot_learning_curves(c, trials_frame(uri, STUDY.name), "val/accuracy", tmp_path / "c.png", arms=["sgd", "adamw"])
+    finally:
+        Figure.savefig = real
+    assert set(drawn) == {"sgd (3 trials)", "adamw (2 trials)"}
+    assert sorted(drawn["sgd (3 trials)"]) == [[[1, 0.5], [2, 0.7], [3, 0.8]], [[1, 0.6], [2, 0.8], [3, 0.9]], [[1, 0.95]]]
+
+
+def test_skips_are_logged_never_raised(store, caplog):
+    from flatlab.tracking.study_report import log_study_report
+
+    uri, c, parent, out = store
+    (out / "optuna.db").unlink()  # e.g. a grid study: no Optuna studies
+    with caplog.at_level(logging.INFO, logger="flatlab.tracking.study_report"):
+        log_study_report(STUDY, uri, parent, out)
+        assert log_study_report(STUDY, "sqlite:///" + str(out / "missing.db"), parent, out) == []  # no store: no raise
+    assert "no Optuna studies" in caplog.text
+    assert {a.path for a in c.list_artifacts(parent, "report")} == {"report/learning_curves.png", "report/metric_vs_flatness.png"}
