@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from flatlab.errors import ConfigError, UnknownNameError, did_you_mean
 from flatlab.hparams import HParam, resolve
-from flatlab.study.space import Dim, as_dim, grid_points, is_searched
+from flatlab.study.space import SOURCE_SUFFIX, BestOf, Dim, as_dim, grid_points, is_searched
 from flatlab.train.config import TRAINER_HPARAMS
 from flatlab.train.trainer import TrialSpec
 
@@ -226,7 +226,7 @@ class Study:
         trn: Dict[str, Any] = dict(self.train)
         wl: Dict[str, Any] = dict(self.workload_params)
         for k, v in config.items():
-            if k in ("arm", "seed", "stage"):
+            if k in ("arm", "seed", "stage") or k.endswith(SOURCE_SUFFIX):  # <field>.source: a chained value's origin
                 continue
             {"optimizer": opt, "trainer": trn, "workload": wl}.get(route.get(k, ""), opt)[k] = v
         return TrialSpec(
@@ -451,7 +451,8 @@ def _probe_optimizer(arm: Arm, where: str, route: Mapping[str, str]) -> List[str
 
     from flatlab.optim.registry import get_optimizer
 
-    values = {k: dim.representative() for k, dim in arm.dims.items() if route.get(k) == "optimizer"}
+    values = {k: dim.representative() for k, dim in arm.dims.items()
+              if route.get(k) == "optimizer" and not isinstance(dim, BestOf)}  # a chained value is known at launch
     try:
         get_optimizer(arm.optimizer).create([torch.zeros(1, requires_grad=True)], **values)
     except (ConfigError, ValueError) as exc:
