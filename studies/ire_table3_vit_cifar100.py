@@ -14,7 +14,7 @@ Studies (``build(scale)``, run in this order):
 Deviation, stated: flatlab's ``sam``/``sam_ire`` step with SGD (momentum 0.9) underneath; a SAM over
 AdamW is not registered yet, so the SAM arms use an SGD learning rate (0.05, our choice; rho 0.1, the
 CIFAR-100 value) instead of AdamW's 1e-4. The epoch count (200) is our choice; the notes give none.
-Paper scale: one GPU and 8 CPUs per trial. ``smoke`` scale: 1/16-width ViT-T, 32 synthetic images,
+Paper scale: one GPU and 8 CPUs per trial. ``smoke`` scale (studies named ``<name>_smoke``): 1/16-width ViT-T, 32 synthetic images,
 gamma {0.9} x kappa {20}, 2 epochs with a threshold the first epoch always meets, 1 CPU.
 """
 
@@ -35,6 +35,7 @@ def smoothed_loss_floor(num_classes: int, eps: float = LABEL_SMOOTHING) -> float
 
 def build(scale: str):
     paper = scale == "paper"
+    suffix = "" if paper else f"_{scale}"  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
     switch = round(smoothed_loss_floor(100) + 0.5, 3) if paper else 100.0
     data = {"augment": "autoaugment"}
     if not paper:
@@ -54,7 +55,7 @@ def build(scale: str):
     ire = {"gamma": sp.grid([0.99, 0.9, 0.8] if paper else [0.9]), "kappa": sp.grid([20.0, 50.0] if paper else [20.0]), "switch_loss": switch}
     models = {"model": sp.grid(["vit_t", "vit_s"] if paper else ["vit_t"])}
     grid = Study(
-        name="ire_table3_vit_cifar100",
+        name="ire_table3_vit_cifar100" + suffix,
         description="AdamW/SAM +- IRE on ViT-T/S, CIFAR-100 (IRE Table 3)",
         workload_params=data,
         arms=(
@@ -72,7 +73,7 @@ def build(scale: str):
     adamw_tpe = {"lr": sp.loguniform(3e-5, 1e-3), "weight_decay": 5e-4}
     sgd_tpe = {**sgd, "lr": sp.loguniform(0.01, 0.3)}
     optuna = Study(
-        name="ire_table3_vit_cifar100_optuna",
+        name="ire_table3_vit_cifar100_optuna" + suffix,
         description="AdamW/SAM +- IRE on ViT-T/CIFAR-100, Optuna TPE over lr, gamma, kappa (smaller budget)",
         workload_params={**data, "model": "vit_t"},
         arms=(

@@ -84,6 +84,19 @@ def test_best_of_resolves_the_best_completed_search_trial_of_the_latest_finished
     assert study.arm("tsam").dims["lr"] == BestOf("src", "tsam", "lr")  # the study itself is unchanged
 
 
+def test_where_restricts_the_candidates_to_trials_with_those_params(store):
+    uri, _ = store
+    # at s = 3 the completed trial has lr 0.01: the pruned s = 3 trial and the final-stage re-run never compete
+    study = chained_study(lr=sp.best_of("src", "tsam", "lr", where={"s": 3}),
+                          rho=sp.best_of("src", "tsam", "rho", where={"s": 3.0, "t_schedule": "constant"}))
+    dims = resolve_chained(study, uri).arm("tsam").dims
+    assert (dims["lr"].value, dims["rho"].value) == (0.01, 0.05)
+    with pytest.raises(ConfigError, match=r"field 'lr': .*where=\{'s': 7\}.*no trial of arm 'tsam' with s=7$"):
+        resolve_chained(chained_study(lr=sp.best_of("src", "tsam", "lr", where={"s": 7})), uri)
+    with pytest.raises(ConfigError, match=r"no trial of arm 'erm' with lr=0.1 completed \(pruned, diverged or failed\)"):
+        resolve_chained(chained_study(lr=sp.best_of("src", "erm", "lr", where={"lr": 0.1})), uri)
+
+
 def test_best_of_follows_the_source_studys_mode_and_gives_the_run_without_param(store):
     uri, ids = store
     study = Study(name="dst2", workload="digits", arms=(Arm("adamw", space={"lr": sp.best_of("lm_src", "adamw", "lr")}),))

@@ -55,13 +55,14 @@ def finished_launch(tracking_uri: str, study: str) -> Any:
     )
 
 
-def best_trial(tracking_uri: str, study: str, arm: str) -> Tuple[str, str, float]:
+def best_trial(tracking_uri: str, study: str, arm: str, where: Tuple[Tuple[str, Any], ...] = ()) -> Tuple[str, str, float]:
     """``(run_id, metric, value)`` of the best completed search trial of ``arm`` in ``study``'s latest
-    finished launch, by that study's metric and mode.
+    finished launch, by that study's metric and mode, among the trials whose params equal ``where``'s
+    values (numbers compared as numbers).
 
     Raises:
         ConfigError: as :func:`finished_launch`; the arm has no trial in that launch (the arms it has
-            are listed) or none of its trials completed.
+            are listed), none matching ``where``, or none of them completed.
     """
     from flatlab.tracking.results import best_per_arm, trials_frame
 
@@ -71,16 +72,32 @@ def best_trial(tracking_uri: str, study: str, arm: str) -> Tuple[str, str, float
     df = trials_frame(tracking_uri, study, all_launches=True, metric=metric, mode=mode)
     if not df.empty:
         df = df[df["launch"] == parent.info.run_id]
-    where = f"study {study!r}, launch {parent.info.run_id}"
+    launch = f"study {study!r}, launch {parent.info.run_id}"
     if df.empty or arm not in set(df["arm"]):
         arms = sorted(set(df["arm"])) if not df.empty else []
-        raise ConfigError(f"{where} has no trial of arm {arm!r}; its arms: {', '.join(arms) or '(no trials)'}")
+        raise ConfigError(f"{launch} has no trial of arm {arm!r}; its arms: {', '.join(arms) or '(no trials)'}")
+    df = df[df["arm"] == arm]
+    for key, wanted in where:
+        column = f"param.{key}"
+        df = df[df[column].map(lambda logged: _same_value(logged, wanted))] if column in df.columns else df.iloc[0:0]
+    condition = f" with {', '.join(f'{k}={v!r}' for k, v in where)}" if where else ""
+    if df.empty:
+        raise ConfigError(f"{launch}: no trial of arm {arm!r}{condition}")
     best = best_per_arm(df)
     row = best[best["arm"] == arm]
     if row.empty or row.iloc[0]["outcome"] != "completed":
-        raise ConfigError(f"{where}: no trial of arm {arm!r} completed (pruned, diverged or failed); nothing to chain from")
+        raise ConfigError(f"{launch}: no trial of arm {arm!r}{condition} completed (pruned, diverged or failed); nothing to chain from")
     value = row.iloc[0][metric]
     return str(row.iloc[0]["run_id"]), metric, float(value) if value is not None else math.nan
+
+
+def _same_value(logged: Any, wanted: Any) -> bool:
+    """A logged param (a number after trials_frame's conversion, or text) equals ``wanted``: as numbers
+    when both read as numbers, else as text."""
+    try:
+        return math.isclose(float(logged), float(wanted), rel_tol=1e-9, abs_tol=0.0)
+    except (TypeError, ValueError):
+        return str(logged) == str(wanted)
 
 
 def parse_param(raw: str, hp: Optional[HParam], where: str) -> Any:
@@ -120,7 +137,7 @@ def resolve_one(dim: BestOf, tracking_uri: str, hp: Optional[HParam] = None, whe
     """
     from flatlab.tracking import runs
 
-    run_id, _, _ = best_trial(tracking_uri, dim.study, dim.arm)
+    run_id, _, _ = best_trial(tracking_uri, dim.study, dim.arm, dim.where)
     source = f"{dim.study}/{run_id}"
     if dim.param is None:
         return Resolved(f"run:{run_id}", source=source)

@@ -12,7 +12,7 @@ import builtins
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
@@ -213,7 +213,8 @@ class BestOf(Dim):
     ``param`` of the best completed trial of arm ``arm`` in the latest FINISHED launch of study
     ``study`` (best by that study's own metric and mode; final-stage re-runs are not candidates);
     ``param=None``: that trial's run as ``"run:<run_id>"`` (e.g. the ``finetuned`` model of
-    ``clip_interpolate``). :func:`flatlab.study.chain.resolve_chained` replaces it with a
+    ``clip_interpolate``); ``where``: ``(field, value)`` pairs a candidate trial's params must equal.
+    :func:`flatlab.study.chain.resolve_chained` replaces it with a
     :class:`Resolved` constant once per launch; before that it is one grid value (itself), so a grid's
     size and the dry-run plan are known. Building one never raises (see :meth:`problem`).
     """
@@ -221,6 +222,7 @@ class BestOf(Dim):
     study: str
     arm: str
     param: Optional[str] = None
+    where: Tuple[Tuple[str, Any], ...] = ()
 
     def problem(self) -> Optional[str]:
         if not (isinstance(self.study, str) and _STUDY_NAME.match(self.study)):
@@ -229,6 +231,8 @@ class BestOf(Dim):
             return f"best_of(study, arm, param): arm={self.arm!r}; expected the name of an arm of study {self.study!r}"
         if self.param is not None and not (isinstance(self.param, str) and self.param):
             return f"best_of(study, arm, param): param={self.param!r}; expected a field name, or None for the run itself"
+        if not (isinstance(self.where, tuple) and all(isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str) for kv in self.where)):
+            return f"best_of(..., where=...): where={self.where!r}; expected a dict of field -> value, e.g. where={{'t': 20.0}}"
         return None
 
     def to_optuna(self) -> Any:
@@ -245,7 +249,8 @@ class BestOf(Dim):
         return None  # unknown before launch: study validation does not probe the optimizer with it
 
     def describe(self) -> str:
-        return f"best_of({self.study!r}, arm={self.arm!r}, param={self.param!r})"
+        where = f", where={dict(self.where)!r}" if self.where else ""
+        return f"best_of({self.study!r}, arm={self.arm!r}, param={self.param!r}{where})"
 
 
 @dataclass(frozen=True)
@@ -259,10 +264,12 @@ class Resolved(Fixed):
         return f"{self.value!r} (from {self.source})"
 
 
-def best_of(study: str, arm: str, param: Optional[str] = None) -> BestOf:
+def best_of(study: str, arm: str, param: Optional[str] = None, where: Optional[Dict[str, Any]] = None) -> BestOf:
     """``param`` of the best completed trial of ``arm`` in study ``study``'s latest finished launch,
-    resolved at launch (:class:`BestOf`); ``param=None`` gives that trial's run as ``run:<run_id>``."""
-    return BestOf(study, arm, param)
+    resolved at launch (:class:`BestOf`); ``param=None`` gives that trial's run as ``run:<run_id>``.
+    ``where``: only trials whose params have these values compete (numbers compared as numbers), e.g.
+    ``where={"t": 20.0}``: the best learning rate at the tilt this study fixes."""
+    return BestOf(study, arm, param, tuple(where.items()) if isinstance(where, dict) else where if where is not None else ())
 
 
 def loguniform(low: float, high: float) -> Float:
