@@ -170,3 +170,14 @@ def test_dry_run_says_what_it_would_resolve(store, tmp_path, monkeypatch):
     assert "chained: arm 'sgd', momentum = best_of('missing', arm='sgd', param='momentum'), resolved at launch; " \
            "not available now: no study 'missing' in" in out
     assert describe_chained(chained_study(lr=0.1), uri) == []
+
+
+def test_clip_references_read_the_same_latest_finished_launch(store):
+    from flatlab.workloads.clip_refs import find_trial_run
+
+    uri, ids = store
+    assert find_trial_run(uri, "src", "tsam", {"lr": "0.03"}).info.run_id == ids["best_tsam"]
+    with pytest.raises(ConfigError, match=r"no FINISHED trial of study 'src', arm 'tsam' \(latest finished launch\) has lr=0.5"):
+        find_trial_run(uri, "src", "tsam", {"lr": "0.5"})  # only in the newer launch, still running
+    with pytest.raises(ConfigError, match=r"study 'unfinished' has no FINISHED launch"):
+        find_trial_run(uri, "unfinished", "tsam", {})
