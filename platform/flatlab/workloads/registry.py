@@ -17,6 +17,7 @@ def _load_builtins() -> None:
         "flatlab.workloads.dtd",
         "flatlab.workloads.glue",
         "flatlab.workloads.lm",
+        "flatlab.workloads.toys",
     ):
         importlib.import_module(mod)
 
