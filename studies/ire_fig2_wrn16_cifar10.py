@@ -15,7 +15,8 @@ The grid, against the paper's:
 * kappa = 0 is plain SAM whatever gamma is: SAM-IRE with kappa = 0 steps exactly as its base, bitwise,
   without the curvature pass (tests/optim/test_ire.py). Writing it as a fourth kappa value would run it
   once per gamma, 9 trials of which 6 repeat another; it is one arm ``sam`` instead, run once per seed.
-  ``flatlab compare`` then reports each SAM-IRE configuration against that SAM arm on the same seeds.
+  ``flatlab compare`` then reports the best SAM-IRE configuration against that SAM arm on the same seeds
+  (the reference: the first arm alphabetically); ``flatlab results --by-config`` lists every one.
 * One learning-rate schedule, no schedule dimension: the figure has none. Its notes do not state the
   schedule; ours is the cosine schedule of the paper's Table 1 CIFAR runs (``train={"schedule": ...}``
   changes it for the whole study).
