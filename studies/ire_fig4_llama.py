@@ -30,7 +30,8 @@ run (``reference/train_loss_smoothed``, step = seed). Budgets are ours: wikitext
 20k-30k steps each; an LM epoch is one pass over the training tokens, so metrics are reported once
 per pass.
 There is no Optuna variant: the figure compares two optimizers at one fixed recipe.
-``smoke`` scale (studies named ``<name>_smoke``): the three studies on tiny Llamas (2 layers; the 60M one has an odd width/heads ratio,
+``smoke`` scale (studies named ``<name>_smoke``):
+the three studies on tiny Llamas (2 layers; the 60M one has an odd width/heads ratio,
 as the paper's 410/10, so the head-width rounding runs) over synthetic token streams, 1 epoch, with the
 same reference arm.
 """

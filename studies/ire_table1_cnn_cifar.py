@@ -15,7 +15,8 @@ IRE switch-on: the paper switches IRE on when the training loss first falls belo
 training loss includes label smoothing 0.1, whose minimum is the entropy of the smoothed target,
 0.500 nats (10 classes) / 0.778 nats (100 classes), so a literal 0.1 would never be reached; we use
 that floor + 0.1 (see ``switch_loss``), i.e. the same distance above the smallest reachable loss.
-Paper scale: one GPU and 8 CPUs per trial. ``smoke`` scale (studies named ``<name>_smoke``): the same arms on 1/16-width ResNet-56 and
+Paper scale: one GPU and 8 CPUs per trial. ``smoke`` scale (studies named ``<name>_smoke``):
+the same arms on 1/16-width ResNet-56 and
 32 synthetic images per dataset, gamma {0.9} x kappa {2}, 2 epochs with a switch threshold the first
 epoch always meets (so the loss-triggered switch-on runs), 1 CPU.
 """

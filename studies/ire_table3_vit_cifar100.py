@@ -14,7 +14,8 @@ Studies (``build(scale)``, run in this order):
 Deviation, stated: flatlab's ``sam``/``sam_ire`` step with SGD (momentum 0.9) underneath; a SAM over
 AdamW is not registered yet, so the SAM arms use an SGD learning rate (0.05, our choice; rho 0.1, the
 CIFAR-100 value) instead of AdamW's 1e-4. The epoch count (200) is our choice; the notes give none.
-Paper scale: one GPU and 8 CPUs per trial. ``smoke`` scale (studies named ``<name>_smoke``): 1/16-width ViT-T, 32 synthetic images,
+Paper scale: one GPU and 8 CPUs per trial. ``smoke`` scale (studies named ``<name>_smoke``):
+1/16-width ViT-T, 32 synthetic images,
 gamma {0.9} x kappa {20}, 2 epochs with a threshold the first epoch always meets, 1 CPU.
 """
 

@@ -13,7 +13,8 @@ Studies (``build(scale)``, run in this order):
 2. ``tsam_glue_optuna`` (searcher ``optuna``): CoLA, the three arms with lr ~ logU(1e-4, 0.1),
    rho ~ U(0.05, 0.2), t in {0, 1, 5, 20, 100}; 12 trials per arm, ASHA (grace 1 epoch).
 
-``smoke`` scale (studies named ``<name>_smoke``): CoLA, STS-B (the regression task) and the Optuna study, on a tiny random-weight
+``smoke`` scale (studies named ``<name>_smoke``):
+CoLA, STS-B (the regression task) and the Optuna study, on a tiny random-weight
 DistilBERT (1 layer, width 32) over synthetic token ids, one grid point per arm, 1 epoch, 1 CPU. The
 other tasks differ only in their columns and metric, which the workload tests cover.
 """

@@ -18,7 +18,8 @@ The paper's best t: 20 (CIFAR-100), 5 (DTD), 1 (noisy CIFAR-100).
    lr ~ logU(1e-4, 0.1), rho ~ U(0.05, 0.2), t in {0, 1, 5, 20, 100}, s in {3, 5}; 24 trials per arm
    (every arm gets the same budget), ASHA.
 
-``smoke`` scale (studies named ``<name>_smoke``): the same four studies on synthetic data (1/16-width ResNet-18; a tiny random-weight
+``smoke`` scale (studies named ``<name>_smoke``):
+the same four studies on synthetic data (1/16-width ResNet-18; a tiny random-weight
 ViT at 32x32 for DTD), one point of each grid, 1 epoch, 1 CPU.
 """
 
