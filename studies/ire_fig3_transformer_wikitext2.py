@@ -1,34 +1,43 @@
 """IRE paper, Fig. 3: a 2-layer decoder-only transformer (about 8M) on wikitext-2, AdamW vs AdmIRE.
 
-Studies (``build(scale)``, run in this order):
+Studies (``build(scale)``, run in this order; ``flatlab run`` runs them in file order):
 
 1. ``ire_fig3_transformer_wikitext2`` (searcher ``grid``): arm ``adamw`` over the learning-rate grid
    {1.5e-4, 3e-4, 6e-4, 1e-3, 1.5e-3, 3e-3} (the figure's range; the intermediate points are our
-   reading), then arm ``adamw_ire`` (AdmIRE) at ``ADMIRE_LR`` over gamma {0.7, 0.8, 0.9} x kappa
-   {2, 5, 10} (grid values ours), IRE on from the end of warm-up. Both: betas (0.9, 0.95),
-   eps 1e-16, weight decay 0.1, gradient clipping 1.0, warm-up 2 epochs then cosine to lr_max/20,
-   batch 32 windows of 512 tokens, 40 epochs (ours); 3 seeds. (6 + 9) x 3 = 45 trials, FIFO.
-   Metric: ``val/loss`` (min); ``val/perplexity`` = exp(val/loss) is reported too.
-2. ``ire_fig3_transformer_wikitext2_optuna`` (searcher ``optuna``): both arms with
+   reading). 6 x 3 seeds = 18 trials, FIFO.
+2. ``ire_fig3_transformer_wikitext2_admire`` (searcher ``grid``, a chained study): AdmIRE at the best
+   AdamW learning rate of study 1, as the paper does, over gamma {0.7, 0.8, 0.9} x kappa {2, 5, 10}
+   (grid values ours), IRE on from the end of warm-up; and arm ``adamw`` at that same learning rate, so
+   that this study's comparison (``flatlab compare``) pairs AdmIRE with AdamW seed by seed.
+   ``lr = sp.best_of("ire_fig3_transformer_wikitext2", arm="adamw", param="lr")``: resolved when this
+   study is launched, from study 1's latest finished launch (its best completed trial by ``val/loss``),
+   and logged as param ``lr`` with ``lr.source`` = ``<study>/<run_id>`` on the launch and every trial.
+   Launching it before study 1 has finished is an error that starts nothing; ``flatlab run --dry-run``
+   shows the value it would use now. (1 + 9) x 3 seeds = 30 trials, FIFO.
+3. ``ire_fig3_transformer_wikitext2_optuna`` (searcher ``optuna``): both arms with
    lr ~ logU(1.5e-4, 3e-3) and gamma ~ U(0.6, 0.95), kappa ~ logU(1, 20); 10 trials per arm, ASHA.
 
-``ADMIRE_LR``: AdmIRE runs at the best AdamW learning rate, which the first arm finds; 6e-4 (the IRE
-paper's lr_max for its Llama runs) until you set it from that arm's result.
+Studies 1 and 2: betas (0.9, 0.95), eps 1e-16, weight decay 0.1, gradient clipping 1.0, warm-up 2 epochs
+then cosine to lr_max/20, batch 32 windows of 512 tokens, 40 epochs (ours); 3 seeds. Metric: ``val/loss``
+(min); ``val/perplexity`` = exp(val/loss) is reported too. Study 2's AdamW arm re-runs study 1's best
+configuration on the same seeds (3 trials, 10 % of the study): the price of a paired comparison in one
+launch.
 Paper scale: one GPU and 4 CPUs per trial (GPT-2 BPE, 50,257 tokens: 6.9M parameters with tied
-embeddings). ``smoke`` scale: a 2-layer width-32 model, context 32, on a synthetic 256-token
-Markov stream, 1 epoch, 2 learning rates, one AdmIRE point, 1 CPU.
+embeddings). ``smoke`` scale (studies named ``<name>_smoke``; study 2 chains to study 1's smoke run): a
+2-layer width-32 model, context 32, on a synthetic 256-token Markov stream, 1 epoch, 2 learning rates,
+one AdmIRE point, 1 CPU.
 """
 
 from flatlab import Arm, Resources, Study
 from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
-ADMIRE_LR = 6e-4
 BASE = {"beta1": 0.9, "beta2": 0.95, "eps": 1e-16, "weight_decay": 0.1}
 
 
 def build(scale: str):
     paper = scale == "paper"
+    suffix = "" if paper else f"_{scale}"  # each scale its own MLflow experiments
     workload_params = {"model": "transformer_2l"}
     if not paper:
         workload_params.update(data_path="synthetic", synthetic_tokens=4096, width=32, n_heads=2, context=32)
@@ -51,15 +60,25 @@ def build(scale: str):
     )
     lrs = [1.5e-4, 3e-4, 6e-4, 1e-3, 1.5e-3, 3e-3] if paper else [1e-3, 3e-3]
     grid = Study(
-        name="ire_fig3_transformer_wikitext2",
-        description="AdamW lr grid, then AdmIRE gamma x kappa, 2-layer transformer on wikitext-2 (IRE Fig. 3)",
+        name="ire_fig3_transformer_wikitext2" + suffix,
+        description="AdamW learning-rate grid, 2-layer transformer on wikitext-2 (IRE Fig. 3)",
+        arms=(Arm("adamw", space={**BASE, "lr": sp.grid(lrs)}),),
+        searcher="grid",
+        scheduler="fifo",
+        grace_period=1,
+        **common,
+    )
+    best_lr = sp.best_of(grid.name, arm="adamw", param="lr")  # resolved at launch from the grid's results
+    admire = Study(
+        name="ire_fig3_transformer_wikitext2_admire" + suffix,
+        description="AdmIRE gamma x kappa at AdamW's best learning rate, and AdamW there (IRE Fig. 3)",
         arms=(
-            Arm("adamw", space={**BASE, "lr": sp.grid(lrs)}),
+            Arm("adamw", space={**BASE, "lr": best_lr}),
             Arm(
                 "adamw_ire",
                 space={
                     **BASE,
-                    "lr": ADMIRE_LR if paper else 3e-3,
+                    "lr": best_lr,
                     "gamma": sp.grid([0.7, 0.8, 0.9] if paper else [0.8]),
                     "kappa": sp.grid([2.0, 5.0, 10.0] if paper else [2.0]),
                     "switch_at_warmup_end": True,
@@ -73,7 +92,7 @@ def build(scale: str):
     )
     lr = sp.loguniform(1.5e-4, 3e-3)
     optuna = Study(
-        name="ire_fig3_transformer_wikitext2_optuna",
+        name="ire_fig3_transformer_wikitext2_optuna" + suffix,
         description="AdamW vs AdmIRE on wikitext-2, Optuna TPE over lr, gamma, kappa (smaller budget)",
         arms=(
             Arm("adamw", space={**BASE, "lr": lr}),
@@ -89,4 +108,4 @@ def build(scale: str):
         reduction_factor=3,
         **common,
     )
-    return [grid, optuna]
+    return [grid, admire, optuna]

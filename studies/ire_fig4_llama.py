@@ -8,9 +8,13 @@ Studies (``build(scale)``, one per model size, run in this order; searcher ``gri
 
 Each: arm ``adamw`` and arm ``adamw_ire`` (AdmIRE, gamma {0.6, 0.8} x kappa {2, 5}, our grid; IRE on
 from the end of warm-up), both at lr_max 6e-4 with betas (0.9, 0.95), eps 1e-16, weight decay 0.1,
-gradient clipping 1.0, linear warm-up (2% of the run) then cosine to lr_max/20; 1 seed (the figure
-shows single curves). 1 + 4 = 5 trials per size, FIFO, one GPU and 8 CPUs per trial (119M and
-229M accumulate gradients over micro-batches of 64 / 32 sequences to fit one GPU).
+gradient clipping 1.0, linear warm-up (2% of the run) then cosine to lr_max/20; 3 seeds, as every
+paper grid here: the figure shows one curve per optimizer, but a speed-up measured on one seed has no
+error bar, and with three each AdmIRE seed is measured against the AdamW run of the same seed (same
+initialisation and data order), so ``flatlab compare`` gives the speed-up's mean, interval and paired
+test. (1 + 4) x 3 = 15 trials per size, FIFO, one GPU and 8 CPUs per trial (119M and 229M accumulate
+gradients over micro-batches of 64 / 32 sequences to fit one GPU); three times the GPU hours of one
+seed: ``seeds=(0,)`` here (and ``--study`` for one size) reproduces the figure's single curves for less.
 
 The speed-up metric is automatic (``reference_arm="adamw"``): every run records its smoothed training
 loss per optimizer step (``train/loss_smoothed``, bias-corrected EMA with factor ``curve_smoothing``,
@@ -26,7 +30,8 @@ run (``reference/train_loss_smoothed``, step = seed). Budgets are ours: wikitext
 20k-30k steps each; an LM epoch is one pass over the training tokens, so metrics are reported once
 per pass.
 There is no Optuna variant: the figure compares two optimizers at one fixed recipe.
-``smoke`` scale: the three studies on tiny Llamas (2 layers; the 60M one has an odd width/heads ratio,
+``smoke`` scale (studies named ``<name>_smoke``):
+the three studies on tiny Llamas (2 layers; the 60M one has an odd width/heads ratio,
 as the paper's 410/10, so the head-width rounding runs) over synthetic token streams, 1 epoch, with the
 same reference arm.
 """
@@ -52,6 +57,7 @@ SIZES = (
 
 def build(scale: str):
     paper = scale == "paper"
+    suffix = "" if paper else f"_{scale}"  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
     studies = []
     for size, workload, batch, epochs, extra, tiny in SIZES:
         if paper:
@@ -60,7 +66,7 @@ def build(scale: str):
             wp = {"model": size, "n_layers": 2, **tiny, "data_path": "synthetic", "synthetic_tokens": 2048}
         studies.append(
             Study(
-                name=f"ire_fig4_{size}",
+                name=f"ire_fig4_{size}" + suffix,
                 description=f"AdamW vs AdmIRE, {size} on {workload.split('/')[1]} (IRE Fig. 4)",
                 workload=workload,
                 workload_params=wp,
@@ -90,7 +96,7 @@ def build(scale: str):
                 scheduler="fifo",
                 grace_period=1,
                 max_epochs=epochs if paper else 1,
-                seeds=(0,),
+                seeds=(0, 1, 2) if paper else (0,),
                 resources=Resources(cpu=8, gpu=1) if paper else Resources(cpu=1),
                 max_concurrent=None if paper else 1,
                 reference_arm="adamw",

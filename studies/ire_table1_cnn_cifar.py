@@ -15,7 +15,8 @@ IRE switch-on: the paper switches IRE on when the training loss first falls belo
 training loss includes label smoothing 0.1, whose minimum is the entropy of the smoothed target,
 0.500 nats (10 classes) / 0.778 nats (100 classes), so a literal 0.1 would never be reached; we use
 that floor + 0.1 (see ``switch_loss``), i.e. the same distance above the smallest reachable loss.
-Paper scale: one GPU and 8 CPUs per trial. ``smoke`` scale: the same arms on 1/16-width ResNet-56 and
+Paper scale: one GPU and 8 CPUs per trial. ``smoke`` scale (studies named ``<name>_smoke``):
+the same arms on 1/16-width ResNet-56 and
 32 synthetic images per dataset, gamma {0.9} x kappa {2}, 2 epochs with a switch threshold the first
 epoch always meets (so the loss-triggered switch-on runs), 1 CPU.
 """
@@ -57,6 +58,7 @@ def _arms(paper: bool, rho: float, switch: float, model):
 
 def build(scale: str):
     paper = scale == "paper"
+    suffix = "" if paper else f"_{scale}"  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
     data = {} if paper else {"data_path": "synthetic", "synthetic_size": 32, "width_mult": 1 / 16}
     common = dict(
         train={"batch_size": 128 if paper else 16, "schedule": "cosine", "label_smoothing": LABEL_SMOOTHING},
@@ -73,7 +75,7 @@ def build(scale: str):
         models = sp.grid(["wrn28_10", "resnet56"] if paper else ["resnet56"])
         studies.append(
             Study(
-                name=f"ire_table1_cnn_{dataset}",
+                name=f"ire_table1_cnn_{dataset}" + suffix,
                 description=f"SGD/SAM +- IRE on WRN-28-10 and ResNet-56, {dataset} (IRE Table 1)",
                 workload=dataset,
                 workload_params=data,
@@ -89,7 +91,7 @@ def build(scale: str):
     base = {"lr": lr, "momentum": 0.9, "weight_decay": 5e-4}
     studies.append(
         Study(
-            name="ire_table1_cnn_optuna",
+            name="ire_table1_cnn_optuna" + suffix,
             description="SGD/SAM +- IRE on ResNet-56/CIFAR-100, Optuna TPE over lr, gamma, kappa (smaller budget)",
             workload="cifar100",
             workload_params={"model": "resnet56", **data},

@@ -15,7 +15,8 @@ The SAM arms are SAM over AdamW as in the paper (``sam_adamw``, ``sam_adamw_ire`
 wrappers over the ``adamw`` entry); rho 0.1 (the CIFAR-100 value) and AdamW's betas (0.9, 0.999) and
 eps 1e-8 are our choices, the paper states none for these arms. The epoch count (200) is our choice;
 the notes give none.
-Paper scale: one GPU and 8 CPUs per trial. ``smoke`` scale: 1/16-width ViT-T, 32 synthetic images,
+Paper scale: one GPU and 8 CPUs per trial. ``smoke`` scale (studies named ``<name>_smoke``):
+1/16-width ViT-T, 32 synthetic images,
 gamma {0.9} x kappa {20}, 2 epochs with a threshold the first epoch always meets, 1 CPU.
 """
 
@@ -36,6 +37,7 @@ def smoothed_loss_floor(num_classes: int, eps: float = LABEL_SMOOTHING) -> float
 
 def build(scale: str):
     paper = scale == "paper"
+    suffix = "" if paper else f"_{scale}"  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
     switch = round(smoothed_loss_floor(100) + 0.5, 3) if paper else 100.0
     data = {"augment": "autoaugment"}
     if not paper:
@@ -55,7 +57,7 @@ def build(scale: str):
     ire = {"gamma": sp.grid([0.99, 0.9, 0.8] if paper else [0.9]), "kappa": sp.grid([20.0, 50.0] if paper else [20.0]), "switch_loss": switch}
     models = {"model": sp.grid(["vit_t", "vit_s"] if paper else ["vit_t"])}
     grid = Study(
-        name="ire_table3_vit_cifar100",
+        name="ire_table3_vit_cifar100" + suffix,
         description="AdamW/SAM +- IRE on ViT-T/S, CIFAR-100 (IRE Table 3)",
         workload_params=data,
         arms=(
@@ -73,7 +75,7 @@ def build(scale: str):
     adamw_tpe = {"lr": sp.loguniform(3e-5, 1e-3), "weight_decay": 5e-4}
     sam_tpe = {**adamw_tpe, "rho": 0.1}
     optuna = Study(
-        name="ire_table3_vit_cifar100_optuna",
+        name="ire_table3_vit_cifar100_optuna" + suffix,
         description="AdamW/SAM +- IRE on ViT-T/CIFAR-100, Optuna TPE over lr, gamma, kappa (smaller budget)",
         workload_params={**data, "model": "vit_t"},
         arms=(

@@ -14,7 +14,10 @@
    the straggler layers of the fine-tuned model (layer-wise sharpness, 5 draws) and zeroes a random
    half of their entries (Algorithm 1). Each trial finds its fine-tuned model in MLflow by the first
    study's NAME, arm and params (``mlflow:<prefix>_finetune/adamw?lr=...&augment=...``), in that study's
-   LATEST launch: the fine-tune study must have run (to the end) before the alpha study starts.
+   latest FINISHED launch: the fine-tune study must have run to the end before the alpha study starts.
+   That is the launch rule of chained studies (``sp.best_of``); ``best_of`` itself is not used here
+   because this study interpolates every fine-tuned model, not only the best one (for the best one,
+   ``"finetuned": sp.best_of("<prefix>_finetune", arm="adamw")`` resolves to its ``run:<run_id>``).
 
 When the alpha study finishes, ``flatlab run`` draws Figs. 1 (OOD accuracy/loss vs alpha per
 model), 3 (sharpness vs alpha), 4 (layer-wise sharpness heat maps) and 5 (pruned vs unpruned) and logs

@@ -2,25 +2,38 @@
 
 One study, ``tsam_fig4_t_schedule`` (searcher ``grid``): TSAM on ResNet-18 / CIFAR-100 with t = 20
 (the paper's best constant t there), ``t_schedule`` in {constant, increase, decrease} (linear over the
-run), s = 3, rho = 0.1, lr = ``LR`` (constant), momentum 0.9, weight decay 5e-4, label smoothing 0.1,
-batch 64, 200 epochs (ours), 3 seeds: 9 trials, FIFO. ``LR``/rho: set them from ``tsam_table1_images``.
-Paper scale: one GPU, 8 CPUs per trial. ``smoke`` scale: 1/16-width ResNet-18, 32 synthetic images,
-the three schedules, 1 epoch, 1 CPU.
+run), s = 3, momentum 0.9, weight decay 5e-4, label smoothing 0.1, constant lr, batch 64, 200 epochs
+(ours), 3 seeds: 9 trials, FIFO.
+
+lr and rho are chained from TSAM Table 1 (a chained study): ``sp.best_of("tsam_table1_cifar100",
+arm="tsam", param=..., where={"t": 20.0, "s": 3})``, the best completed TSAM trial with this study's
+fixed t and s in that study's latest finished launch, by its ``val/accuracy``; resolved at launch and
+logged as params ``lr``/``rho`` with ``lr.source``/``rho.source`` = ``<study>/<run_id>``. Launching
+before ``tsam_table1_cifar100`` has finished starts nothing and says so; ``flatlab run --dry-run``
+shows the values it would use now.
+Paper scale: one GPU, 8 CPUs per trial. ``smoke`` scale (study ``tsam_fig4_t_schedule_smoke``):
+1/16-width ResNet-18, 32 synthetic images, the three schedules, 1 epoch, 1 CPU, and the constants
+lr 0.03, rho 0.1 instead of the chained values, so that it runs on its own.
 """
 
 from flatlab import Arm, Resources, Study
 from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
-LR = 0.03
-RHO = 0.1
+SOURCE = "tsam_table1_cifar100"  # TSAM Table 1's ResNet-18 / CIFAR-100 grid (studies/tsam_table1_images.py)
+SMOKE_LR, SMOKE_RHO = 0.03, 0.1  # smoke scale: constants, so that it runs without the source study
 T = 20.0
 
 
 def build(scale: str):
     paper = scale == "paper"
+    if paper:  # resolved at launch from the source study's best TSAM trial at this study's fixed settings
+        lr = sp.best_of(SOURCE, arm="tsam", param="lr", where={"t": T, "s": 3})
+        rho = sp.best_of(SOURCE, arm="tsam", param="rho", where={"t": T, "s": 3})
+    else:
+        lr, rho = SMOKE_LR, SMOKE_RHO
     return Study(
-        name="tsam_fig4_t_schedule",
+        name="tsam_fig4_t_schedule" + ("" if paper else f"_{scale}"),
         description="TSAM tilt schedules: constant vs increasing vs decreasing t, ResNet-18/CIFAR-100 (TSAM Fig. 4)",
         workload="cifar100",
         workload_params={"model": "resnet18"} if paper else {"model": "resnet18", "data_path": "synthetic", "synthetic_size": 32, "width_mult": 1 / 16},
@@ -29,7 +42,7 @@ def build(scale: str):
             Arm(
                 "tsam",
                 space={
-                    "lr": LR, "momentum": 0.9, "weight_decay": 5e-4, "rho": RHO, "t": T, "s": 3,
+                    "lr": lr, "momentum": 0.9, "weight_decay": 5e-4, "rho": rho, "t": T, "s": 3,
                     "t_schedule": sp.grid(["constant", "increase", "decrease"]),
                 },
             ),

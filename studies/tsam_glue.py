@@ -13,7 +13,8 @@ Studies (``build(scale)``, run in this order):
 2. ``tsam_glue_optuna`` (searcher ``optuna``): CoLA, the three arms with lr ~ logU(1e-4, 0.1),
    rho ~ U(0.05, 0.2), t in {0, 1, 5, 20, 100}; 12 trials per arm, ASHA (grace 1 epoch).
 
-``smoke`` scale: CoLA, STS-B (the regression task) and the Optuna study, on a tiny random-weight
+``smoke`` scale (studies named ``<name>_smoke``):
+CoLA, STS-B (the regression task) and the Optuna study, on a tiny random-weight
 DistilBERT (1 layer, width 32) over synthetic token ids, one grid point per arm, 1 epoch, 1 CPU. The
 other tasks differ only in their columns and metric, which the workload tests cover.
 """
@@ -32,6 +33,7 @@ TINY = {"pretrained": False, "data_path": "synthetic", "synthetic_size": 64, "vo
 
 def build(scale: str):
     paper = scale == "paper"
+    suffix = "" if paper else f"_{scale}"  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
     common = dict(
         workload_params={"max_length": 128} if paper else dict(TINY),
         train={"batch_size": 32 if paper else 16, "schedule": "constant"},
@@ -50,7 +52,7 @@ def build(scale: str):
     )
     studies = [
         Study(
-            name=f"tsam_glue_{task}",
+            name=f"tsam_glue_{task}" + suffix,
             description=f"ERM vs SAM vs TSAM, DistilBERT on GLUE {task} (TSAM paper)",
             workload=f"glue/{task}",
             arms=arms,
@@ -66,7 +68,7 @@ def build(scale: str):
     rho_tpe = {"rho": sp.uniform(0.05, 0.2)}
     studies.append(
         Study(
-            name="tsam_glue_optuna",
+            name="tsam_glue_optuna" + suffix,
             description="ERM vs SAM vs TSAM on GLUE CoLA, Optuna TPE (smaller budget)",
             workload="glue/cola",
             arms=(

@@ -18,7 +18,8 @@ The paper's best t: 20 (CIFAR-100), 5 (DTD), 1 (noisy CIFAR-100).
    lr ~ logU(1e-4, 0.1), rho ~ U(0.05, 0.2), t in {0, 1, 5, 20, 100}, s in {3, 5}; 24 trials per arm
    (every arm gets the same budget), ASHA.
 
-``smoke`` scale: the same four studies on synthetic data (1/16-width ResNet-18; a tiny random-weight
+``smoke`` scale (studies named ``<name>_smoke``):
+the same four studies on synthetic data (1/16-width ResNet-18; a tiny random-weight
 ViT at 32x32 for DTD), one point of each grid, 1 epoch, 1 CPU.
 """
 
@@ -44,6 +45,7 @@ def _grid_arms(paper: bool):
 
 def build(scale: str):
     paper = scale == "paper"
+    suffix = "" if paper else f"_{scale}"  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
     small = {"data_path": "synthetic", "synthetic_size": 32, "width_mult": 1 / 16}
     settings = (
         # name, workload, workload params (paper / smoke), epochs
@@ -67,7 +69,7 @@ def build(scale: str):
     )
     studies = [
         Study(
-            name=f"tsam_table1_{name}",
+            name=f"tsam_table1_{name}" + suffix,
             description=f"ERM vs SAM vs TSAM, {name} (TSAM Table 1)",
             workload=workload,
             workload_params=wp_paper if paper else wp_smoke,
@@ -84,7 +86,7 @@ def build(scale: str):
     rho = {"rho": sp.uniform(0.05, 0.2)}
     studies.append(
         Study(
-            name="tsam_table1_optuna",
+            name="tsam_table1_optuna" + suffix,
             description="ERM vs SAM vs TSAM on ResNet-18/CIFAR-100, Optuna TPE (smaller budget)",
             workload="cifar100",
             workload_params=settings[0][2] if paper else settings[0][3],

@@ -1,32 +1,44 @@
 """TSAM paper, Table 3: the number of sampled perturbations per step, s = 3 vs s = 5.
 
 One study, ``tsam_table3_samples`` (searcher ``grid``): TSAM on ResNet-18 / CIFAR-100 at the paper's
-best tilt for that setting (t = 20), rho = 0.1 and lr = ``LR`` (constant), momentum 0.9, weight decay
-5e-4, label smoothing 0.1, batch 64, 200 epochs (ours), s in {3, 5} x 3 seeds = 6 trials, FIFO. A step
-costs 2s forward/backward passes, so ``time/epoch_s`` shows the price of s = 5 next to its accuracy.
-``LR`` and rho are the values we expect ``tsam_table1_images`` to select; set them from its result.
-Paper scale: one GPU, 8 CPUs per trial. ``smoke`` scale: 1/16-width ResNet-18, 32 synthetic images,
-both values of s, 1 epoch, 1 CPU.
+best tilt for that setting (t = 20), momentum 0.9, weight decay 5e-4, label smoothing 0.1, batch 64,
+constant lr, 200 epochs (ours), s in {3, 5} x 3 seeds = 6 trials, FIFO. A step costs 2s
+forward/backward passes, so ``time/epoch_s`` shows the price of s = 5 next to its accuracy.
+
+lr and rho are chained from TSAM Table 1 (a chained study): ``sp.best_of("tsam_table1_cifar100",
+arm="tsam", param=..., where={"t": 20.0})``, the best completed TSAM trial at t = 20 (either s) of that
+study's latest finished launch, by its ``val/accuracy``. They are resolved when this study is
+launched and logged as params ``lr``/``rho`` with ``lr.source``/``rho.source`` = ``<study>/<run_id>``;
+launching before ``tsam_table1_cifar100`` has finished starts nothing and says so, and
+``flatlab run --dry-run`` shows the values it would use now.
+Paper scale: one GPU, 8 CPUs per trial. ``smoke`` scale (study ``tsam_table3_samples_smoke``):
+1/16-width ResNet-18, 32 synthetic images, both values of s, 1 epoch, 1 CPU, and the constants lr 0.03,
+rho 0.1 instead of the chained values, so that it runs on its own.
 """
 
 from flatlab import Arm, Resources, Study
 from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
-LR = 0.03
-RHO = 0.1
+SOURCE = "tsam_table1_cifar100"  # TSAM Table 1's ResNet-18 / CIFAR-100 grid (studies/tsam_table1_images.py)
+SMOKE_LR, SMOKE_RHO = 0.03, 0.1  # smoke scale: constants, so that it runs without the source study
 T = 20.0
 
 
 def build(scale: str):
     paper = scale == "paper"
+    if paper:  # resolved at launch from the source study's best TSAM trial at this study's fixed settings
+        lr = sp.best_of(SOURCE, arm="tsam", param="lr", where={"t": T})
+        rho = sp.best_of(SOURCE, arm="tsam", param="rho", where={"t": T})
+    else:
+        lr, rho = SMOKE_LR, SMOKE_RHO
     return Study(
-        name="tsam_table3_samples",
+        name="tsam_table3_samples" + ("" if paper else f"_{scale}"),
         description="TSAM with s = 3 vs s = 5 sampled perturbations, ResNet-18/CIFAR-100 (TSAM Table 3)",
         workload="cifar100",
         workload_params={"model": "resnet18"} if paper else {"model": "resnet18", "data_path": "synthetic", "synthetic_size": 32, "width_mult": 1 / 16},
         train={"batch_size": 64 if paper else 16, "schedule": "constant", "label_smoothing": 0.1},
-        arms=(Arm("tsam", space={"lr": LR, "momentum": 0.9, "weight_decay": 5e-4, "rho": RHO, "t": T, "s": sp.grid([3, 5])}),),
+        arms=(Arm("tsam", space={"lr": lr, "momentum": 0.9, "weight_decay": 5e-4, "rho": rho, "t": T, "s": sp.grid([3, 5])}),),
         metric="val/accuracy",
         mode="max",
         searcher="grid",

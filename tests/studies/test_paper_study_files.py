@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from flatlab import space as sp
 from flatlab.errors import ConfigError
 from flatlab.optim import get_optimizer
 from flatlab.study.loader import load_studies
@@ -18,11 +19,6 @@ EXPECTED_FILES = {
 }
 NO_OPTUNA = {"ire_fig4_llama.py", "tsam_table3_samples.py", "tsam_fig4_t_schedule.py",  # fixed comparisons / ablations
              "ire_table2_resnet50_imagenet.py", "tsam_fig2_flatness.py"}
-
-
-def paper_name(smoke_name):
-    """The paper-scale study a smoke study mirrors (a smoke study may carry its own ``_smoke`` name)."""
-    return smoke_name.removesuffix("_smoke")
 
 
 def load(name, scale):
@@ -45,16 +41,19 @@ def test_file_loads_at_both_scales_and_smoke_is_small_and_offline(name):
     optuna = [s for s in paper if s.searcher == "optuna"]
     assert (len(optuna) == 1) == (name not in NO_OPTUNA)
     grids = [s for s in paper if s.searcher == "grid"]
-    assert all(o.num_total_trials() < min(g.num_total_trials() for g in grids) for o in optuna)  # smaller budget
+    assert all(o.num_total_trials() < sum(g.num_total_trials() for g in grids) for o in optuna)  # smaller than the paper's grid
     for s in paper:
         assert s.resources.gpu >= 1
         assert "synthetic" not in str(s.workload_params.get("data_path"))
-    assert {paper_name(s.name) for s in smoke} <= {s.name for s in paper}
+    # each scale has its own MLflow experiments: smoke runs never mix with paper runs
+    assert all(s.name.endswith("_smoke") for s in smoke) and not any(s.name.endswith("_smoke") for s in paper)
+    assert {s.name.removesuffix("_smoke") for s in smoke} <= {s.name for s in paper}
     for s in smoke:
         assert s.max_epochs <= 2 and s.resources.gpu == 0 and s.max_concurrent == 1
         assert s.workload_params.get("data_path") == "synthetic"
         assert s.num_total_trials() <= 4
-        assert [a.name for a in s.arms] == [a.name for a in next(p for p in paper if p.name == paper_name(s.name)).arms]  # same structure
+        twin = next(p for p in paper if p.name == s.name.removesuffix("_smoke"))
+        assert [a.name for a in s.arms] == [a.name for a in twin.arms]  # same structure
     with pytest.raises(ConfigError, match=r"scale='huge' is not defined; valid scales: paper, smoke"):
         load(name, "huge")
 
@@ -62,12 +61,14 @@ def test_file_loads_at_both_scales_and_smoke_is_small_and_offline(name):
 def test_ire_fig2_grid():
     s = load("ire_fig2_wrn16_cifar10.py", "paper")[0]
     assert s.workload == "cifar10" and s.workload_params["model"] == "wrn16_8"
+    assert [a.optimizer for a in s.arms] == ["sam", "sam_ire"]
     assert grid_values(s, "sam_ire", "gamma") == [0.8, 0.9, 0.95]
-    assert grid_values(s, "sam_ire", "kappa") == [0, 2, 5, 10]
-    assert grid_values(s, "sam_ire", "schedule") == ["constant", "step"]
+    assert grid_values(s, "sam_ire", "kappa") == [2, 5, 10]  # kappa = 0 is the sam arm, once per seed
+    assert "schedule" not in s.arm("sam_ire").dims and s.train["schedule"] == "cosine"  # no schedule dimension
     c = s.arm("sam_ire").constants()
     assert c["switch_epoch"] == 30 and c["rho"] == 0.05 and c["momentum"] == 0.0 and s.max_epochs == 100
-    assert s.seeds == (0, 1, 2) and s.num_total_trials() == 72
+    assert s.arm("sam").constants() == {k: c[k] for k in ("rho", "momentum", "lr", "weight_decay")}
+    assert s.seeds == (0, 1, 2) and s.num_total_trials() == (9 + 1) * 3
 
 
 def test_ire_table1_grid():
@@ -105,6 +106,13 @@ def test_ire_lm_studies():
     assert fig3.workload == "lm/wikitext2" and fig3.metric == "val/loss" and fig3.mode == "min"
     assert grid_values(fig3, "adamw", "lr")[0] == 1.5e-4 and grid_values(fig3, "adamw", "lr")[-1] == 3e-3
     assert fig3.train["clip_norm"] == 1.0 and fig3.train["final_lr_factor"] == 0.05
+    admire = load("ire_fig3_transformer_wikitext2.py", "paper")[1]  # chained: AdamW's best lr from the first study
+    assert admire.name == "ire_fig3_transformer_wikitext2_admire" and [a.name for a in admire.arms] == ["adamw", "adamw_ire"]
+    for arm in ("adamw", "adamw_ire"):
+        assert admire.arm(arm).dims["lr"] == sp.best_of("ire_fig3_transformer_wikitext2", arm="adamw", param="lr")
+    assert grid_values(admire, "adamw_ire", "kappa") == [2, 5, 10] and admire.num_total_trials() == (1 + 9) * 3
+    smoke_admire = load("ire_fig3_transformer_wikitext2.py", "smoke")[1]
+    assert smoke_admire.arm("adamw").dims["lr"].study == "ire_fig3_transformer_wikitext2_smoke"
     fig4 = {s.name: s for s in load("ire_fig4_llama.py", "paper")}
     assert {(s.workload, s.workload_params["model"]) for s in fig4.values()} == {
         ("lm/wikitext103", "llama_60m"), ("lm/minipile", "llama_119m"), ("lm/openwebtext", "llama_229m")}
@@ -113,6 +121,7 @@ def test_ire_lm_studies():
         c = s.arm("adamw").constants()
         assert (c["lr"], c["beta1"], c["beta2"], c["weight_decay"]) == (6e-4, 0.9, 0.95, 0.1)
         assert s.train["clip_norm"] == 1.0 and s.train["final_lr_factor"] == 0.05
+        assert s.seeds == (0, 1, 2)  # a speed-up with an error bar, paired by seed
     smoke = load("ire_fig4_llama.py", "smoke")
     for s in [*fig4.values(), *smoke]:  # the speed-up is measured against AdamW's final smoothed loss, per seed
         assert s.reference_arm == "adamw" and s.target_loss is None and "target_loss" not in s.workload_params
@@ -137,6 +146,13 @@ def test_tsam_glue_and_ablations():
     assert grid_values(samples, "tsam", "s") == [3, 5]
     sched = load("tsam_fig4_t_schedule.py", "paper")[0]
     assert grid_values(sched, "tsam", "t_schedule") == ["constant", "increase", "decrease"]
+    # lr and rho chained from TSAM Table 1's CIFAR-100 grid, at the t (and s) these studies fix
+    for study, where in ((samples, {"t": 20.0}), (sched, {"t": 20.0, "s": 3})):
+        for field in ("lr", "rho"):
+            assert study.arm("tsam").dims[field] == sp.best_of("tsam_table1_cifar100", "tsam", field, where=where)
+        assert study.arm("tsam").constants()["t"] == 20.0
+    for name in ("tsam_table3_samples.py", "tsam_fig4_t_schedule.py"):  # smoke runs on its own: constants
+        assert load(name, "smoke")[0].arm("tsam").constants()["lr"] == 0.03
 
 
 def test_ire_table2_grid():

@@ -66,8 +66,13 @@ def run(
         for warning in s.warnings():
             err.print(f"[yellow]warning:[/yellow] study {s.name!r}, {warning}", soft_wrap=True)
     if dry_run:
+        from flatlab.study.chain import describe_chained
+        from flatlab.tracking.runs import default_tracking_uri
+
         for s in studies:
             render_plan(s, console)
+            for line in describe_chained(s, tracking_uri or default_tracking_uri(_root(root).resolve())):
+                console.print(line, soft_wrap=True)
         return
     if address:  # one line and exit 2 within seconds for an unreachable head; a token when one is at hand
         from flatlab.cluster import check_address

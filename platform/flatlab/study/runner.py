@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from flatlab.errors import ConfigError
+from flatlab.study.chain import chained_params, resolve_chained
 from flatlab.study.spec import Study
 from flatlab.tracking import runs
 
@@ -191,6 +192,7 @@ def _open_launch(
     p = plan(study)
     params = {k: p[k] for k in ("workload", "metric", "mode", "searcher", "scheduler", "max_epochs", "total_trials", "seeds")}
     params.update(final_seeds=p["final_seeds"], measures=p["measures"])
+    params.update(chained_params(study))  # <arm>.<field> and <arm>.<field>.source of chained values
     if study.reference_arm is not None:
         params["reference_arm"] = study.reference_arm
     params.update({"source": opts.source, "workload_params": p["workload_params"], "train": p["train"]})
@@ -389,6 +391,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     out = root / study.name
     out.mkdir(parents=True, exist_ok=True)
     tracking_uri = opts.tracking_uri or runs.default_tracking_uri(root)
+    study = study if opts.resume else resolve_chained(study, tracking_uri)  # best_of(...) values, before anything starts
     storage_path = opts.storage or str(out / "ray")
     launch = _launch_file(out)
 

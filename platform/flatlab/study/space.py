@@ -1,5 +1,6 @@
 """Search-space primitives: ``loguniform``, ``uniform``, ``integer`` (``flatlab.space.int``), ``choice``,
-``fixed``, ``grid`` and the conditional ``when``.
+``fixed``, ``grid``, the conditional ``when`` and ``best_of`` (a value from another study's results,
+resolved at launch).
 
 Each dimension maps to an Optuna distribution (Optuna TPE / random searchers, which suggest the active
 fields of a trial one by one, define-by-run) and, where it is discrete, to a list of values (the ``grid``
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -216,6 +218,76 @@ class Fixed(Dim):
 
     def describe(self) -> str:
         return repr(self.value)
+
+
+SOURCE_SUFFIX = ".source"  # ``<field>.source``: where a chained value came from (``<study>/<run_id>``)
+_STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+@dataclass(frozen=True)
+class BestOf(Dim):
+    """A value read from ANOTHER study's results when this study is launched (chained studies).
+
+    ``param`` of the best completed trial of arm ``arm`` in the latest FINISHED launch of study
+    ``study`` (best by that study's own metric and mode; final-stage re-runs are not candidates);
+    ``param=None``: that trial's run as ``"run:<run_id>"`` (e.g. the ``finetuned`` model of
+    ``clip_interpolate``); ``where``: ``(field, value)`` pairs a candidate trial's params must equal.
+    :func:`flatlab.study.chain.resolve_chained` replaces it with a
+    :class:`Resolved` constant once per launch; before that it is one grid value (itself), so a grid's
+    size and the dry-run plan are known. Building one never raises (see :meth:`problem`).
+    """
+
+    study: str
+    arm: str
+    param: Optional[str] = None
+    where: Tuple[Tuple[str, Any], ...] = ()
+
+    def problem(self) -> Optional[str]:
+        if not (isinstance(self.study, str) and _STUDY_NAME.match(self.study)):
+            return f"best_of(study, arm, param): study={self.study!r}; expected a study name (letters, digits, '_', '.', '-')"
+        if not (isinstance(self.arm, str) and self.arm):
+            return f"best_of(study, arm, param): arm={self.arm!r}; expected the name of an arm of study {self.study!r}"
+        if self.param is not None and not (isinstance(self.param, str) and self.param):
+            return f"best_of(study, arm, param): param={self.param!r}; expected a field name, or None for the run itself"
+        if not (isinstance(self.where, tuple) and all(isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str) for kv in self.where)):
+            return f"best_of(..., where=...): where={self.where!r}; expected a dict of field -> value, e.g. where={{'t': 20.0}}"
+        return None
+
+    def to_optuna(self) -> Any:
+        raise ConfigError(f"{self.describe()} is resolved at launch (flatlab.study.chain.resolve_chained), not sampled")
+
+    def grid_values(self, where: str) -> List[Any]:
+        self.valid(where)
+        return [self]  # one value, known at launch
+
+    def check(self, hp: HParam, where: str) -> None:
+        self.valid(where)  # the value itself is checked against ``hp`` when it is resolved
+
+    def representative(self) -> Any:
+        return None  # unknown before launch: study validation does not probe the optimizer with it
+
+    def describe(self) -> str:
+        where = f", where={dict(self.where)!r}" if self.where else ""
+        return f"best_of({self.study!r}, arm={self.arm!r}, param={self.param!r}{where})"
+
+
+@dataclass(frozen=True)
+class Resolved(Fixed):
+    """A :class:`BestOf` after resolution: the constant ``value`` and where it came from (``source``,
+    ``<study>/<run_id>``). Behaves as :class:`Fixed` everywhere."""
+
+    source: str = ""
+
+    def describe(self) -> str:
+        return f"{self.value!r} (from {self.source})"
+
+
+def best_of(study: str, arm: str, param: Optional[str] = None, where: Optional[Dict[str, Any]] = None) -> BestOf:
+    """``param`` of the best completed trial of ``arm`` in study ``study``'s latest finished launch,
+    resolved at launch (:class:`BestOf`); ``param=None`` gives that trial's run as ``run:<run_id>``.
+    ``where``: only trials whose params have these values compete (numbers compared as numbers), e.g.
+    ``where={"t": 20.0}``: the best learning rate at the tilt this study fixes."""
+    return BestOf(study, arm, param, tuple(where.items()) if isinstance(where, dict) else where if where is not None else ())
 
 
 def loguniform(low: float, high: float) -> Float:

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from flatlab.errors import ConfigError, UnknownNameError, did_you_mean
 from flatlab.hparams import HParam, resolve
-from flatlab.study.space import Dim, as_dim, condition_problems, grid_points, inner, is_searched, representatives
+from flatlab.study.space import SOURCE_SUFFIX, BestOf, Dim, as_dim, condition_problems, grid_points, inner, is_searched, representatives
 from flatlab.train.config import TRAINER_HPARAMS
 from flatlab.train.trainer import TrialSpec
 
@@ -237,7 +237,7 @@ class Study:
         trn: Dict[str, Any] = dict(self.train)
         wl: Dict[str, Any] = dict(self.workload_params)
         for k, v in config.items():
-            if k in ("arm", "seed", "stage"):
+            if k in ("arm", "seed", "stage") or k.endswith(SOURCE_SUFFIX):  # <field>.source: a chained value's origin
                 continue
             {"optimizer": opt, "trainer": trn, "workload": wl}.get(route.get(k, ""), opt)[k] = v
         return TrialSpec(
@@ -476,7 +476,8 @@ def _probe_optimizer(arm: Arm, where: str, route: Mapping[str, str]) -> List[str
     from flatlab.optim.registry import get_optimizer
 
     for config in representatives(arm.dims):  # one per branch of the conditional fields
-        values = {k: v for k, v in config.items() if route.get(k) == "optimizer"}
+        values = {k: v for k, v in config.items()  # a chained value (best_of) is known only at launch
+                  if route.get(k) == "optimizer" and not isinstance(inner(arm.dims.get(k)), BestOf)}
         try:
             get_optimizer(arm.optimizer).create([torch.zeros(1, requires_grad=True)], **values)
         except (ConfigError, ValueError) as exc:

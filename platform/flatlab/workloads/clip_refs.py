@@ -3,10 +3,13 @@
 Reference strings (the ``finetuned`` parameter of ``clip_interpolate``):
 
 * ``mlflow:<study>/<arm>[?<param>=<value>&...]``: the one FINISHED trial of arm ``<arm>`` in the
-  LATEST launch of study ``<study>`` whose logged params equal the given ones (numbers compared as
-  numbers: ``lr=1e-5`` matches a logged ``1e-05``), e.g.
+  latest FINISHED launch of study ``<study>`` (the rule of chained studies,
+  :func:`flatlab.study.chain.finished_launch`) whose logged params equal the given ones (numbers
+  compared as numbers: ``lr=1e-5`` matches a logged ``1e-05``), e.g.
   ``mlflow:rft_clip_finetune/adamw?lr=3e-05&augment=randaug``;
-* ``run:<run_id>``: that MLflow run;
+* ``run:<run_id>``: that MLflow run. A study file gets the BEST fine-tuned model of a study this way
+  with ``"finetuned": sp.best_of("rft_clip_finetune", arm="adamw")`` (a chained value, resolved at
+  launch to ``run:<run_id>``);
 * anything else: a local checkpoint file (safetensors or torch state dict).
 
 MLflow references download the run's ``model/model.safetensors`` (and ``trial.json``, when present)
@@ -116,19 +119,17 @@ def _tracking_uri(tracking_uri: str) -> str:
 
 
 def find_trial_run(tracking_uri: str, study: str, arm: str, params: Dict[str, str]) -> Any:
-    """The one FINISHED trial run of ``arm`` in the latest launch of ``study`` whose params match ``params``.
+    """The one FINISHED trial run of ``arm`` in the latest finished launch of ``study`` whose params match
+    ``params``.
 
     Raises:
-        ConfigError: unknown study, no launch, no match (the arm's finished trials are listed with their
-            params) or several matches (add a distinguishing param, e.g. ``seed``).
+        ConfigError: unknown study, no finished launch, no match (the arm's finished trials are listed
+            with their params) or several matches (add a distinguishing param, e.g. ``seed``).
     """
+    from flatlab.study.chain import finished_launch
     from flatlab.tracking import runs
-    from flatlab.tracking.results import parent_runs
 
-    parents = parent_runs(tracking_uri, study)
-    if not parents:
-        raise ConfigError(f"study {study!r} has no launches in {tracking_uri}; run it before the interpolation study")
-    parent = parents[0]
+    parent = finished_launch(tracking_uri, study)
     client = runs.client(tracking_uri)
     candidates = client.search_runs(
         [parent.info.experiment_id],
@@ -143,7 +144,7 @@ def find_trial_run(tracking_uri: str, study: str, arm: str, params: Dict[str, st
             ", ".join(f"{k}={v}" for k, v in sorted(r.data.params.items()) if k != "arm" and not runs.is_resolved_param(k)) for r in finished[:8]
         )
         raise ConfigError(
-            f"no FINISHED trial of study {study!r}, arm {arm!r} (latest launch) has {wanted}; "
+            f"no FINISHED trial of study {study!r}, arm {arm!r} (latest finished launch) has {wanted}; "
             f"finished trials of that arm: {shown or '(none)'}"
         )
     if len(matches) > 1:

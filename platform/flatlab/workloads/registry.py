@@ -18,6 +18,7 @@ def _load_builtins() -> None:
         "flatlab.workloads.glue",
         "flatlab.workloads.lm",
         "flatlab.workloads.imagenet",
+        "flatlab.workloads.toys",
     ):
         importlib.import_module(mod)
 
