@@ -293,3 +293,40 @@ STUDY = Study(
         assert [m.step for m in c.get_metric_history(r.info.run_id, "epoch")] == list(range(1, epochs + 1))
     launch = json.loads((root / "err" / "launch.json").read_text())
     assert launch["status"] == "finished" and launch["num_errors"] == 0
+
+
+def test_a_killed_trial_worker_is_one_progress_line(tmp_path):
+    """SIGKILL of a trial's worker process: the progress line says the trial failed (and that --resume
+    retries it) in one line; Ray's multi-line "A worker died" message stays in logs/flatlab.log."""
+    study = write_study(tmp_path / "kill.py", """
+STUDY = Study(
+    name="kill",
+    workload="digits",
+    workload_params={"width": 16},
+    arms=(Arm("sgd", space={"lr": sp.loguniform(0.01, 0.3)}),),
+    num_trials=2,
+    max_epochs=30,
+    scheduler="fifo",
+    max_concurrent=1,
+)
+""")
+    root = tmp_path / "root"
+    proc = subprocess.Popen([str(BIN / "flatlab"), "run", str(study), "--root", str(root), "--num-cpus", "2"],
+                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline, killed = time.monotonic() + 300, None
+    while killed is None and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(1.0)
+        ps = subprocess.run(["ps", "-eo", "pid,sid,args"], capture_output=True, text=True).stdout.splitlines()
+        for line in ps:  # the trial's actor, in the session of this flatlab run only
+            pid, sid, args = (line.split(None, 2) + ["", ""])[:3]
+            if sid == str(proc.pid) and args.startswith("ray::ImplicitFunc"):
+                os.kill(int(pid), signal.SIGKILL)
+                killed = pid
+                break
+    assert killed, "no trial worker found"
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    failed = [l for l in out.splitlines() if l.strip().startswith("failed")]
+    assert len(failed) == 1 and "(--resume retries it)" in failed[0], out
+    assert "A worker died" not in out and "actor died" in failed[0].lower(), out
+    assert "WARNING ray: A worker died or was killed" in (root / "kill" / "logs" / "flatlab.log").read_text()

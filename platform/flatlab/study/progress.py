@@ -2,7 +2,8 @@
 
 Trials that ended before a ``--resume`` count as done (their outcome is read from the restored trials).
 A trial whose worker died (or that raised) is reported on one line: ``failed ... will resume`` when Tune
-retries it from its last checkpoint, ``failed`` with the error's first line when it will not; Ray's own
+retries it from its last checkpoint, ``failed`` with the error's first line when it will not (a later
+``--resume`` retries it; the line says so); Ray's own
 multi-line message goes to the log (:mod:`flatlab.study.ray_messages`).
 """
 
@@ -109,7 +110,7 @@ class ProgressPrinter(Callback):
         self._end(trial, "done" if outcome == "completed" else outcome)
 
     def on_trial_error(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
-        self._end(trial, "failed", _error_line(trial))
+        self._end(trial, "failed", _error_line(trial) + " (--resume retries it)")
 
     def on_trial_recover(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
         # Tune retries the trial (FailureConfig.max_failures): it stays running
@@ -130,4 +131,4 @@ def _error_line(trial: Any) -> str:
         text = read_trial_error(trial)
     except Exception:  # noqa: BLE001 - the progress line must not fail the study
         return ""
-    return f": {one_line(text)[:160]}" if text else ""
+    return f": {one_line(text)[:100]}" if text else ""
