@@ -194,7 +194,3 @@ def _seen_distributions(storage: str, name: str) -> Optional[Dict[str, Any]]:
         seen.update(trial.distributions)
     return seen or None
 
-
-def write_launch(path: Path, record: Dict[str, Any]) -> None:
-    """Write a launch record (pretty JSON)."""
-    path.write_text(json.dumps(record, indent=2, default=str))
