@@ -52,10 +52,9 @@ def run(
     num_cpus: Optional[int] = typer.Option(None, help="CPUs of the local Ray instance (default: all)"),
 ) -> None:
     """Run the studies of STUDY_FILE on Ray Tune (Optuna searcher, ASHA, MLflow tracking)."""
+    from flatlab.study.launches import launch_budgets, resume_scale
     from flatlab.study.loader import load_studies
     from flatlab.study.plan import render as render_plan
-
-    from flatlab.study.launches import launch_budgets, resume_scale
 
     given = {"trials": trials, "epochs": epochs, "final_seeds": final_seeds, "scale": scale}
     try:

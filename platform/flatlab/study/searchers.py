@@ -111,9 +111,8 @@ class ArmSearcher(Searcher):
         for i, arm in enumerate(self._arms):
             if not self._distributions.get(arm):
                 continue  # nothing searched: the arm's trials are its constants
-            name = optuna_study_name(self._launch, arm)
             st = optuna.create_study(
-                study_name=name,
+                study_name=optuna_study_name(self._launch, arm),
                 storage=storage,
                 sampler=_sampler(self._kind, self._study_seed * 1000 + i),
                 direction="maximize" if self.mode == "max" else "minimize",
