@@ -94,6 +94,9 @@ def test_submit_to_a_local_ray_head(tmp_path):
 
 
 def test_interrupted_study_resumes_without_rerunning_finished_trials(tmp_path):
+    """Ctrl-C (SIGINT to the process group) of a launch with budget overrides, then `--resume` without
+    them: the launch's budget is reused (an explicit different one is refused), the rest of the search
+    and the final stage run, no epoch is logged twice, and a second `--resume` has nothing left."""
     epochs, n = 10, 3
     study = write_study(tmp_path / "res.py", f"""
 STUDY = Study(
@@ -101,15 +104,17 @@ STUDY = Study(
     workload="digits",
     workload_params={{"model": "cnn", "width": 24}},
     arms=(Arm("sgd", space={{"lr": sp.loguniform(0.01, 0.2)}}),),
-    num_trials={n},
-    max_epochs={epochs},
+    num_trials=8,
+    max_epochs=40,
+    final_seeds=(1, 2, 3),
     scheduler="fifo",
     max_concurrent=1,
 )
 """)
     root = tmp_path / "root"
     uri = runs.default_tracking_uri(root)
-    proc = subprocess.Popen([str(BIN / "flatlab"), "run", str(study), "--root", str(root), "--num-cpus", "2"],
+    budget = ["--trials", str(n), "--epochs", str(epochs), "--final-seeds", "1"]
+    proc = subprocess.Popen([str(BIN / "flatlab"), "run", str(study), "--root", str(root), "--num-cpus", "2", *budget],
                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 300
     finished = []
@@ -129,30 +134,84 @@ STUDY = Study(
             except Exception:
                 pass
     assert finished, "no trial finished before the deadline"
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground process group
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode != 0 and "--resume" in out, out
+    assert proc.returncode == 130 and "--resume" in out, out
+    launch = json.loads((root / "res" / "launch.json").read_text())
+    assert launch["status"] == "killed"
+    assert launch["overrides"] == {"trials": n, "epochs": epochs, "final_seeds": 1, "scale": None}
     c = runs.client(uri)
     exp = c.get_experiment_by_name("res")
     before = {r.data.tags[runs.TAG_TRIAL]: r for r in c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")}
     assert all(r.info.status != "RUNNING" for r in before.values())
     done_ids = {t for t, r in before.items() if r.info.status == "FINISHED"}
 
-    res = flatlab("run", str(study), "--root", str(root), "--resume", "--num-cpus", "2")
+    refused = flatlab("run", str(study), "--root", str(root), "--resume", "--epochs", "12", timeout=120)
+    assert refused.returncode == 2 and "--epochs 12 differs from the launch being resumed, which ran with --epochs 10" in refused.stderr
+
+    res = flatlab("run", str(study), "--root", str(root), "--resume", "--num-cpus", "2")  # no overrides: the launch's
     assert res.returncode == 0, res.stdout + res.stderr
+    assert f"study res: {n} trials, then 1 final-seed trials" in res.stdout, res.stdout
+    status_lines = [l for l in res.stdout.splitlines() if " done / " in l]
+    assert status_lines and int(status_lines[0].split("trials: ")[1].split(" done")[0]) >= len(done_ids), res.stdout
+    assert "already reported" not in res.stdout + res.stderr and "A worker died" not in res.stdout + res.stderr
     after = c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")
-    assert len(after) == n and all(r.info.status == "FINISHED" for r in after)
+    stages = sorted(r.data.tags[runs.TAG_STAGE] for r in after)
+    assert stages == ["final"] + ["search"] * n and all(r.info.status == "FINISHED" for r in after)  # --final-seeds 1 kept
     parents = c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'study'")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    for r in after:
+    for r in after:  # every epoch exactly once, also for the trial interrupted mid-way and resumed
         steps = [m.step for m in c.get_metric_history(r.info.run_id, "epoch")]
-        assert sorted(set(steps)) == list(range(1, epochs + 1))
-        if r.data.tags[runs.TAG_TRIAL] in done_ids:
-            assert len(steps) == epochs  # finished before the interrupt: not run again
+        assert steps == list(range(1, epochs + 1)), (r.data.tags[runs.TAG_TRIAL], steps)
+        assert [m.step for m in c.get_metric_history(r.info.run_id, "val/accuracy")] == steps
+    assert done_ids <= {r.data.tags[runs.TAG_TRIAL] for r in after}  # finished before the interrupt: the same runs
 
     again = flatlab("run", str(study), "--root", str(root), "--resume", "--num-cpus", "2")  # the launch has finished now
     assert again.returncode == 0 and "already finished; nothing to resume" in again.stdout, again.stdout + again.stderr
-    assert len(c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")) == n
+    assert len(c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")) == n + 1
+
+
+def test_continue_grows_the_previous_launchs_optuna_studies(tmp_path):
+    import optuna
+
+    n = 2
+    body = """
+STUDY = Study(
+    name="cont",
+    workload="digits",
+    workload_params={{"width": 16}},
+    arms=(Arm("sgd", space={{"lr": sp.loguniform({low}, 0.3)}}),),
+    num_trials={n},
+    max_epochs=2,
+    scheduler="fifo",
+)
+"""
+    study = write_study(tmp_path / "cont.py", body.format(low=0.01, n=n))
+    root = tmp_path / "root"
+    cmd = ("run", str(study), "--root", str(root), "--num-cpus", "2")
+    missing = flatlab(*cmd, "--continue", timeout=120)
+    assert missing.returncode == 2 and "--continue: study 'cont' has no previous launch to continue" in missing.stderr
+    first = flatlab(*cmd)
+    assert first.returncode == 0, first.stdout + first.stderr
+    one = json.loads((root / "cont" / "launch.json").read_text())
+    second = flatlab(*cmd, "--continue")
+    assert second.returncode == 0, second.stdout + second.stderr
+    two = json.loads((root / "cont" / "launch.json").read_text())
+    name = f"{one['experiment_name']}.sgd"
+    assert two["experiment_name"] != one["experiment_name"] and two["parent_run_id"] != one["parent_run_id"]
+    assert two["optuna_studies"] == {"sgd": name} and two["continues"]["experiment_name"] == one["experiment_name"]
+    storage = f"sqlite:///{root / 'cont' / 'optuna.db'}"
+    assert [s.study_name for s in optuna.get_all_study_summaries(storage)] == [name]
+    trials = optuna.load_study(study_name=name, storage=storage).trials
+    assert len(trials) == 2 * n and all(t.state.name == "COMPLETE" for t in trials)
+    assert len({t.params["lr"] for t in trials}) == 2 * n  # the continued search drew new points
+    parent = runs.client(runs.default_tracking_uri(root)).get_run(two["parent_run_id"])
+    assert parent.data.tags["flatlab.optuna_studies"] == name and parent.data.tags["flatlab.continues"] == one["parent_run_id"]
+
+    write_study(study, body.format(low=0.001, n=n))  # a changed space cannot continue that study
+    changed = flatlab(*cmd, "--continue", timeout=120)
+    assert changed.returncode == 2 and f"arm 'sgd' of study 'cont' searches a different space than the Optuna study '{name}'" in changed.stderr
+    assert len(optuna.load_study(study_name=name, storage=storage).trials) == 2 * n
 
 
 # Imported by every Python process of the test's flatlab run (sitecustomize on PYTHONPATH, inherited by
@@ -248,3 +307,40 @@ def test_no_view_run_lines_from_flatlab_clients(mlflow_server, capfd, monkeypatc
     monkeypatch.setenv(runs.SUPPRESS_URL_ENV, "false")  # the control: MLflow's own behaviour
     c.set_terminated(c.create_run(exp).info.run_id)
     assert "View run" in capfd.readouterr().out
+
+
+def test_a_killed_trial_worker_is_one_progress_line(tmp_path):
+    """SIGKILL of a trial's worker process: the progress line says the trial failed (and that --resume
+    retries it) in one line; Ray's multi-line "A worker died" message stays in logs/flatlab.log."""
+    study = write_study(tmp_path / "kill.py", """
+STUDY = Study(
+    name="kill",
+    workload="digits",
+    workload_params={"width": 16},
+    arms=(Arm("sgd", space={"lr": sp.loguniform(0.01, 0.3)}),),
+    num_trials=2,
+    max_epochs=30,
+    scheduler="fifo",
+    max_concurrent=1,
+)
+""")
+    root = tmp_path / "root"
+    proc = subprocess.Popen([str(BIN / "flatlab"), "run", str(study), "--root", str(root), "--num-cpus", "2"],
+                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline, killed = time.monotonic() + 300, None
+    while killed is None and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(1.0)
+        ps = subprocess.run(["ps", "-eo", "pid,sid,args"], capture_output=True, text=True).stdout.splitlines()
+        for line in ps:  # the trial's actor, in the session of this flatlab run only
+            pid, sid, args = (line.split(None, 2) + ["", ""])[:3]
+            if sid == str(proc.pid) and args.startswith("ray::ImplicitFunc"):
+                os.kill(int(pid), signal.SIGKILL)
+                killed = pid
+                break
+    assert killed, "no trial worker found"
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    failed = [l for l in out.splitlines() if l.strip().startswith("failed")]
+    assert len(failed) == 1 and "(--resume retries it)" in failed[0], out
+    assert "A worker died" not in out and "actor died" in failed[0].lower(), out
+    assert "WARNING ray: A worker died or was killed" in (root / "kill" / "logs" / "flatlab.log").read_text()

@@ -75,7 +75,7 @@ def test_error_tag_and_artifact_then_cleared_on_restart(tmp_path):
     path = c.download_artifacts(run.info.run_id, "error.txt", str(tmp_path))
     assert open(path).read() == TRACEBACK.strip() + "\n"
     cb.on_trial_restore(0, [], T())  # --resume of the errored trial
-    cb._last["t1"] = {"epoch": 3}
+    cb._last["t1"] = {"epoch": 3, "val/accuracy": 0.9, "completed": 1}  # its last report: the whole budget ran
     cb.on_trial_complete(0, [], T())
     cb.close()
     run = c.get_run(run.info.run_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -43,23 +44,34 @@ def run(
     tracking_uri: Optional[str] = typer.Option(None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI (default: SQLite under the root)"),
     storage: Optional[str] = typer.Option(None, help="Ray Tune storage path (shared storage on a multi-node cluster)"),
     root: Optional[Path] = typer.Option(None, help=ROOT_HELP),
-    resume: bool = typer.Option(False, "--resume", help="continue the latest interrupted launch (finished trials are not re-run)"),
+    resume: bool = typer.Option(False, "--resume", help="finish the latest launch at its budget (finished trials are not re-run)"),
+    continue_: bool = typer.Option(
+        False, "--continue", help="a new launch whose arms add trials to the previous launch's Optuna studies"
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate and print the trial plan; start nothing"),
     num_cpus: Optional[int] = typer.Option(None, help="CPUs of the local Ray instance (default: all)"),
 ) -> None:
     """Run the studies of STUDY_FILE on Ray Tune (Optuna searcher, ASHA, MLflow tracking)."""
+    from flatlab.study.launches import launch_budgets, resume_scale
     from flatlab.study.loader import load_studies
     from flatlab.study.plan import render as render_plan
 
+    given = {"trials": trials, "epochs": epochs, "final_seeds": final_seeds, "scale": scale}
     try:
-        studies = load_studies(str(study_file), scale=scale)
+        if resume and continue_:
+            raise FlatlabError("--resume and --continue exclude each other: --resume finishes the latest launch, "
+                               "--continue starts a new one that adds trials to its Optuna studies")
+        # --resume without --scale: the scale the latest launch ran at
+        studies = load_studies(str(study_file), scale=scale or (resume_scale(str(study_file), _root(root)) if resume else None))
         if study:
             known = {s.name for s in studies}
             missing = [n for n in study if n not in known]
             if missing:
                 raise FlatlabError(f"--study {', '.join(missing)}: not in {study_file}; studies there: {', '.join(sorted(known))}")
             studies = [s for s in studies if s.name in study]
-        studies = [s.with_budget(trials, epochs, final_seeds).validate(str(study_file)) for s in studies]
+        budgets = launch_budgets(str(study_file), studies, given, _root(root), resume)  # --resume: the launch's budget
+        studies = [s.with_budget(budgets[s.name]["trials"], budgets[s.name]["epochs"], budgets[s.name]["final_seeds"])
+                   .validate(str(study_file)) for s in studies]
     except (FlatlabError, ValueError) as exc:
         _fail(exc)
     for s in studies:
@@ -89,7 +101,7 @@ def run(
     interrupted = False
     for s in studies:
         try:
-            outcome = run_study(s, opts, console=console)
+            outcome = run_study(s, dataclasses.replace(opts, overrides=budgets[s.name], continue_=continue_), console=console)
         except FlatlabError as exc:
             _fail(exc)
         except ConnectionError as exc:  # Ray's, e.g. a head that wants a token we do not have

@@ -1,4 +1,11 @@
-"""Concise terminal progress for a running study: trials done / running / pending and the best so far."""
+"""Concise terminal progress for a running study: trials done / running / pending and the best so far.
+
+Trials that ended before a ``--resume`` count as done (their outcome is read from the restored trials).
+A trial whose worker died (or that raised) is reported on one line: ``failed ... will resume`` when Tune
+retries it from its last checkpoint, ``failed`` with the error's first line when it will not (a later
+``--resume`` retries it; the line says so); Ray's own
+multi-line message goes to the log (:mod:`flatlab.study.ray_messages`).
+"""
 
 from __future__ import annotations
 
@@ -39,6 +46,7 @@ class ProgressPrinter(Callback):
         self.console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
         self._running: set = set()
         self._done: Dict[str, str] = {}
+        self._seen = 0  # trials already looked at for ones that ended before a resume
         self._best: Optional[float] = None
         self._best_desc = ""
         self._last_print = 0.0
@@ -56,7 +64,24 @@ class ProgressPrinter(Callback):
             f"{pending} pending | best {self.metric} {best}"
         )
 
+    def on_step_begin(self, iteration: int, trials: List, **info: Any) -> None:
+        if len(trials) == self._seen:
+            return
+        self._seen = len(trials)
+        from flatlab.study.searchers import trial_outcome
+
+        for trial in trials:  # a restored experiment: trials that ended before the resume are done
+            if trial.trial_id in self._done or trial.status not in ("TERMINATED", "ERROR"):
+                continue
+            last = getattr(trial, "last_result", {}) or {}
+            self._done[trial.trial_id] = trial_outcome(last, trial.status == "ERROR", self.metric)
+            v = last.get(self.metric)
+            if trial.status == "TERMINATED" and isinstance(v, (int, float)) and math.isfinite(v) and self._better(v):
+                self._best = float(v)
+                self._best_desc = f"{trial.config.get('arm')} {trial.trial_id}, epoch {last.get('epoch')}"
+
     def on_trial_start(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
+        self._done.pop(trial.trial_id, None)  # an errored trial restarted by a resume runs again
         self._running.add(trial.trial_id)
 
     def on_trial_result(self, iteration: int, trials: List, trial: Any, result: Dict, **info: Any) -> None:
@@ -67,13 +92,13 @@ class ProgressPrinter(Callback):
         if time.monotonic() - self._last_print > self.every_s:
             self._print(self.status())
 
-    def _end(self, trial: Any, outcome: str) -> None:
+    def _end(self, trial: Any, outcome: str, note: str = "") -> None:
         self._running.discard(trial.trial_id)
         self._done[trial.trial_id] = outcome
         last = getattr(trial, "last_result", {}) or {}
         v = last.get(self.metric)
         shown = f"{v:.4f}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
-        self._print(f"  {outcome:9s} {trial.config.get('arm', ''):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}  {self.metric} {shown}")
+        self._print(f"  {outcome:9s} {trial.config.get('arm', ''):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}  {self.metric} {shown}{note}")
         if time.monotonic() - self._last_status > 5.0 or not self._running:
             self._print(self.status())
             self._last_status = time.monotonic()
@@ -85,8 +110,25 @@ class ProgressPrinter(Callback):
         self._end(trial, "done" if outcome == "completed" else outcome)
 
     def on_trial_error(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
-        self._end(trial, "error")
+        self._end(trial, "failed", _error_line(trial) + " (--resume retries it)")
+
+    def on_trial_recover(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
+        # Tune retries the trial (FailureConfig.max_failures): it stays running
+        last = getattr(trial, "last_result", {}) or {}
+        self._print(f"  {'failed':9s} {trial.config.get('arm', ''):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}"
+                    f"  will resume from its last checkpoint{_error_line(trial)}")
 
     def _print(self, line: str) -> None:
         self._last_print = time.monotonic()
         self.console.print(line)
+
+
+def _error_line(trial: Any) -> str:
+    """``": <first line of the trial's error>"`` (e.g. a killed worker's), or ``""`` when there is none."""
+    from flatlab.tracking.trial_errors import one_line, read_trial_error
+
+    try:
+        text = read_trial_error(trial)
+    except Exception:  # noqa: BLE001 - the progress line must not fail the study
+        return ""
+    return f": {one_line(text)[:100]}" if text else ""

@@ -44,6 +44,8 @@ class RunOptions:
     tracking_uri: Optional[str] = None
     storage: Optional[str] = None
     resume: bool = False
+    continue_: bool = False  # --continue: a new launch that adds trials to the previous launch's Optuna studies
+    overrides: Dict[str, Any] = field(default_factory=dict)  # budget options (launches.BUDGET_KEYS), kept for --resume
     source: str = ""
     log_models: bool = True
     num_cpus: Optional[int] = None
@@ -75,7 +77,9 @@ def _setup_file_logging(log_dir: Path) -> None:
     # warns that it found none for every trial: expected, not worth alarming anyone in the log.
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    for name in ("flatlab", "ray", "ray.tune", "ray.train", "ray.data", "optuna", "mlflow", "alembic"):
+    # Python warnings of the driver (e.g. Optuna's "step already reported" after a resume) go to the log too
+    logging.captureWarnings(True)
+    for name in ("flatlab", "ray", "ray.tune", "ray.train", "ray.data", "optuna", "mlflow", "alembic", "py.warnings"):
         lg = logging.getLogger(name)
         for h in list(lg.handlers):
             if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
@@ -167,12 +171,14 @@ def _launch_file(out: Path) -> Path:
 
 
 def _open_launch(
-    study: Study, opts: RunOptions, tracking_uri: str, root: Path, tags: Dict[str, str], previous: Dict[str, Any]
+    study: Study, opts: RunOptions, tracking_uri: str, root: Path, tags: Dict[str, str], previous: Dict[str, Any],
+    launch_tags: Optional[Dict[str, str]] = None,
 ) -> Tuple[str, str, str]:
     """Experiment and parent run of this launch: ``(experiment_id, parent_run_id, tune_experiment_name)``.
 
     A new launch gets a new parent run (params: the study's settings; artifacts: the plan and the study
-    file); ``--resume`` reopens the previous launch's parent run.
+    file; ``launch_tags``: e.g. the Optuna studies it grows); ``--resume`` reopens the previous launch's
+    parent run.
     """
     from mlflow.entities import Param
 
@@ -187,7 +193,8 @@ def _open_launch(
         return experiment_id, previous["parent_run_id"], previous["experiment_name"]
     exp_name = f"{study.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     parent = client.create_run(
-        experiment_id, run_name=f"{study.name} {time.strftime('%Y-%m-%d %H:%M')}", tags={**tags, runs.TAG_ROLE: "study"}
+        experiment_id, run_name=f"{study.name} {time.strftime('%Y-%m-%d %H:%M')}",
+        tags={**tags, **(launch_tags or {}), runs.TAG_ROLE: "study"},
     )
     p = plan(study)
     params = {k: p[k] for k in ("workload", "metric", "mode", "searcher", "scheduler", "max_epochs", "total_trials", "seeds")}
@@ -362,8 +369,14 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     Any exception after the launch was opened (Ray start-up, data loading, the searcher ...) ends its
     MLflow parent run FAILED and launch.json ``failed`` before it propagates (:class:`_LaunchGuard`).
 
+    ``opts.resume`` restores the latest launch's Tune experiment (at the budget it was launched with:
+    ``opts.overrides`` as :func:`flatlab.study.launches.resume_budget` gives them) and runs what is left:
+    search trials, then the final stage. ``opts.continue_`` starts a new launch whose arms add trials to
+    the previous launch's Optuna studies.
+
     Raises:
-        ConfigError: ``--resume`` with nothing to resume.
+        ConfigError: ``--resume`` with nothing to resume; ``--continue`` without a previous launch or with
+            a changed space (:func:`flatlab.study.launches.continued_studies`); both at once.
     """
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no CSV/JSON/TBX loggers per result
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")  # per-epoch checkpoints are by design
@@ -377,9 +390,10 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     from ray import tune
 
     from flatlab import __version__
+    from flatlab.study.launches import continued_studies, read_launch
     from flatlab.study.progress import ProgressPrinter
     from flatlab.study.schedulers import build_scheduler
-    from flatlab.study.searchers import ArmSearcher, FixedSearcher
+    from flatlab.study.searchers import ArmSearcher, FixedSearcher, optuna_study_name
     from flatlab.study.trainable import run_trial
     from flatlab.tracking.artifacts import WorkerTracking
     from flatlab.tracking.callback import MLflowTrialLogger
@@ -396,10 +410,25 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     launch = _launch_file(out)
 
     previous: Dict[str, Any] = {}
+    # the Optuna studies of this launch's arms: <prefix>.<arm>; --continue grows the previous launch's
+    optuna_prefix: Optional[str] = None
+    launch_tags: Dict[str, str] = {}
+    continues: Dict[str, Any] = {}
+    if opts.resume and opts.continue_:
+        raise ConfigError("--resume and --continue exclude each other: --resume finishes the latest launch, "
+                          "--continue starts a new one that adds trials to its Optuna studies")
+    if opts.continue_:
+        before = read_launch(root, study.name)
+        optuna_prefix, names = continued_studies(before, study, str(launch))
+        assert before is not None  # continued_studies raised otherwise
+        continues = {"experiment_name": before.get("experiment_name"), "parent_run_id": before.get("parent_run_id"),
+                     "optuna_studies": names}
+        launch_tags = {"flatlab.continues": str(before.get("parent_run_id", "")),
+                       "flatlab.optuna_studies": ",".join(names[a.name] for a in study.arms)}
     if opts.resume:
         if not launch.exists():
             raise ConfigError(f"--resume: no earlier launch of study {study.name!r} under {out} (missing {launch.name})")
-        previous = json.loads(launch.read_text())
+        previous = read_launch(root, study.name) or {}
         if previous.get("status") == "finished" and previous.get("num_errors", 1) == 0:
             # every trial completed: nothing to continue and no Ray to start; the post-study steps are
             # re-done (they are idempotent), in case they were cut short the first time
@@ -427,7 +456,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     }
     # MLflow set-up (seconds on a fresh SQLite store) overlaps Ray's start-up and the data loading.
     with ThreadPoolExecutor(max_workers=1) as pool:
-        opened = pool.submit(_open_launch, study, opts, tracking_uri, root, common_tags, previous)
+        opened = pool.submit(_open_launch, study, opts, tracking_uri, root, common_tags, previous, launch_tags)
         _GUARD.get(_LaunchGuard()).arm(opened, launch, tracking_uri, storage_path)  # a failure from here on ends it FAILED
         _init_ray(opts, tracking_uri)
         _setup_file_logging(out / "logs")  # ray.init reconfigures logging
@@ -438,19 +467,27 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     logger.info("MLflow ready, data loaded (%.1f s)", time.monotonic() - t0)
     client = runs.client(tracking_uri)
     experiment_path = _experiment_path(storage_path, exp_name)
-    launch.write_text(
-        json.dumps(
-            {"experiment_path": experiment_path, "experiment_name": exp_name, "parent_run_id": parent_run_id,
-             "tracking_uri": tracking_uri, "experiment_id": experiment_id, "status": "running",
-             "optuna_storage": f"sqlite:///{out / 'optuna.db'}"},
-            indent=2,
-        )
-    )
+    if previous:  # a resume keeps what the launch recorded: its budget, its Optuna studies, what it continued
+        optuna_prefix = previous.get("optuna_prefix") or exp_name
+        continues = previous.get("continues") or {}
+    optuna_prefix = optuna_prefix or exp_name
+    record: Dict[str, Any] = {
+        "experiment_path": experiment_path, "experiment_name": exp_name, "parent_run_id": parent_run_id,
+        "tracking_uri": tracking_uri, "experiment_id": experiment_id, "status": "running",
+        "optuna_storage": f"sqlite:///{out / 'optuna.db'}",
+        "overrides": previous.get("overrides", opts.overrides) if previous else dict(opts.overrides),
+        "optuna_prefix": optuna_prefix,
+        "optuna_studies": {a.name: optuna_study_name(optuna_prefix, a.name) for a in study.arms} if study.searcher != "grid" else {},
+    }
+    if continues:
+        record["continues"] = continues
+    if previous.get("final_experiment_path"):
+        record["final_experiment_path"] = previous["final_experiment_path"]
+    launch.write_text(json.dumps(record, indent=2, default=str))
     tracking = WorkerTracking(tracking_uri, experiment_id, parent_run_id, log_models=opts.log_models)
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, study=study, data=data, tracking=tracking), study.resources.as_dict()
     )
-    total = study.num_total_trials()
     mlflow_cb = MLflowTrialLogger(
         tracking_uri,
         experiment_id,
@@ -462,21 +499,27 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         mode=study.mode,
         study=study,  # child runs' params: the resolved configuration too
     )
-    progress = ProgressPrinter(total + len(study.arms) * len(study.final_seeds), study.metric, study.mode,
-                               max_epochs=study.max_epochs)
+    progress = ProgressPrinter(study.num_total_trials() + len(study.arms) * len(study.final_seeds), study.metric,
+                               study.mode, max_epochs=study.max_epochs)
     callbacks = [mlflow_cb, progress]
     if opts.resume:
         tuner = _restore_tuner(experiment_path, trainable, callbacks)
     else:
-        searcher = ArmSearcher(study, optuna_storage=f"sqlite:///{out / 'optuna.db'}", launch=exp_name)
-        tuner = _new_tuner(study, trainable, searcher, build_scheduler(study), exp_name, storage_path, callbacks, total)
-    _searcher_of(tuner).run_id_of = mlflow_cb.run_id_of
+        searcher = ArmSearcher(study, optuna_storage=f"sqlite:///{out / 'optuna.db'}", launch=optuna_prefix)
+        tuner = _new_tuner(study, trainable, searcher, build_scheduler(study), exp_name, storage_path, callbacks,
+                           study.num_total_trials())
+    searcher = _searcher_of(tuner)
+    searcher.run_id_of = mlflow_cb.run_id_of
+    # the search's real budget: a restored experiment keeps the one it was launched with
+    total = searcher.total_trials() if hasattr(searcher, "total_trials") else study.num_total_trials()
+    progress.total = total + len(study.arms) * len(study.final_seeds)
     if console is not None:
         console.print(
             f"study [bold]{study.name}[/bold]: {total} trials"
             + (f", then {len(study.arms) * len(study.final_seeds)} final-seed trials" if study.final_seeds else "")
             + f", tracking {tracking_uri}, logs {out / 'logs'}"
             + (" (resumed)" if opts.resume else "")
+            + (f" (adding to the Optuna studies of launch {continues.get('experiment_name')})" if opts.continue_ else "")
         )
     logger.info("starting Tune (%.1f s)", time.monotonic() - t0)
     interrupted, failed = False, False

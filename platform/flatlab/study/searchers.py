@@ -120,6 +120,9 @@ class ArmSearcher(Searcher):
                 direction="maximize" if self.mode == "max" else "minimize",
                 load_if_exists=True,
             )
+            seen = len(st.get_trials(deepcopy=False))
+            if seen:  # --resume or --continue: a sampler seeded as before would re-draw the same random points
+                st.sampler = _sampler(self._kind, (self._study_seed * 1000 + i + seen) % 2**32)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 st.set_metric_names([self.metric])
@@ -219,6 +222,21 @@ class ArmSearcher(Searcher):
             setattr(self, k, state[k])
         if self._kind != "grid" and not self._studies:
             self._open_studies()
+        self._sync_reported_steps()
+
+    def _sync_reported_steps(self) -> None:
+        """After a restore: the last step each trial reported, from the Optuna storage (the saved state may
+        predate later reports), so a trial re-running epochs from an earlier checkpoint reports none twice."""
+        trials: Dict[str, Dict[int, Any]] = {}
+        for trial_id, record in self._optuna.items():
+            arm = self._trial_arm.get(trial_id, "")
+            if arm not in self._studies:
+                continue
+            if arm not in trials:
+                trials[arm] = {t.number: t for t in self._studies[arm].get_trials(deepcopy=False)}
+            frozen = trials[arm].get(record[1])
+            if frozen is not None:
+                record[2] = max([record[2], *frozen.intermediate_values])
 
     def __getstate__(self) -> Dict[str, Any]:
         # Tune pickles the searcher into its own experiment state: keep configuration, not live handles

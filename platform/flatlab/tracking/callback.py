@@ -9,6 +9,11 @@ KILLED (``flatlab.outcome=pruned``) for trials the scheduler stopped, FAILED for
 artifact and ``Type: message`` to its ``flatlab.error`` tag, which a restart removes. :meth:`close`
 marks anything still open KILLED, so no run is left RUNNING. The callback pickles without its
 thread (Tune stores it in the experiment state for resume).
+
+No epoch is logged twice: a trial resumed from a checkpoint older than its last report re-runs epochs
+that are already in MLflow; the callback remembers each run's last logged step (seeded from MLflow's
+``epoch`` history when it reopens a run after a restart) and skips steps up to it. ``best/<metric>``
+continues from the run's logged best.
 """
 
 from __future__ import annotations
@@ -81,7 +86,8 @@ class MLflowTrialLogger(Callback):
         self._thread: Optional[threading.Thread] = None
         self._run_ids: Dict[str, str] = {}
         self._open: set = set()
-        self._best: Dict[str, float] = {}
+        self._best: Dict[str, float] = {}  # trial id -> best metric value logged (background thread)
+        self._logged_step: Dict[str, int] = {}  # trial id -> last step sent to MLflow (background thread)
         self._last: Dict[str, Dict] = {}
         self.errors: List[str] = []
 
@@ -107,13 +113,6 @@ class MLflowTrialLogger(Callback):
     def on_trial_result(self, iteration: int, trials: List, trial: Any, result: Dict, **info: Any) -> None:
         # a diverged trial reports an infinite metric to Tune; MLflow would store it as +-1.8e308
         metrics = {k: v for k, v in runs.numeric_metrics(result).items() if math.isfinite(v)}
-        value = metrics.get(self.metric)
-        if value is not None:
-            best = self._best.get(trial.trial_id)
-            better = best is None or (value > best if self.mode == "max" else value < best)
-            if better:
-                self._best[trial.trial_id] = value
-            metrics[f"best/{self.metric}"] = self._best[trial.trial_id]
         self._last[trial.trial_id] = result
         step = int(result.get("epoch", result.get("training_iteration", 0)))
         self._queue.put(("metrics", trial.trial_id, (metrics, step)))
@@ -214,6 +213,7 @@ class MLflowTrialLogger(Callback):
             client.log_batch(run_id, params=[Param(k, v) for k, v in self._params(config).items()])
         else:
             client.update_run(run_id, status="RUNNING")
+            self._seed_logged(client, trial_id, run_id)
             if runs.TAG_ERROR in client.get_run(run_id).data.tags:  # restarted after an error: not failed now
                 client.delete_tag(run_id, runs.TAG_ERROR)
         self._run_ids[trial_id] = run_id
@@ -238,7 +238,28 @@ class MLflowTrialLogger(Callback):
             run_id = self._run_ids.get(trial_id)
             if run_id is None:
                 continue  # its start is still queued behind; sent on a later flush
-            runs.log_metrics(client, run_id, [Metric(k, v, now, step) for metrics, step in pending.pop(trial_id) for k, v in metrics.items()])
+            batch = []
+            for metrics, step in pending.pop(trial_id):
+                if step <= self._logged_step.get(trial_id, -1):
+                    continue  # re-run from an earlier checkpoint: this epoch is logged already
+                self._logged_step[trial_id] = step
+                value = metrics.get(self.metric)
+                if value is not None:
+                    best = self._best.get(trial_id)
+                    if best is None or (value > best if self.mode == "max" else value < best):
+                        self._best[trial_id] = best = value
+                    metrics = {**metrics, f"best/{self.metric}": best}
+                batch += [Metric(k, v, now, step) for k, v in metrics.items()]
+            runs.log_metrics(client, run_id, batch)
+
+    def _seed_logged(self, client: Any, trial_id: str, run_id: str) -> None:
+        """For a run reopened after a restart: its last logged step and best value, from MLflow."""
+        steps = [m.step for m in client.get_metric_history(run_id, "epoch")]
+        if steps:
+            self._logged_step[trial_id] = max(self._logged_step.get(trial_id, -1), max(steps))
+        best = client.get_run(run_id).data.metrics.get(f"best/{self.metric}")
+        if best is not None and trial_id not in self._best:
+            self._best[trial_id] = float(best)
 
     def _end_run(self, client: Any, trial_id: str, status: str, outcome: str, error: Optional[str]) -> None:
         run_id = self._run_ids.get(trial_id)

@@ -1,0 +1,139 @@
+"""The launch record: the budget a --resume reuses, the Optuna studies a --continue grows, and what a
+restored experiment tells the searcher and the progress line."""
+
+import json
+import warnings
+from types import SimpleNamespace
+
+import optuna
+import pytest
+
+from flatlab import Arm, Study
+from flatlab import space as sp
+from flatlab.errors import ConfigError
+from flatlab.study.launches import continued_studies, launch_budgets, resume_budget, space_difference
+from flatlab.study.progress import ProgressPrinter
+from flatlab.study.searchers import ArmSearcher
+
+METRIC = "val/accuracy"
+
+
+def study(lr_high=0.5, searcher="optuna"):
+    arms = (Arm("sgd", space={"lr": sp.loguniform(0.01, lr_high)}), Arm("adamw", space={"lr": 3e-3}))
+    return Study(name="s", workload="digits", arms=arms, num_trials=2, max_epochs=3, searcher=searcher).validate()
+
+
+def test_resume_reuses_the_launch_overrides_and_refuses_different_ones():
+    recorded = {"overrides": {"trials": 4, "epochs": 15, "final_seeds": None, "scale": "demo"}}
+    nothing = {"trials": None, "epochs": None, "final_seeds": None, "scale": None}
+    assert resume_budget(recorded, nothing) == recorded["overrides"]
+    assert resume_budget(recorded, dict(nothing, epochs=15)) == recorded["overrides"]  # repeating one is fine
+    with pytest.raises(ConfigError, match=r"--trials 5 differs from the launch being resumed, which ran with --trials 4"):
+        resume_budget(recorded, dict(nothing, trials=5), "s")
+    with pytest.raises(ConfigError, match=r"--final-seeds 2 differs .* ran with the study file's value"):
+        resume_budget(recorded, dict(nothing, final_seeds=2))
+    with pytest.raises(ConfigError, match=r"--scale full differs .* --scale demo"):
+        resume_budget(recorded, dict(nothing, scale="full"))
+    # a record written before overrides were kept: the options as given
+    assert resume_budget({"experiment_name": "x"}, dict(nothing, trials=2)) == dict(nothing, trials=2)
+
+
+def test_launch_budgets_of_a_resume_come_from_launch_json(tmp_path):
+    path = tmp_path / "s.py"
+    path.write_text("from flatlab import Arm, Study\nSTUDY = Study(name='s', workload='digits', arms=(Arm('sgd'),))\n")
+    (tmp_path / "root" / "s").mkdir(parents=True)
+    (tmp_path / "root" / "s" / "launch.json").write_text(json.dumps({"overrides": {"trials": 3, "epochs": 7}}))
+    given = {"trials": None, "epochs": None, "final_seeds": None, "scale": None}
+    assert launch_budgets(str(path), [study()], given, tmp_path / "root", resume=False) == {"s": given}
+    assert launch_budgets(str(path), [study()], given, tmp_path / "root", resume=True)["s"] == {
+        "trials": 3, "epochs": 7, "final_seeds": None, "scale": None}
+
+
+def _previous(tmp_path, s):
+    """A launch "L" of ``s`` that ran one trial per arm (its Optuna studies in tmp_path/optuna.db)."""
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    searcher = ArmSearcher(s, optuna_storage=storage, launch="L")
+    for n in range(2):
+        tid = f"t{n}"
+        searcher.suggest(tid)
+        searcher.on_trial_complete(tid, {"epoch": 3, METRIC: 0.5, "completed": 1})
+    return {"experiment_name": "L", "parent_run_id": "p1", "optuna_storage": storage, "optuna_prefix": "L"}
+
+
+def test_continue_names_the_previous_studies_and_refuses_a_changed_space(tmp_path):
+    previous = _previous(tmp_path, study())
+    prefix, names = continued_studies(previous, study(), "launch.json")
+    assert prefix == "L" and names == {"sgd": "L.sgd", "adamw": "L.adamw"}
+    with pytest.raises(ConfigError, match=r"arm 'sgd' of study 's' searches a different space than the Optuna study 'L.sgd' .*lr: FloatDistribution\(high=0.5"):
+        continued_studies(previous, study(lr_high=0.9), "launch.json")
+    with pytest.raises(ConfigError, match=r"--continue: study 's' has no previous launch to continue \(missing launch.json\)"):
+        continued_studies(None, study(), "launch.json")
+    with pytest.raises(ConfigError, match="searcher='grid'"):
+        continued_studies(previous, study(searcher="grid").__class__(
+            name="s", workload="digits", arms=(Arm("sgd", space={"lr": sp.grid([0.1])}),), searcher="grid"), "launch.json")
+
+
+def test_space_difference_names_each_parameter():
+    f = optuna.distributions.FloatDistribution
+    assert space_difference({"lr": f(0.1, 1.0)}, {"lr": f(0.1, 1.0)}) == ""
+    assert space_difference({"lr": f(0.1, 1.0), "wd": f(0, 1)}, {"lr": f(0.1, 1.0), "m": f(0, 1)}) == (
+        "m: searched now, not before; wd: searched before, not now")
+
+
+def test_a_continued_search_adds_to_the_same_study_with_fresh_random_points(tmp_path):
+    s = study()
+    previous = _previous(tmp_path, s)
+    first = optuna.load_study(study_name="L.sgd", storage=previous["optuna_storage"]).trials[0].params["lr"]
+    again = ArmSearcher(s, optuna_storage=previous["optuna_storage"], launch="L")  # what --continue builds
+    config = again.suggest("u0")
+    trials = optuna.load_study(study_name="L.sgd", storage=previous["optuna_storage"]).trials
+    assert len(trials) == 2 and trials[1].user_attrs["tune_trial_id"] == "u0"
+    assert config["lr"] == trials[1].params["lr"] != first  # a sampler seeded as before would draw `first` again
+
+
+def test_a_restored_searcher_reports_no_step_twice(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    s = ArmSearcher(study(), optuna_storage=storage, launch="L")
+    s.suggest("t0")
+    path = tmp_path / "state"
+    s.save(str(path))  # the experiment state Tune kept: before the epochs below were reported
+    for epoch in (1, 2):
+        s.on_trial_result("t0", {"epoch": epoch, METRIC: 0.1 * epoch})
+    fresh = ArmSearcher(study(), optuna_storage=storage, launch="L")
+    fresh.restore(str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Optuna's "step already reported" would raise here
+        for epoch in (1, 2, 3):  # the trial re-runs from its checkpoint of epoch 0
+            fresh.on_trial_result("t0", {"epoch": epoch, METRIC: 0.5})
+    t0 = optuna.load_study(study_name="L.sgd", storage=storage).trials[0]
+    assert t0.intermediate_values == {1: 0.1, 2: 0.2, 3: 0.5}
+
+
+def _trial(tid, status, arm="sgd", **last):
+    return SimpleNamespace(trial_id=tid, status=status, config={"arm": arm}, last_result=last)
+
+
+def test_progress_counts_trials_that_ended_before_a_resume(capsys):
+    p = ProgressPrinter(5, METRIC, "max")
+    trials = [_trial("a", "TERMINATED", epoch=3, completed=1, **{METRIC: 0.7}),
+              _trial("b", "TERMINATED", epoch=1, **{METRIC: 0.9}),  # pruned
+              _trial("c", "PENDING"), _trial("d", "RUNNING")]
+    p.on_step_begin(0, trials)
+    p.on_trial_start(0, trials, trials[3])
+    assert p.status().split("]")[1].startswith(" trials: 2 done / 1 running / 2 pending")
+    assert p._done == {"a": "completed", "b": "pruned"} and p._best == pytest.approx(0.9)
+
+
+def test_progress_says_a_failed_trial_will_resume_or_failed(capsys, tmp_path):
+    p = ProgressPrinter(2, METRIC, "max")
+    err = tmp_path / "error.txt"
+    err.write_text("Failure # 1 (occurred at 2026-01-01)\nray.exceptions.ActorDiedError: The actor died unexpectedly\n  more\n")
+    t = SimpleNamespace(trial_id="a", status="ERROR", config={"arm": "sgd"}, last_result={"epoch": 2}, error_file=str(err))
+    p.on_trial_start(0, [t], t)
+    p.on_trial_recover(0, [t], t)
+    p.on_trial_error(0, [t], t)
+    out = capsys.readouterr().out.splitlines()
+    assert "failed" in out[0] and "will resume from its last checkpoint: ActorDiedError: The actor died unexpectedly" in out[0]
+    assert out[1].split()[:2] == ["failed", "sgd"]
+    assert out[1].endswith("ActorDiedError: The actor died unexpectedly (--resume retries it)")
+    assert len([l for l in out if "actor died" in l]) == 2  # one line each, not Ray's multi-line message
