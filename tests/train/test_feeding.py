@@ -33,10 +33,10 @@ def test_random_crop_flip_matches_a_per_image_reference():
 
 
 def cifar_trainer(on_device: bool) -> Trainer:
-    wl = build_workload("cifar10", data_path="synthetic", synthetic_size=64, val_size=16, model="resnet18", width_mult=1 / 16)
+    wl = build_workload("cifar10", data_path="synthetic", synthetic_size=32, val_size=8, model="resnet18", width_mult=1 / 16)
     spec = TrialSpec(
         workload="cifar10", optimizer="sgd", epochs=1, seed=5,
-        workload_params={"data_path": "synthetic", "synthetic_size": 64, "val_size": 16, "model": "resnet18", "width_mult": 1 / 16},
+        workload_params={"data_path": "synthetic", "synthetic_size": 32, "val_size": 8, "model": "resnet18", "width_mult": 1 / 16},
         optimizer_params={"lr": 0.05}, trainer_params={"batch_size": 16},
     )
     t = Trainer(spec, wl.load_data(0), workload=wl)

@@ -24,6 +24,7 @@ from flatlab.optim.protocol import Progress
 from flatlab.optim.registry import get_optimizer
 from flatlab.train.checkpoint import STATE_FILE, CheckpointError, load_state, save_state
 from flatlab.train.closure import BatchClosure
+from flatlab.train.compiled import compile_model
 from flatlab.train.config import TRAINER_HPARAMS
 from flatlab.train.curve import LossCurve
 from flatlab.train.precision import Precision, accumulation_dtype
@@ -102,7 +103,7 @@ class Trainer:
         # place keeps state_dict keys, evaluation and the closure's BatchNorm hooks on the same module.
         self.precision = Precision(self.hp["precision"], self.device)
         if self.hp["compile"]:
-            self.model.compile()
+            compile_model(self.model)
         # Evaluation-only workloads (``trains = False``, e.g. ``clip_interpolate``) implement
         # ``evaluate_only(model, data) -> metrics``; run_epoch then calls it instead of training.
         self.trains = self.workload.trains
