@@ -171,7 +171,7 @@ class Trainer:
                 x = self.workload.augment(to_device(batch, self.device), self.generator)
             else:
                 x = to_device(self.workload.augment(batch, self.generator), self.device)
-            y = train.targets[idx].to(self.device, non_blocking=True)
+            y = to_device(train.targets[idx], self.device)
             if on_progress is not None:
                 on_progress(
                     Progress(
