@@ -48,7 +48,7 @@ import torch
 
 from flatlab.hparams import HParam
 from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
-from flatlab.optim.protocol import Closure, as_closure, step_skipped
+from flatlab.optim.protocol import Closure, as_closure, step_may_be_skipped, step_skipped
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.sam import SAM_SPEC
 from flatlab.optim._flat import SELECT_CHUNK, kth_smallest_with_count, persistent_buffers
@@ -121,8 +121,9 @@ class IRE(WrappedOptimizer):
 
     Memory: θ_old (one parameter copy, reused), the mask (1 byte per coordinate), the lerp weights
     −κ·n (one copy, rebuilt when the mask or κ_t changes), and the curvature EMA in float32 when
-    ``curvature_beta > 0``: 2.25 copies between steps (a refresh writes the new EMA into a new tensor, so the
-    old one can be put back when an fp16 step is skipped: one more float32 copy until the step ends). A refresh adds the sampled-label gradient
+    ``curvature_beta > 0``: 2.25 copies between steps (a refresh writes the new EMA into a new tensor, so
+    that, with fp16 loss scaling, the old EMA and masks can be put back when the step is skipped; they
+    are then held until the step ends: up to 1.25 more copies during an fp16 refresh step). A refresh adds the sampled-label gradient
     (one copy, squared in place into h) and the new masks; the threshold's select works in bounded
     pieces (``flatlab.optim._flat.SELECT_CHUNK``). Cost at K = 10: one extra backward pass (the
     sampled labels' gradient) every K active steps plus two elementwise passes per step (copy θ_old,
@@ -332,8 +333,9 @@ class IRE(WrappedOptimizer):
         theta = persistent_buffers(self.state, params, "theta")
         with torch.no_grad():
             torch._foreach_copy_(theta, params)
-        # what a refresh replaces (references, no copies), put back if the step is skipped
-        kept = [(p, self.state[p].get("mask"), self.state[p].get("curvature")) for p in params] if refresh else []
+        # what a refresh replaces (references, no copies), put back if the step is skipped; held only when
+        # a skip is possible (fp16), as the old masks then stay alive until the step ends (+1/4 copy)
+        kept = [(p, self.state[p].get("mask"), self.state[p].get("curvature")) for p in params] if refresh and step_may_be_skipped(closure) else []
         kept_fraction = self._flat_fraction
         loss = self.base.step(run_closure)
         if step_skipped(closure):  # a pass overflowed (fp16): the base stepped nothing; undo our own state

@@ -92,6 +92,8 @@ class BatchClosure:
             loss). The optimizer's step is then skipped; :func:`flatlab.optim.protocol.step_skipped`.
 
     Attributes:
+        can_skip: True with fp16 loss scaling (this step may be skipped; optimizers then keep what they
+            need to undo their own state changes).
         overflowed: True once a pass of this closure's step had a non-finite (unscaled) gradient (fp16).
     """
 
@@ -115,6 +117,7 @@ class BatchClosure:
         self.on_outputs = on_outputs
         self.precision = precision
         self.scaler = precision.scaler if precision is not None else None
+        self.can_skip = self.scaler is not None
         self.overflowed = False
         self.outputs: Optional[torch.Tensor] = None  # outputs of the last primary pass (detached; None when chunked)
         self.loss: Optional[torch.Tensor] = None  # loss of the last primary pass, at the unperturbed point
