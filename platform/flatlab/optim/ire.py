@@ -59,7 +59,7 @@ import torch
 
 from flatlab.hparams import HParam
 from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
-from flatlab.optim.protocol import Closure, as_closure
+from flatlab.optim.protocol import Closure, as_closure, step_may_be_skipped, step_skipped
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.sam import SAM_ADAMW_SPEC, SAM_SPEC
 from flatlab.optim._flat import SELECT_CHUNK, kth_smallest_with_count, persistent_buffers
@@ -120,8 +120,13 @@ class _CurvatureClosure:
             return self.inner()
         self.called = True
         loss, sampled = self.inner.with_sampled_grads(self.params)
-        self.on_sampled(sampled)
+        if not step_skipped(self.inner):  # an overflowed pass (fp16) gives no curvature to rank
+            self.on_sampled(sampled)
         return loss
+
+    @property
+    def overflowed(self) -> bool:
+        return step_skipped(self.inner)
 
     def extra(self) -> torch.Tensor:
         return self.inner.extra()
@@ -147,7 +152,9 @@ class IRE(WrappedOptimizer):
 
     Memory: θ_old (one parameter copy, reused), the mask (1 byte per coordinate), the lerp weights
     −κ·n (one copy, rebuilt when the mask or κ_t changes), and the curvature EMA in float32 when
-    ``curvature_beta > 0``: 2.25 copies between steps. A refresh adds the sampled-label gradient
+    ``curvature_beta > 0``: 2.25 copies between steps (a refresh writes the new EMA into a new tensor, so
+    that, with fp16 loss scaling, the old EMA and masks can be put back when the step is skipped; they
+    are then held until the step ends: up to 1.25 more copies during an fp16 refresh step). A refresh adds the sampled-label gradient
     (one copy, squared in place into h) and the new masks; the threshold's select works in bounded
     pieces (``flatlab.optim._flat.SELECT_CHUNK``). Cost at K = 10: one extra backward pass (the
     sampled labels' gradient) every K active steps plus two elementwise passes per step (copy θ_old,
@@ -292,9 +299,12 @@ class IRE(WrappedOptimizer):
             for p, g in ranked:
                 ema = self.state[p].get("curvature")
                 if ema is None:
-                    ema = self.state[p]["curvature"] = torch.zeros_like(g, dtype=torch.float32)
+                    ema = torch.zeros_like(g, dtype=torch.float32)
                 g32 = g.float()
-                hs.append(ema.mul_(self.curvature_beta).addcmul_(g32, g32, value=1.0 - self.curvature_beta))
+                # a new tensor, not an in-place update: a skipped step (fp16 overflow) puts the old one back
+                new = torch.mul(ema, self.curvature_beta).addcmul_(g32, g32, value=1.0 - self.curvature_beta)
+                self.state[p]["curvature"] = new
+                hs.append(new)
         else:
             hs = [g for _, g in ranked]  # squared below
         total = sum(h.numel() for h in hs)
@@ -364,10 +374,14 @@ class IRE(WrappedOptimizer):
         self._steps += 1
         kappas = [self.kappa_at(i) for i in range(len(self.param_groups))]
         if not self._active or not any(k > 0 for k in kappas):
+            loss = self.base.step(closure)  # exactly the base: no curvature pass, no copy
+            if step_skipped(closure):
+                self._steps -= 1
+                return loss
             self._metrics.add("opt/ire_active", float(self._active))
             self._metrics.add("opt/flat_fraction", 0.0)
             self._metrics.add("opt/kappa", kappas[0] if self._active else 0.0)
-            return self.base.step(closure)  # exactly the base: no curvature pass, no copy
+            return loss
 
         params = [p for p in self._params() if p.requires_grad]
         refresh = self._since_refresh is None or self._since_refresh >= self.mask_interval
@@ -380,7 +394,23 @@ class IRE(WrappedOptimizer):
         theta = persistent_buffers(self.state, params, "theta")
         with torch.no_grad():
             torch._foreach_copy_(theta, params)
+        # what a refresh replaces (references, no copies), put back if the step is skipped; held only when
+        # a skip is possible (fp16), as the old masks then stay alive until the step ends (+1/4 copy)
+        kept = [(p, self.state[p].get("mask"), self.state[p].get("curvature")) for p in params] if refresh and step_may_be_skipped(closure) else []
+        kept_fraction = self._flat_fraction
         loss = self.base.step(run_closure)
+        if step_skipped(closure):  # a pass overflowed (fp16): the base stepped nothing; undo our own state
+            self._steps -= 1
+            for p, mask, curvature in kept:
+                for key, value in (("mask", mask), ("curvature", curvature)):
+                    if value is None:
+                        self.state[p].pop(key, None)
+                    else:
+                        self.state[p][key] = value
+            if refresh:
+                self._flat_fraction = kept_fraction
+                self._mask_version += 1  # the lerp weights are rebuilt from the restored masks
+            return loss
         if wrapped is not None:
             if not wrapped.called:
                 raise RuntimeError(

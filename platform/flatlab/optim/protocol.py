@@ -12,6 +12,13 @@ Optional hooks an optimizer may implement (the trainer calls them when present):
   (for IRE switch-on, kappa decay and TSAM's t schedule).
 * ``pop_metrics() -> dict[str, float]``: metrics accumulated since the last call (``opt/...``), reported
   once per epoch.
+
+Skipped steps (fp16 loss scaling, :mod:`flatlab.train.precision`): a closure may carry ``can_skip`` (it may
+skip this step: :func:`step_may_be_skipped`) and ``overflowed``;
+once it is True (a pass of this step had a non-finite gradient) every ``p.grad`` the closure leaves is
+``None``, so a torch base optimizer steps nothing (SGD and AdamW skip parameters without gradients, their
+state included). Optimizers with state of their own check :func:`step_skipped` after their passes and
+leave that state as it was (IRE: mask, curvature, counters); none records metrics for a skipped step.
 """
 
 from __future__ import annotations
@@ -102,6 +109,18 @@ def as_closure(closure: Callable[[], torch.Tensor]) -> Closure:
     if isinstance(closure, Closure):
         return closure
     return _CallableClosure(closure)
+
+
+def step_may_be_skipped(closure: object) -> bool:
+    """True when ``closure`` may skip this step (its ``can_skip``: fp16 loss scaling), so an optimizer
+    must keep what it needs to undo its own state changes; False for closures without the flag."""
+    return bool(getattr(closure, "can_skip", False))
+
+
+def step_skipped(closure: object) -> bool:
+    """True when ``closure`` reports that this step must be skipped (its ``overflowed`` flag, set by a
+    pass with a non-finite gradient under fp16 loss scaling); False for closures without the flag."""
+    return bool(getattr(closure, "overflowed", False))
 
 
 def _batchnorms(model: nn.Module) -> Iterator[nn.modules.batchnorm._BatchNorm]:

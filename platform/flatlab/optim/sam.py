@@ -26,7 +26,7 @@ import torch
 from flatlab.hparams import HParam
 from flatlab.optim._flat import NORM_EPS, add_scaled_, global_norm, persistent_buffers, split_with_grad
 from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
-from flatlab.optim.protocol import as_closure
+from flatlab.optim.protocol import as_closure, step_skipped
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
 
@@ -217,8 +217,9 @@ class SAM(WrappedOptimizer):
         self.first_step(zero_grad=True)
         with torch.enable_grad():
             perturbed = c.extra()
-        self.second_step()
-        self._metrics.add("opt/perturbed_loss", perturbed)
+        self.second_step()  # a skipped step (fp16 overflow) left no gradients: the base steps nothing
+        if not step_skipped(c):
+            self._metrics.add("opt/perturbed_loss", perturbed)
         return loss
 
 

@@ -53,7 +53,7 @@ import torch
 from flatlab.hparams import HParam
 from flatlab.optim._flat import NORM_EPS, add_scaled_, global_norm, persistent_buffers, split_with_grad
 from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
-from flatlab.optim.protocol import as_closure
+from flatlab.optim.protocol import as_closure, step_skipped
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.sam import RHO
 from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
@@ -318,6 +318,11 @@ class TSAM(WrappedOptimizer):
                 p.grad = None  # place must not reach them
         with torch.no_grad():
             torch._foreach_copy_(params, theta)  # restore θ exactly
+        if step_skipped(c):  # a pass overflowed (fp16): the earlier samples' gradients are dropped, no step
+            for p in params:
+                p.grad = None
+            assert primary_loss is not None
+            return primary_loss
         for p, g in zip(params, acc.gradient()):
             p.grad = g  # None for tensors the loss does not reach, as in a plain step
         self.base.step()

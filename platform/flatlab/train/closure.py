@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flatlab.optim.protocol import frozen_bn_stats
+from flatlab.train.precision import Precision
 from flatlab.workloads.base import Inputs, take
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -39,7 +41,7 @@ def sample_labels(logits: torch.Tensor, generator: Optional[torch.Generator] = N
     return _draw(probs, generator).reshape(logits.shape[:-1])
 
 
-def sampled_label_logit_grad(logits: torch.Tensor) -> torch.Tensor:
+def sampled_label_logit_grad(logits: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """Gradient w.r.t. ``logits`` of the mean cross-entropy against labels sampled from their softmax.
 
     With p = softmax(logits) per row and ŷ ~ Categorical(p) (drawn exactly as :func:`sample_labels`
@@ -49,6 +51,7 @@ def sampled_label_logit_grad(logits: torch.Tensor) -> torch.Tensor:
 
     Args:
         logits: ``(..., C)`` unnormalised class scores (N = their number of rows).
+        scale: multiplies the gradient (fp16 loss scaling), applied in float32 before the cast.
     Returns:
         ``(..., C)`` tensor of ``logits``' dtype (the softmax itself is taken in float32).
     """
@@ -56,7 +59,10 @@ def sampled_label_logit_grad(logits: torch.Tensor) -> torch.Tensor:
     labels = _draw(probs)  # its cumulative sum is freed on return: two (N, C) float32 buffers at the peak
     rows = torch.arange(probs.shape[0], device=probs.device)
     probs[rows, labels] -= 1.0
-    return probs.div_(probs.shape[0]).reshape(logits.shape).to(logits.dtype)
+    probs.div_(probs.shape[0])
+    if scale != 1.0:
+        probs.mul_(scale)
+    return probs.reshape(logits.shape).to(logits.dtype)
 
 
 class BatchClosure:
@@ -77,6 +83,18 @@ class BatchClosure:
             chunk with its own statistics, as accumulation always does.
         on_outputs: called with ``(outputs, targets)`` (detached) of every chunk of the PRIMARY pass,
             e.g. for the running training accuracy (exactly one primary pass per optimizer step).
+        precision: the trial's :class:`~flatlab.train.precision.Precision` (``None``: fp32). Every pass's
+            forward runs under its autocast; the loss is returned in float32. With fp16 each pass scales
+            its loss by the scaler's scale, unscales its gradients (the sampled-label ones included)
+            exactly once after its backward, before clipping, and checks them: a non-finite gradient
+            sets :attr:`overflowed`, after which every gradient of the step is ``None`` (so a base
+            optimizer steps nothing) and later passes of the step do no work (they return the primary
+            loss). The optimizer's step is then skipped; :func:`flatlab.optim.protocol.step_skipped`.
+
+    Attributes:
+        can_skip: True with fp16 loss scaling (this step may be skipped; optimizers then keep what they
+            need to undo their own state changes).
+        overflowed: True once a pass of this closure's step had a non-finite (unscaled) gradient (fp16).
     """
 
     def __init__(
@@ -88,6 +106,7 @@ class BatchClosure:
         clip_norm: Optional[float] = None,
         micro_batch: Optional[int] = None,
         on_outputs: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None,
+        precision: Optional[Precision] = None,
     ) -> None:
         self.model = model
         self.clip_norm = clip_norm
@@ -96,6 +115,10 @@ class BatchClosure:
         self.targets = targets
         self.micro_batch = micro_batch
         self.on_outputs = on_outputs
+        self.precision = precision
+        self.scaler = precision.scaler if precision is not None else None
+        self.can_skip = self.scaler is not None
+        self.overflowed = False
         self.outputs: Optional[torch.Tensor] = None  # outputs of the last primary pass (detached; None when chunked)
         self.loss: Optional[torch.Tensor] = None  # loss of the last primary pass, at the unperturbed point
 
@@ -124,19 +147,29 @@ class BatchClosure:
         self._zero_grad()
         params = list(sampled_for) if sampled_for is not None else []
         sampled: List[Optional[torch.Tensor]] = [None] * len(params)
+        if self.overflowed:  # an earlier pass of this step overflowed: the step is skipped, nothing to compute
+            assert self.loss is not None
+            return self.loss, sampled
+        scale = self.scaler.scale if self.scaler is not None else None
+        mixed = self.precision is not None and self.precision.dtype is not None
+        autocast = self.precision.autocast if self.precision is not None else contextlib.nullcontext
         total: Optional[torch.Tensor] = None
         for x, y, weight in self._chunks():
-            out = self.model(x)
-            loss = self.loss_fn(out, y)
+            with autocast():
+                out = self.model(x)
+                loss = self.loss_fn(out, y)
+            if mixed:
+                loss = loss.float()  # the losses optimizers read (TSAM's tilt) are float32
             if sampled_for is not None:
                 # ∂/∂θ of the mean sampled-label cross-entropy, backpropagated from its logit gradient
                 # through this forward's graph (kept for the true loss's backward below).
-                seed = sampled_label_logit_grad(out)
+                seed = sampled_label_logit_grad(out) if scale is None else sampled_label_logit_grad(out, scale)
                 if weight is not None:
                     seed.mul_(weight)
                 grads = torch.autograd.grad(out, params, grad_outputs=seed, retain_graph=True, allow_unused=True)
                 sampled = [g if s is None else (s if g is None else s.add_(g)) for s, g in zip(sampled, grads)]
-            (loss if weight is None else loss * weight).backward()
+            scaled = loss if weight is None else loss * weight
+            (scaled if scale is None else scaled * scale).backward()
             part = loss.detach() if weight is None else loss.detach() * weight
             total = part if total is None else total + part
             if primary:
@@ -144,8 +177,14 @@ class BatchClosure:
                     self.outputs = out.detach()
                 if self.on_outputs is not None:
                     self.on_outputs(out.detach(), y)
-        self._clip()  # the true-label gradient only: the sampled one just ranks coordinates
         assert total is not None
+        if self.scaler is not None:
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            if self.scaler.unscale_(grads + [g for g in sampled if g is not None]):
+                self.overflowed = True
+                self._zero_grad()
+                return total, [None] * len(params)
+        self._clip()  # the true-label gradient only: the sampled one just ranks coordinates
         return total, sampled
 
     def __call__(self) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from flatlab.hparams import HParam
+from flatlab.train.precision import PRECISIONS
 from flatlab.train.schedules import SCHEDULES
 
 TRAINER_HPARAMS = (
@@ -30,4 +31,9 @@ TRAINER_HPARAMS = (
         "curve_smoothing", 0.9, float, low=0.0, high=1.0, high_open=True,
         doc="EMA factor of the training-loss curve used for steps-to-target (0 = raw loss; IRE paper, Fig. 4)",
     ),
+    HParam(
+        "precision", "fp32", str, choices=PRECISIONS,
+        doc="fp32; bf16 (autocast, every pass of a step); fp16 (autocast + per-pass loss scaling, overflowing steps skipped)",
+    ),
+    HParam("compile", False, bool, doc="torch.compile the model (first steps slower while it compiles; needs a C compiler)"),
 )

@@ -23,8 +23,9 @@ from flatlab.optim.protocol import Progress
 from flatlab.optim.registry import get_optimizer
 from flatlab.train.checkpoint import STATE_FILE, CheckpointError, load_state, save_state
 from flatlab.train.closure import BatchClosure
+from flatlab.train.compiled import compile_model
 from flatlab.train.curve import LossCurve
-from flatlab.train.precision import accumulation_dtype
+from flatlab.train.precision import Precision, accumulation_dtype
 from flatlab.train.resolved import resolve_trainer
 from flatlab.train.schedules import Schedule
 from flatlab.train.seeding import rng_state, seed_everything, set_rng_state
@@ -96,6 +97,11 @@ class Trainer:
         self.device = torch.device(spec.device)
         seed_everything(spec.seed)
         self.model = self.workload.build_model().to(self.device)
+        # precision / compile (issue 15): autocast + fp16 loss scaling live in the closure; compiling in
+        # place keeps state_dict keys, evaluation and the closure's BatchNorm hooks on the same module.
+        self.precision = Precision(self.hp["precision"], self.device)
+        if self.hp["compile"]:
+            compile_model(self.model)
         # Evaluation-only workloads (``trains = False``, e.g. ``clip_interpolate``) implement
         # ``evaluate_only(model, data) -> metrics``; run_epoch then calls it instead of training.
         self.trains = self.workload.trains
@@ -122,6 +128,14 @@ class Trainer:
         # accelerators (each read waits for the device; a diverged trial runs at most 15 steps more).
         self.check_every = 1 if self.device.type == "cpu" else 16
         self.curve = LossCurve(self.hp["curve_smoothing"], device=self.device)
+        # Augment on the device when the training inputs are in memory (not decoded on demand) and the
+        # workload's augmentation is device-agnostic; on CPU both orders are the same computation.
+        train_inputs = data.train.inputs if self.trains else None
+        self._augment_on_device = (
+            self.device.type != "cpu"
+            and getattr(self.workload, "augments_on_device", False)
+            and isinstance(train_inputs, (torch.Tensor, dict))
+        )
 
     def _loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.workload.loss(outputs, targets, self.hp["label_smoothing"])
@@ -151,8 +165,11 @@ class Trainer:
             batch = take(train.inputs, idx)
             if prefetch is not None and start + bs < len(train):
                 prefetch(perm[start + bs : start + 2 * bs])  # decode the next mini-batch while this one trains
-            x = to_device(self.workload.augment(batch, self.generator), self.device)
-            y = train.targets[idx].to(self.device, non_blocking=True)
+            if self._augment_on_device:  # in-memory data on an accelerator: copy the uint8 batch, augment there
+                x = self.workload.augment(to_device(batch, self.device), self.generator)
+            else:
+                x = to_device(self.workload.augment(batch, self.generator), self.device)
+            y = to_device(train.targets[idx], self.device)
             if on_progress is not None:
                 on_progress(
                     Progress(
@@ -166,9 +183,11 @@ class Trainer:
                 )
             closure = BatchClosure(
                 self.model, self._loss, x, y, clip_norm=self.hp["clip_norm"], micro_batch=self.hp["micro_batch_size"],
-                on_outputs=stats.add,
+                on_outputs=stats.add, precision=self.precision,
             )
             self.optimizer.step(closure)
+            if self.precision.scaler is not None:
+                self.precision.scaler.update(closure.overflowed)  # an overflowed step was skipped: back off
             loss = closure.loss
             if loss is None:
                 raise Diverged(self.step, float("nan"))
@@ -195,9 +214,13 @@ class Trainer:
         }
         if stats.counted:
             metrics["train/accuracy"] = int(stats.correct) / stats.counted
+        if self.precision.scaler is not None:
+            metrics["train/skipped_steps"] = self.precision.scaler.pop_skipped()
+            metrics["train/loss_scale"] = self.precision.scaler.scale
         for prefix, split in self.data.eval_splits().items():
-            for k, v in self.workload.evaluate(self.model, split).items():
-                metrics[f"{prefix}/{k}"] = v
+            with self.precision.autocast():
+                for k, v in self.workload.evaluate(self.model, split).items():
+                    metrics[f"{prefix}/{k}"] = v
         pop = getattr(self.optimizer, "pop_metrics", None)
         if pop is not None:
             metrics.update(pop())
@@ -223,7 +246,8 @@ class Trainer:
         """``test/loss`` and ``test/accuracy`` (empty if the workload has no test split)."""
         if self.data.test is None:
             return {}
-        return {f"test/{k}": v for k, v in self.workload.evaluate(self.model, self.data.test).items()}
+        with self.precision.autocast():
+            return {f"test/{k}": v for k, v in self.workload.evaluate(self.model, self.data.test).items()}
 
     def state_dict(self) -> Dict[str, Any]:
         """Model, optimizer (wrapped bases included), scheduler, RNG states, counters and the loss curve."""
@@ -237,6 +261,7 @@ class Trainer:
             "step": self.step,
             "last_train_loss": self.last_train_loss,
             "curve": self.curve.state_dict(),
+            **({"loss_scaler": self.precision.scaler.state_dict()} if self.precision.scaler is not None else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -253,6 +278,8 @@ class Trainer:
         self.epoch = state["epoch"]
         self.step = state["step"]
         self.last_train_loss = state["last_train_loss"]
+        if self.precision.scaler is not None and "loss_scaler" in state:
+            self.precision.scaler.load_state_dict(state["loss_scaler"])
         if "curve" in state:
             self.curve.load_state_dict(state["curve"])
         else:

@@ -26,11 +26,22 @@ def take(inputs: Inputs, idx: Any) -> Inputs:
     return inputs[idx]
 
 
-def to_device(inputs: Inputs, device: torch.device) -> Inputs:
-    """``inputs`` moved to ``device`` (tensor or dict of tensors)."""
+def _move(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    # Host -> CUDA copies are asynchronous only from pinned (page-locked) memory: stage the batch there
+    # first (torch's caching host allocator reuses the pinned blocks, and keeps each one until its copy
+    # has finished). Anything else, CPU -> CPU included, is ``t.to(device)`` as before (a no-op on CPU).
+    if device.type == "cuda" and t.device.type == "cpu":
+        t = t if t.is_pinned() else t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
+def to_device(inputs: Inputs, device: torch.device | str) -> Inputs:
+    """``inputs`` moved to ``device`` (tensor or dict of tensors); to CUDA through pinned memory with
+    ``non_blocking=True``, so the copy overlaps the previous step's kernels."""
+    device = torch.device(device)
     if isinstance(inputs, dict):
-        return {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
-    return inputs.to(device, non_blocking=True)
+        return {k: _move(v, device) for k, v in inputs.items()}
+    return _move(inputs, device)
 
 
 def _rows(inputs: Inputs) -> int:
@@ -105,6 +116,10 @@ class Workload(ABC):
     #: ``False`` for evaluation-only workloads (e.g. ``clip_interpolate``): the trainer then calls
     #: :meth:`evaluate_only` once per "epoch" and never steps the optimizer.
     trains: ClassVar[bool] = True
+    #: ``True`` when :meth:`augment` works on a batch already on the training device (tensor ops only,
+    #: random draws from the CPU ``generator``): the trainer then copies in-memory batches first and
+    #: augments on the accelerator. Same result on CPU either way.
+    augments_on_device: ClassVar[bool] = False
     #: Parameters that change what :meth:`load_data` returns. Data is loaded once per study, so these
     #: may only be set study-wide (``Study.workload_params``), never in an arm's search space.
     data_hparams: ClassVar[Tuple[str, ...]] = ()

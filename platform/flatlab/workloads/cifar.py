@@ -112,6 +112,11 @@ class _Cifar(Workload):
     def build_model(self) -> nn.Module:
         return ImageClassifier(build_cifar_net(self.params["model"], self.num_classes, self.params["width_mult"]), CIFAR_MEAN, CIFAR_STD)
 
+    @property
+    def augments_on_device(self) -> bool:  # type: ignore[override]
+        """Crop + flip are tensor ops (run on the accelerator); AutoAugment (torchvision, per image) stays on the host."""
+        return self.params["augment"] != "autoaugment"
+
     def augment(self, inputs: Inputs, generator: torch.Generator) -> Inputs:
         return augment_images(inputs, generator, self.params["augment"], pad=4, policy="cifar10")  # type: ignore[arg-type]
 

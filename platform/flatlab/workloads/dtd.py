@@ -92,5 +92,7 @@ class DTD(Workload):
         std = cfg.get("std", (0.229, 0.224, 0.225))
         return ImageClassifier(net, mean, std)
 
+    augments_on_device = True  # crop + flip: tensor ops, run on the accelerator when the images are in memory
+
     def augment(self, inputs: Inputs, generator: torch.Generator) -> Inputs:
         return augment_images(inputs, generator, self.params["augment"], pad=max(1, self.params["image_size"] // 8))  # type: ignore[arg-type]

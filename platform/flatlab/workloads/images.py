@@ -43,22 +43,25 @@ def random_crop_flip(x: torch.Tensor, generator: torch.Generator, pad: int = 4, 
     """Random crop after zero padding by ``pad`` pixels, and a horizontal flip with probability 1/2.
 
     Args:
-        x: ``(N, C, H, W)`` images (any dtype).
-        generator: the only source of randomness (the trainer's, saved in its checkpoints).
+        x: ``(N, C, H, W)`` images (any dtype), on any device.
+        generator: the only source of randomness (the trainer's, saved in its checkpoints; a CPU
+            generator: the draws are made on the CPU and moved to ``x``'s device, so the images get the
+            same offsets and flips on every device).
     Returns:
-        ``(N, C, H, W)``, same dtype; one offset pair and one flip decision per image.
+        ``(N, C, H, W)``, same dtype and device; one offset pair and one flip decision per image.
     """
     n, _, h, w = x.shape
+    dev = x.device
     if pad > 0:
         padded = nn.functional.pad(x, (pad, pad, pad, pad))
-        oy = torch.randint(0, 2 * pad + 1, (n,), generator=generator)
-        ox = torch.randint(0, 2 * pad + 1, (n,), generator=generator)
-        rows = (oy[:, None] + torch.arange(h))[:, :, None]  # (N, H, 1)
-        cols = (ox[:, None] + torch.arange(w))[:, None, :]  # (N, 1, W)
-        batch = torch.arange(n)[:, None, None]
+        oy = torch.randint(0, 2 * pad + 1, (n,), generator=generator).to(dev)
+        ox = torch.randint(0, 2 * pad + 1, (n,), generator=generator).to(dev)
+        rows = (oy[:, None] + torch.arange(h, device=dev))[:, :, None]  # (N, H, 1)
+        cols = (ox[:, None] + torch.arange(w, device=dev))[:, None, :]  # (N, 1, W)
+        batch = torch.arange(n, device=dev)[:, None, None]
         x = padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2).contiguous()  # (N, C, H, W)
     if flip:
-        mask = torch.rand(n, generator=generator) < 0.5
+        mask = (torch.rand(n, generator=generator) < 0.5).to(dev)
         x = torch.where(mask[:, None, None, None], x.flip(-1), x)
     return x
 

@@ -1,0 +1,33 @@
+"""``torch.compile`` of a trial's model (the trainer parameter ``compile``), compatible with every optimizer."""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+def compile_model(model: nn.Module) -> nn.Module:
+    """Compile ``model`` in place (``nn.Module.compile``) and return it.
+
+    In place, so ``state_dict`` keys, evaluation and the closure's BatchNorm switches
+    (:func:`flatlab.optim.protocol.frozen_bn_stats`, which flips ``track_running_stats``: the compiled
+    forward is guarded on it and compiles a second graph for the extra passes) all see the same module.
+    Compilation happens at the first forward (tens of seconds), once per graph variant.
+
+    IRE's curvature pass backpropagates twice through one forward graph (the sampled-label gradient
+    with ``retain_graph=True``, then the true loss), which a compiled backward that donates its saved
+    buffers refuses; donation is therefore switched off, process-wide (a little more activation memory
+    in compiled backward graphs). The compile caches on disk are switched off too (AOTAutograd's and
+    inductor's FX graph cache): measured here (torch 2.14, CPU), a process reading a cache filled by
+    earlier runs, one of which had compiled this model's backward WITH donation, got wrong IRE
+    gradients silently (every IRE step off by the size of the step), while a fresh cache directory gave
+    the eager result. Each process therefore compiles afresh (tens of seconds per graph). Needs a C
+    compiler on the machine (inductor).
+    """
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    functorch_config.donated_buffer = False
+    functorch_config.enable_autograd_cache = False
+    inductor_config.fx_graph_cache = False
+    model.compile()
+    return model
