@@ -12,13 +12,18 @@ Optional hooks an optimizer may implement (the trainer calls them when present):
   (for IRE switch-on, kappa decay and TSAM's t schedule).
 * ``pop_metrics() -> dict[str, float]``: metrics accumulated since the last call (``opt/...``), reported
   once per epoch.
+
+Data parallelism (DDP, :mod:`flatlab.train.parallel`): a closure may also offer ``no_sync()`` (a context
+manager: passes inside it keep the rank's own gradient) and ``reduce_mean(tensor)`` (the average over
+the ranks). Optimizers reach them through :func:`local_pass` and :func:`ranks_mean`, which do nothing
+for a closure without them (one process).
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Callable, ContextManager, Iterator, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import torch
 from torch import nn
@@ -102,6 +107,19 @@ def as_closure(closure: Callable[[], torch.Tensor]) -> Closure:
     if isinstance(closure, Closure):
         return closure
     return _CallableClosure(closure)
+
+
+def local_pass(closure: object) -> ContextManager[None]:
+    """Context in which ``closure``'s passes are not all-reduced across data-parallel ranks (DDP
+    ``no_sync`` around forward and backward); a no-op for closures without ``no_sync()``."""
+    fn = getattr(closure, "no_sync", None)
+    return fn() if fn is not None else contextlib.nullcontext()
+
+
+def ranks_mean(closure: object, value: torch.Tensor) -> torch.Tensor:
+    """``value`` averaged over the data-parallel ranks of ``closure`` (``value`` itself in one process)."""
+    fn = getattr(closure, "reduce_mean", None)
+    return fn(value) if fn is not None else value
 
 
 def _batchnorms(model: nn.Module) -> Iterator[nn.modules.batchnorm._BatchNorm]:

@@ -26,6 +26,7 @@ from flatlab.train.checkpoint import STATE_FILE, CheckpointError, load_state, sa
 from flatlab.train.closure import BatchClosure
 from flatlab.train.config import TRAINER_HPARAMS
 from flatlab.train.curve import LossCurve
+from flatlab.train.parallel import DataParallel, unwrap
 from flatlab.train.precision import accumulation_dtype
 from flatlab.train.schedules import Schedule
 from flatlab.train.seeding import rng_state, seed_everything, set_rng_state
@@ -85,11 +86,15 @@ class Trainer:
     ``curve``: the :class:`~flatlab.train.curve.LossCurve` of the primary-pass mini-batch loss (EMA
     factor ``curve_smoothing``), one update per optimizer step, for steps-to-target (IRE paper, Fig. 4).
 
+    ``parallel``: data parallelism (DDP; :mod:`flatlab.train.parallel`): every rank builds the same
+    Trainer and trains on its slice of every global batch of ``batch_size`` rows; the metrics are those
+    of the global batch (losses and accuracy reduced over the ranks). ``None``: one process.
+
     Raises:
         ConfigError: a parameter outside its allowed range (from the registries' declarations).
     """
 
-    def __init__(self, spec: TrialSpec, data: Data, workload: Optional[Workload] = None) -> None:
+    def __init__(self, spec: TrialSpec, data: Data, workload: Optional[Workload] = None, parallel: Optional[DataParallel] = None) -> None:
         self.spec = spec
         self.workload = workload or build_workload(spec.workload, **dict(spec.workload_params))
         defaults = {k: getattr(self.workload.train_defaults, k) for k in ("batch_size", "schedule", "warmup_epochs", "label_smoothing")}
@@ -98,6 +103,13 @@ class Trainer:
         self.device = torch.device(spec.device)
         seed_everything(spec.seed)
         self.model = self.workload.build_model().to(self.device)
+        # -- data parallelism: `net` is what the closure runs (the DDP wrapper), `model` the module in it
+        self.parallel = parallel if parallel is not None and parallel.world > 1 else None
+        self.net = self.model
+        if self.parallel is not None:
+            self.net = self.parallel.wrap(self.model, self.device, sync_batchnorm=self.hp["sync_batchnorm"])
+            self.model = unwrap(self.net)
+        # -- end data parallelism
         # Evaluation-only workloads (``trains = False``, e.g. ``clip_interpolate``) implement
         # ``evaluate_only(model, data) -> metrics``; run_epoch then calls it instead of training.
         self.trains = self.workload.trains
@@ -148,12 +160,25 @@ class Trainer:
         bad_loss = torch.zeros((), dtype=wide, device=self.device)  # and that loss
         on_progress = getattr(self.optimizer, "on_progress", None)
         prefetch = getattr(train.inputs, "prefetch", None)  # inputs decoded on demand (e.g. LazyImages)
+        # -- data parallelism: each rank augments its own rows with its own generator (reseeded per epoch)
+        dp = self.parallel
+        augment_generator = self.generator
+        if dp is not None:
+            augment_generator = torch.Generator().manual_seed(dp.augment_seed(self.spec.seed, self.epoch))
         for start in range(0, len(train), bs):
             idx = perm[start : start + bs]
-            batch = take(train.inputs, idx)
-            if prefetch is not None and start + bs < len(train):
+            global_rows = len(idx)
+            shard = None
+            if dp is not None:  # this rank's rows of the global batch
+                shard = dp.shard_of(global_rows)
+                idx = idx[dp.shard(global_rows)]
+                if prefetch is not None and start + bs < len(train):
+                    nxt = perm[start + bs : start + 2 * bs]
+                    prefetch(nxt[dp.shard(len(nxt))])
+            elif prefetch is not None and start + bs < len(train):
                 prefetch(perm[start + bs : start + 2 * bs])  # decode the next mini-batch while this one trains
-            x = to_device(self.workload.augment(batch, self.generator), self.device)
+            batch = take(train.inputs, idx)
+            x = to_device(self.workload.augment(batch, augment_generator), self.device)
             y = train.targets[idx].to(self.device, non_blocking=True)
             if on_progress is not None:
                 on_progress(
@@ -167,13 +192,15 @@ class Trainer:
                     )
                 )
             closure = BatchClosure(
-                self.model, self._loss, x, y, clip_norm=self.hp["clip_norm"], micro_batch=self.hp["micro_batch_size"],
-                on_outputs=stats.add,
+                self.net, self._loss, x, y, clip_norm=self.hp["clip_norm"], micro_batch=self.hp["micro_batch_size"],
+                on_outputs=stats.add, parallel=dp, shard=shard,
             )
             self.optimizer.step(closure)
             loss = closure.loss
             if loss is None:
                 raise Diverged(self.step, float("nan"))
+            if dp is not None:  # the global batch's mean loss (NaN on one rank: NaN on all, all stop alike)
+                loss = dp.row_weighted_mean(loss, len(idx))
             # Divergence is flagged on the device and read every `check_every` steps (and at the end of the
             # epoch), so the loop never waits for an accelerator; the step it reports is still exact.
             newly_bad = ~torch.isfinite(loss) & (first_bad < 0)
@@ -182,12 +209,15 @@ class Trainer:
             bad_loss = torch.where(newly_bad, wide_loss, bad_loss)
             if (self.step + 1) % self.check_every == 0:
                 self._raise_if_diverged(first_bad, bad_loss)
-            loss_sum += wide_loss * len(idx)
+            loss_sum += wide_loss * global_rows
             self.curve.update(loss)
             lr = self.optimizer.param_groups[0]["lr"]
             self.scheduler.step()
             self.step += 1
         self._raise_if_diverged(first_bad, bad_loss)
+        if dp is not None:  # -- data parallelism: training accuracy over every rank's rows
+            both = dp.sum(torch.tensor([float(stats.correct), float(stats.counted)], dtype=torch.float64, device=self.device))
+            stats.correct, stats.counted = int(round(float(both[0]))), int(round(float(both[1])))
         self.epoch += 1
         self.last_train_loss = float(loss_sum) / len(train)
         metrics: Dict[str, float] = {
