@@ -49,10 +49,22 @@ class Resources:
     workers: int = 1
 
     def as_dict(self) -> Dict[str, float]:
-        """What the Tune trial itself reserves (``tune.with_resources``); nothing when ``workers > 1``."""
+        """What the Tune trial itself reserves (``tune.with_resources``). With ``workers > 1`` no CPU or
+        GPU (the Train workers reserve them; the trial only waits on them), but a 1-byte ``memory``
+        token, since Ray refuses an empty request."""
         if self.workers > 1:
-            return {"cpu": 0, "gpu": 0}
+            return {"cpu": 0, "gpu": 0, "memory": 1}
         return {"cpu": self.cpu, "gpu": self.gpu}
+
+    def concurrent_trials(self, cluster: Mapping[str, float]) -> Optional[int]:
+        """How many multi-worker trials fit on ``cluster`` (``ray.cluster_resources()``) at once, at least
+        1; ``None`` for single-process trials (Tune counts their reservations itself)."""
+        if self.workers == 1:
+            return None
+        fits = [int(cluster.get("CPU", 0) // (self.cpu * self.workers))]
+        if self.gpu > 0:
+            fits.append(int(cluster.get("GPU", 0) // (self.gpu * self.workers)))
+        return max(1, min(fits))
 
     def worker_dict(self) -> Dict[str, float]:
         """What each Ray Train worker reserves (``ScalingConfig.resources_per_worker``)."""
