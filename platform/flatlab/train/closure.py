@@ -85,7 +85,10 @@ class BatchClosure:
         on_outputs: called with ``(outputs, targets)`` (detached) of every chunk of the PRIMARY pass,
             e.g. for the running training accuracy (exactly one primary pass per optimizer step).
         parallel, shard: data parallelism (``model`` is then the DDP wrapper): this rank's group and its
-            rows of the global batch. DDP averages every pass's gradient over the ranks, except inside
+            rows of the global batch. Each rank's loss (and sampled-label seed) is weighted by its share
+            of the global batch, n_r·W/N (exactly 1 when the N rows split evenly), so that the average
+            over the ranks is the global batch's mean; :attr:`loss` holds that weighted value. DDP
+            averages every pass's gradient over the ranks, except inside
             :meth:`no_sync`; the sampled-label gradients are always averaged (IRE needs one mask on every
             rank) and their labels are drawn as the single-process trainer draws them for the global
             batch (:func:`flatlab.train.parallel.sampled_uniforms`).
@@ -114,6 +117,9 @@ class BatchClosure:
         self.loss: Optional[torch.Tensor] = None  # loss of the last primary pass, at the unperturbed point
         self.parallel = parallel if parallel is not None and parallel.world > 1 else None
         self.shard = shard
+        self._share = 1.0  # n_r·W/N: this rank's weight, so that the rank average is the global mean
+        if self.parallel is not None and shard is not None:
+            self._share = int(targets.shape[0]) * self.parallel.world / shard.total
 
     def _zero_grad(self) -> None:
         for p in self.model.parameters():
@@ -150,14 +156,16 @@ class BatchClosure:
         for x, y, weight in self._chunks():
             out = self.model(x)
             loss = self.loss_fn(out, y)
+            if self._share != 1.0:  # data parallel, uneven split of the global batch
+                loss = loss * self._share
             if sampled_for is not None:
                 # ∂/∂θ of the mean sampled-label cross-entropy, backpropagated from its logit gradient
                 # through this forward's graph (kept for the true loss's backward below).
                 rows = int(y.numel())  # = rows of the logits
                 seed = sampled_label_logit_grad(out, None if uniforms is None else uniforms[done : done + rows])
                 done += rows
-                if weight is not None:
-                    seed.mul_(weight)
+                if weight is not None or self._share != 1.0:
+                    seed.mul_((1.0 if weight is None else weight) * self._share)
                 grads = torch.autograd.grad(out, params, grad_outputs=seed, retain_graph=True, allow_unused=True)
                 sampled = [g if s is None else (s if g is None else s.add_(g)) for s, g in zip(sampled, grads)]
             (loss if weight is None else loss * weight).backward()

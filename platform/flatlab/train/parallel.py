@@ -3,10 +3,10 @@
 Every rank holds the whole model and the same optimizer; each takes its slice of every GLOBAL
 mini-batch (:meth:`DataParallel.shard`: rank r of W gets rows ``[r·B/W, (r+1)·B/W)`` of the batch the
 single-process trainer would draw), so W slices of B/W rows together are exactly the batch of B rows.
-Losses are means over a rank's rows; averaging them over the ranks (:meth:`DataParallel.mean`) gives
-the mean over the global batch when the slices are equal (the last, shorter batch is weighted by rows:
-:meth:`DataParallel.row_weighted_mean`). DDP averages gradients in ``backward`` unless the pass runs
-under ``no_sync`` (:func:`flatlab.optim.protocol.local_pass`).
+Losses are means over a rank's rows, weighted by the rank's share n_r·W/N of the global batch (1 when
+N splits evenly; the trainer's closure does it), so that averaging them over the ranks
+(:meth:`DataParallel.mean`) gives the mean over the global batch, and so does DDP's gradient average
+in ``backward`` (unless the pass runs under ``no_sync``: :func:`flatlab.optim.protocol.local_pass`).
 
 What stays identical on every rank, so that every rank applies the same update:
 
@@ -125,14 +125,6 @@ class DataParallel:
         out = value.detach().clone()
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out
-
-    def row_weighted_mean(self, local_mean: torch.Tensor, rows: int) -> torch.Tensor:
-        """The mean over the global batch from each rank's mean over its ``rows`` rows (0-d float64)."""
-        if self.world == 1:
-            return local_mean
-        both = torch.stack([local_mean.detach().double() * rows, torch.tensor(float(rows), dtype=torch.float64, device=local_mean.device)])
-        both = self.sum(both)
-        return both[0] / both[1]
 
 
 def sampled_uniforms(n: int, shard: Optional[Shard], device: torch.device, dtype: torch.dtype) -> torch.Tensor:

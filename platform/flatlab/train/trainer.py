@@ -109,6 +109,13 @@ class Trainer:
         if self.parallel is not None:
             self.net = self.parallel.wrap(self.model, self.device, sync_batchnorm=self.hp["sync_batchnorm"])
             self.model = unwrap(self.net)
+            last = len(data.train) % self.hp["batch_size"]
+            if 0 < last < self.parallel.world:
+                raise ConfigError(
+                    f"trainer: batch_size={self.hp['batch_size']} leaves a last mini-batch of {last} rows of the "
+                    f"{len(data.train)} training rows, fewer than the {self.parallel.world} workers (every worker needs "
+                    f"a row): choose another batch_size"
+                )
         # -- end data parallelism
         # Evaluation-only workloads (``trains = False``, e.g. ``clip_interpolate``) implement
         # ``evaluate_only(model, data) -> metrics``; run_epoch then calls it instead of training.
@@ -200,7 +207,7 @@ class Trainer:
             if loss is None:
                 raise Diverged(self.step, float("nan"))
             if dp is not None:  # the global batch's mean loss (NaN on one rank: NaN on all, all stop alike)
-                loss = dp.row_weighted_mean(loss, len(idx))
+                loss = dp.mean(loss)
             # Divergence is flagged on the device and read every `check_every` steps (and at the end of the
             # epoch), so the loop never waits for an accelerator; the step it reports is still exact.
             newly_bad = ~torch.isfinite(loss) & (first_bad < 0)
