@@ -174,17 +174,14 @@ class Trainer:
             augment_generator = torch.Generator().manual_seed(dp.augment_seed(self.spec.seed, self.epoch))
         for start in range(0, len(train), bs):
             idx = perm[start : start + bs]
-            global_rows = len(idx)
-            shard = None
-            if dp is not None:  # this rank's rows of the global batch
+            nxt = perm[start + bs : start + 2 * bs]
+            global_rows, shard = len(idx), None
+            if dp is not None:  # this rank's rows of the global batch (and of the next one)
                 shard = dp.shard_of(global_rows)
-                idx = idx[dp.shard(global_rows)]
-                if prefetch is not None and start + bs < len(train):
-                    nxt = perm[start + bs : start + 2 * bs]
-                    prefetch(nxt[dp.shard(len(nxt))])
-            elif prefetch is not None and start + bs < len(train):
-                prefetch(perm[start + bs : start + 2 * bs])  # decode the next mini-batch while this one trains
+                idx, nxt = idx[dp.shard(global_rows)], nxt[dp.shard(len(nxt))]
             batch = take(train.inputs, idx)
+            if prefetch is not None and start + bs < len(train):
+                prefetch(nxt)  # decode the next mini-batch while this one trains
             x = to_device(self.workload.augment(batch, augment_generator), self.device)
             y = train.targets[idx].to(self.device, non_blocking=True)
             if on_progress is not None:
