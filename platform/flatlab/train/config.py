@@ -28,7 +28,7 @@ TRAINER_HPARAMS = (
     ),
     HParam(
         "sync_batchnorm", False, bool,
-        doc="multi-worker trials (Resources(workers>1)): BatchNorm statistics over the global batch (SyncBatchNorm)",
+        doc="multi-worker trials (Resources(workers>1)) on GPUs: BatchNorm statistics over the global batch (SyncBatchNorm)",
     ),
     HParam(
         "curve_smoothing", 0.9, float, low=0.0, high=1.0, high_open=True,

@@ -77,9 +77,20 @@ class DataParallel:
     def wrap(self, model: nn.Module, device: torch.device, sync_batchnorm: bool = False) -> nn.Module:
         """``model`` (already on ``device``) inside ``DistributedDataParallel``, its BatchNorm layers first
         converted to ``nn.SyncBatchNorm`` (statistics over the global batch) if ``sync_batchnorm``; the
-        model itself when ``world == 1``. DDP broadcasts rank 0's parameters and buffers."""
+        model itself when ``world == 1``. DDP broadcasts rank 0's parameters and buffers.
+
+        Raises:
+            ConfigError: ``sync_batchnorm`` on a device other than CUDA (torch's SyncBatchNorm is GPU-only).
+        """
         if self.world == 1:
             return model
+        if sync_batchnorm and device.type != "cuda":
+            from flatlab.errors import ConfigError
+
+            raise ConfigError(
+                f"trainer: sync_batchnorm=True needs CUDA devices (torch's SyncBatchNorm runs on GPUs only), but the "
+                f"workers train on {device.type!r}: set sync_batchnorm=False (each worker normalises with its own rows)"
+            )
         if sync_batchnorm:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         ids = [device.index] if device.type == "cuda" and device.index is not None else None
