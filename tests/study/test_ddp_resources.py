@@ -101,3 +101,12 @@ def test_sam_ascent_option():
     assert get_optimizer("asam").create([w], lr=0.1, ascent="local").ascent == "local"
     with pytest.raises(ConfigError, match="ascent"):
         get_optimizer("sam").create([w], lr=0.1, ascent="remote")
+
+
+def test_the_plan_shows_workers_and_what_each_reserves():
+    from flatlab.study.plan import plan
+
+    assert plan(_study(Resources(cpu=2, gpu=1, workers=4)).validate())["resources_per_trial"] == {
+        "workers": 4, "per_worker": {"CPU": 2.0, "GPU": 1.0}
+    }
+    assert plan(_study(Resources(cpu=2)).validate())["resources_per_trial"] == {"cpu": 2, "gpu": 0}
