@@ -30,8 +30,11 @@ CASES = {
     "sgd_ire": ("sgd_ire", {"lr": 0.1, "kappa": 2.0, "gamma": 0.7, "mask_interval": 2}),
     "adamw_ire": ("adamw_ire", {"lr": 1e-2, "kappa": 2.0, "gamma": 0.7, "mask_interval": 2}),
     "tsam": ("tsam", {"lr": 0.1, "rho": 0.1, "s": 3, "t": 5.0, "noise_radius": 0.05}),
+    # micro-batches of 2 rows on each rank (the trainer's micro_batch_size): the same steps
+    "sam_ire_micro": ("sam_ire", {"lr": 0.1, "rho": 0.1, "kappa": 2.0, "gamma": 0.7, "mask_interval": 2}),
 }
-EQUAL_TO_ONE_PROCESS = ("sgd", "adamw", "sam", "asam", "sgd_ire", "adamw_ire", "tsam")
+MICRO = {"sam_ire_micro": 2}
+EQUAL_TO_ONE_PROCESS = ("sgd", "adamw", "sam", "asam", "sgd_ire", "adamw_ire", "tsam", "sam_ire_micro")
 
 
 def _model() -> nn.Module:
@@ -46,10 +49,11 @@ def _batches():
 
 def _train(name: str, parallel=None) -> torch.Tensor:
     """5 steps of case ``name``; with ``parallel`` on this rank's slice of each batch through DDP."""
-    return _train_with(*CASES[name], parallel=parallel)
+    # the single-process reference runs whole batches (chunking changes only the float rounding)
+    return _train_with(*CASES[name], parallel=parallel, micro=MICRO.get(name) if parallel is not None else None)
 
 
-def _train_with(opt_name: str, hp: dict, parallel=None) -> torch.Tensor:
+def _train_with(opt_name: str, hp: dict, parallel=None, micro=None) -> torch.Tensor:
     from flatlab.optim.registry import get_optimizer
     from flatlab.train.closure import BatchClosure
 
@@ -63,7 +67,7 @@ def _train_with(opt_name: str, hp: dict, parallel=None) -> torch.Tensor:
             shard = parallel.shard_of(B)
             rows = parallel.shard(B)
             x, y = x[rows], y[rows]
-        closure = BatchClosure(net, nn.functional.cross_entropy, x, y, parallel=parallel, shard=shard)
+        closure = BatchClosure(net, nn.functional.cross_entropy, x, y, micro_batch=micro, parallel=parallel, shard=shard)
         opt.step(closure)
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
