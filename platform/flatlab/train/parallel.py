@@ -18,6 +18,9 @@ What stays identical on every rank, so that every rank applies the same update:
   (seed, epoch, rank) at the start of every epoch (checkpoints are taken at epoch ends, so a resumed
   trial repeats them exactly).
 
+With micro-batches (``micro_batch_size``) every chunk's backward all-reduces the gradient accumulated
+so far (correct, as DDP averages what it finds; more traffic than syncing only the last chunk).
+
 The process group itself is started by the caller (Ray Train's ``TorchTrainer``, or
 ``torch.distributed.init_process_group`` in tests).
 """
