@@ -214,7 +214,7 @@ def test_sam_adamw_step_is_sam_then_adamw():
     ours, _ = run_ours("sam_adamw", lr=1e-3, weight_decay=5e-4, rho=0.1)
     assert rel_distance(ours, ref) <= 1e-6
     spec = get_optimizer("sam_adamw")
-    assert spec.base == "adamw" and [h.name for h in spec.hparams] == ["lr", "weight_decay", "beta1", "beta2", "eps", "rho"]
+    assert spec.base == "adamw" and [h.name for h in spec.hparams] == ["lr", "weight_decay", "beta1", "beta2", "eps", "rho", "ascent"]
     sgd_base, _ = run_ours("sam", lr=1e-3, weight_decay=5e-4, rho=0.1, momentum=0.9)
     assert rel_distance(sgd_base, ref) > 1e-2  # a different base is a different step
 

@@ -44,6 +44,10 @@ training loss < threshold). With no criterion configured IRE is on from the firs
 read :class:`flatlab.optim.Progress` from ``on_progress``; without it only ``switch_step`` works
 (counting this optimizer's steps). ``kappa = 0`` (or κ_t = 0) also means exactly the base step.
 
+Data parallelism (DDP): the sampled-label gradient is averaged over the ranks before h and the select
+(the trainer's closure does it, with the labels the single-process trainer would draw for the global
+batch), so every rank holds the same mask and applies the same update.
+
 ``kappa_decay``: κ_t = κ·lr_t/lr_max per group, lr_max = the group's ``initial_lr`` if an LR scheduler
 set it, else its lr when IRE was constructed.
 """
@@ -53,13 +57,13 @@ from __future__ import annotations
 import math
 import warnings
 from fractions import Fraction
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from flatlab.hparams import HParam
 from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
-from flatlab.optim.protocol import Closure, as_closure, step_may_be_skipped, step_skipped
+from flatlab.optim.protocol import Closure, as_closure, local_pass, ranks_mean, step_may_be_skipped, step_skipped
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.sam import SAM_ADAMW_SPEC, SAM_SPEC
 from flatlab.optim._flat import SELECT_CHUNK, kth_smallest_with_count, persistent_buffers
@@ -133,6 +137,12 @@ class _CurvatureClosure:
 
     def with_sampled_grads(self, params: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, List[Optional[torch.Tensor]]]:
         return self.inner.with_sampled_grads(params)
+
+    def no_sync(self) -> ContextManager[None]:  # data parallelism: forwarded to the trainer's closure
+        return local_pass(self.inner)
+
+    def reduce_mean(self, value: torch.Tensor) -> torch.Tensor:
+        return ranks_mean(self.inner, value)
 
 
 class IRE(WrappedOptimizer):

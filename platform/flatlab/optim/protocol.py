@@ -19,13 +19,18 @@ once it is True (a pass of this step had a non-finite gradient) every ``p.grad``
 ``None``, so a torch base optimizer steps nothing (SGD and AdamW skip parameters without gradients, their
 state included). Optimizers with state of their own check :func:`step_skipped` after their passes and
 leave that state as it was (IRE: mask, curvature, counters); none records metrics for a skipped step.
+
+Data parallelism (DDP, :mod:`flatlab.train.parallel`): a closure may also offer ``no_sync()`` (a context
+manager: passes inside it keep the rank's own gradient) and ``reduce_mean(tensor)`` (the average over
+the ranks). Optimizers reach them through :func:`local_pass` and :func:`ranks_mean`, which do nothing
+for a closure without them (one process).
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Callable, ContextManager, Iterator, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import torch
 from torch import nn
@@ -121,6 +126,18 @@ def step_skipped(closure: object) -> bool:
     """True when ``closure`` reports that this step must be skipped (its ``overflowed`` flag, set by a
     pass with a non-finite gradient under fp16 loss scaling); False for closures without the flag."""
     return bool(getattr(closure, "overflowed", False))
+
+def local_pass(closure: object) -> ContextManager[None]:
+    """Context in which ``closure``'s passes are not all-reduced across data-parallel ranks (DDP
+    ``no_sync`` around forward and backward); a no-op for closures without ``no_sync()``."""
+    fn = getattr(closure, "no_sync", None)
+    return fn() if fn is not None else contextlib.nullcontext()
+
+
+def ranks_mean(closure: object, value: torch.Tensor) -> torch.Tensor:
+    """``value`` averaged over the data-parallel ranks of ``closure`` (``value`` itself in one process)."""
+    fn = getattr(closure, "reduce_mean", None)
+    return fn(value) if fn is not None else value
 
 
 def _batchnorms(model: nn.Module) -> Iterator[nn.modules.batchnorm._BatchNorm]:

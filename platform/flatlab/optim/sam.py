@@ -18,6 +18,7 @@ base's own entry (its hyperparameters and defaults: AdamW's lr 1e-3, betas (0.9,
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Callable, List, Optional
 
@@ -26,11 +27,11 @@ import torch
 from flatlab.hparams import HParam
 from flatlab.optim._flat import NORM_EPS, add_scaled_, global_norm, persistent_buffers, split_with_grad
 from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
-from flatlab.optim.protocol import as_closure, step_skipped
+from flatlab.optim.protocol import as_closure, local_pass, step_skipped
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
 
-__all__ = ["SAM", "RHO", "ASAM_RHO", "ETA", "ASAM_SCOPE", "SAM_HPARAMS", "ASAM_HPARAMS", "asam_scaled", "SAM_SPEC", "ASAM_SPEC", "SAM_ADAMW_SPEC"]
+__all__ = ["SAM", "RHO", "ASCENT", "ASAM_RHO", "ETA", "ASAM_SCOPE", "SAM_HPARAMS", "ASAM_HPARAMS", "asam_scaled", "SAM_SPEC", "ASAM_SPEC", "SAM_ADAMW_SPEC"]
 
 RHO = HParam("rho", 0.05, float, low=0.0, doc="SAM neighbourhood radius (L2, global); 0.05 CIFAR-10, 0.1 CIFAR-100")
 ASAM_RHO = HParam(
@@ -45,8 +46,16 @@ ASAM_SCOPE = HParam(
     doc="tensors scaled by T_w: 'weight_names' = name contains 'weight' (official; unnamed params: ndim >= 2), "
     "'weights' = ndim >= 2, 'all'",
 )
-SAM_HPARAMS = (RHO,)
-ASAM_HPARAMS = (ASAM_RHO, ETA, ASAM_SCOPE)
+ASCENT = HParam(
+    "ascent",
+    "global",
+    str,
+    choices=("global", "local"),
+    doc="data parallel: ε from the rank-averaged gradient ('global' = SAM on the global batch) or from each "
+    "rank's own ('local': m-sharpness, m = per-device batch; that pass skips the all-reduce)",
+)
+SAM_HPARAMS = (RHO, ASCENT)
+ASAM_HPARAMS = (ASAM_RHO, ETA, ASAM_SCOPE, ASCENT)
 ADAPTIVE = HParam("adaptive", False, bool, doc="ASAM instead of SAM")
 
 
@@ -103,6 +112,12 @@ class SAM(WrappedOptimizer):
         asam_scope: which tensors get T_w (see :func:`asam_scaled`): ``'weight_names'`` (default, the
             official rule; needs an optimizer built from ``named_parameters()``, otherwise it falls back
             to ``'weights'`` and warns once, at its first step), ``'weights'`` or ``'all'``.
+        ascent: under data parallelism (DDP), where ε comes from: ``'global'`` (default) the gradient
+            averaged over the ranks, so the step equals single-process SAM on the global batch;
+            ``'local'`` each rank's own gradient (the SAM paper's m-sharpness, Foret et al. 2021 §4.1,
+            with m = the per-device batch): the primary pass then runs under DDP ``no_sync`` (forward
+            and backward), skipping that all-reduce; the gradient at θ+ε is averaged either way. No
+            effect in one process.
 
     Each :meth:`step` costs 2 forward/backward passes. Extra memory: one copy of the parameters (θ is
     stored during the step, in a buffer reused across steps).
@@ -126,18 +141,21 @@ class SAM(WrappedOptimizer):
         adaptive: bool = False,
         eta: float = 0.01,
         asam_scope: str = "weight_names",
+        ascent: str = "global",
     ) -> None:
         super().__init__(base)
         self.rho = RHO.validate(rho, "SAM")
         self.adaptive = ADAPTIVE.validate(adaptive, "SAM")
         self.eta = ETA.validate(eta, "SAM")
         self.asam_scope = ASAM_SCOPE.validate(asam_scope, "SAM")
+        self.ascent = ASCENT.validate(ascent, "SAM")
         self._perturbed: Optional[List[torch.Tensor]] = None
 
     def _describe(self) -> str:
+        local = ", ascent='local'" if self.ascent == "local" else ""
         if self.adaptive:
-            return f"rho={self.rho}, adaptive=True, eta={self.eta}, asam_scope={self.asam_scope!r}"
-        return f"rho={self.rho}"
+            return f"rho={self.rho}, adaptive=True, eta={self.eta}, asam_scope={self.asam_scope!r}{local}"
+        return f"rho={self.rho}{local}"
 
     def _scales(self, params: List[torch.Tensor]) -> List[bool]:
         if self.asam_scope == "weight_names" and not _named(self.param_groups):
@@ -212,8 +230,8 @@ class SAM(WrappedOptimizer):
             ValueError: ``closure`` is None.
         """
         c = as_closure(require_closure(closure, "SAM"))
-        with torch.enable_grad():
-            loss = c()
+        with torch.enable_grad(), (local_pass(c) if self.ascent == "local" else contextlib.nullcontext()):
+            loss = c()  # 'local' ascent: this rank's gradient at θ, not all-reduced
         self.first_step(zero_grad=True)
         with torch.enable_grad():
             perturbed = c.extra()
@@ -223,12 +241,12 @@ class SAM(WrappedOptimizer):
         return loss
 
 
-def _wrap_sam(base: torch.optim.Optimizer, *, rho: float) -> SAM:
-    return SAM(base, rho=rho)
+def _wrap_sam(base: torch.optim.Optimizer, *, rho: float, ascent: str) -> SAM:
+    return SAM(base, rho=rho, ascent=ascent)
 
 
-def _wrap_asam(base: torch.optim.Optimizer, *, rho: float, eta: float, asam_scope: str) -> SAM:
-    return SAM(base, rho=rho, adaptive=True, eta=eta, asam_scope=asam_scope)
+def _wrap_asam(base: torch.optim.Optimizer, *, rho: float, eta: float, asam_scope: str, ascent: str) -> SAM:
+    return SAM(base, rho=rho, adaptive=True, eta=eta, asam_scope=asam_scope, ascent=ascent)
 
 
 SAM_SPEC = register_optimizer(

@@ -39,6 +39,11 @@ The authors keep s copies.
 The base is a choice (registry entries ``tsam`` over SGD, ``tsam_adamw`` over AdamW), built from the same
 :class:`TSAM` by :func:`flatlab.optim.wrapper.wrapped_spec`.
 
+Data parallelism (DDP): every pass's gradient is averaged over the ranks (the ascent directions and
+G_j are those of the global batch), every rank draws the same δ_j (the global torch RNG is seeded and
+consumed identically on every rank) and L_j is averaged over the ranks before the tilt weights, so
+every rank applies the same update.
+
 Not implemented: the paper's HMC sampler (ε from exp(δ·L) with correction weights exp((t−δ)·L)); the
 released code does not use it either.
 """
@@ -53,7 +58,7 @@ import torch
 from flatlab.hparams import HParam
 from flatlab.optim._flat import NORM_EPS, add_scaled_, global_norm, persistent_buffers, split_with_grad
 from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
-from flatlab.optim.protocol import as_closure, step_skipped
+from flatlab.optim.protocol import as_closure, ranks_mean, step_skipped
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.sam import RHO
 from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
@@ -312,7 +317,9 @@ class TSAM(WrappedOptimizer):
                     else:
                         c.extra()
                 self._ascend(params)  # θ+ε_j
-                perturbed_loss = c.extra()
+                # data parallel: every rank's G_j is already averaged by DDP; L_j is averaged here,
+                # before the tilt weights, so that every rank weights the samples alike
+                perturbed_loss = ranks_mean(c, c.extra())
             acc.add(perturbed_loss, [p.grad for p in params], consume=True)
             for p in params:  # the accumulator owns those tensors now; a closure that zeroes p.grad in
                 p.grad = None  # place must not reach them

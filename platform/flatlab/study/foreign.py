@@ -88,7 +88,7 @@ def _from_tune(d: Any) -> Optional[Dim]:
             return Float(d.lower, d.upper)
         return Unsupported(
             f"tune.randn (a normal distribution) has no flatlab equivalent (flatlab's ranges are bounded); "
-            f"write sp.uniform(low, high)"
+            "write sp.uniform(low, high)"
         )
     if isinstance(d, ts.Integer):
         log = isinstance(sampler, ts.Integer._LogUniform)

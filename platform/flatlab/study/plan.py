@@ -38,7 +38,10 @@ def plan(study: Study) -> Dict[str, Any]:
         "seeds": list(study.seeds),
         "total_trials": study.num_total_trials(),
         "max_trial_epochs": study.num_total_trials() * study.max_epochs,
-        "resources_per_trial": study.resources.as_dict(),
+        "resources_per_trial": (
+            study.resources.as_dict() if study.resources.workers == 1
+            else {"workers": study.resources.workers, "per_worker": study.resources.worker_dict()}
+        ),
         "max_concurrent": study.max_concurrent,
         "steps_to_target": (
             f"reference arm {study.reference_arm!r}" if study.reference_arm is not None

@@ -222,6 +222,13 @@ def _update_launch(launch: Path, **changes: Any) -> None:
     launch.write_text(json.dumps(state, indent=2))
 
 
+def _ddp_concurrency(study: Study) -> Optional[int]:
+    """Multi-worker trials reserve their workers outside Tune: cap them at what the cluster holds."""
+    import ray
+
+    return study.resources.concurrent_trials(ray.cluster_resources()) if study.resources.workers > 1 else None
+
+
 def _new_tuner(study: Study, trainable: Any, searcher: Any, scheduler: Any, name: str, storage_path: str,
                callbacks: List[Any], num_samples: int) -> Any:
     from ray import tune
@@ -234,7 +241,7 @@ def _new_tuner(study: Study, trainable: Any, searcher: Any, scheduler: Any, name
             search_alg=searcher,
             scheduler=scheduler,
             num_samples=num_samples,
-            max_concurrent_trials=study.max_concurrent,
+            max_concurrent_trials=study.max_concurrent or _ddp_concurrency(study),  # multi-worker trials (ddp)
             reuse_actors=True,
         ),
         run_config=tune.RunConfig(

@@ -35,13 +35,43 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 @dataclass(frozen=True)
 class Resources:
-    """Per-trial resources: ``cpu`` cores (also torch's thread count) and ``gpu`` (fraction allowed)."""
+    """Per-trial resources: ``cpu`` cores (also torch's thread count) and ``gpu`` (fraction allowed),
+    per worker; ``workers`` data-parallel workers (DDP ranks) per trial.
+
+    ``workers = 1`` (default): the trial is one process reserving ``cpu`` and ``gpu``. ``workers = N > 1``:
+    the trial runs as a Ray Train ``TorchTrainer`` with N workers (:mod:`flatlab.study.ddp_trial`), each
+    reserving ``cpu`` and ``gpu`` (a GPU per worker: ``gpu`` must then be 0 or a whole number); the Tune
+    trial that starts it reserves nothing itself.
+    """
 
     cpu: float = 1
     gpu: float = 0
+    workers: int = 1
 
     def as_dict(self) -> Dict[str, float]:
+        """What the Tune trial itself reserves (``tune.with_resources``). With ``workers > 1`` no CPU or
+        GPU (the Train workers reserve them; the trial only waits on them), but a 1-byte ``memory``
+        token, since Ray refuses an empty request."""
+        if self.workers > 1:
+            return {"cpu": 0, "gpu": 0, "memory": 1}
         return {"cpu": self.cpu, "gpu": self.gpu}
+
+    def concurrent_trials(self, cluster: Mapping[str, float]) -> Optional[int]:
+        """How many multi-worker trials fit on ``cluster`` (``ray.cluster_resources()``) at once, at least
+        1; ``None`` for single-process trials (Tune counts their reservations itself)."""
+        if self.workers == 1:
+            return None
+        fits = [int(cluster.get("CPU", 0) // (self.cpu * self.workers))]
+        if self.gpu > 0:
+            fits.append(int(cluster.get("GPU", 0) // (self.gpu * self.workers)))
+        return max(1, min(fits))
+
+    def worker_dict(self) -> Dict[str, float]:
+        """What each Ray Train worker reserves (``ScalingConfig.resources_per_worker``)."""
+        out = {"CPU": float(self.cpu)}
+        if self.gpu > 0:
+            out["GPU"] = float(self.gpu)
+        return out
 
 
 @dataclass(frozen=True)
@@ -525,6 +555,14 @@ def _scalar_problems(study: "Study") -> List[str]:
             out.append(
                 f"resources=Resources(cpu={res.cpu!r}, gpu={res.gpu!r}); expected cpu in (0, {MAX_RESOURCE}] and gpu in "
                 f"[0, {MAX_RESOURCE}], a fraction only up to 1 (Ray shares a GPU, it does not split several)"
+            )
+        workers = getattr(res, "workers", 1)
+        if not (_is_int(workers) and 1 <= workers <= MAX_RESOURCE):
+            out.append(f"resources=Resources(workers={workers!r}); expected an int in [1, {MAX_RESOURCE}] (data-parallel workers per trial)")
+        elif workers > 1 and gpu_ok and not float(res.gpu).is_integer():
+            out.append(
+                f"resources=Resources(workers={workers}, gpu={res.gpu!r}); with workers > 1 each worker (DDP rank) needs "
+                f"whole GPUs: expected gpu = 0 (CPU, gloo) or an integer >= 1"
             )
     return out
 

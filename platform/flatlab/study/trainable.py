@@ -7,6 +7,8 @@ training loss reaches the trainer's ``stop_at_train_loss``) adds the test metric
 measures on the final model and ``completed = 1``; a checkpoint (model, optimizer, scheduler, RNG states) goes with every
 ``checkpoint_every``-th report and the last, so a restarted trial resumes where it stopped.
 Evaluation-only workloads (``trains = False``) report without checkpoints and upload no model.
+One trial loop (:func:`trial_loop`) serves the single-process trial and every rank of a multi-worker
+(DDP) trial (:mod:`flatlab.study.ddp_trial`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import tempfile
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
 from ray import tune
@@ -29,8 +31,22 @@ from flatlab.workloads.base import Data
 CKPT_FILES = CHECKPOINT_FILES  # trainer.safetensors + trainer.json (no pickle)
 
 
+#: ``report(metrics, checkpoint_dir)``: one report of the trial (``checkpoint_dir``: a folder holding
+#: this epoch's checkpoint, or ``None``). Tune's in a single process; Ray Train's on every DDP rank.
+Report = Callable[[Dict[str, Any], Optional[str]], None]
+
+
 def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Optional[WorkerTracking] = None) -> None:
-    """Train the trial described by ``config`` (``{"arm", "seed", field: value ...}``) under Tune."""
+    """Train the trial described by ``config`` (``{"arm", "seed", field: value ...}``) under Tune.
+
+    With ``Resources(workers > 1)`` the trial runs as a Ray Train ``TorchTrainer`` (DDP) started from
+    here (:mod:`flatlab.study.ddp_trial`); its ranks run the same :func:`trial_loop`.
+    """
+    if study.resources.workers > 1:
+        from flatlab.study.ddp_trial import run_ddp_trial
+
+        run_ddp_trial(config, study=study, data=data, tracking=tracking)
+        return
     threads = max(1, int(study.resources.cpu))
     torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1; follow the trial's CPU allocation
     device = "cuda" if study.resources.gpu > 0 and torch.cuda.is_available() else "cpu"
@@ -40,15 +56,45 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
             trainer.load(d)  # safetensors + JSON only; anything else raises CheckpointError: the trial fails
-    trial_id = tune.get_context().get_trial_id()
+
+    def report(metrics: Dict[str, Any], checkpoint_dir: Optional[str]) -> None:
+        if checkpoint_dir is None:
+            tune.report(metrics)
+        else:
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(checkpoint_dir))
+
+    trial_loop(trainer, study, report, tracking=tracking, trial_id=tune.get_context().get_trial_id())
+
+
+def trial_loop(
+    trainer: Trainer,
+    study: Study,
+    report: Report,
+    *,
+    tracking: Optional[WorkerTracking] = None,
+    trial_id: Optional[str] = None,
+    main: bool = True,
+    extra: Optional[Mapping[str, float]] = None,
+) -> None:
+    """The epochs of one trial from wherever ``trainer`` stands (a resumed trial continues): one
+    ``report`` per epoch, with a checkpoint every ``checkpoint_every`` epochs and at the last; the last
+    report adds :func:`_final_metrics`; a diverged epoch reports the worst metric and ends the trial.
+
+    Args:
+        main: this process writes checkpoints and uploads the final model (DDP: rank 0 only; every rank
+            still runs every epoch and calls ``report``, with ``None`` as the folder on the others).
+        extra: added to every report (DDP: ``world_size``).
+    """
     target = trainer.hp.get("stop_at_train_loss")
+    extra = dict(extra or {})
     while trainer.epoch < study.max_epochs:
         try:
             metrics = trainer.run_epoch()
         except Diverged as exc:
             worst = -math.inf if study.mode == "max" else math.inf
-            tune.report({"epoch": trainer.epoch + 1, study.metric: worst, DIVERGED_KEY: 1, "diverged_step": exc.step})
+            report({"epoch": trainer.epoch + 1, study.metric: worst, DIVERGED_KEY: 1, "diverged_step": exc.step, **extra}, None)
             return
+        metrics.update(extra)
         metrics[DIVERGED_KEY] = 0
         if not math.isfinite(metrics.get(study.metric, 0.0)):
             metrics[study.metric] = -math.inf if study.mode == "max" else math.inf
@@ -56,16 +102,17 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
         last = reached or trainer.epoch == study.max_epochs
         if last:
             metrics.update(_final_metrics(trainer, study, target, reached))
-            if tracking is not None and trial_id:
+            if main and tracking is not None and trial_id:
                 if not trainer.trains:  # evaluation-only: the model is rebuilt from its inputs, not uploaded
                     tracking = dataclasses.replace(tracking, log_models=False)
-                log_trial_artifacts(tracking, trial_id, trainer.model, spec, metrics, curve=trainer.curve.points())
+                log_trial_artifacts(tracking, trial_id, trainer.model, trainer.spec, metrics, curve=trainer.curve.points())
         if trainer.trains and (last or trainer.epoch % study.checkpoint_every == 0):
             with tempfile.TemporaryDirectory() as d:
-                trainer.save(d)
-                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+                if main:
+                    trainer.save(d)
+                report(metrics, d if main else None)
         else:
-            tune.report(metrics)
+            report(metrics, None)
         if last:
             return
 

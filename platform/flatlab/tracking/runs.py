@@ -245,9 +245,10 @@ def log_metrics(client: Any, run_id: str, metrics: Sequence[Any]) -> None:
 
 
 def numeric_metrics(result: Dict) -> Dict[str, float]:
-    """The metrics of a Tune result worth logging: our ``a/b`` names plus ``epoch``, ``lr``, ``diverged``."""
+    """The metrics of a Tune result worth logging: our ``a/b`` names plus ``epoch``, ``lr``, ``diverged``
+    and ``world_size`` (multi-worker trials: the number of DDP ranks)."""
     out = {}
     for k, v in result.items():
-        if ("/" in k or k in ("epoch", "lr", "diverged")) and isinstance(v, (int, float)) and not isinstance(v, bool):
+        if ("/" in k or k in ("epoch", "lr", "diverged", "world_size")) and isinstance(v, (int, float)) and not isinstance(v, bool):
             out[k] = float(v)
     return out

@@ -6,20 +6,23 @@ import contextlib
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from flatlab.optim.protocol import frozen_bn_stats
 from flatlab.train.precision import Precision
+from flatlab.train import parallel as dp  # data parallelism (DDP): see flatlab.train.parallel
 from flatlab.workloads.base import Inputs, take
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _draw(probs: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """One label per row of ``probs`` ``(N, C)`` by inverse-CDF sampling: ``(N,)`` int64."""
+def _draw(probs: torch.Tensor, generator: Optional[torch.Generator] = None, u: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One label per row of ``probs`` ``(N, C)`` by inverse-CDF sampling: ``(N,)`` int64 (``u``: the
+    ``(N, 1)`` uniforms to use instead of drawing them)."""
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=probs.dtype, generator=generator) * cdf[:, -1:]
+    if u is None:
+        u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=probs.dtype, generator=generator)
+    u = u * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1).reshape(-1)
 
 
@@ -41,7 +44,7 @@ def sample_labels(logits: torch.Tensor, generator: Optional[torch.Generator] = N
     return _draw(probs, generator).reshape(logits.shape[:-1])
 
 
-def sampled_label_logit_grad(logits: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+def sampled_label_logit_grad(logits: torch.Tensor, u: Optional[torch.Tensor] = None, scale: float = 1.0) -> torch.Tensor:
     """Gradient w.r.t. ``logits`` of the mean cross-entropy against labels sampled from their softmax.
 
     With p = softmax(logits) per row and ŷ ~ Categorical(p) (drawn exactly as :func:`sample_labels`
@@ -51,12 +54,14 @@ def sampled_label_logit_grad(logits: torch.Tensor, scale: float = 1.0) -> torch.
 
     Args:
         logits: ``(..., C)`` unnormalised class scores (N = their number of rows).
+        u: ``(N, 1)`` float32 uniforms to sample with (data parallelism: the rank's rows of the global
+            batch's draw); ``None``: drawn here from the global torch RNG.
         scale: multiplies the gradient (fp16 loss scaling), applied in float32 before the cast.
     Returns:
         ``(..., C)`` tensor of ``logits``' dtype (the softmax itself is taken in float32).
     """
     probs = torch.softmax(logits.detach().reshape(-1, logits.shape[-1]), dim=-1, dtype=torch.float32)
-    labels = _draw(probs)  # its cumulative sum is freed on return: two (N, C) float32 buffers at the peak
+    labels = _draw(probs, u=u)  # its cumulative sum is freed on return: two (N, C) float32 buffers at the peak
     rows = torch.arange(probs.shape[0], device=probs.device)
     probs[rows, labels] -= 1.0
     probs.div_(probs.shape[0])
@@ -91,6 +96,15 @@ class BatchClosure:
             optimizer steps nothing) and later passes of the step do no work (they return the primary
             loss). The optimizer's step is then skipped; :func:`flatlab.optim.protocol.step_skipped`.
 
+        parallel, shard: data parallelism (``model`` is then the DDP wrapper): this rank's group and its
+            rows of the global batch. Each rank's loss (and sampled-label seed) is weighted by its share
+            of the global batch, n_r·W/N (exactly 1 when the N rows split evenly), so that the average
+            over the ranks is the global batch's mean; :attr:`loss` holds that weighted value. DDP
+            averages every pass's gradient over the ranks, except inside
+            :meth:`no_sync`; the sampled-label gradients are always averaged (IRE needs one mask on every
+            rank) and their labels are drawn as the single-process trainer draws them for the global
+            batch (:func:`flatlab.train.parallel.sampled_uniforms`).
+
     Attributes:
         can_skip: True with fp16 loss scaling (this step may be skipped; optimizers then keep what they
             need to undo their own state changes).
@@ -107,6 +121,8 @@ class BatchClosure:
         micro_batch: Optional[int] = None,
         on_outputs: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None,
         precision: Optional[Precision] = None,
+        parallel: Optional["dp.DataParallel"] = None,
+        shard: Optional["dp.Shard"] = None,
     ) -> None:
         self.model = model
         self.clip_norm = clip_norm
@@ -121,6 +137,11 @@ class BatchClosure:
         self.overflowed = False
         self.outputs: Optional[torch.Tensor] = None  # outputs of the last primary pass (detached; None when chunked)
         self.loss: Optional[torch.Tensor] = None  # loss of the last primary pass, at the unperturbed point
+        self.parallel = parallel if parallel is not None and parallel.world > 1 else None
+        self.shard = shard
+        self._share = 1.0  # n_r·W/N: this rank's weight, so that the rank average is the global mean
+        if self.parallel is not None and shard is not None:
+            self._share = int(targets.shape[0]) * self.parallel.world / shard.total
 
     def _zero_grad(self) -> None:
         for p in self.model.parameters():
@@ -154,18 +175,29 @@ class BatchClosure:
         mixed = self.precision is not None and self.precision.dtype is not None
         autocast = self.precision.autocast if self.precision is not None else contextlib.nullcontext
         total: Optional[torch.Tensor] = None
+        uniforms: Optional[torch.Tensor] = None  # data parallel: this rank's rows of the global draw
+        done = 0
+        if sampled_for is not None and self.parallel is not None:
+            n, per = int(self.targets.shape[0]), max(1, int(self.targets[0].numel()))  # per: label rows per example (LMs: T)
+            shard = self.shard or dp.Shard(0, n)
+            uniforms = dp.sampled_uniforms(n * per, dp.Shard(shard.offset * per, shard.total * per), self.targets.device, torch.float32)
         for x, y, weight in self._chunks():
             with autocast():
                 out = self.model(x)
                 loss = self.loss_fn(out, y)
             if mixed:
                 loss = loss.float()  # the losses optimizers read (TSAM's tilt) are float32
+            if self._share != 1.0:  # data parallel, uneven split of the global batch
+                loss = loss * self._share
             if sampled_for is not None:
                 # ∂/∂θ of the mean sampled-label cross-entropy, backpropagated from its logit gradient
                 # through this forward's graph (kept for the true loss's backward below).
-                seed = sampled_label_logit_grad(out) if scale is None else sampled_label_logit_grad(out, scale)
-                if weight is not None:
-                    seed.mul_(weight)
+                rows = int(y.numel())  # = rows of the logits
+                seed = sampled_label_logit_grad(out, None if uniforms is None else uniforms[done : done + rows],
+                                                1.0 if scale is None else scale)
+                done += rows
+                if weight is not None or self._share != 1.0:
+                    seed.mul_((1.0 if weight is None else weight) * self._share)
                 grads = torch.autograd.grad(out, params, grad_outputs=seed, retain_graph=True, allow_unused=True)
                 sampled = [g if s is None else (s if g is None else s.add_(g)) for s, g in zip(sampled, grads)]
             scaled = loss if weight is None else loss * weight
@@ -177,6 +209,8 @@ class BatchClosure:
                     self.outputs = out.detach()
                 if self.on_outputs is not None:
                     self.on_outputs(out.detach(), y)
+        if sampled_for is not None:
+            dp.mean_grads_(self.parallel, sampled)  # one IRE mask on every rank, also under no_sync
         assert total is not None
         if self.scaler is not None:
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -201,3 +235,15 @@ class BatchClosure:
         self.outputs = None
         self.loss, sampled = self._pass(primary=True, sampled_for=params)
         return self.loss, sampled
+
+    # ---- data parallelism (flatlab.train.parallel); no-ops in a single process
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Passes run inside the block keep this rank's own gradient (DDP ``no_sync`` around their
+        forward AND backward): SAM's local ascent (m-sharpness with m = the per-rank batch)."""
+        with dp.no_sync(self.model):
+            yield
+
+    def reduce_mean(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` (e.g. a pass's loss) averaged over the data-parallel ranks; itself in one process."""
+        return value if self.parallel is None else self.parallel.mean(value)

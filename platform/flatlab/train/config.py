@@ -28,6 +28,10 @@ TRAINER_HPARAMS = (
         "measured at a matched training loss (IRE paper: flatter at the same loss). Logs train/epochs_to_target",
     ),
     HParam(
+        "sync_batchnorm", False, bool,
+        doc="multi-worker trials (Resources(workers>1)) on GPUs: BatchNorm statistics over the global batch (SyncBatchNorm)",
+    ),
+    HParam(
         "curve_smoothing", 0.9, float, low=0.0, high=1.0, high_open=True,
         doc="EMA factor of the training-loss curve used for steps-to-target (0 = raw loss; IRE paper, Fig. 4)",
     ),

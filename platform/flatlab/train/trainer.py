@@ -25,6 +25,7 @@ from flatlab.train.checkpoint import STATE_FILE, CheckpointError, load_state, sa
 from flatlab.train.closure import BatchClosure
 from flatlab.train.compiled import compile_model
 from flatlab.train.curve import LossCurve
+from flatlab.train.parallel import DataParallel, unwrap
 from flatlab.train.precision import Precision, accumulation_dtype
 from flatlab.train.resolved import resolve_trainer
 from flatlab.train.schedules import Schedule
@@ -85,11 +86,15 @@ class Trainer:
     ``curve``: the :class:`~flatlab.train.curve.LossCurve` of the primary-pass mini-batch loss (EMA
     factor ``curve_smoothing``), one update per optimizer step, for steps-to-target (IRE paper, Fig. 4).
 
+    ``parallel``: data parallelism (DDP; :mod:`flatlab.train.parallel`): every rank builds the same
+    Trainer and trains on its slice of every global batch of ``batch_size`` rows; the metrics are those
+    of the global batch (losses and accuracy reduced over the ranks). ``None``: one process.
+
     Raises:
         ConfigError: a parameter outside its allowed range (from the registries' declarations).
     """
 
-    def __init__(self, spec: TrialSpec, data: Data, workload: Optional[Workload] = None) -> None:
+    def __init__(self, spec: TrialSpec, data: Data, workload: Optional[Workload] = None, parallel: Optional[DataParallel] = None) -> None:
         self.spec = spec
         self.workload = workload or build_workload(spec.workload, **dict(spec.workload_params))
         self.hp = resolve_trainer(self.workload.train_defaults, spec.trainer_params)
@@ -102,6 +107,20 @@ class Trainer:
         self.precision = Precision(self.hp["precision"], self.device)
         if self.hp["compile"]:
             compile_model(self.model)
+        # -- data parallelism: `net` is what the closure runs (the DDP wrapper), `model` the module in it
+        self.parallel = parallel if parallel is not None and parallel.world > 1 else None
+        self.net = self.model
+        if self.parallel is not None:
+            self.net = self.parallel.wrap(self.model, self.device, sync_batchnorm=self.hp["sync_batchnorm"])
+            self.model = unwrap(self.net)
+            last = len(data.train) % self.hp["batch_size"]
+            if 0 < last < self.parallel.world:
+                raise ConfigError(
+                    f"trainer: batch_size={self.hp['batch_size']} leaves a last mini-batch of {last} rows of the "
+                    f"{len(data.train)} training rows, fewer than the {self.parallel.world} workers (every worker needs "
+                    f"a row): choose another batch_size"
+                )
+        # -- end data parallelism
         # Evaluation-only workloads (``trains = False``, e.g. ``clip_interpolate``) implement
         # ``evaluate_only(model, data) -> metrics``; run_epoch then calls it instead of training.
         self.trains = self.workload.trains
@@ -160,15 +179,25 @@ class Trainer:
         bad_loss = torch.zeros((), dtype=wide, device=self.device)  # and that loss
         on_progress = getattr(self.optimizer, "on_progress", None)
         prefetch = getattr(train.inputs, "prefetch", None)  # inputs decoded on demand (e.g. LazyImages)
+        # -- data parallelism: each rank augments its own rows with its own generator (reseeded per epoch)
+        dp = self.parallel
+        augment_generator = self.generator
+        if dp is not None:
+            augment_generator = torch.Generator().manual_seed(dp.augment_seed(self.spec.seed, self.epoch))
         for start in range(0, len(train), bs):
             idx = perm[start : start + bs]
+            nxt = perm[start + bs : start + 2 * bs]
+            global_rows, shard = len(idx), None
+            if dp is not None:  # this rank's rows of the global batch (and of the next one)
+                shard = dp.shard_of(global_rows)
+                idx, nxt = idx[dp.shard(global_rows)], nxt[dp.shard(len(nxt))]
             batch = take(train.inputs, idx)
             if prefetch is not None and start + bs < len(train):
-                prefetch(perm[start + bs : start + 2 * bs])  # decode the next mini-batch while this one trains
+                prefetch(nxt)  # decode the next mini-batch while this one trains
             if self._augment_on_device:  # in-memory data on an accelerator: copy the uint8 batch, augment there
-                x = self.workload.augment(to_device(batch, self.device), self.generator)
+                x = self.workload.augment(to_device(batch, self.device), augment_generator)
             else:
-                x = to_device(self.workload.augment(batch, self.generator), self.device)
+                x = to_device(self.workload.augment(batch, augment_generator), self.device)
             y = to_device(train.targets[idx], self.device)
             if on_progress is not None:
                 on_progress(
@@ -182,8 +211,8 @@ class Trainer:
                     )
                 )
             closure = BatchClosure(
-                self.model, self._loss, x, y, clip_norm=self.hp["clip_norm"], micro_batch=self.hp["micro_batch_size"],
-                on_outputs=stats.add, precision=self.precision,
+                self.net, self._loss, x, y, clip_norm=self.hp["clip_norm"], micro_batch=self.hp["micro_batch_size"],
+                on_outputs=stats.add, precision=self.precision, parallel=dp, shard=shard,
             )
             self.optimizer.step(closure)
             if self.precision.scaler is not None:
@@ -191,6 +220,8 @@ class Trainer:
             loss = closure.loss
             if loss is None:
                 raise Diverged(self.step, float("nan"))
+            if dp is not None:  # the global batch's mean loss (NaN on one rank: NaN on all, all stop alike)
+                loss = dp.mean(loss)
             # Divergence is flagged on the device and read every `check_every` steps (and at the end of the
             # epoch), so the loop never waits for an accelerator; the step it reports is still exact.
             newly_bad = ~torch.isfinite(loss) & (first_bad < 0)
@@ -199,12 +230,15 @@ class Trainer:
             bad_loss = torch.where(newly_bad, wide_loss, bad_loss)
             if (self.step + 1) % self.check_every == 0:
                 self._raise_if_diverged(first_bad, bad_loss)
-            loss_sum += wide_loss * len(idx)
+            loss_sum += wide_loss * global_rows
             self.curve.update(loss)
             lr = self.optimizer.param_groups[0]["lr"]
             self.scheduler.step()
             self.step += 1
         self._raise_if_diverged(first_bad, bad_loss)
+        if dp is not None:  # -- data parallelism: training accuracy over every rank's rows
+            both = dp.sum(torch.tensor([float(stats.correct), float(stats.counted)], dtype=torch.float64, device=self.device))
+            stats.correct, stats.counted = int(round(float(both[0]))), int(round(float(both[1])))
         self.epoch += 1
         self.last_train_loss = float(loss_sum) / len(train)
         metrics: Dict[str, float] = {
