@@ -87,7 +87,7 @@ def _from_tune(d: Any) -> Optional[Dim]:
         if isinstance(sampler, ts.Float._Uniform):
             return Float(d.lower, d.upper)
         return Unsupported(
-            f"tune.randn (a normal distribution) has no flatlab equivalent (flatlab's ranges are bounded); "
+            "tune.randn (a normal distribution) has no flatlab equivalent (flatlab's ranges are bounded); "
             "write sp.uniform(low, high)"
         )
     if isinstance(d, ts.Integer):
