@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -46,6 +47,10 @@ def run(
     resume: bool = typer.Option(False, "--resume", help="continue the latest interrupted launch (finished trials are not re-run)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate and print the trial plan; start nothing"),
     num_cpus: Optional[int] = typer.Option(None, help="CPUs of the local Ray instance (default: all)"),
+    checkpoint_every: Optional[int] = typer.Option(
+        None, "--checkpoint-every", min=1,
+        help="epochs between trial checkpoints, Tune's checkpoint frequency (overrides the study; the last epoch is always checkpointed)",
+    ),
 ) -> None:
     """Run the studies of STUDY_FILE on Ray Tune (Optuna searcher, ASHA, MLflow tracking)."""
     from flatlab.study.loader import load_studies
@@ -59,6 +64,8 @@ def run(
             if missing:
                 raise FlatlabError(f"--study {', '.join(missing)}: not in {study_file}; studies there: {', '.join(sorted(known))}")
             studies = [s for s in studies if s.name in study]
+        if checkpoint_every is not None:
+            studies = [dataclasses.replace(s, checkpoint_every=checkpoint_every) for s in studies]
         studies = [s.with_budget(trials, epochs, final_seeds).validate(str(study_file)) for s in studies]
     except (FlatlabError, ValueError) as exc:
         _fail(exc)

@@ -372,11 +372,13 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     from flatlab.study.progress import ProgressPrinter
     from flatlab.study.schedulers import build_scheduler
     from flatlab.study.searchers import ArmSearcher, FixedSearcher
-    from flatlab.study.trainable import run_trial
+    from flatlab.study.trainable import TUNE_ENV, run_trial
     from flatlab.tracking.artifacts import WorkerTracking
     from flatlab.tracking.callback import MLflowTrialLogger
     from flatlab.workloads.registry import build_workload
 
+    for key, value in TUNE_ENV.items():  # Tune's result buffering: a trial's reports reach the driver in batches
+        os.environ.setdefault(key, value)
     t0 = time.monotonic()
     root = Path(opts.root).resolve()
     out = root / study.name

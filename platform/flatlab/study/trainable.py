@@ -4,9 +4,18 @@ Uses only ``ray.tune`` APIs (``tune.report``, ``tune.Checkpoint``, ``tune.get_ch
 arrives through ``tune.with_parameters`` (Ray's object store, loaded once per study). Every epoch
 reports the workload's metrics; the last report (after ``max_epochs``, or at the first epoch whose mean
 training loss reaches the trainer's ``stop_at_train_loss``) adds the test metrics, the study's flatness
-measures on the final model and ``completed = 1``; a checkpoint (model, optimizer, scheduler, RNG states) goes with every
-``checkpoint_every``-th report and the last, so a restarted trial resumes where it stopped.
-Evaluation-only workloads (``trains = False``) report without checkpoints and upload no model.
+measures on the final model and ``completed = 1``. A checkpoint (model, optimizer, scheduler, RNG
+states) goes with the report of every epoch :func:`checkpoint_due` picks (the study's
+``checkpoint_every``: every n-th epoch, or by default the first epoch ending
+:data:`CHECKPOINT_INTERVAL_S` seconds after the previous checkpoint) and with the last, so a restarted
+trial resumes where it stopped. Evaluation-only workloads (``trains = False``) report without
+checkpoints and upload no model.
+
+Per-epoch cost: a report without a checkpoint only hands a dict to Tune's session; the runner lets Tune
+collect a trial's reports for up to :data:`RESULT_BUFFER_S` seconds (or until a report carries a
+checkpoint) before they travel to the driver in one call (``TUNE_RESULT_BUFFER_*``, see
+:data:`TUNE_ENV`). A checkpoint costs a save (safetensors + JSON), Tune's copy into the trial's storage
+and a round trip to the driver.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import tempfile
+import time
 from typing import Any, Dict, Optional
 
 import torch
@@ -28,9 +38,51 @@ from flatlab.workloads.base import Data
 
 CKPT_FILES = CHECKPOINT_FILES  # trainer.safetensors + trainer.json (no pickle)
 
+#: With ``Study.checkpoint_every=None`` (the default), a trial checkpoints at the first epoch that ends at
+#: least this many seconds after its previous checkpoint (or its start), and at its last epoch: a
+#: restarted trial loses at most this much work plus one epoch, and short epochs do not each pay for a
+#: checkpoint (a save, a copy into Tune's storage and a round trip to the driver).
+CHECKPOINT_INTERVAL_S = 10.0
+
+#: Seconds a trial's reports may wait in its worker before they go to the driver together (Tune's
+#: result buffering); a report with a checkpoint, or the trial's end, sends them at once. ASHA sees an
+#: epoch at most this late, so a stopped trial may train this long past its rung (results after the
+#: stop are dropped, never logged).
+RESULT_BUFFER_S = 2.0
+
+#: Environment of the Tune driver set by :func:`flatlab.study.runner.run_study` (``setdefault``: a value
+#: already in the environment wins). Read by Tune's controller when ``Tuner.fit`` starts.
+TUNE_ENV: Dict[str, str] = {
+    "TUNE_RESULT_BUFFER_LENGTH": "1000",
+    "TUNE_RESULT_BUFFER_MIN_TIME_S": str(RESULT_BUFFER_S),
+    "TUNE_RESULT_BUFFER_MAX_TIME_S": str(RESULT_BUFFER_S),
+}
+
+
+def checkpoint_due(every: Optional[int], epoch: int, last: bool, since_s: float) -> bool:
+    """Whether the report of ``epoch`` (1-based, just completed) carries a checkpoint.
+
+    Args:
+        every: ``Study.checkpoint_every``: every ``every``-th epoch (Tune's checkpoint frequency); ``None``:
+            when ``since_s`` (seconds since the trial's previous checkpoint, or its start) has reached
+            :data:`CHECKPOINT_INTERVAL_S`.
+        last: the trial's last epoch, which is always checkpointed (Tune's ``checkpoint_at_end``).
+    """
+    if last:
+        return True
+    if every is None:
+        return since_s >= CHECKPOINT_INTERVAL_S
+    return epoch % every == 0
+
 
 def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Optional[WorkerTracking] = None) -> None:
-    """Train the trial described by ``config`` (``{"arm", "seed", field: value ...}``) under Tune."""
+    """Train the trial described by ``config`` (``{"arm", "seed", field: value ...}``) under Tune: one
+    ``tune.report`` per epoch, a checkpoint where :func:`checkpoint_due` says so; a checkpoint from
+    ``tune.get_checkpoint()`` (a restarted trial) is loaded first.
+
+    Raises:
+        CheckpointError: the checkpoint to resume from is not flatlab's safe form (the trial fails).
+    """
     threads = max(1, int(study.resources.cpu))
     torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1; follow the trial's CPU allocation
     device = "cuda" if study.resources.gpu > 0 and torch.cuda.is_available() else "cpu"
@@ -42,6 +94,7 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
             trainer.load(d)  # safetensors + JSON only; anything else raises CheckpointError: the trial fails
     trial_id = tune.get_context().get_trial_id()
     target = trainer.hp.get("stop_at_train_loss")
+    saved_at = time.monotonic()
     while trainer.epoch < study.max_epochs:
         try:
             metrics = trainer.run_epoch()
@@ -60,10 +113,11 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
                 if not trainer.trains:  # evaluation-only: the model is rebuilt from its inputs, not uploaded
                     tracking = dataclasses.replace(tracking, log_models=False)
                 log_trial_artifacts(tracking, trial_id, trainer.model, spec, metrics, curve=trainer.curve.points())
-        if trainer.trains and (last or trainer.epoch % study.checkpoint_every == 0):
+        if trainer.trains and checkpoint_due(study.checkpoint_every, trainer.epoch, last, time.monotonic() - saved_at):
             with tempfile.TemporaryDirectory() as d:
                 trainer.save(d)
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+            saved_at = time.monotonic()
         else:
             tune.report(metrics)
         if last:
