@@ -65,4 +65,4 @@ def test_a_tiny_run_prints_its_ratio_and_ms_per_epoch(tmp_path):
     (a_s, a_l), (b_s, b_l) = map(float, a.groups()), map(float, b.groups())
     assert ms == pytest.approx(((b_l - b_s) - (a_l - a_s)) / 2 * 1e3, abs=101)
     assert b_s > 0 and b_l > 0 and ratio != 0
-    assert "outside its epochs" in out
+    assert "outside its epochs" in out and re.search(r"per extra epoch, measured inside the run .*: -?[0-9.]+ ms", out)
