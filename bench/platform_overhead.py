@@ -5,7 +5,8 @@ configurations), one at a time on one thread: (a) a sequential loop of `Trainer.
 includes the per-epoch evaluation on val), (b) `flatlab run` with `max_concurrent=1` (Ray Tune, MLflow
 on SQLite, checkpoints as `--checkpoint-every` says, the study's default when not given). Each side runs
 twice, with `--short` and with `--epochs` epochs per trial, in one process (one Ray instance for both
-launches); the differences cancel what a trial costs once (Ray start-up, worker start, the final test
+launches; (a) runs once before and once after (b), and the two are averaged, so that a load drifting
+steadily during the run cancels); the differences cancel what a trial costs once (Ray start-up, worker start, the final test
 evaluation, uploads), so what is left is the cost of one more epoch:
 
     platform ms per epoch = ((b_long - b_short) - (a_long - a_short)) / (N * (epochs - short))
@@ -143,7 +144,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         from flatlab.study.loader import load_studies
 
         short, long = load_studies(str(path))
-        a: Dict[str, float] = {s.name: sequential(s) for s in (short, long)}
+        before: Dict[str, float] = {s.name: sequential(s) for s in (short, long)}
         t0 = time.perf_counter()
         root = Path(tmp) / "root"
         res = subprocess.run(
@@ -154,6 +155,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         if res.returncode != 0:
             sys.exit(f"flatlab run failed:\n{res.stdout}\n{res.stderr}")
         b = {s.name: tune_span((root / s.name / "logs" / "flatlab.log").read_text()) for s in (short, long)}
+        after: Dict[str, float] = {s.name: sequential(s) for s in (long, short)}
+        # (a) before and after (b), averaged: a load that drifts steadily during the run cancels
+        a = {name: (before[name] + after[name]) / 2 for name in before}
         outside = time_outside_training(root / "mlflow.db", long.name)
         outside_short = time_outside_training(root / "mlflow.db", short.name)
     extra_epochs = n * (args.epochs - args.short)
@@ -163,7 +167,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     print(f"trials: {n} (digits {args.model} width {args.width}), {args.short} and {args.epochs} epochs each, one at a time, "
           f"1 thread; checkpoints: {cadence}")
     print(f"(a) sequential loop: {a[short.name]:7.1f} s and {a[long.name]:7.1f} s   "
-          f"({da / extra_epochs * 1e3:.2f} ms per epoch of compute, val evaluation included)")
+          f"({da / extra_epochs * 1e3:.2f} ms per epoch of compute, val evaluation included; the mean of one run before "
+          f"(b), {before[short.name]:.1f} s and {before[long.name]:.1f} s, and one after, {after[short.name]:.1f} s and "
+          f"{after[long.name]:.1f} s)")
     print(f"(b) flatlab run, time in Tune: {b[short.name]:7.1f} s and {b[long.name]:7.1f} s   "
           f"(whole command {wall:.1f} s for both launches, Ray start-up included)")
     print(f"ratio (b)/(a) per extra epoch: {db / da:.3f}")
