@@ -262,6 +262,7 @@ STUDY = Study(
     max_epochs={epochs},
     scheduler="fifo",
     max_concurrent=2,
+    checkpoint_every=1,  # epoch 1's checkpoint is what the resume starts from
 )
 """)
     hook = tmp_path / "hook"

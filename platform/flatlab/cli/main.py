@@ -50,6 +50,10 @@ def run(
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate and print the trial plan; start nothing"),
     num_cpus: Optional[int] = typer.Option(None, help="CPUs of the local Ray instance (default: all)"),
+    checkpoint_every: Optional[int] = typer.Option(
+        None, "--checkpoint-every", min=1,
+        help="epochs between trial checkpoints, Tune's checkpoint frequency (overrides the study; the last epoch is always checkpointed)",
+    ),
 ) -> None:
     """Run the studies of STUDY_FILE on Ray Tune (Optuna searcher, ASHA, MLflow tracking)."""
     from flatlab.study.launches import launch_budgets, resume_scale
@@ -69,6 +73,8 @@ def run(
             if missing:
                 raise FlatlabError(f"--study {', '.join(missing)}: not in {study_file}; studies there: {', '.join(sorted(known))}")
             studies = [s for s in studies if s.name in study]
+        if checkpoint_every is not None:
+            studies = [dataclasses.replace(s, checkpoint_every=checkpoint_every) for s in studies]
         budgets = launch_budgets(str(study_file), studies, given, _root(root), resume)  # --resume: the launch's budget
         studies = [s.with_budget(budgets[s.name]["trials"], budgets[s.name]["epochs"], budgets[s.name]["final_seeds"])
                    .validate(str(study_file)) for s in studies]

@@ -386,7 +386,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
             a changed space (:func:`flatlab.study.launches.continued_studies`); both at once.
     """
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no CSV/JSON/TBX loggers per result
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")  # per-epoch checkpoints are by design
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")  # frequent checkpoints (checkpoint_every=1) are a choice, not a misconfiguration
     import mlflow  # noqa: F401  (imported before the log set-up, which then moves its handlers to the log file)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the legacy reporter honours verbose=0: our own progress only
     import optuna
@@ -401,12 +401,14 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     from flatlab.study.progress import ProgressPrinter
     from flatlab.study.schedulers import build_scheduler
     from flatlab.study.searchers import ArmSearcher, FixedSearcher, optuna_study_name
-    from flatlab.study.trainable import run_trial
+    from flatlab.study.trainable import TUNE_ENV, run_trial
     from flatlab.tracking.artifacts import WorkerTracking
     from flatlab.tracking.callback import MLflowTrialLogger
     from flatlab.tracking.environment import environment_tags
     from flatlab.workloads.registry import build_workload
 
+    for key, value in TUNE_ENV.items():  # Tune's result buffering: a trial's reports reach the driver in batches
+        os.environ.setdefault(key, value)
     t0 = time.monotonic()
     root = Path(opts.root).resolve()
     out = root / study.name

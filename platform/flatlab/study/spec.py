@@ -140,7 +140,10 @@ class Study:
         seed: study seed (data split, searcher sampling).
         resources: per trial; ``max_concurrent``: cap on simultaneous trials (``None`` = as resources allow).
         searcher: ``optuna`` (TPE, seeded), ``random`` (Optuna's random sampler, seeded) or ``grid``.
-        checkpoint_every: epochs between trial checkpoints (the last epoch is always checkpointed).
+        checkpoint_every: epochs between trial checkpoints, as Tune's ``checkpoint_frequency`` (the last
+            epoch is always checkpointed, as with ``checkpoint_at_end``); ``None`` (default): a checkpoint at
+            the first epoch ending 10 s or more after the previous one (``trainable.CHECKPOINT_INTERVAL_S``),
+            so short epochs do not each pay for one. ``flatlab run --checkpoint-every N`` overrides it.
         reference_arm: steps-to-target against an arm (IRE paper, Fig. 4: AdamW's final loss). After the
             study, every finished trial gets ``train/steps_to_target``: the first optimizer step at which
             its smoothed training loss (``train/loss_smoothed``, EMA factor ``curve_smoothing``) is <= the
@@ -182,7 +185,7 @@ class Study:
     resources: Resources = Resources()
     max_concurrent: Optional[int] = None
     searcher: str = "optuna"
-    checkpoint_every: int = 1
+    checkpoint_every: Optional[int] = None
     description: str = ""
     reference_arm: Optional[str] = None
     target_loss: Optional[float] = None
@@ -532,7 +535,7 @@ def _scalar_problems(study: "Study") -> List[str]:
     count("max_epochs", 1)
     count("reduction_factor", 2)
     count("max_concurrent", 1, nullable=True)
-    count("checkpoint_every", 1)
+    count("checkpoint_every", 1, nullable=True)
     seeds = study.seeds
     if not (isinstance(seeds, tuple) and seeds and all(_is_int(s) and 0 <= s < SEED_LIMIT for s in seeds)):
         out.append(f"seeds={seeds!r}; expected a non-empty tuple of ints in [0, 2**32), e.g. seeds=(0, 1, 2)")

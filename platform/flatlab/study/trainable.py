@@ -4,9 +4,18 @@ Uses only ``ray.tune`` APIs (``tune.report``, ``tune.Checkpoint``, ``tune.get_ch
 arrives through ``tune.with_parameters`` (Ray's object store, loaded once per study). Every epoch
 reports the workload's metrics; the last report (after ``max_epochs``, or at the first epoch whose mean
 training loss reaches the trainer's ``stop_at_train_loss``) adds the test metrics, the study's flatness
-measures on the final model and ``completed = 1``; a checkpoint (model, optimizer, scheduler, RNG states) goes with every
-``checkpoint_every``-th report and the last, so a restarted trial resumes where it stopped.
-Evaluation-only workloads (``trains = False``) report without checkpoints and upload no model.
+measures on the final model and ``completed = 1``. A checkpoint (model, optimizer, scheduler, RNG
+states) goes with the report of every epoch :func:`checkpoint_due` picks (the study's
+``checkpoint_every``: every n-th epoch, or by default the first epoch ending
+:data:`CHECKPOINT_INTERVAL_S` seconds after the previous checkpoint) and with the last, so a restarted
+trial resumes where it stopped. Evaluation-only workloads (``trains = False``) report without
+checkpoints and upload no model.
+
+Per-epoch cost: a report without a checkpoint only hands a dict to Tune's session; the runner lets Tune
+collect a trial's reports for up to :data:`RESULT_BUFFER_S` seconds (or until a report carries a
+checkpoint) before they travel to the driver in one call (``TUNE_RESULT_BUFFER_*``, see
+:data:`TUNE_ENV`). A checkpoint costs a save (safetensors + JSON), Tune's copy into the trial's storage
+and a round trip to the driver.
 One trial loop (:func:`trial_loop`) serves the single-process trial and every rank of a multi-worker
 (DDP) trial (:mod:`flatlab.study.ddp_trial`).
 """
@@ -16,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import tempfile
+import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
@@ -30,6 +40,42 @@ from flatlab.workloads.base import Data
 
 CKPT_FILES = CHECKPOINT_FILES  # trainer.safetensors + trainer.json (no pickle)
 
+#: With ``Study.checkpoint_every=None`` (the default), a trial checkpoints at the first epoch that ends at
+#: least this many seconds after its previous checkpoint (or its start), and at its last epoch: a
+#: restarted trial loses at most this much work plus one epoch, and short epochs do not each pay for a
+#: checkpoint (a save, a copy into Tune's storage and a round trip to the driver).
+CHECKPOINT_INTERVAL_S = 10.0
+
+#: Seconds a trial's reports may wait in its worker before they go to the driver together (Tune's
+#: result buffering); a report with a checkpoint, or the trial's end, sends them at once. ASHA sees an
+#: epoch at most this late, so a stopped trial may train this long past its rung (results after the
+#: stop are dropped, never logged).
+RESULT_BUFFER_S = 2.0
+
+#: Environment of the Tune driver set by :func:`flatlab.study.runner.run_study` (``setdefault``: a value
+#: already in the environment wins). Read by Tune's controller when ``Tuner.fit`` starts.
+TUNE_ENV: Dict[str, str] = {
+    "TUNE_RESULT_BUFFER_LENGTH": "1000",
+    "TUNE_RESULT_BUFFER_MIN_TIME_S": str(RESULT_BUFFER_S),
+    "TUNE_RESULT_BUFFER_MAX_TIME_S": str(RESULT_BUFFER_S),
+}
+
+
+def checkpoint_due(every: Optional[int], epoch: int, last: bool, since_s: float) -> bool:
+    """Whether the report of ``epoch`` (1-based, just completed) carries a checkpoint.
+
+    Args:
+        every: ``Study.checkpoint_every``: every ``every``-th epoch (Tune's checkpoint frequency); ``None``:
+            when ``since_s`` (seconds since the trial's previous checkpoint, or its start) has reached
+            :data:`CHECKPOINT_INTERVAL_S`.
+        last: the trial's last epoch, which is always checkpointed (Tune's ``checkpoint_at_end``).
+    """
+    if last:
+        return True
+    if every is None:
+        return since_s >= CHECKPOINT_INTERVAL_S
+    return epoch % every == 0
+
 
 #: ``report(metrics, checkpoint_dir)``: one report of the trial (``checkpoint_dir``: a folder holding
 #: this epoch's checkpoint, or ``None``). Tune's in a single process; Ray Train's on every DDP rank.
@@ -37,10 +83,15 @@ Report = Callable[[Dict[str, Any], Optional[str]], None]
 
 
 def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Optional[WorkerTracking] = None) -> None:
-    """Train the trial described by ``config`` (``{"arm", "seed", field: value ...}``) under Tune.
+    """Train the trial described by ``config`` (``{"arm", "seed", field: value ...}``) under Tune: one
+    ``tune.report`` per epoch, a checkpoint where :func:`checkpoint_due` says so; a checkpoint from
+    ``tune.get_checkpoint()`` (a restarted trial) is loaded first.
 
     With ``Resources(workers > 1)`` the trial runs as a Ray Train ``TorchTrainer`` (DDP) started from
     here (:mod:`flatlab.study.ddp_trial`); its ranks run the same :func:`trial_loop`.
+
+    Raises:
+        CheckpointError: the checkpoint to resume from is not flatlab's safe form (the trial fails).
     """
     if study.resources.workers > 1:
         from flatlab.study.ddp_trial import run_ddp_trial
@@ -77,7 +128,7 @@ def trial_loop(
     extra: Optional[Mapping[str, float]] = None,
 ) -> None:
     """The epochs of one trial from wherever ``trainer`` stands (a resumed trial continues): one
-    ``report`` per epoch, with a checkpoint every ``checkpoint_every`` epochs and at the last; the last
+    ``report`` per epoch, with a checkpoint where :func:`checkpoint_due` says so and at the last; the last
     report adds :func:`_final_metrics`; a diverged epoch reports the worst metric and ends the trial.
 
     Args:
@@ -87,6 +138,7 @@ def trial_loop(
     """
     target = trainer.hp.get("stop_at_train_loss")
     extra = dict(extra or {})
+    saved_at = time.monotonic()
     while trainer.epoch < study.max_epochs:
         try:
             metrics = trainer.run_epoch()
@@ -106,11 +158,12 @@ def trial_loop(
                 if not trainer.trains:  # evaluation-only: the model is rebuilt from its inputs, not uploaded
                     tracking = dataclasses.replace(tracking, log_models=False)
                 log_trial_artifacts(tracking, trial_id, trainer.model, trainer.spec, metrics, curve=trainer.curve.points())
-        if trainer.trains and (last or trainer.epoch % study.checkpoint_every == 0):
+        if trainer.trains and checkpoint_due(study.checkpoint_every, trainer.epoch, last, time.monotonic() - saved_at):
             with tempfile.TemporaryDirectory() as d:
                 if main:
                     trainer.save(d)
                 report(metrics, d if main else None)
+            saved_at = time.monotonic()
         else:
             report(metrics, None)
         if last:

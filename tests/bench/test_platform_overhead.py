@@ -1,0 +1,68 @@
+"""bench/platform_overhead.py: its log parsing and verdicts, and (slow) one tiny run end to end that
+prints the ratio and the platform's milliseconds per epoch. No timed assertions."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("platform_overhead_bench", BENCH_DIR / "platform_overhead.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tune_span_is_the_time_between_the_two_log_lines(bench):
+    log = (
+        "2026-12-01 18:17:45,658 INFO flatlab: starting Tune (24.0 s)\n"
+        "2026-12-01 18:18:43,566 INFO ray.tune.tune: Wrote the latest version of all result files\n"
+        "2026-12-01 18:18:43,617 INFO flatlab: Tune done (82.5 s)\n"
+    )
+    assert bench.tune_span(log) == pytest.approx(58.5)
+
+
+def test_verdicts_use_the_target_of_the_checkpoint_setting(bench):
+    assert bench.verdict(4.9, None).endswith("PASS") and "<= 5 ms (default" in bench.verdict(4.9, None)
+    assert bench.verdict(5.1, None).endswith("FAIL")
+    assert bench.verdict(1.9, 10).endswith("PASS") and bench.verdict(2.1, 10).endswith("FAIL")
+    assert bench.verdict(1.0, 3) == "(no target for checkpoint_every=3)"
+
+
+def test_short_must_be_below_epochs(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--epochs", "3", "--short", "3"])
+    assert "--short must be in [1, --epochs)" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_tiny_run_prints_its_ratio_and_ms_per_epoch(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(BENCH_DIR / "platform_overhead.py"), "--trials", "1", "--epochs", "3", "--short", "1",
+         "--checkpoint-every", "10", "--width", "8"],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "1 and 3 epochs each" in out and "checkpoint_every=10" in out
+    a = re.search(r"\(a\) sequential loop: +([0-9.]+) s and +([0-9.]+) s", out)
+    b = re.search(r"time in Tune: +(-?[0-9.]+) s and +(-?[0-9.]+) s", out)
+    assert a and b, out
+    ratio = float(re.search(r"ratio \(b\)/\(a\) per extra epoch: (-?[0-9.]+)", out).group(1))
+    ms = float(re.search(r"platform ms per epoch: (-?[0-9.]+)", out).group(1))
+    assert re.search(r"target <= 2 ms \(checkpoint_every=10\) +(PASS|FAIL)", out)
+    # the printed figures agree: ms = ((b_long - b_short) - (a_long - a_short)) / (1 trial x 2 extra epochs), up to
+    # the rounding of the four times to 0.1 s (0.2 s over 2 epochs)
+    (a_s, a_l), (b_s, b_l) = map(float, a.groups()), map(float, b.groups())
+    assert ms == pytest.approx(((b_l - b_s) - (a_l - a_s)) / 2 * 1e3, abs=101)
+    assert b_s > 0 and b_l > 0 and ratio != 0
+    assert "outside its epochs" in out and re.search(r"per extra epoch, measured inside the run .*: -?[0-9.]+ ms", out)
