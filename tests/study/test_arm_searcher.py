@@ -117,3 +117,23 @@ def test_fixed_searcher_hands_out_its_configs_then_finishes(tmp_path):
     g = FixedSearcher([], METRIC, "max")
     g.restore(str(tmp_path / "st"))
     assert g.suggest("b") == configs[1] and g.suggest("c") == "FINISHED"
+
+
+def test_an_errored_trial_resumed_to_completion_is_a_new_optuna_trial(tmp_path):
+    """Tune resumes errored trials (--resume): the first attempt stays FAIL in Optuna, the attempt that
+    completes is recorded as a new trial with the same params, its intermediate values and retry_of."""
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    s = ArmSearcher(study(), optuna_storage=storage, launch="L")
+    s.run_id_of = lambda tid: f"run-{tid}"
+    config = s.suggest("t0")
+    s.on_trial_result("t0", {"epoch": 1, METRIC: 0.3})
+    s.on_trial_complete("t0", None, error=True)
+    s.on_trial_result("t0", {"epoch": 2, METRIC: 0.4})  # resumed from its epoch-1 checkpoint
+    s.on_trial_complete("t0", {"epoch": 4, METRIC: 0.6, "completed": 1})
+    trials = optuna.load_study(study_name="L.sgd", storage=storage).trials
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
+    first, retry = trials
+    assert first.intermediate_values == {1: 0.3}
+    assert retry.params == first.params == {"lr": config["lr"]} and retry.value == pytest.approx(0.6)
+    assert retry.intermediate_values == {2: 0.4, 4: 0.6} and retry.user_attrs["retry_of"] == 0
+    assert retry.user_attrs["mlflow_run_id"] == "run-t0" and retry.user_attrs["tune_trial_id"] == "t0"

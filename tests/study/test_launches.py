@@ -95,16 +95,17 @@ def test_a_restored_searcher_reports_no_step_twice(tmp_path):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     s = ArmSearcher(study(), optuna_storage=storage, launch="L")
     s.suggest("t0")
-    path = tmp_path / "state"
-    s.save(str(path))  # the experiment state Tune kept: before the epochs below were reported
     for epoch in (1, 2):
         s.on_trial_result("t0", {"epoch": epoch, METRIC: 0.1 * epoch})
+    path = tmp_path / "state"
+    s.save(str(path))  # the experiment state Tune kept, with the values not yet written to Optuna
     fresh = ArmSearcher(study(), optuna_storage=storage, launch="L")
     fresh.restore(str(path))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # Optuna's "step already reported" would raise here
         for epoch in (1, 2, 3):  # the trial re-runs from its checkpoint of epoch 0
             fresh.on_trial_result("t0", {"epoch": epoch, METRIC: 0.5})
+        fresh.on_trial_complete("t0", {"epoch": 3, METRIC: 0.5})  # stopped there: pruned
     t0 = optuna.load_study(study_name="L.sgd", storage=storage).trials[0]
     assert t0.intermediate_values == {1: 0.1, 2: 0.2, 3: 0.5}
 

@@ -11,7 +11,8 @@ inactive field is absent from the config, from MLflow's params and from the trai
 Optuna is told the truth about each trial (Ray's ``OptunaSearch`` stores a scheduler-stopped trial as
 COMPLETE with its partial value, so Optuna's best trial could be a pruned one):
 
-* every epoch's value of the study metric is reported as an intermediate value (step = epoch);
+* every epoch's value of the study metric is reported as an intermediate value (step = epoch), written
+  together with the trial's outcome (one storage write per trial, off the per-epoch path);
 * a trial that ran its whole budget (or stopped at its training-loss target) is COMPLETE with its
   final value; one stopped by the scheduler is PRUNED; one that raised or diverged is FAIL;
 * each Optuna trial carries the user attributes ``tune_trial_id``, ``arm``, ``seed`` and, once it ends,
@@ -92,6 +93,8 @@ class ArmSearcher(Searcher):
         self._launch = launch or study.name
         # tune trial id -> [optuna storage trial id, optuna trial number, last reported step]
         self._optuna: Dict[str, List[int]] = {}
+        # tune trial id -> [[epoch, value], ...]: intermediate values not yet written (with the outcome)
+        self._pending: Dict[str, List[List[float]]] = {}
         self._spaces: Dict[str, Dict[str, Dim]] = {}
         self._studies: Dict[str, Any] = {}
         self._study_seed = study.seed
@@ -168,45 +171,55 @@ class ArmSearcher(Searcher):
         return st, optuna.trial.Trial(st, self._optuna[trial_id][0])
 
     def on_trial_result(self, trial_id: str, result: Dict) -> None:
-        st, trial = self._trial(trial_id)
+        """Keep the epoch's metric as an intermediate value; it is written to Optuna with the trial's
+        outcome (one storage write per trial, not one per epoch on Tune's event loop)."""
+        st, _ = self._trial(trial_id)
         value = result.get(self.metric)
-        if trial is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if st is None or not isinstance(value, (int, float)) or not math.isfinite(value):
             return
         step = int(result.get("epoch", result.get("training_iteration", 0)))
         record = self._optuna[trial_id]
         if step <= record[2]:
             return  # re-run after a resume from an earlier checkpoint: the step is already recorded
-        trial.report(float(value), step)
+        self._pending.setdefault(trial_id, []).append([step, float(value)])
         record[2] = step
 
     def on_trial_complete(self, trial_id: str, result: Optional[Dict] = None, error: bool = False) -> None:
         import optuna
 
-        st, _ = self._trial(trial_id)
+        st, trial = self._trial(trial_id)
         if st is None:
             return
         if result:  # Tune hands the result that ended the trial (its last epoch, or the one ASHA stopped at) only here
             self.on_trial_result(trial_id, result)
-        number = self._optuna[trial_id][1]
-        if st.trials[number].state.is_finished():
-            return  # told already (a duplicate completion)
         outcome = trial_outcome(result, error, self.metric)
+        state = {"completed": optuna.trial.TrialState.COMPLETE, "pruned": optuna.trial.TrialState.PRUNED}.get(
+            outcome, optuna.trial.TrialState.FAIL)
+        value = float(result[self.metric]) if outcome == "completed" else None
+        pending = self._pending.pop(trial_id, [])
         try:
             run_id = self.run_id_of(trial_id) if self.run_id_of is not None else None
+            frozen = st.trials[self._optuna[trial_id][1]]
+            if frozen.state.is_finished():
+                # a trial told before (it errored) that Tune resumed and that ended again: this attempt is
+                # a new Optuna trial with the same params, so the first attempt's record stays as it was
+                attrs = {**frozen.user_attrs, "retry_of": frozen.number, **({"mlflow_run_id": run_id} if run_id else {})}
+                st.add_trial(optuna.trial.create_trial(
+                    state=state, value=value, params=frozen.params, distributions=frozen.distributions,
+                    user_attrs=attrs, intermediate_values={int(k): v for k, v in pending},
+                ))
+                return
+            for step, v in pending:
+                trial.report(v, int(step))
             if run_id:
-                optuna.trial.Trial(st, self._optuna[trial_id][0]).set_user_attr("mlflow_run_id", run_id)
-            if outcome == "completed":
-                st.tell(number, float(result[self.metric]))
-            elif outcome == "pruned":
-                st.tell(number, state=optuna.trial.TrialState.PRUNED)
-            else:
-                st.tell(number, state=optuna.trial.TrialState.FAIL)
+                trial.set_user_attr("mlflow_run_id", run_id)
+            st.tell(self._optuna[trial_id][1], value, state=state)
         except Exception:  # noqa: BLE001 - the Optuna record must not fail the study
             logger.exception("could not tell Optuna the outcome of trial %s", trial_id)
 
     # ---- state: JSON only ---------------------------------------------------------------------
     _STATE = ("_arms", "_seeds", "_count", "_trial_arm", "_points", "_storage_url", "_launch", "_optuna", "_budget",
-              "_study_seed", "_kind")
+              "_study_seed", "_kind", "_pending")
 
     def save(self, checkpoint_path: str) -> None:
         _write_state(checkpoint_path, "flatlab.ArmSearcher/1", {k: getattr(self, k) for k in self._STATE})
@@ -218,6 +231,7 @@ class ArmSearcher(Searcher):
             ConfigError: the file is not this searcher's JSON state (e.g. an old pickle).
         """
         state = _read_state(checkpoint_path, "flatlab.ArmSearcher/1")
+        state.setdefault("_pending", {})
         for k in self._STATE:
             setattr(self, k, state[k])
         if self._kind != "grid" and not self._studies:
