@@ -246,7 +246,7 @@ def smoke_entries(scale: str) -> List[Dict[str, Any]]:
                     if key in seen:
                         continue
                     seen.add(key)
-                    entries.append({"study": study.name, "workload": study.workload, "params": wp, "optimizer": study.arms[-1].optimizer,
+                    entries.append({"study": study.name.removesuffix("_smoke"), "workload": study.workload, "params": wp, "optimizer": study.arms[-1].optimizer,
                                     "train": dict(study.train)})
     return entries
 
