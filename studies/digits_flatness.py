@@ -1,5 +1,7 @@
-"""Which optimizer, fairly tuned, reaches flatter minima and generalises better? A flatness comparison
-on scikit-learn's digits (no download; a 2-core laptop runs it).
+"""Flatness comparison of SGD, SAM, ASAM, TSAM, IRE and AdamW arms on digits, each tuned on its own.
+
+Which optimizer, fairly tuned, reaches flatter minima and generalises better? On scikit-learn's digits
+(no download; a 2-core laptop runs it).
 
 Every arm is tuned by its own Optuna TPE study with its own ASHA rungs (a trial is only compared with
 trials of its own arm), on the validation accuracy. Each trial stops at the first epoch whose mean
@@ -12,8 +14,8 @@ per arm with 95 % intervals, and paired differences against SGD.
 
 Scales (``--scale``):
 
-* ``full`` (default; study ``digits_flatness``): all eight registered optimizers (SGD, SAM, ASAM,
-  TSAM, SGD-IRE, SAM-IRE, AdamW, AdmIRE), 16 trials per arm, up to 30 epochs, then 5 final seeds.
+* ``full`` (default; study ``digits_flatness``): eight optimizers (SGD, SAM, ASAM, TSAM, SGD-IRE,
+  SAM-IRE, AdamW, AdmIRE; the SAM/TSAM-over-AdamW variants are left out), 16 trials per arm, up to 30 epochs, then 5 final seeds.
 * ``demo`` (study ``digits_flatness_demo``, what ``make demo`` runs): SGD, SAM, TSAM, SGD-IRE, AdamW
   and AdmIRE, 4 trials per arm, up to 20 epochs, then 3 final seeds.
 

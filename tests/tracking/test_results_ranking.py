@@ -68,3 +68,18 @@ def test_trials_frame_masks_sentinels(tmp_path):
     c.log_batch(child, metrics=[Metric("val/accuracy", -1.7976931348623157e308, 0, 1), Metric("epoch", 1, 0, 1)])
     df = trials_frame(uri, "s")
     assert df["val/accuracy"].isna().all()
+
+
+def test_by_config_best_is_the_final_stage_row_where_an_arm_has_one():
+    rows = []
+    for stage, lr, seeds, acc in (("search", 0.1, [0], [0.95]), ("search", 0.2, [0], [0.97]), ("final", 0.1, [1, 2, 3], [0.93, 0.94, 0.95])):
+        for seed, a in zip(seeds, acc):
+            rows.append({"arm": "sgd", "stage": stage, "seed": seed, "outcome": "completed", "val/accuracy": a,
+                         "best/val/accuracy": a, "param.lr": lr})
+    df = pd.DataFrame(rows)
+    df.attrs.update(metric="val/accuracy", mode="max")
+    pooled = by_config(df)
+    assert list(pooled["param.lr"]) == [0.2, 0.1, 0.1]  # by the final metric's mean
+    best = best_per_arm(pooled)
+    assert (best.loc[0, "stage"], best.loc[0, "seeds"], best.loc[0, "param.lr"]) == ("final", 3, 0.1)
+    assert best.loc[0, "val/accuracy mean"] == pytest.approx(0.94)

@@ -227,7 +227,10 @@ def results(
             if per_config and "seeds" in df.columns:  # configurations no seed completed (pruned, diverged, failed)
                 hidden = int((df["seeds"] == 0).sum()) if not df.empty else 0
                 df = df[df["seeds"] > 0] if hidden else df
-            render(df, console, columns=shown, title=f"{study} ({len(df)} {rows})")
+            if df.empty and (filter_ or arm):
+                console.print(f"no {rows} of {study} match the given --arm/--filter")
+            else:
+                render(df, console, columns=shown, title=f"{study} ({len(df)} {rows})")
             if hidden:
                 console.print(
                     f"{hidden} configuration(s) with no completed trial (pruned, diverged or failed) not shown; "

@@ -210,7 +210,7 @@ register_measure(Measure(
     source="TSAM paper (Reweighting Local Minima with Tilted SAM), Fig. 2",
     hparams=(
         HParam("sigma", 0.03, float, low=0.0, low_open=True,
-               doc="noise standard deviation per coordinate, parameter units (default: the issue's example value)"),
+               doc="noise standard deviation per coordinate, parameter units (default 0.03: ours; the TSAM paper plots a range of scales)"),
         HParam("draws", 40, int, low=2, doc="noise draws (>= 2 for the variance)"),
         _FloatList("sigmas", None, float, low=0.0, low_open=True,
                    doc="optional further noise scales (a sweep, TSAM Fig. 2): per sigma s, the keys "
@@ -224,7 +224,7 @@ register_measure(Measure(
 register_measure(Measure(
     name="avg_sharpness",
     doc="adaptive average sharpness E[L(theta + delta)] - L(theta), delta ~ N(0, rho^2 diag(|theta|^2)) (loss units)",
-    source="seed 'In Search of the Successful Interpolation', App. A; Andriushchenko et al. 2023",
+    source="'In Search of the Successful Interpolation' (robust fine-tuning of CLIP), App. A; Andriushchenko et al. 2023",
     hparams=(
         HParam("rho", 1.0, float, low=0.0, low_open=True,
                doc="noise scale, relative to |theta| when adaptive (seed paper App. A: 1.0)"),

@@ -143,12 +143,17 @@ def best_per_arm(df):
     """The best row of each arm (``df`` as returned by :func:`trials_frame` or :func:`by_config`, already
     ordered by :func:`sort_trials`): a completed trial whenever the arm has one; an arm with none shows
     its best pruned (or interrupted) trial, its ``outcome`` saying so; diverged and errored trials are
-    never selected. Final-stage trials (re-runs of the chosen configuration) are not candidates."""
+    never selected. Final-stage trials (re-runs of the chosen configuration on fresh seeds) are not
+    candidates; in a :func:`by_config` table an arm's final-stage row (its chosen configuration pooled
+    over the final seeds: the paper-table row) comes first where it has one."""
     if df.empty:
         return df
     rows = df
     if "stage" in rows.columns:
-        rows = rows[rows["stage"] != "final"]
+        if "seeds" in rows.columns:  # by_config: the final stage's pooled row is the arm's answer
+            rows = rows.assign(_final=rows["stage"] != "final").sort_values("_final", kind="stable").drop(columns="_final")
+        else:
+            rows = rows[rows["stage"] != "final"]
     if "outcome" in rows.columns:
         rows = rows[rows["outcome"].isin(["completed", "pruned", "interrupted"])]
     return rows.groupby("arm", sort=False).head(1).reset_index(drop=True)
@@ -165,8 +170,9 @@ def by_config(df):
     present) and, when present, ``train/speedup``, ``train/steps_to_target``,
     ``train/epochs_to_target`` and every flatness measure ``flat/*``. A target's statistics are over the
     seeds that reached it, so ``reached`` says how many did: ``"k/n"`` of the ``n`` completed seeds
-    (a miss is counted, never hidden in the mean). Ordered best first by the mean of ``best/<metric>``
-    (the per-trial table's order); configurations with no completed trial come last. Search and
+    (a miss is counted, never hidden in the mean). Ordered best first by the mean of ``<metric>`` (the
+    per-trial table's order; ``best/<metric>`` breaks ties); configurations with no completed trial
+    come last. Search and
     final-stage trials of one configuration are separate rows (``stage``).
 
     Args:
@@ -203,9 +209,10 @@ def by_config(df):
         row.update(dict(zip(params, key[1 + len(stage):])))
         rows.append(row)
     out = pd.DataFrame(rows)
-    rank = f"best/{metric} mean" if f"best/{metric} mean" in out.columns else f"{metric} mean"
-    if rank in out.columns:
-        out = out.sort_values(rank, ascending=(mode == "min"), na_position="last", kind="stable").reset_index(drop=True)
+    # the per-trial table's order: the final metric's mean (what selects a configuration), best/ breaking ties
+    ranks = [c for c in (f"{metric} mean", f"best/{metric} mean") if c in out.columns]
+    if ranks:
+        out = out.sort_values(ranks, ascending=mode == "min", na_position="last", kind="stable").reset_index(drop=True)
     out.attrs.update(df.attrs)
     out.attrs["pooled"] = metrics  # render() shows each as one "mean ± std" column
     return out
@@ -254,6 +261,8 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
         cols = [c for c in ("arm", "stage", "seeds", "trials", "reached") if c in df.columns]
     else:
         default = ["arm", "trial_id", "status", "outcome", "epochs", metric, f"best/{metric}", test]
+        if "stage" in df.columns and (df["stage"] == "final").any():
+            default.insert(1, "stage")  # search trials and the final stage's re-runs side by side
         default += [c for c in ("train/steps_to_target", "train/speedup") if _has_values(df, c)]  # Study(reference_arm=...)
         default += ["error"] if "error" in df.columns and df["error"].fillna("").astype(bool).any() else []
         default += ["launch", "start_time"]

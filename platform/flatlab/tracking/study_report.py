@@ -174,7 +174,9 @@ def optuna_plots(study: Any, out: Path, tmp: Path, skipped: List[str]) -> List[P
     if study.searcher == "grid" or not db.exists() or not launch_file.exists():
         skipped.append(f"parallel coordinates and importances: no Optuna studies (searcher={study.searcher!r}, {db})")
         return []
-    launch = json.loads(launch_file.read_text())["experiment_name"]
+    state = json.loads(launch_file.read_text())
+    # each arm's Optuna study: a --continue launch adds its trials to the previous launch's studies
+    names = state.get("optuna_studies") or {a.name: optuna_study_name(state["experiment_name"], a.name) for a in study.arms}
     storage = optuna.storages.RDBStorage(f"sqlite:///{db}", engine_kwargs={"connect_args": {"timeout": 30}})
     paths: List[Path] = []
     for arm in study.arms:
@@ -182,7 +184,7 @@ def optuna_plots(study: Any, out: Path, tmp: Path, skipped: List[str]) -> List[P
             skipped.append(f"parallel coordinates and importances of arm {arm.name!r}: it searches no parameter")
             continue
         try:
-            paths += _arm_plots(optuna.load_study(study_name=optuna_study_name(launch, arm.name), storage=storage),
+            paths += _arm_plots(optuna.load_study(study_name=names[arm.name], storage=storage),
                                 arm.name, study.metric, tmp, skipped)
         except Exception as exc:  # noqa: BLE001 - one arm's plot must not cost the others theirs
             logger.warning("study report: Optuna plots of arm %s failed: %s", arm.name, exc, exc_info=True)
