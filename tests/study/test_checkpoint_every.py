@@ -148,12 +148,12 @@ def test_cli_checkpoint_every_overrides_the_study(monkeypatch, tmp_path):
     assert res.exit_code == 2 and "--checkpoint-every" in res.output
 
 
-def test_runner_turns_on_tunes_result_buffering():
+def test_result_buffering_is_opt_in():
+    # off by default: a trial that raises must not lose its last reports; FLATLAB_RESULT_BUFFER_S turns it on.
     # Tune's controller reads these when Tuner.fit starts; run_study sets them (setdefault) before that
-    assert trainable.TUNE_ENV == {
-        "TUNE_RESULT_BUFFER_LENGTH": "1000",
-        "TUNE_RESULT_BUFFER_MIN_TIME_S": str(trainable.RESULT_BUFFER_S),
-        "TUNE_RESULT_BUFFER_MAX_TIME_S": str(trainable.RESULT_BUFFER_S),
+    assert trainable.tune_env(0.0) == {"TUNE_RESULT_BUFFER_LENGTH": "1"}
+    assert trainable.tune_env(2.0) == {
+        "TUNE_RESULT_BUFFER_LENGTH": "1000", "TUNE_RESULT_BUFFER_MIN_TIME_S": "2.0", "TUNE_RESULT_BUFFER_MAX_TIME_S": "2.0",
     }
     import inspect
 

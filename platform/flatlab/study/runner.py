@@ -401,13 +401,13 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     from flatlab.study.progress import ProgressPrinter
     from flatlab.study.schedulers import build_scheduler
     from flatlab.study.searchers import ArmSearcher, FixedSearcher, optuna_study_name
-    from flatlab.study.trainable import TUNE_ENV, run_trial
+    from flatlab.study.trainable import run_trial, tune_env
     from flatlab.tracking.artifacts import WorkerTracking
     from flatlab.tracking.callback import MLflowTrialLogger
     from flatlab.tracking.environment import environment_tags
     from flatlab.workloads.registry import build_workload
 
-    for key, value in TUNE_ENV.items():  # Tune's result buffering: a trial's reports reach the driver in batches
+    for key, value in tune_env().items():  # Tune's result buffering: off unless FLATLAB_RESULT_BUFFER_S > 0
         os.environ.setdefault(key, value)
     t0 = time.monotonic()
     root = Path(opts.root).resolve()

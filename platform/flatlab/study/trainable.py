@@ -11,10 +11,9 @@ states) goes with the report of every epoch :func:`checkpoint_due` picks (the st
 trial resumes where it stopped. Evaluation-only workloads (``trains = False``) report without
 checkpoints and upload no model.
 
-Per-epoch cost: a report without a checkpoint only hands a dict to Tune's session; the runner lets Tune
-collect a trial's reports for up to :data:`RESULT_BUFFER_S` seconds (or until a report carries a
-checkpoint) before they travel to the driver in one call (``TUNE_RESULT_BUFFER_*``, see
-:data:`TUNE_ENV`). A checkpoint costs a save (safetensors + JSON), Tune's copy into the trial's storage
+Per-epoch cost: each report is one round trip to the driver; with ``FLATLAB_RESULT_BUFFER_S`` > 0 the
+runner lets Tune collect a trial's reports for up to that many seconds (or until a report carries a
+checkpoint) before they travel together (``TUNE_RESULT_BUFFER_*``, see :func:`tune_env`). A checkpoint costs a save (safetensors + JSON), Tune's copy into the trial's storage
 and a round trip to the driver.
 One trial loop (:func:`trial_loop`) serves the single-process trial and every rank of a multi-worker
 (DDP) trial (:mod:`flatlab.study.ddp_trial`).
@@ -24,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import tempfile
 import time
 from typing import Any, Callable, Dict, Mapping, Optional
@@ -47,18 +47,24 @@ CKPT_FILES = CHECKPOINT_FILES  # trainer.safetensors + trainer.json (no pickle)
 CHECKPOINT_INTERVAL_S = 10.0
 
 #: Seconds a trial's reports may wait in its worker before they go to the driver together (Tune's
-#: result buffering); a report with a checkpoint, or the trial's end, sends them at once. ASHA sees an
-#: epoch at most this late, so a stopped trial may train this long past its rung (results after the
-#: stop are dropped, never logged).
-RESULT_BUFFER_S = 2.0
+#: result buffering), from the environment variable ``FLATLAB_RESULT_BUFFER_S``; 0 (the default) sends
+#: every report at once. Buffering is opt-in because a trial that raises loses the reports of its last
+#: unsent batch (measured: a two-worker trial raising at epoch 2 lost epoch 1), and ASHA sees an epoch
+#: up to that late (a stopped trial may train that long past its rung; those epochs are dropped).
+RESULT_BUFFER_S = float(os.environ.get("FLATLAB_RESULT_BUFFER_S", "0") or 0)
 
-#: Environment of the Tune driver set by :func:`flatlab.study.runner.run_study` (``setdefault``: a value
-#: already in the environment wins). Read by Tune's controller when ``Tuner.fit`` starts.
-TUNE_ENV: Dict[str, str] = {
-    "TUNE_RESULT_BUFFER_LENGTH": "1000",
-    "TUNE_RESULT_BUFFER_MIN_TIME_S": str(RESULT_BUFFER_S),
-    "TUNE_RESULT_BUFFER_MAX_TIME_S": str(RESULT_BUFFER_S),
-}
+
+def tune_env(buffer_s: float = RESULT_BUFFER_S) -> Dict[str, str]:
+    """Environment of the Tune driver set by :func:`flatlab.study.runner.run_study` (``setdefault``: a
+    value already in the environment wins), read by Tune's controller when ``Tuner.fit`` starts: Tune's
+    result buffering for ``buffer_s`` > 0, none otherwise."""
+    if buffer_s <= 0:
+        return {"TUNE_RESULT_BUFFER_LENGTH": "1"}
+    return {
+        "TUNE_RESULT_BUFFER_LENGTH": "1000",
+        "TUNE_RESULT_BUFFER_MIN_TIME_S": str(buffer_s),
+        "TUNE_RESULT_BUFFER_MAX_TIME_S": str(buffer_s),
+    }
 
 
 def checkpoint_due(every: Optional[int], epoch: int, last: bool, since_s: float) -> bool:
