@@ -113,10 +113,12 @@ def test_trial_raising_at_epoch_2_keeps_its_error_in_mlflow(tmp_path, monkeypatc
     assert run.data.tags[runs.TAG_ERROR] == "RuntimeError: injected trial failure"
     text = open(c.download_artifacts(run.info.run_id, "error.txt", str(tmp_path))).read()
     assert "RuntimeError: injected trial failure" in text and "in run_epoch" in text and 'raise RuntimeError("injected' in text
-    res = CliRunner().invoke(app, ["results", "errs", "--root", str(root)], terminal_width=250)
+    res = CliRunner().invoke(app, ["results", "errs", "--root", str(root)], terminal_width=400)
     assert res.exit_code == 0, res.output
     header = next(l for l in res.output.splitlines() if "outcome" in l)
-    assert "error" in header and "RuntimeError: injected trial failure" in res.output, res.output
+    assert "error" in header and "RuntimeError: injected trial" in res.output, res.output  # the cell may wrap
+    csv = CliRunner().invoke(app, ["results", "errs", "--root", str(root), "--format", "csv"])
+    assert csv.exit_code == 0 and "RuntimeError: injected trial failure" in csv.output, csv.output
 
     mark.unlink()  # fixed: the resumed trial finishes and loses the stale tag
     try:
