@@ -42,7 +42,8 @@ class MLflowTrialLogger(Callback):
         tracking_uri, experiment_id, parent_run_id: where to log.
         tags: tags set on every child run (study, workload, git commit, version).
         arm_optimizer: arm name -> optimizer name (tagged on each child run).
-        max_epochs: trials whose last epoch is below it and that did not diverge count as pruned.
+        max_epochs: the study's epoch budget (kept for the pickled state; a trial's outcome comes from its
+            last report, :func:`flatlab.study.searchers.trial_outcome`, not from its epoch count).
         metric, mode: the study metric; ``best/<metric>`` is logged alongside it.
         study: the :class:`~flatlab.study.spec.Study`; when given, each child run's params hold the
             trial's resolved configuration too (:func:`flatlab.tracking.runs.trial_params`).
