@@ -148,8 +148,8 @@ def test_cli_checkpoint_every_overrides_the_study(monkeypatch, tmp_path):
     assert res.exit_code == 2 and "--checkpoint-every" in res.output
 
 
-def test_result_buffering_is_opt_in():
-    # off by default: a trial that raises must not lose its last reports; FLATLAB_RESULT_BUFFER_S turns it on.
+def test_result_buffering_environment():
+    # FLATLAB_RESULT_BUFFER_S seconds per batch (default 1); 0 turns buffering off.
     # Tune's controller reads these when Tuner.fit starts; run_study sets them (setdefault) before that
     assert trainable.tune_env(0.0) == {"TUNE_RESULT_BUFFER_LENGTH": "1"}
     assert trainable.tune_env(2.0) == {

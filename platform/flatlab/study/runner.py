@@ -401,13 +401,13 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     from flatlab.study.progress import ProgressPrinter
     from flatlab.study.schedulers import build_scheduler
     from flatlab.study.searchers import ArmSearcher, FixedSearcher, optuna_study_name
-    from flatlab.study.trainable import run_trial, tune_env
+    from flatlab.study.trainable import make_trainable, tune_env
     from flatlab.tracking.artifacts import WorkerTracking
     from flatlab.tracking.callback import MLflowTrialLogger
     from flatlab.tracking.environment import environment_tags
     from flatlab.workloads.registry import build_workload
 
-    for key, value in tune_env().items():  # Tune's result buffering: off unless FLATLAB_RESULT_BUFFER_S > 0
+    for key, value in tune_env().items():  # Tune's result buffering (FLATLAB_RESULT_BUFFER_S, default 1 s)
         os.environ.setdefault(key, value)
     t0 = time.monotonic()
     root = Path(opts.root).resolve()
@@ -494,9 +494,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         record["final_experiment_path"] = previous["final_experiment_path"]
     launch.write_text(json.dumps(record, indent=2, default=str))
     tracking = WorkerTracking(tracking_uri, experiment_id, parent_run_id, log_models=opts.log_models)
-    trainable = tune.with_resources(
-        tune.with_parameters(run_trial, study=study, data=data, tracking=tracking), study.resources.as_dict()
-    )
+    trainable = make_trainable(study, data, tracking)
     mlflow_cb = MLflowTrialLogger(
         tracking_uri,
         experiment_id,

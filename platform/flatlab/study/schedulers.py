@@ -13,8 +13,10 @@ on that arm alone, given the same sequence of results.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+import math
+from typing import Callable, Dict, FrozenSet, Optional
 
+import numpy as np
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
@@ -88,3 +90,17 @@ def build_scheduler(study: Study) -> Optional[TrialScheduler]:
         )
 
     return ArmScheduler([a.name for a in study.arms], asha, metric=study.metric, mode=study.mode)
+
+
+def decision_epochs(study: Study) -> FrozenSet[int]:
+    """The epochs (1-based reports, Tune's ``training_iteration``) at which :func:`build_scheduler`'s
+    scheduler can stop a trial of ``study``: ASHA's rungs ``grace_period * reduction_factor**k`` below
+    ``max_epochs`` (Li et al. 2020, "A System for Massively Parallel Hyperparameter Tuning", Algorithm 2;
+    the same rungs as Ray's ``ASHAScheduler`` with one bracket), rounded up to whole epochs; empty for
+    ``fifo``. A trial's batched reports end at these epochs (:func:`flatlab.study.trainable.make_trainable`),
+    so every decision is made on time."""
+    if study.scheduler != "asha":
+        return frozenset()
+    rf = study.reduction_factor
+    rungs = int(np.log(study.max_epochs / study.grace_period) / np.log(rf) + 1)  # as Ray's _Bracket counts them
+    return frozenset(int(math.ceil(study.grace_period * rf ** k)) for k in range(rungs))
