@@ -109,9 +109,11 @@ def results(
 
     One row per trial of the latest launch (``all_launches``: of every launch), best first (completed
     trials before pruned ones, failures last), with raw values: ``launch`` is the full parent run id,
-    ``start_time``/``end_time`` are ms since the epoch, params are ``param.<name>`` (integers as
-    pandas' nullable ``Int64``). The filters are those of the CLI, applied in its order (arms, metric,
-    filter, by_config, best, sort, columns; see :mod:`flatlab.tracking.query`):
+    ``start_time``/``end_time`` are timezone-aware UTC timestamps (``datetime64[ns, UTC]``; ``NaT``
+    where MLflow has none, e.g. ``end_time`` of a running trial), params are ``param.<name>`` (integers
+    as pandas' nullable ``Int64``). The filters are those of the CLI, applied in its order (arms,
+    metric, filter, by_config, best, sort, columns; see :mod:`flatlab.tracking.query`), to this
+    table, so ``filter`` and ``sort`` see the timestamps too:
 
     Args:
         name: the study name (its MLflow experiment).
@@ -120,7 +122,8 @@ def results(
         arms: only these arms (``--arm``).
         metric, mode: rank by this metric (``--metric``, ``--mode``).
         filter: a pandas query over the trials (``--filter``), e.g.
-            ``"outcome == 'completed' and `param.lr` < 0.1"`` (backticks around names with '/' or '.').
+            ``"outcome == 'completed' and `param.lr` < 0.1"`` (backticks around names with '/' or '.');
+            times compare with a UTC time: ``"start_time > '2026-12-01 08:00+00:00'"``.
         best, by_config: ``--best``, ``--by-config``.
         sort: ``"col"`` / ``"-col"`` or a list of them (``--sort``).
         columns: a list or comma list of the columns to keep (``--columns``).
@@ -134,9 +137,22 @@ def results(
 
     base = Path(root) if root is not None else Path(os.environ.get("FLATLAB_ROOT", "flatlab-runs"))
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or runs.default_tracking_uri(base.resolve())
-    df = trials_frame(uri, name, all_launches=all_launches)
+    df = _with_timestamps(trials_frame(uri, name, all_launches=all_launches))
     return select(df, arms=arms, metric=metric, mode=mode, filter=filter, best=best, by_config=by_config, sort=sort,
                   columns=columns)
+
+
+def _with_timestamps(df):
+    """``df`` with its ``start_time``/``end_time`` (MLflow's ms since the epoch, NaN where missing) as
+    ``datetime64[ns, UTC]`` (``NaT`` where missing). Only the Python API converts: the CLI's table,
+    csv/parquet exports and ``--filter``/``--sort`` keep MLflow's ms."""
+    import pandas as pd
+
+    for col in ("start_time", "end_time"):
+        if col in df.columns:
+            ms = pd.to_numeric(df[col], errors="coerce")
+            df[col] = pd.to_datetime(ms, unit="ms", utc=True).dt.as_unit("ns")
+    return df
 
 
 __all__: List[str] = ["run", "results"]

@@ -112,7 +112,7 @@ def test_results_cli_and_parquet_round_trip(study_run, tmp_path):
 def test_pruned_and_errored_trials_get_terminal_statuses():
     from flatlab.tracking.callback import MLflowTrialLogger
 
-    cb = MLflowTrialLogger("sqlite:///:memory:", "0", "p", {}, {}, max_epochs=10, metric="val/accuracy", mode="max")
+    cb = MLflowTrialLogger("sqlite:///:memory:", "0", "p", {}, {}, metric="val/accuracy", mode="max")
 
     class T:
         def __init__(self, tid, last):
@@ -136,7 +136,7 @@ def test_runs_left_open_end_as_interrupted_or_failed_with_the_launch(tmp_path, f
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     exp = runs.get_or_create_experiment(uri, "open")
     parent = runs.client(uri).create_run(exp).info.run_id
-    cb = MLflowTrialLogger(uri, exp, parent, {}, {"sgd": "sgd"}, max_epochs=10, metric="val/accuracy", mode="max")
+    cb = MLflowTrialLogger(uri, exp, parent, {}, {"sgd": "sgd"}, metric="val/accuracy", mode="max")
 
     class T:
         trial_id, config = "t1", {"arm": "sgd", "seed": 0}

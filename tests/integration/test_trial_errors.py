@@ -65,7 +65,7 @@ def test_error_tag_and_artifact_then_cleared_on_restart(tmp_path):
     class T:
         trial_id, config, error_file = "t1", {"arm": "sgd", "seed": 0}, str(f)
 
-    cb = MLflowTrialLogger(uri, exp, parent, {}, {"sgd": "sgd"}, max_epochs=3, metric="val/accuracy", mode="max")
+    cb = MLflowTrialLogger(uri, exp, parent, {}, {"sgd": "sgd"}, metric="val/accuracy", mode="max")
     cb.on_trial_start(0, [], T())
     cb.on_trial_error(0, [], T())
     f.unlink()  # Ray's session folder may vanish at once: the text was read in on_trial_error

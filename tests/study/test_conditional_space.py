@@ -102,7 +102,7 @@ def test_inactive_field_is_not_an_mlflow_param(tmp_path):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     exp = runs.get_or_create_experiment(uri, "cond")
     parent = runs.client(uri).create_run(exp).info.run_id
-    cb = MLflowTrialLogger(uri, exp, parent, {}, {"sgd": "sgd"}, max_epochs=4, metric="val/accuracy", mode="max")
+    cb = MLflowTrialLogger(uri, exp, parent, {}, {"sgd": "sgd"}, metric="val/accuracy", mode="max")
     searcher = ArmSearcher(step_study(), launch="L")
     configs = {}
     for i in range(12):

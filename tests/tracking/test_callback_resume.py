@@ -11,7 +11,7 @@ class T:
 
 
 def _logger(uri, exp, parent):
-    return MLflowTrialLogger(uri, exp, parent, {}, {"sgd": "sgd"}, max_epochs=4, metric=METRIC, mode="max")
+    return MLflowTrialLogger(uri, exp, parent, {}, {"sgd": "sgd"}, metric=METRIC, mode="max")
 
 
 def test_epochs_rerun_after_a_restart_are_not_logged_twice(tmp_path):

@@ -82,7 +82,7 @@ def test_child_run_params_hold_the_full_config_and_results_show_only_the_searche
     from flatlab.tracking.results import trials_frame
 
     uri, exp, parent, c = _store(tmp_path)
-    cb = MLflowTrialLogger(uri, exp, parent, tags={"flatlab.env.torch": "x"}, arm_optimizer={"sgd": "sgd"}, max_epochs=4,
+    cb = MLflowTrialLogger(uri, exp, parent, tags={"flatlab.env.torch": "x"}, arm_optimizer={"sgd": "sgd"},
                            metric="val/accuracy", mode="max", study=STUDY)
     config = {"arm": "sgd", "seed": 0, "lr": 0.2}
     cb._start_run(c, "t1", config)
@@ -91,7 +91,7 @@ def test_child_run_params_hold_the_full_config_and_results_show_only_the_searche
     assert run.data.params == expected
     assert run.data.params["train.batch_size"] == "64" and run.data.params["opt.momentum"] == "0.9"
     # a resumed trial: the run is found again; logging the same values again is what MLflow accepts
-    cb2 = MLflowTrialLogger(uri, exp, parent, tags={}, arm_optimizer={}, max_epochs=4, metric="val/accuracy", mode="max",
+    cb2 = MLflowTrialLogger(uri, exp, parent, tags={}, arm_optimizer={}, metric="val/accuracy", mode="max",
                             study=STUDY)
     cb2._start_run(c, "t1", dict(config))
     assert cb2._run_ids["t1"] == run.info.run_id
@@ -108,7 +108,7 @@ def test_pickled_callback_keeps_its_study_and_an_old_state_has_none():
 
     from flatlab.tracking.callback import MLflowTrialLogger
 
-    cb = MLflowTrialLogger("sqlite:///x.db", "1", "p", tags={}, arm_optimizer={}, max_epochs=1, metric="m", mode="max",
+    cb = MLflowTrialLogger("sqlite:///x.db", "1", "p", tags={}, arm_optimizer={}, metric="m", mode="max",
                            study=STUDY)
     assert pickle.loads(pickle.dumps(cb)).study == STUDY
     old = cb.__getstate__()

@@ -21,21 +21,27 @@ class ProgressPrinter(Callback):
 
     Args:
         total: trials the study will launch; metric, mode: the study metric.
+        every_s: seconds between status lines.
+
+    Pickled (Tune keeps callbacks in its experiment state) as its configuration only; a state pickled by
+    an older flatlab that still holds ``max_epochs`` unpickles (the key is dropped).
     """
 
-    def __init__(self, total: int, metric: str, mode: str, every_s: float = 15.0, max_epochs: int = 0) -> None:
+    _STATE = ("total", "metric", "mode", "every_s")
+
+    def __init__(self, total: int, metric: str, mode: str, every_s: float = 15.0) -> None:
         self.total = total
-        self.max_epochs = max_epochs
         self.metric = metric
         self.mode = mode
         self.every_s = every_s
         self._init()
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {k: self.__dict__.get(k, 0) for k in ("total", "metric", "mode", "every_s", "max_epochs")}
+        return {k: self.__dict__[k] for k in self._STATE}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self.every_s = 15.0
+        self.__dict__.update({k: v for k, v in state.items() if k in self._STATE})  # drops an old max_epochs
         self._init()
 
     def _init(self) -> None:

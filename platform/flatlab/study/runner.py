@@ -501,13 +501,12 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         parent_run_id,
         tags=common_tags,
         arm_optimizer={a.name: a.optimizer for a in study.arms},
-        max_epochs=study.max_epochs,
         metric=study.metric,
         mode=study.mode,
         study=study,  # child runs' params: the resolved configuration too
     )
     progress = ProgressPrinter(study.num_total_trials() + len(study.arms) * len(study.final_seeds), study.metric,
-                               study.mode, max_epochs=study.max_epochs)
+                               study.mode)
     callbacks = [mlflow_cb, progress]
     if opts.resume:
         tuner = _restore_tuner(experiment_path, trainable, callbacks)

@@ -42,12 +42,16 @@ class MLflowTrialLogger(Callback):
         tracking_uri, experiment_id, parent_run_id: where to log.
         tags: tags set on every child run (study, workload, git commit, version).
         arm_optimizer: arm name -> optimizer name (tagged on each child run).
-        max_epochs: the study's epoch budget (kept for the pickled state; a trial's outcome comes from its
-            last report, :func:`flatlab.study.searchers.trial_outcome`, not from its epoch count).
         metric, mode: the study metric; ``best/<metric>`` is logged alongside it.
         study: the :class:`~flatlab.study.spec.Study`; when given, each child run's params hold the
             trial's resolved configuration too (:func:`flatlab.tracking.runs.trial_params`).
+
+    A trial's outcome comes from its last report (:func:`flatlab.study.searchers.trial_outcome`).
+    Pickled (Tune keeps callbacks in its experiment state) as its configuration only; a state pickled by
+    an older flatlab that still holds ``max_epochs`` unpickles (the key is dropped).
     """
+
+    _STATE = ("tracking_uri", "experiment_id", "parent_run_id", "tags", "arm_optimizer", "metric", "mode", "study")
 
     def __init__(
         self,
@@ -56,7 +60,6 @@ class MLflowTrialLogger(Callback):
         parent_run_id: str,
         tags: Dict[str, str],
         arm_optimizer: Dict[str, str],
-        max_epochs: int,
         metric: str,
         mode: str,
         study: Any = None,
@@ -66,7 +69,6 @@ class MLflowTrialLogger(Callback):
         self.parent_run_id = parent_run_id
         self.tags = dict(tags)
         self.arm_optimizer = dict(arm_optimizer)
-        self.max_epochs = max_epochs
         self.metric = metric
         self.mode = mode
         self.study = study
@@ -74,12 +76,11 @@ class MLflowTrialLogger(Callback):
 
     # ---- pickling: configuration only ----------------------------------------------------------
     def __getstate__(self) -> Dict[str, Any]:
-        keep = ("tracking_uri", "experiment_id", "parent_run_id", "tags", "arm_optimizer", "max_epochs", "metric", "mode", "study")
-        return {k: self.__dict__[k] for k in keep}
+        return {k: self.__dict__[k] for k in self._STATE}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.study = None  # state pickled before the callback held its study
-        self.__dict__.update(state)
+        self.__dict__.update({k: v for k, v in state.items() if k in self._STATE})  # drops an old max_epochs
         self._init_runtime()
 
     def _init_runtime(self) -> None:

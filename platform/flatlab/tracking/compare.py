@@ -589,7 +589,8 @@ def format_comparison(comparison: Comparison, fmt: str) -> str:
 def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_trials: bool = False) -> Path:
     """Save a PNG: the test metric against each flatness measure, one point per seed (completed
     trials), one colour per arm; one panel per ``flat/*`` measure (log x where a measure is positive
-    and spans more than two decades).
+    and spans more than two decades). Linear axes' tick labels carry no offset text
+    (:func:`flatlab.tracking.plot_axes.plain_numbers`).
 
     Args:
         data: a :class:`Comparison`, or a ``trials_frame`` table (its :func:`select_sample` is plotted).
@@ -605,7 +606,9 @@ def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_tri
     import numpy as np
     import pandas as pd
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
+    from flatlab.tracking.plot_axes import plain_numbers
     from flatlab.tracking.results import _test_metric
 
     if isinstance(data, Comparison):
@@ -636,6 +639,9 @@ def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_tri
         ax.set_xlabel(f"{m} (lower = flatter)")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
+        if ax.get_xscale() == "linear":  # labels written out in full (1000001.5) need room: about 4 ticks
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
+        plain_numbers(ax)
     for ax in axes[len(measures):]:
         ax.set_visible(False)
     axes[0].legend(fontsize="small", title="arm")

@@ -124,13 +124,16 @@ def plot_learning_curves(client: Any, df: Any, metric: str, path: Path, arms: Op
     """Save a PNG: ``metric`` against the epoch (its MLflow history, step = epoch), one line per trial of
     ``df`` (a :func:`~flatlab.tracking.results.trials_frame` table), one panel per arm (``arms``: their
     order; default: as they appear). Solid: completed search trials; dashed: final-stage trials; dotted:
-    pruned, diverged or interrupted ones.
+    pruned, diverged or interrupted ones. Epoch ticks are integers; tick labels carry no offset text
+    (:mod:`flatlab.tracking.plot_axes`).
 
     Raises:
         ValueError: ``df`` has no trial with a recorded value of ``metric``.
     """
     import numpy as np
     from matplotlib.figure import Figure
+
+    from flatlab.tracking.plot_axes import integer_ticks, plain_numbers
 
     curves: Dict[str, List[Any]] = {}
     for _, row in df.iterrows():
@@ -154,6 +157,8 @@ def plot_learning_curves(client: Any, df: Any, metric: str, path: Path, arms: Op
         ax.set_xlabel("epoch")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
+        integer_ticks(ax.xaxis)
+        plain_numbers(ax)
     for ax in axes[len(order):]:
         ax.set_visible(False)
     fig.suptitle(f"{metric} per epoch (solid: completed, dotted: stopped early, dashed: final stage)", fontsize="small")
@@ -215,10 +220,13 @@ def _arm_plots(st: Any, arm: str, metric: str, tmp: Path, skipped: List[str]) ->
 def _optuna_png(draw: Any, path: Path, title: str) -> Path:
     """Run one of Optuna's matplotlib plots (``draw() -> Axes``), title it, save it to ``path`` and close
     its figure. Optuna draws through pyplot and switches pyplot's style to ``ggplot`` for good: the
-    caller's rcParams are restored afterwards, and the figure leaves pyplot's registry."""
+    caller's rcParams are restored afterwards, and the figure leaves pyplot's registry. Numeric tick
+    labels carry no offset text (:func:`flatlab.tracking.plot_axes.plain_figure`)."""
     import matplotlib
     import matplotlib.pyplot as plt
     import optuna
+
+    from flatlab.tracking.plot_axes import plain_figure
 
     with matplotlib.rc_context(), warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -227,6 +235,7 @@ def _optuna_png(draw: Any, path: Path, title: str) -> Path:
         fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
         try:
             fig.suptitle(title, fontsize="medium")
+            plain_figure(fig)
             fig.savefig(path, dpi=110, bbox_inches="tight")
         finally:
             plt.close(fig)
