@@ -19,6 +19,7 @@ as Tune's ``storage_path`` must.
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -107,7 +108,11 @@ def _worker_loop(loop_config: Dict[str, Any]) -> None:
 
     def report(metrics: Dict[str, Any], checkpoint_dir: Optional[str]) -> None:
         saved = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
-        ray.train.report(metrics, checkpoint=saved)  # every rank reports; rank 0's metrics reach Tune
+        try:
+            ray.train.report(metrics, checkpoint=saved)  # every rank reports; rank 0's metrics reach Tune
+        finally:
+            if checkpoint_dir:  # copied into the run's storage by now
+                shutil.rmtree(checkpoint_dir, ignore_errors=True)
 
     trial_loop(
         trainer,

@@ -157,7 +157,8 @@ def checkpoint_due(every: Optional[int], epoch: int, last: bool, since_s: float)
 
 
 #: ``report(metrics, checkpoint_dir)``: one report of the trial (``checkpoint_dir``: a folder holding
-#: this epoch's checkpoint, or ``None``). Tune's in a single process; Ray Train's on every DDP rank.
+#: this epoch's checkpoint, or ``None``; the report owns it and removes it once sent). Tune's, from a
+#: :class:`~flatlab.study.reporter.BackgroundReporter`, in a single process; Ray Train's on every DDP rank.
 Report = Callable[[Dict[str, Any], Optional[str]], None]
 
 
@@ -187,13 +188,21 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
         with checkpoint.as_directory() as d:
             trainer.load(d)  # safetensors + JSON only; anything else raises CheckpointError: the trial fails
 
-    def report(metrics: Dict[str, Any], checkpoint_dir: Optional[str]) -> None:
+    def send(metrics: Dict[str, Any], checkpoint_dir: Optional[str]) -> None:
         if checkpoint_dir is None:
             tune.report(metrics)
         else:
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(checkpoint_dir))
 
-    trial_loop(trainer, study, report, tracking=tracking, trial_id=tune.get_context().get_trial_id())
+    from flatlab.study.reporter import BackgroundReporter
+    from flatlab.study.schedulers import decision_epochs
+
+    # training goes on while the reports travel; it waits at its scheduler's decision epochs
+    reporter = BackgroundReporter(send, wait_at=decision_epochs(study))
+    try:
+        trial_loop(trainer, study, reporter, tracking=tracking, trial_id=tune.get_context().get_trial_id())
+    finally:
+        reporter.close()  # every report goes out (in order) before the trial returns or raises
 
 
 def trial_loop(
@@ -241,10 +250,11 @@ def trial_loop(
                     tracking = dataclasses.replace(tracking, log_models=False)
                 log_trial_artifacts(tracking, trial_id, trainer.model, trainer.spec, metrics, curve=trainer.curve.points())
         if trainer.trains and checkpoint_due(study.checkpoint_every, trainer.epoch, last, time.monotonic() - saved_at):
-            with tempfile.TemporaryDirectory() as d:
-                if main:
-                    trainer.save(d)
-                report(metrics, d if main else None)
+            folder = None
+            if main:
+                folder = tempfile.mkdtemp(prefix="flatlab-checkpoint-")
+                trainer.save(folder)
+            report(metrics, folder)  # the report owns the folder: it removes it once sent
             saved_at = time.monotonic()
         else:
             report(metrics, None)
