@@ -334,7 +334,7 @@ STUDY = Study(
         ps = subprocess.run(["ps", "-eo", "pid,sid,args"], capture_output=True, text=True).stdout.splitlines()
         for line in ps:  # the trial's actor, in the session of this flatlab run only
             pid, sid, args = (line.split(None, 2) + ["", ""])[:3]
-            if sid == str(proc.pid) and args.startswith("ray::ImplicitFunc"):
+            if sid == str(proc.pid) and args.startswith("ray::run_trial"):
                 os.kill(int(pid), signal.SIGKILL)
                 killed = pid
                 break

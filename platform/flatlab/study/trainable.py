@@ -11,14 +11,15 @@ states) goes with the report of every epoch :func:`checkpoint_due` picks (the st
 trial resumes where it stopped. Evaluation-only workloads (``trains = False``) report without
 checkpoints and upload no model.
 
-Per-epoch cost: a trial's reports travel to the driver in batches (Tune's result buffering,
-:func:`tune_env`, for up to :data:`RESULT_BUFFER_S` seconds), not one round trip per epoch. The trainable
-class :func:`make_trainable` builds ends a batch early where a decision depends on it: at an epoch where the
-trial's ASHA rung decides (:func:`flatlab.study.schedulers.decision_epochs`; the trial waits there for
-the decision, so a stopped trial never trains past its rung), at a checkpoint and at the end. A trial
-that raises first delivers the reports it has batched and then fails with its error, so nothing it
-reported is lost. A checkpoint costs a save (safetensors + JSON), Tune's copy into the trial's storage
-and a round trip to the driver.
+Per-epoch cost: training does not wait on the driver. The trial's reports are queued and sent from a
+thread of their own (:class:`~flatlab.study.reporter.BackgroundReporter`); the trial waits only at an
+epoch where its ASHA rung decides (:func:`flatlab.study.schedulers.decision_epochs`: a stopped trial
+never trains past its rung) and before it ends. The reports travel to the driver in batches (Tune's
+result buffering, :func:`tune_env`, up to :data:`RESULT_BUFFER_S` seconds) that the trainable class of
+:func:`make_trainable` ends early at those decision epochs, at a checkpoint (which travels alone) and
+at the end; a trial that raises first delivers every report it made, then fails with its error.
+A checkpoint costs the trial a save (safetensors + JSON); Tune's copy into the trial's storage and the
+round trips happen in the reporting thread.
 One trial loop (:func:`trial_loop`) serves the single-process trial and every rank of a multi-worker
 (DDP) trial (:mod:`flatlab.study.ddp_trial`).
 """
