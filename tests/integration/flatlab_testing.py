@@ -50,3 +50,41 @@ def env() -> dict:
 
 def flatlab(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "flatlab"), *args], capture_output=True, text=True, timeout=timeout, env=env(), **kw)
+
+
+def run_epoch_hook(env_var: str, body: str) -> str:
+    """Source of a ``sitecustomize`` module that, when ``env_var`` is set, wraps
+    ``flatlab.train.trainer.Trainer.run_epoch`` in every Python process of a flatlab run (Ray's workers
+    inherit ``PYTHONPATH``). ``body`` is the wrapper's body: ``self`` is the trainer, ``original(self)``
+    runs the epoch, ``VALUE`` is the environment variable's value."""
+    indented = textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 16)
+    return f'''
+import importlib.abc, importlib.util, os, sys
+
+VALUE = os.environ.get({env_var!r})
+
+
+class _PatchTrainer(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "flatlab.train.trainer":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            original = module.Trainer.run_epoch
+
+            def run_epoch(self):
+{indented}
+
+            module.Trainer.run_epoch = run_epoch
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if VALUE:
+    sys.meta_path.insert(0, _PatchTrainer())
+'''

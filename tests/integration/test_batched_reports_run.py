@@ -11,45 +11,18 @@ import pytest
 
 from flatlab.tracking import runs
 
-from flatlab_testing import BIN, env, write_study
+from flatlab_testing import BIN, env, run_epoch_hook, write_study
 from test_services import FAIL_AFTER_FIRST_EPOCH
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # Appends "<lr> <epoch>" to $FLATLAB_TEST_EPOCH_LOG for every epoch a worker trains.
-COUNT_EPOCHS = '''
-import importlib.abc, importlib.util, os, sys
-
-LOG = os.environ.get("FLATLAB_TEST_EPOCH_LOG")
-
-
-class _PatchTrainer(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "flatlab.train.trainer":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            original = module.Trainer.run_epoch
-
-            def run_epoch(self):
-                out = original(self)
-                with open(LOG, "a") as f:
-                    f.write(f"{self.spec.optimizer_params['lr']!r} {self.epoch}\\n")
-                return out
-
-            module.Trainer.run_epoch = run_epoch
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-if LOG:
-    sys.meta_path.insert(0, _PatchTrainer())
-'''
+COUNT_EPOCHS = run_epoch_hook("FLATLAB_TEST_EPOCH_LOG", """
+    out = original(self)
+    with open(VALUE, "a") as f:
+        f.write(f"{self.spec.optimizer_params['lr']!r} {self.epoch}\\n")
+    return out
+""")
 
 
 def _run(tmp_path, study, hook_source, **extra_env):

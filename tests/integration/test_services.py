@@ -10,7 +10,7 @@ import pytest
 
 from flatlab.tracking import runs
 
-from flatlab_testing import BIN, env, flatlab, free_port, wait_http, write_study
+from flatlab_testing import BIN, env, flatlab, free_port, run_epoch_hook, wait_http, write_study
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -216,38 +216,11 @@ STUDY = Study(
 
 # Imported by every Python process of the test's flatlab run (sitecustomize on PYTHONPATH, inherited by
 # Ray's workers): while the marker file exists, every trial raises after its first epoch.
-FAIL_AFTER_FIRST_EPOCH = '''
-import importlib.abc, importlib.util, os, sys
-
-MARK = os.environ.get("FLATLAB_TEST_FAIL_MARK")
-
-
-class _PatchTrainer(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "flatlab.train.trainer":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            original = module.Trainer.run_epoch
-
-            def run_epoch(self):
-                if self.epoch >= 1 and os.path.exists(MARK):
-                    raise RuntimeError("injected trial failure")
-                return original(self)
-
-            module.Trainer.run_epoch = run_epoch
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-if MARK:
-    sys.meta_path.insert(0, _PatchTrainer())
-'''
+FAIL_AFTER_FIRST_EPOCH = run_epoch_hook("FLATLAB_TEST_FAIL_MARK", """
+    if self.epoch >= 1 and os.path.exists(VALUE):
+        raise RuntimeError("injected trial failure")
+    return original(self)
+""")
 
 
 def test_resume_retries_errored_trials_from_their_checkpoints(tmp_path):
