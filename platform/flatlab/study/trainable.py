@@ -60,15 +60,11 @@ RESULT_BUFFER_S = float(os.environ.get("FLATLAB_RESULT_BUFFER_S", "1") or 0)
 
 def tune_env(buffer_s: float = RESULT_BUFFER_S) -> Dict[str, str]:
     """Environment of the Tune driver set by :func:`flatlab.study.runner.run_study` (``setdefault``: a
-    value already in the environment wins), read by Tune's controller when ``Tuner.fit`` starts: Tune's
-    result buffering for ``buffer_s`` > 0 (batches of up to ``buffer_s`` seconds), none otherwise."""
-    if buffer_s <= 0:
-        return {"TUNE_RESULT_BUFFER_LENGTH": "1"}
-    return {
-        "TUNE_RESULT_BUFFER_LENGTH": "1000",
-        "TUNE_RESULT_BUFFER_MIN_TIME_S": str(buffer_s),
-        "TUNE_RESULT_BUFFER_MAX_TIME_S": str(buffer_s),
-    }
+    value already in the environment wins), read by Tune's controller when ``Tuner.fit`` starts: for
+    ``buffer_s`` > 0 the controller asks a trial for batches (``train_buffered``), otherwise for one
+    report at a time. A batch's limits are :func:`make_trainable`'s, so Tune's
+    ``TUNE_RESULT_BUFFER_*_TIME_S`` are not set: its controller's values never reach the batch."""
+    return {"TUNE_RESULT_BUFFER_LENGTH": "1000" if buffer_s > 0 else "1"}
 
 
 def make_trainable(study: Study, data: Data, tracking: Optional[WorkerTracking] = None,
@@ -101,7 +97,7 @@ def make_trainable(study: Study, data: Data, tracking: Optional[WorkerTracking] 
 
     fn = tune.with_resources(tune.with_parameters(run_trial, study=study, data=data, tracking=tracking),
                              study.resources.as_dict())
-    decide_at = frozenset(decision_epochs(study))
+    decide_at = decision_epochs(study)
 
     class BatchedTrial(wrap_function(fn)):  # type: ignore[misc, valid-type]
         _held_error: Optional[BaseException] = None
