@@ -59,3 +59,17 @@ def test_only_a_sigma_sweep_triggers_the_figure(tmp_path):
     study = SimpleNamespace(name="s", measures={"fisher_trace": {}})
     missing = f"sqlite:///{tmp_path / 'absent.db'}"
     assert log_flatness_sweep(missing, "run", study) == [] and not (tmp_path / "absent.db").exists()
+
+
+def test_plot_sweep_draws_no_offset_text(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    closed = []
+    monkeypatch.setattr(plt, "close", closed.append)  # keep the figure plot_sweep would close
+    df = _frame()
+    var_cols = [c for c in df if c.endswith("_var")]
+    df[var_cols] = df[var_cols] * 1e-5  # variances of 1e-6..1e-5: matplotlib's default draws "1e-6" by the axis
+    plot_sweep(sweep_table(df), tmp_path / "fig.png")
+    (fig,) = closed
+    fig.canvas.draw()
+    assert [a.get_offset_text().get_text() for ax in fig.axes for a in (ax.xaxis, ax.yaxis)] == ["", "", "", ""]

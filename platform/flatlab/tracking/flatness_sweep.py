@@ -89,6 +89,8 @@ def plot_sweep(table, path: Path, title: str = "") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from flatlab.tracking.plot_axes import plain_figure
+
     if table is None or len(table) == 0:
         raise ValueError("no neighbourhood-loss sweep to plot (no trial logged flat/neighbourhood_loss/sigma_*)")
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -105,6 +107,7 @@ def plot_sweep(table, path: Path, title: str = "") -> Path:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title or "Loss in a Gaussian neighbourhood of the solution (TSAM Fig. 2)")
+    plain_figure(fig)  # the variance axis (~1e-5) without an offset text by its label, as the report plots
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
