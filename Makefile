@@ -31,8 +31,11 @@ test: venv
 test-fast: venv
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
+## bench: the platform's cost per epoch (both checkpoint settings) and what a round trip and a checkpoint cost
 bench: venv
 	$(BIN)/python bench/platform_overhead.py
+	$(BIN)/python bench/platform_overhead.py --checkpoint-every 10
+	$(BIN)/python bench/checkpoint_cost.py
 
 clean:
 	rm -rf flatlab-runs .pytest_cache

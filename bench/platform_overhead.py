@@ -1,25 +1,27 @@
 """Platform cost per epoch: the same trials in a plain sequential loop and through `flatlab run`.
 
-Both sides train the same N digits trials (the grid searcher, so both train exactly the same
+Both sides train the same digits trials (the grid searcher, so both train exactly the same
 configurations), one at a time on one thread: (a) a sequential loop of `Trainer.run_epoch` (which
 includes the per-epoch evaluation on val), (b) `flatlab run` with `max_concurrent=1` (Ray Tune, MLflow
 on SQLite, checkpoints as `--checkpoint-every` says, the study's default when not given). Each side runs
-twice, with `--short` and with `--epochs` epochs per trial, in one process (one Ray instance for both
-launches; (a) runs once before and once after (b), and the two are averaged, so that a load drifting
-steadily during the run cancels); the differences cancel what a trial costs once (Ray start-up, worker start, the final test
-evaluation, uploads), so what is left is the cost of one more epoch:
+with `--short` and with `--epochs` epochs per trial (one `flatlab run` launches both studies); the
+differences cancel what a trial costs once (Ray start-up, worker start, the final test evaluation,
+uploads), so what is left is the cost of one more epoch:
 
     platform ms per epoch = ((b_long - b_short) - (a_long - a_short)) / (N * (epochs - short))
 
-where b is the time Tune ran (from `starting Tune` to `Tune done` in the study's log). Printed: the
-per-epoch compute of (a), the ratio (b)/(a) of the per-epoch differences, the platform's ms per epoch
-against the targets (<= 5 ms with the default checkpoint cadence, <= 2 ms with `--checkpoint-every 10`),
-and what a trial spends outside its epochs (MLflow run span - sum of `time/epoch_s`), whose difference
-between the long and the short trials is the same per-epoch cost measured inside the run: unlike the
-ratio, it does not move when the machine's load changes between (a) and (b). One run measures both
-sides (these machines are noisy; figures from a shared machine are upper bounds).
+where b is the time Tune ran (from `starting Tune` to `Tune done` in the study's log) and N the trials
+per round. This machine's speed drifts by several ms per epoch within minutes (the same sequential
+epochs: 12.6 ms, then 18.8 ms after a 3-minute launch), so the run alternates: `--rounds` launches of
+(b), each between two runs of (a), which it is compared with (their mean), in the order a b a b a ...
+Printed: each round's figures, their median against the targets (<= 5 ms with the default checkpoint
+cadence, <= 2 ms with `--checkpoint-every 10`), and what a trial spends outside its epochs (MLflow run
+span - sum of `time/epoch_s`), whose difference between the long and the short trials is the same
+per-epoch cost measured inside the run: unlike the ratio, it does not move with the machine's load,
+but it misses what the platform's other threads and processes take from the trial's epochs. One run
+measures both sides (figures from a shared machine are upper bounds).
 
-    python bench/platform_overhead.py [--trials 8] [--epochs 600] [--short 120] [--checkpoint-every N]
+    python bench/platform_overhead.py [--trials 2] [--rounds 4] [--epochs 600] [--short 120] [--checkpoint-every N]
 """
 
 from __future__ import annotations
@@ -122,9 +124,27 @@ def verdict(ms: float, checkpoint_every: Optional[int]) -> str:
     return f"target <= {target:g} ms ({setting})   {'PASS' if ms <= target else 'FAIL'}"
 
 
+def round_estimate(a_before: Dict[str, float], a_after: Dict[str, float], b: Dict[str, float], short: str, long: str,
+                   extra_epochs: int) -> Dict[str, float]:
+    """One round's figures: (b) against the mean of the sequential runs just before and just after it.
+
+    Args:
+        a_before, a_after, b: study name -> seconds (sequential loop; time in Tune).
+        short, long: the two studies' names; ``extra_epochs``: trials x (long - short epochs).
+
+    Returns:
+        ``ms`` (platform ms per extra epoch), ``ratio`` ((b)/(a) of the long-minus-short differences),
+        ``a_ms`` (the sequential loop's ms per extra epoch).
+    """
+    a = {name: (a_before[name] + a_after[name]) / 2 for name in (short, long)}
+    da, db = a[long] - a[short], b[long] - b[short]
+    return {"ms": (db - da) / extra_epochs * 1e3, "ratio": db / da, "a_ms": da / extra_epochs * 1e3}
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trials", type=int, default=8)
+    ap.add_argument("--trials", type=int, default=2, help="trials per round")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds of (b) launches, each between two sequential runs")
     ap.add_argument("--epochs", type=int, default=600, help="epochs per trial of the long runs")
     ap.add_argument("--short", type=int, default=120, help="epochs per trial of the short runs (< --epochs)")
     ap.add_argument("--checkpoint-every", type=int, default=None, help="the study's checkpoint_every (default: the study's default)")
@@ -133,6 +153,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = ap.parse_args(argv)
     if not 0 < args.short < args.epochs:
         ap.error("--short must be in [1, --epochs)")
+    if args.trials < 1 or args.rounds < 1:
+        ap.error("--trials and --rounds must be >= 1")
     lrs = [round(0.02 + 0.005 * i, 4) for i in range(args.trials)]
     n = args.trials
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,41 +166,50 @@ def main(argv: Optional[List[str]] = None) -> None:
         from flatlab.study.loader import load_studies
 
         short, long = load_studies(str(path))
-        before: Dict[str, float] = {s.name: sequential(s) for s in (short, long)}
-        t0 = time.perf_counter()
-        root = Path(tmp) / "root"
-        res = subprocess.run(
-            [str(Path(sys.executable).parent / "flatlab"), "run", str(path), "--root", str(root)],
-            capture_output=True, text=True,
-        )
-        wall = time.perf_counter() - t0
-        if res.returncode != 0:
-            sys.exit(f"flatlab run failed:\n{res.stdout}\n{res.stderr}")
-        b = {s.name: tune_span((root / s.name / "logs" / "flatlab.log").read_text()) for s in (short, long)}
-        after: Dict[str, float] = {s.name: sequential(s) for s in (long, short)}
-        # (a) before and after (b), averaged: a load that drifts steadily during the run cancels
-        a = {name: (before[name] + after[name]) / 2 for name in before}
-        outside = time_outside_training(root / "mlflow.db", long.name)
-        outside_short = time_outside_training(root / "mlflow.db", short.name)
+        # a0 b1 a1 b2 a2 ...: every (b) launch lies between two sequential runs, whose order alternates
+        seq: List[Dict[str, float]] = [{s.name: sequential(s) for s in (short, long)}]
+        launches: List[Dict[str, float]] = []
+        outside: List[Tuple[float, float]] = []
+        walls: List[float] = []
+        for r in range(args.rounds):
+            t0 = time.perf_counter()
+            root = Path(tmp) / f"root{r}"
+            res = subprocess.run(
+                [str(Path(sys.executable).parent / "flatlab"), "run", str(path), "--root", str(root)],
+                capture_output=True, text=True,
+            )
+            walls.append(time.perf_counter() - t0)
+            if res.returncode != 0:
+                sys.exit(f"flatlab run failed:\n{res.stdout}\n{res.stderr}")
+            launches.append({s.name: tune_span((root / s.name / "logs" / "flatlab.log").read_text()) for s in (short, long)})
+            out_long = time_outside_training(root / "mlflow.db", long.name)
+            out_short = time_outside_training(root / "mlflow.db", short.name)
+            if out_long and out_short:
+                outside.append((statistics.mean(s for s, _ in out_short), statistics.mean(s for s, _ in out_long)))
+            pair = (long, short) if r % 2 == 0 else (short, long)
+            seq.append({s.name: sequential(s) for s in pair})
     extra_epochs = n * (args.epochs - args.short)
-    da, db = a[long.name] - a[short.name], b[long.name] - b[short.name]
-    ms = (db - da) / extra_epochs * 1e3
+    est = [round_estimate(seq[r], seq[r + 1], launches[r], short.name, long.name, extra_epochs) for r in range(args.rounds)]
     cadence = "default (every 10 s and the last epoch)" if args.checkpoint_every is None else f"checkpoint_every={args.checkpoint_every}"
-    print(f"trials: {n} (digits {args.model} width {args.width}), {args.short} and {args.epochs} epochs each, one at a time, "
-          f"1 thread; checkpoints: {cadence}")
-    print(f"(a) sequential loop: {a[short.name]:7.1f} s and {a[long.name]:7.1f} s   "
-          f"({da / extra_epochs * 1e3:.2f} ms per epoch of compute, val evaluation included; the mean of one run before "
-          f"(b), {before[short.name]:.1f} s and {before[long.name]:.1f} s, and one after, {after[short.name]:.1f} s and "
-          f"{after[long.name]:.1f} s)")
-    print(f"(b) flatlab run, time in Tune: {b[short.name]:7.1f} s and {b[long.name]:7.1f} s   "
-          f"(whole command {wall:.1f} s for both launches, Ray start-up included)")
-    print(f"ratio (b)/(a) per extra epoch: {db / da:.3f}")
-    print(f"platform ms per epoch: {ms:.2f}   {verdict(ms, args.checkpoint_every)}")
-    amortised = (b[long.name] - a[long.name]) / (n * args.epochs) * 1e3
-    print(f"  with each trial's one-off costs spread over its {args.epochs} epochs: {amortised:.2f} ms per epoch "
-          f"(ratio {b[long.name] / a[long.name]:.3f})")
-    if outside and outside_short:
-        long_s, short_s = statistics.mean(s for s, _ in outside), statistics.mean(s for s, _ in outside_short)
+    print(f"trials: {n} per round x {args.rounds} rounds (digits {args.model} width {args.width}), {args.short} and "
+          f"{args.epochs} epochs each, one at a time, 1 thread; checkpoints: {cadence}")
+    for r, e in enumerate(est):
+        a_s = (seq[r][short.name] + seq[r + 1][short.name]) / 2
+        a_l = (seq[r][long.name] + seq[r + 1][long.name]) / 2
+        print(f"round {r + 1}: (a) sequential loop: {a_s:7.1f} s and {a_l:7.1f} s ({e['a_ms']:.2f} ms per epoch; the mean "
+              f"of the runs before and after (b)), (b) time in Tune: {launches[r][short.name]:7.1f} s and "
+              f"{launches[r][long.name]:7.1f} s, ratio {e['ratio']:.3f}, {e['ms']:.2f} ms per epoch")
+    ms = statistics.median(e["ms"] for e in est)
+    ratio = statistics.median(e["ratio"] for e in est)
+    a_ms = [e["a_ms"] for e in est]
+    print(f"the sequential loop's epoch: {min(a_ms):.2f} to {max(a_ms):.2f} ms over the rounds (the machine's drift); "
+          f"whole commands {sum(walls):.1f} s, Ray start-up included")
+    print(f"ratio (b)/(a) per extra epoch: {ratio:.3f} (median of {args.rounds} rounds)")
+    print(f"platform ms per epoch: {ms:.2f} (median of {args.rounds} rounds; rounds: "
+          + ", ".join(f"{e['ms']:.2f}" for e in est) + f")   {verdict(ms, args.checkpoint_every)}")
+    if outside:
+        short_s = statistics.mean(s for s, _ in outside)
+        long_s = statistics.mean(s for _, s in outside)
         print(f"  a trial outside its epochs (MLflow run span - sum of its time/epoch_s): {short_s:.2f} s and {long_s:.2f} s "
               f"mean (set-up, reports, checkpoints, uploads; the first trial of a launch also starts the worker)")
         print(f"  the same per extra epoch, measured inside the run (insensitive to the machine's load drifting between "

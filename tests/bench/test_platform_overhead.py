@@ -44,10 +44,24 @@ def test_short_must_be_below_epochs(bench, capsys):
     assert "--short must be in [1, --epochs)" in capsys.readouterr().err
 
 
+def test_a_round_is_measured_against_the_mean_of_the_sequential_runs_around_it(bench):
+    # (a) before: 10 s and 50 s, after: 12 s and 58 s -> 11 and 54, 43 s for the extra epochs; (b): 48 s
+    e = bench.round_estimate({"s": 10.0, "l": 50.0}, {"s": 12.0, "l": 58.0}, {"s": 15.0, "l": 63.0}, "s", "l", 1000)
+    assert e["ms"] == pytest.approx(5.0) and e["a_ms"] == pytest.approx(43.0)
+    assert e["ratio"] == pytest.approx(48 / 43)
+
+
+@pytest.mark.parametrize("argv", [["--rounds", "0"], ["--trials", "0"]])
+def test_rounds_and_trials_must_be_positive(bench, capsys, argv):
+    with pytest.raises(SystemExit):
+        bench.main(argv)
+    assert "--trials and --rounds must be >= 1" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_a_tiny_run_prints_its_ratio_and_ms_per_epoch(tmp_path):
     done = subprocess.run(
-        [sys.executable, str(BENCH_DIR / "platform_overhead.py"), "--trials", "1", "--epochs", "3", "--short", "1",
+        [sys.executable, str(BENCH_DIR / "platform_overhead.py"), "--trials", "1", "--rounds", "1", "--epochs", "3", "--short", "1",
          "--checkpoint-every", "10", "--width", "8"],
         capture_output=True, text=True, timeout=900,
     )

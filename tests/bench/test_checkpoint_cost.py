@@ -1,0 +1,63 @@
+"""bench/checkpoint_cost.py: its arithmetic, its launch order and argument checks, and (slow) one tiny
+run end to end. No timed assertions."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("checkpoint_cost_bench", BENCH_DIR / "checkpoint_cost.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_costs_per_round_trip_and_per_checkpoint_by_hand(bench):
+    # 4 trials x 1000 epochs: 4000 round trips more unbatched, 400 checkpoints more at every-10
+    c = bench.costs({"batched": 20.0, "unbatched": 36.0, "every-10": 26.0}, trials=4, epochs=1000)
+    assert c["round_trip_ms"] == pytest.approx(4.0)  # 16 s / 4000
+    assert c["checkpoint_ms"] == pytest.approx(15.0)  # 6 s / 400
+
+
+def test_every_other_round_runs_the_variants_in_reverse(bench):
+    assert bench.order(0) == ["batched", "unbatched", "every-10"]
+    assert bench.order(1) == ["every-10", "unbatched", "batched"]
+    assert bench.order(2) == bench.order(0)
+
+
+def test_the_variants_differ_in_one_setting_each(bench):
+    assert bench.VARIANTS["batched"] == (None, {})
+    assert bench.VARIANTS["unbatched"] == (None, {"FLATLAB_RESULT_BUFFER_S": "0"})
+    assert bench.VARIANTS["every-10"] == (10, {})
+
+
+@pytest.mark.parametrize("argv", [["--epochs", "15"], ["--rounds", "0"], ["--trials", "0"]])
+def test_bad_arguments_are_refused(bench, capsys, argv):
+    with pytest.raises(SystemExit):
+        bench.main(argv)
+    assert "--epochs a multiple of 10" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_tiny_run_prints_both_costs():
+    done = subprocess.run(
+        [sys.executable, str(BENCH_DIR / "checkpoint_cost.py"), "--trials", "1", "--epochs", "20", "--rounds", "1"],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    line = re.search(r"round 1: time in Tune batched ([0-9.]+) s, unbatched ([0-9.]+) s, every-10 ([0-9.]+) s", out)
+    assert line, out
+    assert all(float(v) > 0 for v in line.groups())
+    assert re.search(r"median: -?[0-9.]+ ms per round trip, -?[0-9.]+ ms per checkpoint", out), out
+    assert "checkpoint_every=10 therefore adds" in out
