@@ -3,17 +3,35 @@
 import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 
 
-@pytest.fixture(scope="session")
-def optimizer_bench():
-    """bench/optimizer_overhead.py as a module."""
-    spec = importlib.util.spec_from_file_location("optimizer_overhead_bench", BENCH_DIR / "optimizer_overhead.py")
+def load_bench(filename: str) -> ModuleType:
+    """``bench/<filename>`` as a module (registered in ``sys.modules``: dataclasses look their module up)."""
+    spec = importlib.util.spec_from_file_location(f"{Path(filename).stem}_bench", BENCH_DIR / filename)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def optimizer_bench() -> ModuleType:
+    """bench/optimizer_overhead.py as a module."""
+    return load_bench("optimizer_overhead.py")
+
+
+@pytest.fixture(scope="session")
+def platform_bench() -> ModuleType:
+    """bench/platform_overhead.py as a module."""
+    return load_bench("platform_overhead.py")
+
+
+@pytest.fixture(scope="session")
+def checkpoint_bench() -> ModuleType:
+    """bench/checkpoint_cost.py as a module."""
+    return load_bench("checkpoint_cost.py")

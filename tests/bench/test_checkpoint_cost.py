@@ -3,7 +3,6 @@ run end to end. No timed assertions."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -14,37 +13,29 @@ import pytest
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("checkpoint_cost_bench", BENCH_DIR / "checkpoint_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_costs_per_round_trip_and_per_checkpoint_by_hand(bench):
+def test_costs_per_round_trip_and_per_checkpoint_by_hand(checkpoint_bench):
     # 4 trials x 1000 epochs: 4000 round trips more unbatched, 400 checkpoints more at every-10
-    c = bench.costs({"batched": 20.0, "unbatched": 36.0, "every-10": 26.0}, trials=4, epochs=1000)
+    c = checkpoint_bench.costs({"batched": 20.0, "unbatched": 36.0, "every-10": 26.0}, trials=4, epochs=1000)
     assert c["round_trip_ms"] == pytest.approx(4.0)  # 16 s / 4000
     assert c["checkpoint_ms"] == pytest.approx(15.0)  # 6 s / 400
 
 
-def test_every_other_round_runs_the_variants_in_reverse(bench):
-    assert bench.order(0) == ["batched", "unbatched", "every-10"]
-    assert bench.order(1) == ["every-10", "unbatched", "batched"]
-    assert bench.order(2) == bench.order(0)
+def test_every_other_round_runs_the_variants_in_reverse(checkpoint_bench):
+    assert checkpoint_bench.order(0) == ["batched", "unbatched", "every-10"]
+    assert checkpoint_bench.order(1) == ["every-10", "unbatched", "batched"]
+    assert checkpoint_bench.order(2) == checkpoint_bench.order(0)
 
 
-def test_the_variants_differ_in_one_setting_each(bench):
-    assert bench.VARIANTS["batched"] == (None, {})
-    assert bench.VARIANTS["unbatched"] == (None, {"FLATLAB_RESULT_BUFFER_S": "0"})
-    assert bench.VARIANTS["every-10"] == (10, {})
+def test_the_variants_differ_in_one_setting_each(checkpoint_bench):
+    assert checkpoint_bench.VARIANTS["batched"] == (None, {})
+    assert checkpoint_bench.VARIANTS["unbatched"] == (None, {"FLATLAB_RESULT_BUFFER_S": "0"})
+    assert checkpoint_bench.VARIANTS["every-10"] == (10, {})
 
 
 @pytest.mark.parametrize("argv", [["--epochs", "15"], ["--rounds", "0"], ["--trials", "0"]])
-def test_bad_arguments_are_refused(bench, capsys, argv):
+def test_bad_arguments_are_refused(checkpoint_bench, capsys, argv):
     with pytest.raises(SystemExit):
-        bench.main(argv)
+        checkpoint_bench.main(argv)
     assert "--epochs a multiple of 10" in capsys.readouterr().err
 
 

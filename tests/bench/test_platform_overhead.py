@@ -3,7 +3,6 @@ prints the ratio and the platform's milliseconds per epoch. No timed assertions.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -14,47 +13,39 @@ import pytest
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("platform_overhead_bench", BENCH_DIR / "platform_overhead.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_tune_span_is_the_time_between_the_two_log_lines(bench):
+def test_tune_span_is_the_time_between_the_two_log_lines(platform_bench):
     log = (
         "2026-12-01 18:17:45,658 INFO flatlab: starting Tune (24.0 s)\n"
         "2026-12-01 18:18:43,566 INFO ray.tune.tune: Wrote the latest version of all result files\n"
         "2026-12-01 18:18:43,617 INFO flatlab: Tune done (82.5 s)\n"
     )
-    assert bench.tune_span(log) == pytest.approx(58.5)
+    assert platform_bench.tune_span(log) == pytest.approx(58.5)
 
 
-def test_verdicts_use_the_target_of_the_checkpoint_setting(bench):
-    assert bench.verdict(4.9, None).endswith("PASS") and "<= 5 ms (default" in bench.verdict(4.9, None)
-    assert bench.verdict(5.1, None).endswith("FAIL")
-    assert bench.verdict(1.9, 10).endswith("PASS") and bench.verdict(2.1, 10).endswith("FAIL")
-    assert bench.verdict(1.0, 3) == "(no target for checkpoint_every=3)"
+def test_verdicts_use_the_target_of_the_checkpoint_setting(platform_bench):
+    assert platform_bench.verdict(4.9, None).endswith("PASS") and "<= 5 ms (default" in platform_bench.verdict(4.9, None)
+    assert platform_bench.verdict(5.1, None).endswith("FAIL")
+    assert platform_bench.verdict(1.9, 10).endswith("PASS") and platform_bench.verdict(2.1, 10).endswith("FAIL")
+    assert platform_bench.verdict(1.0, 3) == "(no target for checkpoint_every=3)"
 
 
-def test_short_must_be_below_epochs(bench, capsys):
+def test_short_must_be_below_epochs(platform_bench, capsys):
     with pytest.raises(SystemExit):
-        bench.main(["--epochs", "3", "--short", "3"])
+        platform_bench.main(["--epochs", "3", "--short", "3"])
     assert "--short must be in [1, --epochs)" in capsys.readouterr().err
 
 
-def test_a_round_is_measured_against_the_mean_of_the_sequential_runs_around_it(bench):
+def test_a_round_is_measured_against_the_mean_of_the_sequential_runs_around_it(platform_bench):
     # (a) before: 10 s and 50 s, after: 12 s and 58 s -> 11 and 54, 43 s for the extra epochs; (b): 48 s
-    e = bench.round_estimate({"s": 10.0, "l": 50.0}, {"s": 12.0, "l": 58.0}, {"s": 15.0, "l": 63.0}, "s", "l", 1000)
+    e = platform_bench.round_estimate({"s": 10.0, "l": 50.0}, {"s": 12.0, "l": 58.0}, {"s": 15.0, "l": 63.0}, "s", "l", 1000)
     assert e["ms"] == pytest.approx(5.0) and e["a_ms"] == pytest.approx(43.0)
     assert e["ratio"] == pytest.approx(48 / 43)
 
 
 @pytest.mark.parametrize("argv", [["--rounds", "0"], ["--trials", "0"]])
-def test_rounds_and_trials_must_be_positive(bench, capsys, argv):
+def test_rounds_and_trials_must_be_positive(platform_bench, capsys, argv):
     with pytest.raises(SystemExit):
-        bench.main(argv)
+        platform_bench.main(argv)
     assert "--trials and --rounds must be >= 1" in capsys.readouterr().err
 
 
