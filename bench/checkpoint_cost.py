@@ -29,9 +29,7 @@ its storage and its bookkeeping on the driver (registering the checkpoint, delet
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -39,7 +37,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from platform_overhead import tune_span  # noqa: E402  (a sibling script, not a package)
+from platform_overhead import run_flatlab, tune_span  # noqa: E402  (a sibling script, not a package)
 
 STUDY = """
 from flatlab import Arm, Resources, Study
@@ -60,11 +58,14 @@ STUDIES = [Study(
 )]
 """
 
+#: The checkpoint interval (epochs) of the ``every-10`` launch.
+EVERY = 10
+
 #: name -> (the study's checkpoint_every, extra environment of the launch)
 VARIANTS: Dict[str, tuple] = {
     "batched": (None, {}),
     "unbatched": (None, {"FLATLAB_RESULT_BUFFER_S": "0"}),
-    "every-10": (10, {}),
+    "every-10": (EVERY, {}),
 }
 
 
@@ -79,43 +80,39 @@ def costs(spans: Dict[str, float], trials: int, epochs: int) -> Dict[str, float]
 
     Args:
         spans: variant name (:data:`VARIANTS`) -> seconds between ``starting Tune`` and ``Tune done``.
-        trials, epochs: the launch's trials and epochs per trial (checkpoints: ``epochs // 10`` per
+        trials, epochs: the launch's trials and epochs per trial (checkpoints: ``epochs // EVERY`` per
             trial in ``every-10``).
     """
     n_epochs = trials * epochs
     return {
         "round_trip_ms": (spans["unbatched"] - spans["batched"]) / n_epochs * 1e3,
-        "checkpoint_ms": (spans["every-10"] - spans["batched"]) / (trials * (epochs // 10)) * 1e3,
+        "checkpoint_ms": (spans["every-10"] - spans["batched"]) / (trials * (epochs // EVERY)) * 1e3,
     }
 
 
-def launch(flatlab: str, tmp: Path, name: str, lrs: Sequence[float], epochs: int, index: int) -> float:
+def launch(tmp: Path, name: str, lrs: Sequence[float], epochs: int, index: int) -> float:
     """Seconds in Tune of one launch of variant ``name``."""
     every, env = VARIANTS[name]
     study = tmp / f"{name}.py"
     study.write_text(textwrap.dedent(STUDY.format(lrs=list(lrs), epochs=epochs, checkpoint_every=every)))
     root = tmp / f"root-{name}-{index}"
-    done = subprocess.run([flatlab, "run", str(study), "--root", str(root)], capture_output=True, text=True,
-                          env={**os.environ, **env})
-    if done.returncode != 0:
-        sys.exit(f"flatlab run ({name}) failed:\n{done.stdout}\n{done.stderr}")
+    run_flatlab(study, root, env)
     return tune_span((root / "bench_checkpoint_cost" / "logs" / "flatlab.log").read_text())
 
 
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=4)
-    ap.add_argument("--epochs", type=int, default=1000, help="epochs per trial (a multiple of 10)")
+    ap.add_argument("--epochs", type=int, default=1000, help=f"epochs per trial (a multiple of {EVERY})")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args(argv)
-    if args.trials < 1 or args.rounds < 1 or args.epochs < 10 or args.epochs % 10:
-        ap.error("--trials and --rounds must be >= 1, --epochs a multiple of 10")
+    if args.trials < 1 or args.rounds < 1 or args.epochs < EVERY or args.epochs % EVERY:
+        ap.error(f"--trials and --rounds must be >= 1, --epochs a multiple of {EVERY}")
     lrs = [round(0.02 + 0.005 * i, 4) for i in range(args.trials)]
-    flatlab = str(Path(sys.executable).parent / "flatlab")
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            spans = {name: launch(flatlab, Path(tmp), name, lrs, args.epochs, r) for name in order(r)}
+            spans = {name: launch(Path(tmp), name, lrs, args.epochs, r) for name in order(r)}
             rounds.append((spans, costs(spans, args.trials, args.epochs)))
     print(f"trials: {args.trials} x {args.epochs} epochs (digits mlp width 8, one batch per epoch), one at a time; "
           f"{args.rounds} rounds, the order reversed every other round")
@@ -127,7 +124,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     batched_ms = statistics.median(s["batched"] for s, _ in rounds) / (args.trials * args.epochs) * 1e3
     print(f"median: {trip:.2f} ms per round trip, {ckpt:.1f} ms per checkpoint "
           f"(three round trips make {3 * trip:.1f} ms of it); an epoch here takes {batched_ms:.2f} ms in all")
-    print(f"checkpoint_every=10 therefore adds {ckpt / 10:.2f} ms per epoch to the batched per-epoch cost, "
+    print(f"checkpoint_every={EVERY} therefore adds {ckpt / EVERY:.2f} ms per epoch to the batched per-epoch cost, "
           f"whatever the epoch computes")
 
 

@@ -27,6 +27,7 @@ measures both sides (figures from a shared machine are upper bounds).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -80,6 +81,15 @@ def sequential(study) -> float:
             trainer.run_epoch()
         trainer.evaluate_test()
     return time.perf_counter() - t0
+
+
+def run_flatlab(study_file: Path, root: Path, env: Optional[Dict[str, str]] = None) -> None:
+    """``flatlab run study_file --root root`` with this interpreter's ``flatlab`` (``env`` added to the
+    environment); exits with its output if it fails."""
+    done = subprocess.run([str(Path(sys.executable).parent / "flatlab"), "run", str(study_file), "--root", str(root)],
+                          capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if done.returncode != 0:
+        sys.exit(f"flatlab run {study_file.name} failed:\n{done.stdout}\n{done.stderr}")
 
 
 def tune_span(log: str) -> float:
@@ -174,13 +184,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         for r in range(args.rounds):
             t0 = time.perf_counter()
             root = Path(tmp) / f"root{r}"
-            res = subprocess.run(
-                [str(Path(sys.executable).parent / "flatlab"), "run", str(path), "--root", str(root)],
-                capture_output=True, text=True,
-            )
+            run_flatlab(path, root)
             walls.append(time.perf_counter() - t0)
-            if res.returncode != 0:
-                sys.exit(f"flatlab run failed:\n{res.stdout}\n{res.stderr}")
             launches.append({s.name: tune_span((root / s.name / "logs" / "flatlab.log").read_text()) for s in (short, long)})
             out_long = time_outside_training(root / "mlflow.db", long.name)
             out_short = time_outside_training(root / "mlflow.db", short.name)
