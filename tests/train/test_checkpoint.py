@@ -1,5 +1,5 @@
 """Trial checkpoints are safetensors + JSON: exact round trips for every registered optimizer, a
-bit-identical resume, and refusal (naming the file) of pickles, crafted or old, and tampered files."""
+bit-identical resume (from a snapshot written after training went on, as trials write them), and refusal (naming the file) of pickles, crafted or old, and tampered files."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from flatlab.optim import OPTIMIZERS
-from flatlab.train.checkpoint import CHECKPOINT_FILES, STATE_FILE, TENSORS_FILE, CheckpointError, load_state, save_state
+from flatlab.train.checkpoint import (CHECKPOINT_FILES, STATE_FILE, TENSORS_FILE, CheckpointError, load_state, save_state,
+                                     snapshot_state, written)
 from flatlab.train.trainer import Trainer, TrialSpec
 from flatlab.workloads import build_workload
 
@@ -66,6 +67,32 @@ def test_tree_round_trip_keeps_types_and_bits(tmp_path):
     assert math.copysign(1.0, back["floats"][1]) == -1.0
 
 
+def test_a_snapshot_writes_the_state_as_it_was_when_taken(tmp_path):
+    w = torch.arange(12.0).reshape(3, 4)
+    state = {"model": {"w": w, "tied": w, "row": w[1]}, "step": 7, "betas": (0.9, 0.999)}
+    expected = {"model": {"w": w.clone(), "tied": w.clone(), "row": w[1].clone()}, "step": 7, "betas": (0.9, 0.999)}
+    snap = snapshot_state(state)
+    assert snap.nbytes == 2 * 12 * 4 + 4 * 4  # its own copies, float32: w twice (tied) and the row
+    w.mul_(-1.0)  # training goes on: in-place updates of the live tensors
+    state["step"] = 8
+    snap.write(str(tmp_path))
+    assert_same_tree(expected, load_state(str(tmp_path)))
+
+
+def test_written_is_a_folder_for_the_block_only(tmp_path):
+    snap = snapshot_state({"w": torch.ones(2)})
+    with written(snap) as folder:
+        assert sorted(os.listdir(folder)) == sorted(CHECKPOINT_FILES)
+        assert torch.equal(load_state(folder)["w"], torch.ones(2))
+    assert not os.path.exists(folder)
+    with pytest.raises(RuntimeError, match="send failed"):
+        with written(snap) as folder:
+            raise RuntimeError("send failed")
+    assert not os.path.exists(folder)  # removed however the block ends
+    with written(None) as nothing:
+        assert nothing is None
+
+
 def test_unsupported_leaf_is_a_type_error(tmp_path):
     with pytest.raises(TypeError, match=r"set at 'a.b' cannot be checkpointed safely"):
         save_state({"a": {"b": {1, 2}}}, str(tmp_path))
@@ -80,6 +107,10 @@ def test_every_registered_optimizer_round_trips_and_resumes_bit_identically(name
     first.run_epoch()
     first.save(str(tmp_path / "ckpt"))
     assert_same_tree(first.optimizer.state_dict(), load_state(str(tmp_path / "ckpt"))["optimizer"])
+    snap = first.snapshot()  # as a trial checkpoints: the state copied now, written by another thread later
+    first.run_epoch()  # ... while training goes on
+    snap.write(str(tmp_path / "snap"))
+    assert_same_tree(load_state(str(tmp_path / "ckpt")), load_state(str(tmp_path / "snap")))
     torch.manual_seed(999)  # a restarted worker has other global RNG states
     resumed = Trainer(spec(name, **kw), digits)
     resumed.load(str(tmp_path / "ckpt"))

@@ -19,7 +19,6 @@ as Tune's ``storage_path`` must.
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -86,6 +85,7 @@ def _worker_loop(loop_config: Dict[str, Any]) -> None:
     import ray.train.torch
 
     from flatlab.study.trainable import trial_loop
+    from flatlab.train.checkpoint import StateSnapshot, written
     from flatlab.train.parallel import DataParallel
     from flatlab.train.trainer import Trainer
 
@@ -106,13 +106,10 @@ def _worker_loop(loop_config: Dict[str, Any]) -> None:
         with ray.train.Checkpoint(path, filesystem=filesystem).as_directory() as d:
             trainer.load(d)
 
-    def report(metrics: Dict[str, Any], checkpoint_dir: Optional[str]) -> None:
-        saved = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
-        try:
+    def report(metrics: Dict[str, Any], snapshot: Optional[StateSnapshot]) -> None:
+        with written(snapshot) as folder:  # removed once Ray Train has copied it into the run's storage
+            saved = ray.train.Checkpoint.from_directory(folder) if folder else None
             ray.train.report(metrics, checkpoint=saved)  # every rank reports; rank 0's metrics reach Tune
-        finally:
-            if checkpoint_dir:  # copied into the run's storage by now
-                shutil.rmtree(checkpoint_dir, ignore_errors=True)
 
     trial_loop(
         trainer,

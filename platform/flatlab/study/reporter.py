@@ -8,6 +8,12 @@ put: one thread sends the queued reports in order while the trial trains on, and
 where it must, at the epochs where its scheduler decides (so a trial ASHA stops never trains past its
 rung) and before it returns or raises (so every report goes out first, in order).
 
+A checkpoint reaches the reporter as a :class:`~flatlab.train.checkpoint.StateSnapshot` (the state
+copied in memory when the epoch ended); the sending thread writes its files, sends them and removes them,
+so the trial does not wait on the disk either. At most one snapshot waits to be written: a trial that
+checkpoints again before the previous one is sent waits for it, so its memory holds at most the live state
+and two copies (one being written, one queued).
+
 When Tune stops the trial (ASHA, an interrupted launch), its ``report`` raises ``SystemExit(0)`` in the
 sending thread; the trial receives it at its next report or wait and ends the way it would have with
 a blocking report.
@@ -16,11 +22,13 @@ a blocking report.
 from __future__ import annotations
 
 import queue
-import shutil
 import threading
 from typing import Any, Callable, Container, Dict, Optional
 
-#: ``report(metrics, checkpoint_dir)``, blocking, as :data:`flatlab.study.trainable.Report`.
+from flatlab.train.checkpoint import StateSnapshot, written
+
+#: ``send(metrics, checkpoint_dir)``, blocking: ``tune.report`` with the folder (``None``: no checkpoint)
+#: as a ``tune.Checkpoint``; the folder is removed once ``send`` returns.
 Send = Callable[[Dict[str, Any], Optional[str]], None]
 
 
@@ -32,9 +40,9 @@ class BackgroundReporter:
         wait_at: epochs (``metrics["epoch"]``) whose report must have been taken by Tune before the
             trial goes on (its scheduler's decision epochs).
 
-    A checkpoint folder passed to the reporter is its own: it is removed once sent (Tune has copied it
-    into the trial's storage by then). The first exception of ``send`` (``SystemExit`` when Tune stops
-    the trial) is raised in the trial's thread at its next call.
+    A checkpoint is written to a temporary folder in the sending thread, sent, and the folder removed
+    (Tune has copied it into the trial's storage by then). The first exception of ``send`` or of a write
+    (``SystemExit`` when Tune stops the trial) is raised in the trial's thread at its next call.
     """
 
     def __init__(self, send: Send, wait_at: Container[int] = ()) -> None:
@@ -42,20 +50,25 @@ class BackgroundReporter:
         self._queue: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._sent = threading.Condition()
         self._queued = self._done = 0
+        self._last_checkpoint = 0  # the position (1-based) of the latest queued report with a checkpoint
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name="flatlab-report", daemon=True)
         self._thread.start()
 
-    def __call__(self, metrics: Dict[str, Any], checkpoint_dir: Optional[str]) -> None:
-        """Queue one report (``checkpoint_dir``: a folder the reporter now owns, or ``None``); wait
-        until it is sent when its epoch is one of ``wait_at``.
+    def __call__(self, metrics: Dict[str, Any], checkpoint: Optional[StateSnapshot]) -> None:
+        """Queue one report (``checkpoint``: the state to send with it, or ``None``); wait first until the
+        previous checkpoint is sent, if one is still queued, and afterwards until this report is sent
+        when its epoch is one of ``wait_at``.
 
         Raises:
             BaseException: the first error of an earlier send (``SystemExit`` when Tune stopped the trial).
         """
         self._raise_error()
+        if checkpoint is not None:
+            self._wait_for(self._last_checkpoint)  # at most one snapshot waits in memory
+            self._last_checkpoint = self._queued + 1
         self._queued += 1
-        self._queue.put((metrics, checkpoint_dir))
+        self._queue.put((metrics, checkpoint))
         if metrics.get("epoch") in self._wait_at:
             self.flush()
 
@@ -65,8 +78,12 @@ class BackgroundReporter:
         Raises:
             BaseException: the first error of a send.
         """
+        self._wait_for(self._queued)
+
+    def _wait_for(self, n: int) -> None:
+        """Wait until the first ``n`` queued reports are sent (raises the first error of a send)."""
         with self._sent:
-            while self._done < self._queued and self._error is None:
+            while self._done < n and self._error is None:
                 self._sent.wait()
         self._raise_error()
 
@@ -82,29 +99,26 @@ class BackgroundReporter:
             raise self._error
 
     def _discard(self) -> None:
-        """After an error: drop what is still queued, removing its checkpoint folders."""
+        """After an error: drop what is still queued (snapshots are in memory: nothing on disk)."""
         while True:
             try:
-                item = self._queue.get_nowait()
+                self._queue.get_nowait()
             except queue.Empty:
                 return
-            if item is not None and item[1] is not None:
-                shutil.rmtree(item[1], ignore_errors=True)
 
     def _run(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            metrics, checkpoint_dir = item
+            metrics, checkpoint = item
             try:
-                self._send(metrics, checkpoint_dir)
+                with written(checkpoint) as folder:  # removed once sent (Tune copied it) or failed
+                    self._send(metrics, folder)
             except BaseException as exc:  # noqa: BLE001 - SystemExit included: the trial must see it
                 error: Optional[BaseException] = exc
             else:
                 error = None
-            if checkpoint_dir is not None:  # sent (Tune copied it into the trial's storage) or failed
-                shutil.rmtree(checkpoint_dir, ignore_errors=True)
             if error is not None:
                 self._discard()
             with self._sent:

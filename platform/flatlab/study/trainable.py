@@ -18,8 +18,9 @@ never trains past its rung) and before it ends. The reports travel to the driver
 result buffering, :func:`tune_env`, up to :data:`RESULT_BUFFER_S` seconds) that the trainable class of
 :func:`make_trainable` ends early at those decision epochs, at a checkpoint (which travels alone) and
 at the end; a trial that raises first delivers every report it made, then fails with its error.
-A checkpoint costs the trial a save (safetensors + JSON); Tune's copy into the trial's storage and the
-round trips happen in the reporting thread.
+A checkpoint costs the trial a copy of its state in memory (:meth:`~flatlab.train.trainer.Trainer.snapshot`);
+writing it (safetensors + JSON), Tune's copy into the trial's storage and the round trips happen in the
+reporting thread.
 One trial loop (:func:`trial_loop`) serves the single-process trial and every rank of a multi-worker
 (DDP) trial (:mod:`flatlab.study.ddp_trial`).
 """
@@ -29,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import tempfile
 import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
@@ -39,7 +39,7 @@ from ray import tune
 from flatlab.study.searchers import COMPLETED_KEY, DIVERGED_KEY
 from flatlab.study.spec import Study
 from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
-from flatlab.train.checkpoint import CHECKPOINT_FILES
+from flatlab.train.checkpoint import CHECKPOINT_FILES, StateSnapshot
 from flatlab.train.trainer import Diverged, Trainer
 from flatlab.workloads.base import Data
 
@@ -156,10 +156,11 @@ def checkpoint_due(every: Optional[int], epoch: int, last: bool, since_s: float)
     return epoch % every == 0
 
 
-#: ``report(metrics, checkpoint_dir)``: one report of the trial (``checkpoint_dir``: a folder holding
-#: this epoch's checkpoint, or ``None``; the report owns it and removes it once sent). Tune's, from a
+#: ``report(metrics, checkpoint)``: one report of the trial (``checkpoint``: this epoch's state,
+#: :meth:`~flatlab.train.trainer.Trainer.snapshot`, or ``None``; the report writes it to a folder of its
+#: own, :func:`~flatlab.train.checkpoint.written`, and removes it once sent). Tune's, from a
 #: :class:`~flatlab.study.reporter.BackgroundReporter`, in a single process; Ray Train's on every DDP rank.
-Report = Callable[[Dict[str, Any], Optional[str]], None]
+Report = Callable[[Dict[str, Any], Optional[StateSnapshot]], None]
 
 
 def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Optional[WorkerTracking] = None) -> None:
@@ -250,11 +251,7 @@ def trial_loop(
                     tracking = dataclasses.replace(tracking, log_models=False)
                 log_trial_artifacts(tracking, trial_id, trainer.model, trainer.spec, metrics, curve=trainer.curve.points())
         if trainer.trains and checkpoint_due(study.checkpoint_every, trainer.epoch, last, time.monotonic() - saved_at):
-            folder = None
-            if main:
-                folder = tempfile.mkdtemp(prefix="flatlab-checkpoint-")
-                trainer.save(folder)
-            report(metrics, folder)  # the report owns the folder: it removes it once sent
+            report(metrics, trainer.snapshot() if main else None)  # written and sent by the report
             saved_at = time.monotonic()
         else:
             report(metrics, None)

@@ -21,9 +21,12 @@ JSON encoding of the tree (a value is one of):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from typing import Any, Dict, Iterable, Tuple
+import shutil
+import tempfile
+from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
 
 import numpy as np
 import torch
@@ -49,11 +52,13 @@ class CheckpointError(FlatlabError, ValueError):
 
 
 class _Encoder:
-    """Walks a state tree, collecting tensors into ``tensors`` and returning the JSON-ready tree."""
+    """Walks a state tree, collecting tensors into ``tensors`` and returning the JSON-ready tree
+    (``copy``: every tensor is copied, so the tree no longer shares memory with the live state)."""
 
-    def __init__(self) -> None:
+    def __init__(self, copy: bool = False) -> None:
         self.tensors: Dict[str, torch.Tensor] = {}
         self._storages: set = set()
+        self._copy = copy
 
     def _key(self, path: str) -> str:
         key, n = path or "tensor", 1
@@ -62,7 +67,10 @@ class _Encoder:
         return key
 
     def _tensor(self, t: torch.Tensor, path: str) -> Dict[str, str]:
-        t = t.detach().to("cpu")
+        if self._copy:  # an own, contiguous CPU copy (one copy: a GPU tensor is copied by the move itself)
+            t = t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+        else:
+            t = t.detach().to("cpu")
         storage = t.untyped_storage()
         shared = storage.data_ptr() in self._storages and t.numel() > 0
         # safetensors refuses tensors that share memory (tied weights, views): store a copy of those
@@ -130,6 +138,61 @@ def _decode(value: Any, tensors: Dict[str, torch.Tensor], where: str) -> Any:
     raise CheckpointError(f"{where}: unexpected JSON value {value!r}")  # pragma: no cover (json yields no others)
 
 
+class StateSnapshot:
+    """A state captured now and written later (:func:`snapshot_state`): the JSON-ready tree and its
+    tensors, on CPU, in memory of their own. Training can go on while another thread calls
+    :meth:`write`; what is written is the state as it was when captured."""
+
+    def __init__(self, tree: Any, tensors: Dict[str, torch.Tensor]) -> None:
+        self.tree, self.tensors = tree, tensors
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor data the snapshot holds."""
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def write(self, directory: str) -> None:
+        """Write ``directory/trainer.safetensors`` (the tensors) and ``directory/trainer.json`` (the tree);
+        ``directory`` is created if missing. :func:`load_state` reads them back."""
+        from safetensors.torch import save_file
+
+        os.makedirs(directory, exist_ok=True)
+        save_file(self.tensors, os.path.join(directory, TENSORS_FILE), metadata={"format": FORMAT, "version": str(VERSION)})
+        text = json.dumps({"format": FORMAT, "version": VERSION, "state": self.tree})  # one C-encoded string, one write
+        with open(os.path.join(directory, STATE_FILE), "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def snapshot_state(state: Any) -> StateSnapshot:
+    """Capture ``state`` for a later :meth:`StateSnapshot.write`: the tree is encoded now and every tensor
+    copied to CPU (GPU tensors: the one device-to-host copy a save needs anyway; CPU tensors: a copy in
+    memory, ~0.1 ms for the digits MLP), so changes to the live state after this call are not written.
+
+    Raises:
+        TypeError: a leaf of ``state`` is not a tensor, int, float, bool, None or str.
+    """
+    enc = _Encoder(copy=True)
+    tree = enc.encode(state)
+    return StateSnapshot(tree, enc.tensors)
+
+
+@contextlib.contextmanager
+def written(snapshot: Optional[StateSnapshot]) -> Iterator[Optional[str]]:
+    """A temporary folder holding ``snapshot`` written (:meth:`StateSnapshot.write`) for the duration of
+    the block, removed after it however the block ends; ``None`` for ``None`` (a report without a
+    checkpoint). Tune and Ray Train copy a reported checkpoint folder into the trial's storage before
+    their ``report`` returns, so the block is the report."""
+    if snapshot is None:
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="flatlab-checkpoint-")
+    try:
+        snapshot.write(folder)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def save_state(state: Any, directory: str) -> None:
     """Write ``state`` as ``directory/trainer.safetensors`` (every tensor, moved to CPU) and
     ``directory/trainer.json`` (the rest of the tree); ``directory`` is created if missing.
@@ -137,15 +200,9 @@ def save_state(state: Any, directory: str) -> None:
     Raises:
         TypeError: a leaf of ``state`` is not a tensor, int, float, bool, None or str.
     """
-    from safetensors.torch import save_file
-
     enc = _Encoder()
     tree = enc.encode(state)
-    os.makedirs(directory, exist_ok=True)
-    save_file(enc.tensors, os.path.join(directory, TENSORS_FILE), metadata={"format": FORMAT, "version": str(VERSION)})
-    text = json.dumps({"format": FORMAT, "version": VERSION, "state": tree})  # one C-encoded string, one write
-    with open(os.path.join(directory, STATE_FILE), "w", encoding="utf-8") as f:
-        f.write(text)
+    StateSnapshot(tree, enc.tensors).write(directory)
 
 
 def _missing_message(directory: str, missing: Iterable[str]) -> str:
@@ -189,4 +246,5 @@ def load_state(directory: str) -> Any:
     return _decode(doc["state"], tensors, state_path)
 
 
-__all__ = ["CHECKPOINT_FILES", "CheckpointError", "STATE_FILE", "TENSORS_FILE", "load_state", "save_state"]
+__all__ = ["CHECKPOINT_FILES", "CheckpointError", "STATE_FILE", "StateSnapshot", "TENSORS_FILE", "load_state", "save_state",
+           "snapshot_state", "written"]

@@ -21,7 +21,7 @@ import torch
 from flatlab.errors import ConfigError
 from flatlab.optim.protocol import Progress
 from flatlab.optim.registry import get_optimizer
-from flatlab.train.checkpoint import STATE_FILE, CheckpointError, load_state, save_state
+from flatlab.train.checkpoint import STATE_FILE, CheckpointError, StateSnapshot, load_state, save_state, snapshot_state
 from flatlab.train.closure import BatchClosure
 from flatlab.train.compiled import compile_model
 from flatlab.train.curve import LossCurve
@@ -328,6 +328,15 @@ class Trainer:
                 ``state_dict``).
         """
         save_state(self.state_dict(), directory)
+
+    def snapshot(self) -> StateSnapshot:
+        """:meth:`state_dict` captured now (tensors copied to CPU) for a :meth:`~StateSnapshot.write` later,
+        from another thread while training goes on; what it writes loads with :meth:`load`.
+
+        Raises:
+            TypeError: as :meth:`save`.
+        """
+        return snapshot_state(self.state_dict())
 
     def load(self, directory: str) -> None:
         """Load a state written by :meth:`save`. Nothing read can execute code (no pickle).
