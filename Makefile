@@ -34,7 +34,7 @@ test-fast: venv
 ## bench: the platform's cost per epoch (both checkpoint settings) and what a round trip and a checkpoint cost
 bench: venv
 	$(BIN)/python bench/platform_overhead.py
-	$(BIN)/python bench/platform_overhead.py --checkpoint-every 10
+	$(BIN)/python bench/platform_overhead.py --checkpoint-every 10 --rounds 24  # ±2–3 ms per round here: 4 rounds cannot settle 2 ms
 	$(BIN)/python bench/checkpoint_cost.py
 
 clean:

@@ -18,8 +18,9 @@ cancels), and the time in Tune (`starting Tune` to `Tune done` in the study's lo
     ms per checkpoint  = (every-10 - batched) / (N * epochs / 10)
 
 A checkpoint takes three round trips in Ray 2.60 (the batch before it, the report that carries it,
-Tune's `save`; see `flatlab.study.trainable.make_trainable`) plus the trial's save, Tune's copy into
-its storage and its bookkeeping on the driver (registering the checkpoint, deleting the oldest beyond
+Tune's `save`; see `flatlab.study.trainable.make_trainable`) plus the copy of the trial's state in
+memory (on its training thread), writing it and Tune's copy into its storage (in its reporting thread),
+and Tune's bookkeeping on the driver (registering the checkpoint, deleting the oldest beyond
 `KEEP_CHECKPOINTS`, an experiment-state snapshot every `KEEP_CHECKPOINTS` checkpoints). What
 `checkpoint_every=10` adds per epoch is the checkpoint's cost / 10, whatever the epoch computes.
 

@@ -6,12 +6,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
-
 
 def test_costs_per_round_trip_and_per_checkpoint_by_hand(checkpoint_bench):
     # 4 trials x 1000 epochs: 4000 round trips more unbatched, 400 checkpoints more at every-10
@@ -40,9 +36,9 @@ def test_bad_arguments_are_refused(checkpoint_bench, capsys, argv):
 
 
 @pytest.mark.slow
-def test_a_tiny_run_prints_both_costs():
+def test_a_tiny_run_prints_both_costs(checkpoint_bench):
     done = subprocess.run(
-        [sys.executable, str(BENCH_DIR / "checkpoint_cost.py"), "--trials", "1", "--epochs", "20", "--rounds", "1"],
+        [sys.executable, checkpoint_bench.__file__, "--trials", "1", "--epochs", "20", "--rounds", "1"],
         capture_output=True, text=True, timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -6,12 +6,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
-
 
 def test_tune_span_is_the_time_between_the_two_log_lines(platform_bench):
     log = (
@@ -50,9 +46,9 @@ def test_rounds_and_trials_must_be_positive(platform_bench, capsys, argv):
 
 
 @pytest.mark.slow
-def test_a_tiny_run_prints_its_ratio_and_ms_per_epoch(tmp_path):
+def test_a_tiny_run_prints_its_ratio_and_ms_per_epoch(platform_bench):
     done = subprocess.run(
-        [sys.executable, str(BENCH_DIR / "platform_overhead.py"), "--trials", "1", "--rounds", "1", "--epochs", "3", "--short", "1",
+        [sys.executable, platform_bench.__file__, "--trials", "1", "--rounds", "1", "--epochs", "3", "--short", "1",
          "--checkpoint-every", "10", "--width", "8"],
         capture_output=True, text=True, timeout=900,
     )

@@ -48,7 +48,7 @@ CKPT_FILES = CHECKPOINT_FILES  # trainer.safetensors + trainer.json (no pickle)
 #: With ``Study.checkpoint_every=None`` (the default), a trial checkpoints at the first epoch that ends at
 #: least this many seconds after its previous checkpoint (or its start), and at its last epoch: a
 #: restarted trial loses at most this much work plus one epoch, and short epochs do not each pay for a
-#: checkpoint (a save, a copy into Tune's storage and a round trip to the driver).
+#: checkpoint (a copy of the state, its write, Tune's copy into its storage and round trips to the driver).
 CHECKPOINT_INTERVAL_S = 10.0
 
 #: Seconds a trial's reports may wait in its worker before they go to the driver together (Tune's
