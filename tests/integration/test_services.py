@@ -114,7 +114,8 @@ STUDY = Study(
     root = tmp_path / "root"
     uri = runs.default_tracking_uri(root)
     budget = ["--trials", str(n), "--epochs", str(epochs), "--final-seeds", "1"]
-    proc = subprocess.Popen([str(BIN / "flatlab"), "run", str(study), "--root", str(root), "--num-cpus", "2", *budget],
+    proc = subprocess.Popen([str(BIN / "flatlab"), "run", str(study), "--root", str(root), "--num-cpus", "2", *budget,
+                             "--checkpoint-every", "3"],
                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 300
     finished = []
@@ -140,6 +141,7 @@ STUDY = Study(
     launch = json.loads((root / "res" / "launch.json").read_text())
     assert launch["status"] == "killed"
     assert launch["overrides"] == {"trials": n, "epochs": epochs, "final_seeds": 1, "scale": None}
+    assert launch["checkpoint_every"] == 3
     c = runs.client(uri)
     exp = c.get_experiment_by_name("res")
     before = {r.data.tags[runs.TAG_TRIAL]: r for r in c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")}
@@ -165,6 +167,7 @@ STUDY = Study(
         assert steps == list(range(1, epochs + 1)), (r.data.tags[runs.TAG_TRIAL], steps)
         assert [m.step for m in c.get_metric_history(r.info.run_id, "val/accuracy")] == steps
     assert done_ids <= {r.data.tags[runs.TAG_TRIAL] for r in after}  # finished before the interrupt: the same runs
+    assert json.loads((root / "res" / "launch.json").read_text())["checkpoint_every"] == 3  # kept by --resume
 
     again = flatlab("run", str(study), "--root", str(root), "--resume", "--num-cpus", "2")  # the launch has finished now
     assert again.returncode == 0 and "already finished; nothing to resume" in again.stdout, again.stdout + again.stderr

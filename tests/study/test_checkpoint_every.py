@@ -148,6 +148,43 @@ def test_cli_checkpoint_every_overrides_the_study(monkeypatch, tmp_path):
     assert res.exit_code == 2 and "--checkpoint-every" in res.output
 
 
+def test_resume_keeps_the_launchs_checkpoint_every_unless_given(monkeypatch, tmp_path):
+    import json
+
+    import flatlab.study.runner as runner_mod
+    from flatlab.cli.main import app
+
+    file = tmp_path / "ck.py"
+    file.write_text(
+        "from flatlab import Arm, Study\n"
+        "STUDY = Study(name='ck', workload='digits', arms=(Arm('sgd', space={'lr': 0.1}),), scheduler='fifo', "
+        "checkpoint_every=3, max_epochs=2)\n"
+    )
+    record = tmp_path / "ck" / "launch.json"
+    record.parent.mkdir()
+    seen = []
+
+    def fake_run_study(s, opts, console=None):
+        seen.append(s.checkpoint_every)
+        raise runner_mod.ConfigError("stop here")
+
+    monkeypatch.setattr(runner_mod, "run_study", fake_run_study)
+
+    def resume(*extra):
+        return CliRunner().invoke(app, ["run", str(file), "--root", str(tmp_path), "--resume", *extra])
+
+    record.write_text(json.dumps({"checkpoint_every": 7}))  # launched with --checkpoint-every 7
+    assert resume().exit_code == 2 and resume("--checkpoint-every", "5").exit_code == 2
+    record.write_text(json.dumps({"checkpoint_every": None}))  # launched with the default cadence (by time)
+    resume()
+    record.write_text(json.dumps({"overrides": {"trials": 1}}))  # a record from before the cadence was recorded
+    resume()
+    assert seen == [7, 5, None, 3]
+    record.write_text(json.dumps({"checkpoint_every": "7"}))  # an edited record
+    res = resume()
+    assert res.exit_code == 2 and "checkpoint_every='7'; expected null or an int >= 1" in res.output and len(seen) == 4
+
+
 def test_result_buffering_environment():
     # FLATLAB_RESULT_BUFFER_S seconds per batch (default 1); 0 turns buffering off.
     # Tune's controller reads these when Tuner.fit starts; run_study sets them (setdefault) before that

@@ -52,11 +52,12 @@ def run(
     num_cpus: Optional[int] = typer.Option(None, help="CPUs of the local Ray instance (default: all)"),
     checkpoint_every: Optional[int] = typer.Option(
         None, "--checkpoint-every", min=1,
-        help="epochs between trial checkpoints, Tune's checkpoint frequency (overrides the study; the last epoch is always checkpointed)",
+        help="epochs between trial checkpoints, Tune's checkpoint frequency (overrides the study; the last epoch is always "
+             "checkpointed; --resume keeps the launch's unless given)",
     ),
 ) -> None:
     """Run the studies of STUDY_FILE on Ray Tune (Optuna searcher, ASHA, MLflow tracking)."""
-    from flatlab.study.launches import launch_budgets, resume_scale
+    from flatlab.study.launches import launch_budgets, read_launch, resume_checkpoint_every, resume_scale
     from flatlab.study.loader import load_studies
     from flatlab.study.plan import render as render_plan
 
@@ -75,6 +76,9 @@ def run(
             studies = [s for s in studies if s.name in study]
         if checkpoint_every is not None:
             studies = [dataclasses.replace(s, checkpoint_every=checkpoint_every) for s in studies]
+        elif resume:  # the cadence the launch ran with
+            studies = [dataclasses.replace(s, checkpoint_every=resume_checkpoint_every(
+                read_launch(_root(root), s.name), s.checkpoint_every, s.name)) for s in studies]
         budgets = launch_budgets(str(study_file), studies, given, _root(root), resume)  # --resume: the launch's budget
         studies = [s.with_budget(budgets[s.name]["trials"], budgets[s.name]["epochs"], budgets[s.name]["final_seeds"])
                    .validate(str(study_file)) for s in studies]

@@ -6,6 +6,10 @@ A launch records, besides its Tune experiment and MLflow parent run (written by
 * ``overrides``: the budget options it ran with (``trials``, ``epochs``, ``final_seeds``, ``scale``;
   ``None`` where the study file's value was used). ``--resume`` reuses them (:func:`resume_budget`), so a
   launch started with ``--trials 4 --epochs 15`` resumes at that budget, not at the file's.
+* ``checkpoint_every``: the checkpoint cadence its trials ran with (``--checkpoint-every`` or the study
+  file's; ``null``: the default, by time). A ``--resume`` without ``--checkpoint-every`` keeps it
+  (:func:`resume_checkpoint_every`); one with it changes the cadence from then on (not a budget: it
+  changes what a restart loses, not what the study measures).
 * ``optuna_prefix`` and ``optuna_studies``: the Optuna study of each arm (``<prefix>.<arm>`` in
   ``<root>/<study>/optuna.db``). ``--continue`` starts a new launch whose arms add trials to the previous
   launch's Optuna studies (:func:`continued_studies`), so TPE builds on every trial it has seen.
@@ -123,6 +127,24 @@ def launch_budgets(path: str, studies: List[Any], given: Dict[str, Any], root: P
         return {s.name: dict(effective) for s in studies}
     # given["scale"] is the explicit --scale only: without it, the file was loaded at resume_scale's
     return {s.name: resume_budget(read_launch(root, s.name), given, s.name) for s in studies}
+
+
+def resume_checkpoint_every(recorded: Optional[Dict[str, Any]], study_value: Optional[int], where: str = "") -> Optional[int]:
+    """The ``checkpoint_every`` of a ``--resume`` without ``--checkpoint-every``: the one its launch
+    recorded, so a launch started with ``--checkpoint-every 2`` goes on checkpointing every 2 epochs;
+    ``study_value`` (the study file's) for a record without one (written before it was recorded).
+
+    Raises:
+        ConfigError: the recorded value is neither ``null`` nor a positive int (an edited record), naming
+            the study and the value.
+    """
+    if not recorded or "checkpoint_every" not in recorded:
+        return study_value
+    value = recorded["checkpoint_every"]
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"--resume{f' of study {where!r}' if where else ''}: its launch record has "
+                          f"checkpoint_every={value!r}; expected null or an int >= 1 (pass --checkpoint-every N)")
+    return value
 
 
 def continued_studies(previous: Optional[Dict[str, Any]], study: Any, where: str) -> Tuple[str, Dict[str, str]]:

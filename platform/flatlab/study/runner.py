@@ -485,6 +485,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         "tracking_uri": tracking_uri, "experiment_id": experiment_id, "status": "running",
         "optuna_storage": f"sqlite:///{out / 'optuna.db'}",
         "overrides": previous.get("overrides", opts.overrides) if previous else dict(opts.overrides),
+        "checkpoint_every": study.checkpoint_every,  # --resume keeps it (launches.resume_checkpoint_every)
         "optuna_prefix": optuna_prefix,
         "optuna_studies": {a.name: optuna_study_name(optuna_prefix, a.name) for a in study.arms} if study.searcher != "grid" else {},
     }
