@@ -166,7 +166,9 @@ class StateSnapshot:
 def snapshot_state(state: Any) -> StateSnapshot:
     """Capture ``state`` for a later :meth:`StateSnapshot.write`: the tree is encoded now and every tensor
     copied to CPU (GPU tensors: the one device-to-host copy a save needs anyway; CPU tensors: a copy in
-    memory, ~0.1 ms for the digits MLP), so changes to the live state after this call are not written.
+    memory), so changes to the live state after this call are not written. Measured on the 2-core CPU
+    machine: 0.4–0.9 ms for the digits MLP's whole trainer state; 95 ms for 200 MB of float32 tensors,
+    whose save takes 494 ms.
 
     Raises:
         TypeError: a leaf of ``state`` is not a tensor, int, float, bool, None or str.
