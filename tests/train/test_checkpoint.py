@@ -1,5 +1,6 @@
 """Trial checkpoints are safetensors + JSON: exact round trips for every registered optimizer, a
-bit-identical resume (from a snapshot written after training went on, as trials write them), and refusal (naming the file) of pickles, crafted or old, and tampered files."""
+bit-identical resume (from a snapshot written after training went on, as trials write them), and
+refusal (naming the file) of pickles, crafted or old, and tampered files."""
 
 from __future__ import annotations
 
