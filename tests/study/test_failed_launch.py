@@ -31,12 +31,12 @@ def test_failures_after_ray_started_end_the_launch_failed(tmp_path, monkeypatch)
     import ray
 
     import flatlab.study.searchers as searchers
-    import flatlab.workloads.registry as registry
+    from flatlab.workloads.digits import Digits
 
     root = tmp_path / "root"
-    real_build = registry.build_workload
+    real_load = Digits.load_data
 
-    def broken_data(name, **params):
+    def broken_data(self, seed):
         assert ray.is_initialized()  # the failure comes after Ray's start
         raise RuntimeError("disk gone while loading")
 
@@ -46,7 +46,7 @@ def test_failures_after_ray_started_end_the_launch_failed(tmp_path, monkeypatch)
 
     try:
         # 1. while loading the data, as MLflow opens the launch in parallel
-        monkeypatch.setattr(registry, "build_workload", broken_data)
+        monkeypatch.setattr(Digits, "load_data", broken_data)
         with pytest.raises(RuntimeError, match="disk gone"):
             run_study(_study("fail_data"), RunOptions(root=root, num_cpus=1))
         assert _parent(root, "fail_data").info.status == "FAILED"
@@ -54,7 +54,7 @@ def test_failures_after_ray_started_end_the_launch_failed(tmp_path, monkeypatch)
         assert state["status"] == "failed" and state["parent_run_id"] == _parent(root, "fail_data").info.run_id
 
         # 2. building the searcher, after launch.json said "running"
-        monkeypatch.setattr(registry, "build_workload", real_build)
+        monkeypatch.setattr(Digits, "load_data", real_load)
         monkeypatch.setattr(searchers, "ArmSearcher", BrokenSearcher)
         with pytest.raises(RuntimeError, match="sampler seed"):
             run_study(_study("fail_searcher"), RunOptions(root=root, num_cpus=1))

@@ -1,4 +1,4 @@
-"""Every paper workload in the registry (cifar*, dtd, glue/*, lm/*) trains one epoch offline with its
+"""Every paper workload in the registry (cifar*, dtd, fashion_mnist, glue/*, lm/*) trains one epoch offline with its
 ``smoke_params`` and reports every metric it declares (AlgoPerf-style smoke test over the registry)."""
 
 import math
@@ -8,12 +8,12 @@ import pytest
 from flatlab.train.trainer import Trainer, TrialSpec
 from flatlab.workloads import WORKLOADS, build_workload
 
-PAPER_WORKLOADS = [n for n in WORKLOADS.names() if n.split("/")[0] in ("cifar10", "cifar100", "dtd", "glue", "lm", "imagenet")]
+PAPER_WORKLOADS = [n for n in WORKLOADS.names() if n.split("/")[0] in ("cifar10", "cifar100", "dtd", "fashion_mnist", "glue", "lm", "imagenet")]
 
 
 def test_the_paper_workloads_are_registered():
     names = set(WORKLOADS.names())
-    assert {"cifar10", "cifar100", "dtd", "glue/cola", "glue/stsb", "glue/mrpc", "glue/qqp", "lm/wikitext2",
+    assert {"cifar10", "cifar100", "dtd", "fashion_mnist", "glue/cola", "glue/stsb", "glue/mrpc", "glue/qqp", "lm/wikitext2",
             "lm/wikitext103", "lm/minipile", "lm/openwebtext"} <= names
 
 

@@ -384,6 +384,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     Raises:
         ConfigError: ``--resume`` with nothing to resume; ``--continue`` without a previous launch or with
             a changed space (:func:`flatlab.study.launches.continued_studies`); both at once.
+        DataUnavailable: the workload's data is missing (``Workload.check_data``), before Ray or MLflow start.
     """
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no CSV/JSON/TBX loggers per result
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")  # frequent checkpoints (checkpoint_every=1) are a choice, not a misconfiguration
@@ -453,6 +454,8 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         if not tune.Tuner.can_restore(previous["experiment_path"]):
             raise ConfigError(f"--resume: the Tune experiment at {previous['experiment_path']} cannot be restored")
 
+    workload = build_workload(study.workload, **dict(study.workload_params))
+    workload.check_data()  # missing data: one error (DataUnavailable) before Ray, MLflow or a trial starts
     _setup_file_logging(out / "logs")
     logger.info("launch %s: tracking %s", study.name, tracking_uri)
     common_tags = {
@@ -470,7 +473,6 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         _init_ray(opts, tracking_uri)
         _setup_file_logging(out / "logs")  # ray.init reconfigures logging
         logger.info("Ray ready (%.1f s)", time.monotonic() - t0)
-        workload = build_workload(study.workload, **dict(study.workload_params))
         data = workload.load_data(study.seed)  # once per study; reaches trials through the object store
         experiment_id, parent_run_id, exp_name = opened.result()
     logger.info("MLflow ready, data loaded (%.1f s)", time.monotonic() - t0)

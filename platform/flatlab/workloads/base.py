@@ -140,6 +140,11 @@ class Workload(ABC):
     def __init__(self, **params: Any) -> None:
         self.params: Dict[str, Any] = resolve(self.hparams, params, f"workload {self.name!r}")
 
+    def check_data(self) -> None:
+        """Raise :class:`~flatlab.workloads.sources.DataUnavailable` now when :meth:`load_data` would find no
+        data; cheap (looks for files, reads none when it can). ``flatlab run`` calls it on the driver before
+        Ray, MLflow or any trial starts, so missing data is one error line (default: nothing to check)."""
+
     @abstractmethod
     def load_data(self, seed: int) -> Data:
         """Load (or build) the splits; deterministic in ``seed``. Called once per study, on the driver."""

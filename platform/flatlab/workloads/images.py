@@ -166,12 +166,13 @@ def to_chw_uint8(images: Iterable[Any], size: int = 0) -> np.ndarray:
     return np.stack(out)
 
 
-def holdout_split(targets: np.ndarray, n_val: int, seed: int) -> Tuple[np.ndarray, np.ndarray]:
+def holdout_split(targets: np.ndarray, n_val: int, seed: int, stream: int = 0x7A1) -> Tuple[np.ndarray, np.ndarray]:
     """Indices ``(train, val)``: a stratified random hold-out of exactly ``n_val`` examples, both sorted.
 
     The examples are ordered by class (randomly within a class) and ``n_val`` evenly spaced positions
     of that order are held out, so every class contributes in proportion to its size (to within one
-    example), even when there are more classes than held-out examples. Deterministic in ``seed``.
+    example), even when there are more classes than held-out examples. Deterministic in ``seed``;
+    another ``stream`` gives an independent draw for the same seed (e.g. a subset after a hold-out).
 
     Raises:
         ValueError: ``n_val`` outside ``[0, len(targets)]``.
@@ -179,7 +180,7 @@ def holdout_split(targets: np.ndarray, n_val: int, seed: int) -> Tuple[np.ndarra
     n = len(targets)
     if not 0 <= n_val <= n:
         raise ValueError(f"hold-out size must be in [0, {n}], got {n_val}")
-    rng = np.random.default_rng([seed, 0x7A1])
+    rng = np.random.default_rng([seed, stream])
     order = np.lexsort((rng.random(n), np.asarray(targets)))  # by class, random within a class
     pos = np.floor((np.arange(n_val) + rng.random()) * n / max(1, n_val)).astype(np.int64) if n_val else np.zeros(0, np.int64)
     va = np.sort(order[pos])

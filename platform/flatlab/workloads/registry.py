@@ -15,6 +15,7 @@ def _load_builtins() -> None:
         "flatlab.workloads.clip",
         "flatlab.workloads.cifar",
         "flatlab.workloads.dtd",
+        "flatlab.workloads.fashion_mnist",
         "flatlab.workloads.glue",
         "flatlab.workloads.lm",
         "flatlab.workloads.imagenet",

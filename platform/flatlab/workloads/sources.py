@@ -55,6 +55,7 @@ def load_hf(
     config: Optional[str] = None,
     data_path: Optional[str] = None,
     param: str = "data_path",
+    hint: Optional[str] = None,
 ) -> Any:
     """A ``datasets.DatasetDict`` (or ``Dataset``) from ``data_path`` if given, else from the hub.
 
@@ -63,13 +64,14 @@ def load_hf(
         hub_name, config: ``datasets.load_dataset`` arguments used when ``data_path`` is ``None``.
         data_path: a ``save_to_disk`` folder or any path ``load_dataset`` accepts.
         param: the workload parameter that holds ``data_path`` (for messages).
+        hint: what the message says after the reason (default: how to provide the data offline).
     Raises:
         DataUnavailable: the path does not exist or cannot be read, or the hub cannot be reached;
             the message names ``param`` and explains how to provide the data offline.
     """
     import datasets
 
-    hint = _offline_hint(workload, hub_name, config, param)
+    hint = hint or _offline_hint(workload, hub_name, config, param)
     if data_path is not None:
         p = Path(os.path.expanduser(data_path))
         if not p.exists():
