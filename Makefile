@@ -7,7 +7,10 @@ BIN := $(VENV)/bin
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-fast bench clean
+# Fashion-MNIST's IDX files as Debian's package dataset-fashion-mnist installs them (found there by default)
+FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
+
+.PHONY: venv data demo test test-fast bench clean
 
 $(BIN)/flatlab: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,12 +26,24 @@ venv: $(BIN)/flatlab
 demo: venv
 	$(BIN)/flatlab run studies/digits_flatness.py --scale demo
 
+## data: Fashion-MNIST for its workload and tests: installs dataset-fashion-mnist with apt-get when $(FMNIST_DIR) is missing
+## and this runs as root on a system with apt-get; otherwise (or if apt fails) one line says how to get it, and make goes on
+data:
+	@if [ -d "$(FMNIST_DIR)" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "data: $(FMNIST_DIR) is missing; installing Debian's dataset-fashion-mnist (apt-get)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null) \
+	    || echo "data: apt-get could not install dataset-fashion-mnist; the tests that need Fashion-MNIST will skip (or fail under FLATLAB_REQUIRE_FMNIST=1)"; \
+	else \
+	  echo "data: $(FMNIST_DIR) is missing (install Debian's dataset-fashion-mnist as root, or see \`flatlab workloads fashion_mnist\`); its tests will skip"; \
+	fi
+
 ## test: the whole suite (unit + integration with local Ray, an MLflow server and a Ray head on 127.0.0.1)
-test: venv
+test: venv data
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## test-fast: skip the slow service tests
-test-fast: venv
+test-fast: venv data
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 ## bench: the platform's cost per epoch (both checkpoint settings) and what a round trip and a checkpoint cost
