@@ -35,3 +35,9 @@ def platform_bench() -> ModuleType:
 def checkpoint_bench() -> ModuleType:
     """bench/checkpoint_cost.py as a module."""
     return load_bench("checkpoint_cost.py")
+
+
+@pytest.fixture(scope="session")
+def fmnist_bench() -> ModuleType:
+    """bench/fmnist_epoch_cost.py as a module."""
+    return load_bench("fmnist_epoch_cost.py")
