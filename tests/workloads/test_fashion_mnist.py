@@ -201,13 +201,20 @@ HOW_TO = (r"sudo apt-get update && sudo apt-get install -y dataset-fashion-mnist
           "save_to_disk(DIR)", "workload_params={'data_path': DIR}", "t10k-labels-idx1-ubyte")
 
 
-def test_an_empty_folder_says_how_to_get_the_data(tmp_path):
+def test_an_empty_folder_or_one_without_data_says_how_to_get_the_data(tmp_path):
     (tmp_path / "empty").mkdir()
     wl = build_workload("fashion_mnist", data_path=str(tmp_path / "empty"))
     with pytest.raises(DataUnavailable) as info:
         wl.check_data()
     msg = str(info.value)
-    assert f"{tmp_path / 'empty'} holds none of the four IDX files either" in msg
+    assert f"data_path='{tmp_path / 'empty'}' is an empty folder. Get Fashion-MNIST in one of three ways" in msg
+    assert all(h in msg for h in HOW_TO), msg
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "README").write_text("not Fashion-MNIST")
+    with pytest.raises(DataUnavailable) as info:
+        build_workload("fashion_mnist", data_path=str(tmp_path / "other")).check_data()
+    msg = str(info.value)
+    assert f"could not read data_path='{tmp_path / 'other'}'" in msg and f"{tmp_path / 'other'} holds none of the four IDX files either" in msg
     assert all(h in msg for h in HOW_TO), msg
     with pytest.raises(DataUnavailable, match=r"data_path='/nonexistent/fmnist' does not exist\. Get Fashion-MNIST in one of three ways"):
         build_workload("fashion_mnist", data_path="/nonexistent/fmnist").check_data()
@@ -244,15 +251,32 @@ def _tiny_study(tmp_path, data_path):
 
 
 def test_flatlab_run_with_missing_data_fails_in_one_line_before_ray_starts(tmp_path, monkeypatch):
+    import flatlab.study.runner as runner
     from flatlab.cli.main import app
+
+    def not_reached(*args, **kwargs):
+        raise AssertionError("the CLI checks the data before it calls run_study")
 
     (tmp_path / "empty").mkdir()
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runner, "run_study", not_reached)
     res = CliRunner().invoke(app, ["run", str(_tiny_study(tmp_path, str(tmp_path / "empty"))), "--root", str(tmp_path / "runs")])
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: workload 'fashion_mnist'"), res.output
     assert "apt-get install -y dataset-fashion-mnist" in lines[0] and "Traceback" not in res.output
+    assert "ray" not in sys.modules or not __import__("ray").is_initialized()
+    assert not (tmp_path / "runs" / "mlflow.db").exists() and not (tmp_path / "runs" / "fm_missing" / "launch.json").exists()
+
+
+def test_run_study_with_missing_data_fails_before_ray_and_mlflow_start(tmp_path):
+    from flatlab.study.loader import load_studies
+    from flatlab.study.runner import RunOptions, run_study
+
+    (tmp_path / "empty").mkdir()
+    (study,) = load_studies(str(_tiny_study(tmp_path, str(tmp_path / "empty"))))
+    with pytest.raises(DataUnavailable, match=r"is an empty folder\. Get Fashion-MNIST in one of three ways"):
+        run_study(study, RunOptions(root=tmp_path / "runs", num_cpus=1))
     assert "ray" not in sys.modules or not __import__("ray").is_initialized()
     assert not (tmp_path / "runs" / "mlflow.db").exists() and not (tmp_path / "runs" / "fm_missing" / "launch.json").exists()
 

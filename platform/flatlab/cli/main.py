@@ -96,6 +96,14 @@ def run(
             for line in describe_chained(s, tracking_uri or default_tracking_uri(_root(root).resolve())):
                 console.print(line, soft_wrap=True)
         return
+    if not resume:  # missing data: one line within seconds, before Ray and MLflow are even imported (run_study checks again)
+        from flatlab.workloads.registry import build_workload
+
+        try:
+            for s in studies:
+                build_workload(s.workload, **dict(s.workload_params)).check_data()
+        except FlatlabError as exc:
+            _fail(exc)
     if address:  # one line and exit 2 within seconds for an unreachable head; a token when one is at hand
         from flatlab.cluster import check_address
 

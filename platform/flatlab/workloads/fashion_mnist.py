@@ -219,6 +219,8 @@ class FashionMNIST(Workload):
         folder = Path(path).expanduser()
         if not folder.exists():
             raise DataUnavailable(f"workload 'fashion_mnist': data_path={path!r} does not exist. {how_to_get(self.params['hub_name'])}")
+        if folder.is_dir() and not any(folder.iterdir()):
+            raise DataUnavailable(f"workload 'fashion_mnist': data_path={path!r} is an empty folder. {how_to_get(self.params['hub_name'])}")
         found, missing = find_idx_files(folder) if folder.is_dir() else ({}, [])
         if found and missing:
             raise DataUnavailable(f"workload 'fashion_mnist': data_path={path!r} holds {len(found)} of the 4 IDX files; "
