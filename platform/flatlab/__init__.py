@@ -3,8 +3,9 @@
 __version__ = "0.1.0"
 
 from flatlab.study.spec import Arm, Resources, Study  # noqa: E402
+from flatlab.tracking.published import Published  # noqa: E402
 
-__all__ = ["Arm", "Resources", "Study", "results", "run", "__version__"]
+__all__ = ["Arm", "Published", "Resources", "Study", "results", "run", "__version__"]
 
 
 def __getattr__(name: str):

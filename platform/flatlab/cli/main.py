@@ -473,6 +473,9 @@ def submit(
     console.print(job_id)
 
 
+from flatlab.cli import curves as _curves  # noqa: E402,F401  - registers `flatlab curves` (published curves)
+
+
 def main() -> None:
     """Console-script entry point: the CLI, then a quick exit (see :func:`exit_without_teardown`)."""
     try:

@@ -11,6 +11,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from flatlab.errors import ConfigError, did_you_mean
 from flatlab.study.spec import Study
+from flatlab.tracking.published import Published
 
 
 def load_module(path: str):
@@ -130,6 +131,9 @@ def load_studies(path: str, scale: Optional[str] = None) -> List[Study]:
     names = [s.name for s in studies]
     if len(set(map(repr, names))) != len(names):
         raise ConfigError(f"{path}: study names must be unique within a file, got {names}")
+    folder = Path(path).resolve().parent  # a published reference's relative path is relative to the study file
+    studies = [dataclasses.replace(s, published=s.published.relative_to(folder)) if isinstance(s.published, Published) else s
+               for s in studies]
     problems = []
     for s in studies:  # every study's problems at once
         try:

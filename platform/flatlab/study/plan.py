@@ -50,6 +50,7 @@ def plan(study: Study) -> Dict[str, Any]:
         "measures": {k: dict(v) for k, v in study.measures.items()},
         "measure_subset": {"split": study.measure_split, "examples": study.measure_examples, "seed": study.measure_seed},
         "final_seeds": list(study.final_seeds),
+        "published": study.published.as_dict() if study.published is not None else None,
         "arms": arms,
     }
 
@@ -79,6 +80,9 @@ def render(study: Study, console: Any) -> None:
         console.print(f"then each arm's best configuration (by {p['metric']}) over final seeds {p['final_seeds']}, no early stopping")
     if p["steps_to_target"]:
         console.print(f"after the study: train/steps_to_target against the {p['steps_to_target']}")
+    if p["published"]:
+        pairs = ", ".join(f"{a} -> {c}" for a, c in p["published"]["arms"].items())
+        console.print(f"published reference (`flatlab curves {p['study']}`): {p['published']['path']} ({pairs})")
     table = Table("arm", "optimizer", "trials", "searched", "fixed")
     for arm, a in zip(study.arms, p["arms"]):
         dims = arm.dims

@@ -121,7 +121,8 @@ def _init_ray(opts: RunOptions, tracking_uri: str) -> None:
 
 def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_id: str, out: Path, console: Any) -> None:
     """What runs after a launch whose trials all ended: steps-to-target, the comparison table and plot
-    (artifacts of the parent run, as ``flatlab compare`` shows them), then the workload's hook."""
+    (artifacts of the parent run, as ``flatlab compare`` shows them), the published-curve comparison
+    (``flatlab curves``, when the study declares a reference), then the workload's hook."""
     if study.reference_arm is not None or study.target_loss is not None:
         from flatlab.tracking.speedup import log_steps_to_target
 
@@ -141,6 +142,9 @@ def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_
 
         log_comparison(tracking_uri, parent_run_id, trials_frame(tracking_uri, study.name), study.reference_arm,
                        study=study.name)
+    if study.published is not None:  # flatlab's per-epoch curves beside the declared published ones
+        from flatlab.tracking.published_runs import log_curves
+        log_curves(tracking_uri, parent_run_id, study, console)
     from flatlab.tracking.flatness_sweep import log_flatness_sweep  # TSAM Fig. 2, when the study's measures sweep sigma
     log_flatness_sweep(tracking_uri, parent_run_id, study, console)
     from flatlab.tracking.study_report import log_study_report  # best per arm and plots on the parent run
@@ -184,6 +188,7 @@ def _open_launch(
 
     from flatlab.study.plan import plan
     from flatlab.tracking.environment import log_packages
+    from flatlab.tracking.published_runs import launch_param
 
     experiment_id = runs.get_or_create_experiment(tracking_uri, study.name, runs.artifact_location(root))
     client = runs.client(tracking_uri)
@@ -202,6 +207,7 @@ def _open_launch(
     params.update(chained_params(study))  # <arm>.<field> and <arm>.<field>.source of chained values
     if study.reference_arm is not None:
         params["reference_arm"] = study.reference_arm
+    params.update(launch_param(study.published))  # `flatlab curves STUDY` finds the reference here
     params.update({"source": opts.source, "workload_params": p["workload_params"], "train": p["train"]})
     client.log_batch(parent.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
     client.log_dict(parent.info.run_id, p, "plan.json")

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from flatlab.errors import ConfigError, UnknownNameError, did_you_mean
 from flatlab.hparams import HParam, resolve
 from flatlab.study.space import SOURCE_SUFFIX, BestOf, Dim, as_dim, condition_problems, grid_points, inner, is_searched, representatives
+from flatlab.tracking.published import Published
 from flatlab.train.config import TRAINER_HPARAMS
 from flatlab.train.trainer import TrialSpec
 
@@ -166,6 +167,9 @@ class Study:
             trials) is re-run once per seed here, with no early stopping, as trials tagged
             ``flatlab.stage=final`` in the same MLflow parent run; ``flatlab compare`` reports them.
             Empty: no final stage (grid studies pool their seeds instead).
+        published: a published reference, :class:`~flatlab.tracking.published.Published`: a curve-set
+            file (path relative to the study file) and arm -> curve; ``flatlab curves STUDY`` sets each
+            arm's per-epoch values beside that curve's published runs (:mod:`flatlab.tracking.published`).
     """
 
     name: str
@@ -194,6 +198,7 @@ class Study:
     measure_seed: int = 0
     measure_split: str = "train"
     final_seeds: Tuple[int, ...] = ()
+    published: Optional[Published] = None
 
     def __post_init__(self) -> None:
         arms = self.arms
@@ -411,6 +416,10 @@ class Study:
             f"reference_arm={self.reference_arm!r} and target_loss={self.target_loss!r} are both set; set at most one of them",
         )
         errors.extend(self._validate_measures(where))
+        if self.published is not None and not isinstance(self.published, Published):
+            check(False, f"published={self.published!r}; expected None or Published(path, arms={{arm: curve}})")
+        elif self.published is not None:
+            errors.extend(f"{where}: {m}" for m in self.published.problems(names))
         for arm in self.arms:
             errors.extend(self._validate_arm(arm, where, workload_cls is not None))
         if errors:

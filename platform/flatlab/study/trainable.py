@@ -3,8 +3,9 @@
 Uses only ``ray.tune`` APIs (``tune.report``, ``tune.Checkpoint``, ``tune.get_checkpoint``). Data
 arrives through ``tune.with_parameters`` (Ray's object store, loaded once per study). Every epoch
 reports the workload's metrics; the last report (after ``max_epochs``, or at the first epoch whose mean
-training loss reaches the trainer's ``stop_at_train_loss``) adds the test metrics, the study's flatness
-measures on the final model and ``completed = 1``. A checkpoint (model, optimizer, scheduler, RNG
+training loss reaches the trainer's ``stop_at_train_loss``) adds the test metrics (every report holds
+them with the trainer's ``test_every_epoch``), the study's flatness measures on the final model and
+``completed = 1``. A checkpoint (model, optimizer, scheduler, RNG
 states) goes with the report of every epoch :func:`checkpoint_due` picks (the study's
 ``checkpoint_every``: every n-th epoch, or by default the first epoch ending
 :data:`CHECKPOINT_INTERVAL_S` seconds after the previous checkpoint) and with the last, so a restarted
@@ -263,7 +264,8 @@ def _final_metrics(trainer: Trainer, study: Study, target: Optional[float], reac
     """What a trial adds to its last report: the test metrics, the study's flatness measures on the final
     model (``flat/<measure>``, ``time/measures_s``), the training-loss target's outcome
     (``train/target_reached`` 1/0 and ``train/epochs_to_target``) and the completion flag."""
-    out: Dict[str, float] = dict(trainer.evaluate_test())
+    # with test_every_epoch the last epoch's report already holds the test metrics of this model
+    out: Dict[str, float] = {} if trainer.hp["test_every_epoch"] else dict(trainer.evaluate_test())
     if study.measures and trainer.trains:
         out.update(measure_trial(trainer, study))
     if target is not None:

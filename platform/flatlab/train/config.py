@@ -40,4 +40,9 @@ TRAINER_HPARAMS = (
         doc="fp32; bf16 (autocast, every pass of a step); fp16 (autocast + per-pass loss scaling, overflowing steps skipped)",
     ),
     HParam("compile", False, bool, doc="torch.compile the model (first steps slower while it compiles; needs a C compiler)"),
+    HParam(
+        "test_every_epoch", False, bool,
+        doc="also log test/loss and test/accuracy after every epoch (published per-epoch test curves, e.g. DeepOBS's; "
+        "never used for selection or stopping); default: once, after the last epoch",
+    ),
 )

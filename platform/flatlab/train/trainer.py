@@ -2,10 +2,11 @@
 
 Per epoch: shuffle with the trial's own generator, one ``optimizer.step(closure)`` per mini-batch
 (the closure protocol of :mod:`flatlab.optim.protocol`), LR schedule per step, evaluation on every
-eval split. The whole state (model, optimizer, scheduler, RNGs, counters, the smoothed training-loss
-curve :attr:`Trainer.curve`) round-trips through :meth:`Trainer.state_dict`, so a resumed trial
-continues bit-identically on CPU; :meth:`Trainer.save`/:meth:`Trainer.load` store it as safetensors +
-JSON (:mod:`flatlab.train.checkpoint`), which load without executing code.
+eval split (and, with the trainer parameter ``test_every_epoch``, on the test split). The whole state
+(model, optimizer, scheduler, RNGs, counters, the smoothed training-loss curve :attr:`Trainer.curve`)
+round-trips through :meth:`Trainer.state_dict`, so a resumed trial continues bit-identically on CPU;
+:meth:`Trainer.save`/:meth:`Trainer.load` store it as safetensors + JSON (:mod:`flatlab.train.checkpoint`),
+which load without executing code.
 """
 
 from __future__ import annotations
@@ -255,6 +256,8 @@ class Trainer:
             with self.precision.autocast():
                 for k, v in self.workload.evaluate(self.model, split).items():
                     metrics[f"{prefix}/{k}"] = v
+        if self.hp["test_every_epoch"]:
+            metrics.update(self._epoch_test(metrics))
         pop = getattr(self.optimizer, "pop_metrics", None)
         if pop is not None:
             metrics.update(pop())
@@ -275,6 +278,16 @@ class Trainer:
         metrics["epoch"] = self.epoch
         metrics["time/epoch_s"] = time.perf_counter() - t0
         return metrics
+
+    def _epoch_test(self, metrics: Mapping[str, float]) -> Dict[str, float]:
+        """The test metrics of ``test_every_epoch`` (reported for published per-epoch test curves, never
+        selected on). A workload whose validation split IS its test split (``val_size = 0``) has just
+        evaluated it: its ``val/*`` values are copied, not computed twice."""
+        if self.data.test is None:
+            return {}
+        if self.data.val is self.data.test:
+            return {f"test/{k[len('val/'):]}": v for k, v in metrics.items() if k.startswith("val/")}
+        return self.evaluate_test()
 
     def evaluate_test(self) -> Dict[str, float]:
         """``test/loss`` and ``test/accuracy`` (empty if the workload has no test split)."""

@@ -1,0 +1,170 @@
+"""flatlab's side of a published-curve comparison, read from MLflow (``flatlab curves``).
+
+Per arm, the runs ``flatlab compare`` is over (:func:`flatlab.tracking.compare.select_sample`: the
+final-stage trials, else each arm's best configuration with all its seeds), their per-epoch history of
+each compared metric (MLflow step = epoch), as the long table :func:`flatlab.tracking.published.compare_curves`
+takes. The study's declared reference (``Study(published=...)``) is recorded on its launch run as the
+param ``published`` (:func:`launch_param`), so ``flatlab curves STUDY`` finds it without the study file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from flatlab.errors import ConfigError
+from flatlab.tracking.published import CONFIDENCE, CurveComparison, Published, compare_curves, load_curves
+
+PARAM = "published"
+
+
+def launch_param(published: Optional[Published]) -> Dict[str, str]:
+    """The launch run's param recording a study's published reference (``{}`` when it has none); the path
+    is made absolute (a study built in Python may give one relative to the working directory)."""
+    if published is None:
+        return {}
+    absolute = Published(str(Path(published.path).expanduser().resolve()), published.arms)
+    return {PARAM: json.dumps(absolute.as_dict(), sort_keys=True)}
+
+
+def declared_reference(tracking_uri: str, study: str) -> Optional[Published]:
+    """The published reference the latest launch of ``study`` declared, or ``None``.
+
+    Raises:
+        ConfigError: unknown study; a recorded value that is not the JSON :func:`launch_param` writes.
+    """
+    from flatlab.tracking.results import parent_runs
+
+    parents = parent_runs(tracking_uri, study)
+    raw = parents[0].data.params.get(PARAM) if parents else None
+    if not raw:
+        return None
+    try:
+        d = json.loads(raw)
+        return Published(str(d["path"]), dict(d["arms"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"study {study!r}: its launch's param {PARAM!r}={raw!r} is not a recorded reference ({exc})") from None
+
+
+def epoch_values(tracking_uri: str, trials: Any, metrics: Sequence[str],
+                 arms: Optional[Sequence[str]] = None) -> Tuple[Any, List[str]]:
+    """Per-epoch values of ``metrics`` of the compared runs among ``trials`` (a
+    :func:`~flatlab.tracking.results.trials_frame` table of the runs in ``tracking_uri``).
+
+    Returns:
+        ``(frame, notes)``: a DataFrame with columns ``arm``, ``seed``, ``metric``, ``epoch``, ``value``
+        (the last value logged at each step, finite values only) over the completed runs of
+        :func:`~flatlab.tracking.compare.select_sample` (only ``arms`` if given), and notes on runs left out.
+    Raises:
+        ConfigError: no trials.
+    """
+    import pandas as pd
+
+    from flatlab.tracking import runs
+    from flatlab.tracking.compare import select_sample
+
+    sample, source, notes = select_sample(trials)
+    if arms is not None:
+        sample = sample[sample["arm"].isin(list(arms))]
+    done = sample["outcome"] == "completed" if "outcome" in sample else pd.Series(True, index=sample.index)
+    left = sample[~done]
+    if len(left):
+        notes.append("not completed, left out: " + ", ".join(f"{a} seed {s} ({o})" for a, s, o in
+                                                             left[["arm", "seed", "outcome"]].itertuples(index=False)) + ".")
+    client = runs.client(tracking_uri)
+    rows = []
+    for r in sample[done].itertuples(index=False):
+        for metric in metrics:
+            history = sorted(client.get_metric_history(r.run_id, metric), key=lambda m: m.timestamp)
+            last = {m.step: m.value for m in history}  # a re-run epoch (resumed trial): its last value
+            rows += [{"arm": r.arm, "seed": r.seed, "metric": metric, "epoch": int(step), "value": float(v)}
+                     for step, v in sorted(last.items()) if math.isfinite(v)]
+    notes.insert(0, f"flatlab: the {source} runs of each arm ({int(done.sum())} completed).")
+    return pd.DataFrame(rows, columns=["arm", "seed", "metric", "epoch", "value"]), notes
+
+
+def resolve_arms(published: Optional[Published], curve_names: Sequence[str], study_arms: Sequence[str],
+                 given: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The arm -> curve mapping to compare: ``given`` (``--map``), else the declared one (its arms that
+    ran and whose curves the file holds), else every arm whose name is also a curve name.
+
+    Raises:
+        ConfigError: no arm maps to a curve of the file (the message lists both and the fix).
+    """
+    if given:
+        return dict(given)
+    declared = dict(published.arms) if published is not None else {}
+    mapping = {a: c for a, c in declared.items() if a in study_arms and c in curve_names}
+    if not mapping:
+        mapping = {a: a for a in study_arms if a in curve_names}
+    if not mapping:
+        raise ConfigError(
+            f"no arm of the study maps to a curve of the file; arms: {', '.join(study_arms) or '(none)'}; curves: "
+            f"{', '.join(curve_names)}; name them with --map ARM=CURVE (or Study(published=Published(path, arms={{...}})))"
+        )
+    return mapping
+
+
+def compare_study(tracking_uri: str, study: str, *, path: Optional[str] = None, arms: Optional[Mapping[str, str]] = None,
+                  metrics: Optional[Sequence[str]] = None, epochs: Optional[Sequence[int]] = None,
+                  confidence: float = CONFIDENCE) -> CurveComparison:
+    """``flatlab curves``: the latest launch of ``study`` beside its published reference.
+
+    Args:
+        path: a curve-set file (default: the one the study declared, :func:`declared_reference`).
+        arms: arm -> curve (default: :func:`resolve_arms`).
+        metrics, epochs, confidence: as :func:`~flatlab.tracking.published.compare_curves`.
+    Raises:
+        ConfigError: no reference declared and no ``path``; an invalid file; no arm that maps to a
+            curve; an unknown metric; unknown study.
+    """
+    from flatlab.tracking.results import trials_frame
+
+    declared = declared_reference(tracking_uri, study)
+    if path is None and declared is None:
+        raise ConfigError(f"study {study!r} declares no published reference (Study(published=...)); give one with --published FILE")
+    curves = load_curves(path or declared.path)  # type: ignore[union-attr]
+    compared = list(metrics) if metrics else list(curves.compared())
+    unknown = [m for m in compared if m not in curves.compared()]
+    if unknown:
+        raise ConfigError(f"metric(s) {', '.join(unknown)} not in {curves.path}; it maps {', '.join(curves.compared())}")
+    trials = trials_frame(tracking_uri, study)
+    mapping = resolve_arms(declared, list(curves.curves), sorted(set(trials["arm"])), arms)
+    values, notes = epoch_values(tracking_uri, trials, compared, arms=list(mapping))
+    result = compare_curves(curves, values, mapping, metrics=compared, epochs=epochs, confidence=confidence)
+    return CurveComparison(result.rows, result.summary, tuple(notes) + result.notes, result.curves, result.confidence)
+
+
+def log_curves(tracking_uri: str, parent_run_id: str, study: Any, console: Any = None) -> List[str]:
+    """After a launch of a study that declares a published reference: :func:`compare_study` logged to the
+    launch run as ``published/curves.md`` and ``published/curves.csv``, and its summary printed to
+    ``console``. Never raises: a failure is one warning (every trial is already in MLflow).
+
+    Returns:
+        The artifact paths logged.
+    """
+    import logging
+
+    from flatlab.tracking import runs
+    from flatlab.tracking.published import summary_lines, to_markdown
+
+    logger = logging.getLogger(__name__)
+    logged: List[str] = []
+    try:
+        comparison = compare_study(tracking_uri, study.name)
+        client = runs.client(tracking_uri)
+        for name, text in (("curves.md", to_markdown(comparison)), ("curves.csv", comparison.rows.to_csv(index=False))):
+            client.log_text(parent_run_id, text, f"published/{name}")
+            logged.append(f"published/{name}")
+    except Exception as exc:  # noqa: BLE001 - the study's results stand; `flatlab curves` retries
+        logger.warning("no published-curve comparison for %s: %s", study.name, exc)
+        if console is not None:
+            console.print(f"[yellow]warning:[/yellow] no published-curve comparison: {exc}")
+        return logged
+    if console is not None:
+        console.print(f"beside {comparison.curves.title} (`flatlab curves {study.name}` for every epoch):")
+        for line in summary_lines(comparison):
+            console.print(f"  {line}", soft_wrap=True)
+    return logged
