@@ -39,7 +39,7 @@ def test_valid_study_passes_and_routes_fields():
 @pytest.mark.parametrize(
     "kw, match",
     [
-        (dict(workload="mnist"), r"x\.py: study 't': field 'workload': unknown workload 'mnist'; valid workloads: .*digits"),
+        (dict(workload="mnist"), r"x\.py: study 't': field 'workload': unknown workload 'mnist' \(did you mean 'fashion_mnist'\?\); valid workloads: .*digits"),
         (dict(arms=(Arm("lbfgs"),)), r"arm 'lbfgs': field 'optimizer': unknown optimizer 'lbfgs'; valid optimizers: .*adamw.*sgd"),
         (dict(arms=(Arm("sgd", space={"rho": 0.05}),)), r"arm 'sgd': field 'rho' is not accepted by optimizer 'sgd'.*accepted: .*lr"),
         (dict(arms=(Arm("sgd", space={"lr": sp.uniform(-1.0, 1.0)}),)), r"arm 'sgd', field 'lr': lr=-1.0 is not allowed; expected float in \(0, inf\)"),
