@@ -296,7 +296,7 @@ class IRE(WrappedOptimizer):
         masks = [self.state[p]["mask"] for p in params]
         if not masks:
             return {}
-        counts = torch.stack([m.sum().to(masks[0].device) for m in masks]).tolist()
+        counts = torch.stack([torch.count_nonzero(m).to(masks[0].device) for m in masks]).tolist()
         return {names[p]: c / max(1, p.numel()) for p, c in zip(params, counts)}
 
     @torch.no_grad()
@@ -375,8 +375,8 @@ class IRE(WrappedOptimizer):
                 flags = [h <= threshold for h in hs]
         for (p, _), m in zip(ranked, flags):
             self.state[p]["mask"] = m.view(p.shape).to(p.device)
-        if count < 0:
-            count = sum(int(m.sum()) for m in flags)
+        if count < 0:  # count_nonzero: no int64 copy of the masks (bool .sum() makes one: 2 float32 copies)
+            count = sum(int(torch.count_nonzero(m)) for m in flags)
         self._flat_fraction = count / total
 
     @torch.no_grad()
