@@ -46,11 +46,13 @@ test: venv data
 test-fast: venv data
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
-## bench: the platform's cost per epoch (both checkpoint settings) and what a round trip and a checkpoint cost
+## bench: the platform's cost per epoch (both checkpoint settings), what a round trip and a checkpoint cost, and
+## whether any optimizer's step slows down over 200 steps (CNN, transformer, an MLP whose loss saturates)
 bench: venv
 	$(BIN)/python bench/platform_overhead.py
 	$(BIN)/python bench/platform_overhead.py --checkpoint-every 10 --rounds 24  # ±2–3 ms per round here: 4 rounds cannot settle 2 ms
 	$(BIN)/python bench/checkpoint_cost.py
+	$(BIN)/python bench/optimizer_longrun.py --threads 1 --clock cpu  # CPU time on one thread: steady under other jobs
 
 clean:
 	rm -rf flatlab-runs .pytest_cache

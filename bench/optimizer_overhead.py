@@ -1,10 +1,11 @@
 """Per-step cost of each flatlab optimizer relative to its base optimizer, and its extra memory.
 
-For each model (a small CNN with BatchNorm on 32×32 images, and a one-block transformer language
-model), every optimizer below and its base are built on copies of the same initial weights and stepped
-on the same fixed mini-batch through the trainer's closure (flatlab.train.closure.BatchClosure). The
-timing is paired: after warm-up, blocks of ``--steps`` optimizer steps alternate with blocks of base
-steps of about the same duration (B O B O … O B, ``--repeats`` optimizer blocks); each optimizer block's
+For each model (a small CNN with BatchNorm on 32×32 images, a one-block transformer language model;
+on request, ``--models mlp``, an MLP whose loss saturates on its batch), every optimizer below and its
+base are built on copies of the same initial weights and stepped on the same fixed mini-batch through
+the trainer's closure (flatlab.train.closure.BatchClosure). The timing is paired: after warm-up, blocks
+of ``--steps`` optimizer steps alternate with blocks of base steps of about the same duration
+(B O B O … O B, ``--repeats`` optimizer blocks); each optimizer block's
 per-step time is divided by the mean per-step time of the two base blocks around it, and the ratio
 reported is the median over blocks (per-step times shown are medians too), so load changes on a shared
 machine hit both sides of each ratio alike. Next to it: a distribution-free interval for that median
@@ -93,13 +94,35 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def saturating_mlp(classes: int = 10) -> nn.Module:
+    """3072 → 512 → 512 → ``classes`` with ReLU (1.8 M parameters). On its fixed random batch the loss
+    saturates within a few dozen steps and the gradients grow subnormal entries (issue 26)."""
+    return nn.Sequential(nn.Linear(3072, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, classes))
+
+
+WORKLOADS = ("cnn", "transformer", "mlp")
+
+
 def workload(name: str, device: torch.device, batch: int) -> Tuple[nn.Module, Callable, torch.Tensor, torch.Tensor]:
+    """``(model, loss_fn, inputs, targets)`` of one of :data:`WORKLOADS`, on a fixed random batch.
+
+    ``cnn``: :func:`small_cnn` on ``batch`` 3×32×32 images; ``transformer``: :class:`TinyLM` on
+    ``batch // 4`` sequences of 64 tokens; ``mlp``: :func:`saturating_mlp` on ``batch`` vectors of 3072.
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+    """
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown model {name!r}; expected one of {', '.join(WORKLOADS)}")
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     if name == "cnn":
         x = torch.randn(batch, 3, 32, 32, generator=g)
         y = torch.randint(0, 10, (batch,), generator=g)
         return small_cnn().to(device), F.cross_entropy, x.to(device), y.to(device)
+    if name == "mlp":
+        x = torch.randn(batch, 3072, generator=g)
+        y = torch.randint(0, 10, (batch,), generator=g)
+        return saturating_mlp().to(device), F.cross_entropy, x.to(device), y.to(device)
     tokens = torch.randint(0, 512, (batch // 4, 65), generator=g)
     return TinyLM().to(device), lm_loss, tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
@@ -453,7 +476,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument(
         "--models", default="cnn,transformer",
-        help="comma-separated: cnn, transformer (timing; CPU memory always uses the probe MLP)",
+        help="comma-separated: cnn, transformer, mlp (the 3072-512-512-10 MLP whose loss saturates; timing; CPU "
+        "memory always uses the probe MLP)",
     )
     ap.add_argument("--batch", type=int, default=64, help="images per batch (the LM uses batch/4 sequences of 64 tokens)")
     ap.add_argument("--steps", type=int, default=3, help="steps per timed block")

@@ -41,3 +41,9 @@ def checkpoint_bench() -> ModuleType:
 def fmnist_bench() -> ModuleType:
     """bench/fmnist_epoch_cost.py as a module."""
     return load_bench("fmnist_epoch_cost.py")
+
+
+@pytest.fixture(scope="session")
+def longrun_bench() -> ModuleType:
+    """bench/optimizer_longrun.py as a module."""
+    return load_bench("optimizer_longrun.py")

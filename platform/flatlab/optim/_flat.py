@@ -192,6 +192,62 @@ def kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]],
     return value, count
 
 
+# Bit pattern of float32 +inf: non-negative float32 numbers order like their bit patterns read as int32,
+# +inf last among the non-NaN ones.
+F32_INF_BITS = 0x7F800000
+
+
+def _f32_squares(bits: Sequence[int]) -> List[int]:
+    # fl(x·x) of the non-negative float32 numbers with these bit patterns, as bit patterns: torch's
+    # float32 multiply on the CPU (IEEE round-to-nearest-even, gradual underflow), a few numbers at once
+    x = torch.tensor(list(bits), dtype=torch.int32).view(torch.float32)
+    return torch.mul(x, x).view(torch.int32).tolist()
+
+
+def square_tie_ceiling(value: torch.Tensor) -> int:
+    """Bit pattern of the largest float32 ``x`` whose square rounds to at most ``value``'s square.
+
+    With ``a = value`` (float32, ≥ 0) and fl(·) float32 rounding, returns the bits of
+    ``G = max{x ≥ 0 : fl(x·x) ≤ fl(a·a)}``. As fl(x·x) is non-decreasing in x, for any float32 g,
+    ``fl(g·g) ≤ fl(a·a)`` iff ``|g| ≤ G``: a threshold on squares becomes one on magnitudes, compared
+    without squaring anything. G ≥ a; G > a where neighbours of a round to the same square, which is
+    how ties arise: in the normal range at most a few ulps away, below 2^-63 ≈ 1.1e-19 (squares
+    subnormal or 0) over wide ranges (every |g| ≤ 2^-75 squares to 0).
+
+    Found on the host by squaring candidate bit patterns (a galloping round, then bisection in rounds
+    of 63 candidates): a handful of torch calls on at most 63 numbers.
+
+    Args:
+        value: 0-d float32 tensor, ≥ 0 or +inf (a k-th smallest magnitude; any device).
+    Returns:
+        G's bit pattern as a Python int in ``[bits(a), F32_INF_BITS]`` (``F32_INF_BITS`` when a's square
+        overflows to +inf: every non-NaN value is then at most it).
+    Raises:
+        ValueError: ``value`` is not a non-negative float32 number or +inf (NaN, negative, other dtype).
+    """
+    if value.dtype != torch.float32 or value.numel() != 1:
+        raise ValueError(f"square_tie_ceiling: value must be one float32 number, got {tuple(value.shape)} {value.dtype}")
+    lo = int(value.reshape(()).view(torch.int32))
+    if not 0 <= lo <= F32_INF_BITS:
+        raise ValueError(f"square_tie_ceiling: value must be >= 0 and not NaN, got {float(value)}")
+    bound = _f32_squares([lo])[0]
+    # Invariant: fl(lo²) ≤ bound (lo is in the set); hi is None or the bits of a number outside it.
+    # First round gallops (lo+1, lo+2, lo+4, …, +inf): ties in the normal range end within it.
+    candidates = sorted({min(lo + (1 << j), F32_INF_BITS) for j in range(31)} | {F32_INF_BITS})
+    hi: Optional[int] = None
+    while candidates:
+        inside = [c for c, sq in zip(candidates, _f32_squares(candidates)) if sq <= bound]  # a prefix: monotone
+        if inside:
+            lo = inside[-1]
+        if len(inside) < len(candidates):
+            hi = candidates[len(inside)]
+        if hi is None:  # every candidate was inside, +inf included
+            return lo
+        width = hi - lo
+        candidates = sorted({lo + (width * i) // 64 for i in range(1, 64)} - {lo})
+    return lo
+
+
 class MetricMeans:
     """Means of scalar metrics since the last :meth:`pop` (the optimizers' ``pop_metrics`` hook).
 

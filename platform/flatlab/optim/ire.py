@@ -37,6 +37,17 @@ step's primary pass (one forward; one extra backward), so BatchNorm statistics a
 a SAM base the mask therefore comes from the gradient at θ, not θ+ε: the base receives a closure whose
 first primary call is ``with_sampled_grads``.
 
+Ranking without squaring (β = 0): the mask is {i : h_i ≤ kthvalue(h, k)} with h = fl(g_ŷ ⊙ g_ŷ) in
+float32, as the authors compute it, but h is never formed. fl(x·x) is non-decreasing in |x|, so the k-th
+smallest h is the square of a = the k-th smallest |g_ŷ|, and h_i ≤ fl(a·a) iff |g_i| ≤ G, the largest
+float32 whose square rounds to at most fl(a·a) (:func:`flatlab.optim._flat.square_tie_ceiling`; G > a
+exactly where squaring ties magnitudes, e.g. every |g| ≤ 2^-75 squares to 0). |g| is taken and compared
+as bit patterns, so the refresh does no floating-point arithmetic on the gradient: once the loss
+saturates, a large share of g_ŷ lies below 2^-63 ≈ 1.1e-19, and its squares would be subnormal (or 0),
+each product on the CPU's slow path. Nothing is floored or flushed; the mask, with the ties that
+underflow creates, is bit for bit the one of h. With β > 0 the EMA of h is kept as defined, in float32,
+and can hold subnormals.
+
 Switch-on: IRE is off (the optimizer is exactly its base, bit for bit, no curvature pass) until one of
 the configured criteria holds, then latches on for good: ``switch_epoch`` (epoch ≥), ``switch_step``
 (step ≥), ``switch_at_warmup_end`` (step ≥ warm-up steps), ``switch_loss`` (previous epoch's mean
@@ -66,7 +77,7 @@ from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
 from flatlab.optim.protocol import Closure, as_closure, local_pass, ranks_mean, step_may_be_skipped, step_skipped
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.sam import SAM_ADAMW_SPEC, SAM_SPEC
-from flatlab.optim._flat import SELECT_CHUNK, kth_smallest_with_count, persistent_buffers
+from flatlab.optim._flat import SELECT_CHUNK, kth_smallest_with_count, persistent_buffers, square_tie_ceiling
 from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
 
 __all__ = ["IRE", "IRE_HPARAMS", "flat_count", "SGD_IRE_SPEC", "ADAMW_IRE_SPEC", "SAM_IRE_SPEC", "SAM_ADAMW_IRE_SPEC"]
@@ -165,7 +176,7 @@ class IRE(WrappedOptimizer):
     ``curvature_beta > 0``: 2.25 copies between steps (a refresh writes the new EMA into a new tensor, so
     that, with fp16 loss scaling, the old EMA and masks can be put back when the step is skipped; they
     are then held until the step ends: up to 1.25 more copies during an fp16 refresh step). A refresh adds the sampled-label gradient
-    (one copy, squared in place into h) and the new masks; the threshold's select works in bounded
+    (one copy, made |g| in place as the ranking keys) and the new masks; the threshold's select works in bounded
     pieces (``flatlab.optim._flat.SELECT_CHUNK``). Cost at K = 10: one extra backward pass (the
     sampled labels' gradient) every K active steps plus two elementwise passes per step (copy θ_old,
     one fused lerp).
@@ -285,16 +296,17 @@ class IRE(WrappedOptimizer):
         masks = [self.state[p]["mask"] for p in params]
         if not masks:
             return {}
-        counts = torch.stack([m.sum().to(masks[0].device) for m in masks]).tolist()
+        counts = torch.stack([torch.count_nonzero(m).to(masks[0].device) for m in masks]).tolist()
         return {names[p]: c / max(1, p.numel()) for p, c in zip(params, counts)}
 
     @torch.no_grad()
     def _compute_mask(self, params: Sequence[torch.Tensor], sampled: Sequence[Optional[torch.Tensor]]) -> None:
-        # h for every ranked coordinate, in float32, and ONE threshold over all of them. Up to
-        # SELECT_CHUNK coordinates in all, h is one concatenated vector (at most 4 MB; one kernel per
-        # pass instead of one per tensor). Above that the tensors are ranked where they are: float32
-        # sampled gradients, which are scratch (the closure hands them over), are squared in place, so
-        # no copy of h is ever made.
+        # The ranking keys for every ranked coordinate, in float32, and ONE threshold over all of them. The
+        # keys are |g| (β = 0: h = fl(g²) is never formed, see the module doc) or the curvature EMA (β > 0).
+        # Up to SELECT_CHUNK coordinates in all, they are one concatenated vector (at most 4 MB; one
+        # kernel per pass instead of one per tensor). Above that the tensors are ranked where they are:
+        # float32 sampled gradients, which are scratch (the closure hands them over), are made |g| in
+        # place, so no copy is ever made.
         ranked = [(p, g.detach()) for p, g in zip(params, sampled) if g is not None]
         for p, g in zip(params, sampled):
             if g is None:  # the loss does not reach p: not ranked, never amplified
@@ -304,7 +316,8 @@ class IRE(WrappedOptimizer):
             self._flat_fraction = 0.0
             return
         device = ranked[0][1].device
-        if self.curvature_beta > 0:
+        by_magnitude = self.curvature_beta == 0
+        if not by_magnitude:
             hs = []
             for p, g in ranked:
                 ema = self.state[p].get("curvature")
@@ -316,37 +329,54 @@ class IRE(WrappedOptimizer):
                 self.state[p]["curvature"] = new
                 hs.append(new)
         else:
-            hs = [g for _, g in ranked]  # squared below
+            hs = [g for _, g in ranked]
         total = sum(h.numel() for h in hs)
         flat: Optional[torch.Tensor] = None
         if total <= SELECT_CHUNK:
             flat = torch.cat([h.reshape(-1).to(device=device, dtype=torch.float32) for h in hs])
-            if self.curvature_beta == 0:
-                flat.square_()
-            parts: List[torch.Tensor] = [flat]
+            keys: List[torch.Tensor] = [flat]
         else:
-            if self.curvature_beta == 0:
-                hs = [(g if g.dtype == torch.float32 else g.float()).square_() for g in hs]
-            parts = [h if h.device == device else h.to(device) for h in hs]  # a model split over devices
+            if by_magnitude:
+                hs = [g if g.dtype == torch.float32 else g.float() for g in hs]
+            keys = hs
+        if by_magnitude:
+            for key in keys:  # |g| in place, as a bit operation (a NaN stays NaN, now positive)
+                key.view(torch.int32).bitwise_and_(0x7FFFFFFF)
+        # the select runs on one device (a model split over devices: copies of the other tensors' keys)
+        parts = keys if flat is not None else [h if h.device == device else h.to(device) for h in hs]
         k = flat_count(self.gamma, total)
         if k == 0:
             for p, _ in ranked:
                 self.state[p]["mask"] = torch.zeros_like(p, dtype=torch.bool)
             self._flat_fraction = 0.0
             return
-        # threshold = torch.kthvalue(all h, k); h ≤ threshold is flat (ties included); the select also
-        # counts the flat coordinates, so no pass over the masks is needed for the metric. A float32
-        # threshold compared with float32 h: exact.
+        # threshold = torch.kthvalue(all keys, k); key ≤ threshold is flat (ties included); the select
+        # also counts the keys ≤ it, so usually no pass over the masks is needed for the metric.
         value, count = kth_smallest_with_count(parts, k)
-        threshold = float(value)
-        if flat is not None:
-            flags: Sequence[torch.Tensor] = (flat <= threshold).split([p.numel() for p, _ in ranked])
+        flags: Sequence[torch.Tensor]
+        if by_magnitude:
+            # h_i ≤ kthvalue(h) with h = fl(g²) ⟺ |g_i| ≤ G, G the largest float32 whose square rounds to at
+            # most fl(a²), a = kthvalue(|g|): non-negative float32 numbers compare like their bit patterns
+            nan = math.isnan(float(value))
+            bound = -1 if nan else square_tie_ceiling(value)  # h ≤ NaN holds nowhere
+            if nan or bound != int(value.view(torch.int32)):
+                count = -1  # ties through rounding (or none flat): counted from the masks below
+            if flat is not None:
+                flags = (flat.view(torch.int32) <= bound).split([p.numel() for p, _ in ranked])
+            else:
+                flags = [h.view(torch.int32) <= bound for h in keys]
         else:
-            flags = [h <= threshold for h in hs]
+            threshold = float(value)
+            if math.isnan(threshold):  # a diverged step: h ≤ NaN marks nothing, so count the masks instead
+                count = -1
+            if flat is not None:
+                flags = (flat <= threshold).split([p.numel() for p, _ in ranked])
+            else:
+                flags = [h <= threshold for h in hs]
         for (p, _), m in zip(ranked, flags):
             self.state[p]["mask"] = m.view(p.shape).to(p.device)
-        if math.isnan(threshold):  # a diverged step: h ≤ NaN marks nothing, so count the masks instead
-            count = sum(int(m.sum()) for m in flags)
+        if count < 0:  # count_nonzero: no int64 copy of the masks (bool .sum() makes one: 2 float32 copies)
+            count = sum(int(torch.count_nonzero(m)) for m in flags)
         self._flat_fraction = count / total
 
     @torch.no_grad()
