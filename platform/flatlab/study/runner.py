@@ -137,7 +137,7 @@ def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_
         if console is not None:
             console.print(line)
     if study.final_seeds or (study.searcher == "grid" and len(study.seeds) > 1):
-        from flatlab.tracking.compare import log_comparison
+        from flatlab.tracking.compare.publish import log_comparison
         from flatlab.tracking.results import trials_frame
 
         log_comparison(tracking_uri, parent_run_id, trials_frame(tracking_uri, study.name), study.reference_arm,

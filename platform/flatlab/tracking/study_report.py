@@ -11,9 +11,9 @@ After a launch (``study/runner.py`` ``_post_study``), :func:`log_study_report` l
   matplotlib visualisations over the arm's Optuna study (``<root>/<study>/optuna.db``, study
   ``<launch>.<arm>``; fANOVA importances with a fixed seed, which need >= 2 completed trials and a
   searched parameter);
-* ``report/metric_vs_flatness.png`` (:func:`flatlab.tracking.compare.plot_metric_vs_flatness`) over the
+* ``report/metric_vs_flatness.png`` (:func:`flatlab.tracking.compare.plot.plot_metric_vs_flatness`) over the
   completed trials, for studies without a final stage whose trials measured flatness (``flat/*``); with a
-  final stage, :func:`flatlab.tracking.compare.log_comparison` logs it under ``compare/``.
+  final stage, :func:`flatlab.tracking.compare.publish.log_comparison` logs it under ``compare/``.
 
 What cannot be drawn (no completed trial, a grid study without Optuna studies, an arm that searches
 nothing) is skipped with its reason in the study's log. Nothing here ever raises: every trial is already
@@ -244,9 +244,9 @@ def _optuna_png(draw: Any, path: Path, title: str) -> Path:
 
 def flatness_plot(study: Any, df: Any, tmp: Path, skipped: List[str]) -> List[Path]:
     """``metric_vs_flatness.png`` over ``df``'s completed trials, for studies without a final stage (with
-    one, :func:`~flatlab.tracking.compare.log_comparison` logs it); skipped (with a reason) where no trial
+    one, :func:`~flatlab.tracking.compare.publish.log_comparison` logs it); skipped (with a reason) where no trial
     recorded a ``flat/*`` measure."""
-    from flatlab.tracking.compare import plot_metric_vs_flatness
+    from flatlab.tracking.compare.plot import plot_metric_vs_flatness
 
     if study.final_seeds or (study.searcher == "grid" and len(study.seeds) > 1):
         return []  # the comparison already has it (compare/metric_vs_flatness.png)
