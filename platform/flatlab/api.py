@@ -104,6 +104,7 @@ def results(
     by_config: bool = False,
     sort: Union[None, str, Iterable[str]] = None,
     columns: Union[None, str, Iterable[str]] = None,
+    rank_by: str = "final",
 ):
     """A study's trials from MLflow as a pandas DataFrame: the table of ``flatlab results``.
 
@@ -124,7 +125,9 @@ def results(
         filter: a pandas query over the trials (``--filter``), e.g.
             ``"outcome == 'completed' and `param.lr` < 0.1"`` (backticks around names with '/' or '.');
             times compare with a UTC time: ``"start_time > '2026-12-01 08:00+00:00'"``.
-        best, by_config: ``--best``, ``--by-config``.
+        best, by_config: ``--best``, ``--by-config``: each arm's best trial or configuration by the rules of
+            :mod:`flatlab.tracking.selection` (arms none of whose trials completed have no row).
+        rank_by: ``--rank-by``: ``final`` (each trial's final-epoch value, the rule) or ``best-epoch``.
         sort: ``"col"`` / ``"-col"`` or a list of them (``--sort``).
         columns: a list or comma list of the columns to keep (``--columns``).
 
@@ -139,7 +142,7 @@ def results(
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or runs.default_tracking_uri(base.resolve())
     df = _with_timestamps(trials_frame(uri, name, all_launches=all_launches))
     return select(df, arms=arms, metric=metric, mode=mode, filter=filter, best=best, by_config=by_config, sort=sort,
-                  columns=columns)
+                  columns=columns, rank_by=rank_by)
 
 
 def _with_timestamps(df):

@@ -112,7 +112,8 @@ def run(
         except FlatlabError as exc:
             _fail(exc)
     from flatlab.study.runner import RunOptions, run_study
-    from flatlab.tracking.results import best_per_arm, by_config, render, trials_frame
+    from flatlab.tracking.query import select
+    from flatlab.tracking.results import render, trials_frame
 
     opts = RunOptions(root=_root(root), address=address, tracking_uri=tracking_uri, storage=storage, resume=resume,
                       source=str(study_file), num_cpus=num_cpus)
@@ -137,7 +138,9 @@ def run(
             + (f"best configuration per arm, mean and std over {len(s.seeds)} seeds" if pooled else "best trial per arm")
             + " (from MLflow):"
         )
-        render(best_per_arm(by_config(df) if pooled else df), console)
+        best = select(df, best=True, by_config=pooled)
+        render(best, console)
+        _say_arms_without_answer(df, best)
         if not outcome.interrupted and (pooled or s.final_seeds):
             _print_comparison(df, s, console)
         if interrupted:
@@ -146,13 +149,22 @@ def run(
         raise typer.Exit(130)
 
 
+def _say_arms_without_answer(trials, best) -> None:
+    """One line naming the arms a ``--best`` table has no row for (none of their trials completed)."""
+    if trials.empty or not (best.empty or "arm" in best.columns):
+        return
+    missing = [a for a in dict.fromkeys(trials["arm"]) if best.empty or a not in set(best["arm"])]
+    if missing:
+        console.print(f"no completed trial (pruned, diverged, failed or unfinished), so no best for: {', '.join(missing)}",
+                      soft_wrap=True)
+
+
 def _print_comparison(df, study, out) -> None:
     """The ``flatlab compare`` table of a launch that just ended (a failure here is one warning line)."""
     from flatlab.tracking import compare as cmp
 
     try:
-        reference = cmp.default_reference(cmp.select_sample(df)[0]["arm"].unique(), study.reference_arm)
-        comparison = cmp.compare_table(df, reference=reference, study=study.name)
+        comparison = cmp.compare_table(df, study=study.name)  # the launch's reference arm (selection.reference_arm)
     except (FlatlabError, ValueError) as exc:
         err.print(f"[yellow]warning:[/yellow] no comparison table: {exc}", soft_wrap=True)
         return
@@ -198,7 +210,14 @@ def results(
     ),
     output: Optional[Path] = typer.Option(None, help="file for csv/parquet (.csv or .parquet)"),
     all_launches: bool = typer.Option(False, "--all", help="trials of every launch, not only the latest"),
-    best: bool = typer.Option(False, "--best", help="only the best trial (or, with --by-config, configuration) of each arm"),
+    best: bool = typer.Option(
+        False, "--best", help="only each arm's best trial (or, with --by-config, configuration): the best mean over seeds of "
+        "the final validation metric"
+    ),
+    rank_by: str = typer.Option(
+        "final", "--rank-by", help="what --best and --by-config rank by: final (each trial's final-epoch value, the rule) "
+        "or best-epoch (its best epoch's)"
+    ),
     per_config: bool = typer.Option(
         False, "--by-config", help="one row per configuration: mean and std over seeds of the completed trials"
     ),
@@ -233,7 +252,9 @@ def results(
         df = trials_frame(uri, study, all_launches=all_launches)
         rows = "configurations" if per_config else "trials"
         shown = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
-        df = select(df, arms=arm, metric=metric, mode=mode, filter=filter_, best=best, by_config=per_config, sort=sort, columns=shown)
+        trials = df
+        df = select(df, arms=arm, metric=metric, mode=mode, filter=filter_, best=best, by_config=per_config, sort=sort,
+                    columns=shown, rank_by=rank_by)
         if fmt == "table":
             hidden = 0
             if per_config and "seeds" in df.columns:  # configurations no seed completed (pruned, diverged, failed)
@@ -243,6 +264,8 @@ def results(
                 console.print(f"no {rows} of {study} match the given --arm/--filter")
             else:
                 render(df, console, columns=shown, title=f"{study} ({len(df)} {rows})")
+            if best and not filter_:  # arms --best has no row for (none of their trials completed)
+                _say_arms_without_answer(trials[trials["arm"].isin(arm)] if arm and not trials.empty else trials, df)
             if hidden:
                 console.print(
                     f"{hidden} configuration(s) with no completed trial (pruned, diverged or failed) not shown; "
@@ -263,6 +286,10 @@ def compare(
     reference: Optional[str] = typer.Option(
         None, help="arm every other arm is paired against (default: the study's reference_arm, else sgd, else the first arm alphabetically)"
     ),
+    rank_by: str = typer.Option(
+        "final", "--rank-by", help="without a final stage, how each arm's best configuration is chosen: final (mean over seeds "
+        "of the final-epoch validation metric, the rule) or best-epoch (of the best epoch's)"
+    ),
     metric: Optional[str] = typer.Option(None, help="test metric (default: test/perplexity, test/accuracy or test/loss, the first recorded)"),
     fmt: str = typer.Option("table", "--format", help="table, markdown, latex or csv (text formats go to stdout)"),
     against: Optional[str] = typer.Option(
@@ -279,17 +306,15 @@ def compare(
     differences against a reference arm."""
     from flatlab.tracking import compare as cmp
     from flatlab.tracking import runs
-    from flatlab.tracking.results import parent_runs, trials_frame
+    from flatlab.tracking.results import trials_frame
 
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
         if fmt not in cmp.FORMATS:
             raise FlatlabError(f"--format {fmt!r} is not supported; expected one of {', '.join(cmp.FORMATS)}")
         df = trials_frame(uri, study)
-        if reference is None:
-            recorded = parent_runs(uri, study)[0].data.params.get("reference_arm")
-            reference = cmp.default_reference(cmp.select_sample(df)[0]["arm"].unique(), recorded)
-        comparison = cmp.compare_table(df, metric=metric, reference=reference, confidence=confidence, study=study)
+        comparison = cmp.compare_table(df, metric=metric, reference=reference, confidence=confidence, study=study,
+                                       rank_by=rank_by)
         efficiency = None
         if against is not None:
             other = trials_frame(uri, against)

@@ -140,8 +140,7 @@ def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_
         from flatlab.tracking.compare.publish import log_comparison
         from flatlab.tracking.results import trials_frame
 
-        log_comparison(tracking_uri, parent_run_id, trials_frame(tracking_uri, study.name), study.reference_arm,
-                       study=study.name)
+        log_comparison(tracking_uri, parent_run_id, trials_frame(tracking_uri, study.name), study=study.name)
     if study.published is not None:  # flatlab's per-epoch curves beside the declared published ones
         from flatlab.tracking.published_runs import log_curves
         log_curves(tracking_uri, parent_run_id, study, console)
@@ -284,30 +283,31 @@ def _searcher_of(tuner: Any) -> Any:
 
 
 def final_configs(study: Study, grid: Any) -> List[Dict[str, Any]]:
-    """The final stage's trial configs: for each arm, its best completed search trial's configuration (by
-    the study metric's final value; pruned, diverged and errored trials are never chosen) once per seed
-    of ``study.final_seeds``, with ``stage = final``. An arm with no completed trial gets none (logged).
+    """The final stage's trial configs: for each arm, its best configuration
+    (:func:`flatlab.tracking.selection.best_configurations`: the best mean over seeds of the study
+    metric's final value among its completed search trials) once per seed of ``study.final_seeds``,
+    with ``stage = final``. An arm with no completed trial gets none (logged).
 
     Args:
-        grid: the search's Tune ``ResultGrid`` (each result's ``config`` and last ``metrics``).
+        grid: the search's Tune results (``ResultGrid``: each result's ``config``, last ``metrics`` and
+            ``error``).
     """
-    from flatlab.study.searchers import trial_outcome
+    from flatlab.tracking import selection
 
-    best: Dict[str, Tuple[float, Dict[str, Any]]] = {}
-    sign = 1.0 if study.mode == "max" else -1.0
+    trials = []
     for result in grid:
         config, metrics = result.config or {}, result.metrics or {}
-        if trial_outcome(metrics, result.error is not None, study.metric) != "completed":
-            continue
-        arm, value = config.get("arm"), sign * float(metrics[study.metric])
-        if arm not in best or value > best[arm][0]:
-            best[arm] = (value, config)
+        done = selection.trial_outcome(metrics, result.error is not None, study.metric) == "completed"
+        params = {k: v for k, v in config.items() if k not in ("arm", "seed", runs.STAGE_KEY)}
+        trials.append(selection.Trial(str(config.get("arm")), selection.config_key(params), config.get("seed"),
+                                      float(metrics[study.metric]) if done else None, ref=config))
+    best = selection.best_configurations(trials, study.mode)
     configs: List[Dict[str, Any]] = []
     for arm in study.arms:
         if arm.name not in best:
             logger.warning("final stage: arm %s has no completed search trial; it gets no final trials", arm.name)
             continue
-        chosen = {k: v for k, v in best[arm.name][1].items() if k not in ("seed", runs.STAGE_KEY)}
+        chosen = {k: v for k, v in selection.best_trial(best[arm.name]).ref.items() if k not in ("seed", runs.STAGE_KEY)}
         configs += [{**chosen, "seed": seed, runs.STAGE_KEY: runs.STAGE_FINAL} for seed in study.final_seeds]
     return configs
 

@@ -63,6 +63,12 @@ def trial_params(config: Dict[str, Any], resolved: Optional[Dict[str, Dict[str, 
     return {k: v[:PARAM_VALUE_LIMIT] for k, v in out.items()}
 
 
+def config_params(params: Dict[str, str]) -> Dict[str, str]:
+    """A trial run's configuration among its MLflow params: what the searcher gave it, without ``arm``
+    and ``seed`` and without the resolved values (:func:`is_resolved_param`)."""
+    return {k: v for k, v in params.items() if k not in ("arm", "seed") and not is_resolved_param(k)}
+
+
 def default_tracking_uri(root: Path) -> str:
     """``MLFLOW_TRACKING_URI`` if set, else a SQLite file ``<root>/mlflow.db``."""
     env = os.environ.get("MLFLOW_TRACKING_URI")

@@ -4,7 +4,8 @@ After a launch (``study/runner.py`` ``_post_study``), :func:`log_study_report` l
 
 * metrics ``best/<arm>/<metric>`` and ``best/<arm>/<test metric>`` (``test/accuracy``, or
   ``test/perplexity``/``test/loss`` where the workload reports that instead): the values of each arm's
-  best completed search trial (:func:`flatlab.tracking.results.best_per_arm`, by the study metric);
+  best trial (:func:`flatlab.tracking.selection.best_trial_rows`: the best trial of its best
+  configuration, by the study metric);
 * ``report/learning_curves.png``: the study metric against the epoch, one line per trial, one panel per
   arm (solid: completed, dotted: pruned or stopped, dashed: final-stage re-runs);
 * ``report/parallel_coordinate_<arm>.png`` and ``report/param_importances_<arm>.png``: Optuna's
@@ -95,15 +96,17 @@ def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Pat
 
 def log_best_per_arm(client: Any, run_id: str, df: Any, metric: str) -> List[str]:
     """Log ``best/<arm>/<metric>`` and ``best/<arm>/<test metric>`` to ``run_id``: the final values of each
-    arm's best completed search trial (``df``: a :func:`~flatlab.tracking.results.trials_frame` table,
-    best first). Arms without a completed trial get none. Returns the metric names logged."""
+    arm's best trial (:func:`flatlab.tracking.selection.best_trial_rows`; ``df``: a
+    :func:`~flatlab.tracking.results.trials_frame` table). Arms without a completed trial get none.
+    Returns the metric names logged."""
     from mlflow.entities import Metric
 
-    from flatlab.tracking.results import _test_metric, best_per_arm
+    from flatlab.tracking.results import _test_metric
+    from flatlab.tracking.selection import best_trial_rows
 
     if df.empty or "outcome" not in df.columns:
         return []
-    best = best_per_arm(df[df["outcome"] == "completed"])
+    best = best_trial_rows(df)
     test = _test_metric(df)
     now = int(1000 * time.time())
     metrics = []

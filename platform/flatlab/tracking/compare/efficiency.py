@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from flatlab.errors import ConfigError
-from flatlab.tracking.compare.sample import completed, has_values
+from flatlab.tracking.compare.sample import has_values
 from flatlab.tracking.compare.statistics import finite
 from flatlab.tracking.compare.text import number
+from flatlab.tracking.selection import completed
 
 
 def hpo_efficiency(grid_df, search_df, *, metric: str, mode: str, tolerance: float, arm: Optional[str] = None) -> Dict[str, Any]:

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Optional
 
 from flatlab.errors import ConfigError
-from flatlab.tracking.compare.sample import completed, has_values, select_sample
+from flatlab.tracking.compare.sample import has_values, select_sample
 from flatlab.tracking.compare.statistics import finite
 from flatlab.tracking.compare.table import FLAT_PREFIX, Comparison, seed_values
+from flatlab.tracking.selection import completed
 
 
 def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_trials: bool = False) -> Path:

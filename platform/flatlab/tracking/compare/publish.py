@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import List, Optional
 
 from flatlab.tracking.compare.plot import plot_metric_vs_flatness
-from flatlab.tracking.compare.sample import default_reference
 from flatlab.tracking.compare.statistics import CONFIDENCE
 from flatlab.tracking.compare.table import compare_table
 from flatlab.tracking.compare.text import to_csv, to_markdown
@@ -23,8 +22,8 @@ def log_comparison(tracking_uri: str, parent_run_id: str, df, reference: Optiona
     ``comparison.csv`` and, where flatness was measured, ``metric_vs_flatness.png``
     (``MlflowClient.log_text``/``log_artifact``).
 
-    ``reference`` defaults to :func:`default_reference` with the parent run's param ``reference_arm``.
-    Never raises (and never creates a store): a failure is logged as a warning and that artifact is
+    ``reference`` defaults to :func:`flatlab.tracking.selection.reference_arm` of the compared arms and
+    the launch's ``reference_arm`` (``df.attrs``, as ``trials_frame`` reads it). Never raises (and never creates a store): a failure is logged as a warning and that artifact is
     skipped.
 
     Returns:
@@ -35,9 +34,6 @@ def log_comparison(tracking_uri: str, parent_run_id: str, df, reference: Optiona
     logged: List[str] = []
     try:
         client = runs.client(runs.existing_store(tracking_uri))  # never creates a store
-        if reference is None:
-            recorded = client.get_run(parent_run_id).data.params.get("reference_arm")
-            reference = default_reference(df["arm"].unique() if df is not None and "arm" in df else [], recorded)
         comparison = compare_table(df, metric=metric, reference=reference, confidence=confidence, study=study)
     except Exception as exc:  # noqa: BLE001
         logger.warning("compare: no comparison table for run %s: %s", parent_run_id, exc)

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from flatlab.errors import ConfigError
-from flatlab.tracking.compare.sample import completed, has_values, select_sample
+from flatlab.tracking.compare.sample import has_values, select_sample
 from flatlab.tracking.compare.statistics import CONFIDENCE, Estimate, Paired, finite, paired_difference, t_estimate
+from flatlab.tracking.selection import completed, reference_arm
 
 FLAT_PREFIX = "flat/"
 AUXILIARY = ("_stderr", "_clean")  # flat/<measure>_stderr, _clean: shown only when asked for by name
@@ -57,6 +58,8 @@ class Comparison:
             ``run_id`` and one column per quantity (NaN where the seed gave no value).
         notes: what the table leaves out and why (failed seeds, missed targets, duplicates).
         study: the study's name, for titles.
+        rank_by: how the best configuration was chosen where there is no final stage (``final``: the
+            mean final validation value over seeds; ``best-epoch``: the best epoch's, asked for).
     """
 
     metric: str
@@ -69,6 +72,7 @@ class Comparison:
     seeds: Any = field(repr=False)
     notes: Tuple[str, ...] = ()
     study: str = ""
+    rank_by: str = "final"
 
     @property
     def arms(self) -> List[str]:
@@ -130,19 +134,24 @@ def higher_is_better(quantity: str, study_metric: str = "", study_mode: str = "m
     return True
 
 
-def compare_table(df, *, metric: Optional[str] = None, reference: str, measures: Optional[Sequence[str]] = None,
-                  confidence: float = CONFIDENCE, study: str = "") -> Comparison:
+def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] = None,
+                  measures: Optional[Sequence[str]] = None, confidence: float = CONFIDENCE, study: str = "",
+                  rank_by: str = "final") -> Comparison:
     """The paper table of a study's trials (see the module docstring for the statistics).
 
     Args:
         df: a :func:`flatlab.tracking.results.trials_frame` table (``attrs`` metric and mode).
         metric: the test metric (default ``test/perplexity``, ``test/accuracy`` or ``test/loss``, the
             first recorded).
-        reference: the arm every other arm is paired against.
+        reference: the arm every other arm is paired against (default
+            :func:`flatlab.tracking.selection.reference_arm` of the compared arms and the study's
+            ``reference_arm``, which ``trials_frame`` reads from the launch into ``attrs``).
         measures: the ``flat/*`` measures to include (``fisher_trace`` or ``flat/fisher_trace``;
             default every one recorded in the sample except the auxiliary ``*_stderr`` and ``*_clean``).
         confidence: of the t-intervals, in (0, 1).
         study: the study's name, for titles.
+        rank_by: how a grid study's best configuration is chosen (:func:`select_sample`): ``final``
+            (the rule) or ``best-epoch`` (an explicit alternative).
     Returns:
         A :class:`Comparison`; quantities: the metric, the measures, then ``train/epochs_to_target``
         and/or ``train/steps_to_target`` where the launch has a target.
@@ -154,12 +163,14 @@ def compare_table(df, *, metric: Optional[str] = None, reference: str, measures:
 
     if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
         raise ConfigError(f"confidence={confidence!r}; expected a number in (0, 1), e.g. 0.95")
-    sample, source, notes = select_sample(df)
+    sample, source, notes = select_sample(df, rank_by)
     metric = metric or _test_metric(df) or "test/accuracy"
     if not has_values(sample, metric):
         valid = sorted(c for c in sample.columns if "/" in c and not c.startswith(("param.", "best/")) and has_values(sample, c))
         raise ConfigError(f"metric {metric!r} has no values in the compared trials; metrics there: {', '.join(valid) or '(none)'}")
     arms = sorted(sample["arm"].unique())
+    if reference is None:
+        reference = reference_arm(arms, df.attrs.get("reference_arm"))
     if reference not in arms:
         raise ConfigError(f"reference arm {reference!r} is not in the compared trials; arms: {', '.join(arms)}")
     flat = [c for c in sorted(sample.columns) if c.startswith(FLAT_PREFIX) and has_values(sample, c)]
@@ -204,7 +215,7 @@ def compare_table(df, *, metric: Optional[str] = None, reference: str, measures:
             runs = int((seeds["arm"] == arm).sum())
             rows.append(Row(q, arm, runs, t_estimate(list(mine.values()), confidence), diff))
     return Comparison(metric, reference, float(confidence), source, quantities, better, tuple(rows), seeds.reset_index(drop=True),
-                      tuple(notes), study)
+                      tuple(notes), study, rank_by)
 
 
 def seed_values(sample, quantities: Sequence[str]):

@@ -58,8 +58,10 @@ def caption(comparison: Comparison) -> List[str]:
     """The lines under a table: what was compared, how, and what was left out."""
     c = comparison
     pct = f"{c.confidence * 100:g}%"
+    value = "final-epoch" if c.rank_by == "final" else "best-epoch"
     over = "final-stage trials (each arm's best configuration over fresh seeds)" if c.source == "final" else (
-        "each arm's best configuration (mean validation metric over its completed seeds), all its seeds")
+        f"each arm's best configuration (the best mean over its completed seeds of the {value} validation metric), "
+        "all its seeds")
     higher = [q for q in c.quantities if c.higher_is_better[q]]
     lower = [q for q in c.quantities if not c.higher_is_better[q]]
     lines = [
