@@ -57,33 +57,16 @@ def run(
     ),
 ) -> None:
     """Run the studies of STUDY_FILE on Ray Tune (Optuna searcher, ASHA, MLflow tracking)."""
-    from flatlab.study.launches import launch_budgets, read_launch, resume_checkpoint_every, resume_scale
-    from flatlab.study.loader import load_studies
     from flatlab.study.plan import render as render_plan
+    from flatlab.study.prepare import prepare
 
-    given = {"trials": trials, "epochs": epochs, "final_seeds": final_seeds, "scale": scale}
-    try:
-        if resume and continue_:
-            raise FlatlabError("--resume and --continue exclude each other: --resume finishes the latest launch, "
-                               "--continue starts a new one that adds trials to its Optuna studies")
-        # --resume without --scale: the scale the latest launch ran at
-        studies = load_studies(str(study_file), scale=scale or (resume_scale(str(study_file), _root(root)) if resume else None))
-        if study:
-            known = {s.name for s in studies}
-            missing = [n for n in study if n not in known]
-            if missing:
-                raise FlatlabError(f"--study {', '.join(missing)}: not in {study_file}; studies there: {', '.join(sorted(known))}")
-            studies = [s for s in studies if s.name in study]
-        if checkpoint_every is not None:
-            studies = [dataclasses.replace(s, checkpoint_every=checkpoint_every) for s in studies]
-        elif resume:  # the cadence the launch ran with
-            studies = [dataclasses.replace(s, checkpoint_every=resume_checkpoint_every(
-                read_launch(_root(root), s.name), s.checkpoint_every, s.name)) for s in studies]
-        budgets = launch_budgets(str(study_file), studies, given, _root(root), resume)  # --resume: the launch's budget
-        studies = [s.with_budget(budgets[s.name]["trials"], budgets[s.name]["epochs"], budgets[s.name]["final_seeds"])
-                   .validate(str(study_file)) for s in studies]
+    given = {"trials": trials, "epochs": epochs, "final_seeds": final_seeds, "scale": scale,
+             "checkpoint_every": checkpoint_every}
+    try:  # --resume: the launch's scale, budget and checkpoint cadence (study/prepare.py, as flatlab.run)
+        prepared = prepare(str(study_file), given, _root(root), resume=resume, continue_=continue_, only=study or ())
     except (FlatlabError, ValueError) as exc:
         _fail(exc)
+    studies = [p.study for p in prepared]
     for s in studies:
         for warning in s.warnings():
             err.print(f"[yellow]warning:[/yellow] study {s.name!r}, {warning}", soft_wrap=True)
@@ -118,9 +101,9 @@ def run(
     opts = RunOptions(root=_root(root), address=address, tracking_uri=tracking_uri, storage=storage, resume=resume,
                       source=str(study_file), num_cpus=num_cpus)
     interrupted = False
-    for s in studies:
+    for s, budget in ((p.study, p.budget) for p in prepared):
         try:
-            outcome = run_study(s, dataclasses.replace(opts, overrides=budgets[s.name], continue_=continue_), console=console)
+            outcome = run_study(s, dataclasses.replace(opts, overrides=budget, continue_=continue_), console=console)
         except FlatlabError as exc:
             _fail(exc)
         except ConnectionError as exc:  # Ray's, e.g. a head that wants a token we do not have

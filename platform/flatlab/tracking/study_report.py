@@ -23,7 +23,6 @@ recorded, and a plot must not fail the study.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import tempfile
@@ -176,15 +175,15 @@ def optuna_plots(study: Any, out: Path, tmp: Path, skipped: List[str]) -> List[P
     studies (grid searcher), no searched parameter, no completed trial, fewer than 2 for importances."""
     import optuna
 
+    from flatlab.study.launches import Launch
     from flatlab.study.searchers import optuna_study_name
 
-    db, launch_file = out / "optuna.db", out / "launch.json"
-    if study.searcher == "grid" or not db.exists() or not launch_file.exists():
+    db, launch = out / "optuna.db", Launch.read(out.parent, out.name)
+    if study.searcher == "grid" or not db.exists() or launch is None:
         skipped.append(f"parallel coordinates and importances: no Optuna studies (searcher={study.searcher!r}, {db})")
         return []
-    state = json.loads(launch_file.read_text())
     # each arm's Optuna study: a --continue launch adds its trials to the previous launch's studies
-    names = state.get("optuna_studies") or {a.name: optuna_study_name(state["experiment_name"], a.name) for a in study.arms}
+    names = launch.optuna_studies or {a.name: optuna_study_name(launch.experiment_name, a.name) for a in study.arms}
     storage = optuna.storages.RDBStorage(f"sqlite:///{db}", engine_kwargs={"connect_args": {"timeout": 30}})
     paths: List[Path] = []
     for arm in study.arms:
