@@ -28,9 +28,9 @@ def test_import_flatlab_stays_light():
 def test_options_are_checked_before_anything_starts(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown option 'trails' \(did you mean 'trials'\?\); valid options: studies, scale, trials"):
         flatlab.run(STUDY, trails=2, root=tmp_path)
-    with pytest.raises(ConfigError, match=r"scale= and studies= choose among a study file's studies; this is a Study"):
+    with pytest.raises(ConfigError, match=r"scale=/studies=\) choose among a study file's studies; this is a Study"):
         flatlab.run(STUDY, scale="smoke", root=tmp_path)
-    with pytest.raises(ConfigError, match=r"studies=\['nope'\]: not in .*digits_demo.py; studies there: digits_demo"):
+    with pytest.raises(ConfigError, match=r"study 'nope' is not in .*digits_demo.py; studies there: digits_demo"):
         flatlab.run(REPO / "studies" / "digits_demo.py", studies="nope", root=tmp_path)
     with pytest.raises(ConfigError, match=r"does not exist \(a relative path is read from the working directory"):
         flatlab.run("no/such/study.py", root=tmp_path)

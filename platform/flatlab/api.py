@@ -23,11 +23,15 @@ def run(
     trials: Optional[int] = None,
     epochs: Optional[int] = None,
     final_seeds: Optional[int] = None,
+    checkpoint_every: Optional[int] = None,
     root: Union[None, str, os.PathLike] = None,
     console: Any = None,
     **options: Any,
 ):
-    """Run a study on Ray Tune (Optuna searcher, ASHA, MLflow tracking), as ``flatlab run`` does.
+    """Run a study on Ray Tune (Optuna searcher, ASHA, MLflow tracking), as ``flatlab run`` does: the
+    same preparation (:func:`flatlab.study.prepare.prepare`), so ``flatlab.run(path, resume=True)``
+    resumes exactly as ``flatlab run path --resume``, at the scale, budget and checkpoint cadence the
+    launch recorded.
 
     Args:
         study: a :class:`~flatlab.Study`, or the path of a study file (relative to the working
@@ -36,10 +40,11 @@ def run(
         scale: with a file that defines ``SCALES``, the scale (``--scale``).
         trials, epochs, final_seeds: the budget overrides of ``--trials``, ``--epochs``,
             ``--final-seeds``.
+        checkpoint_every: epochs between trial checkpoints (``--checkpoint-every``).
         root: the output root (``--root``; default env ``FLATLAB_ROOT``, else ``./flatlab-runs``).
         console: a ``rich`` console for the end-of-study lines (progress lines are printed either way).
         **options: any other field of :class:`flatlab.study.runner.RunOptions`: ``address``,
-            ``tracking_uri``, ``storage``, ``resume``, ``num_cpus`` ...
+            ``tracking_uri``, ``storage``, ``resume``, ``continue_``, ``num_cpus`` ...
 
     Returns:
         For a :class:`Study`, its :class:`~flatlab.study.runner.StudyOutcome`; for a file, a list of
@@ -47,43 +52,34 @@ def run(
 
     Raises:
         ConfigError: an invalid study or file, ``studies`` that the file does not define, an option
-            that ``RunOptions`` does not have (naming the valid ones), or any error ``flatlab run`` reports.
+            that ``RunOptions`` does not have (naming the valid ones), or any error ``flatlab run`` reports
+            (a resume option that differs from the launch's, ``resume`` with ``continue_`` ...).
     """
-    from flatlab.study.loader import load_studies
+    from flatlab.study.prepare import prepare
     from flatlab.study.runner import RunOptions, run_study
 
-    valid = [f.name for f in dataclasses.fields(RunOptions) if f.name not in ("root", "source")]
+    valid = [f.name for f in dataclasses.fields(RunOptions) if f.name not in ("root", "source", "overrides")]
     unknown = [k for k in options if k not in valid]
     if unknown:
-        names = ["studies", "scale", "trials", "epochs", "final_seeds", "root", "console", *valid]
+        names = ["studies", "scale", "trials", "epochs", "final_seeds", "checkpoint_every", "root", "console", *valid]
         raise ConfigError(
             f"flatlab.run(): unknown option {', '.join(map(repr, unknown))}{did_you_mean(unknown[0], names)}; "
             f"valid options: {', '.join(names)}"
         )
-    if isinstance(study, Study):
-        if scale is not None or studies is not None:
-            raise ConfigError("flatlab.run(): scale= and studies= choose among a study file's studies; this is a Study")
-        chosen, source = [study], ""
-    else:
-        source = os.fspath(study)
-        chosen = load_studies(source, scale=scale)
-        wanted = [studies] if isinstance(studies, str) else list(studies or [])
-        if wanted:
-            known = [s.name for s in chosen]
-            missing = [n for n in wanted if n not in known]
-            if missing:
-                raise ConfigError(f"studies={missing}: not in {source}; studies there: {', '.join(sorted(known))}")
-            chosen = [s for s in chosen if s.name in wanted]
-    chosen = [s.with_budget(trials, epochs, final_seeds).validate(source) for s in chosen]
+    root_path = Path(root) if root is not None else Path(os.environ.get("FLATLAB_ROOT", "flatlab-runs"))
+    given = {"trials": trials, "epochs": epochs, "final_seeds": final_seeds, "scale": scale,
+             "checkpoint_every": checkpoint_every}
+    only = [studies] if isinstance(studies, str) else list(studies or [])
+    prepared = prepare(study, given, root_path, resume=bool(options.get("resume")),
+                       continue_=bool(options.get("continue_")), only=only)
     if options.get("address"):  # an unreachable head fails within seconds, as with the CLI
         from flatlab.cluster import check_address
 
         check_address(options["address"])
-    root_path = Path(root) if root is not None else Path(os.environ.get("FLATLAB_ROOT", "flatlab-runs"))
-    opts = RunOptions(root=root_path, source=source, **options)
+    opts = RunOptions(root=root_path, source="" if isinstance(study, Study) else os.fspath(study), **options)
     outcomes = []
-    for s in chosen:
-        outcome = run_study(s, opts, console=console)
+    for p in prepared:
+        outcome = run_study(p.study, dataclasses.replace(opts, overrides=p.budget), console=console)
         outcomes.append(outcome)
         if outcome.interrupted:
             break
@@ -104,6 +100,7 @@ def results(
     by_config: bool = False,
     sort: Union[None, str, Iterable[str]] = None,
     columns: Union[None, str, Iterable[str]] = None,
+    rank_by: str = "final",
 ):
     """A study's trials from MLflow as a pandas DataFrame: the table of ``flatlab results``.
 
@@ -124,7 +121,9 @@ def results(
         filter: a pandas query over the trials (``--filter``), e.g.
             ``"outcome == 'completed' and `param.lr` < 0.1"`` (backticks around names with '/' or '.');
             times compare with a UTC time: ``"start_time > '2026-12-01 08:00+00:00'"``.
-        best, by_config: ``--best``, ``--by-config``.
+        best, by_config: ``--best``, ``--by-config``: each arm's best trial or configuration by the rules of
+            :mod:`flatlab.tracking.selection` (arms none of whose trials completed have no row).
+        rank_by: ``--rank-by``: ``final`` (each trial's final-epoch value, the rule) or ``best-epoch``.
         sort: ``"col"`` / ``"-col"`` or a list of them (``--sort``).
         columns: a list or comma list of the columns to keep (``--columns``).
 
@@ -139,7 +138,7 @@ def results(
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or runs.default_tracking_uri(base.resolve())
     df = _with_timestamps(trials_frame(uri, name, all_launches=all_launches))
     return select(df, arms=arms, metric=metric, mode=mode, filter=filter, best=best, by_config=by_config, sort=sort,
-                  columns=columns)
+                  columns=columns, rank_by=rank_by)
 
 
 def _with_timestamps(df):

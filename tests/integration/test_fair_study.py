@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 from flatlab import Arm, Study
 from flatlab import space as sp
 from flatlab.tracking import runs
-from flatlab.tracking.results import best_per_arm, trials_frame
+from flatlab.tracking.results import trials_frame
+from flatlab.tracking.selection import best_trial_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -124,5 +125,5 @@ def test_final_stage_reruns_each_arms_best_completed_config(fair_run):
         fin = final[final["arm"] == arm]
         assert sorted(fin["seed"]) == [11, 12]
         assert (fin["param.lr"] == best["param.lr"]).all()
-    chosen = best_per_arm(df)
+    chosen = best_trial_rows(df)
     assert set(chosen["stage"]) == {"search"} and set(chosen["outcome"]) == {"completed"}

@@ -104,7 +104,7 @@ def test_results_cli_and_parquet_round_trip(study_run, tmp_path):
     assert per_config["trials"].sum() == 4 and {"seeds", "val/accuracy mean", "val/accuracy std"} <= set(per_config.columns)
     res = cli.invoke(app, ["results", "it4", "--root", str(root), "--by-config", "--best"])
     assert res.exit_code == 0 and "it4 (3 configurations)" in res.output and "seeds" in res.output, res.output
-    assert "1 configuration(s) with no completed trial" in res.output  # the diverged arm 'boom'
+    assert "no completed trial (pruned, diverged, failed or unfinished), so no best for: boom" in res.output
     res = cli.invoke(app, ["results", "nope", "--root", str(root)])
     assert res.exit_code == 2 and "no study 'nope'" in res.output and "it4" in res.output
 

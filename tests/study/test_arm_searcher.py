@@ -10,7 +10,8 @@ import pytest
 from flatlab import Arm, Study
 from flatlab import space as sp
 from flatlab.errors import ConfigError
-from flatlab.study.searchers import ArmSearcher, FixedSearcher, trial_outcome
+from flatlab.study.searchers import ArmSearcher, FixedSearcher
+from flatlab.tracking.selection import trial_outcome
 
 METRIC = "val/accuracy"
 

@@ -194,5 +194,6 @@ def test_result_buffering_environment():
 
     import flatlab.study.runner as runner_mod
 
+    assert "os.environ.setdefault(key, value)" in inspect.getsource(runner_mod._quiet_libraries)
     src = inspect.getsource(runner_mod.run_study)
-    assert src.index("os.environ.setdefault(key, value)") < src.index("tuner.fit()")
+    assert src.index("_quiet_libraries()") < src.index("_open(") < src.index("_tune(")

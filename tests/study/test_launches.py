@@ -11,7 +11,8 @@ import pytest
 from flatlab import Arm, Study
 from flatlab import space as sp
 from flatlab.errors import ConfigError
-from flatlab.study.launches import continued_studies, launch_budgets, resume_budget, space_difference
+from flatlab.study.launches import Launch, continued_studies, resume_budget, resume_checkpoint_every, space_difference
+from flatlab.study.prepare import prepare
 from flatlab.study.progress import ProgressPrinter
 from flatlab.study.searchers import ArmSearcher
 
@@ -23,11 +24,19 @@ def study(lr_high=0.5, searcher="optuna"):
     return Study(name="s", workload="digits", arms=arms, num_trials=2, max_epochs=3, searcher=searcher).validate()
 
 
-def test_resume_reuses_the_launch_overrides_and_refuses_different_ones():
-    recorded = {"overrides": {"trials": 4, "epochs": 15, "final_seeds": None, "scale": "demo"}}
+def record(tmp_path, **fields):
+    """A launch.json of study "s" under tmp_path written as a launch would (or by hand, ``raw``)."""
+    path = tmp_path / "s" / "launch.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(fields))
+    return Launch.read(tmp_path, "s")
+
+
+def test_resume_reuses_the_launch_overrides_and_refuses_different_ones(tmp_path):
+    recorded = record(tmp_path, overrides={"trials": 4, "epochs": 15, "final_seeds": None, "scale": "demo"})
     nothing = {"trials": None, "epochs": None, "final_seeds": None, "scale": None}
-    assert resume_budget(recorded, nothing) == recorded["overrides"]
-    assert resume_budget(recorded, dict(nothing, epochs=15)) == recorded["overrides"]  # repeating one is fine
+    assert resume_budget(recorded, nothing) == recorded.overrides
+    assert resume_budget(recorded, dict(nothing, epochs=15)) == recorded.overrides  # repeating one is fine
     with pytest.raises(ConfigError, match=r"--trials 5 differs from the launch being resumed, which ran with --trials 4"):
         resume_budget(recorded, dict(nothing, trials=5), "s")
     with pytest.raises(ConfigError, match=r"--final-seeds 2 differs .* ran with the study file's value"):
@@ -35,18 +44,51 @@ def test_resume_reuses_the_launch_overrides_and_refuses_different_ones():
     with pytest.raises(ConfigError, match=r"--scale full differs .* --scale demo"):
         resume_budget(recorded, dict(nothing, scale="full"))
     # a record written before overrides were kept: the options as given
-    assert resume_budget({"experiment_name": "x"}, dict(nothing, trials=2)) == dict(nothing, trials=2)
+    assert resume_budget(record(tmp_path, experiment_name="x"), dict(nothing, trials=2)) == dict(nothing, trials=2)
 
 
-def test_launch_budgets_of_a_resume_come_from_launch_json(tmp_path):
+def test_the_launch_record_round_trips_and_reads_older_records(tmp_path):
+    launch = Launch(path=tmp_path / "s" / "launch.json", experiment_name="s-1", parent_run_id="p", overrides={"trials": 2},
+                    checkpoint_every=None, optuna_studies={"sgd": "s-1.sgd"})
+    launch.write(status="killed", num_errors=1)
+    again = Launch.read(tmp_path, "s")
+    assert again == launch and (again.status, again.num_errors, again.done) == ("killed", 1, False)
+    assert json.loads(launch.path.read_text())["optuna_studies"] == {"sgd": "s-1.sgd"}
+    assert "path" not in json.loads(launch.path.read_text())
+    assert Launch.read(tmp_path, "s").write(status="finished", num_errors=0).done
+    old = record(tmp_path, experiment_name="s-0", parent_run_id="q", status="finished", unknown_key=1)  # older flatlab
+    assert (old.experiment_name, old.overrides, old.optuna_studies, old.done) == ("s-0", None, {}, True)
+    assert resume_checkpoint_every(old, 3) == 3  # cadence not recorded: the study file's
+    assert resume_checkpoint_every(record(tmp_path, checkpoint_every=None), 3) is None  # recorded: by time
+    with pytest.raises(ConfigError, match=r"checkpoint_every='7'; expected null or an int >= 1"):
+        resume_checkpoint_every(record(tmp_path, checkpoint_every="7"), 3, "s")
+    (tmp_path / "s" / "launch.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match=r"launch.json: not a launch record \(a JSON object expected\)"):
+        Launch.read(tmp_path, "s")
+    assert Launch.read(tmp_path, "other") is None
+
+
+def test_prepare_of_a_resume_takes_the_launchs_budget_and_cadence(tmp_path):
     path = tmp_path / "s.py"
-    path.write_text("from flatlab import Arm, Study\nSTUDY = Study(name='s', workload='digits', arms=(Arm('sgd'),))\n")
-    (tmp_path / "root" / "s").mkdir(parents=True)
-    (tmp_path / "root" / "s" / "launch.json").write_text(json.dumps({"overrides": {"trials": 3, "epochs": 7}}))
-    given = {"trials": None, "epochs": None, "final_seeds": None, "scale": None}
-    assert launch_budgets(str(path), [study()], given, tmp_path / "root", resume=False) == {"s": given}
-    assert launch_budgets(str(path), [study()], given, tmp_path / "root", resume=True)["s"] == {
-        "trials": 3, "epochs": 7, "final_seeds": None, "scale": None}
+    path.write_text("from flatlab import Arm, Study\nSTUDY = Study(name='s', workload='digits', arms=(Arm('sgd'),), "
+                    "max_epochs=20, num_trials=8, checkpoint_every=5)\n")
+    root = tmp_path / "root"
+    given = {"trials": None, "epochs": None, "final_seeds": None, "scale": None, "checkpoint_every": None}
+    (new,) = prepare(str(path), dict(given, trials=3, epochs=40), root)
+    assert (new.study.num_trials, new.study.max_epochs, new.study.checkpoint_every) == (3, 40, 5)
+    assert new.budget == {"trials": 3, "epochs": 40, "final_seeds": None, "scale": None}
+    record(root, overrides=new.budget, checkpoint_every=2)
+    (resumed,) = prepare(str(path), given, root, resume=True)
+    assert (resumed.study.num_trials, resumed.study.max_epochs, resumed.study.checkpoint_every) == (3, 40, 2)
+    assert resumed.budget == new.budget
+    (again,) = prepare(str(path), dict(given, checkpoint_every=4), root, resume=True)  # a cadence may change
+    assert again.study.checkpoint_every == 4
+    with pytest.raises(ConfigError, match=r"--epochs 20 differs from the launch being resumed, which ran with --epochs 40"):
+        prepare(str(path), dict(given, epochs=20), root, resume=True)
+    with pytest.raises(ConfigError, match=r"--resume and --continue exclude each other"):
+        prepare(str(path), given, root, resume=True, continue_=True)
+    with pytest.raises(ConfigError, match=r"unknown launch option\(s\) trails; expected trials, epochs"):
+        prepare(str(path), {"trails": 2}, root)
 
 
 def _previous(tmp_path, s):
@@ -57,7 +99,8 @@ def _previous(tmp_path, s):
         tid = f"t{n}"
         searcher.suggest(tid)
         searcher.on_trial_complete(tid, {"epoch": 3, METRIC: 0.5, "completed": 1})
-    return {"experiment_name": "L", "parent_run_id": "p1", "optuna_storage": storage, "optuna_prefix": "L"}
+    return Launch(path=tmp_path / "launch.json", experiment_name="L", parent_run_id="p1", optuna_storage=storage,
+                  optuna_prefix="L")
 
 
 def test_continue_names_the_previous_studies_and_refuses_a_changed_space(tmp_path):
@@ -83,10 +126,10 @@ def test_space_difference_names_each_parameter():
 def test_a_continued_search_adds_to_the_same_study_with_fresh_random_points(tmp_path):
     s = study()
     previous = _previous(tmp_path, s)
-    first = optuna.load_study(study_name="L.sgd", storage=previous["optuna_storage"]).trials[0].params["lr"]
-    again = ArmSearcher(s, optuna_storage=previous["optuna_storage"], launch="L")  # what --continue builds
+    first = optuna.load_study(study_name="L.sgd", storage=previous.optuna_storage).trials[0].params["lr"]
+    again = ArmSearcher(s, optuna_storage=previous.optuna_storage, launch="L")  # what --continue builds
     config = again.suggest("u0")
-    trials = optuna.load_study(study_name="L.sgd", storage=previous["optuna_storage"]).trials
+    trials = optuna.load_study(study_name="L.sgd", storage=previous.optuna_storage).trials
     assert len(trials) == 2 and trials[1].user_attrs["tune_trial_id"] == "u0"
     assert config["lr"] == trials[1].params["lr"] != first  # a sampler seeded as before would draw `first` again
 

@@ -1,5 +1,5 @@
 """Tune pickles its callbacks into the experiment state: a state written before ``max_epochs`` was dropped
-(flatlab.study.searchers.trial_outcome decides outcomes now) must still unpickle on ``flatlab run --resume``."""
+(flatlab.tracking.selection.trial_outcome decides outcomes now) must still unpickle on ``flatlab run --resume``."""
 
 import pickle
 

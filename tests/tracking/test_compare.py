@@ -256,10 +256,17 @@ def test_unknown_reference_metric_and_measure_list_the_valid_values():
 
 
 def test_default_reference():
-    assert cmp.default_reference(["sam", "sgd", "adamw"]) == "sgd"
-    assert cmp.default_reference(["sam", "sgd", "adamw"], "adamw") == "adamw"
-    assert cmp.default_reference(["sam", "adamw"], "None") == "adamw"  # nothing recorded: first alphabetically
-    assert cmp.default_reference(["sam", "adamw"], "gone") == "adamw"
+    from flatlab.tracking.selection import reference_arm
+
+    assert reference_arm(["sam", "sgd", "adamw"]) == "sgd"
+    assert reference_arm(["sam", "sgd", "adamw"], "adamw") == "adamw"
+    assert reference_arm(["sam", "adamw"], "None") == "adamw"  # nothing recorded: first alphabetically
+    assert reference_arm(["sam", "adamw"], "gone") == "adamw"
+    with pytest.raises(ConfigError, match="no arms to compare"):
+        reference_arm([])
+    df = final_frame()
+    df.attrs["reference_arm"] = "ire"  # the study's, as trials_frame reads it from the launch
+    assert cmp.compare_table(df).reference == "ire" and cmp.compare_table(final_frame()).reference == "sgd"
 
 
 def grid_frame():

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from flatlab.tracking.results import best_per_arm, by_config, render, sort_trials
+from flatlab.tracking.results import by_config, chosen_configurations, render, sort_trials
+from flatlab.tracking.selection import best_trial_rows
 
 
 def frame():
@@ -32,9 +33,9 @@ def test_sort_ranks_outcomes_before_values():
     assert order_min[:2] == ["c", "f"]  # completed first in either direction
 
 
-def test_best_per_arm_is_completed_search_trial_and_never_a_failed_one():
-    best = best_per_arm(sort_trials(frame(), "val/accuracy", "max"))
-    assert dict(zip(best["arm"], best["trial_id"])) == {"sgd": "c", "tsam": "q"}
+def test_the_best_trial_is_a_completed_search_trial_never_a_pruned_failed_or_final_one():
+    best = best_trial_rows(sort_trials(frame(), "val/accuracy", "max"))
+    assert dict(zip(best["arm"], best["trial_id"])) == {"sgd": "c"}  # tsam: nothing completed, no best trial
 
 
 def test_by_config_counts_target_misses():
@@ -80,6 +81,6 @@ def test_by_config_best_is_the_final_stage_row_where_an_arm_has_one():
     df.attrs.update(metric="val/accuracy", mode="max")
     pooled = by_config(df)
     assert list(pooled["param.lr"]) == [0.2, 0.1, 0.1]  # by the final metric's mean
-    best = best_per_arm(pooled)
+    best = chosen_configurations(pooled, df)
     assert (best.loc[0, "stage"], best.loc[0, "seeds"], best.loc[0, "param.lr"]) == ("final", 3, 0.1)
     assert best.loc[0, "val/accuracy mean"] == pytest.approx(0.94)

@@ -58,7 +58,7 @@ def _seeded_trials():
 
 
 def test_by_config_pools_seeds_of_completed_trials_best_first():
-    from flatlab.tracking.results import best_per_arm, by_config
+    from flatlab.tracking.results import by_config, chosen_configurations
 
     out = by_config(_seeded_trials())
     assert list(out["arm"]) == ["sam", "sam", "sgd"] and list(out["param.rho"][:2]) == [0.1, 0.05]
@@ -66,7 +66,7 @@ def test_by_config_pools_seeds_of_completed_trials_best_first():
     assert out["val/accuracy mean"].tolist() == pytest.approx([0.96, 0.92, 0.90])
     assert out["val/accuracy std"].tolist() == pytest.approx([0.0141421, 0.02, 0.01], abs=1e-6)  # sample std
     assert out["test/accuracy mean"].tolist() == pytest.approx([0.95, 0.91, 0.88])
-    best = best_per_arm(out)
+    best = chosen_configurations(out, _seeded_trials())
     assert list(best["arm"]) == ["sam", "sgd"] and best["param.rho"][0] == 0.1
     text = _table(out)
     header = text.splitlines()[1]

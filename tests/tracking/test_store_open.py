@@ -64,3 +64,46 @@ def test_a_settled_store_is_stamped_and_a_stale_stamp_is_not_trusted(tmp_path, m
     assert runs._alembic_revision(db) is None
     with pytest.raises(AssertionError, match="locked"):
         runs.client(uri)
+
+
+def _race(flatlab_side, uris, barrier, out):
+    """One side of the race: open each fresh store in ``uris`` at the barrier; ``flatlab_side`` goes through
+    ``runs.client`` (and its lock), the other side is a plain ``MlflowClient``, as ``mlflow ui`` or a
+    notebook would open it. Reports ``ok`` or the first error, with the round."""
+    import random
+
+    from mlflow.tracking import MlflowClient
+
+    random.seed(1 if flatlab_side else 2)
+    try:
+        for i, uri in enumerate(uris):
+            barrier.wait(timeout=120)
+            time.sleep(random.uniform(0.0, 0.3))  # who starts first, and by how much, varies by round
+            c = runs.client(uri) if flatlab_side else MlflowClient(tracking_uri=uri)
+            c.create_experiment(f"{'flatlab' if flatlab_side else 'plain'}-{i}")
+            c.search_experiments()
+        out.put("ok")
+    except Exception as e:  # reported to the parent, which shows it
+        out.put(f"{'flatlab' if flatlab_side else 'plain MlflowClient'}, round {i}: {type(e).__name__}: {str(e)[:300]}")
+
+
+@pytest.mark.slow
+def test_a_plain_mlflow_client_opening_the_fresh_store_at_the_same_moment_breaks_neither(tmp_path):
+    # Measured before the fix: an outside MlflowClient that created the schema first crashed the launch
+    # (OperationalError: table online_scoring_configs already exists), and the other way round.
+    rounds = 20
+    uris = [runs.default_tracking_uri(tmp_path / f"r{i}") for i in range(rounds)]
+    for i in range(rounds):
+        (tmp_path / f"r{i}").mkdir()
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(side, uris, barrier, out)) for side in (True, False)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=1200) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert results == ["ok", "ok"], results
+    for uri in uris:  # nothing lost: both experiments of every round are there
+        names = {e.name for e in runs.client(uri).search_experiments()}
+        assert {n.split("-")[0] for n in names} == {"Default", "flatlab", "plain"}, names

@@ -57,33 +57,16 @@ def run(
     ),
 ) -> None:
     """Run the studies of STUDY_FILE on Ray Tune (Optuna searcher, ASHA, MLflow tracking)."""
-    from flatlab.study.launches import launch_budgets, read_launch, resume_checkpoint_every, resume_scale
-    from flatlab.study.loader import load_studies
     from flatlab.study.plan import render as render_plan
+    from flatlab.study.prepare import prepare
 
-    given = {"trials": trials, "epochs": epochs, "final_seeds": final_seeds, "scale": scale}
-    try:
-        if resume and continue_:
-            raise FlatlabError("--resume and --continue exclude each other: --resume finishes the latest launch, "
-                               "--continue starts a new one that adds trials to its Optuna studies")
-        # --resume without --scale: the scale the latest launch ran at
-        studies = load_studies(str(study_file), scale=scale or (resume_scale(str(study_file), _root(root)) if resume else None))
-        if study:
-            known = {s.name for s in studies}
-            missing = [n for n in study if n not in known]
-            if missing:
-                raise FlatlabError(f"--study {', '.join(missing)}: not in {study_file}; studies there: {', '.join(sorted(known))}")
-            studies = [s for s in studies if s.name in study]
-        if checkpoint_every is not None:
-            studies = [dataclasses.replace(s, checkpoint_every=checkpoint_every) for s in studies]
-        elif resume:  # the cadence the launch ran with
-            studies = [dataclasses.replace(s, checkpoint_every=resume_checkpoint_every(
-                read_launch(_root(root), s.name), s.checkpoint_every, s.name)) for s in studies]
-        budgets = launch_budgets(str(study_file), studies, given, _root(root), resume)  # --resume: the launch's budget
-        studies = [s.with_budget(budgets[s.name]["trials"], budgets[s.name]["epochs"], budgets[s.name]["final_seeds"])
-                   .validate(str(study_file)) for s in studies]
+    given = {"trials": trials, "epochs": epochs, "final_seeds": final_seeds, "scale": scale,
+             "checkpoint_every": checkpoint_every}
+    try:  # --resume: the launch's scale, budget and checkpoint cadence (study/prepare.py, as flatlab.run)
+        prepared = prepare(str(study_file), given, _root(root), resume=resume, continue_=continue_, only=study or ())
     except (FlatlabError, ValueError) as exc:
         _fail(exc)
+    studies = [p.study for p in prepared]
     for s in studies:
         for warning in s.warnings():
             err.print(f"[yellow]warning:[/yellow] study {s.name!r}, {warning}", soft_wrap=True)
@@ -112,14 +95,15 @@ def run(
         except FlatlabError as exc:
             _fail(exc)
     from flatlab.study.runner import RunOptions, run_study
-    from flatlab.tracking.results import best_per_arm, by_config, render, trials_frame
+    from flatlab.tracking.query import select
+    from flatlab.tracking.results import render, trials_frame
 
     opts = RunOptions(root=_root(root), address=address, tracking_uri=tracking_uri, storage=storage, resume=resume,
                       source=str(study_file), num_cpus=num_cpus)
     interrupted = False
-    for s in studies:
+    for s, budget in ((p.study, p.budget) for p in prepared):
         try:
-            outcome = run_study(s, dataclasses.replace(opts, overrides=budgets[s.name], continue_=continue_), console=console)
+            outcome = run_study(s, dataclasses.replace(opts, overrides=budget, continue_=continue_), console=console)
         except FlatlabError as exc:
             _fail(exc)
         except ConnectionError as exc:  # Ray's, e.g. a head that wants a token we do not have
@@ -137,7 +121,9 @@ def run(
             + (f"best configuration per arm, mean and std over {len(s.seeds)} seeds" if pooled else "best trial per arm")
             + " (from MLflow):"
         )
-        render(best_per_arm(by_config(df) if pooled else df), console)
+        best = select(df, best=True, by_config=pooled)
+        render(best, console)
+        _say_arms_without_answer(df, best)
         if not outcome.interrupted and (pooled or s.final_seeds):
             _print_comparison(df, s, console)
         if interrupted:
@@ -146,13 +132,22 @@ def run(
         raise typer.Exit(130)
 
 
+def _say_arms_without_answer(trials, best) -> None:
+    """One line naming the arms a ``--best`` table has no row for (none of their trials completed)."""
+    if trials.empty or not (best.empty or "arm" in best.columns):
+        return
+    missing = [a for a in dict.fromkeys(trials["arm"]) if best.empty or a not in set(best["arm"])]
+    if missing:
+        console.print(f"no completed trial (pruned, diverged, failed or unfinished), so no best for: {', '.join(missing)}",
+                      soft_wrap=True)
+
+
 def _print_comparison(df, study, out) -> None:
     """The ``flatlab compare`` table of a launch that just ended (a failure here is one warning line)."""
     from flatlab.tracking import compare as cmp
 
     try:
-        reference = cmp.default_reference(cmp.select_sample(df)[0]["arm"].unique(), study.reference_arm)
-        comparison = cmp.compare_table(df, reference=reference, study=study.name)
+        comparison = cmp.compare_table(df, study=study.name)  # the launch's reference arm (selection.reference_arm)
     except (FlatlabError, ValueError) as exc:
         err.print(f"[yellow]warning:[/yellow] no comparison table: {exc}", soft_wrap=True)
         return
@@ -198,7 +193,14 @@ def results(
     ),
     output: Optional[Path] = typer.Option(None, help="file for csv/parquet (.csv or .parquet)"),
     all_launches: bool = typer.Option(False, "--all", help="trials of every launch, not only the latest"),
-    best: bool = typer.Option(False, "--best", help="only the best trial (or, with --by-config, configuration) of each arm"),
+    best: bool = typer.Option(
+        False, "--best", help="only each arm's best trial (or, with --by-config, configuration): the best mean over seeds of "
+        "the final validation metric"
+    ),
+    rank_by: str = typer.Option(
+        "final", "--rank-by", help="what --best and --by-config rank by: final (each trial's final-epoch value, the rule) "
+        "or best-epoch (its best epoch's)"
+    ),
     per_config: bool = typer.Option(
         False, "--by-config", help="one row per configuration: mean and std over seeds of the completed trials"
     ),
@@ -233,7 +235,9 @@ def results(
         df = trials_frame(uri, study, all_launches=all_launches)
         rows = "configurations" if per_config else "trials"
         shown = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
-        df = select(df, arms=arm, metric=metric, mode=mode, filter=filter_, best=best, by_config=per_config, sort=sort, columns=shown)
+        trials = df
+        df = select(df, arms=arm, metric=metric, mode=mode, filter=filter_, best=best, by_config=per_config, sort=sort,
+                    columns=shown, rank_by=rank_by)
         if fmt == "table":
             hidden = 0
             if per_config and "seeds" in df.columns:  # configurations no seed completed (pruned, diverged, failed)
@@ -243,6 +247,8 @@ def results(
                 console.print(f"no {rows} of {study} match the given --arm/--filter")
             else:
                 render(df, console, columns=shown, title=f"{study} ({len(df)} {rows})")
+            if best and not filter_:  # arms --best has no row for (none of their trials completed)
+                _say_arms_without_answer(trials[trials["arm"].isin(arm)] if arm and not trials.empty else trials, df)
             if hidden:
                 console.print(
                     f"{hidden} configuration(s) with no completed trial (pruned, diverged or failed) not shown; "
@@ -263,6 +269,10 @@ def compare(
     reference: Optional[str] = typer.Option(
         None, help="arm every other arm is paired against (default: the study's reference_arm, else sgd, else the first arm alphabetically)"
     ),
+    rank_by: str = typer.Option(
+        "final", "--rank-by", help="without a final stage, how each arm's best configuration is chosen: final (mean over seeds "
+        "of the final-epoch validation metric, the rule) or best-epoch (of the best epoch's)"
+    ),
     metric: Optional[str] = typer.Option(None, help="test metric (default: test/perplexity, test/accuracy or test/loss, the first recorded)"),
     fmt: str = typer.Option("table", "--format", help="table, markdown, latex or csv (text formats go to stdout)"),
     against: Optional[str] = typer.Option(
@@ -279,17 +289,15 @@ def compare(
     differences against a reference arm."""
     from flatlab.tracking import compare as cmp
     from flatlab.tracking import runs
-    from flatlab.tracking.results import parent_runs, trials_frame
+    from flatlab.tracking.results import trials_frame
 
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
         if fmt not in cmp.FORMATS:
             raise FlatlabError(f"--format {fmt!r} is not supported; expected one of {', '.join(cmp.FORMATS)}")
         df = trials_frame(uri, study)
-        if reference is None:
-            recorded = parent_runs(uri, study)[0].data.params.get("reference_arm")
-            reference = cmp.default_reference(cmp.select_sample(df)[0]["arm"].unique(), recorded)
-        comparison = cmp.compare_table(df, metric=metric, reference=reference, confidence=confidence, study=study)
+        comparison = cmp.compare_table(df, metric=metric, reference=reference, confidence=confidence, study=study,
+                                       rank_by=rank_by)
         efficiency = None
         if against is not None:
             other = trials_frame(uri, against)

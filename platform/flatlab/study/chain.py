@@ -6,9 +6,10 @@ go (:class:`~flatlab.study.space.BestOf`). At launch, :func:`resolve_chained` (c
 
 * the source study's latest FINISHED launch (parent run with status ``FINISHED``; running, failed and
   killed launches are skipped);
-* in it, the best trial of the arm by the SOURCE study's own metric and mode (logged on its launch run),
-  among completed search trials: pruned, diverged and failed trials never count, nor final-stage
-  re-runs (:func:`flatlab.tracking.results.best_per_arm`);
+* in it, the arm's best trial by the SOURCE study's own metric and mode (logged on its launch run):
+  the best trial of its best configuration (:mod:`flatlab.tracking.selection`: the best mean over seeds
+  of the final validation value among completed search trials; pruned, diverged and failed trials
+  never count, nor final-stage re-runs);
 * that trial's logged param, parsed as the field's declared type and checked against its range; with
   ``param=None``, the trial's run as ``run:<run_id>`` (what ``clip_interpolate``'s ``finetuned`` reads).
 
@@ -56,15 +57,16 @@ def finished_launch(tracking_uri: str, study: str) -> Any:
 
 
 def best_trial(tracking_uri: str, study: str, arm: str, where: Tuple[Tuple[str, Any], ...] = ()) -> Tuple[str, str, float]:
-    """``(run_id, metric, value)`` of the best completed search trial of ``arm`` in ``study``'s latest
-    finished launch, by that study's metric and mode, among the trials whose params equal ``where``'s
-    values (numbers compared as numbers).
+    """``(run_id, metric, value)`` of the best trial of ``arm`` in ``study``'s latest finished launch
+    (:func:`flatlab.tracking.selection.best_trial_rows`, by that study's metric and mode), among the
+    trials whose params equal ``where``'s values (numbers compared as numbers).
 
     Raises:
         ConfigError: as :func:`finished_launch`; the arm has no trial in that launch (the arms it has
             are listed), none matching ``where``, or none of them completed.
     """
-    from flatlab.tracking.results import best_per_arm, trials_frame
+    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.selection import best_trial_rows
 
     parent = finished_launch(tracking_uri, study)
     metric = parent.data.params.get("metric", "val/accuracy")
@@ -83,9 +85,8 @@ def best_trial(tracking_uri: str, study: str, arm: str, where: Tuple[Tuple[str, 
     condition = f" with {', '.join(f'{k}={v!r}' for k, v in where)}" if where else ""
     if df.empty:
         raise ConfigError(f"{launch}: no trial of arm {arm!r}{condition}")
-    best = best_per_arm(df)
-    row = best[best["arm"] == arm]
-    if row.empty or row.iloc[0]["outcome"] != "completed":
+    row = best_trial_rows(df)
+    if row.empty:
         raise ConfigError(f"{launch}: no trial of arm {arm!r}{condition} completed (pruned, diverged or failed); nothing to chain from")
     value = row.iloc[0][metric]
     return str(row.iloc[0]["run_id"]), metric, float(value) if value is not None else math.nan

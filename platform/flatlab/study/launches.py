@@ -1,7 +1,8 @@
-"""The launch record ``<root>/<study>/launch.json``: what ``--resume`` reuses and what ``--continue`` grows.
+"""The launch record ``<root>/<study>/launch.json`` (:class:`Launch`): what ``--resume`` reuses and what
+``--continue`` grows. This module owns the file: its fields, reading and writing it, and the resume rules.
 
-A launch records, besides its Tune experiment and MLflow parent run (written by
-:func:`flatlab.study.runner.run_study`):
+A launch records its Tune experiment and MLflow parent run, its status (``running``, ``finished``,
+``killed``, ``failed``) and:
 
 * ``overrides``: the budget options it ran with (``trials``, ``epochs``, ``final_seeds``, ``scale``;
   ``None`` where the study file's value was used). ``--resume`` reuses them (:func:`resume_budget`), so a
@@ -17,9 +18,11 @@ A launch records, besides its Tune experiment and MLflow parent run (written by
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from flatlab.errors import ConfigError
 
@@ -28,31 +31,87 @@ BUDGET_KEYS = ("trials", "epochs", "final_seeds", "scale")
 
 _FLAGS = {"trials": "--trials", "epochs": "--epochs", "final_seeds": "--final-seeds", "scale": "--scale"}
 
+STATUSES = ("running", "finished", "killed", "failed")
+
 
 def launch_file(root: Path, study: str) -> Path:
     """``<root>/<study>/launch.json``."""
     return Path(root) / study / "launch.json"
 
 
-def read_launch(root: Path, study: str) -> Optional[Dict[str, Any]]:
-    """The latest launch record of ``study`` under ``root``; ``None`` if there is none.
+@dataclass
+class Launch:
+    """One launch of a study, as ``<root>/<study>/launch.json`` records it.
 
-    Raises:
-        ConfigError: the file exists but is not a JSON object.
+    Attributes:
+        path: the record's file (not written into it).
+        experiment_name: the Tune experiment (``<study>-<YYYYmmdd-HHMMSS>``).
+        experiment_path: its folder (or URI) under the Tune storage.
+        parent_run_id, experiment_id, tracking_uri: the MLflow launch run, its experiment and store.
+        status: one of :data:`STATUSES`.
+        num_errors: trials that ended in an error.
+        overrides: the budget options (:data:`BUDGET_KEYS`) the launch runs with.
+        checkpoint_every: the trials' checkpoint cadence (``None``: by time).
+        optuna_storage, optuna_prefix, optuna_studies: the arms' Optuna studies (``{}`` for a grid).
+        continues: for a ``--continue`` launch, the launch whose Optuna studies it grows
+            (``experiment_name``, ``parent_run_id``, ``optuna_studies``).
+        final_experiment_path: the final stage's Tune experiment, once it started.
     """
-    path = launch_file(root, study)
-    if not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: not a readable launch record: {exc}") from exc
-    if not isinstance(record, dict):
-        raise ConfigError(f"{path}: not a launch record (a JSON object expected)")
-    return record
+
+    path: Path
+    experiment_name: str = ""
+    experiment_path: str = ""
+    parent_run_id: str = ""
+    experiment_id: str = ""
+    tracking_uri: str = ""
+    status: str = "running"
+    num_errors: int = 0
+    overrides: Optional[Dict[str, Any]] = None
+    checkpoint_every: Optional[int] = None
+    optuna_storage: str = ""
+    optuna_prefix: str = ""
+    optuna_studies: Dict[str, str] = field(default_factory=dict)
+    continues: Dict[str, Any] = field(default_factory=dict)
+    final_experiment_path: Optional[str] = None
+    recorded: Tuple[str, ...] = field(default=(), repr=False, compare=False)  # the keys the file had
+
+    @classmethod
+    def read(cls, root: Path, study: str) -> Optional["Launch"]:
+        """The latest launch record of ``study`` under ``root``; ``None`` if there is none. A record
+        written by an older flatlab reads with defaults for what it lacks; unknown keys are ignored.
+
+        Raises:
+            ConfigError: the file exists but is not a JSON object.
+        """
+        path = launch_file(root, study)
+        if not path.is_file():
+            return None
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path}: not a readable launch record: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: not a launch record (a JSON object expected)")
+        names = {f.name for f in dataclasses.fields(cls)} - {"path", "recorded"}
+        return cls(path=path, recorded=tuple(data), **{k: v for k, v in data.items() if k in names})
+
+    def write(self, **changes: Any) -> "Launch":
+        """Apply ``changes`` (field values) and write the record, whole, to :attr:`path`."""
+        for key, value in changes.items():
+            setattr(self, key, value)
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("path", "recorded")}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(data, indent=2, default=str))
+        self.recorded = tuple(data)
+        return self
+
+    @property
+    def done(self) -> bool:
+        """The launch finished and none of its trials errored: a ``--resume`` has nothing to run."""
+        return self.status == "finished" and self.num_errors == 0
 
 
-def resume_budget(recorded: Optional[Dict[str, Any]], given: Dict[str, Any], where: str = "") -> Dict[str, Any]:
+def resume_budget(recorded: Optional[Launch], given: Dict[str, Any], where: str = "") -> Dict[str, Any]:
     """The budget options of a ``--resume``: the launch's recorded ``overrides``, which an explicit
     option may repeat but not change.
 
@@ -65,7 +124,7 @@ def resume_budget(recorded: Optional[Dict[str, Any]], given: Dict[str, Any], whe
     Raises:
         ConfigError: an option given with a value other than the launch's, naming both.
     """
-    kept = (recorded or {}).get("overrides")
+    kept = recorded.overrides if recorded is not None else None
     if not isinstance(kept, dict):
         return {k: given.get(k) for k in BUDGET_KEYS}
     out: Dict[str, Any] = {}
@@ -82,54 +141,7 @@ def resume_budget(recorded: Optional[Dict[str, Any]], given: Dict[str, Any], whe
     return out
 
 
-def file_scales(path: str) -> Tuple[str, ...]:
-    """The scales a study file defines (``SCALES``, the default first; ``()`` for a file without)."""
-    from flatlab.study.loader import _scales, load_module
-
-    return _scales(path, load_module(path))
-
-
-def resume_scale(path: str, root: Path) -> Optional[str]:
-    """The scale a ``--resume`` without ``--scale`` loads ``path`` at: the one whose latest launch (of any
-    of the file's studies at that scale) is the newest; ``None`` (the default) if none ran or the file
-    has no scales.
-
-    Raises:
-        ConfigError: the study file cannot be loaded at one of its scales.
-    """
-    from flatlab.study.loader import load_studies
-
-    scales = file_scales(path)
-    best: Tuple[float, Optional[str]] = (-1.0, None)
-    for scale in scales:
-        for study in load_studies(path, scale=scale):
-            record = read_launch(root, study.name)
-            if record is None:
-                continue
-            ran = (record.get("overrides") or {}).get("scale") or scales[0]
-            mtime = launch_file(root, study.name).stat().st_mtime
-            if ran == scale and mtime > best[0]:
-                best = (mtime, scale)
-    return best[1]
-
-
-def launch_budgets(path: str, studies: List[Any], given: Dict[str, Any], root: Path, resume: bool) -> Dict[str, Dict[str, Any]]:
-    """Study name -> the budget options its launch runs with (and records): ``given`` for a new launch
-    (``scale`` made explicit: the file's default when not given), the recorded ones for ``--resume``
-    (:func:`resume_budget`).
-
-    Raises:
-        ConfigError: a ``--resume`` option that differs from the launch's.
-    """
-    scales = file_scales(path)
-    effective = dict(given, scale=given.get("scale") or (scales[0] if scales else None))
-    if not resume:
-        return {s.name: dict(effective) for s in studies}
-    # given["scale"] is the explicit --scale only: without it, the file was loaded at resume_scale's
-    return {s.name: resume_budget(read_launch(root, s.name), given, s.name) for s in studies}
-
-
-def resume_checkpoint_every(recorded: Optional[Dict[str, Any]], study_value: Optional[int], where: str = "") -> Optional[int]:
+def resume_checkpoint_every(recorded: Optional[Launch], study_value: Optional[int], where: str = "") -> Optional[int]:
     """The ``checkpoint_every`` of a ``--resume`` without ``--checkpoint-every``: the one its launch
     recorded, so a launch started with ``--checkpoint-every 2`` goes on checkpointing every 2 epochs;
     ``study_value`` (the study file's) for a record without one (written before it was recorded).
@@ -138,16 +150,16 @@ def resume_checkpoint_every(recorded: Optional[Dict[str, Any]], study_value: Opt
         ConfigError: the recorded value is neither ``null`` nor a positive int (an edited record), naming
             the study and the value.
     """
-    if not recorded or "checkpoint_every" not in recorded:
+    if recorded is None or "checkpoint_every" not in recorded.recorded:
         return study_value
-    value = recorded["checkpoint_every"]
+    value = recorded.checkpoint_every
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ConfigError(f"--resume{f' of study {where!r}' if where else ''}: its launch record has "
                           f"checkpoint_every={value!r}; expected null or an int >= 1 (pass --checkpoint-every N)")
     return value
 
 
-def continued_studies(previous: Optional[Dict[str, Any]], study: Any, where: str) -> Tuple[str, Dict[str, str]]:
+def continued_studies(previous: Optional[Launch], study: Any, where: str) -> Tuple[str, Dict[str, str]]:
     """For ``--continue``: the previous launch's Optuna study prefix and, per arm, the Optuna study this
     launch adds trials to (``<prefix>.<arm>``; an arm new in this launch starts its study there).
 
@@ -167,10 +179,10 @@ def continued_studies(previous: Optional[Dict[str, Any]], study: Any, where: str
         raise ConfigError(f"--continue: study {study.name!r} uses searcher='grid', which has no Optuna study to add trials to")
     if previous is None:
         raise ConfigError(f"--continue: study {study.name!r} has no previous launch to continue (missing {where})")
-    prefix = previous.get("optuna_prefix") or previous.get("experiment_name")
+    prefix = previous.optuna_prefix or previous.experiment_name
     if not prefix:
         raise ConfigError(f"--continue: {where} does not name the previous launch's Optuna studies")
-    storage = previous.get("optuna_storage")
+    storage = previous.optuna_storage
     names = {arm.name: optuna_study_name(prefix, arm.name) for arm in study.arms}
     if storage:
         for arm in study.arms:

@@ -74,7 +74,7 @@ class ProgressPrinter(Callback):
         if len(trials) == self._seen:
             return
         self._seen = len(trials)
-        from flatlab.study.searchers import trial_outcome
+        from flatlab.tracking.selection import trial_outcome
 
         for trial in trials:  # a restored experiment: trials that ended before the resume are done
             if trial.trial_id in self._done or trial.status not in ("TERMINATED", "ERROR"):
@@ -110,7 +110,7 @@ class ProgressPrinter(Callback):
             self._last_status = time.monotonic()
 
     def on_trial_complete(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
-        from flatlab.study.searchers import trial_outcome
+        from flatlab.tracking.selection import trial_outcome
 
         outcome = trial_outcome(getattr(trial, "last_result", {}) or {}, False, self.metric)
         self._end(trial, "done" if outcome == "completed" else outcome)

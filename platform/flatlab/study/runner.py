@@ -11,9 +11,6 @@ Output root layout (``--root``, default ``./flatlab-runs``)::
 
 from __future__ import annotations
 
-import contextvars
-import functools
-import json
 import logging
 import os
 import time
@@ -23,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from flatlab.errors import ConfigError
 from flatlab.study.chain import chained_params, resolve_chained
+from flatlab.study.launches import Launch, continued_studies, launch_file
 from flatlab.study.spec import Study
 from flatlab.tracking import runs
 
@@ -137,11 +135,10 @@ def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_
         if console is not None:
             console.print(line)
     if study.final_seeds or (study.searcher == "grid" and len(study.seeds) > 1):
-        from flatlab.tracking.compare import log_comparison
+        from flatlab.tracking.compare.publish import log_comparison
         from flatlab.tracking.results import trials_frame
 
-        log_comparison(tracking_uri, parent_run_id, trials_frame(tracking_uri, study.name), study.reference_arm,
-                       study=study.name)
+        log_comparison(tracking_uri, parent_run_id, trials_frame(tracking_uri, study.name), study=study.name)
     if study.published is not None:  # flatlab's per-epoch curves beside the declared published ones
         from flatlab.tracking.published_runs import log_curves
         log_curves(tracking_uri, parent_run_id, study, console)
@@ -170,19 +167,15 @@ def _after_study(study: Study, tracking_uri: str, out: Path, console: Any) -> No
             console.print(line)
 
 
-def _launch_file(out: Path) -> Path:
-    return out / "launch.json"
-
-
 def _open_launch(
-    study: Study, opts: RunOptions, tracking_uri: str, root: Path, tags: Dict[str, str], previous: Dict[str, Any],
-    launch_tags: Optional[Dict[str, str]] = None,
+    study: Study, opts: RunOptions, tracking_uri: str, root: Path, tags: Dict[str, str], resumed: Optional[Launch],
+    launch_tags: Dict[str, str],
 ) -> Tuple[str, str, str]:
     """Experiment and parent run of this launch: ``(experiment_id, parent_run_id, tune_experiment_name)``.
 
     A new launch gets a new parent run (params: the study's settings; artifacts: the plan and the study
-    file; ``launch_tags``: e.g. the Optuna studies it grows); ``--resume`` reopens the previous launch's
-    parent run.
+    file; ``launch_tags``: e.g. the Optuna studies it grows); ``--resume`` reopens the ``resumed``
+    launch's parent run.
     """
     from mlflow.entities import Param
 
@@ -192,14 +185,14 @@ def _open_launch(
 
     experiment_id = runs.get_or_create_experiment(tracking_uri, study.name, runs.artifact_location(root))
     client = runs.client(tracking_uri)
-    if previous:
-        client.update_run(previous["parent_run_id"], status="RUNNING")
-        client.set_tag(previous["parent_run_id"], "flatlab.resumed", "true")
-        return experiment_id, previous["parent_run_id"], previous["experiment_name"]
+    if resumed is not None:
+        client.update_run(resumed.parent_run_id, status="RUNNING")
+        client.set_tag(resumed.parent_run_id, "flatlab.resumed", "true")
+        return experiment_id, resumed.parent_run_id, resumed.experiment_name
     exp_name = f"{study.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     parent = client.create_run(
         experiment_id, run_name=f"{study.name} {time.strftime('%Y-%m-%d %H:%M')}",
-        tags={**tags, **(launch_tags or {}), runs.TAG_ROLE: "study"},
+        tags={**tags, **launch_tags, runs.TAG_ROLE: "study"},
     )
     p = plan(study)
     params = {k: p[k] for k in ("workload", "metric", "mode", "searcher", "scheduler", "max_epochs", "total_trials", "seeds")}
@@ -220,12 +213,6 @@ def _open_launch(
 def _experiment_path(storage_path: str, name: str) -> str:
     """The Tune experiment folder (or URI) of launch ``name`` under ``storage_path``."""
     return str(Path(storage_path) / name) if "://" not in storage_path else f"{storage_path.rstrip('/')}/{name}"
-
-
-def _update_launch(launch: Path, **changes: Any) -> None:
-    state = json.loads(launch.read_text())
-    state.update(changes)
-    launch.write_text(json.dumps(state, indent=2))
 
 
 def _ddp_concurrency(study: Study) -> Optional[int]:
@@ -284,187 +271,202 @@ def _searcher_of(tuner: Any) -> Any:
 
 
 def final_configs(study: Study, grid: Any) -> List[Dict[str, Any]]:
-    """The final stage's trial configs: for each arm, its best completed search trial's configuration (by
-    the study metric's final value; pruned, diverged and errored trials are never chosen) once per seed
-    of ``study.final_seeds``, with ``stage = final``. An arm with no completed trial gets none (logged).
+    """The final stage's trial configs: for each arm, its best configuration
+    (:func:`flatlab.tracking.selection.best_configurations`: the best mean over seeds of the study
+    metric's final value among its completed search trials) once per seed of ``study.final_seeds``,
+    with ``stage = final``. An arm with no completed trial gets none (logged).
 
     Args:
-        grid: the search's Tune ``ResultGrid`` (each result's ``config`` and last ``metrics``).
+        grid: the search's Tune results (``ResultGrid``: each result's ``config``, last ``metrics`` and
+            ``error``).
     """
-    from flatlab.study.searchers import trial_outcome
+    from flatlab.tracking import selection
 
-    best: Dict[str, Tuple[float, Dict[str, Any]]] = {}
-    sign = 1.0 if study.mode == "max" else -1.0
+    trials = []
     for result in grid:
         config, metrics = result.config or {}, result.metrics or {}
-        if trial_outcome(metrics, result.error is not None, study.metric) != "completed":
-            continue
-        arm, value = config.get("arm"), sign * float(metrics[study.metric])
-        if arm not in best or value > best[arm][0]:
-            best[arm] = (value, config)
+        done = selection.trial_outcome(metrics, result.error is not None, study.metric) == "completed"
+        params = {k: v for k, v in config.items() if k not in ("arm", "seed", runs.STAGE_KEY)}
+        trials.append(selection.Trial(str(config.get("arm")), selection.config_key(params), config.get("seed"),
+                                      float(metrics[study.metric]) if done else None, ref=config))
+    best = selection.best_configurations(trials, study.mode)
     configs: List[Dict[str, Any]] = []
     for arm in study.arms:
         if arm.name not in best:
             logger.warning("final stage: arm %s has no completed search trial; it gets no final trials", arm.name)
             continue
-        chosen = {k: v for k, v in best[arm.name][1].items() if k not in ("seed", runs.STAGE_KEY)}
+        chosen = {k: v for k, v in selection.best_trial(best[arm.name]).ref.items() if k not in ("seed", runs.STAGE_KEY)}
         configs += [{**chosen, "seed": seed, runs.STAGE_KEY: runs.STAGE_FINAL} for seed in study.final_seeds]
     return configs
 
 
-class _LaunchGuard:
-    """Ends a launch that fails between opening its MLflow parent run and Tune's start (Ray start-up, data
-    loading, building the searcher and the Tuner): the parent run ends FAILED (KILLED on Ctrl-C) and
-    launch.json says ``failed`` (``killed``), never RUNNING/``running``. From ``tuner.fit()`` on,
-    :func:`run_study`'s own ``finally`` records the outcome, and the guard is disarmed."""
-
-    def __init__(self) -> None:
-        self.opened: Any = None  # the future of _open_launch: (experiment_id, parent_run_id, tune name)
-        self.launch: Optional[Path] = None
-        self.tracking_uri = ""
-        self.storage_path = ""
-
-    def arm(self, opened: Any, launch: Path, tracking_uri: str, storage_path: str) -> None:
-        self.opened, self.launch, self.tracking_uri, self.storage_path = opened, launch, tracking_uri, storage_path
-
-    def disarm(self) -> None:
-        self.opened = None
-
-    def end(self, exc: BaseException) -> None:
-        """Record ``exc``'s launch as failed (or killed); never raises (``exc`` is what the caller sees)."""
-        if self.opened is None or self.launch is None:
-            return
-        opened, self.opened = self.opened, None
-        try:
-            experiment_id, parent_run_id, exp_name = opened.result()
-        except BaseException:  # noqa: BLE001 - MLflow itself failed: no parent run was opened
-            return
-        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
-        logger.error("launch failed before Tune started: %s: %s", type(exc).__name__, exc, exc_info=exc)
-        try:
-            runs.client(self.tracking_uri).set_terminated(parent_run_id, status=status)
-            self.launch.write_text(json.dumps(
-                {"experiment_path": _experiment_path(self.storage_path, exp_name), "experiment_name": exp_name,
-                 "parent_run_id": parent_run_id, "tracking_uri": self.tracking_uri, "experiment_id": experiment_id,
-                 "status": status.lower(), "num_errors": 0},
-                indent=2,
-            ))
-        except Exception:  # noqa: BLE001 - report the original error, not this one
-            logger.exception("could not record the failed launch in MLflow / %s", self.launch)
-
-
-_GUARD: "contextvars.ContextVar[_LaunchGuard]" = contextvars.ContextVar("flatlab_launch_guard")
-
-
-def _ends_failed_launches(fn: Any) -> Any:
-    """Decorator of :func:`run_study`: any exception it raises after the launch was opened first ends the
-    launch through :class:`_LaunchGuard` (armed by ``run_study`` once ``_open_launch`` is submitted)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        guard = _LaunchGuard()
-        token = _GUARD.set(guard)
-        try:
-            return fn(*args, **kwargs)
-        except BaseException as exc:
-            guard.end(exc)
-            raise
-        finally:
-            _GUARD.reset(token)
-
-    return wrapper
-
-
-@_ends_failed_launches
 def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutcome:
     """Run (or ``opts.resume``) ``study``; returns when every trial has ended or on interruption.
 
-    Any exception after the launch was opened (Ray start-up, data loading, the searcher ...) ends its
-    MLflow parent run FAILED and launch.json ``failed`` before it propagates (:class:`_LaunchGuard`).
+    In order: open the launch (its MLflow parent run and launch.json, while Ray starts and the data
+    loads; :func:`_open`), tune (the search, then the final stage; :func:`_tune`), report (steps to
+    target, the comparison, the study report; :func:`_post_study`).
 
-    ``opts.resume`` restores the latest launch's Tune experiment (at the budget it was launched with:
-    ``opts.overrides`` as :func:`flatlab.study.launches.resume_budget` gives them) and runs what is left:
-    search trials, then the final stage. ``opts.continue_`` starts a new launch whose arms add trials to
-    the previous launch's Optuna studies.
+    ``opts.resume`` finishes the latest launch: its Tune experiment is restored (at the budget it was
+    launched with, which :func:`flatlab.study.prepare.prepare` gave the study and ``opts.overrides``)
+    and what is left runs: search trials, then the final stage. ``opts.continue_`` starts a new launch
+    whose arms add trials to the previous launch's Optuna studies.
+
+    A failure before Tune starts (Ray, the data, the searcher) ends the launch's parent run FAILED
+    (KILLED on Ctrl-C) and launch.json ``failed`` (``killed``) before it propagates; from Tune on, the
+    launch ends FINISHED, KILLED (interrupted: ``--resume`` finishes it) or FAILED.
 
     Raises:
         ConfigError: ``--resume`` with nothing to resume; ``--continue`` without a previous launch or with
-            a changed space (:func:`flatlab.study.launches.continued_studies`); both at once.
+            a changed space (:func:`flatlab.study.launches.continued_studies`); both at once; a chained
+            value that cannot be resolved.
         DataUnavailable: the workload's data is missing (``Workload.check_data``), before Ray or MLflow start.
     """
+    from flatlab.workloads.registry import build_workload
+
+    _quiet_libraries()
+    t0 = time.monotonic()
+    root = Path(opts.root).resolve()
+    out = root / study.name
+    out.mkdir(parents=True, exist_ok=True)
+    tracking_uri = opts.tracking_uri or runs.default_tracking_uri(root)
+    previous = _previous_launch(study, opts, root)
+    if opts.resume and previous is not None and previous.done:
+        return _already_finished(study, previous, tracking_uri, out, console, t0)
+    study = study if opts.resume else resolve_chained(study, tracking_uri)  # best_of(...) values, before anything starts
+    workload = build_workload(study.workload, **dict(study.workload_params))
+    workload.check_data()  # missing data: one error (DataUnavailable) before Ray, MLflow or a trial starts
+    _setup_file_logging(out / "logs")
+    logger.info("launch %s: tracking %s", study.name, tracking_uri)
+    started = _open(study, workload, opts, previous, root, tracking_uri, console, t0)
+    outcome = _tune(study, opts, started, t0)
+    if not outcome.interrupted:
+        _post_study(study, tracking_uri, outcome.experiment_id, outcome.parent_run_id, out, console)
+    elif console is not None:
+        console.print(f"[yellow]interrupted[/yellow]: continue with `flatlab run {opts.source or '<study file>'} --resume`")
+    return outcome
+
+
+def _quiet_libraries() -> None:
+    """The driver's environment for Tune, Optuna and MLflow: no per-result loggers, Tune's legacy
+    reporter (our own progress lines only), Optuna's messages to the log file, result buffering."""
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no CSV/JSON/TBX loggers per result
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")  # frequent checkpoints (checkpoint_every=1) are a choice, not a misconfiguration
     import mlflow  # noqa: F401  (imported before the log set-up, which then moves its handlers to the log file)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the legacy reporter honours verbose=0: our own progress only
     import optuna
 
+    from flatlab.study.trainable import tune_env
+
     optuna.logging.disable_default_handler()  # Optuna's messages go to the log file
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ray import tune
-
-    from flatlab import __version__
-    from flatlab.study.launches import continued_studies, read_launch
-    from flatlab.study.progress import ProgressPrinter
-    from flatlab.study.schedulers import build_scheduler
-    from flatlab.study.searchers import ArmSearcher, FixedSearcher, optuna_study_name
-    from flatlab.study.trainable import make_trainable, tune_env
-    from flatlab.tracking.artifacts import WorkerTracking
-    from flatlab.tracking.callback import MLflowTrialLogger
-    from flatlab.tracking.environment import environment_tags
-    from flatlab.workloads.registry import build_workload
-
     for key, value in tune_env().items():  # Tune's result buffering (FLATLAB_RESULT_BUFFER_S, default 1 s)
         os.environ.setdefault(key, value)
-    t0 = time.monotonic()
-    root = Path(opts.root).resolve()
-    out = root / study.name
-    out.mkdir(parents=True, exist_ok=True)
-    tracking_uri = opts.tracking_uri or runs.default_tracking_uri(root)
-    study = study if opts.resume else resolve_chained(study, tracking_uri)  # best_of(...) values, before anything starts
-    storage_path = opts.storage or str(out / "ray")
-    launch = _launch_file(out)
 
-    previous: Dict[str, Any] = {}
-    # the Optuna studies of this launch's arms: <prefix>.<arm>; --continue grows the previous launch's
-    optuna_prefix: Optional[str] = None
-    launch_tags: Dict[str, str] = {}
-    continues: Dict[str, Any] = {}
+
+def _previous_launch(study: Study, opts: RunOptions, root: Path) -> Optional[Launch]:
+    """The launch a ``--resume`` finishes or a ``--continue`` grows (``None`` for a new launch), checked
+    before anything starts.
+
+    Raises:
+        ConfigError: both options; ``--resume`` without a launch or with an experiment Tune cannot
+            restore; ``--continue`` that cannot grow the previous launch's Optuna studies.
+    """
     if opts.resume and opts.continue_:
         raise ConfigError("--resume and --continue exclude each other: --resume finishes the latest launch, "
                           "--continue starts a new one that adds trials to its Optuna studies")
+    if not (opts.resume or opts.continue_):
+        return None
+    previous = Launch.read(root, study.name)
+    where = launch_file(root, study.name)
     if opts.continue_:
-        before = read_launch(root, study.name)
-        optuna_prefix, names = continued_studies(before, study, str(launch))
-        assert before is not None  # continued_studies raised otherwise
-        continues = {"experiment_name": before.get("experiment_name"), "parent_run_id": before.get("parent_run_id"),
-                     "optuna_studies": names}
-        launch_tags = {"flatlab.continues": str(before.get("parent_run_id", "")),
-                       "flatlab.optuna_studies": ",".join(names[a.name] for a in study.arms)}
-    if opts.resume:
-        if not launch.exists():
-            raise ConfigError(f"--resume: no earlier launch of study {study.name!r} under {out} (missing {launch.name})")
-        previous = read_launch(root, study.name) or {}
-        if previous.get("status") == "finished" and previous.get("num_errors", 1) == 0:
-            # every trial completed: nothing to continue and no Ray to start; the post-study steps are
-            # re-done (they are idempotent), in case they were cut short the first time
-            if console is not None:
-                console.print(f"study [bold]{study.name}[/bold]: its latest launch already finished; nothing to resume")
-            _setup_file_logging(out / "logs")
-            _post_study(study, tracking_uri, previous.get("experiment_id", ""), previous["parent_run_id"], out, console)
-            return StudyOutcome(
-                study=study.name, tracking_uri=tracking_uri, experiment_id=previous.get("experiment_id", ""),
-                parent_run_id=previous["parent_run_id"], experiment_path=previous["experiment_path"], interrupted=False,
-                num_trials=study.num_total_trials(), num_errors=0, wall_s=time.monotonic() - t0,
-            )
-        if not tune.Tuner.can_restore(previous["experiment_path"]):
-            raise ConfigError(f"--resume: the Tune experiment at {previous['experiment_path']} cannot be restored")
+        return previous  # what it grows is checked by _grown_studies, before anything starts
+    if previous is None:
+        raise ConfigError(f"--resume: no earlier launch of study {study.name!r} under {where.parent} (missing {where.name})")
+    from ray import tune
 
-    workload = build_workload(study.workload, **dict(study.workload_params))
-    workload.check_data()  # missing data: one error (DataUnavailable) before Ray, MLflow or a trial starts
+    if not previous.done and not tune.Tuner.can_restore(previous.experiment_path):
+        raise ConfigError(f"--resume: the Tune experiment at {previous.experiment_path} cannot be restored")
+    return previous
+
+
+def _already_finished(study: Study, launch: Launch, tracking_uri: str, out: Path, console: Any, t0: float) -> StudyOutcome:
+    """``--resume`` of a launch whose trials all completed: nothing to continue and no Ray to start. The
+    post-study steps are re-done (they are idempotent), in case they were cut short the first time."""
+    if console is not None:
+        console.print(f"study [bold]{study.name}[/bold]: its latest launch already finished; nothing to resume")
     _setup_file_logging(out / "logs")
-    logger.info("launch %s: tracking %s", study.name, tracking_uri)
-    common_tags = {
+    _post_study(study, tracking_uri, launch.experiment_id, launch.parent_run_id, out, console)
+    return StudyOutcome(
+        study=study.name, tracking_uri=tracking_uri, experiment_id=launch.experiment_id,
+        parent_run_id=launch.parent_run_id, experiment_path=launch.experiment_path, interrupted=False,
+        num_trials=study.num_total_trials(), num_errors=0, wall_s=time.monotonic() - t0,
+    )
+
+
+@dataclass
+class _Started:
+    """A launch whose Tuner is ready: its record, Tune's storage, the Tuner with its trainable and
+    callbacks, and the search's real budget."""
+
+    launch: Launch
+    storage_path: str
+    tuner: Any
+    trainable: Any
+    callbacks: List[Any]
+    mlflow_cb: Any
+    total: int
+
+
+def _open(study: Study, workload: Any, opts: RunOptions, previous: Optional[Launch], root: Path, tracking_uri: str,
+          console: Any, t0: float) -> _Started:
+    """Open the launch and build its Tuner: the MLflow parent run (in a thread, overlapping Ray's start-up
+    and the data loading), launch.json (``running``), the trainable, the MLflow and progress callbacks,
+    and the Tuner (new, or restored for ``--resume``). Any failure here ends the launch FAILED (KILLED on
+    Ctrl-C) before it propagates (:func:`_end_unstarted`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = root / study.name
+    storage_path = opts.storage or str(out / "ray")
+    resumed = previous if opts.resume else None
+    grown = _grown_studies(study, previous, root) if opts.continue_ else None
+    launch_tags = {"flatlab.continues": grown["parent_run_id"],
+                   "flatlab.optuna_studies": ",".join(grown["optuna_studies"][a.name] for a in study.arms)} if grown else {}
+    tags = _common_tags(study, opts)
+    launch: Optional[Launch] = None
+    with ThreadPoolExecutor(max_workers=1) as pool:  # MLflow set-up (seconds on a fresh SQLite store)
+        opened = pool.submit(_open_launch, study, opts, tracking_uri, root, tags, resumed, launch_tags)
+        try:
+            _init_ray(opts, tracking_uri)
+            _setup_file_logging(out / "logs")  # ray.init reconfigures logging
+            logger.info("Ray ready (%.1f s)", time.monotonic() - t0)
+            data = workload.load_data(study.seed)  # once per study; reaches trials through the object store
+            experiment_id, parent_run_id, exp_name = opened.result()
+            logger.info("MLflow ready, data loaded (%.1f s)", time.monotonic() - t0)
+            launch = _record_launch(study, opts, resumed, grown, root, storage_path, tracking_uri, experiment_id,
+                                    parent_run_id, exp_name)
+            started = _build_tuner(study, opts, launch, storage_path, data, tags)
+        except BaseException as exc:
+            _end_unstarted(launch, opened, exc, root / study.name, storage_path, tracking_uri)
+            raise
+    if console is not None:
+        finals = len(study.arms) * len(study.final_seeds)
+        console.print(
+            f"study [bold]{study.name}[/bold]: {started.total} trials"
+            + (f", then {finals} final-seed trials" if study.final_seeds else "")
+            + f", tracking {tracking_uri}, logs {out / 'logs'}"
+            + (" (resumed)" if opts.resume else "")
+            + (f" (adding to the Optuna studies of launch {grown['experiment_name']})" if grown else "")
+        )
+    logger.info("starting Tune (%.1f s)", time.monotonic() - t0)
+    return started
+
+
+def _common_tags(study: Study, opts: RunOptions) -> Dict[str, str]:
+    """The tags of the launch's parent run and of every trial run."""
+    from flatlab import __version__
+    from flatlab.tracking.environment import environment_tags
+
+    return {
         runs.TAG_STUDY: study.name,
         runs.TAG_WORKLOAD: study.workload,
         runs.TAG_COMMIT: runs.git_commit(),
@@ -472,92 +474,120 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         **environment_tags(),  # python, torch, CUDA, Ray ... versions (tracking/environment.py)
         **opts.extra_tags,
     }
-    # MLflow set-up (seconds on a fresh SQLite store) overlaps Ray's start-up and the data loading.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        opened = pool.submit(_open_launch, study, opts, tracking_uri, root, common_tags, previous, launch_tags)
-        _GUARD.get(_LaunchGuard()).arm(opened, launch, tracking_uri, storage_path)  # a failure from here on ends it FAILED
-        _init_ray(opts, tracking_uri)
-        _setup_file_logging(out / "logs")  # ray.init reconfigures logging
-        logger.info("Ray ready (%.1f s)", time.monotonic() - t0)
-        data = workload.load_data(study.seed)  # once per study; reaches trials through the object store
-        experiment_id, parent_run_id, exp_name = opened.result()
-    logger.info("MLflow ready, data loaded (%.1f s)", time.monotonic() - t0)
-    client = runs.client(tracking_uri)
-    experiment_path = _experiment_path(storage_path, exp_name)
-    if previous:  # a resume keeps what the launch recorded: its budget, its Optuna studies, what it continued
-        optuna_prefix = previous.get("optuna_prefix") or exp_name
-        continues = previous.get("continues") or {}
-    optuna_prefix = optuna_prefix or exp_name
-    record: Dict[str, Any] = {
-        "experiment_path": experiment_path, "experiment_name": exp_name, "parent_run_id": parent_run_id,
-        "tracking_uri": tracking_uri, "experiment_id": experiment_id, "status": "running",
-        "optuna_storage": f"sqlite:///{out / 'optuna.db'}",
-        "overrides": previous.get("overrides", opts.overrides) if previous else dict(opts.overrides),
-        "checkpoint_every": study.checkpoint_every,  # --resume keeps it (launches.resume_checkpoint_every)
-        "optuna_prefix": optuna_prefix,
-        "optuna_studies": {a.name: optuna_study_name(optuna_prefix, a.name) for a in study.arms} if study.searcher != "grid" else {},
-    }
-    if continues:
-        record["continues"] = continues
-    if previous.get("final_experiment_path"):
-        record["final_experiment_path"] = previous["final_experiment_path"]
-    launch.write_text(json.dumps(record, indent=2, default=str))
-    tracking = WorkerTracking(tracking_uri, experiment_id, parent_run_id, log_models=opts.log_models)
+
+
+def _grown_studies(study: Study, previous: Optional[Launch], root: Path) -> Dict[str, Any]:
+    """For ``--continue``: the launch it grows and, per arm, the Optuna study it adds trials to
+    (``continues`` in launch.json), with the prefix of those studies (``optuna_prefix``).
+
+    Raises:
+        ConfigError: as :func:`flatlab.study.launches.continued_studies`.
+    """
+    prefix, names = continued_studies(previous, study, str(launch_file(root, study.name)))
+    assert previous is not None  # continued_studies raised otherwise
+    return {"experiment_name": previous.experiment_name, "parent_run_id": previous.parent_run_id,
+            "optuna_studies": names, "optuna_prefix": prefix}
+
+
+def _record_launch(study: Study, opts: RunOptions, resumed: Optional[Launch], grown: Optional[Dict[str, Any]], root: Path,
+                   storage_path: str, tracking_uri: str, experiment_id: str, parent_run_id: str, exp_name: str) -> Launch:
+    """launch.json of this launch, written ``running``. A resume keeps what the launch recorded (its
+    budget, Optuna studies, what it continues, its final stage), with this run's checkpoint cadence."""
+    from flatlab.study.searchers import optuna_study_name
+
+    out = root / study.name
+    if resumed is not None:
+        launch, prefix = resumed, resumed.optuna_prefix or exp_name
+        overrides = resumed.overrides if resumed.overrides is not None else dict(opts.overrides)
+    else:
+        launch = Launch(path=launch_file(root, study.name), experiment_name=exp_name,
+                        experiment_path=_experiment_path(storage_path, exp_name), parent_run_id=parent_run_id)
+        prefix, overrides = (grown or {}).get("optuna_prefix") or exp_name, dict(opts.overrides)
+        if grown:
+            launch.continues = {k: grown[k] for k in ("experiment_name", "parent_run_id", "optuna_studies")}
+    return launch.write(
+        tracking_uri=tracking_uri, experiment_id=experiment_id, status="running", overrides=overrides,
+        checkpoint_every=study.checkpoint_every,  # --resume keeps it (launches.resume_checkpoint_every)
+        optuna_storage=f"sqlite:///{out / 'optuna.db'}", optuna_prefix=prefix,
+        optuna_studies={a.name: optuna_study_name(prefix, a.name) for a in study.arms} if study.searcher != "grid" else {},
+    )
+
+
+def _build_tuner(study: Study, opts: RunOptions, launch: Launch, storage_path: str, data: Any,
+                 tags: Dict[str, str]) -> _Started:
+    """The trainable, the MLflow and progress callbacks and the Tuner of ``launch`` (restored for
+    ``--resume``), with the searcher pointed at the MLflow runs."""
+    from flatlab.study.progress import ProgressPrinter
+    from flatlab.study.schedulers import build_scheduler
+    from flatlab.study.searchers import ArmSearcher
+    from flatlab.study.trainable import make_trainable
+    from flatlab.tracking.artifacts import WorkerTracking
+    from flatlab.tracking.callback import MLflowTrialLogger
+
+    tracking = WorkerTracking(launch.tracking_uri, launch.experiment_id, launch.parent_run_id, log_models=opts.log_models)
     trainable = make_trainable(study, data, tracking)
     mlflow_cb = MLflowTrialLogger(
-        tracking_uri,
-        experiment_id,
-        parent_run_id,
-        tags=common_tags,
+        launch.tracking_uri,
+        launch.experiment_id,
+        launch.parent_run_id,
+        tags=tags,
         arm_optimizer={a.name: a.optimizer for a in study.arms},
         metric=study.metric,
         mode=study.mode,
         study=study,  # child runs' params: the resolved configuration too
     )
-    progress = ProgressPrinter(study.num_total_trials() + len(study.arms) * len(study.final_seeds), study.metric,
-                               study.mode)
+    finals = len(study.arms) * len(study.final_seeds)
+    progress = ProgressPrinter(study.num_total_trials() + finals, study.metric, study.mode)
     callbacks = [mlflow_cb, progress]
     if opts.resume:
-        tuner = _restore_tuner(experiment_path, trainable, callbacks)
+        tuner = _restore_tuner(launch.experiment_path, trainable, callbacks)
     else:
-        searcher = ArmSearcher(study, optuna_storage=f"sqlite:///{out / 'optuna.db'}", launch=optuna_prefix)
-        tuner = _new_tuner(study, trainable, searcher, build_scheduler(study), exp_name, storage_path, callbacks,
-                           study.num_total_trials())
+        searcher = ArmSearcher(study, optuna_storage=launch.optuna_storage, launch=launch.optuna_prefix)
+        tuner = _new_tuner(study, trainable, searcher, build_scheduler(study), launch.experiment_name, storage_path,
+                           callbacks, study.num_total_trials())
     searcher = _searcher_of(tuner)
     searcher.run_id_of = mlflow_cb.run_id_of
     # the search's real budget: a restored experiment keeps the one it was launched with
     total = searcher.total_trials() if hasattr(searcher, "total_trials") else study.num_total_trials()
-    progress.total = total + len(study.arms) * len(study.final_seeds)
-    if console is not None:
-        console.print(
-            f"study [bold]{study.name}[/bold]: {total} trials"
-            + (f", then {len(study.arms) * len(study.final_seeds)} final-seed trials" if study.final_seeds else "")
-            + f", tracking {tracking_uri}, logs {out / 'logs'}"
-            + (" (resumed)" if opts.resume else "")
-            + (f" (adding to the Optuna studies of launch {continues.get('experiment_name')})" if opts.continue_ else "")
-        )
-    logger.info("starting Tune (%.1f s)", time.monotonic() - t0)
-    interrupted, failed = False, False
-    num_errors = 0
-    _GUARD.get(_LaunchGuard()).disarm()  # the finally below records the outcome from here on
+    progress.total = total + finals
+    return _Started(launch, storage_path, tuner, trainable, callbacks, mlflow_cb, total)
+
+
+def _end_unstarted(launch: Optional[Launch], opened: Any, exc: BaseException, out: Path, storage_path: str,
+                   tracking_uri: str) -> None:
+    """End a launch that failed before Tune started (``exc``): its parent run FAILED (KILLED on Ctrl-C)
+    and launch.json ``failed`` (``killed``), never RUNNING/``running``. Nothing to end where MLflow itself
+    failed (no parent run). Never raises: ``exc`` is what the caller sees."""
     try:
-        grid = tuner.fit()
+        experiment_id, parent_run_id, exp_name = opened.result()
+    except BaseException:  # noqa: BLE001 - MLflow itself failed: no parent run was opened
+        return
+    status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+    logger.error("launch failed before Tune started: %s: %s", type(exc).__name__, exc, exc_info=exc)
+    try:
+        runs.client(tracking_uri).set_terminated(parent_run_id, status=status)
+        if launch is None:
+            launch = Launch(path=out / "launch.json", experiment_name=exp_name,
+                            experiment_path=_experiment_path(storage_path, exp_name), parent_run_id=parent_run_id,
+                            experiment_id=experiment_id, tracking_uri=tracking_uri)
+        launch.write(status=status.lower())
+    except Exception:  # noqa: BLE001 - report the original error, not this one
+        logger.exception("could not record the failed launch in MLflow / %s", out / "launch.json")
+
+
+def _tune(study: Study, opts: RunOptions, started: _Started, t0: float) -> StudyOutcome:
+    """Run the search, then (all of it ended) the final stage; record how the launch ended, in MLflow and
+    launch.json, whatever happens. Ctrl-C ends it interrupted (KILLED)."""
+    launch, mlflow_cb = started.launch, started.mlflow_cb
+    interrupted, failed, num_errors = False, False, 0
+    try:
+        grid = started.tuner.fit()
         num_errors = grid.num_errors
-        interrupted = grid.num_terminated + grid.num_errors < total
+        interrupted = grid.num_terminated + grid.num_errors < started.total
         if study.final_seeds and not interrupted:
-            final_name = f"{exp_name}-final"
-            final_path = _experiment_path(storage_path, final_name)
-            _update_launch(launch, final_experiment_path=final_path)
-            if opts.resume and tune.Tuner.can_restore(final_path):
-                final = _restore_tuner(final_path, trainable, callbacks)
-            else:
-                configs = final_configs(study, grid)
-                logger.info("final stage: %d trials (%s)", len(configs), ", ".join(sorted({c["arm"] for c in configs})))
-                final = _new_tuner(study, trainable, FixedSearcher(configs, study.metric, study.mode), None, final_name,
-                                   storage_path, callbacks, len(configs))
-            final_grid = final.fit()
-            num_errors += final_grid.num_errors
-            interrupted = final_grid.num_terminated + final_grid.num_errors < len(final_grid)
+            final = _final_stage(study, opts, started, grid).fit()
+            num_errors += final.num_errors
+            interrupted = final.num_terminated + final.num_errors < len(final)
     except KeyboardInterrupt:
         interrupted = True
     except BaseException:
@@ -568,22 +598,30 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
         mlflow_cb.close(interrupted=interrupted, failed=failed)
         logger.info("MLflow flushed (%.1f s)", time.monotonic() - t0)
         status = "FAILED" if failed else "KILLED" if interrupted else "FINISHED"
-        client.set_terminated(parent_run_id, status=status)
-        _update_launch(launch, status=status.lower(), num_errors=num_errors)
+        runs.client(launch.tracking_uri).set_terminated(launch.parent_run_id, status=status)
+        launch.write(status=status.lower(), num_errors=num_errors)
         for err in mlflow_cb.errors:
             logger.warning("MLflow: %s", err)
-    if not interrupted:
-        _post_study(study, tracking_uri, experiment_id, parent_run_id, out, console)
-    if console is not None and interrupted:
-        console.print(f"[yellow]interrupted[/yellow]: continue with `flatlab run {opts.source or '<study file>'} --resume`")
     return StudyOutcome(
-        study=study.name,
-        tracking_uri=tracking_uri,
-        experiment_id=experiment_id,
-        parent_run_id=parent_run_id,
-        experiment_path=experiment_path,
-        interrupted=interrupted,
-        num_trials=total,
-        num_errors=num_errors,
-        wall_s=time.monotonic() - t0,
+        study=study.name, tracking_uri=launch.tracking_uri, experiment_id=launch.experiment_id,
+        parent_run_id=launch.parent_run_id, experiment_path=launch.experiment_path, interrupted=interrupted,
+        num_trials=started.total, num_errors=num_errors, wall_s=time.monotonic() - t0,
     )
+
+
+def _final_stage(study: Study, opts: RunOptions, started: _Started, grid: Any) -> Any:
+    """The final stage's Tuner: each arm's best configuration over the final seeds (:func:`final_configs`),
+    or, for a ``--resume`` that stopped in it, the final stage's experiment restored."""
+    from ray import tune
+
+    from flatlab.study.searchers import FixedSearcher
+
+    name = f"{started.launch.experiment_name}-final"
+    path = _experiment_path(started.storage_path, name)
+    started.launch.write(final_experiment_path=path)
+    if opts.resume and tune.Tuner.can_restore(path):
+        return _restore_tuner(path, started.trainable, started.callbacks)
+    configs = final_configs(study, grid)
+    logger.info("final stage: %d trials (%s)", len(configs), ", ".join(sorted({c["arm"] for c in configs})))
+    return _new_tuner(study, started.trainable, FixedSearcher(configs, study.metric, study.mode), None, name,
+                      started.storage_path, started.callbacks, len(configs))

@@ -37,12 +37,9 @@ from ray.tune.search import Searcher
 from flatlab.errors import ConfigError
 from flatlab.study.space import Dim, inner, is_searched, sample
 from flatlab.study.spec import Study
+from flatlab.tracking.selection import trial_outcome
 
 logger = logging.getLogger(__name__)
-
-COMPLETED_KEY = "completed"
-"""Set to 1 in a trial's last report when it ran its whole budget or reached its training-loss target."""
-DIVERGED_KEY = "diverged"
 
 
 def _sampler(kind: str, seed: int):
@@ -56,20 +53,6 @@ def _sampler(kind: str, seed: int):
 def optuna_study_name(launch: str, arm: str) -> str:
     """Name of ``arm``'s Optuna study in a launch (``<launch>.<arm>``)."""
     return f"{launch}.{arm}"
-
-
-def trial_outcome(result: Optional[Dict[str, Any]], error: bool, metric: str) -> str:
-    """How a trial ended, from its last result: ``completed``, ``pruned`` (stopped by the scheduler),
-    ``diverged`` or ``error``. One rule for Optuna's states and MLflow's statuses."""
-    if error:
-        return "error"
-    result = result or {}
-    if result.get(DIVERGED_KEY):
-        return "diverged"
-    if result.get(COMPLETED_KEY):
-        value = result.get(metric)
-        return "completed" if isinstance(value, (int, float)) and math.isfinite(value) else "diverged"
-    return "pruned"
 
 
 class ArmSearcher(Searcher):

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import torch
 from ray import tune
 
-from flatlab.study.searchers import COMPLETED_KEY, DIVERGED_KEY
+from flatlab.tracking.selection import COMPLETED_KEY, DIVERGED_KEY
 from flatlab.study.spec import Study
 from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
 from flatlab.train.checkpoint import CHECKPOINT_FILES, StateSnapshot

@@ -46,7 +46,7 @@ class MLflowTrialLogger(Callback):
         study: the :class:`~flatlab.study.spec.Study`; when given, each child run's params hold the
             trial's resolved configuration too (:func:`flatlab.tracking.runs.trial_params`).
 
-    A trial's outcome comes from its last report (:func:`flatlab.study.searchers.trial_outcome`).
+    A trial's outcome comes from its last report (:func:`flatlab.tracking.selection.trial_outcome`).
     Pickled (Tune keeps callbacks in its experiment state) as its configuration only; a state pickled by
     an older flatlab that still holds ``max_epochs`` unpickles (the key is dropped).
     """
@@ -120,7 +120,7 @@ class MLflowTrialLogger(Callback):
         self._queue.put(("metrics", trial.trial_id, (metrics, step)))
 
     def on_trial_complete(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
-        from flatlab.study.searchers import trial_outcome
+        from flatlab.tracking.selection import trial_outcome
 
         last = self._last.get(trial.trial_id) or getattr(trial, "last_result", {}) or {}
         outcome = trial_outcome(last, False, self.metric)

@@ -7,8 +7,11 @@ The order of operations (one rule for the CLI and the Python API):
 2. ``metric``/``mode``: rank by this metric instead of the study's (completed trials still first,
    :func:`flatlab.tracking.results.sort_trials`);
 3. ``filter``: a pandas :meth:`DataFrame.query` expression over the trial rows;
-4. ``by_config`` then ``best`` (:func:`~flatlab.tracking.results.by_config`,
-   :func:`~flatlab.tracking.results.best_per_arm`) on what is left;
+4. ``by_config`` then ``best`` on what is left: :func:`~flatlab.tracking.results.by_config`, and each
+   arm's answer by the rules of :mod:`flatlab.tracking.selection`: its best trial
+   (:func:`~flatlab.tracking.selection.best_trial_rows`) or, with ``by_config``, its best
+   configuration's row (:func:`~flatlab.tracking.results.chosen_configurations`); ``rank_by`` chooses
+   how a trial scores (``final``, the rule, or ``best-epoch``);
 5. ``sort`` then ``columns`` on the final table.
 """
 
@@ -64,9 +67,9 @@ def select_arms(df, arms: Sequence[str]):
     return df[df["arm"].isin(arms)].reset_index(drop=True)
 
 
-def rank_by(df, metric: Optional[str], mode: Optional[str]):
+def rank_by_metric(df, metric: Optional[str], mode: Optional[str]):
     """``df`` ranked by ``metric`` (completed trials first; see :func:`sort_trials`), its ``attrs``
-    updated so that :func:`by_config`, :func:`best_per_arm` and the table follow the same metric.
+    updated so that ``by_config``, ``best`` and the table follow the same metric.
 
     ``metric`` ``None`` keeps the study's metric (and ``mode``, when given, overrides the study's
     direction); ``mode`` ``None`` with a ``metric`` is the study's mode for the study's own metric,
@@ -180,27 +183,32 @@ def select(
     by_config: bool = False,
     sort: Union[None, str, Iterable[str]] = None,
     columns: Union[None, str, Iterable[str]] = None,
+    rank_by: str = "final",
 ):
     """A :func:`~flatlab.tracking.results.trials_frame` table with the filters of ``flatlab results``
     applied in the module's order (arms, metric, filter, by_config, best, sort, columns).
 
-    ``arms``, ``sort`` and ``columns`` take a list or one string (``columns`` also a comma list).
+    ``arms``, ``sort`` and ``columns`` take a list or one string (``columns`` also a comma list). With
+    ``best``, an arm none of whose search trials completed has no row.
 
     Raises:
-        ConfigError: as :func:`select_arms`, :func:`rank_by`, :func:`apply_filter`, :func:`sort_by` and
-            :func:`select_columns` do.
+        ConfigError: as :func:`select_arms`, :func:`rank_by_metric`, :func:`apply_filter`, :func:`sort_by` and
+            :func:`select_columns` do; an unknown ``rank_by`` (``--rank-by``).
     """
     from flatlab.tracking import results as res
+    from flatlab.tracking import selection
 
+    selection.value_column("", rank_by)  # an unknown --rank-by fails before anything else
     df = select_arms(df, as_list(arms, split_commas=True))
-    df = rank_by(df, metric, mode)
+    df = rank_by_metric(df, metric, mode)
     df = apply_filter(df, filter)
     attrs = dict(df.attrs)
     if by_config:
-        df = res.by_config(df)
-        attrs.update(df.attrs)
-    if best:
-        df = res.best_per_arm(df)
+        pooled = res.by_config(df, rank_by)
+        attrs.update(pooled.attrs)
+        df = res.chosen_configurations(pooled, df, rank_by) if best else pooled
+    elif best:
+        df = selection.best_trial_rows(df, rank_by)
     df.attrs.update(attrs)
     df = sort_by(df, as_list(sort))
     return select_columns(df, as_list(columns, split_commas=True))

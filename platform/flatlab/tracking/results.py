@@ -47,7 +47,8 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
     params as ``param.<name>`` (numbers where every value is one; integers as nullable ``Int64``), ``run_id``, ``trial_id``, ``stage`` (tag ``flatlab.stage``, default
     ``search``), ``launch`` (the parent run id), ``start_time`` and ``end_time`` (ms since the epoch;
     NaN while running).
-    ``metric``/``mode`` default to the study's, read from the launch run.
+    ``metric``/``mode`` default to the study's, read from the launch run; ``attrs`` hold ``metric``,
+    ``mode`` and the study's ``reference_arm`` as the launch recorded it (``None`` when not set).
     """
     import pandas as pd
 
@@ -82,9 +83,8 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
             for k in sorted(m):
                 if k not in row and k not in ("epoch",):
                     row[FINAL_NAMES.get(k, k)] = m[k]
-            for k, v in sorted(r.data.params.items()):
-                if k not in ("arm", "seed") and not runs.is_resolved_param(k):  # opt.*, train.*, wl.*: the run's params
-                    row[f"param.{k}"] = v
+            for k, v in sorted(runs.config_params(r.data.params).items()):  # not opt.*, train.*, wl.*
+                row[f"param.{k}"] = v
             row["run_id"] = r.info.run_id
             row["trial_id"] = r.data.tags.get(runs.TAG_TRIAL, "")
             row["launch"] = parent.info.run_id
@@ -100,6 +100,7 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
     df[numeric] = df[numeric].mask(df[numeric].abs() >= SENTINEL)  # +-inf as older MLflow stores kept it
     df = sort_trials(df, metric, mode)
     df.attrs["metric"], df.attrs["mode"] = metric, mode
+    df.attrs["reference_arm"] = parents[0].data.params.get("reference_arm")
     return df
 
 
@@ -139,53 +140,65 @@ def _numeric_if_possible(col):
         return col
 
 
-def best_per_arm(df):
-    """The best row of each arm (``df`` as returned by :func:`trials_frame` or :func:`by_config`, already
-    ordered by :func:`sort_trials`): a completed trial whenever the arm has one; an arm with none shows
-    its best pruned (or interrupted) trial, its ``outcome`` saying so; diverged and errored trials are
-    never selected. Final-stage trials (re-runs of the chosen configuration on fresh seeds) are not
-    candidates; in a :func:`by_config` table an arm's final-stage row (its chosen configuration pooled
-    over the final seeds: the paper-table row) comes first where it has one."""
-    if df.empty:
-        return df
-    rows = df
-    if "stage" in rows.columns:
-        if "seeds" in rows.columns:  # by_config: the final stage's pooled row is the arm's answer
-            rows = rows.assign(_final=rows["stage"] != "final").sort_values("_final", kind="stable").drop(columns="_final")
-        else:
-            rows = rows[rows["stage"] != "final"]
-    if "outcome" in rows.columns:
-        rows = rows[rows["outcome"].isin(["completed", "pruned", "interrupted"])]
-    return rows.groupby("arm", sort=False).head(1).reset_index(drop=True)
+def chosen_configurations(pooled, trials, rank_by: str = "final"):
+    """The row of each arm's answer in a :func:`by_config` table (``flatlab results --by-config --best``):
+    its final-stage row (the chosen configuration pooled over the final seeds: the paper-table row)
+    where it has one, else the row of its best configuration
+    (:func:`flatlab.tracking.selection.best_configurations` over ``trials``, the :func:`trials_frame`
+    table ``pooled`` was made from). Arms none of whose search trials completed have no row.
+    """
+    from flatlab.tracking import selection
+
+    if pooled.empty:
+        return pooled
+    best = selection.best_configurations(selection.frame_trials(trials, rank_by), trials.attrs.get("mode", "max"))
+    params = [c for c in pooled.columns if c.startswith("param.")]
+    final = pooled["stage"] == selection.STAGE_FINAL if "stage" in pooled.columns else pooled["arm"].isna()
+    keep = []
+    for arm in dict.fromkeys(pooled["arm"]):
+        mine = pooled[pooled["arm"] == arm]
+        if final.loc[mine.index].any():
+            keep.append(mine[final.loc[mine.index]].index[0])
+        elif arm in best:
+            keep += [i for i, row in mine.iterrows()
+                     if selection.config_key({c[len("param."):]: row[c] for c in params}) == best[arm].config][:1]
+    out = pooled.loc[keep].reset_index(drop=True)
+    out.attrs.update(pooled.attrs)
+    return out
 
 
-def by_config(df):
+def by_config(df, rank_by: str = "final"):
     """One row per configuration, seeds pooled: what a paper table reports (e.g. IRE Table 1, means
     over 3 seeds).
 
     A configuration is an arm plus its trial params (``param.*``; the seed is not one). For each, from
-    the trials that completed (``outcome == "completed"``: not pruned, diverged or failed), the mean
+    the trials that completed (:func:`flatlab.tracking.selection.completed`: not pruned, diverged or
+    failed), the mean
     and sample standard deviation (ddof = 1; NaN with one seed) over seeds of: the study metric, its
     best value, the test metric (``test/perplexity``, ``test/accuracy`` or ``test/loss``, the first
     present) and, when present, ``train/speedup``, ``train/steps_to_target``,
     ``train/epochs_to_target`` and every flatness measure ``flat/*``. A target's statistics are over the
     seeds that reached it, so ``reached`` says how many did: ``"k/n"`` of the ``n`` completed seeds
     (a miss is counted, never hidden in the mean). Ordered best first by the mean of ``<metric>`` (the
-    per-trial table's order; ``best/<metric>`` breaks ties); configurations with no completed trial
-    come last. Search and
+    rule of :mod:`flatlab.tracking.selection`; ``rank_by="best-epoch"``: of ``best/<metric>``), more
+    seeds first among equal means; configurations with no completed trial come last. Search and
     final-stage trials of one configuration are separate rows (``stage``).
 
     Args:
         df: a :func:`trials_frame` table (its ``attrs`` give the metric and mode).
+        rank_by: ``final`` or ``best-epoch`` (:data:`flatlab.tracking.selection.RANKINGS`).
     Returns:
         Columns ``arm``, ``seeds`` (completed trials), ``trials`` (all of them), ``<m> mean`` and
         ``<m> std`` for each metric above, then the ``param.*`` columns.
     """
     import pandas as pd
 
+    from flatlab.tracking import selection
+
     if df.empty:
         return df
     metric, mode = df.attrs.get("metric", "val/accuracy"), df.attrs.get("mode", "max")
+    rank = f"{selection.value_column(metric, rank_by)} mean"
     test = _test_metric(df)
     targets = [m for m in TARGET_METRICS if _has_values(df, m)]
     flat = sorted(c for c in df.columns if c.startswith("flat/") and _has_values(df, c))
@@ -194,7 +207,7 @@ def by_config(df):
     params = [c for c in df.columns if c.startswith("param.")]
     stage = ["stage"] if "stage" in df.columns else []
     keys = ["arm"] + stage + params
-    done = df["outcome"] == "completed"
+    done = selection.completed(df)
     rows = []
     for key, group in df.groupby(keys, dropna=False, sort=False):
         key = key if isinstance(key, tuple) else (key,)
@@ -209,10 +222,9 @@ def by_config(df):
         row.update(dict(zip(params, key[1 + len(stage):])))
         rows.append(row)
     out = pd.DataFrame(rows)
-    # the per-trial table's order: the final metric's mean (what selects a configuration), best/ breaking ties
-    ranks = [c for c in (f"{metric} mean", f"best/{metric} mean") if c in out.columns]
-    if ranks:
-        out = out.sort_values(ranks, ascending=mode == "min", na_position="last", kind="stable").reset_index(drop=True)
+    if rank in out.columns:  # the selection's order: the mean that chooses a configuration, then more seeds
+        out = out.sort_values([rank, "seeds"], ascending=[mode == "min", False], na_position="last",
+                              kind="stable").reset_index(drop=True)
     out.attrs.update(df.attrs)
     out.attrs["pooled"] = metrics  # render() shows each as one "mean ± std" column
     return out

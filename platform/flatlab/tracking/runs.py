@@ -63,6 +63,12 @@ def trial_params(config: Dict[str, Any], resolved: Optional[Dict[str, Dict[str, 
     return {k: v[:PARAM_VALUE_LIMIT] for k, v in out.items()}
 
 
+def config_params(params: Dict[str, str]) -> Dict[str, str]:
+    """A trial run's configuration among its MLflow params: what the searcher gave it, without ``arm``
+    and ``seed`` and without the resolved values (:func:`is_resolved_param`)."""
+    return {k: v for k, v in params.items() if k not in ("arm", "seed") and not is_resolved_param(k)}
+
+
 def default_tracking_uri(root: Path) -> str:
     """``MLFLOW_TRACKING_URI`` if set, else a SQLite file ``<root>/mlflow.db``."""
     env = os.environ.get("MLFLOW_TRACKING_URI")
@@ -148,13 +154,14 @@ def client(tracking_uri: str):
 
     For a SQLite file, MLflow creates and migrates the schema on first open without any locking, so
     two processes opening a new file at once — a study starting while ``flatlab results``, a second
-    study or the trials' own workers read the same root — both run the migration and one of them
-    fails (``table ... already exists``). So the first open in each process holds an inter-process
-    file lock (``<db>.lock``) unless the schema is known to be settled: the process that built it
-    under the lock leaves a stamp (``<db>.schema``: MLflow version and schema revision), and a
-    process with the same MLflow version that finds the file at that revision opens it without
-    waiting. Where no lock file can be made (a read-only directory) the store is opened as MLflow
-    would.
+    study, the trials' own workers, ``mlflow ui`` or a notebook's ``MlflowClient`` open the same root —
+    both run the migration and one of them fails (``table ... already exists``). So the first open in
+    each process goes through :func:`_open_sqlite_store` under an inter-process file lock
+    (``<db>.lock``; it orders flatlab's processes) unless the schema is known to be settled: the
+    process that opened it under the lock leaves a stamp (``<db>.schema``: MLflow version and schema
+    revision), and a process with the same MLflow version that finds the file at that revision opens
+    it without waiting. Where no lock file can be made (a read-only directory) the store is opened as
+    MLflow would.
 
     Raises:
         TimeoutError: another process held the lock for more than ``SCHEMA_LOCK_TIMEOUT_S`` seconds.
@@ -186,8 +193,7 @@ def client(tracking_uri: str):
     except OSError:
         lock = None  # no lock file possible here (read-only directory): open as MLflow would
     try:
-        c = MlflowClient(tracking_uri=tracking_uri)
-        c.search_experiments(max_results=1)  # builds the store (some MLflow versions build it lazily)
+        c = _open_sqlite_store(tracking_uri, db) if lock is not None else MlflowClient(tracking_uri=tracking_uri)
         if lock is not None:
             stamp = _schema_stamp(db)
             if stamp is not None:
@@ -197,6 +203,111 @@ def client(tracking_uri: str):
             lock.release()
     _SCHEMA_READY.add(tracking_uri)
     return c
+
+
+SCHEMA_SETTLE_S = 10.0  # a store file nobody has changed for this long is opened as it is
+SCHEMA_OPEN_TRIES = 3
+
+
+def _open_sqlite_store(tracking_uri: str, db: Path):
+    """Open the SQLite store ``db`` for the first time in this process, safe against any other process
+    opening it at the same moment, flatlab's or not (its lock only orders flatlab's own processes):
+
+    * a missing file is built aside (``.<name>.<pid>.new``, MLflow's whole schema) and hard-linked into
+      place, which succeeds only if no file of that name exists yet: another process sees either no
+      store or a complete one, never half a schema;
+    * a file that exists but is not at MLflow's schema revision is being built by another process: it
+      is left alone (opening it would run the migration a second time) until it reaches the revision,
+      or nothing has changed in it for ``SCHEMA_SETTLE_S`` seconds (an empty file, or one from an older
+      MLflow, which MLflow then initialises or refuses as it always would);
+    * an open that still fails in a way a concurrent migration causes (``table ... already exists``,
+      ``duplicate column``, ``database is locked``, a schema revision mid-way) is retried, up to
+      ``SCHEMA_OPEN_TRIES`` opens.
+
+    Returns:
+        An ``MlflowClient`` whose store is open (its schema built).
+    Raises:
+        whatever MLflow raises for a store it cannot open for another reason, or on the last try.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+    from sqlalchemy.exc import SQLAlchemyError
+
+    if not db.exists():
+        _build_store_aside(db)
+    for attempt in range(SCHEMA_OPEN_TRIES):
+        _wait_for_schema(db)
+        try:
+            c = MlflowClient(tracking_uri=tracking_uri)
+            c.search_experiments(max_results=1)  # builds the store (some MLflow versions build it lazily)
+            return c
+        except (SQLAlchemyError, MlflowException) as exc:
+            if attempt + 1 == SCHEMA_OPEN_TRIES or not _concurrent_schema_error(exc):
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+_CONCURRENT = ("already exists", "duplicate column", "database is locked", "unique constraint failed",
+               "out-of-date database schema", "no such table", "can't locate revision")
+
+
+def _concurrent_schema_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is what MLflow raises when another process builds the same schema at once."""
+    text = str(exc).lower()
+    return any(phrase in text for phrase in _CONCURRENT)
+
+
+def _build_store_aside(db: Path) -> None:
+    """Build MLflow's schema in a file beside ``db`` and link it into place unless ``db`` exists by then
+    (another process made it first: its schema is awaited by :func:`_wait_for_schema`)."""
+    from mlflow.store.tracking import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    new = db.with_name(f".{db.name}.{os.getpid()}.new")
+    new.unlink(missing_ok=True)
+    try:
+        # the Default experiment's artifact root as a plain MlflowClient would give it
+        SqlAlchemyStore(f"sqlite:///{new}", DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH).engine.dispose()
+        try:
+            os.link(new, db)
+        except FileExistsError:
+            pass
+    finally:
+        new.unlink(missing_ok=True)
+
+
+def _head_revision() -> Optional[str]:
+    """MLflow's current schema revision (``None`` where this MLflow does not say)."""
+    try:
+        from mlflow.store.db.utils import _get_latest_schema_revision  # private, stable since MLflow 1.x
+
+        return str(_get_latest_schema_revision())
+    except Exception:  # noqa: BLE001 - then the file's settling alone decides
+        return None
+
+
+def _wait_for_schema(db: Path) -> None:
+    """Return once ``db`` is at MLflow's schema revision, or nothing has changed in it (revision, size,
+    modification time) for ``SCHEMA_SETTLE_S`` seconds, or after ``SCHEMA_LOCK_TIMEOUT_S`` seconds."""
+    head = _head_revision()
+    start = last_change = time.monotonic()
+    seen: Any = None
+    while True:
+        revision = _alembic_revision(db)
+        if head is not None and revision == head:
+            return
+        try:
+            st = db.stat()
+            state: Any = (revision, st.st_size, st.st_mtime_ns)
+        except OSError:
+            state = (revision, None, None)
+        now = time.monotonic()
+        if state != seen:
+            seen, last_change = state, now
+        elif now - last_change >= SCHEMA_SETTLE_S or now - start >= SCHEMA_LOCK_TIMEOUT_S:
+            return
+        time.sleep(0.1)
 
 
 def get_or_create_experiment(tracking_uri: str, name: str, artifact_root: Optional[str] = None) -> str:

@@ -3,8 +3,11 @@
 IRE paper, Fig. 4 ("AdmIRE reaches AdamW's final loss in about half the steps"). Each finished trial
 has its smoothed training-loss curve in MLflow (metric history ``train/loss_smoothed``, step =
 optimizer step, logged by the worker at the trial's last epoch). With ``Study.reference_arm`` the
-target of a seed is the final smoothed loss of that arm's best finished trial with that seed; with
-``Study.target_loss`` it is that number. Logged here, on each finished child run:
+target of a seed is the final smoothed loss of the reference arm's trial with that seed in its
+best-ranked configuration that completed the seed (:func:`flatlab.tracking.selection.trial_for_seed`:
+configurations ranked by the mean over seeds of the study metric's final value; search and final-stage
+trials ranked apart, each stage's trials measured against its own reference); with
+``Study.target_loss`` it is that number. Logged here, on each completed child run:
 
 * ``train/steps_to_target``: the first recorded step whose smoothed loss is <= the target (an upper
   bound within one curve stride of the exact step), and the tag ``flatlab.target_reached``
@@ -23,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from flatlab.tracking import runs
+from flatlab.tracking import runs, selection
 from flatlab.tracking.artifacts import CURVE_METRIC
 from flatlab.train.curve import Point, first_step_at_or_below
 
@@ -43,23 +46,26 @@ class _Trial:
     run_id: str
     arm: str
     seed: int
-    metric: Optional[float]  # the study metric's latest value (None: missing or not finite)
+    stage: str
+    candidate: selection.Trial  # as the selection rules see it (config, final value)
     curve: List[Point] = field(default_factory=list)
 
 
 def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: str, study: Study) -> Dict[str, Any]:
-    """Compute and log steps-to-target (and speed-up) for the finished child runs of ``parent_run_id``.
+    """Compute and log steps-to-target (and speed-up) for the completed child runs of ``parent_run_id``.
 
     Args:
         tracking_uri, experiment_id, parent_run_id: the study launch (``StudyOutcome`` fields).
         study: gives ``reference_arm`` or ``target_loss`` (neither: nothing is done) and ``metric``/
-            ``mode``, which pick the reference trial among the reference arm's finished trials of a seed.
+            ``mode``, which pick the reference trial of a seed among the reference arm's completed
+            trials (see the module docstring).
 
     Returns:
         ``{"targets": {seed: {"target": loss, "reference_run": run id or None, "reference_steps": int
         or None}}, "runs": {run_id: {"arm", "seed", "steps_to_target": int or None, "speedup": float
         or None}}, "skipped": {run_id: reason}, "errors": [message]}``. A seed without a usable
-        reference trial has no target; its trials are skipped.
+        reference trial has no target; its trials are skipped. (A seed run in both stages has a target
+        per stage; ``targets`` and the parent run's metric show the final stage's.)
 
     Never raises for MLflow errors: a failure reading or writing one run is logged as a warning,
     listed under ``errors``, and the other runs are still done.
@@ -88,7 +94,11 @@ def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: st
             summary["skipped"][run.info.run_id] = f"no integer {runs.TAG_SEED} tag"
             continue
         value = run.data.metrics.get(study.metric)
-        trial = _Trial(run.info.run_id, tags.get(runs.TAG_ARM, ""), seed, value if value is not None and math.isfinite(value) else None)
+        done = value is not None and math.isfinite(value)
+        arm = tags.get(runs.TAG_ARM, "")
+        candidate = selection.Trial(arm, selection.config_key(runs.config_params(run.data.params)), seed,
+                                    float(value) if done else None, ref=run.info.run_id)
+        trial = _Trial(run.info.run_id, arm, seed, tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH), candidate)
         try:
             trial.curve = _curve(client, trial.run_id)
         except Exception as exc:  # noqa: BLE001
@@ -99,21 +109,29 @@ def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: st
             continue
         trials.append(trial)
 
-    targets = summary["targets"]
+    goals: Dict[Tuple[str, int], Dict[str, Any]] = {}  # (stage, seed) -> target
     if study.target_loss is not None:
-        for seed in sorted({t.seed for t in trials}):
-            targets[seed] = {"target": float(study.target_loss), "reference_run": None, "reference_steps": None}
+        for t in trials:
+            goals[(t.stage, t.seed)] = {"target": float(study.target_loss), "reference_run": None, "reference_steps": None}
     else:
-        for seed in sorted({t.seed for t in trials}):
-            ref = _best([t for t in trials if t.arm == study.reference_arm and t.seed == seed], study.mode)
-            if ref is not None:
-                last_step, last_value = ref.curve[-1]
-                targets[seed] = {"target": last_value, "reference_run": ref.run_id, "reference_steps": last_step}
+        by_run = {t.run_id: t for t in trials}
+        for stage in sorted({t.stage for t in trials}):
+            ranked = selection.rank_configurations(
+                [t.candidate for t in trials if t.stage == stage and t.arm == study.reference_arm], study.mode
+            ).get(study.reference_arm, [])
+            for seed in sorted({t.seed for t in trials if t.stage == stage}):
+                pick = selection.trial_for_seed(ranked, seed)
+                if pick is not None:
+                    last_step, last_value = by_run[pick.ref].curve[-1]
+                    goals[(stage, seed)] = {"target": last_value, "reference_run": pick.ref, "reference_steps": last_step}
+    targets = summary["targets"]
+    for (stage, seed), goal in sorted(goals.items(), key=lambda kv: (kv[0][0] == runs.STAGE_FINAL, kv[0][1])):
+        targets[seed] = goal  # the final stage's where a seed ran in both
 
     for t in trials:
-        goal = targets.get(t.seed)
+        goal = goals.get((t.stage, t.seed))
         if goal is None:
-            summary["skipped"][t.run_id] = f"no finished {study.reference_arm!r} trial with seed {t.seed} and a finite {study.metric}"
+            summary["skipped"][t.run_id] = f"no completed {study.reference_arm!r} {t.stage} trial with seed {t.seed}"
             continue
         steps = first_step_at_or_below(t.curve, goal["target"])
         speedup = goal["reference_steps"] / steps if (steps and goal["reference_steps"]) else None
@@ -133,14 +151,15 @@ def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: st
 
 
 def _finished_children(client: Any, experiment_id: str, parent_run_id: str) -> List[Any]:
-    """Every FINISHED child run of ``parent_run_id`` (all result pages)."""
+    """Every completed child run of ``parent_run_id`` (:func:`flatlab.tracking.selection.is_completed`;
+    all result pages)."""
     out: List[Any] = []
     token = None
     while True:
         page = client.search_runs(
             [experiment_id], filter_string=f"tags.`{runs.PARENT}` = '{parent_run_id}'", max_results=1000, page_token=token
         )
-        out.extend(r for r in page if r.info.status == "FINISHED")
+        out.extend(r for r in page if selection.is_completed(r.data.tags.get(runs.TAG_OUTCOME), r.info.status))
         token = getattr(page, "token", None)
         if not token:
             return out
@@ -153,15 +172,6 @@ def _curve(client: Any, run_id: str) -> List[Point]:
         if m.step not in latest or m.timestamp >= latest[m.step][0]:
             latest[m.step] = (m.timestamp, m.value)
     return [(step, latest[step][1]) for step in sorted(latest)]
-
-
-def _best(candidates: List[_Trial], mode: str) -> Optional[_Trial]:
-    """The candidate with the best study metric (``mode`` ``max`` or ``min``); ties: the first run id."""
-    scored = sorted((t for t in candidates if t.metric is not None), key=lambda t: t.run_id)
-    if not scored:
-        return None
-    pick = max if mode == "max" else min
-    return pick(scored, key=lambda t: t.metric)
 
 
 def _log_trial(client: Any, run_id: str, steps: Optional[int], speedup: Optional[float]) -> None:

@@ -4,16 +4,17 @@ After a launch (``study/runner.py`` ``_post_study``), :func:`log_study_report` l
 
 * metrics ``best/<arm>/<metric>`` and ``best/<arm>/<test metric>`` (``test/accuracy``, or
   ``test/perplexity``/``test/loss`` where the workload reports that instead): the values of each arm's
-  best completed search trial (:func:`flatlab.tracking.results.best_per_arm`, by the study metric);
+  best trial (:func:`flatlab.tracking.selection.best_trial_rows`: the best trial of its best
+  configuration, by the study metric);
 * ``report/learning_curves.png``: the study metric against the epoch, one line per trial, one panel per
   arm (solid: completed, dotted: pruned or stopped, dashed: final-stage re-runs);
 * ``report/parallel_coordinate_<arm>.png`` and ``report/param_importances_<arm>.png``: Optuna's
   matplotlib visualisations over the arm's Optuna study (``<root>/<study>/optuna.db``, study
   ``<launch>.<arm>``; fANOVA importances with a fixed seed, which need >= 2 completed trials and a
   searched parameter);
-* ``report/metric_vs_flatness.png`` (:func:`flatlab.tracking.compare.plot_metric_vs_flatness`) over the
+* ``report/metric_vs_flatness.png`` (:func:`flatlab.tracking.compare.plot.plot_metric_vs_flatness`) over the
   completed trials, for studies without a final stage whose trials measured flatness (``flat/*``); with a
-  final stage, :func:`flatlab.tracking.compare.log_comparison` logs it under ``compare/``.
+  final stage, :func:`flatlab.tracking.compare.publish.log_comparison` logs it under ``compare/``.
 
 What cannot be drawn (no completed trial, a grid study without Optuna studies, an arm that searches
 nothing) is skipped with its reason in the study's log. Nothing here ever raises: every trial is already
@@ -22,7 +23,6 @@ recorded, and a plot must not fail the study.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import tempfile
@@ -95,15 +95,17 @@ def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Pat
 
 def log_best_per_arm(client: Any, run_id: str, df: Any, metric: str) -> List[str]:
     """Log ``best/<arm>/<metric>`` and ``best/<arm>/<test metric>`` to ``run_id``: the final values of each
-    arm's best completed search trial (``df``: a :func:`~flatlab.tracking.results.trials_frame` table,
-    best first). Arms without a completed trial get none. Returns the metric names logged."""
+    arm's best trial (:func:`flatlab.tracking.selection.best_trial_rows`; ``df``: a
+    :func:`~flatlab.tracking.results.trials_frame` table). Arms without a completed trial get none.
+    Returns the metric names logged."""
     from mlflow.entities import Metric
 
-    from flatlab.tracking.results import _test_metric, best_per_arm
+    from flatlab.tracking.results import _test_metric
+    from flatlab.tracking.selection import best_trial_rows
 
     if df.empty or "outcome" not in df.columns:
         return []
-    best = best_per_arm(df[df["outcome"] == "completed"])
+    best = best_trial_rows(df)
     test = _test_metric(df)
     now = int(1000 * time.time())
     metrics = []
@@ -173,15 +175,15 @@ def optuna_plots(study: Any, out: Path, tmp: Path, skipped: List[str]) -> List[P
     studies (grid searcher), no searched parameter, no completed trial, fewer than 2 for importances."""
     import optuna
 
+    from flatlab.study.launches import Launch
     from flatlab.study.searchers import optuna_study_name
 
-    db, launch_file = out / "optuna.db", out / "launch.json"
-    if study.searcher == "grid" or not db.exists() or not launch_file.exists():
+    db, launch = out / "optuna.db", Launch.read(out.parent, out.name)
+    if study.searcher == "grid" or not db.exists() or launch is None:
         skipped.append(f"parallel coordinates and importances: no Optuna studies (searcher={study.searcher!r}, {db})")
         return []
-    state = json.loads(launch_file.read_text())
     # each arm's Optuna study: a --continue launch adds its trials to the previous launch's studies
-    names = state.get("optuna_studies") or {a.name: optuna_study_name(state["experiment_name"], a.name) for a in study.arms}
+    names = launch.optuna_studies or {a.name: optuna_study_name(launch.experiment_name, a.name) for a in study.arms}
     storage = optuna.storages.RDBStorage(f"sqlite:///{db}", engine_kwargs={"connect_args": {"timeout": 30}})
     paths: List[Path] = []
     for arm in study.arms:
@@ -244,9 +246,9 @@ def _optuna_png(draw: Any, path: Path, title: str) -> Path:
 
 def flatness_plot(study: Any, df: Any, tmp: Path, skipped: List[str]) -> List[Path]:
     """``metric_vs_flatness.png`` over ``df``'s completed trials, for studies without a final stage (with
-    one, :func:`~flatlab.tracking.compare.log_comparison` logs it); skipped (with a reason) where no trial
+    one, :func:`~flatlab.tracking.compare.publish.log_comparison` logs it); skipped (with a reason) where no trial
     recorded a ``flat/*`` measure."""
-    from flatlab.tracking.compare import plot_metric_vs_flatness
+    from flatlab.tracking.compare.plot import plot_metric_vs_flatness
 
     if study.final_seeds or (study.searcher == "grid" and len(study.seeds) > 1):
         return []  # the comparison already has it (compare/metric_vs_flatness.png)

@@ -1,0 +1,241 @@
+"""The paper table of a study (``flatlab compare``): each arm over seeds, and paired against a reference arm.
+
+Over the trials :func:`~flatlab.tracking.compare.sample.select_sample` chooses. For each arm and each
+quantity (the test metric, every ``flat/<measure>``, epochs or steps to a target): the
+:func:`~flatlab.tracking.compare.statistics.t_estimate` over seeds and, against the reference arm, the
+:func:`~flatlab.tracking.compare.statistics.paired_difference`.
+
+Only completed trials give values. Seeds that diverged, errored, were pruned or interrupted are
+counted as run (the ``seeds`` column reads "values / run") and named in the notes; a seed that missed
+a target is counted in "k/n reached".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from flatlab.errors import ConfigError
+from flatlab.tracking.compare.sample import has_values, select_sample
+from flatlab.tracking.compare.statistics import CONFIDENCE, Estimate, Paired, finite, paired_difference, t_estimate
+from flatlab.tracking.selection import completed, reference_arm
+
+FLAT_PREFIX = "flat/"
+AUXILIARY = ("_stderr", "_clean")  # flat/<measure>_stderr, _clean: shown only when asked for by name
+EPOCHS_TO_TARGET = "train/epochs_to_target"
+STEPS_TO_TARGET = "train/steps_to_target"
+TARGET_REACHED = "train/target_reached"  # 1.0 reached, 0.0 missed (a training-loss target)
+TARGETS = (EPOCHS_TO_TARGET, STEPS_TO_TARGET)
+_HIGHER_BETTER = ("accuracy", "acc", "top1", "top5", "f1", "auc", "bleu")
+_LOWER_BETTER = ("loss", "perplexity", "error", "nll")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One arm, one quantity: ``summary`` over its seeds, ``runs`` seeds run (counting failures and
+    misses), ``diff`` against the reference (``None`` for the reference arm itself)."""
+
+    quantity: str
+    arm: str
+    runs: int
+    summary: Estimate
+    diff: Optional[Paired]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A study's paper table, as computed by :func:`compare_table`.
+
+    Attributes:
+        metric: the test metric (e.g. ``test/accuracy``).
+        reference: the arm every other arm is paired against.
+        confidence: of every interval (e.g. 0.95).
+        source: ``final`` (final-stage trials) or ``best configuration`` (no final stage).
+        quantities: the table's quantities in order (metric, ``flat/*``, then targets).
+        higher_is_better: per quantity, the direction that counts as better.
+        rows: one :class:`Row` per quantity and arm, quantity-major, reference arm first.
+        seeds: the per-seed sample, one row per (arm, seed): ``arm``, ``seed``, ``outcome``,
+            ``run_id`` and one column per quantity (NaN where the seed gave no value).
+        notes: what the table leaves out and why (failed seeds, missed targets, duplicates).
+        study: the study's name, for titles.
+        rank_by: how the best configuration was chosen where there is no final stage (``final``: the
+            mean final validation value over seeds; ``best-epoch``: the best epoch's, asked for).
+    """
+
+    metric: str
+    reference: str
+    confidence: float
+    source: str
+    quantities: Tuple[str, ...]
+    higher_is_better: Mapping[str, bool]
+    rows: Tuple[Row, ...]
+    seeds: Any = field(repr=False)
+    notes: Tuple[str, ...] = ()
+    study: str = ""
+    rank_by: str = "final"
+
+    @property
+    def arms(self) -> List[str]:
+        """Arms in table order (the reference first)."""
+        return list(dict.fromkeys(r.arm for r in self.rows))
+
+    def row(self, quantity: str, arm: str) -> Row:
+        """The row of ``arm`` for ``quantity``.
+
+        Raises:
+            ConfigError: no such quantity or arm in the table (the message lists the valid ones).
+        """
+        for r in self.rows:
+            if r.quantity == quantity and r.arm == arm:
+                return r
+        raise ConfigError(
+            f"no row for quantity {quantity!r} and arm {arm!r}; quantities: {', '.join(self.quantities)}; "
+            f"arms: {', '.join(self.arms)}"
+        )
+
+    def frame(self):
+        """The table as numbers, one row per (quantity, arm): ``quantity``, ``arm``, ``higher_is_better``,
+        ``runs``, ``n``, ``mean``, ``std``, ``ci_low``, ``ci_high`` and, against the reference,
+        ``diff_n``, ``diff_mean``, ``diff_std``, ``diff_low``, ``diff_high``, ``p``, ``arm_better``,
+        ``ref_better``, ``ties`` (NaN for the reference arm)."""
+        import pandas as pd
+
+        out = []
+        for r in self.rows:
+            s, d = r.summary, r.diff
+            row = {"quantity": r.quantity, "arm": r.arm, "higher_is_better": self.higher_is_better[r.quantity],
+                   "runs": r.runs, "n": s.n, "mean": s.mean, "std": s.std, "ci_low": s.low, "ci_high": s.high}
+            nan = float("nan")
+            row.update({
+                "diff_n": d.estimate.n if d else nan, "diff_mean": d.estimate.mean if d else nan,
+                "diff_std": d.estimate.std if d else nan, "diff_low": d.estimate.low if d else nan,
+                "diff_high": d.estimate.high if d else nan, "p": d.p if d else nan,
+                "arm_better": d.arm_better if d else nan, "ref_better": d.ref_better if d else nan,
+                "ties": d.ties if d else nan,
+            })
+            out.append(row)
+        return pd.DataFrame(out)
+
+
+def higher_is_better(quantity: str, study_metric: str = "", study_mode: str = "max") -> bool:
+    """Whether a larger value of ``quantity`` is better: ``flat/*`` (lower = flatter) and epochs or
+    steps to target are lower-is-better; accuracy-like names higher; loss, perplexity and error
+    lower; a test metric named like the study metric (``test/x`` for ``val/x``) follows the study's
+    mode; anything else counts as higher-is-better."""
+    if quantity.startswith(FLAT_PREFIX) or quantity in TARGETS:
+        return False
+    leaf = quantity.rsplit("/", 1)[-1].lower()
+    if any(w in leaf for w in _HIGHER_BETTER):
+        return True
+    if any(w in leaf for w in _LOWER_BETTER):
+        return False
+    if study_metric and leaf == study_metric.rsplit("/", 1)[-1].lower():
+        return study_mode == "max"
+    return True
+
+
+def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] = None,
+                  measures: Optional[Sequence[str]] = None, confidence: float = CONFIDENCE, study: str = "",
+                  rank_by: str = "final") -> Comparison:
+    """The paper table of a study's trials (see the module docstring for the statistics).
+
+    Args:
+        df: a :func:`flatlab.tracking.results.trials_frame` table (``attrs`` metric and mode).
+        metric: the test metric (default ``test/perplexity``, ``test/accuracy`` or ``test/loss``, the
+            first recorded).
+        reference: the arm every other arm is paired against (default
+            :func:`flatlab.tracking.selection.reference_arm` of the compared arms and the study's
+            ``reference_arm``, which ``trials_frame`` reads from the launch into ``attrs``).
+        measures: the ``flat/*`` measures to include (``fisher_trace`` or ``flat/fisher_trace``;
+            default every one recorded in the sample except the auxiliary ``*_stderr`` and ``*_clean``).
+        confidence: of the t-intervals, in (0, 1).
+        study: the study's name, for titles.
+        rank_by: how a grid study's best configuration is chosen (:func:`select_sample`): ``final``
+            (the rule) or ``best-epoch`` (an explicit alternative).
+    Returns:
+        A :class:`Comparison`; quantities: the metric, the measures, then ``train/epochs_to_target``
+        and/or ``train/steps_to_target`` where the launch has a target.
+    Raises:
+        ConfigError: no trials; unknown metric, reference arm or measure (listing the valid ones);
+            ``confidence`` outside (0, 1).
+    """
+    from flatlab.tracking.results import _test_metric
+
+    if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
+        raise ConfigError(f"confidence={confidence!r}; expected a number in (0, 1), e.g. 0.95")
+    sample, source, notes = select_sample(df, rank_by)
+    metric = metric or _test_metric(df) or "test/accuracy"
+    if not has_values(sample, metric):
+        valid = sorted(c for c in sample.columns if "/" in c and not c.startswith(("param.", "best/")) and has_values(sample, c))
+        raise ConfigError(f"metric {metric!r} has no values in the compared trials; metrics there: {', '.join(valid) or '(none)'}")
+    arms = sorted(sample["arm"].unique())
+    if reference is None:
+        reference = reference_arm(arms, df.attrs.get("reference_arm"))
+    if reference not in arms:
+        raise ConfigError(f"reference arm {reference!r} is not in the compared trials; arms: {', '.join(arms)}")
+    flat = [c for c in sorted(sample.columns) if c.startswith(FLAT_PREFIX) and has_values(sample, c)]
+    if measures is None:  # by default the measures' values, not their Monte-Carlo errors or clean losses
+        flat = [c for c in flat if not c.endswith(AUXILIARY)]
+    if measures is not None:
+        wanted = [m if m.startswith(FLAT_PREFIX) else FLAT_PREFIX + m for m in measures]
+        unknown = [m for m in wanted if m not in flat]
+        if unknown:
+            raise ConfigError(f"measures {', '.join(unknown)} not recorded in the compared trials; measures there: {', '.join(flat) or '(none)'}")
+        flat = wanted
+    targets = [q for q in TARGETS if q in df.columns and (has_values(df, q) or (q == EPOCHS_TO_TARGET and has_values(df, TARGET_REACHED)))]
+    quantities = (metric, *flat, *targets)
+    mode = df.attrs.get("mode", "max")
+    better = {q: higher_is_better(q, df.attrs.get("metric", ""), mode) for q in quantities}
+
+    done = completed(sample)
+    seeds = seed_values(sample, quantities)
+
+    ordered = [reference] + [a for a in arms if a != reference]
+    for arm in ordered:
+        mine = seeds[seeds["arm"] == arm]
+        failed = mine[~done.loc[mine.index]]
+        if len(failed):
+            what = ", ".join(f"seed {s} {o or 'unfinished'}" for s, o in failed[["seed", "outcome"]].itertuples(index=False))
+            notes.append(f"{arm}: {what}; counted in the seeds run, no values from {'it' if len(failed) == 1 else 'them'}.")
+        for q in targets:
+            missed = mine[done.loc[mine.index] & mine[q].isna()]
+            if len(missed):
+                which = ", ".join(map(str, missed["seed"]))
+                notes.append(f"{arm}: seed{'s' if len(missed) > 1 else ''} {which} completed without reaching the target ({q}).")
+
+    if flat and has_values(sample, TARGET_REACHED):
+        notes.append("flat/* rows: measured at the training-loss target (stop_at_train_loss); seeds that missed it "
+                     "are counted in the seeds run and give no flatness value.")
+    rows = []
+    for q in quantities:
+        ref = _by_seed(seeds, reference, q)
+        for arm in ordered:
+            mine = _by_seed(seeds, arm, q)
+            diff = None if arm == reference else paired_difference(mine, ref, higher_is_better=better[q], confidence=confidence)
+            runs = int((seeds["arm"] == arm).sum())
+            rows.append(Row(q, arm, runs, t_estimate(list(mine.values()), confidence), diff))
+    return Comparison(metric, reference, float(confidence), source, quantities, better, tuple(rows), seeds.reset_index(drop=True),
+                      tuple(notes), study, rank_by)
+
+
+def seed_values(sample, quantities: Sequence[str]):
+    """Per (arm, seed) row of ``sample``: ``arm``, ``seed``, ``outcome``, ``run_id`` and each quantity's
+    value, NaN unless the trial completed with a finite value (and, for ``train/epochs_to_target`` and
+    every ``flat/*`` measure, ``train/target_reached == 1`` where recorded: flatness is compared at the
+    matched training loss, so a seed that never reached it gives no flatness value)."""
+    import pandas as pd
+
+    done = completed(sample)
+    seeds = sample[[c for c in ("arm", "seed", "outcome", "run_id") if c in sample.columns]].copy()
+    for q in quantities:
+        values = pd.to_numeric(sample[q], errors="coerce") if q in sample else pd.Series(float("nan"), index=sample.index)
+        keep = done & values.map(finite)
+        if (q == EPOCHS_TO_TARGET or q.startswith(FLAT_PREFIX)) and has_values(sample, TARGET_REACHED):
+            keep &= pd.to_numeric(sample[TARGET_REACHED], errors="coerce") == 1.0
+        seeds[q] = values.where(keep)
+    return seeds
+
+
+def _by_seed(seeds, arm: str, quantity: str) -> Dict[Any, float]:
+    mine = seeds[(seeds["arm"] == arm) & seeds[quantity].notna()]
+    return dict(zip(mine["seed"], mine[quantity].astype(float)))
