@@ -40,11 +40,9 @@ from ray import tune
 from flatlab.study.searchers import COMPLETED_KEY, DIVERGED_KEY
 from flatlab.study.spec import Study
 from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
-from flatlab.train.checkpoint import CHECKPOINT_FILES, StateSnapshot
+from flatlab.train.checkpoint import StateSnapshot
 from flatlab.train.trainer import Diverged, Trainer
 from flatlab.workloads.base import Data
-
-CKPT_FILES = CHECKPOINT_FILES  # trainer.safetensors + trainer.json (no pickle)
 
 #: With ``Study.checkpoint_every=None`` (the default), a trial checkpoints at the first epoch that ends at
 #: least this many seconds after its previous checkpoint (or its start), and at its last epoch: a
