@@ -37,12 +37,9 @@ from ray.tune.search import Searcher
 from flatlab.errors import ConfigError
 from flatlab.study.space import Dim, inner, is_searched, sample
 from flatlab.study.spec import Study
+from flatlab.study.trial_loop import COMPLETED_KEY, DIVERGED_KEY
 
 logger = logging.getLogger(__name__)
-
-COMPLETED_KEY = "completed"
-"""Set to 1 in a trial's last report when it ran its whole budget or reached its training-loss target."""
-DIVERGED_KEY = "diverged"
 
 
 def _sampler(kind: str, seed: int):

@@ -143,7 +143,7 @@ class Study:
         searcher: ``optuna`` (TPE, seeded), ``random`` (Optuna's random sampler, seeded) or ``grid``.
         checkpoint_every: epochs between trial checkpoints, as Tune's ``checkpoint_frequency`` (the last
             epoch is always checkpointed, as with ``checkpoint_at_end``); ``None`` (default): a checkpoint at
-            the first epoch ending 10 s or more after the previous one (``trainable.CHECKPOINT_INTERVAL_S``),
+            the first epoch ending 10 s or more after the previous one (``trial_loop.CHECKPOINT_INTERVAL_S``),
             so short epochs do not each pay for one. ``flatlab run --checkpoint-every N`` overrides it.
         reference_arm: steps-to-target against an arm (IRE paper, Fig. 4: AdamW's final loss). After the
             study, every finished trial gets ``train/steps_to_target``: the first optimizer step at which
