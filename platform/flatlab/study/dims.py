@@ -1,7 +1,8 @@
 """Search dimensions: the value types of an arm's space (:class:`Dim` and its kinds).
 
 :class:`Float`, :class:`Int`, :class:`Choice` (also a ``grid``), :class:`Fixed`, the chained
-:class:`BestOf` and its :class:`Resolved` value, :class:`Conditional` (a ``when`` field) and
+:class:`BestOf` and its :class:`Resolved` value (and :class:`ResolvedChoice`, a choice of chained
+references after launch), :class:`Conditional` (a ``when`` field) and
 :class:`Unsupported` (a foreign object without a flatlab equivalent). Each maps to an Optuna
 distribution and, where it is discrete, to a list of grid values. Study files build them with the
 functions of :mod:`flatlab.space` (:mod:`flatlab.study.space`); :mod:`flatlab.study.foreign` converts
@@ -280,6 +281,15 @@ class Resolved(Fixed):
 
     def describe(self) -> str:
         return f"{self.value!r} (from {self.source})"
+
+
+@dataclass(frozen=True)
+class ResolvedChoice(Choice):
+    """A :class:`Choice` some of whose values were chained references (``mlflow:<study>/<arm>?...``),
+    each replaced at launch by the run it names (``run:<run_id>``): ``sources[i]`` is ``values[i]``'s
+    reference, ``""`` for a value given as it is. Behaves as :class:`Choice` everywhere."""
+
+    sources: Tuple[str, ...] = ()
 
 
 MAX_INT_RANGE = 2**53  # largest |bound| of an int range: Optuna's IntDistribution computes in float64

@@ -17,8 +17,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from flatlab.errors import ConfigError
 from flatlab.study.dims import (  # noqa: F401  (re-exported: flatlab.space and study code import them from here)
-    MAX_INT_RANGE, SOURCE_SUFFIX, BestOf, Choice, Condition, Conditional, Dim, Fixed, Float, Int, Resolved, Unsupported,
-    _among, _is_int,
+    MAX_INT_RANGE, SOURCE_SUFFIX, BestOf, Choice, Condition, Conditional, Dim, Fixed, Float, Int, Resolved, ResolvedChoice,
+    Unsupported, _among, _is_int,
 )
 from flatlab.study.foreign import from_foreign
 

@@ -28,7 +28,7 @@ import torch
 from ray import tune
 
 from flatlab.study.spec import Study
-from flatlab.study.trial_loop import trial_loop
+from flatlab.study.trial_loop import evaluation_trial, trial_loop
 from flatlab.tracking.artifacts import WorkerTracking
 from flatlab.train.trainer import Trainer
 from flatlab.workloads.base import Data
@@ -129,11 +129,15 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
 
     With ``Resources(workers > 1)`` the trial runs as a Ray Train ``TorchTrainer`` (DDP) started from
     here (:mod:`flatlab.study.ddp_trial`); its ranks run the same :func:`~flatlab.study.trial_loop.trial_loop`.
+    A trial of an evaluation-only workload (``trains = False``) is
+    :func:`~flatlab.study.trial_loop.evaluation_trial`, in this process.
 
     Raises:
         CheckpointError: the checkpoint to resume from is not flatlab's safe form (the trial fails).
     """
-    if study.resources.workers > 1:
+    from flatlab.workloads.registry import get_workload
+
+    if get_workload(study.workload).trains and study.resources.workers > 1:
         from flatlab.study.ddp_trial import run_ddp_trial
 
         run_ddp_trial(config, study=study, data=data, tracking=tracking)
@@ -141,6 +145,10 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
     threads = max(1, int(study.resources.cpu))
     torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1; follow the trial's CPU allocation
     device = "cuda" if study.resources.gpu > 0 and torch.cuda.is_available() else "cpu"
+    if not get_workload(study.workload).trains:  # evaluation-only: one evaluation, one report
+        evaluation_trial(config, study, data, lambda metrics, _: tune.report(metrics), device=device, tracking=tracking,
+                         trial_id=tune.get_context().get_trial_id())
+        return
     spec = study.trial_spec(config, device=device)
     trainer = Trainer(spec, data)
     checkpoint = tune.get_checkpoint()

@@ -9,7 +9,8 @@ last report (after ``max_epochs``, or at the first epoch whose mean training los
 epoch :func:`checkpoint_due` picks (the study's ``checkpoint_every``: every n-th epoch, or by default the
 first epoch ending :data:`CHECKPOINT_INTERVAL_S` seconds after the previous checkpoint) and with the
 last, so a restarted trial resumes where it stopped. A diverged epoch reports the worst metric and ends
-the trial.
+the trial. An evaluation-only workload (``trains = False``) has no epochs: its trial is
+:func:`evaluation_trial`, one evaluation and one report.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from flatlab.study.spec import Study
 from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
 from flatlab.train.checkpoint import StateSnapshot
 from flatlab.train.trainer import Diverged, Trainer
+from flatlab.workloads.base import Data
 
 COMPLETED_KEY = "completed"
 """Set to 1 in a trial's last report when it ran its whole budget or reached its training-loss target."""
@@ -88,24 +90,20 @@ def trial_loop(
         try:
             metrics = trainer.run_epoch()
         except Diverged as exc:
-            worst = -math.inf if study.mode == "max" else math.inf
-            report({"epoch": trainer.epoch + 1, study.metric: worst, DIVERGED_KEY: 1, "diverged_step": exc.step, **extra}, None)
+            report({"epoch": trainer.epoch + 1, study.metric: _worst(study), DIVERGED_KEY: 1, "diverged_step": exc.step,
+                    **extra}, None)
             return
         metrics.update(extra)
-        metrics[DIVERGED_KEY] = 0
-        if not math.isfinite(metrics.get(study.metric, 0.0)):
-            metrics[study.metric] = -math.inf if study.mode == "max" else math.inf
-        reached = target is not None and trainer.trains and metrics.get("train/loss", math.inf) <= target
+        _not_diverged(metrics, study)
+        reached = target is not None and metrics.get("train/loss", math.inf) <= target
         last = reached or trainer.epoch == study.max_epochs
         if last and not main:  # DDP: Tune takes rank 0's report; the others only keep the report count
             metrics[COMPLETED_KEY] = 1
         elif last:
             metrics.update(_final_metrics(trainer, study, target, reached))
             if tracking is not None and trial_id:
-                if not trainer.trains:  # evaluation-only: the model is rebuilt from its inputs, not uploaded
-                    tracking = dataclasses.replace(tracking, log_models=False)
                 log_trial_artifacts(tracking, trial_id, trainer.model, trainer.spec, metrics, curve=trainer.curve.points())
-        if trainer.trains and checkpoint_due(study.checkpoint_every, trainer.epoch, last, time.monotonic() - saved_at):
+        if checkpoint_due(study.checkpoint_every, trainer.epoch, last, time.monotonic() - saved_at):
             report(metrics, trainer.snapshot() if main else None)  # written and sent by the report
             saved_at = time.monotonic()
         else:
@@ -114,13 +112,61 @@ def trial_loop(
             return
 
 
+def _worst(study: Study) -> float:
+    """The worst value of the study's metric (what a diverged or non-finite epoch reports)."""
+    return -math.inf if study.mode == "max" else math.inf
+
+
+def _not_diverged(metrics: Dict[str, Any], study: Study) -> None:
+    """Mark ``metrics`` as not diverged and replace a non-finite value of the study metric by :func:`_worst`."""
+    metrics[DIVERGED_KEY] = 0
+    if not math.isfinite(metrics.get(study.metric, 0.0)):
+        metrics[study.metric] = _worst(study)
+
+
+def evaluation_trial(
+    config: Mapping[str, Any],
+    study: Study,
+    data: Data,
+    report: Report,
+    *,
+    device: str = "cpu",
+    tracking: Optional[WorkerTracking] = None,
+    trial_id: Optional[str] = None,
+) -> None:
+    """One trial of an evaluation-only workload (``trains = False``): its checkpoint parameters made local
+    (:func:`flatlab.tracking.checkpoints.local_params`: ``run:<run_id>`` values fetched from MLflow), one
+    :func:`~flatlab.train.evaluation.evaluate_trial`, one ``report`` of its metrics (as epoch 1, with
+    ``completed = 1``; a non-finite study metric reports the worst value), ``trial.json`` uploaded to the
+    trial's run without the model (it is rebuilt from its inputs).
+
+    Raises:
+        ConfigError: from :func:`~flatlab.tracking.checkpoints.local_params` or the workload (the trial
+            fails).
+    """
+    from flatlab.tracking.checkpoints import local_params
+    from flatlab.train.evaluation import evaluate_trial
+    from flatlab.workloads.registry import build_workload, get_workload
+
+    spec = study.trial_spec(config, device=device)
+    names = get_workload(spec.workload).checkpoint_params
+    params = local_params(spec.workload_params, names, tracking.tracking_uri if tracking is not None else "")
+    done = evaluate_trial(spec, data, build_workload(spec.workload, **params))
+    metrics: Dict[str, Any] = dict(done.metrics)
+    _not_diverged(metrics, study)
+    metrics[COMPLETED_KEY] = 1
+    if tracking is not None and trial_id:
+        log_trial_artifacts(dataclasses.replace(tracking, log_models=False), trial_id, done.model, spec, metrics)
+    report(metrics, None)
+
+
 def _final_metrics(trainer: Trainer, study: Study, target: Optional[float], reached: bool) -> Dict[str, float]:
     """What a trial adds to its last report: the test metrics, the study's flatness measures on the final
     model (``flat/<measure>``, ``time/measures_s``), the training-loss target's outcome
     (``train/target_reached`` 1/0 and ``train/epochs_to_target``) and the completion flag."""
     # with test_every_epoch the last epoch's report already holds the test metrics of this model
     out: Dict[str, float] = {} if trainer.hp["test_every_epoch"] else dict(trainer.evaluate_test())
-    if study.measures and trainer.trains:
+    if study.measures:
         out.update(measure_trial(trainer, study))
     if target is not None:
         out["train/target_reached"] = 1.0 if reached else 0.0

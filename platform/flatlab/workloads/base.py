@@ -113,9 +113,13 @@ class Workload(ABC):
 
     name: ClassVar[str]
     doc: ClassVar[str] = ""
-    #: ``False`` for evaluation-only workloads (e.g. ``clip_interpolate``): the trainer then calls
-    #: :meth:`evaluate_only` once per "epoch" and never steps the optimizer.
+    #: ``False`` for evaluation-only workloads (e.g. ``clip_interpolate``): a trial then calls
+    #: :meth:`evaluate_only` once (:func:`flatlab.train.evaluation.evaluate_trial`) and trains nothing.
     trains: ClassVar[bool] = True
+    #: Parameters whose value names a model checkpoint the workload reads (a local file). In a study they
+    #: may also name an earlier trial's run (``run:<run_id>``, or ``mlflow:<study>/<arm>?...`` resolved at
+    #: launch); the platform fetches it before the workload is built (:mod:`flatlab.tracking.checkpoints`).
+    checkpoint_params: ClassVar[Tuple[str, ...]] = ()
     #: ``True`` when :meth:`augment` works on a batch already on the training device (tensor ops only,
     #: random draws from the CPU ``generator``): the trainer then copies in-memory batches first and
     #: augments on the accelerator. Same result on CPU either way.
@@ -160,7 +164,8 @@ class Workload(ABC):
         )
 
     def evaluate_only(self, model: nn.Module, data: Data) -> Dict[str, float]:
-        """Metrics of an evaluation-only trial (``trains = False``); training workloads never call it."""
+        """Metrics of an evaluation-only trial (``trains = False``) of ``model``, freshly built by
+        :meth:`build_model`; training workloads never call it."""
         raise NotImplementedError(f"workload {self.name!r} trains; evaluate_only is for trains=False workloads")
 
     @classmethod
