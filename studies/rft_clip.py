@@ -24,7 +24,7 @@
 When the alpha study finishes, ``flatlab run`` draws Figs. 1 (OOD accuracy/loss vs alpha per
 model), 3 (sharpness vs alpha), 4 (layer-wise sharpness heat maps) and 5 (pruned vs unpruned) and logs
 them with ``summary.json`` (instability, gain, failure mode per model) on the alpha study's launch run
-(the clip_interpolate workload's after-study step; ``flatlab interpolation-report <prefix>_alpha``
+(the alpha study's ``reports={"interpolation": {}}``; ``flatlab interpolation-report <prefix>_alpha``
 rebuilds them on demand).
 
 Scales:
@@ -94,6 +94,7 @@ def _studies(prefix, model, data, train_data, lrs, alphas, *, train, epochs, res
         grace_period=1,
         resources=resources,
         max_concurrent=concurrent,
+        reports={"interpolation": {}},  # the paper's figures when the alpha study ends
     )
     return [finetune, alpha]
 

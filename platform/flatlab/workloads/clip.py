@@ -253,18 +253,6 @@ class ClipInterpolate(_ClipWorkload):
         "interp/alpha", "sharpness/general", "sharpness/general_stderr", "sharpness/clean_loss", "prune/n_stragglers",
     )
 
-    @classmethod
-    def after_study(cls, tracking_uri: str, study_name: str, out_dir: str) -> List[str]:
-        """The seed paper's figures (1, 3, 4, 5) and ``summary.json`` from the finished alpha study, logged
-        under ``report/`` on its launch run (:func:`flatlab.interpolation.report.interpolation_report`;
-        ``flatlab interpolation-report`` rebuilds them on demand)."""
-        from pathlib import Path
-
-        from flatlab.interpolation.report import interpolation_report
-
-        rep = interpolation_report(tracking_uri, study_name, out_dir=Path(out_dir))
-        return [f"report: {len(rep.figures)} figures and {rep.summary_path.name} in {rep.out_dir}, logged under report/ on run {rep.parent_run_id}"]
-
     def load_data(self, seed: int) -> Data:
         """ID (``val``, also passed as ``train``, which is never iterated) and OOD splits.
 
