@@ -105,7 +105,7 @@ def _mean(rows: List[Any], column: str) -> float:
 def label_of(ref: str) -> str:
     """A short label for plots: the query of an ``mlflow:`` reference (``lr=3e-05, augment=none``), else
     the arm of that reference, ``run <first 8 characters of its id>`` for ``run:<run_id>``, or a file's name."""
-    from flatlab.study.chain import is_reference, parse_reference
+    from flatlab.tracking.checkpoints import RUN_PREFIX, is_reference, parse_reference
 
     if is_reference(ref):
         try:
@@ -113,8 +113,8 @@ def label_of(ref: str) -> str:
         except ConfigError:
             return ref
         return ", ".join(f"{k}={v}" for k, v in params.items()) or arm
-    if ref.startswith("run:"):
-        return f"run {ref[len('run:'):][:8]}"
+    if ref.startswith(RUN_PREFIX):
+        return f"run {ref[len(RUN_PREFIX):][:8]}"
     return Path(ref).name or ref
 
 

@@ -20,8 +20,8 @@ would be resolved and, when the store has it, the current value (:func:`describe
 
 A checkpoint parameter of the study's workload (``Workload.checkpoint_params``, e.g.
 ``clip_interpolate``'s ``finetuned``) may also name a trial, rather than the best one, with a reference
-``mlflow:<study>/<arm>[?<param>=<value>&...]`` (a constant, or values of a ``choice``/``grid``, in an
-arm's space or in ``workload_params``): the one FINISHED trial of arm ``<arm>`` in the same latest
+``mlflow:<study>/<arm>[?<param>=<value>&...]`` (:func:`flatlab.tracking.checkpoints.parse_reference`;
+a constant, or values of a ``choice``/``grid``, in an arm's space or in ``workload_params``): the one FINISHED trial of arm ``<arm>`` in the same latest
 finished launch of ``<study>`` whose logged params equal the given ones (numbers compared as numbers:
 ``lr=1e-5`` matches a logged ``1e-05``; :func:`find_trial_run`). At launch each reference becomes that
 trial's run, ``run:<run_id>``, which the trial fetches from MLflow before its workload is built
@@ -36,14 +36,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from typing import Any, Dict, Iterator, List, Optional, Tuple
-from urllib.parse import parse_qsl
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.study.space import SOURCE_SUFFIX, BestOf, Choice, Conditional, Dim, Fixed, Resolved, ResolvedChoice
 from flatlab.study.spec import Arm, Study
-
-REFERENCE_PREFIX = "mlflow:"
+from flatlab.tracking.checkpoints import RUN_PREFIX, is_reference, parse_reference
 
 
 def finished_launch(tracking_uri: str, study: str) -> Any:
@@ -111,32 +109,6 @@ def same_value(logged: Any, wanted: Any) -> bool:
         return str(logged) == str(wanted)
 
 
-def parse_reference(ref: str) -> Tuple[str, str, Dict[str, str]]:
-    """``(study, arm, {param: value})`` of a reference ``mlflow:<study>/<arm>[?<param>=<value>&...]``.
-
-    Raises:
-        ConfigError: ``ref`` is not of that form (naming it and the form).
-    """
-    text = ref.strip() if isinstance(ref, str) else ""
-    if not text.startswith(REFERENCE_PREFIX):
-        raise ConfigError(f"{ref!r} is not a reference; expected mlflow:<study>/<arm>[?param=value&...]")
-    body, _, query = text[len(REFERENCE_PREFIX):].partition("?")
-    study, sep, arm = body.partition("/")
-    if not sep or not study or not arm or "/" in arm:
-        raise ConfigError(f"{ref!r}: expected mlflow:<study>/<arm>[?param=value&...]")
-    try:
-        # '+' is literal here (1e+20), not a URL-encoded space
-        params = dict(parse_qsl(query.replace("+", "%2B"), keep_blank_values=True, strict_parsing=bool(query)))
-    except ValueError:
-        raise ConfigError(f"{ref!r}: the query must be param=value pairs joined by '&'") from None
-    return study, arm, params
-
-
-def is_reference(value: Any) -> bool:
-    """``value`` is written as a reference (``mlflow:...``), well formed or not."""
-    return isinstance(value, str) and value.strip().startswith(REFERENCE_PREFIX)
-
-
 def find_trial_run(tracking_uri: str, study: str, arm: str, params: Dict[str, str]) -> Any:
     """The one FINISHED trial run of ``arm`` in the latest finished launch of ``study`` whose params match
     ``params`` (:func:`same_value`).
@@ -181,7 +153,7 @@ def resolve_reference(ref: str, tracking_uri: str) -> str:
         ConfigError: as :func:`parse_reference` and :func:`find_trial_run`.
     """
     study, arm, params = parse_reference(ref)
-    return f"run:{find_trial_run(tracking_uri, study, arm, params).info.run_id}"
+    return f"{RUN_PREFIX}{find_trial_run(tracking_uri, study, arm, params).info.run_id}"
 
 
 def _checkpoint_fields(study: Study) -> Tuple[str, ...]:

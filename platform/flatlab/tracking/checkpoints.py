@@ -8,7 +8,8 @@ references and ``sp.best_of(..., param=None)``). Before the trial builds its wor
 :func:`local_params` replaces every such value by the path of the run's ``model/model.safetensors``,
 downloaded once per machine into ``<cache>/checkpoints/<run_id>/`` (``<cache>``:
 :func:`flatlab.cache.cache_root`) with the run's ``trial.json`` beside it, in the run's own artifact
-layout: ``<run_id>/model/model.safetensors`` and ``<run_id>/trial.json``.
+layout: ``<run_id>/model/model.safetensors`` and ``<run_id>/trial.json``. The reference syntax is
+:func:`parse_reference`'s; resolving a reference is the launch's job (:mod:`flatlab.study.chain`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterable, Mapping
+from typing import Any, Dict, Iterable, Mapping, Tuple
+from urllib.parse import parse_qsl
 
 from flatlab.cache import cache_root
 from flatlab.errors import ConfigError
@@ -25,6 +27,33 @@ from flatlab.errors import ConfigError
 MODEL_ARTIFACT = "model/model.safetensors"
 TRIAL_ARTIFACT = "trial.json"
 RUN_PREFIX = "run:"
+REFERENCE_PREFIX = "mlflow:"
+
+
+def parse_reference(ref: str) -> Tuple[str, str, Dict[str, str]]:
+    """``(study, arm, {param: value})`` of a reference ``mlflow:<study>/<arm>[?<param>=<value>&...]``.
+
+    Raises:
+        ConfigError: ``ref`` is not of that form (naming it and the form).
+    """
+    text = ref.strip() if isinstance(ref, str) else ""
+    if not text.startswith(REFERENCE_PREFIX):
+        raise ConfigError(f"{ref!r} is not a reference; expected mlflow:<study>/<arm>[?param=value&...]")
+    body, _, query = text[len(REFERENCE_PREFIX):].partition("?")
+    study, sep, arm = body.partition("/")
+    if not sep or not study or not arm or "/" in arm:
+        raise ConfigError(f"{ref!r}: expected mlflow:<study>/<arm>[?param=value&...]")
+    try:
+        # '+' is literal here (1e+20), not a URL-encoded space
+        params = dict(parse_qsl(query.replace("+", "%2B"), keep_blank_values=True, strict_parsing=bool(query)))
+    except ValueError:
+        raise ConfigError(f"{ref!r}: the query must be param=value pairs joined by '&'") from None
+    return study, arm, params
+
+
+def is_reference(value: Any) -> bool:
+    """``value`` is written as a reference (``mlflow:...``), well formed or not."""
+    return isinstance(value, str) and value.strip().startswith(REFERENCE_PREFIX)
 
 
 def fetch_run(tracking_uri: str, run_id: str) -> Path:
@@ -76,7 +105,7 @@ def local_params(params: Mapping[str, Any], names: Iterable[str], tracking_uri: 
         value = out.get(name)
         if not isinstance(value, str):
             continue
-        if value.startswith("mlflow:"):
+        if is_reference(value):
             raise ConfigError(
                 f"{name}={value!r}: an mlflow: reference is resolved when its study is launched (flatlab run, "
                 f"flatlab.study.chain.resolve_chained); a trial takes run:<run_id> or a checkpoint file"
