@@ -64,3 +64,5 @@ def test_run_reports_runs_each_declared_report_and_survives_a_failing_one(monkey
     assert calls == [("sqlite:///x.db", "toy", tmp_path / "report", {"n": 2})]
     assert console.lines == ["[yellow]warning:[/yellow] report 'broken' of study 'toy' failed: no trials", "ok: 2 in report"]
     assert run_reports(toy_study(), "sqlite:///x.db", Path(tmp_path), console) == []
+    assert run_reports(toy_study(oops={}), "sqlite:///x.db", Path(tmp_path), console) == []  # never validated
+    assert console.lines[-1].startswith("[yellow]warning:[/yellow] no reports run: study 'toy': reports: unknown report 'oops'")

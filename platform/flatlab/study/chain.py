@@ -20,10 +20,11 @@ would be resolved and, when the store has it, the current value (:func:`describe
 
 A checkpoint parameter of the study's workload (``Workload.checkpoint_params``, e.g.
 ``clip_interpolate``'s ``finetuned``) may also name a trial, rather than the best one, with a reference
-``mlflow:<study>/<arm>[?<param>=<value>&...]`` (:func:`flatlab.tracking.checkpoints.parse_reference`;
-a constant, or values of a ``choice``/``grid``, in an arm's space or in ``workload_params``): the one FINISHED trial of arm ``<arm>`` in the same latest
-finished launch of ``<study>`` whose logged params equal the given ones (numbers compared as numbers:
-``lr=1e-5`` matches a logged ``1e-05``; :func:`find_trial_run`). At launch each reference becomes that
+``mlflow:<study>/<arm>[?<param>=<value>&...]`` (:func:`flatlab.tracking.checkpoints.parse_reference`; a
+constant, or values of a ``choice``/``grid``, in an arm's space or in ``workload_params``): the one
+FINISHED trial of arm ``<arm>`` in the same latest finished launch of ``<study>`` whose logged params
+equal the given ones (numbers compared as numbers: ``lr=1e-5`` matches a logged ``1e-05``;
+:func:`find_trial_run`). At launch each reference becomes that
 trial's run, ``run:<run_id>``, which the trial fetches from MLflow before its workload is built
 (:mod:`flatlab.tracking.checkpoints`): a constant as a :class:`~flatlab.study.space.Resolved` with a
 ``<field>.source`` constant (the reference), a choice as a

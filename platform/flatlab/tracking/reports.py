@@ -102,7 +102,14 @@ def run_reports(study: Any, tracking_uri: str, out_dir: Path, console: Any = Non
         The lines of the reports that ran.
     """
     lines: List[str] = []
-    for name, params in resolve_reports(study.reports, f"study {study.name!r}: reports").items():
+    try:
+        declared = resolve_reports(study.reports, f"study {study.name!r}: reports")
+    except ConfigError as exc:  # a study that skipped validation: say so, never fail after its trials
+        logger.warning("%s", exc)
+        if console is not None:
+            console.print(f"[yellow]warning:[/yellow] no reports run: {exc}")
+        return lines
+    for name, params in declared.items():
         try:
             got = REPORTS.get(name).run(tracking_uri, study.name, Path(out_dir), params)
         except Exception as exc:  # noqa: BLE001 - the study's results stand
