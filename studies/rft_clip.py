@@ -12,17 +12,19 @@
    its 1 - alpha). Arm ``unpruned`` measures ID/OOD loss and accuracy and adaptive average sharpness
    (rho = 1.0, 20 draws, on a fixed OOD subset; general and per layer); arm ``pruned`` first finds
    the straggler layers of the fine-tuned model (layer-wise sharpness, 5 draws) and zeroes a random
-   half of their entries (Algorithm 1). Each trial finds its fine-tuned model in MLflow by the first
-   study's NAME, arm and params (``mlflow:<prefix>_finetune/adamw?lr=...&augment=...``), in that study's
-   latest FINISHED launch: the fine-tune study must have run to the end before the alpha study starts.
-   That is the launch rule of chained studies (``sp.best_of``); ``best_of`` itself is not used here
-   because this study interpolates every fine-tuned model, not only the best one (for the best one,
-   ``"finetuned": sp.best_of("<prefix>_finetune", arm="adamw")`` resolves to its ``run:<run_id>``).
+   half of their entries (Algorithm 1). Each fine-tuned model is named by the first study's NAME, arm
+   and params (``mlflow:<prefix>_finetune/adamw?lr=...&augment=...``): when the alpha study is launched,
+   each such reference becomes the run of that trial in the fine-tune study's latest FINISHED launch
+   (``run:<run_id>``; the fine-tune study must have run to the end first), and each trial fetches its
+   model from MLflow before it starts. That is the launch rule of chained studies (``sp.best_of``);
+   ``best_of`` itself is not used here because this study interpolates every fine-tuned model, not only
+   the best one (for the best one, ``"finetuned": sp.best_of("<prefix>_finetune", arm="adamw")``
+   resolves to its ``run:<run_id>``).
 
 When the alpha study finishes, ``flatlab run`` draws Figs. 1 (OOD accuracy/loss vs alpha per
 model), 3 (sharpness vs alpha), 4 (layer-wise sharpness heat maps) and 5 (pruned vs unpruned) and logs
 them with ``summary.json`` (instability, gain, failure mode per model) on the alpha study's launch run
-(the clip_interpolate workload's after-study step; ``flatlab interpolation-report <prefix>_alpha``
+(the alpha study's ``reports={"interpolation": {}}``; ``flatlab interpolation-report <prefix>_alpha``
 rebuilds them on demand).
 
 Scales:
@@ -92,6 +94,7 @@ def _studies(prefix, model, data, train_data, lrs, alphas, *, train, epochs, res
         grace_period=1,
         resources=resources,
         max_concurrent=concurrent,
+        reports={"interpolation": {}},  # the paper's figures when the alpha study ends
     )
     return [finetune, alpha]
 
@@ -117,7 +120,7 @@ def build(scale):
             eval_extra={"sharpness_examples": 1000},
         )
     from flatlab.workloads.clip_data import write_synthetic_folders
-    from flatlab.workloads.clip_refs import cache_root
+    from flatlab.cache import cache_root
 
     folders = write_synthetic_folders(cache_root() / "rft_clip_smoke" / "data", n_train=8, n_val=4, n_ood=4, ood_classes=2)
     return _studies(

@@ -42,4 +42,5 @@ STUDY = Study(
     checkpoint_every=20,
     resources=Resources(cpu=1),
     max_concurrent=2,
+    reports={"toy_figure": {"end": "val/abs_u", "flatness": "val/trace_hessian"}},
 )

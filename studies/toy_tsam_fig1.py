@@ -57,6 +57,7 @@ def _study(name, workload, start, description):
         checkpoint_every=100,
         resources=Resources(cpu=1),
         max_concurrent=2,
+        reports={"toy_figure": {"end": "val/theta_tail", "flatness": "val/basin_sharpness"}},
     )
 
 

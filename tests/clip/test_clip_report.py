@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from flatlab.errors import ConfigError
-from flatlab.interpolation.report import collect_curves, write_report
+from flatlab.interpolation.report import collect_curves, launch_sources, write_report
 
 REF_A = "mlflow:ft/adamw?lr=0.001&augment=none"
 REF_B = "mlflow:ft/adamw?lr=0.01&augment=randaug"
@@ -45,6 +45,18 @@ def test_curves_group_by_model_and_variant():
     assert a.stragglers == ("visual.ln_post",)
     assert a.unpruned.gain() == pytest.approx(0.3) and not a.unpruned.failure_mode()
     assert curves[1].unpruned.failure_mode()
+
+
+def test_runs_resolved_at_launch_keep_the_labels_and_order_of_their_references():
+    runs = {REF_A: "run:ffff0000", REF_B: "run:0000ffff"}  # the runs sort the other way round
+    df = frame()
+    df["param.finetuned"] = df["param.finetuned"].map(runs)
+    launch = {"unpruned.finetuned.0": runs[REF_A], "unpruned.finetuned.0.source": REF_A,
+              "unpruned.finetuned.1": runs[REF_B], "unpruned.finetuned.1.source": REF_B, "metric": "ood/accuracy"}
+    assert launch_sources(launch) == {runs[REF_A]: REF_A, runs[REF_B]: REF_B}
+    curves = collect_curves(df, sources=launch_sources(launch))
+    assert [(c.key, c.label) for c in curves] == [(runs[REF_A], "lr=0.001, augment=none"), (runs[REF_B], "lr=0.01, augment=randaug")]
+    assert [c.label for c in collect_curves(df)] == ["run 0000ffff", "run ffff0000"]  # without the launch's params
 
 
 def test_report_files(tmp_path):

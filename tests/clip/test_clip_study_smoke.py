@@ -100,10 +100,14 @@ def test_alpha_study_metrics_per_alpha(smoke):
     # alpha = 0 is the zero-shot model for every fine-tuned model, pruned or not
     zero = {round(k.data.metrics["ood/loss"], 6) for (_, a, _), k in by.items() if a == 0.0}
     assert len(zero) == 1
-    # alpha = 1 (unpruned) is exactly the fine-tuned model that MLflow handed over
+    # each reference was resolved at launch to its trial's run; alpha = 1 (unpruned) is exactly the
+    # fine-tuned model of that run, fetched from MLflow
+    sources = {v: parent.data.params[k + ".source"] for k, v in parent.data.params.items() if k.startswith("unpruned.finetuned.")
+               and not k.endswith(".source")}
     for ft in ft_kids:
         ref = f"mlflow:{FT}/adamw?lr={ft.data.params['lr']}&augment={ft.data.params['augment']}"
-        assert by[(ref, 1.0, "unpruned")].data.metrics["ood/loss"] == pytest.approx(ft.data.metrics["ood/loss"], rel=1e-5)
+        assert sources[f"run:{ft.info.run_id}"] == ref
+        assert by[(f"run:{ft.info.run_id}", 1.0, "unpruned")].data.metrics["ood/loss"] == pytest.approx(ft.data.metrics["ood/loss"], rel=1e-5)
 
 
 def test_report_artifacts_on_the_alpha_launch(smoke):

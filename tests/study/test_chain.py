@@ -173,7 +173,7 @@ def test_dry_run_says_what_it_would_resolve(store, tmp_path, monkeypatch):
 
 
 def test_clip_references_read_the_same_latest_finished_launch(store):
-    from flatlab.workloads.clip_refs import find_trial_run
+    from flatlab.study.chain import find_trial_run
 
     uri, ids = store
     assert find_trial_run(uri, "src", "tsam", {"lr": "0.03"}).info.run_id == ids["best_tsam"]

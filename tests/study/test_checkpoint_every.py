@@ -15,7 +15,7 @@ from ray import tune
 from typer.testing import CliRunner
 
 from flatlab import Arm, Study
-from flatlab.study import trainable
+from flatlab.study import trainable, trial_loop
 from flatlab.train.checkpoint import STATE_FILE
 from flatlab.workloads import build_workload
 
@@ -97,9 +97,9 @@ def _weights(directory: Path):
 def test_default_cadence_is_by_time_since_the_last_checkpoint(monkeypatch, tmp_path, digits, one_torch_thread):
     s = study(max_epochs=5)
     assert s.checkpoint_every is None
-    monkeypatch.setattr(trainable, "CHECKPOINT_INTERVAL_S", 1e9)
+    monkeypatch.setattr(trial_loop, "CHECKPOINT_INTERVAL_S", 1e9)
     assert run(monkeypatch, s, digits, tmp_path / "never").checkpointed == [5]  # only the last epoch
-    monkeypatch.setattr(trainable, "CHECKPOINT_INTERVAL_S", 0.0)
+    monkeypatch.setattr(trial_loop, "CHECKPOINT_INTERVAL_S", 0.0)
     assert run(monkeypatch, s, digits, tmp_path / "always").checkpointed == [1, 2, 3, 4, 5]
 
 
@@ -111,8 +111,8 @@ def test_default_cadence_is_by_time_since_the_last_checkpoint(monkeypatch, tmp_p
     ],
 )
 def test_checkpoint_due(every, epoch, last, since_s, due):
-    assert trainable.CHECKPOINT_INTERVAL_S == 10.0
-    assert trainable.checkpoint_due(every, epoch, last, since_s) is due
+    assert trial_loop.CHECKPOINT_INTERVAL_S == 10.0
+    assert trial_loop.checkpoint_due(every, epoch, last, since_s) is due
 
 
 def test_checkpoint_every_must_be_a_positive_int_or_none():

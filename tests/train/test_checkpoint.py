@@ -213,4 +213,4 @@ def test_trial_with_a_crafted_checkpoint_fails_before_training(digits, tmp_path,
                   arms=(Arm("sgd", space={"lr": 0.05}),), num_trials=1, max_epochs=2).validate()
     with pytest.raises(CheckpointError, match=r"checkpoint_000001.*trainer\.pt, a pickle"):
         trainable.run_trial({"arm": "sgd", "seed": 0, "lr": 0.05}, study=study, data=digits)
-    assert not marker.exists() and reported == [] and trainable.CKPT_FILES == CHECKPOINT_FILES
+    assert not marker.exists() and reported == []

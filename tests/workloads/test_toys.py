@@ -13,7 +13,8 @@ from flatlab.study.loader import load_studies
 from flatlab.train.closure import BatchClosure
 from flatlab.train.trainer import Trainer, TrialSpec
 from flatlab.workloads.registry import build_workload
-from flatlab.workloads.toys import ToyModel, ire_valley, toy_figure, tsam_kink, tsam_wave
+from flatlab.tracking.reports import toy_figure
+from flatlab.workloads.toys import ToyModel, ire_valley, tsam_kink, tsam_wave
 
 STUDIES_DIR = Path(__file__).resolve().parents[2] / "studies"
 NO_DECAY = {"momentum": 0.0, "weight_decay": 0.0}
@@ -111,3 +112,5 @@ def test_toy_study_files_validate(name):
     for study in load_studies(str(STUDIES_DIR / name)):
         study.validate()
         assert study.workload.startswith("toy/") and study.searcher == "grid"
+        (figure,) = study.reports.values()  # the toy figure, asked for by the study (not its workload)
+        assert list(study.reports) == ["toy_figure"] and set(figure.values()) <= set(build_workload(study.workload).metrics)

@@ -1,5 +1,5 @@
 """``flatlab curves STUDY``: a study's per-epoch curves beside a published reference
-(:mod:`flatlab.tracking.published`). Registered on the ``flatlab`` app by :mod:`flatlab.cli.main`."""
+(:mod:`flatlab.tracking.published`). Registered on the ``flatlab`` app (:mod:`flatlab.cli.app`) when :mod:`flatlab.cli.main` imports it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 
 import typer
 
-from flatlab.cli.main import ROOT_HELP, _fail, _root, app, console
+from flatlab.cli.app import ROOT_HELP, _fail, _root, app, console
 from flatlab.errors import ConfigError, FlatlabError
 
 FORMATS = ("table", "markdown", "csv")

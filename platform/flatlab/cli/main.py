@@ -9,25 +9,9 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
+from flatlab.cli.app import ROOT_HELP, _fail, _root, app, console, err
 from flatlab.errors import FlatlabError
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Hyperparameter studies of sharpness-aware and flat-minima training.")
-# Piped output: 160 columns unless COLUMNS says otherwise (rich would assume 80).
-console = Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
-err = Console(stderr=True, highlight=False)
-
-ROOT_HELP = "output root: MLflow SQLite store, Optuna studies, Tune storage, logs (env FLATLAB_ROOT)"
-
-
-def _root(root: Optional[Path]) -> Path:
-    return root or Path(os.environ.get("FLATLAB_ROOT", "flatlab-runs"))
-
-
-def _fail(exc: Exception) -> None:
-    err.print(f"[red]error:[/red] {exc}", soft_wrap=True)  # one line per message, also when piped
-    raise typer.Exit(2)
 
 
 @app.command()
@@ -481,7 +465,7 @@ def submit(
     console.print(job_id)
 
 
-from flatlab.cli import curves as _curves  # noqa: E402,F401  - registers `flatlab curves` (published curves)
+from flatlab.cli import curves as _curves  # noqa: E402,F401  - registers `flatlab curves` (published curves) on app
 
 
 def main() -> None:

@@ -102,13 +102,31 @@ def _mean(rows: List[Any], column: str) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def collect_curves(df, split: str = "ood") -> List[ModelCurves]:
+def label_of(ref: str) -> str:
+    """A short label for plots: the query of an ``mlflow:`` reference (``lr=3e-05, augment=none``), else
+    the arm of that reference, ``run <first 8 characters of its id>`` for ``run:<run_id>``, or a file's name."""
+    from flatlab.tracking.checkpoints import RUN_PREFIX, is_reference, parse_reference
+
+    if is_reference(ref):
+        try:
+            _, arm, params = parse_reference(ref)
+        except ConfigError:
+            return ref
+        return ", ".join(f"{k}={v}" for k, v in params.items()) or arm
+    if ref.startswith(RUN_PREFIX):
+        return f"run {ref[len(RUN_PREFIX):][:8]}"
+    return Path(ref).name or ref
+
+
+def collect_curves(df, split: str = "ood", sources: Optional[Dict[str, str]] = None) -> List[ModelCurves]:
     """Group a :func:`~flatlab.tracking.results.trials_frame` of an alpha study into per-model curves.
 
     Args:
         df: one row per trial; needs alpha (the ``interp/alpha`` metric, else the ``alpha`` param) and
             ``<split>/loss``, ``<split>/accuracy``.
         split: the OOD split the figures show (others with loss and accuracy columns are kept too).
+        sources: ``finetuned`` value -> the reference it was resolved from at launch (``run:<run_id>`` ->
+            ``mlflow:<study>/<arm>?...``, :func:`launch_sources`): labels and order come from the reference.
 
     Returns:
         One :class:`ModelCurves` per fine-tuned model, sorted by reference.
@@ -126,16 +144,16 @@ def collect_curves(df, split: str = "ood") -> List[ModelCurves]:
     if df.empty:
         raise ConfigError("the study has no FINISHED trials")
     df = df.assign(_alpha=df[alpha_col].astype(float))
-    from flatlab.workloads.clip_refs import label_of
-
+    sources = dict(sources or {})
     splits = sorted({c[: -len("/accuracy")] for c in df.columns if c.endswith("/accuracy") and f"{c[:-9]}/loss" in df.columns})
     splits = [s for s in splits if s not in ("train", "test", "best")]
     df = df.assign(_key=df["param.finetuned"] if "param.finetuned" in df.columns else df["arm"])
     df = df.assign(_pruned=df["param.prune"].map(_truthy) if "param.prune" in df.columns else False)
     out: List[ModelCurves] = []
-    for key in sorted(set(df["_key"])):
+    for key in sorted(set(df["_key"]), key=lambda k: sources.get(str(k), str(k))):
         rows = df[df["_key"] == key].sort_values("_alpha", kind="stable")
-        curves = ModelCurves(label=label_of(str(key)) if "param.finetuned" in df.columns else str(key), key=str(key))
+        label = label_of(sources.get(str(key), str(key))) if "param.finetuned" in df.columns else str(key)
+        curves = ModelCurves(label=label, key=str(key))
         plain, pruned = rows[~rows["_pruned"]], rows[rows["_pruned"]]
         if len(plain):
             curves.unpruned = _sweep(plain, splits)
@@ -244,7 +262,7 @@ def interpolation_report(
     parents = parent_runs(tracking_uri, study)
     if not parents:
         raise ConfigError(f"study {study!r} has no launches recorded in {tracking_uri}")
-    curves = collect_curves(trials_frame(tracking_uri, study), split=split)
+    curves = collect_curves(trials_frame(tracking_uri, study), split=split, sources=launch_sources(parents[0].data.params))
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"flatlab-report-{study}-"))
     figures, summary_path = write_report(curves, out, split=split)
     parent_id = None
@@ -254,3 +272,10 @@ def interpolation_report(
         client.log_artifacts(parent_id, str(out), artifact_path="report")
         client.set_tag(parent_id, "flatlab.report", "report/")
     return Report(study, out, tuple(figures), summary_path, parent_id)
+
+
+def launch_sources(params: Dict[str, str]) -> Dict[str, str]:
+    """Resolved value -> its reference, from a launch run's params of chained values
+    (:func:`flatlab.study.chain.chained_params`: ``<name>`` beside ``<name>.source``)."""
+    suffix = ".source"
+    return {params[k[: -len(suffix)]]: v for k, v in params.items() if k.endswith(suffix) and k[: -len(suffix)] in params}

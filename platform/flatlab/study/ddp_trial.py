@@ -6,7 +6,7 @@ each (:meth:`Resources.worker_dict`), and ``ray.tune.integration.ray_train.TuneR
 forwards rank 0's per-epoch reports to Tune, so the driver's MLflow callback, the searcher and ASHA see
 a multi-worker trial exactly like a single-process one (plus the metric ``world_size``).
 
-Every rank runs :func:`flatlab.study.trainable.trial_loop` on a :class:`~flatlab.train.trainer.Trainer`
+Every rank runs :func:`flatlab.study.trial_loop.trial_loop` on a :class:`~flatlab.train.trainer.Trainer`
 built with its :class:`~flatlab.train.parallel.DataParallel` (gloo on CPU, NCCL on GPUs, chosen by
 Ray Train). Rank 0 writes the checkpoints (the same safetensors + JSON as a single-process trial) and
 uploads the final model; Ray Train stores the checkpoints under the trial's folder
@@ -84,7 +84,7 @@ def _worker_loop(loop_config: Dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
 
-    from flatlab.study.trainable import trial_loop
+    from flatlab.study.trial_loop import trial_loop
     from flatlab.train.checkpoint import StateSnapshot, written
     from flatlab.train.parallel import DataParallel
     from flatlab.train.trainer import Trainer

@@ -15,7 +15,7 @@ Optuna / Tune                                      flatlab
 =================================================  ==========================================
 
 Everything else (a ``step``/``q`` quantisation, ``tune.randn``, ``tune.sample_from``) becomes
-:class:`~flatlab.study.space.Unsupported`, whose message names the flatlab way to write it; study
+:class:`~flatlab.study.dims.Unsupported`, whose message names the flatlab way to write it; study
 validation reports it naming the arm and the field. Neither library is imported unless such an object
 is found (a study file loads without importing Ray).
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from flatlab.study.space import Choice, Dim, Float, Int, Unsupported
+from flatlab.study.dims import Choice, Dim, Float, Int, Unsupported
 
 
 def from_foreign(value: Any) -> Optional[Dim]:

@@ -51,6 +51,7 @@ def plan(study: Study) -> Dict[str, Any]:
         "measure_subset": {"split": study.measure_split, "examples": study.measure_examples, "seed": study.measure_seed},
         "final_seeds": list(study.final_seeds),
         "published": study.published.as_dict() if study.published is not None else None,
+        "reports": {k: dict(v) for k, v in study.reports.items()},
         "arms": arms,
     }
 
@@ -83,6 +84,8 @@ def render(study: Study, console: Any) -> None:
     if p["published"]:
         pairs = ", ".join(f"{a} -> {c}" for a, c in p["published"]["arms"].items())
         console.print(f"published reference (`flatlab curves {p['study']}`): {p['published']['path']} ({pairs})")
+    if p["reports"]:
+        console.print(f"after the study, reports: {', '.join(f'{k} {v}' if v else k for k, v in p['reports'].items())}")
     table = Table("arm", "optimizer", "trials", "searched", "fixed")
     for arm, a in zip(study.arms, p["arms"]):
         dims = arm.dims

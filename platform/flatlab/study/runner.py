@@ -120,7 +120,7 @@ def _init_ray(opts: RunOptions, tracking_uri: str) -> None:
 def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_id: str, out: Path, console: Any) -> None:
     """What runs after a launch whose trials all ended: steps-to-target, the comparison table and plot
     (artifacts of the parent run, as ``flatlab compare`` shows them), the published-curve comparison
-    (``flatlab curves``, when the study declares a reference), then the workload's hook."""
+    (``flatlab curves``, when the study declares a reference), then the study's own reports."""
     if study.reference_arm is not None or study.target_loss is not None:
         from flatlab.tracking.speedup import log_steps_to_target
 
@@ -146,25 +146,8 @@ def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_
     log_flatness_sweep(tracking_uri, parent_run_id, study, console)
     from flatlab.tracking.study_report import log_study_report  # best per arm and plots on the parent run
     log_study_report(study, tracking_uri, parent_run_id, out, console)
-    _after_study(study, tracking_uri, out, console)
-
-
-def _after_study(study: Study, tracking_uri: str, out: Path, console: Any) -> None:
-    """The workload's :meth:`~flatlab.workloads.base.Workload.after_study` hook. A failure there is
-    reported, not raised: every trial is already recorded in MLflow."""
-    from flatlab.workloads.registry import get_workload
-
-    try:
-        lines = get_workload(study.workload).after_study(tracking_uri, study.name, str(out / "report"))
-    except Exception as exc:  # noqa: BLE001 - the study's results stand; say how to retry
-        logger.exception("after-study step of workload %s failed", study.workload)
-        if console is not None:
-            console.print(f"[yellow]warning:[/yellow] the after-study step of workload {study.workload!r} failed: {exc}")
-        return
-    for line in lines:
-        logger.info("%s", line)
-        if console is not None:
-            console.print(line)
+    from flatlab.tracking.reports import run_reports  # the reports the study asks for (Study.reports)
+    run_reports(study, tracking_uri, out / "report", console)
 
 
 def _open_launch(

@@ -143,7 +143,7 @@ class Study:
         searcher: ``optuna`` (TPE, seeded), ``random`` (Optuna's random sampler, seeded) or ``grid``.
         checkpoint_every: epochs between trial checkpoints, as Tune's ``checkpoint_frequency`` (the last
             epoch is always checkpointed, as with ``checkpoint_at_end``); ``None`` (default): a checkpoint at
-            the first epoch ending 10 s or more after the previous one (``trainable.CHECKPOINT_INTERVAL_S``),
+            the first epoch ending 10 s or more after the previous one (``trial_loop.CHECKPOINT_INTERVAL_S``),
             so short epochs do not each pay for one. ``flatlab run --checkpoint-every N`` overrides it.
         reference_arm: steps-to-target against an arm (IRE paper, Fig. 4: AdamW's final loss). After the
             study, every finished trial gets ``train/steps_to_target``: the first optimizer step at which
@@ -170,6 +170,10 @@ class Study:
         published: a published reference, :class:`~flatlab.tracking.published.Published`: a curve-set
             file (path relative to the study file) and arm -> curve; ``flatlab curves STUDY`` sets each
             arm's per-epoch values beside that curve's published runs (:mod:`flatlab.tracking.published`).
+        reports: reports over all of the study's trials after a launch, report name -> parameters
+            (:mod:`flatlab.tracking.reports`), e.g. ``{"interpolation": {}}`` or ``{"toy_figure": {"end":
+            "val/abs_u", "flatness": "val/trace_hessian"}}``; written to ``<root>/<study>/report`` and
+            logged on the launch run.
     """
 
     name: str
@@ -199,6 +203,7 @@ class Study:
     measure_split: str = "train"
     final_seeds: Tuple[int, ...] = ()
     published: Optional[Published] = None
+    reports: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         arms = self.arms
@@ -420,6 +425,7 @@ class Study:
             check(False, f"published={self.published!r}; expected None or Published(path, arms={{arm: curve}})")
         elif self.published is not None:
             errors.extend(f"{where}: {m}" for m in self.published.problems(names))
+        errors.extend(self._validate_reports(where))
         for arm in self.arms:
             errors.extend(self._validate_arm(arm, where, workload_cls is not None))
         if errors:
@@ -455,6 +461,16 @@ class Study:
             errors.append(f"{where}: final_seeds={fs!r} with searcher='grid': a grid already runs every point with every "
                           f"seed in seeds=...; put the seeds there and leave final_seeds empty")
         return errors
+
+    def _validate_reports(self, where: str) -> List[str]:
+        """Problems with ``reports`` (:func:`flatlab.tracking.reports.resolve_reports`), one per line."""
+        from flatlab.tracking.reports import resolve_reports
+
+        try:
+            resolve_reports(self.reports, f"{where}: reports")
+        except ConfigError as exc:
+            return str(exc).splitlines()
+        return []
 
     def _validate_arm(self, arm: Arm, where: str, workload_ok: bool) -> List[str]:
         from flatlab.optim.registry import get_optimizer

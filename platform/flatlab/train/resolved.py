@@ -14,8 +14,6 @@ from typing import Any, Dict, Mapping
 from flatlab.hparams import resolve
 from flatlab.train.config import TRAINER_HPARAMS
 
-SECTIONS = ("optimizer", "trainer", "workload")
-
 
 def resolve_trainer(train_defaults: Any, given: Mapping[str, Any]) -> Dict[str, Any]:
     """``TRAINER_HPARAMS`` with the workload's recipe (``train_defaults``, a

@@ -49,11 +49,3 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def derive_seed(*parts: Any) -> int:
-    """A stable 31-bit seed from ``parts`` (e.g. study seed, trial seed), independent of PYTHONHASHSEED."""
-    import hashlib
-
-    digest = hashlib.sha256(repr(parts).encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF

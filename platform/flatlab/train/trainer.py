@@ -92,12 +92,18 @@ class Trainer:
     of the global batch (losses and accuracy reduced over the ranks). ``None``: one process.
 
     Raises:
-        ConfigError: a parameter outside its allowed range (from the registries' declarations).
+        ConfigError: a parameter outside its allowed range (from the registries' declarations); a workload
+            that trains nothing (``trains = False``: :func:`flatlab.train.evaluation.evaluate_trial`).
     """
 
     def __init__(self, spec: TrialSpec, data: Data, workload: Optional[Workload] = None, parallel: Optional[DataParallel] = None) -> None:
         self.spec = spec
         self.workload = workload or build_workload(spec.workload, **dict(spec.workload_params))
+        if not self.workload.trains:
+            raise ConfigError(
+                f"workload {spec.workload!r} trains nothing (trains = False): run its trials with "
+                f"flatlab.train.evaluation.evaluate_trial"
+            )
         self.hp = resolve_trainer(self.workload.train_defaults, spec.trainer_params)
         self.data = data
         self.device = torch.device(spec.device)
@@ -122,11 +128,6 @@ class Trainer:
                     f"a row): choose another batch_size"
                 )
         # -- end data parallelism
-        # Evaluation-only workloads (``trains = False``, e.g. ``clip_interpolate``) implement
-        # ``evaluate_only(model, data) -> metrics``; run_epoch then calls it instead of training.
-        self.trains = self.workload.trains
-        if not self.trains and type(self.workload).evaluate_only is Workload.evaluate_only:
-            raise ConfigError(f"workload {spec.workload!r} declares trains=False but has no evaluate_only(model, data)")
         self.optimizer = get_optimizer(spec.optimizer).create(self.model.named_parameters(), **dict(spec.optimizer_params))
         n = len(data.train)
         self.steps_per_epoch = math.ceil(n / self.hp["batch_size"])
@@ -150,11 +151,10 @@ class Trainer:
         self.curve = LossCurve(self.hp["curve_smoothing"], device=self.device)
         # Augment on the device when the training inputs are in memory (not decoded on demand) and the
         # workload's augmentation is device-agnostic; on CPU both orders are the same computation.
-        train_inputs = data.train.inputs if self.trains else None
         self._augment_on_device = (
             self.device.type != "cpu"
             and getattr(self.workload, "augments_on_device", False)
-            and isinstance(train_inputs, (torch.Tensor, dict))
+            and isinstance(data.train.inputs, (torch.Tensor, dict))
         )
 
     def _loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -166,8 +166,6 @@ class Trainer:
         Raises:
             Diverged: the mini-batch loss became non-finite.
         """
-        if not self.trains:
-            return self._evaluate_only()
         t0 = time.perf_counter()
         self.model.train()
         train = self.data.train
@@ -269,15 +267,6 @@ class Trainer:
         step = int(first_bad)  # the one host read (a device sync on accelerators)
         if step >= 0:
             raise Diverged(step, float(bad_loss))
-
-    def _evaluate_only(self) -> Dict[str, float]:
-        """One "epoch" of an evaluation-only workload: no optimizer step, no LR schedule."""
-        t0 = time.perf_counter()
-        metrics: Dict[str, float] = dict(self.workload.evaluate_only(self.model, self.data))
-        self.epoch += 1
-        metrics["epoch"] = self.epoch
-        metrics["time/epoch_s"] = time.perf_counter() - t0
-        return metrics
 
     def _epoch_test(self, metrics: Mapping[str, float]) -> Dict[str, float]:
         """The test metrics of ``test_every_epoch`` (reported for published per-epoch test curves, never

@@ -2,14 +2,16 @@
 
 A workload declares its hyperparameters, loads its data ONCE per study (on the driver; the arrays then
 reach every trial through Ray's object store), builds the model, and gives the loss and the metrics.
-The trainer does the rest, the same way for every workload and optimizer.
+The trainer does the rest, the same way for every workload and optimizer. Data, model, loss and
+evaluation only: a workload never reads tracking (MLflow) or study code; what needs all trials of a
+study is a report the study asks for (``Study.reports``, :mod:`flatlab.tracking.reports`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
+from typing import Any, ClassVar, Dict, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -113,9 +115,13 @@ class Workload(ABC):
 
     name: ClassVar[str]
     doc: ClassVar[str] = ""
-    #: ``False`` for evaluation-only workloads (e.g. ``clip_interpolate``): the trainer then calls
-    #: :meth:`evaluate_only` once per "epoch" and never steps the optimizer.
+    #: ``False`` for evaluation-only workloads (e.g. ``clip_interpolate``): a trial then calls
+    #: :meth:`evaluate_only` once (:func:`flatlab.train.evaluation.evaluate_trial`) and trains nothing.
     trains: ClassVar[bool] = True
+    #: Parameters whose value names a model checkpoint the workload reads (a local file). In a study they
+    #: may also name an earlier trial's run (``run:<run_id>``, or ``mlflow:<study>/<arm>?...`` resolved at
+    #: launch); the platform fetches it before the workload is built (:mod:`flatlab.tracking.checkpoints`).
+    checkpoint_params: ClassVar[Tuple[str, ...]] = ()
     #: ``True`` when :meth:`augment` works on a batch already on the training device (tensor ops only,
     #: random draws from the CPU ``generator``): the trainer then copies in-memory batches first and
     #: augments on the accelerator. Same result on CPU either way.
@@ -160,21 +166,9 @@ class Workload(ABC):
         )
 
     def evaluate_only(self, model: nn.Module, data: Data) -> Dict[str, float]:
-        """Metrics of an evaluation-only trial (``trains = False``); training workloads never call it."""
+        """Metrics of an evaluation-only trial (``trains = False``) of ``model``, freshly built by
+        :meth:`build_model`; training workloads never call it."""
         raise NotImplementedError(f"workload {self.name!r} trains; evaluate_only is for trains=False workloads")
-
-    @classmethod
-    def after_study(cls, tracking_uri: str, study_name: str, out_dir: str) -> List[str]:
-        """Run by ``flatlab run`` on the driver after a launch of a study on this workload finished (not
-        interrupted): work that needs all of its trials, e.g. figures from MLflow (default: nothing).
-
-        Args:
-            tracking_uri: the MLflow store of the study; ``study_name``: its experiment.
-            out_dir: a folder for files it writes (``<root>/<study>/report``).
-        Returns:
-            Lines for the terminal (paths written, where things were logged).
-        """
-        return []
 
     def augment(self, inputs: Inputs, generator: torch.Generator) -> Inputs:
         """Training-time augmentation of a mini-batch (default: none). Must draw only from ``generator``."""

@@ -9,9 +9,11 @@ the augmentation ``augment`` = ``none`` | ``flip-crop`` | ``randaug`` (:mod:`~fl
 Evaluation every epoch on the ID set (``val/*``) and one or more OOD sets (``ood/*``, ``ood_<name>/*``);
 ImageNet-A/R-style OOD sets are scored on their subset of the logits (``ood_classes``).
 
-``clip_interpolate`` trains nothing (``trains = False``; the trainer calls :meth:`evaluate_only` once per
-trial): it loads a fine-tuned checkpoint (``finetuned``: an earlier study's trial found in MLflow, a run
-id or a file, see :mod:`~flatlab.workloads.clip_refs`), interpolates with the zero-shot model at
+``clip_interpolate`` trains nothing (``trains = False``; its trial calls :meth:`evaluate_only` once,
+:func:`flatlab.train.evaluation.evaluate_trial`): it loads a fine-tuned checkpoint file (``finetuned``; in a
+study also an earlier study's trial, ``mlflow:<study>/<arm>?param=value&...`` resolved at launch or
+``run:<run_id>``, which the platform fetches from MLflow before the workload is built:
+:mod:`flatlab.tracking.checkpoints`), interpolates with the zero-shot model at
 ``alpha`` (weight on the FINE-TUNED model, WiSE-FT's convention; the seed paper's alpha is our
 ``1 - alpha``), and reports ID/OOD loss and accuracy, optionally adaptive average sharpness (App. A;
 general and per layer) on a fixed OOD subset, and optionally after straggler pruning (Algorithm 1).
@@ -26,8 +28,10 @@ larger than memory, such as full ImageNet.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -230,10 +234,11 @@ class ClipInterpolate(_ClipWorkload):
     name = "clip_interpolate"
     doc = "WiSE-FT interpolation of a fine-tuned CLIP with its zero-shot model at alpha (no training)"
     trains = False
+    checkpoint_params = ("finetuned",)
     hparams = _MODEL_HPARAMS + _EVAL_HPARAMS + (
-        HParam("finetuned", "", str, doc="fine-tuned checkpoint: mlflow:<study>/<arm>?param=value&..., run:<run_id>, or a file"),
+        HParam("finetuned", "", str, doc="fine-tuned checkpoint: a file; in a study also mlflow:<study>/<arm>?param=value&... "
+               "(resolved at launch) or run:<run_id>"),
         HParam("alpha", 0.5, float, low=0.0, high=1.0, doc="weight on the fine-tuned model (WiSE-FT; the seed paper's 1 - alpha)"),
-        HParam("tracking_uri", "", str, doc="MLflow tracking URI for mlflow:/run: references ('' = MLFLOW_TRACKING_URI)"),
         HParam("prune", False, bool, doc="zero a random half of each straggler layer of the fine-tuned model first (seed Algorithm 1)"),
         HParam("straggler_draws", 5, int, low=1, doc="draws of the layer-wise sharpness that finds stragglers (seed: 5)"),
         HParam("straggler_threshold", 1e-3, float, doc="straggler: layer-wise sharpness of the fine-tuned model below this (nats)"),
@@ -248,18 +253,6 @@ class ClipInterpolate(_ClipWorkload):
         "interp/alpha", "sharpness/general", "sharpness/general_stderr", "sharpness/clean_loss", "prune/n_stragglers",
     )
 
-    @classmethod
-    def after_study(cls, tracking_uri: str, study_name: str, out_dir: str) -> List[str]:
-        """The seed paper's figures (1, 3, 4, 5) and ``summary.json`` from the finished alpha study, logged
-        under ``report/`` on its launch run (:func:`flatlab.interpolation.report.interpolation_report`;
-        ``flatlab interpolation-report`` rebuilds them on demand)."""
-        from pathlib import Path
-
-        from flatlab.interpolation.report import interpolation_report
-
-        rep = interpolation_report(tracking_uri, study_name, out_dir=Path(out_dir))
-        return [f"report: {len(rep.figures)} figures and {rep.summary_path.name} in {rep.out_dir}, logged under report/ on run {rep.parent_run_id}"]
-
     def load_data(self, seed: int) -> Data:
         """ID (``val``, also passed as ``train``, which is never iterated) and OOD splits.
 
@@ -271,7 +264,7 @@ class ClipInterpolate(_ClipWorkload):
 
     # ---- the trial ----------------------------------------------------------------------------
     def evaluate_only(self, model: nn.Module, data: Data) -> Dict[str, float]:
-        """One trial: resolve ``finetuned``, optionally prune stragglers, load ``theta_alpha`` into
+        """One trial: read ``finetuned``, optionally prune stragglers, load ``theta_alpha`` into
         ``model`` (which holds the zero-shot weights, from :meth:`build_model`), evaluate every split and,
         with ``sharpness_draws > 0``, measure adaptive average sharpness.
 
@@ -283,18 +276,18 @@ class ClipInterpolate(_ClipWorkload):
             ``prune/layer_sharpness/<group>`` (the fine-tuned model's, that found them).
 
         Raises:
-            ConfigError: an empty or unresolvable ``finetuned``; a checkpoint fine-tuned from another
-                zero-shot model (architecture, weights, classes or templates differ) or whose keys or
+            ConfigError: an empty ``finetuned`` or one that is not a file; a checkpoint fine-tuned from
+                another zero-shot model (architecture, weights, classes or templates differ; known when
+                the file comes with its trial's record, :func:`producing_trial`) or whose keys or
                 shapes differ.
         """
         from flatlab.interpolation import check_compatible, interpolate, prune_stragglers
-        from flatlab.workloads.clip_refs import resolve_checkpoint
 
         p = self.params
-        ckpt = resolve_checkpoint(p["finetuned"], p["tracking_uri"])
-        self._check_same_zero_shot(ckpt.trial)
+        path = self._checkpoint_file()
+        self._check_same_zero_shot(producing_trial(path))
         zs = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        ft = load_state_file(ckpt.path)
+        ft = load_state_file(path)
         check_compatible(zs, ft)
         metrics: Dict[str, float] = {"interp/alpha": p["alpha"]}
         needs_subset = p["prune"] or p["sharpness_draws"] > 0
@@ -307,7 +300,7 @@ class ClipInterpolate(_ClipWorkload):
             from flatlab.sharpness import group_parameters
 
             groups = group_parameters(model, "clip")
-            stragglers, layer_values = self._stragglers(model, ft, subset, loss_fn, groups, ckpt)
+            stragglers, layer_values = self._stragglers(model, ft, subset, loss_fn, groups, path)
             ft = prune_stragglers(ft, [k for g in stragglers for k in groups[g]], seed=p["prune_seed"])
             metrics["prune/n_stragglers"] = float(len(stragglers))
             metrics.update({f"prune/straggler/{g}": 1.0 for g in stragglers})
@@ -320,14 +313,34 @@ class ClipInterpolate(_ClipWorkload):
             metrics.update(self._sharpness(model, subset, loss_fn))
         return metrics
 
+    def _checkpoint_file(self) -> Path:
+        """``finetuned`` as an existing file.
+
+        Raises:
+            ConfigError: ``finetuned`` is empty or not a file (an MLflow reference reaches the workload
+                only as the file the platform fetched).
+        """
+        ref = self.params["finetuned"]
+        if not ref.strip():
+            raise ConfigError(
+                "finetuned is empty; give a checkpoint file, or in a study run:<run_id> or "
+                "mlflow:<study>/<arm>[?param=value&...] (resolved at launch)"
+            )
+        path = Path(ref).expanduser()
+        if not path.is_file():
+            raise ConfigError(
+                f"finetuned={ref!r} is not a file (run: and mlflow: references are fetched by the platform before "
+                f"a study's trial builds this workload: flatlab.tracking.checkpoints)"
+            )
+        return path
+
     def _check_same_zero_shot(self, trial: Dict[str, Any]) -> None:
         spec = trial.get("spec") or {}
         if spec.get("workload") != ClipFinetune.name:
             return  # a plain file or a foreign run: only keys and shapes are checked
         theirs = resolve(ClipFinetune.hparams, spec.get("workload_params", {}), "fine-tuned trial", allow_extra=True)
-        from flatlab.workloads.clip_refs import differing_params
-
-        diff = differing_params(theirs, self.params, _ZERO_SHOT_KEYS)
+        diff = [f"{k}: fine-tuned={theirs.get(k)!r}, here={self.params.get(k)!r}" for k in _ZERO_SHOT_KEYS
+                if theirs.get(k) != self.params.get(k)]
         if diff:
             raise ConfigError(
                 "the fine-tuned checkpoint started from another zero-shot model; interpolating would mix unrelated "
@@ -343,7 +356,7 @@ class ClipInterpolate(_ClipWorkload):
         subset = measure_subset(split, p["sharpness_examples"], p["sharpness_seed"], p["eval_batch_size"], device)
         return subset, _SubsetCrossEntropy(getattr(split, "classes", None))
 
-    def _stragglers(self, model, ft, subset, loss_fn, groups, ckpt) -> Tuple[List[str], Dict[str, float]]:
+    def _stragglers(self, model, ft, subset, loss_fn, groups, path: Path) -> Tuple[List[str], Dict[str, float]]:
         """Straggler groups of the fine-tuned model: layer-wise adaptive average sharpness with
         ``straggler_draws`` draws below ``straggler_threshold`` (seed paper Algorithm 1, step 1).
         Memoised per process (every alpha of one model shares them)."""
@@ -351,7 +364,7 @@ class ClipInterpolate(_ClipWorkload):
         from flatlab.sharpness import layerwise_sharpness
 
         p = self.params
-        key = (str(ckpt.path), ckpt.run_id, p["straggler_draws"], p["sharpness_rho"], p["straggler_threshold"],
+        key = (str(path.resolve()), p["straggler_draws"], p["sharpness_rho"], p["straggler_threshold"],
                p["sharpness_seed"], subset.m, self.clip_spec().cache_key())
         with _STRAGGLER_LOCK:
             if key in _STRAGGLERS:
@@ -393,3 +406,18 @@ class ClipInterpolate(_ClipWorkload):
             for g, est in layerwise_sharpness(model, subset, "clip", **kw).items():
                 out[f"sharpness/layer/{g}"] = est.value
         return out
+
+
+def producing_trial(path: Path) -> Dict[str, Any]:
+    """The record (``trial.json``) of the trial that wrote the checkpoint file ``path``, when ``path`` lies in
+    a trial's artifact layout: ``<run>/model/model.safetensors`` beside ``<run>/trial.json``, as flatlab
+    uploads a trial's model and as :func:`flatlab.tracking.checkpoints.fetch_run` stores one it fetches;
+    ``{}`` for any other file or an unreadable record."""
+    record = path.parent.parent / "trial.json"
+    if path.parent.name != "model" or not record.is_file():
+        return {}
+    try:
+        trial = json.loads(record.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return trial if isinstance(trial, dict) else {}

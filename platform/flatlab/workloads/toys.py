@@ -17,15 +17,14 @@ those logits, the sampled-label gradient of IRE's curvature pass is a non-zero m
 closed-form loss offers (there are no labels to sample), as tests/optim/test_ire.py does by hand.
 
 Every epoch reports the iterate (the trial's trajectory, one point per ``steps_per_epoch`` steps, as
-MLflow metric histories) and its flatness; ``after_study`` draws the study's figure (end point and
-flatness against kappa or t) and logs it on the study's launch run.
+MLflow metric histories) and its flatness; a toy study asks for its figure (end point and flatness
+against kappa or t, logged on its launch run) with ``reports={"toy_figure": {...}}``
+(:func:`flatlab.tracking.reports.toy_figure`).
 """
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Callable, ClassVar, Dict, List, Tuple, Union
 
 import torch
@@ -79,7 +78,6 @@ class _Toy(Workload):
     data_hparams = ("steps_per_epoch",)
     train_defaults = TrainDefaults(batch_size=1, schedule="constant", warmup_epochs=0.0, label_smoothing=0.0)
     loss_fn: ClassVar[LossFn]
-    figure_metrics: ClassVar[Tuple[str, str]]  # (end point, flatness) in the study's figure
     smoke_params: ClassVar[Dict[str, object]] = {}
 
     def start(self) -> Tuple[float, ...]:
@@ -102,11 +100,6 @@ class _Toy(Workload):
     def point(self, model: nn.Module) -> torch.Tensor:
         return model.theta.detach().clone()  # type: ignore[union-attr]
 
-    @classmethod
-    def after_study(cls, tracking_uri: str, study_name: str, out_dir: str) -> List[str]:
-        """The study's figure (:func:`toy_figure`), logged under ``toy/`` on its latest launch run."""
-        return toy_figure(tracking_uri, study_name, Path(out_dir), *cls.figure_metrics)
-
 
 @register_workload
 class IREValley(_Toy):
@@ -121,7 +114,6 @@ class IREValley(_Toy):
         HParam("steps_per_epoch", 10, int, low=1, high=100_000, doc="optimizer steps per reported epoch"),
     )
     metrics = ("train/loss", "val/loss", "val/u", "val/v", "val/abs_u", "val/trace_hessian", "lr", "epoch", "time/epoch_s")
-    figure_metrics = ("val/abs_u", "val/trace_hessian")
 
     def start(self) -> Tuple[float, ...]:
         return (self.params["u0"], self.params["v0"])
@@ -137,7 +129,6 @@ class IREValley(_Toy):
 class _TSAMToy(_Toy):
     """A 1-D TSAM toy: each epoch reports ``theta``, its running tail mean and the basin it lies in."""
 
-    figure_metrics = ("val/theta_tail", "val/basin_sharpness")
     metrics = (
         "train/loss", "val/loss", "val/theta", "val/theta_tail", "val/basin", "val/basin_loss", "val/basin_curvature",
         "val/basin_sharpness", "lr", "epoch", "time/epoch_s",
@@ -210,51 +201,3 @@ class TSAMKink(_TSAMToy):
 
     def basin(self, theta: float) -> float:
         return 1.0 if theta <= 2 else 3.0  # each piece has one minimum
-
-
-def toy_figure(tracking_uri: str, study: str, out_dir: Path, end_metric: str, flat_metric: str) -> List[str]:
-    """End point and flatness of every completed trial of ``study``'s latest launch against the searched
-    kappa or t (the trial param of that name; the first of ``kappa``, ``t``, ``rho`` it has), one dot
-    per seed and the mean per value; written to ``out_dir`` (``toy_figure.png``, ``toy_summary.json``:
-    per value, the seeds' end points and flatness) and logged under ``toy/`` on the launch run.
-
-    Returns:
-        One line for the terminal.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from flatlab.tracking import runs
-    from flatlab.tracking.results import parent_runs, trials_frame
-
-    df = trials_frame(tracking_uri, study)
-    done = df[df["outcome"] == "completed"] if not df.empty else df
-    x = next((c for c in ("param.kappa", "param.t", "param.rho") if c in done.columns), None)
-    if done.empty or x is None or end_metric not in done.columns:
-        return [f"toy figure: no completed trial with kappa or t in study {study!r}"]
-    summary: Dict[str, Dict[str, List[float]]] = {}
-    for value, group in done.groupby(x):
-        summary[str(value)] = {"end": [float(v) for v in group[end_metric]], "flatness": [float(v) for v in group[flat_metric]]}
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    for ax, metric in zip(axes, (end_metric, flat_metric)):
-        ax.scatter(done[x], done[metric], s=14, alpha=0.6, label="seeds")
-        means = done.groupby(x)[metric].mean()
-        ax.plot(means.index, means.values, "o-", color="black", label="mean")
-        ax.set_xlabel(x.removeprefix("param."))
-        ax.set_ylabel(metric)
-        ax.legend(fontsize=8)
-    fig.suptitle(study)
-    fig.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    png, js = out_dir / "toy_figure.png", out_dir / "toy_summary.json"
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-    js.write_text(json.dumps({"x": x.removeprefix("param."), "end_metric": end_metric, "flatness_metric": flat_metric,
-                              "values": summary}, indent=2))
-    parent = parent_runs(tracking_uri, study)[0].info.run_id
-    client = runs.client(tracking_uri)
-    for f in (png, js):
-        client.log_artifact(parent, str(f), artifact_path="toy")
-    return [f"toy figure: {png.name} and {js.name} in {out_dir}, logged under toy/ on run {parent}"]

@@ -1,0 +1,29 @@
+"""The ``flatlab`` Typer app and what its commands share (consoles, the output root, the error exit),
+so that command modules (:mod:`flatlab.cli.main`, :mod:`flatlab.cli.curves`) register on it without
+importing each other."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Hyperparameter studies of sharpness-aware and flat-minima training.")
+# Piped output: 160 columns unless COLUMNS says otherwise (rich would assume 80).
+console = Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
+err = Console(stderr=True, highlight=False)
+
+ROOT_HELP = "output root: MLflow SQLite store, Optuna studies, Tune storage, logs (env FLATLAB_ROOT)"
+
+
+def _root(root: Optional[Path]) -> Path:
+    return root or Path(os.environ.get("FLATLAB_ROOT", "flatlab-runs"))
+
+
+def _fail(exc: Exception) -> None:
+    err.print(f"[red]error:[/red] {exc}", soft_wrap=True)  # one line per message, also when piped
+    raise typer.Exit(2)

@@ -1,0 +1,189 @@
+"""The epochs of one trial, without Ray: the loop that the single-process Tune trial
+(:func:`flatlab.study.trainable.run_trial`) and every rank of a multi-worker (DDP) trial
+(:mod:`flatlab.study.ddp_trial`) run on a :class:`~flatlab.train.trainer.Trainer`.
+
+Every epoch reports the workload's metrics through the caller's ``report`` (Tune's or Ray Train's); the
+last report (after ``max_epochs``, or at the first epoch whose mean training loss reaches the trainer's
+``stop_at_train_loss``) adds the test metrics (every report holds them with the trainer's
+``test_every_epoch``), the study's flatness measures on the final model and ``completed = 1``. A checkpoint (model, optimizer, scheduler, RNG states) goes with the report of every
+epoch :func:`checkpoint_due` picks (the study's ``checkpoint_every``: every n-th epoch, or by default the
+first epoch ending :data:`CHECKPOINT_INTERVAL_S` seconds after the previous checkpoint) and with the
+last, so a restarted trial resumes where it stopped. A diverged epoch reports the worst metric and ends
+the trial. An evaluation-only workload (``trains = False``) has no epochs: its trial is
+:func:`evaluation_trial`, one evaluation and one report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Dict, Mapping, Optional
+
+import torch
+
+from flatlab.study.spec import Study
+from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
+from flatlab.tracking.selection import COMPLETED_KEY, DIVERGED_KEY
+from flatlab.train.checkpoint import StateSnapshot
+from flatlab.train.trainer import Diverged, Trainer
+from flatlab.workloads.base import Data
+
+
+#: With ``Study.checkpoint_every=None`` (the default), a trial checkpoints at the first epoch that ends at
+#: least this many seconds after its previous checkpoint (or its start), and at its last epoch: a
+#: restarted trial loses at most this much work plus one epoch, and short epochs do not each pay for a
+#: checkpoint (a copy of the state, its write, Tune's copy into its storage and round trips to the driver).
+CHECKPOINT_INTERVAL_S = 10.0
+
+
+def checkpoint_due(every: Optional[int], epoch: int, last: bool, since_s: float) -> bool:
+    """Whether the report of ``epoch`` (1-based, just completed) carries a checkpoint.
+
+    Args:
+        every: ``Study.checkpoint_every``: every ``every``-th epoch (Tune's checkpoint frequency); ``None``:
+            when ``since_s`` (seconds since the trial's previous checkpoint, or its start) has reached
+            :data:`CHECKPOINT_INTERVAL_S`.
+        last: the trial's last epoch, which is always checkpointed (Tune's ``checkpoint_at_end``).
+    """
+    if last:
+        return True
+    if every is None:
+        return since_s >= CHECKPOINT_INTERVAL_S
+    return epoch % every == 0
+
+
+#: ``report(metrics, checkpoint)``: one report of the trial (``checkpoint``: this epoch's state,
+#: :meth:`~flatlab.train.trainer.Trainer.snapshot`, or ``None``; the report writes it to a folder of its
+#: own, :func:`~flatlab.train.checkpoint.written`, and removes it once sent). Tune's, from a
+#: :class:`~flatlab.study.reporter.BackgroundReporter`, in a single process; Ray Train's on every DDP rank.
+Report = Callable[[Dict[str, Any], Optional[StateSnapshot]], None]
+
+
+def trial_loop(
+    trainer: Trainer,
+    study: Study,
+    report: Report,
+    *,
+    tracking: Optional[WorkerTracking] = None,
+    trial_id: Optional[str] = None,
+    main: bool = True,
+    extra: Optional[Mapping[str, float]] = None,
+) -> None:
+    """The epochs of one trial from wherever ``trainer`` stands (a resumed trial continues): one
+    ``report`` per epoch, with a checkpoint where :func:`checkpoint_due` says so and at the last; the last
+    report adds :func:`_final_metrics`; a diverged epoch reports the worst metric and ends the trial.
+
+    Args:
+        main: this process writes checkpoints, evaluates the final model (test split, flatness measures)
+            and uploads it (DDP: rank 0 only; every rank still runs every epoch and calls ``report``, with
+            ``None`` as the folder and without the final metrics on the others).
+        extra: added to every report (DDP: ``world_size``).
+    """
+    target = trainer.hp.get("stop_at_train_loss")
+    extra = dict(extra or {})
+    saved_at = time.monotonic()
+    while trainer.epoch < study.max_epochs:
+        try:
+            metrics = trainer.run_epoch()
+        except Diverged as exc:
+            report({"epoch": trainer.epoch + 1, study.metric: _worst(study), DIVERGED_KEY: 1, "diverged_step": exc.step,
+                    **extra}, None)
+            return
+        metrics.update(extra)
+        _not_diverged(metrics, study)
+        reached = target is not None and metrics.get("train/loss", math.inf) <= target
+        last = reached or trainer.epoch == study.max_epochs
+        if last and not main:  # DDP: Tune takes rank 0's report; the others only keep the report count
+            metrics[COMPLETED_KEY] = 1
+        elif last:
+            metrics.update(_final_metrics(trainer, study, target, reached))
+            if tracking is not None and trial_id:
+                log_trial_artifacts(tracking, trial_id, trainer.model, trainer.spec, metrics, curve=trainer.curve.points())
+        if checkpoint_due(study.checkpoint_every, trainer.epoch, last, time.monotonic() - saved_at):
+            report(metrics, trainer.snapshot() if main else None)  # written and sent by the report
+            saved_at = time.monotonic()
+        else:
+            report(metrics, None)
+        if last:
+            return
+
+
+def _worst(study: Study) -> float:
+    """The worst value of the study's metric (what a diverged or non-finite epoch reports)."""
+    return -math.inf if study.mode == "max" else math.inf
+
+
+def _not_diverged(metrics: Dict[str, Any], study: Study) -> None:
+    """Mark ``metrics`` as not diverged and replace a non-finite value of the study metric by :func:`_worst`."""
+    metrics[DIVERGED_KEY] = 0
+    if not math.isfinite(metrics.get(study.metric, 0.0)):
+        metrics[study.metric] = _worst(study)
+
+
+def evaluation_trial(
+    config: Mapping[str, Any],
+    study: Study,
+    data: Data,
+    report: Report,
+    *,
+    device: str = "cpu",
+    tracking: Optional[WorkerTracking] = None,
+    trial_id: Optional[str] = None,
+) -> None:
+    """One trial of an evaluation-only workload (``trains = False``): its checkpoint parameters made local
+    (:func:`flatlab.tracking.checkpoints.local_params`: ``run:<run_id>`` values fetched from MLflow), one
+    :func:`~flatlab.train.evaluation.evaluate_trial`, one ``report`` of its metrics (as epoch 1, with
+    ``completed = 1``; a non-finite study metric reports the worst value), ``trial.json`` uploaded to the
+    trial's run without the model (it is rebuilt from its inputs).
+
+    Raises:
+        ConfigError: from :func:`~flatlab.tracking.checkpoints.local_params` or the workload (the trial
+            fails).
+    """
+    from flatlab.tracking.checkpoints import local_params
+    from flatlab.train.evaluation import evaluate_trial
+    from flatlab.workloads.registry import build_workload, get_workload
+
+    spec = study.trial_spec(config, device=device)
+    names = get_workload(spec.workload).checkpoint_params
+    params = local_params(spec.workload_params, names, tracking.tracking_uri if tracking is not None else "")
+    done = evaluate_trial(spec, data, build_workload(spec.workload, **params))
+    metrics: Dict[str, Any] = dict(done.metrics)
+    _not_diverged(metrics, study)
+    metrics[COMPLETED_KEY] = 1
+    if tracking is not None and trial_id:
+        log_trial_artifacts(dataclasses.replace(tracking, log_models=False), trial_id, done.model, spec, metrics)
+    report(metrics, None)
+
+
+def _final_metrics(trainer: Trainer, study: Study, target: Optional[float], reached: bool) -> Dict[str, float]:
+    """What a trial adds to its last report: the test metrics, the study's flatness measures on the final
+    model (``flat/<measure>``, ``time/measures_s``), the training-loss target's outcome
+    (``train/target_reached`` 1/0 and ``train/epochs_to_target``) and the completion flag."""
+    # with test_every_epoch the last epoch's report already holds the test metrics of this model
+    out: Dict[str, float] = {} if trainer.hp["test_every_epoch"] else dict(trainer.evaluate_test())
+    if study.measures:
+        out.update(measure_trial(trainer, study))
+    if target is not None:
+        out["train/target_reached"] = 1.0 if reached else 0.0
+        if reached:
+            out["train/epochs_to_target"] = float(trainer.epoch)
+    out[COMPLETED_KEY] = 1
+    return out
+
+
+def measure_trial(trainer: Trainer, study: Study) -> Dict[str, float]:
+    """The study's flatness measures on ``trainer``'s current model, over the study's fixed evaluation
+    subset (``measure_examples`` rows of the ``measure_split`` split chosen with ``measure_seed``: the
+    same examples, noise and probes for every trial), with the unsmoothed training loss."""
+    from flatlab.sharpness.measures import compute_measures, measure_subset, resolve_measures
+
+    split = trainer.data.train if study.measure_split == "train" else trainer.data.eval_splits()[study.measure_split]
+    subset = measure_subset(split, study.measure_examples, study.measure_seed, device=trainer.device)
+    resolved = resolve_measures(study.measures, f"study {study.name!r}: measures")
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return trainer.workload.loss(outputs, targets, 0.0)
+
+    return compute_measures(trainer.model, subset, loss_fn, resolved, seed=study.measure_seed)

@@ -1,0 +1,197 @@
+"""Reports a study asks for after a launch: work that needs all of its trials, chosen by the study
+(``Study(reports={name: {param: value}})``), never by its workload.
+
+Registered reports (:data:`REPORTS`; each writes into ``<root>/<study>/report`` and logs to the launch's
+parent run in MLflow):
+
+* ``toy_figure`` (the papers' toy losses: IRE Fig. 1, TSAM Fig. 1): :func:`toy_figure`, the end point
+  (parameter ``end``, a metric) and the flatness (``flatness``, a metric) of every completed trial
+  against the searched ``kappa`` or ``t``, one dot per seed and the mean per value; logged under
+  ``toy/``. Both parameters are required.
+* ``interpolation`` (seed paper "In Search of the Successful Interpolation", Figs. 1, 3, 4, 5):
+  :func:`flatlab.interpolation.report.interpolation_report` over an alpha study's trials, logged under
+  ``report/`` with ``summary.json``; ``split``: the OOD split of Figs. 1 and 5 (default ``ood``).
+  ``flatlab interpolation-report STUDY`` rebuilds it on demand.
+
+:func:`resolve_reports` validates a study's declaration (study validation calls it, so a typo fails
+before any trial starts); :func:`run_reports` runs them after a launch whose trials all ended (the
+runner's post-study step). A report that fails is reported in the terminal and the log, never raised:
+every trial is already recorded in MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Tuple
+
+from flatlab.errors import ConfigError, did_you_mean
+from flatlab.hparams import HParam, resolve
+from flatlab.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+Run = Callable[[str, str, Path, Mapping[str, Any]], List[str]]
+"""``run(tracking_uri, study name, out_dir, params) -> lines for the terminal`` (params resolved)."""
+
+
+@dataclass(frozen=True)
+class StudyReport:
+    """One registered report: its ``hparams`` (``required``: those a study must give) and ``run``."""
+
+    name: str
+    doc: str
+    run: Run
+    hparams: Tuple[HParam, ...] = ()
+    required: Tuple[str, ...] = ()
+
+
+REPORTS: Registry[StudyReport] = Registry("report")
+
+
+def register_report(report: StudyReport) -> StudyReport:
+    """Add ``report`` to :data:`REPORTS`; raises ``ValueError`` if its name is taken."""
+    return REPORTS.register(report.name, report)
+
+
+def resolve_reports(spec: Mapping[str, Mapping[str, Any]], where: str) -> Dict[str, Dict[str, Any]]:
+    """Validate a study's ``reports`` declaration and fill in the defaults.
+
+    Args:
+        spec: ``{report name: {param: value}}``; ``{}`` as the value takes every default.
+        where: what declared it, e.g. ``"study 'toy_ire_fig1', reports"``; starts every message.
+    Returns:
+        ``{report name: {param: value}}`` with every declared parameter.
+    Raises:
+        ConfigError: ``spec`` or a value is not a mapping; an unknown report (listing the valid ones), an
+            unknown parameter, a value outside its range, a required parameter not given; all in one
+            error, one per line.
+    """
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{where}: reports must be a mapping {{report name: {{param: value}}}}, e.g. "
+                          f"{{'interpolation': {{}}}}; got {type(spec).__name__} {spec!r}")
+    valid = REPORTS.names()
+    problems: List[str] = []
+    out: Dict[str, Dict[str, Any]] = {}
+    for name, given in spec.items():
+        if not isinstance(name, str) or name not in valid:
+            problems.append(f"{where}: unknown report {name!r}{did_you_mean(name, valid)}; valid reports: {', '.join(valid)}")
+            continue
+        report = REPORTS.get(name)
+        try:
+            out[name] = resolve(report.hparams, given, f"{where}: {name}")
+        except ConfigError as exc:
+            problems.extend(str(exc).splitlines())
+            continue
+        missing = [p for p in report.required if p not in given]
+        if missing:
+            problems.append(f"{where}: {name} needs {', '.join(missing)} ({'; '.join(h.doc for h in report.hparams if h.name in missing)})")
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return out
+
+
+def run_reports(study: Any, tracking_uri: str, out_dir: Path, console: Any = None) -> List[str]:
+    """Run the reports ``study`` (a :class:`~flatlab.study.spec.Study`) declares on its latest launch in
+    ``tracking_uri``, writing into ``out_dir``; print and log their lines. A report that raises is
+    reported (a warning naming it and how to retry) and the others still run.
+
+    Returns:
+        The lines of the reports that ran.
+    """
+    lines: List[str] = []
+    try:
+        declared = resolve_reports(study.reports, f"study {study.name!r}: reports")
+    except ConfigError as exc:  # a study that skipped validation: say so, never fail after its trials
+        logger.warning("%s", exc)
+        if console is not None:
+            console.print(f"[yellow]warning:[/yellow] no reports run: {exc}")
+        return lines
+    for name, params in declared.items():
+        try:
+            got = REPORTS.get(name).run(tracking_uri, study.name, Path(out_dir), params)
+        except Exception as exc:  # noqa: BLE001 - the study's results stand
+            logger.exception("report %s of study %s failed", name, study.name)
+            if console is not None:
+                console.print(f"[yellow]warning:[/yellow] report {name!r} of study {study.name!r} failed: {exc}")
+            continue
+        for line in got:
+            logger.info("%s", line)
+            if console is not None:
+                console.print(line)
+        lines += got
+    return lines
+
+
+def toy_figure(tracking_uri: str, study: str, out_dir: Path, end_metric: str, flat_metric: str) -> List[str]:
+    """End point and flatness of every completed trial of ``study``'s latest launch against the searched
+    kappa or t (the trial param of that name; the first of ``kappa``, ``t``, ``rho`` it has), one dot
+    per seed and the mean per value; written to ``out_dir`` (``toy_figure.png``, ``toy_summary.json``:
+    per value, the seeds' end points and flatness) and logged under ``toy/`` on the launch run.
+
+    Returns:
+        One line for the terminal.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from flatlab.tracking import runs
+    from flatlab.tracking.results import parent_runs, trials_frame
+
+    df = trials_frame(tracking_uri, study)
+    done = df[df["outcome"] == "completed"] if not df.empty else df
+    x = next((c for c in ("param.kappa", "param.t", "param.rho") if c in done.columns), None)
+    if done.empty or x is None or end_metric not in done.columns:
+        return [f"toy figure: no completed trial with kappa or t in study {study!r}"]
+    summary: Dict[str, Dict[str, List[float]]] = {}
+    for value, group in done.groupby(x):
+        summary[str(value)] = {"end": [float(v) for v in group[end_metric]], "flatness": [float(v) for v in group[flat_metric]]}
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for ax, metric in zip(axes, (end_metric, flat_metric)):
+        ax.scatter(done[x], done[metric], s=14, alpha=0.6, label="seeds")
+        means = done.groupby(x)[metric].mean()
+        ax.plot(means.index, means.values, "o-", color="black", label="mean")
+        ax.set_xlabel(x.removeprefix("param."))
+        ax.set_ylabel(metric)
+        ax.legend(fontsize=8)
+    fig.suptitle(study)
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png, js = out_dir / "toy_figure.png", out_dir / "toy_summary.json"
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    js.write_text(json.dumps({"x": x.removeprefix("param."), "end_metric": end_metric, "flatness_metric": flat_metric,
+                              "values": summary}, indent=2))
+    parent = parent_runs(tracking_uri, study)[0].info.run_id
+    client = runs.client(tracking_uri)
+    for f in (png, js):
+        client.log_artifact(parent, str(f), artifact_path="toy")
+    return [f"toy figure: {png.name} and {js.name} in {out_dir}, logged under toy/ on run {parent}"]
+
+
+def _interpolation(tracking_uri: str, study: str, out_dir: Path, params: Mapping[str, Any]) -> List[str]:
+    from flatlab.interpolation.report import interpolation_report
+
+    rep = interpolation_report(tracking_uri, study, out_dir=out_dir, split=params["split"])
+    return [f"report: {len(rep.figures)} figures and {rep.summary_path.name} in {rep.out_dir}, logged under report/ on run "
+            f"{rep.parent_run_id}"]
+
+
+register_report(StudyReport(
+    "toy_figure",
+    "end point and flatness of every completed trial against the searched kappa or t (the papers' toy losses)",
+    lambda uri, study, out, p: toy_figure(uri, study, out, p["end"], p["flatness"]),
+    hparams=(HParam("end", "", str, doc="the end-point metric, e.g. val/abs_u"),
+             HParam("flatness", "", str, doc="the flatness metric, e.g. val/trace_hessian")),
+    required=("end", "flatness"),
+))
+register_report(StudyReport(
+    "interpolation",
+    "an alpha study's figures (seed paper Figs. 1, 3, 4, 5) and summary.json",
+    _interpolation,
+    hparams=(HParam("split", "ood", str, doc="the OOD split of Figs. 1 and 5"),),
+))

@@ -1,0 +1,180 @@
+"""The import graph of the ``flatlab`` package, read from the source with ``ast`` (nothing is imported).
+
+1. A workload is data, model, loss and evaluation only: no module under ``flatlab/workloads`` imports
+   ``flatlab.tracking``, ``flatlab.study`` or ``mlflow``, at module level or inside a function
+   (checkpoints named by earlier trials are resolved at launch by ``flatlab.study.chain`` and fetched by
+   ``flatlab.tracking.checkpoints``; reports over a study's trials are ``flatlab.tracking.reports``').
+2. No cycles among ``flatlab`` modules. An edge is every import of a flatlab module at module level AND
+   inside functions: a function-level import only defers loading (a heavy library, an optional
+   dependency), it is still a dependency, and a deferred import is exactly how an import cycle hides
+   (``study.trainable`` <-> ``study.ddp_trial`` and ``study.space`` <-> ``study.foreign`` both did).
+   Not edges: imports under ``if TYPE_CHECKING:`` (no run-time dependency); imports inside a
+   module-level ``__getattr__`` (PEP 562 lazy re-exports: ``flatlab.run`` -> ``flatlab.api``, the
+   package's public face for users, which its own modules never go through); and the implicit import
+   of parent packages (``import flatlab.study.spec`` runs ``flatlab/__init__.py`` too, which re-exports
+   ``Study`` from there: counted, every module would sit in a cycle with the package).
+   ``from package import name`` where ``package.name`` is a module is an edge to that module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "flatlab"
+FORBIDDEN_IN_WORKLOADS = ("flatlab.tracking", "flatlab.study", "mlflow")
+
+
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules(root: Path = PACKAGE) -> Dict[str, Path]:
+    """Every module of the package under ``root``: dotted name -> file."""
+    return {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports(path: Path, name: str) -> Iterator[Tuple[str, int]]:
+    """``(imported name, line)`` of every import in the file ``path`` of module ``name``: absolute names,
+    relative ones resolved; ``from a import b`` gives ``a.b`` (the caller keeps it if ``a.b`` is a module,
+    else falls back to ``a``). Skips ``if TYPE_CHECKING:`` blocks and module-level ``__getattr__``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def walk(nodes: List[ast.stmt]) -> Iterator[ast.AST]:
+        for node in nodes:
+            if isinstance(node, ast.If) and _is_type_checking(node):
+                yield from walk(node.orelse)
+                continue
+            yield from ast.walk(node)
+
+    body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name == "__getattr__")]
+    for node in walk(body):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([base] if base else []))
+            for alias in node.names:
+                yield f"{base}.{alias.name}", node.lineno
+
+
+def _owner(imported: str, known: Dict[str, Path]) -> Optional[str]:
+    """The flatlab module ``imported`` names (itself, or the longest prefix that is a module)."""
+    while imported:
+        if imported in known:
+            return imported
+        imported = imported.rpartition(".")[0]
+    return None
+
+
+def graph(root: Path = PACKAGE) -> Dict[str, Set[str]]:
+    """Module -> the flatlab modules it imports (see the module docstring for what counts)."""
+    known = modules(root)
+    out: Dict[str, Set[str]] = {}
+    for name, path in known.items():
+        targets = {_owner(imported, known) for imported, _ in imports(path, name)}
+        out[name] = {t for t in targets if t is not None and t != name}
+    return out
+
+
+def cycles(edges: Dict[str, Set[str]]) -> List[List[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    found: List[List[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def _forbidden(imported: str) -> bool:
+    return any(imported == f or imported.startswith(f + ".") for f in FORBIDDEN_IN_WORKLOADS)
+
+
+def test_no_workload_module_imports_tracking_study_or_mlflow():
+    bad = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {imported}"
+        for name, path in modules().items()
+        if name == "flatlab.workloads" or name.startswith("flatlab.workloads.")
+        for imported, line in imports(path, name)
+        if _forbidden(imported)
+    ]
+    assert bad == []
+
+
+def test_no_import_cycles_among_flatlab_modules():
+    edges = graph()
+    assert len(edges) > 80 and "flatlab.study.spec" in edges["flatlab"]  # the graph is read
+    assert cycles(edges) == []
+
+
+# ---- the checks themselves, on a small package written here ---------------------------------------
+def _write(root: Path, files: Dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root / "flatlab"
+
+
+def test_function_level_imports_close_a_cycle_and_the_exemptions_do_not(tmp_path):
+    pkg = _write(tmp_path, {
+        "flatlab/__init__.py": "from flatlab.a import A\n\ndef __getattr__(name):\n    from flatlab import c\n    return c\n",
+        "flatlab/a.py": "A = 1\n\ndef later():\n    from flatlab.b import B\n    return B\n",
+        "flatlab/b.py": "from .a import A\nB = A\n",
+        "flatlab/c.py": "import flatlab\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from flatlab.d import D\n",
+        "flatlab/d.py": "from flatlab import c\n",
+        "flatlab/w/__init__.py": "",
+        "flatlab/w/x.py": "import os\n\ndef f():\n    import mlflow.tracking\n    from ..tracking import runs\n",
+    })
+    edges = graph(pkg)
+    assert edges["flatlab.a"] == {"flatlab.b"} and edges["flatlab.b"] == {"flatlab.a"}  # relative import resolved
+    assert edges["flatlab"] == {"flatlab.a"}  # __getattr__'s lazy import is not an edge
+    assert edges["flatlab.c"] == {"flatlab"} and edges["flatlab.d"] == {"flatlab.c"}  # TYPE_CHECKING is not one
+    assert cycles(edges) == [["flatlab.a", "flatlab.b"]]
+    assert [i for i, _ in imports(pkg / "w" / "x.py", "flatlab.w.x") if _forbidden(i)] == ["mlflow.tracking", "flatlab.tracking.runs"]
+
+
+@pytest.mark.parametrize("name, expected", [("flatlab.tracking", True), ("flatlab.tracking.runs", True), ("mlflow", True),
+                                            ("flatlab.trackingx", False), ("flatlab.train.trainer", False)])
+def test_forbidden_names(name, expected):
+    assert _forbidden(name) is expected
