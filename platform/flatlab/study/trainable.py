@@ -40,6 +40,7 @@ from ray import tune
 from flatlab.study.searchers import COMPLETED_KEY, DIVERGED_KEY
 from flatlab.study.spec import Study
 from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
+from flatlab.tracking.runs import EPOCH_END_KEY
 from flatlab.train.checkpoint import CHECKPOINT_FILES, StateSnapshot
 from flatlab.train.trainer import Diverged, Trainer
 from flatlab.workloads.base import Data
@@ -220,6 +221,8 @@ def trial_loop(
     """The epochs of one trial from wherever ``trainer`` stands (a resumed trial continues): one
     ``report`` per epoch, with a checkpoint where :func:`checkpoint_due` says so and at the last; the last
     report adds :func:`_final_metrics`; a diverged epoch reports the worst metric and ends the trial.
+    Every report carries the time its epoch ended (``epoch_end_time``, seconds since 1970: the
+    timestamp of its metrics in MLflow, however late the report reaches the driver).
 
     Args:
         main: this process writes checkpoints, evaluates the final model (test split, flatness measures)
@@ -230,14 +233,18 @@ def trial_loop(
     target = trainer.hp.get("stop_at_train_loss")
     extra = dict(extra or {})
     saved_at = time.monotonic()
+    curve_times = [(trainer.curve.step, time.time())]  # (optimizer step, time): the curve's timestamps
     while trainer.epoch < study.max_epochs:
         try:
             metrics = trainer.run_epoch()
         except Diverged as exc:
             worst = -math.inf if study.mode == "max" else math.inf
-            report({"epoch": trainer.epoch + 1, study.metric: worst, DIVERGED_KEY: 1, "diverged_step": exc.step, **extra}, None)
+            report({"epoch": trainer.epoch + 1, study.metric: worst, DIVERGED_KEY: 1, "diverged_step": exc.step,
+                    EPOCH_END_KEY: time.time(), **extra}, None)
             return
         metrics.update(extra)
+        metrics[EPOCH_END_KEY] = time.time()  # the epoch's metrics are timed when it ended, not when sent
+        curve_times.append((trainer.curve.step, metrics[EPOCH_END_KEY]))
         metrics[DIVERGED_KEY] = 0
         if not math.isfinite(metrics.get(study.metric, 0.0)):
             metrics[study.metric] = -math.inf if study.mode == "max" else math.inf
@@ -250,7 +257,8 @@ def trial_loop(
             if tracking is not None and trial_id:
                 if not trainer.trains:  # evaluation-only: the model is rebuilt from its inputs, not uploaded
                     tracking = dataclasses.replace(tracking, log_models=False)
-                log_trial_artifacts(tracking, trial_id, trainer.model, trainer.spec, metrics, curve=trainer.curve.points())
+                log_trial_artifacts(tracking, trial_id, trainer.model, trainer.spec, metrics, curve=trainer.curve.points(),
+                                    curve_times=curve_times)
         if trainer.trains and checkpoint_due(study.checkpoint_every, trainer.epoch, last, time.monotonic() - saved_at):
             report(metrics, trainer.snapshot() if main else None)  # written and sent by the report
             saved_at = time.monotonic()
