@@ -113,6 +113,7 @@ def run(
             _fail(exc)
     from flatlab.study.runner import RunOptions, run_study
     from flatlab.tracking.results import best_per_arm, by_config, render, trials_frame
+    from flatlab.tracking.ui import where_to_look
 
     opts = RunOptions(root=_root(root), address=address, tracking_uri=tracking_uri, storage=storage, resume=resume,
                       source=str(study_file), num_cpus=num_cpus)
@@ -140,6 +141,7 @@ def run(
         render(best_per_arm(by_config(df) if pooled else df), console)
         if not outcome.interrupted and (pooled or s.final_seeds):
             _print_comparison(df, s, console)
+        console.print(where_to_look(outcome.tracking_uri, outcome.experiment_id), soft_wrap=True)  # the training view
         if interrupted:
             break
     if interrupted:
