@@ -12,8 +12,10 @@ Reference strings (the ``finetuned`` parameter of ``clip_interpolate``):
   launch to ``run:<run_id>``);
 * anything else: a local checkpoint file (safetensors or torch state dict).
 
-MLflow references download the run's ``model/model.safetensors`` (and ``trial.json``, when present)
-into ``<cache>/checkpoints/<run_id>/`` once per machine; ``<cache>`` is ``$FLATLAB_CACHE`` or
+MLflow references download the run's final weights (its logged model's safetensors file, or the
+``model/model.safetensors`` artifact of runs logged before logged models:
+:func:`flatlab.tracking.logged_model.download_weights`) and ``trial.json``, when present, into
+``<cache>/checkpoints/<run_id>/`` once per machine; ``<cache>`` is ``$FLATLAB_CACHE`` or
 ``~/.cache/flatlab``. The tracking URI is the workload's ``tracking_uri`` parameter or
 ``MLFLOW_TRACKING_URI`` (which ``flatlab run`` sets on every Ray worker).
 """
@@ -157,6 +159,7 @@ def find_trial_run(tracking_uri: str, study: str, arm: str, params: Dict[str, st
 
 def _download(tracking_uri: str, run_id: str) -> Tuple[Path, Dict[str, Any]]:
     from flatlab.tracking import runs
+    from flatlab.tracking.logged_model import download_weights
 
     target = cache_root() / "checkpoints" / run_id
     model = target / MODEL_ARTIFACT
@@ -167,9 +170,10 @@ def _download(tracking_uri: str, run_id: str) -> Tuple[Path, Dict[str, Any]]:
         tmp = Path(tempfile.mkdtemp(dir=target, prefix=".download-"))
         try:
             try:
-                local = client.download_artifacts(run_id, MODEL_ARTIFACT, str(tmp))
+                local = download_weights(client, run_id, str(tmp))
             except Exception as exc:  # MlflowException, OSError ...
-                raise ConfigError(f"MLflow run {run_id} has no artifact {MODEL_ARTIFACT} ({exc}); was it logged with log_models?") from None
+                raise ConfigError(f"MLflow run {run_id} has no logged model nor artifact {MODEL_ARTIFACT} ({exc}); "
+                                  "was it logged with log_models?") from None
             try:
                 os.replace(client.download_artifacts(run_id, TRIAL_ARTIFACT, str(tmp)), trial_file)
             except Exception:  # trial.json is optional
@@ -192,7 +196,7 @@ def resolve_checkpoint(ref: str, tracking_uri: str = "") -> Checkpoint:
 
     Raises:
         ConfigError: a malformed reference, no tracking URI for an MLflow reference, no matching run,
-            a run without ``model/model.safetensors``, a missing file.
+            a run without a logged model or ``model/model.safetensors``, a missing file.
     """
     kind, value = parse_reference(ref)
     if kind == "file":
