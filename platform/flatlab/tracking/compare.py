@@ -588,8 +588,8 @@ def format_comparison(comparison: Comparison, fmt: str) -> str:
 
 def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_trials: bool = False) -> Path:
     """Save a PNG: the test metric against each flatness measure, one point per seed (completed
-    trials), one colour per arm; one panel per ``flat/*`` measure (log x where a measure is positive
-    and spans more than two decades). Linear axes' tick labels carry no offset text
+    trials), one colour per arm (the legend right of the panels, off the points); one panel per
+    ``flat/*`` measure (log x where a measure is positive and spans more than two decades). Linear axes' tick labels carry no offset text
     (:func:`flatlab.tracking.plot_axes.plain_numbers`).
 
     Args:
@@ -644,7 +644,8 @@ def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_tri
         plain_numbers(ax)
     for ax in axes[len(measures):]:
         ax.set_visible(False)
-    axes[0].legend(fontsize="small", title="arm")
+    handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}  # every arm, once
+    fig.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize="small", title="arm")  # off the points
     if title:
         fig.suptitle(f"{title}: {metric} against flatness\n(one point per seed)", fontsize="medium")
     path = Path(path)
@@ -656,7 +657,8 @@ def log_comparison(tracking_uri: str, parent_run_id: str, df, reference: Optiona
                    metric: Optional[str] = None, confidence: float = CONFIDENCE, artifact_path: str = "compare",
                    study: str = "") -> List[str]:
     """Log the comparison of ``df`` to the launch's parent run: ``<artifact_path>/comparison.md``,
-    ``comparison.csv`` and, where flatness was measured, ``metric_vs_flatness.png``
+    ``comparison.csv``, ``comparison.json`` (the text table through ``log_table``, which MLflow's UI
+    shows as a table) and, where flatness was measured, ``metric_vs_flatness.png``
     (``MlflowClient.log_text``/``log_artifact``).
 
     ``reference`` defaults to :func:`default_reference` with the parent run's param ``reference_arm``.
@@ -684,6 +686,14 @@ def log_comparison(tracking_uri: str, parent_run_id: str, df, reference: Optiona
             logged.append(f"{artifact_path}/{name}")
         except Exception as exc:  # noqa: BLE001
             logger.warning("compare: logging %s to run %s failed: %s", name, parent_run_id, exc)
+    try:  # the text table as an MLflow table artifact: the UI shows every column (its csv preview cuts them)
+        import pandas as pd
+
+        client.log_table(parent_run_id, data=pd.DataFrame(cells(comparison), columns=headers(comparison)),
+                         artifact_file=f"{artifact_path}/comparison.json")
+        logged.append(f"{artifact_path}/comparison.json")
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("compare: logging comparison.json to run %s failed: %s", parent_run_id, exc)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             png = plot_metric_vs_flatness(comparison, Path(tmp) / "metric_vs_flatness.png")
