@@ -178,7 +178,8 @@ def test_full_config_environment_and_study_report(study_run):
     assert f"ray=={ray.__version__}" in packages.splitlines()
     report = {a.path for a in c.list_artifacts(outcome.parent_run_id, "report")}
     # one completed trial per arm: parallel coordinates of the searching arms, no importances (needs >= 2)
-    assert report == {"report/learning_curves.png", "report/parallel_coordinate_sgd.png", "report/parallel_coordinate_adamw.png"}
+    assert report == {"report/learning_curves.png", "report/parallel_coordinate_sgd.png", "report/parallel_coordinate_adamw.png",
+                      "report/best_per_arm.json"}
     # one per-arm table instead of per-arm metrics: the parent's charts are the trials' curves
     assert not [m for m in parent.data.metrics if m.startswith("best/")]
     table = json.loads(open(c.download_artifacts(outcome.parent_run_id, "report/best_per_arm.json", str(root))).read())
