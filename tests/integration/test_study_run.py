@@ -67,6 +67,10 @@ def test_parent_and_child_runs(study_run):
         assert r.info.status == "FINISHED" and r.data.tags[runs.TAG_OUTCOME] == "completed"
         hist = c.get_metric_history(r.info.run_id, "val/accuracy")
         assert sorted(m.step for m in hist) == list(range(1, EPOCHS + 1))
+        times = [m.timestamp for m in sorted(hist, key=lambda m: m.step)]
+        assert times == sorted(times) and len(set(times)) == EPOCHS  # each epoch timed when it ended
+        # the final model's test metric: a summary value at step 0, timed with the last epoch
+        assert [(m.step, m.timestamp) for m in c.get_metric_history(r.info.run_id, "test/accuracy")] == [(0, times[-1])]
         for k in ("train/loss", "train/accuracy", "val/loss", "lr", "time/epoch_s", "test/accuracy"):
             assert k in r.data.metrics, k
         assert "trial.json" in {a.path for a in c.list_artifacts(r.info.run_id)}  # logged by the worker

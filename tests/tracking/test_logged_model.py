@@ -32,7 +32,8 @@ def logged(tmp_path):
     with torch.no_grad():  # not the initialisation: the weights must travel, not the seed
         for p in model.parameters():
             p.add_(torch.randn_like(p))
-    final = {"val/accuracy": 0.9, "test/accuracy": 0.85, "epoch": 7.0, "completed": 1, "flat/fisher_trace": float("inf")}
+    final = {"val/accuracy": 0.9, "test/accuracy": 0.85, "epoch": 7.0, "completed": 1, "flat/fisher_trace": float("inf"),
+             runs.SUMMARY_KEY: "flat/fisher_trace,test/accuracy"}
     model_id = lm.log_trial_model(c, run, "sam-a1b2c3d4", model, Spec, metrics=final, step=7, timestamp_ms=1_700_000_000_000)
     return uri, c, exp, run, model, model_id
 

@@ -81,12 +81,16 @@ def test_statuses_pruned_is_finished_only_errors_and_divergence_fail():
                                  "error": "FAILED", "interrupted": "KILLED"}
 
 
-def test_one_shot_metrics_are_summary_values_at_step_zero():
-    for key in ("test/accuracy", "test/perplexity", "flat/fisher_trace", "flat/neighbourhood_loss/sigma_0.01",
-                "time/measures_s", "train/epochs_to_target", "train/target_reached", "train/steps_to_target"):
-        assert runs.metric_step(key, 12) == 0, key
-    for key in ("val/accuracy", "train/loss", "time/epoch_s", "epoch", "lr", "best/val/accuracy"):
-        assert runs.metric_step(key, 12) == 12, key
+def test_one_shot_metrics_are_the_summary_values_the_last_report_names():
+    last = {"epoch": 12, "val/accuracy": 0.9, "test/accuracy": 0.8, "flat/fisher_trace": 3.0,
+            runs.SUMMARY_KEY: "flat/fisher_trace,test/accuracy"}
+    summary = runs.summary_keys(last)
+    assert summary == {"test/accuracy", "flat/fisher_trace"}
+    assert {k: runs.metric_step(k, 12, summary) for k in ("val/accuracy", "test/accuracy", "flat/fisher_trace", "epoch")} == {
+        "val/accuracy": 12, "test/accuracy": 0, "flat/fisher_trace": 0, "epoch": 12}
+    # a trainer that tests every epoch reports test/* per epoch: no summary key, a curve at step = epoch
+    assert runs.summary_keys({"epoch": 3, "test/accuracy": 0.7}) == frozenset()
+    assert runs.metric_step("test/accuracy", 3, runs.summary_keys({"epoch": 3})) == 3
 
 
 def test_params_are_readable_values():
@@ -121,7 +125,7 @@ def test_trials_are_named_statused_and_timed_by_their_epochs(tmp_path):
     for t in (final, pruned):
         cb.on_trial_start(0, [], t)
     for epoch in (1, 2, 3):
-        last = {"test/accuracy": 0.75} if epoch == 3 else {}
+        last = {"test/accuracy": 0.75, runs.SUMMARY_KEY: "test/accuracy"} if epoch == 3 else {}
         cb.on_trial_result(0, [], final, {"epoch": epoch, "val/accuracy": 0.5 + epoch / 10, runs.EPOCH_END_KEY: ends[epoch],
                                           **last})
     cb.on_trial_result(0, [], pruned, {"epoch": 1, "val/accuracy": 0.3, runs.EPOCH_END_KEY: ends[1]})
@@ -171,3 +175,25 @@ def test_a_run_logged_before_the_rename_still_gives_its_curve(tmp_path):
     c.log_batch(run, metrics=[Metric(LEGACY_CURVE_METRIC, v, 0, s) for s, v in ((1, 2.0), (2, 1.0))])
     assert _curve(c, run) == [(1, 2.0), (2, 1.0)]
 
+
+
+def test_published_curves_place_a_summary_value_at_the_last_epoch(tmp_path):
+    """flatlab curves reads per-epoch histories: a test metric logged once (step 0) belongs to epoch 3."""
+    from mlflow.entities import Metric, Param
+
+    from flatlab.tracking.published_runs import epoch_values
+    from flatlab.tracking.results import trials_frame
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    exp = runs.get_or_create_experiment(uri, "pub", (tmp_path / "art").as_uri())
+    c = runs.client(uri)
+    parent = c.create_run(exp, tags={runs.TAG_ROLE: "study"}).info.run_id
+    c.log_batch(parent, params=[Param("metric", "val/accuracy"), Param("mode", "max")])
+    for seed in (0, 1):
+        run = c.create_run(exp, tags={runs.PARENT: parent, runs.TAG_ARM: "sgd", runs.TAG_OUTCOME: "completed",
+                                      runs.TAG_SEED: str(seed), runs.TAG_STAGE: "final"}).info.run_id
+        c.log_batch(run, metrics=[Metric("val/accuracy", 0.5 + e / 10, 1000 + e, e) for e in (1, 2, 3)]
+                    + [Metric("epoch", e, 1000 + e, e) for e in (1, 2, 3)] + [Metric("test/accuracy", 0.7, 1003, 0)])
+    frame, _ = epoch_values(uri, trials_frame(uri, "pub"), ["val/accuracy", "test/accuracy"])
+    assert sorted(frame.loc[frame["metric"] == "test/accuracy", "epoch"]) == [3, 3]
+    assert sorted(set(frame.loc[frame["metric"] == "val/accuracy", "epoch"])) == [1, 2, 3]

@@ -40,7 +40,7 @@ from ray import tune
 from flatlab.study.searchers import COMPLETED_KEY, DIVERGED_KEY
 from flatlab.study.spec import Study
 from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
-from flatlab.tracking.runs import EPOCH_END_KEY
+from flatlab.tracking.runs import EPOCH_END_KEY, SUMMARY_KEY
 from flatlab.train.checkpoint import CHECKPOINT_FILES, StateSnapshot
 from flatlab.train.trainer import Diverged, Trainer
 from flatlab.workloads.base import Data
@@ -222,7 +222,9 @@ def trial_loop(
     ``report`` per epoch, with a checkpoint where :func:`checkpoint_due` says so and at the last; the last
     report adds :func:`_final_metrics`; a diverged epoch reports the worst metric and ends the trial.
     Every report carries the time its epoch ended (``epoch_end_time``, seconds since 1970: the
-    timestamp of its metrics in MLflow, however late the report reaches the driver).
+    timestamp of its metrics in MLflow, however late the report reaches the driver); the last names
+    the metrics :func:`_final_metrics` added (``summary_metrics``: logged at step 0, MLflow's summary
+    values).
 
     Args:
         main: this process writes checkpoints, evaluates the final model (test split, flatness measures)
@@ -253,7 +255,10 @@ def trial_loop(
         if last and not main:  # DDP: Tune takes rank 0's report; the others only keep the report count
             metrics[COMPLETED_KEY] = 1
         elif last:
-            metrics.update(_final_metrics(trainer, study, target, reached))
+            final = _final_metrics(trainer, study, target, reached)
+            metrics.update(final)
+            # what only this report holds, about the final model: summary values, at step 0 in MLflow
+            metrics[SUMMARY_KEY] = ",".join(sorted(k for k in final if k != COMPLETED_KEY))
             if tracking is not None and trial_id:
                 if not trainer.trains:  # evaluation-only: the model is rebuilt from its inputs, not uploaded
                     tracking = dataclasses.replace(tracking, log_models=False)

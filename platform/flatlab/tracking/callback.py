@@ -9,7 +9,8 @@ result, not a failure), FAILED for errors and divergence (``flatlab.outcome=dive
 by arm, stage and seed or trial id (:func:`flatlab.tracking.ui.trial_run_name`). Each epoch's metrics
 carry the time that epoch ended (the report's ``epoch_end_time``), not the time they reached the driver,
 which receives several epochs' reports at once; per-epoch metrics have step = epoch, the final model's
-summary values (``test/*``, ``flat/*`` ..., :func:`flatlab.tracking.runs.is_summary_metric`) step 0. A failed trial's exception and traceback go to its ``error.txt``
+summary values (``test/*``, ``flat/*`` ..., named by the last report: :data:`flatlab.tracking.runs.SUMMARY_KEY`)
+step 0. A failed trial's exception and traceback go to its ``error.txt``
 artifact and ``Type: message`` to its ``flatlab.error`` tag, which a restart removes. :meth:`close`
 marks anything still open KILLED, so no run is left RUNNING. The callback pickles without its
 thread (Tune stores it in the experiment state for resume).
@@ -123,7 +124,7 @@ class MLflowTrialLogger(Callback):
         step = int(result.get("epoch", result.get("training_iteration", 0)))
         ended = result.get(runs.EPOCH_END_KEY)  # seconds since 1970 (the worker's clock); older reports lack it
         timestamp = int(1000 * ended) if isinstance(ended, (int, float)) and math.isfinite(ended) else None
-        self._queue.put(("metrics", trial.trial_id, (metrics, step, timestamp)))
+        self._queue.put(("metrics", trial.trial_id, (metrics, step, timestamp, runs.summary_keys(result))))
 
     def on_trial_complete(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
         from flatlab.study.searchers import trial_outcome
@@ -247,7 +248,7 @@ class MLflowTrialLogger(Callback):
             if run_id is None:
                 continue  # its start is still queued behind; sent on a later flush
             batch = []
-            for metrics, step, timestamp in pending.pop(trial_id):
+            for metrics, step, timestamp, summary in pending.pop(trial_id):
                 if step <= self._logged_step.get(trial_id, -1):
                     continue  # re-run from an earlier checkpoint: this epoch is logged already
                 self._logged_step[trial_id] = step
@@ -257,8 +258,8 @@ class MLflowTrialLogger(Callback):
                     if best is None or (value > best if self.mode == "max" else value < best):
                         self._best[trial_id] = best = value
                     metrics = {**metrics, f"best/{self.metric}": best}
-                # a summary value of the final model (test/*, flat/* ...) at step 0: a bar per run in MLflow's charts
-                batch += [Metric(k, v, timestamp or now, runs.metric_step(k, step)) for k, v in metrics.items()]
+                # the final model's summary values (test/*, flat/* ...) at step 0: a bar per run in MLflow's charts
+                batch += [Metric(k, v, timestamp or now, runs.metric_step(k, step, summary)) for k, v in metrics.items()]
             runs.log_metrics(client, run_id, batch)
 
     def _seed_logged(self, client: Any, trial_id: str, run_id: str) -> None:

@@ -98,8 +98,8 @@ def log_trial_model(client: Any, run_id: str, name: str, model: torch.nn.Module,
     returns its id. The model gets the run's params and ``flatlab.*`` identity tags; ``metrics`` (the
     trial's final report: only finite numbers under :func:`flatlab.tracking.runs.numeric_metrics`'s
     names) are logged to the run linked to the model, at ``timestamp_ms`` and the step the driver gives
-    them (:func:`flatlab.tracking.runs.metric_step`: ``step``, 0 for summary values), so that the
-    driver's copy of the same report is the same metric row.
+    them (:func:`flatlab.tracking.runs.metric_step`: ``step``, 0 for the summary values the report names),
+    so that the driver's copy of the same report is the same metric row.
 
     Raises:
         MlflowException: MLflow refused a call (the logged model, if created, is marked FAILED).
@@ -125,7 +125,8 @@ def log_trial_model(client: Any, run_id: str, name: str, model: torch.nn.Module,
         values = {k: v for k, v in runs.numeric_metrics(dict(metrics or {})).items() if math.isfinite(v)}
         if values:
             ts = timestamp_ms if timestamp_ms is not None else int(1000 * time.time())
-            runs.log_metrics(client, run_id, [Metric(k, v, ts, runs.metric_step(k, step), model_id=logged.model_id)
+            summary = runs.summary_keys(dict(metrics or {}))
+            runs.log_metrics(client, run_id, [Metric(k, v, ts, runs.metric_step(k, step, summary), model_id=logged.model_id)
                                               for k, v in values.items()])
     except BaseException:
         client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)

@@ -28,24 +28,25 @@ TAG_ERROR = "flatlab.error"  # a failed trial's "Type: message" (full traceback:
 PARENT = "mlflow.parentRunId"
 STAGE_KEY = "stage"  # the trial config key that carries the stage (not a hyperparameter; never logged as a param)
 STAGE_SEARCH, STAGE_FINAL = "search", "final"
-# Metrics a trial reports once, at its end, about its final model: logged at step 0 (the epoch they were
-# measured at is the run's last ``epoch``), which is how MLflow tells a run's summary values from its
-# curves: its UI draws a metric whose steps are all 0 as one bar per run, not as a one-point line on an
-# epoch axis. ``train/steps_to_target`` and ``train/speedup`` (tracking/speedup.py) follow the same rule.
-SUMMARY_PREFIXES = ("test/", "flat/")
-SUMMARY_METRICS = ("time/measures_s", "train/target_reached", "train/epochs_to_target", "train/steps_to_target",
-                   "train/speedup")
+# A trial's last report names the metrics it holds about the final model only (test/* unless the
+# trainer tests every epoch, flat/*, time/measures_s, train/target_reached, train/epochs_to_target:
+# what study/trainable.py's _final_metrics adds), comma-separated under this key (not a metric: no "/").
+# They are logged at step 0, which is how MLflow tells a run's summary values from its curves: its UI
+# draws a metric whose steps are all 0 as one bar per run, not as a one-point line on an epoch axis
+# (``train/steps_to_target`` and ``train/speedup``, logged after the study by tracking/speedup.py, are
+# at step 0 too). The epoch they were measured at is the run's last ``epoch``.
+SUMMARY_KEY = "summary_metrics"
 
 
-def is_summary_metric(key: str) -> bool:
-    """Whether metric ``key`` is one of a trial's one-shot summary values (:data:`SUMMARY_PREFIXES`,
-    :data:`SUMMARY_METRICS`), logged at step 0."""
-    return key.startswith(SUMMARY_PREFIXES) or key in SUMMARY_METRICS
+def summary_keys(report: Dict[str, Any]) -> frozenset:
+    """The summary metrics a report names under :data:`SUMMARY_KEY` (none for a per-epoch report)."""
+    return frozenset(k for k in str(report.get(SUMMARY_KEY) or "").split(",") if k)
 
 
-def metric_step(key: str, epoch: int) -> int:
-    """The MLflow step of metric ``key`` in the report of ``epoch``: 0 for a summary value, else the epoch."""
-    return 0 if is_summary_metric(key) else epoch
+def metric_step(key: str, epoch: int, summary: frozenset = frozenset()) -> int:
+    """The MLflow step of metric ``key`` in the report of ``epoch`` whose summary metrics are ``summary``
+    (:func:`summary_keys`): 0 for a summary value, else the epoch."""
+    return 0 if key in summary else epoch
 
 
 # A report's key for the time its epoch ended (seconds since 1970, ``time.time()`` on the worker): the
