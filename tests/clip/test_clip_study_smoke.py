@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from flatlab.tracking.logged_model import run_model_id
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STUDY_FILE = Path(__file__).resolve().parents[2] / "studies" / "rft_clip.py"
@@ -74,7 +76,7 @@ def test_finetune_study_logs_the_grid_with_models(smoke):
     for k in kids:
         assert k.info.status == "FINISHED"
         assert {"val/accuracy", "ood/accuracy", "ood/loss", "train/loss"} <= set(k.data.metrics)
-        assert "model/model.safetensors" in {a.path for a in c.list_artifacts(k.info.run_id, "model")}
+        assert run_model_id(c, k.info.run_id)  # the fine-tuned model: a logged model (safetensors inside)
 
 
 def test_alpha_study_metrics_per_alpha(smoke):

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from flatlab import Arm, Study
 from flatlab import space as sp
 from flatlab.tracking import runs
+from flatlab.tracking.logged_model import download_weights
 from flatlab.tracking.results import trials_frame
 from flatlab.tracking.selection import best_trial_rows
 
@@ -91,7 +92,7 @@ def test_stop_at_train_loss_stops_at_the_first_qualifying_epoch(fair_run):
     assert reached_any
 
 
-def test_flat_metrics_equal_a_direct_call_on_the_saved_model(fair_run):
+def test_flat_metrics_equal_a_direct_call_on_the_saved_model(fair_run, tmp_path):
     from flatlab.sharpness.measures import compute_measures, measure_subset, resolve_measures
     from flatlab.workloads.registry import build_workload
 
@@ -104,7 +105,7 @@ def test_flat_metrics_equal_a_direct_call_on_the_saved_model(fair_run):
     row = done.iloc[0]
     workload = build_workload(study.workload, **study.workload_params)
     model = workload.build_model()
-    path = c.download_artifacts(row["run_id"], "model/model.safetensors")
+    path = download_weights(c, row["run_id"], str(tmp_path))  # the trial's logged model's safetensors
     model.load_state_dict(load_file(path))
     data = workload.load_data(study.seed)
     subset = measure_subset(data.train, study.measure_examples, study.measure_seed)

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from flatlab.tracking import runs
+from flatlab.tracking import runs, ui
+from flatlab.tracking.logged_model import run_model_id
 
 from flatlab_testing import BIN, env, flatlab, free_port, run_epoch_hook, wait_http, write_study
 
@@ -57,7 +58,9 @@ def test_study_logs_to_a_tracking_server_workers_included(tmp_path, mlflow_serve
     assert len(children) == 2 and all(r.info.status == "FINISHED" for r in children)
     for r in children:
         assert len(c.get_metric_history(r.info.run_id, "val/accuracy")) == 2
-        assert [a.path for a in c.list_artifacts(r.info.run_id, "model")] == ["model/model.safetensors"]
+        model_id = run_model_id(c, r.info.run_id)  # the final model: a logged model on the server's store
+        tags = r.data.tags
+        assert model_id and c.get_logged_model(model_id).name == ui.model_name(tags[runs.TAG_ARM], "search", 0, tags[runs.TAG_TRIAL])
     assert "View run" not in res.stdout + res.stderr  # MLflow's per-run URL lines are off
     assert c.get_experiment(exp.experiment_id).tags[runs.TAG_EXPERIMENT_KIND] == "custom_model_development"
     res = flatlab("results", "srv", "--tracking-uri", mlflow_server)

@@ -11,6 +11,7 @@ from flatlab import Arm, Study
 from flatlab import space as sp
 from flatlab.cli.main import app
 from flatlab.tracking import runs
+from flatlab.tracking.logged_model import run_model_id
 
 pytestmark = pytest.mark.integration
 
@@ -66,10 +67,15 @@ def test_parent_and_child_runs(study_run):
         assert r.info.status == "FINISHED" and r.data.tags[runs.TAG_OUTCOME] == "completed"
         hist = c.get_metric_history(r.info.run_id, "val/accuracy")
         assert sorted(m.step for m in hist) == list(range(1, EPOCHS + 1))
+        times = [m.timestamp for m in sorted(hist, key=lambda m: m.step)]
+        assert times == sorted(times) and len(set(times)) == EPOCHS  # each epoch timed when it ended
+        # the final model's test metric: a summary value at step 0, timed with the last epoch
+        assert [(m.step, m.timestamp) for m in c.get_metric_history(r.info.run_id, "test/accuracy")] == [(0, times[-1])]
         for k in ("train/loss", "train/accuracy", "val/loss", "lr", "time/epoch_s", "test/accuracy"):
             assert k in r.data.metrics, k
-        arts = {a.path for a in c.list_artifacts(r.info.run_id)} | {a.path for a in c.list_artifacts(r.info.run_id, "model")}
-        assert "model/model.safetensors" in arts and "trial.json" in arts  # logged by the worker
+        assert "trial.json" in {a.path for a in c.list_artifacts(r.info.run_id)}  # logged by the worker
+        assert run_model_id(c, r.info.run_id) is not None  # and the final model, as an MLflow logged model
+        assert r.info.run_name == f"{arm} · {r.data.tags[runs.TAG_TRIAL]}"
     boom = by_arm["boom"]
     assert boom.info.status == "FAILED" and boom.data.tags[runs.TAG_OUTCOME] == "diverged"
     assert boom.data.metrics["diverged"] == 1.0
@@ -126,7 +132,7 @@ def test_pruned_and_errored_trials_get_terminal_statuses():
         cb.on_trial_complete(0, [], T(tid, last))
     cb.on_trial_error(0, [], T("d", {}))
     got = [cb._queue.get_nowait()[2][:2] for _ in range(4)]
-    assert got == [("FINISHED", "completed"), ("KILLED", "pruned"), ("FAILED", "diverged"), ("FAILED", "error")]
+    assert got == [("FINISHED", "completed"), ("FINISHED", "pruned"), ("FAILED", "diverged"), ("FAILED", "error")]
 
 
 @pytest.mark.parametrize("failed, expected", [(False, ("KILLED", "interrupted")), (True, ("FAILED", "error"))])
@@ -176,7 +182,18 @@ def test_full_config_environment_and_study_report(study_run):
     assert f"ray=={ray.__version__}" in packages.splitlines()
     report = {a.path for a in c.list_artifacts(outcome.parent_run_id, "report")}
     # one completed trial per arm: parallel coordinates of the searching arms, no importances (needs >= 2)
-    assert report == {"report/learning_curves.png", "report/parallel_coordinate_sgd.png", "report/parallel_coordinate_adamw.png"}
-    assert parent.data.metrics["best/adamw/val/accuracy"] == adamw.data.metrics["val/accuracy"]
-    assert parent.data.metrics["best/adamw/test/accuracy"] == adamw.data.metrics["test/accuracy"]
-    assert "best/boom/val/accuracy" not in parent.data.metrics  # it diverged: no completed trial
+    assert report == {"report/learning_curves.png", "report/parallel_coordinate_sgd.png", "report/parallel_coordinate_adamw.png",
+                      "report/best_per_arm.json"}
+    # one per-arm table instead of per-arm metrics: the parent's charts are the trials' curves
+    assert not [m for m in parent.data.metrics if m.startswith("best/")]
+    table = json.loads(open(c.download_artifacts(outcome.parent_run_id, "report/best_per_arm.json", str(root))).read())
+    rows = {r[0]: dict(zip(table["columns"], r)) for r in table["data"]}
+    assert rows["adamw"]["val/accuracy"] == float(f"{adamw.data.metrics['val/accuracy']:.4g}")
+    assert rows["adamw"]["test/accuracy"] == float(f"{adamw.data.metrics['test/accuracy']:.4g}")
+    assert rows["adamw"]["run_id"] == adamw.info.run_id and rows["adamw"]["trial"] == adamw.info.run_name
+    assert "boom" not in rows  # it diverged: no completed trial
+    assert parent.data.params["wl.width"] == "32" and "workload_params" not in parent.data.params  # no Python reprs
+    assert not [v for v in parent.data.params.values() if v.startswith(("{", "["))]
+    # the experiment's default view in MLflow's UI names this launch and the test metric its trials logged
+    view = json.loads(c.get_experiment(outcome.experiment_id).tags["mlflow.sharedViewState.flatlab"])
+    assert view["runsExpanded"] == {outcome.parent_run_id: True} and "metrics.`test/accuracy`" in view["selectedColumns"]

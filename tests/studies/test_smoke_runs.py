@@ -12,6 +12,7 @@ import pytest
 
 from flatlab.study.loader import load_studies
 from flatlab.tracking import runs
+from flatlab.tracking.artifacts import CURVE_METRIC
 from flatlab.workloads import get_workload
 
 pytestmark = pytest.mark.integration
@@ -55,13 +56,13 @@ def run_smoke(name, root):
             assert math.isfinite(r.data.metrics[study.metric]), (study.name, study.metric)
             assert "train/loss" in r.data.metrics and "time/epoch_s" in r.data.metrics
             if trains:  # the worker logs the smoothed training-loss curve at the last epoch
-                assert client.get_metric_history(r.info.run_id, "train/loss_smoothed"), (study.name, r.info.run_id)
+                assert client.get_metric_history(r.info.run_id, CURVE_METRIC), (study.name, r.info.run_id)
             if study.reference_arm is not None:  # logged after Tune (flatlab.tracking.speedup)
                 reached = r.data.tags.get("flatlab.target_reached")
                 own = r.data.tags[runs.TAG_ARM] == study.reference_arm
                 assert reached == "true" or (reached == "false" and not own), (study.name, r.data.tags)  # the reference reaches its own final loss
                 if reached == "true":
-                    steps = client.get_metric_history(r.info.run_id, "train/loss_smoothed")[-1].step
+                    steps = client.get_metric_history(r.info.run_id, CURVE_METRIC)[-1].step
                     assert 1 <= r.data.metrics["train/steps_to_target"] <= steps, study.name
                     assert r.data.metrics["train/speedup"] > 0, study.name
         assert client.get_run(outcome.parent_run_id).info.status == "FINISHED"

@@ -8,6 +8,7 @@ import pytest
 
 from flatlab.study.loader import load_studies
 from flatlab.tracking import runs
+from flatlab.tracking.logged_model import download_weights
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -41,7 +42,7 @@ def test_figure_data_equal_a_direct_computation_on_the_stored_models(smoke_root,
     for run in children:
         arm = run.data.tags[runs.TAG_ARM]
         model = wl.build_model()
-        path = client.download_artifacts(run.info.run_id, "model/model.safetensors", str(tmp_path / arm))
+        path = download_weights(client, run.info.run_id, str(tmp_path / arm))
         model.load_state_dict(load_file(path))
         for sigma in params["sigmas"]:
             direct = neighbourhood_loss(model, subset, sigma=sigma, n_draws=params["draws"], seed=study.measure_seed,

@@ -412,11 +412,18 @@ def test_log_comparison_puts_the_table_and_plot_on_the_parent_run(store):
 
     uri, parent = store
     logged = cmp.log_comparison(uri, parent, trials_frame(uri, "toy"), study="toy")
-    assert logged == ["compare/comparison.md", "compare/comparison.csv", "compare/metric_vs_flatness.png"]
+    assert logged == ["compare/comparison.md", "compare/comparison.csv", "compare/comparison.json",
+                      "compare/metric_vs_flatness.png"]
     c = runs.client(uri)
     assert sorted(a.path for a in c.list_artifacts(parent, "compare")) == sorted(logged)
     md = open(c.download_artifacts(parent, "compare/comparison.md")).read()
     assert "vs sam" in md  # the reference recorded on the launch
+    # the same table as an MLflow table artifact: every column, as the markdown shows them
+    import json
+
+    table = json.loads(open(c.download_artifacts(parent, "compare/comparison.json")).read())
+    comparison = cmp.compare_table(trials_frame(uri, "toy"), reference="sam", study="toy")
+    assert table["columns"] == cmp.headers(comparison) and table["data"] == cmp.cells(comparison)
     assert cmp.log_comparison(uri, parent, trials_frame(uri, "toy"), reference="nope") == []  # warns, never raises
 
 

@@ -83,6 +83,53 @@ def test_metric_vs_flatness_has_no_offset_and_keeps_its_log_axis(monkeypatch, tm
     assert _offset_texts(fig) == ["", "", "", ""]
     boxes = sorted((t.get_window_extent() for t in fisher.get_xticklabels() if t.get_text()), key=lambda b: b.x0)
     assert len(boxes) >= 2 and all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:]))  # full labels do not collide
+    # the legend (one entry per arm) is the figure's, right of every panel: it covers no point
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["sam", "sgd"] and not fisher.get_legend()
+    box = legend.get_window_extent()
+    assert all(box.x0 >= ax.get_window_extent().x1 for ax in (fisher, sharp))
+
+
+def test_parallel_coordinates_are_readable(monkeypatch, tmp_path):
+    """Optuna's parallel coordinates after tidy_parallel_coordinate: one title (the caller's), at most five
+    plain labels per parameter axis (a narrow log range gets no 7.5x10^-2 minor labels), no near-white
+    line, and the colour bar clear of the last axis' labels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import numpy as np
+    import optuna
+
+    from flatlab.tracking.plot_axes import tidy_parallel_coordinate
+    from flatlab.tracking.study_report import _optuna_png
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    st = optuna.create_study(direction="maximize")
+    dists = {"lr": optuna.distributions.FloatDistribution(0.07, 0.08, log=True),
+             "rho": optuna.distributions.FloatDistribution(0.11, 0.12, log=True)}
+    for lr, rho, acc in ((0.071, 0.111, 0.5), (0.075, 0.115, 0.7), (0.079, 0.119, 0.9)):
+        st.add_trial(optuna.trial.create_trial(params={"lr": lr, "rho": rho}, distributions=dists, value=acc))
+
+    def draw():
+        return optuna.visualization.matplotlib.plot_parallel_coordinate(st, target_name="val/accuracy")
+
+    (fig,) = _drawn(monkeypatch, lambda: _optuna_png(draw, tmp_path / "p.png", "sam: val/accuracy", tidy=tidy_parallel_coordinate))
+    main = fig.axes[0]
+    assert main.get_title() == "" and fig.get_suptitle() == "sam: val/accuracy"
+    cbar = next(ax for ax in fig.axes if getattr(ax, "_colorbar", None) is not None)
+    twins = [ax for ax in fig.axes if ax is not main and ax is not cbar]
+    assert len(twins) == 2
+    for ax in twins:
+        lo, hi = sorted(ax.get_ylim())
+        labels = [t for t in ax.get_yticklabels() if t.get_text() and lo <= t.get_position()[1] <= hi]
+        assert 2 <= len(labels) <= 6 and not any("10^" in t.get_text() or "times" in t.get_text() for t in labels)
+        assert not [t for t in ax.get_yticklabels(minor=True) if t.get_text()]
+    (lines,) = main.collections
+    worst = lines.get_cmap()(lines.norm(0.5))
+    best = lines.get_cmap()(lines.norm(0.9))
+    assert np.mean(worst[:3]) < 0.85 and np.mean(best[:3]) < np.mean(worst[:3])  # not near-white; the best darkest
+    label_right = max(t.get_window_extent().x1 for t in twins[-1].get_yticklabels() if t.get_text())
+    assert cbar.get_window_extent().x0 > label_right  # the colour bar starts right of the last labels
 
 
 def test_optuna_pngs_have_no_offset(monkeypatch, tmp_path):

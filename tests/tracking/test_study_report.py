@@ -72,15 +72,20 @@ def test_report_logs_best_per_arm_and_every_plot(store, caplog):
     with caplog.at_level(logging.INFO, logger="flatlab.tracking.study_report"):
         logged = log_study_report(STUDY, uri, parent, out)
     assert dict(matplotlib.rcParams) == style  # Optuna's ggplot style does not leak into the caller's plots
-    metrics = c.get_run(parent).data.metrics
-    # the best COMPLETED search trial of each arm (s3's 0.95 was pruned)
-    assert metrics["best/sgd/val/accuracy"] == 0.90 and metrics["best/sgd/test/accuracy"] == 0.88
-    assert metrics["best/adamw/val/accuracy"] == 0.70 and metrics["best/adamw/test/accuracy"] == 0.69
+    assert c.get_run(parent).data.metrics == {}  # one table, no per-arm metrics crowding the trials' charts
+    table = json.loads(open(c.download_artifacts(parent, "report/best_per_arm.json", str(out))).read())
+    # the best COMPLETED search trial of each arm (s3's 0.95 was pruned; adamw's a2 diverged)
+    assert table["columns"] == ["arm", "trial", "epochs", "val/accuracy", "test/accuracy", "flat/fisher_trace",
+                                "params", "run_id"]
+    assert [row[:6] for row in table["data"]] == [["sgd", "sgd · s2", 3, 0.90, 0.88, 2.0],
+                                                  ["adamw", "adamw · a1", 3, 0.70, 0.69, 4.0]]
+    assert [row[6] for row in table["data"]] == ["lr=0.2", "lr=0.003"]
+    assert c.get_run(parent).data.tags["mlflow.loggedArtifacts"]  # MLflow's mark of a table its UI renders
     arts = {a.path for a in c.list_artifacts(parent, "report")}
-    assert arts == {"report/learning_curves.png", "report/parallel_coordinate_sgd.png",
+    assert arts == {"report/learning_curves.png", "report/parallel_coordinate_sgd.png", "report/best_per_arm.json",
                     "report/param_importances_sgd.png", "report/metric_vs_flatness.png"}
     assert set(logged) >= arts
-    for path in arts:  # real PNGs
+    for path in arts - {"report/best_per_arm.json"}:  # real PNGs
         local = c.download_artifacts(parent, path, str(out))
         assert open(local, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert "arm 'adamw': it searches no parameter" in caplog.text  # the reason it has no Optuna plots
@@ -118,4 +123,5 @@ def test_skips_are_logged_never_raised(store, caplog):
         log_study_report(STUDY, uri, parent, out)
         assert log_study_report(STUDY, "sqlite:///" + str(out / "missing.db"), parent, out) == []  # no store: no raise
     assert "no Optuna studies" in caplog.text
-    assert {a.path for a in c.list_artifacts(parent, "report")} == {"report/learning_curves.png", "report/metric_vs_flatness.png"}
+    assert {a.path for a in c.list_artifacts(parent, "report")} == {"report/learning_curves.png", "report/metric_vs_flatness.png",
+                                                                      "report/best_per_arm.json"}

@@ -81,6 +81,7 @@ def run(
     from flatlab.study.runner import RunOptions, run_study
     from flatlab.tracking.query import select
     from flatlab.tracking.results import render, trials_frame
+    from flatlab.tracking.ui import where_to_look
 
     opts = RunOptions(root=_root(root), address=address, tracking_uri=tracking_uri, storage=storage, resume=resume,
                       source=str(study_file), num_cpus=num_cpus)
@@ -110,6 +111,7 @@ def run(
         _say_arms_without_answer(df, best)
         if not outcome.interrupted and (pooled or s.final_seeds):
             _print_comparison(df, s, console)
+        console.print(where_to_look(outcome.tracking_uri, outcome.experiment_id), soft_wrap=True)  # the training view
         if interrupted:
             break
     if interrupted:

@@ -156,15 +156,18 @@ def _open_launch(
 ) -> Tuple[str, str, str]:
     """Experiment and parent run of this launch: ``(experiment_id, parent_run_id, tune_experiment_name)``.
 
-    A new launch gets a new parent run (params: the study's settings; artifacts: the plan and the study
-    file; ``launch_tags``: e.g. the Optuna studies it grows); ``--resume`` reopens the ``resumed``
-    launch's parent run.
+    A new launch gets a new parent run (params: the study's settings, nested ones under dotted names,
+    :mod:`flatlab.tracking.param_text`; artifacts: the plan and the study file; ``launch_tags``: e.g. the
+    Optuna studies it grows) and becomes the experiment's default view in MLflow's UI
+    (:func:`flatlab.tracking.ui.set_default_view`); ``--resume`` reopens the ``resumed`` launch's parent run.
     """
     from mlflow.entities import Param
 
     from flatlab.study.plan import plan
     from flatlab.tracking.environment import log_packages
+    from flatlab.tracking.param_text import flat_params
     from flatlab.tracking.published_runs import launch_param
+    from flatlab.tracking.ui import set_default_view
 
     experiment_id = runs.get_or_create_experiment(tracking_uri, study.name, runs.artifact_location(root))
     client = runs.client(tracking_uri)
@@ -179,13 +182,15 @@ def _open_launch(
     )
     p = plan(study)
     params = {k: p[k] for k in ("workload", "metric", "mode", "searcher", "scheduler", "max_epochs", "total_trials", "seeds")}
-    params.update(final_seeds=p["final_seeds"], measures=p["measures"])
+    params.update(final_seeds=p["final_seeds"], measures=p["measures"] or "none")
     params.update(chained_params(study))  # <arm>.<field> and <arm>.<field>.source of chained values
     if study.reference_arm is not None:
         params["reference_arm"] = study.reference_arm
-    params.update(launch_param(study.published))  # `flatlab curves STUDY` finds the reference here
-    params.update({"source": opts.source, "workload_params": p["workload_params"], "train": p["train"]})
-    client.log_batch(parent.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+    params.update(launch_param(study.published))  # `flatlab curves STUDY` finds the reference here (JSON)
+    params.update({"source": opts.source, "wl": p["workload_params"], "train": p["train"]})
+    # readable values: wl.width = 128, measures.neighbourhood_loss.sigma = 0.03, final_seeds = 1, 2, 3
+    client.log_batch(parent.info.run_id, params=[Param(k, v) for k, v in flat_params(params).items()])
+    set_default_view(client, experiment_id, study, parent.info.run_id)  # the runs table MLflow's UI opens
     client.log_dict(parent.info.run_id, p, "plan.json")
     log_packages(client, parent.info.run_id)  # environment/requirements.txt (tracking/environment.py)
     if opts.source and Path(opts.source).is_file():

@@ -147,7 +147,7 @@ class Study:
             so short epochs do not each pay for one. ``flatlab run --checkpoint-every N`` overrides it.
         reference_arm: steps-to-target against an arm (IRE paper, Fig. 4: AdamW's final loss). After the
             study, every finished trial gets ``train/steps_to_target``: the first optimizer step at which
-            its smoothed training loss (``train/loss_smoothed``, EMA factor ``curve_smoothing``) is <= the
+            its smoothed training loss (``train_step/loss_smoothed``, EMA factor ``curve_smoothing``) is <= the
             FINAL smoothed training loss of this arm's best finished trial with the same seed (best by
             ``metric``/``mode``), and ``train/speedup`` = that reference trial's total optimizer steps /
             ``train/steps_to_target``. Trials that never reach it get the tag

@@ -24,6 +24,7 @@ import torch
 
 from flatlab.study.spec import Study
 from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
+from flatlab.tracking.runs import EPOCH_END_KEY, SUMMARY_KEY
 from flatlab.tracking.selection import COMPLETED_KEY, DIVERGED_KEY
 from flatlab.train.checkpoint import StateSnapshot
 from flatlab.train.trainer import Diverged, Trainer
@@ -73,6 +74,10 @@ def trial_loop(
     """The epochs of one trial from wherever ``trainer`` stands (a resumed trial continues): one
     ``report`` per epoch, with a checkpoint where :func:`checkpoint_due` says so and at the last; the last
     report adds :func:`_final_metrics`; a diverged epoch reports the worst metric and ends the trial.
+    Every report carries the time its epoch ended (``epoch_end_time``, seconds since 1970: the
+    timestamp of its metrics in MLflow, however late the report reaches the driver); the last names
+    the metrics :func:`_final_metrics` added (``summary_metrics``: logged at step 0, MLflow's summary
+    values).
 
     Args:
         main: this process writes checkpoints, evaluates the final model (test split, flatness measures)
@@ -83,23 +88,30 @@ def trial_loop(
     target = trainer.hp.get("stop_at_train_loss")
     extra = dict(extra or {})
     saved_at = time.monotonic()
+    curve_times = [(trainer.curve.step, time.time())]  # (optimizer step, time): the curve's timestamps
     while trainer.epoch < study.max_epochs:
         try:
             metrics = trainer.run_epoch()
         except Diverged as exc:
             report({"epoch": trainer.epoch + 1, study.metric: _worst(study), DIVERGED_KEY: 1, "diverged_step": exc.step,
-                    **extra}, None)
+                    EPOCH_END_KEY: time.time(), **extra}, None)
             return
         metrics.update(extra)
+        metrics[EPOCH_END_KEY] = time.time()  # the epoch's metrics are timed when it ended, not when sent
+        curve_times.append((trainer.curve.step, metrics[EPOCH_END_KEY]))
         _not_diverged(metrics, study)
         reached = target is not None and metrics.get("train/loss", math.inf) <= target
         last = reached or trainer.epoch == study.max_epochs
         if last and not main:  # DDP: Tune takes rank 0's report; the others only keep the report count
             metrics[COMPLETED_KEY] = 1
         elif last:
-            metrics.update(_final_metrics(trainer, study, target, reached))
+            final = _final_metrics(trainer, study, target, reached)
+            metrics.update(final)
+            # what only this report holds, about the final model: summary values, at step 0 in MLflow
+            metrics[SUMMARY_KEY] = ",".join(sorted(k for k in final if k != COMPLETED_KEY))
             if tracking is not None and trial_id:
-                log_trial_artifacts(tracking, trial_id, trainer.model, trainer.spec, metrics, curve=trainer.curve.points())
+                log_trial_artifacts(tracking, trial_id, trainer.model, trainer.spec, metrics, curve=trainer.curve.points(),
+                                    curve_times=curve_times)
         if checkpoint_due(study.checkpoint_every, trainer.epoch, last, time.monotonic() - saved_at):
             report(metrics, trainer.snapshot() if main else None)  # written and sent by the report
             saved_at = time.monotonic()

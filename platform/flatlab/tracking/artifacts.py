@@ -1,5 +1,10 @@
-"""Worker-side MLflow logging at a trial's last epoch: the final model and the full configuration, as
-artifacts, and the smoothed training-loss curve, as the metric history ``train/loss_smoothed``.
+"""Worker-side MLflow logging at a trial's last epoch: the final model (an MLflow logged model,
+:mod:`flatlab.tracking.logged_model`), the full configuration (``trial.json``) and the smoothed
+training-loss curve, as the metric history ``train_step/loss_smoothed``.
+
+The curve is indexed by optimizer step, not by epoch like every other metric of a trial, so it has a
+section of its own in MLflow's charts (``train_step/``). Its points' timestamps are interpolated
+between the ends of the epochs that hold their steps (the trainer keeps no clock per step).
 
 Workers do not inherit the driver's tracking URI (ray#36257): the driver passes it explicitly in
 :class:`WorkerTracking`. The child run is created by the driver; the worker finds it by trial id.
@@ -21,7 +26,8 @@ from flatlab.tracking import runs
 
 logger = logging.getLogger(__name__)
 
-CURVE_METRIC = "train/loss_smoothed"
+CURVE_METRIC = "train_step/loss_smoothed"  # step = optimizer step (every other metric: step = epoch)
+LEGACY_CURVE_METRIC = "train/loss_smoothed"  # its name in runs logged before it had a section of its own
 
 
 @dataclass(frozen=True)
@@ -34,13 +40,31 @@ class WorkerTracking:
     log_models: bool = True
 
 
-def log_curve(client: Any, run_id: str, curve: Sequence[Tuple[int, float]]) -> None:
+def log_curve(client: Any, run_id: str, curve: Sequence[Tuple[int, float]],
+              times: Sequence[Tuple[int, float]] = ()) -> None:
     """Log ``curve`` (``(optimizer step, smoothed training loss)`` pairs) as the history of
-    ``train/loss_smoothed`` (step = optimizer step), with ``log_batch`` calls of at most 1000 metrics."""
+    :data:`CURVE_METRIC` (step = optimizer step), with ``log_batch`` calls of at most 1000 metrics.
+
+    Args:
+        times: ``(optimizer step, seconds since 1970)`` anchors, e.g. the step count and the time at the
+            start of the trial and at the end of each epoch: a point's timestamp is linearly
+            interpolated between them (held constant outside them); none: every point gets the time now.
+    """
     from mlflow.entities import Metric
 
-    now = int(time.time() * 1000)
-    runs.log_metrics(client, run_id, [Metric(CURVE_METRIC, float(v), now, int(s)) for s, v in curve])
+    stamps = _timestamps([int(s) for s, _ in curve], times)
+    runs.log_metrics(client, run_id, [Metric(CURVE_METRIC, float(v), t, int(s)) for (s, v), t in zip(curve, stamps)])
+
+
+def _timestamps(steps: Sequence[int], times: Sequence[Tuple[int, float]]) -> list:
+    """Milliseconds since 1970 for each of ``steps``, interpolated in ``times`` (see :func:`log_curve`)."""
+    import numpy as np
+
+    if not times:
+        return [int(time.time() * 1000)] * len(steps)
+    anchors = sorted(times)
+    at = np.interp(steps, [s for s, _ in anchors], [t for _, t in anchors])
+    return [int(round(1000 * t)) for t in at]
 
 
 def log_trial_artifacts(
@@ -50,13 +74,17 @@ def log_trial_artifacts(
     spec: Any,
     metrics: Dict[str, Any],
     curve: Optional[Sequence[Tuple[int, float]]] = None,
+    curve_times: Sequence[Tuple[int, float]] = (),
 ) -> Optional[str]:
-    """Upload ``model/model.safetensors`` and ``trial.json`` (``spec``: the values the study set;
-    ``resolved``: every value the trial ran with, defaults included, as
-    :func:`flatlab.train.resolved.resolve_spec` gives it; ``final_metrics``) to the trial's run,
-    and log ``curve`` (``trainer.curve.points()``: ``(optimizer step, smoothed training loss)``, the
-    loss in the workload's units, e.g. nats per token) as the metric history ``train/loss_smoothed``,
-    which :func:`flatlab.tracking.speedup.log_steps_to_target` reads after the study.
+    """Log a trial's end to its run: ``trial.json`` (``spec``: the values the study set; ``resolved``:
+    every value the trial ran with, defaults included, as :func:`flatlab.train.resolved.resolve_spec`
+    gives it; ``final_metrics``), ``model`` as the run's MLflow logged model
+    (:func:`flatlab.tracking.logged_model.log_trial_model`, named like the run, at the step of
+    ``metrics["epoch"]`` with the final ``metrics`` linked to it) and ``curve``
+    (``trainer.curve.points()``: ``(optimizer step, smoothed training loss)``, the loss in the
+    workload's units, e.g. nats per token) as the metric history :data:`CURVE_METRIC` (timestamps from
+    ``curve_times``, see :func:`log_curve`), which :func:`flatlab.tracking.speedup.log_steps_to_target`
+    reads after the study.
 
     Returns the run id, or ``None`` if the run could not be found within 60 s (logged, not raised:
     artifacts must never fail a trial; neither does a failure to log the curve, which is logged).
@@ -65,12 +93,13 @@ def log_trial_artifacts(
     if run_id is None:
         logger.warning("no MLflow run found for trial %s; artifacts not logged", trial_id)
         return None
-    from safetensors.torch import save_file
+    from flatlab.tracking import ui
+    from flatlab.tracking.logged_model import log_trial_model
 
     client = runs.client(tracking.tracking_uri)
     if curve:
         try:
-            log_curve(client, run_id, curve)
+            log_curve(client, run_id, curve, curve_times)
         except Exception:  # noqa: BLE001 - a tracking hiccup must not fail the trial
             logger.warning("could not log %s for trial %s", CURVE_METRIC, trial_id, exc_info=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,11 +107,13 @@ def log_trial_artifacts(
         with open(os.path.join(tmp, "trial.json"), "w") as f:
             json.dump(info, f, indent=2, default=str)
         client.log_artifact(run_id, os.path.join(tmp, "trial.json"))
-        if tracking.log_models:
-            state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-            os.makedirs(os.path.join(tmp, "model"))
-            save_file(state, os.path.join(tmp, "model", "model.safetensors"))
-            client.log_artifacts(run_id, os.path.join(tmp, "model"), artifact_path="model")
+    if tracking.log_models:
+        tags = client.get_run(run_id).data.tags
+        name = ui.model_name(tags.get(runs.TAG_ARM, "model"), tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH),
+                             tags.get(runs.TAG_SEED, ""), trial_id)
+        ended = metrics.get(runs.EPOCH_END_KEY)
+        log_trial_model(client, run_id, name, model, spec, metrics=metrics, step=int(metrics.get("epoch", 0)),
+                        timestamp_ms=int(1000 * ended) if isinstance(ended, (int, float)) else None)
     return run_id
 
 

@@ -3,9 +3,14 @@
 Ray's ``MLflowLoggerCallback`` logs every result synchronously (~35 ms per result on SQLite, which
 tripled a small study's wall time in our measurements). This callback only enqueues on the Tune
 thread; one background thread creates runs, sends metrics with ``MlflowClient.log_batch`` (all
-pending results of a run in one call), and ends runs. Statuses: FINISHED for completed trials,
-KILLED (``flatlab.outcome=pruned``) for trials the scheduler stopped, FAILED for errors and divergence
-(``flatlab.outcome=diverged``); a failed trial's exception and traceback go to its ``error.txt``
+pending results of a run in one call), and ends runs. Statuses (:data:`flatlab.tracking.ui.OUTCOME_STATUS`):
+FINISHED for completed trials and for trials the scheduler stopped (``flatlab.outcome=pruned``: a
+result, not a failure), FAILED for errors and divergence (``flatlab.outcome=diverged``); runs are named
+by arm, stage and seed or trial id (:func:`flatlab.tracking.ui.trial_run_name`). Each epoch's metrics
+carry the time that epoch ended (the report's ``epoch_end_time``), not the time they reached the driver,
+which receives several epochs' reports at once; per-epoch metrics have step = epoch, the final model's
+summary values (``test/*``, ``flat/*`` ..., named by the last report: :data:`flatlab.tracking.runs.SUMMARY_KEY`)
+step 0. A failed trial's exception and traceback go to its ``error.txt``
 artifact and ``Type: message`` to its ``flatlab.error`` tag, which a restart removes. :meth:`close`
 marks anything still open KILLED, so no run is left RUNNING. The callback pickles without its
 thread (Tune stores it in the experiment state for resume).
@@ -27,7 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ray.tune import Callback
 
-from flatlab.tracking import runs
+from flatlab.tracking import runs, ui
 from flatlab.tracking.trial_errors import one_line, read_trial_error
 
 logger = logging.getLogger(__name__)
@@ -117,14 +122,16 @@ class MLflowTrialLogger(Callback):
         metrics = {k: v for k, v in runs.numeric_metrics(result).items() if math.isfinite(v)}
         self._last[trial.trial_id] = result
         step = int(result.get("epoch", result.get("training_iteration", 0)))
-        self._queue.put(("metrics", trial.trial_id, (metrics, step)))
+        ended = result.get(runs.EPOCH_END_KEY)  # seconds since 1970 (the worker's clock); older reports lack it
+        timestamp = int(1000 * ended) if isinstance(ended, (int, float)) and math.isfinite(ended) else None
+        self._queue.put(("metrics", trial.trial_id, (metrics, step, timestamp, runs.summary_keys(result))))
 
     def on_trial_complete(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
         from flatlab.tracking.selection import trial_outcome
 
         last = self._last.get(trial.trial_id) or getattr(trial, "last_result", {}) or {}
         outcome = trial_outcome(last, False, self.metric)
-        status = {"completed": "FINISHED", "pruned": "KILLED"}.get(outcome, "FAILED")
+        status = ui.OUTCOME_STATUS.get(outcome, "FAILED")
         self._queue.put(("end", trial.trial_id, (status, outcome, None)))
 
     def on_trial_error(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
@@ -173,8 +180,7 @@ class MLflowTrialLogger(Callback):
                 kind, trial_id, payload = "tick", "", None
             try:
                 if kind == "metrics":
-                    metrics, step = payload
-                    pending.setdefault(trial_id, []).append((metrics, step))
+                    pending.setdefault(trial_id, []).append(payload)
                 if kind in ("start", "end", "flush", "stop") or (pending and time.monotonic() - last_flush > _FLUSH_S):
                     self._send_metrics(client, pending)
                     last_flush = time.monotonic()
@@ -210,7 +216,8 @@ class MLflowTrialLogger(Callback):
                 runs.TAG_SEED: str(config.get("seed", "")),
                 runs.TAG_STAGE: str(config.get(runs.STAGE_KEY, runs.STAGE_SEARCH)),
             }
-            run = client.create_run(self.experiment_id, tags=tags, run_name=f"{arm}-{trial_id}")
+            name = ui.trial_run_name(arm, tags[runs.TAG_STAGE], tags[runs.TAG_SEED], trial_id)
+            run = client.create_run(self.experiment_id, tags=tags, run_name=name)
             run_id = run.info.run_id
             client.log_batch(run_id, params=[Param(k, v) for k, v in self._params(config).items()])
         else:
@@ -241,7 +248,7 @@ class MLflowTrialLogger(Callback):
             if run_id is None:
                 continue  # its start is still queued behind; sent on a later flush
             batch = []
-            for metrics, step in pending.pop(trial_id):
+            for metrics, step, timestamp, summary in pending.pop(trial_id):
                 if step <= self._logged_step.get(trial_id, -1):
                     continue  # re-run from an earlier checkpoint: this epoch is logged already
                 self._logged_step[trial_id] = step
@@ -251,7 +258,8 @@ class MLflowTrialLogger(Callback):
                     if best is None or (value > best if self.mode == "max" else value < best):
                         self._best[trial_id] = best = value
                     metrics = {**metrics, f"best/{self.metric}": best}
-                batch += [Metric(k, v, now, step) for k, v in metrics.items()]
+                # the final model's summary values (test/*, flat/* ...) at step 0: a bar per run in MLflow's charts
+                batch += [Metric(k, v, timestamp or now, runs.metric_step(k, step, summary)) for k, v in metrics.items()]
             runs.log_metrics(client, run_id, batch)
 
     def _seed_logged(self, client: Any, trial_id: str, run_id: str) -> None:

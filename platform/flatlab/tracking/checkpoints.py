@@ -57,14 +57,17 @@ def is_reference(value: Any) -> bool:
 
 
 def fetch_run(tracking_uri: str, run_id: str) -> Path:
-    """The local path of MLflow run ``run_id``'s ``model/model.safetensors``, downloaded (with its
+    """The local path of MLflow run ``run_id``'s final weights (its logged model's safetensors file, or the
+    ``model/model.safetensors`` artifact of runs logged before logged models:
+    :func:`flatlab.tracking.logged_model.download_weights`), downloaded (with its
     ``trial.json``, when the run has one) into ``<cache>/checkpoints/<run_id>/`` unless already there.
     The model file is moved into place last, so a present model file means a complete download.
 
     Raises:
-        ConfigError: the run has no ``model/model.safetensors`` (or cannot be read).
+        ConfigError: the run has neither a logged model nor ``model/model.safetensors`` (or cannot be read).
     """
     from flatlab.tracking import runs
+    from flatlab.tracking.logged_model import download_weights
 
     target = cache_root() / "checkpoints" / run_id
     model = target / MODEL_ARTIFACT
@@ -75,9 +78,10 @@ def fetch_run(tracking_uri: str, run_id: str) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=target, prefix=".download-"))
     try:
         try:
-            local = client.download_artifacts(run_id, MODEL_ARTIFACT, str(tmp))
+            local = download_weights(client, run_id, str(tmp))
         except Exception as exc:  # MlflowException, OSError ...
-            raise ConfigError(f"MLflow run {run_id} has no artifact {MODEL_ARTIFACT} ({exc}); was it logged with log_models?") from None
+            raise ConfigError(f"MLflow run {run_id} has no logged model nor artifact {MODEL_ARTIFACT} ({exc}); "
+                              "was it logged with log_models?") from None
         try:
             os.replace(client.download_artifacts(run_id, TRIAL_ARTIFACT, str(tmp)), target / TRIAL_ARTIFACT)
         except Exception:  # noqa: BLE001 - trial.json is optional

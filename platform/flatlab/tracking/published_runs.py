@@ -55,7 +55,8 @@ def epoch_values(tracking_uri: str, trials: Any, metrics: Sequence[str],
 
     Returns:
         ``(frame, notes)``: a DataFrame with columns ``arm``, ``seed``, ``metric``, ``epoch``, ``value``
-        (the last value logged at each step, finite values only) over the completed runs of
+        (the last value logged at each step, finite values only; a summary value, which MLflow holds at
+        step 0, at the run's last epoch) over the completed runs of
         :func:`~flatlab.tracking.compare.select_sample` (only ``arms`` if given), and notes on runs left out.
     Raises:
         ConfigError: no trials.
@@ -79,6 +80,8 @@ def epoch_values(tracking_uri: str, trials: Any, metrics: Sequence[str],
         for metric in metrics:
             history = sorted(client.get_metric_history(r.run_id, metric), key=lambda m: m.timestamp)
             last = {m.step: m.value for m in history}  # a re-run epoch (resumed trial): its last value
+            if set(last) == {0} and getattr(r, "epochs", 0):  # a summary value (step 0): the final model's
+                last = {int(r.epochs): last[0]}
             rows += [{"arm": r.arm, "seed": r.seed, "metric": metric, "epoch": int(step), "value": float(v)}
                      for step, v in sorted(last.items()) if math.isfinite(v)]
     notes.insert(0, f"flatlab: the {source} runs of each arm ({int(done.sum())} completed).")

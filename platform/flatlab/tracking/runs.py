@@ -11,7 +11,7 @@ import subprocess
 import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 TAG_ROLE = "flatlab.role"
 TAG_TRIAL = "flatlab.trial_id"
@@ -28,6 +28,30 @@ TAG_ERROR = "flatlab.error"  # a failed trial's "Type: message" (full traceback:
 PARENT = "mlflow.parentRunId"
 STAGE_KEY = "stage"  # the trial config key that carries the stage (not a hyperparameter; never logged as a param)
 STAGE_SEARCH, STAGE_FINAL = "search", "final"
+# A trial's last report names the metrics it holds about the final model only (test/* unless the
+# trainer tests every epoch, flat/*, time/measures_s, train/target_reached, train/epochs_to_target:
+# what study/trainable.py's _final_metrics adds), comma-separated under this key (not a metric: no "/").
+# They are logged at step 0, which is how MLflow tells a run's summary values from its curves: its UI
+# draws a metric whose steps are all 0 as one bar per run, not as a one-point line on an epoch axis
+# (``train/steps_to_target`` and ``train/speedup``, logged after the study by tracking/speedup.py, are
+# at step 0 too). The epoch they were measured at is the run's last ``epoch``.
+SUMMARY_KEY = "summary_metrics"
+
+
+def summary_keys(report: Dict[str, Any]) -> frozenset:
+    """The summary metrics a report names under :data:`SUMMARY_KEY` (none for a per-epoch report)."""
+    return frozenset(k for k in str(report.get(SUMMARY_KEY) or "").split(",") if k)
+
+
+def metric_step(key: str, epoch: int, summary: frozenset = frozenset()) -> int:
+    """The MLflow step of metric ``key`` in the report of ``epoch`` whose summary metrics are ``summary``
+    (:func:`summary_keys`): 0 for a summary value, else the epoch."""
+    return 0 if key in summary else epoch
+
+
+# A report's key for the time its epoch ended (seconds since 1970, ``time.time()`` on the worker): the
+# timestamp of the epoch's metrics in MLflow. Not a metric (no "/"), never logged as one.
+EPOCH_END_KEY = "epoch_end_time"
 
 # A trial's MLflow params: its config as the searcher gave it under the plain names (``arm``, ``seed``,
 # ``lr`` ...: what queries such as ``params.lr`` use), and every resolved value, defaults included, under
@@ -55,11 +79,20 @@ def trial_params(config: Dict[str, Any], resolved: Optional[Dict[str, Dict[str, 
     """The MLflow params of a trial: ``config``'s entries under their own names (except the stage, which
     is a tag), then ``resolved`` (:meth:`flatlab.study.spec.Study.resolved_config`) as
     ``<prefix><name>`` (:data:`RESOLVED_PREFIX`). Values are ``str(value)``, cut to MLflow's limit: the
-    same config always gives the same strings, as MLflow requires of a resumed run."""
-    out = {k: str(v) for k, v in sorted(config.items()) if k != STAGE_KEY}
+    same config always gives the same strings, as MLflow requires of a resumed run. A mapping value is
+    flattened to one param per entry (``<name>.<key>``, :func:`flatlab.tracking.param_text.flat_params`),
+    never logged as a Python repr."""
+    from flatlab.tracking.param_text import flat_params
+
+    def params(values: Dict[str, Any], prefix: str = "") -> Dict[str, str]:
+        out: Dict[str, str] = {}
+        for k, v in sorted(values.items()):
+            out.update(flat_params({k: v}, prefix) if isinstance(v, Mapping) else {f"{prefix}{k}": str(v)})
+        return out
+
+    out = params({k: v for k, v in config.items() if k != STAGE_KEY})
     for section, values in (resolved or {}).items():
-        prefix = RESOLVED_PREFIX[section]
-        out.update({f"{prefix}{k}": str(v) for k, v in sorted(values.items())})
+        out.update(params(values, RESOLVED_PREFIX[section]))
     return {k: v[:PARAM_VALUE_LIMIT] for k, v in out.items()}
 
 

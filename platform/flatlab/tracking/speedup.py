@@ -1,8 +1,9 @@
 """After a study: optimizer steps to reach a target training loss, and the speed-up over a reference arm.
 
 IRE paper, Fig. 4 ("AdmIRE reaches AdamW's final loss in about half the steps"). Each finished trial
-has its smoothed training-loss curve in MLflow (metric history ``train/loss_smoothed``, step =
-optimizer step, logged by the worker at the trial's last epoch). With ``Study.reference_arm`` the
+has its smoothed training-loss curve in MLflow (metric history ``train_step/loss_smoothed``, step =
+optimizer step, logged by the worker at the trial's last epoch; ``train/loss_smoothed`` in runs logged
+before it had a section of its own). With ``Study.reference_arm`` the
 target of a seed is the final smoothed loss of the reference arm's trial with that seed in its
 best-ranked configuration that completed the seed (:func:`flatlab.tracking.selection.trial_for_seed`:
 configurations ranked by the mean over seeds of the study metric's final value; search and final-stage
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from flatlab.tracking import runs, selection
-from flatlab.tracking.artifacts import CURVE_METRIC
+from flatlab.tracking.artifacts import CURVE_METRIC, LEGACY_CURVE_METRIC
 from flatlab.train.curve import Point, first_step_at_or_below
 
 if TYPE_CHECKING:
@@ -166,9 +167,10 @@ def _finished_children(client: Any, experiment_id: str, parent_run_id: str) -> L
 
 
 def _curve(client: Any, run_id: str) -> List[Point]:
-    """The run's ``train/loss_smoothed`` history by step (the latest value per step, e.g. after a re-log)."""
+    """The run's :data:`CURVE_METRIC` history by step (the latest value per step, e.g. after a re-log;
+    :data:`LEGACY_CURVE_METRIC` for runs logged before the rename)."""
     latest: Dict[int, Tuple[int, float]] = {}  # step -> (timestamp, value)
-    for m in client.get_metric_history(run_id, CURVE_METRIC):
+    for m in client.get_metric_history(run_id, CURVE_METRIC) or client.get_metric_history(run_id, LEGACY_CURVE_METRIC):
         if m.step not in latest or m.timestamp >= latest[m.step][0]:
             latest[m.step] = (m.timestamp, m.value)
     return [(step, latest[step][1]) for step in sorted(latest)]

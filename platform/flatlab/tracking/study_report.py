@@ -2,19 +2,25 @@
 
 After a launch (``study/runner.py`` ``_post_study``), :func:`log_study_report` logs to the parent run:
 
-* metrics ``best/<arm>/<metric>`` and ``best/<arm>/<test metric>`` (``test/accuracy``, or
-  ``test/perplexity``/``test/loss`` where the workload reports that instead): the values of each arm's
-  best trial (:func:`flatlab.tracking.selection.best_trial_rows`: the best trial of its best
-  configuration, by the study metric);
+* ``report/best_per_arm.json``, a table (``mlflow.log_table``) with one row per arm: its best completed
+  trial (:func:`flatlab.tracking.selection.best_trial_rows`: the best trial of its best
+  configuration, by the study metric), its epochs, the
+  study metric, the test metric (``test/accuracy``, or ``test/perplexity``/``test/loss`` where the
+  workload reports that instead), its flatness measures and its params. The parent run holds no
+  per-arm metrics, so MLflow's charts show the trials' curves;
 * ``report/learning_curves.png``: the study metric against the epoch, one line per trial, one panel per
   arm (solid: completed, dotted: pruned or stopped, dashed: final-stage re-runs);
 * ``report/parallel_coordinate_<arm>.png`` and ``report/param_importances_<arm>.png``: Optuna's
   matplotlib visualisations over the arm's Optuna study (``<root>/<study>/optuna.db``, study
-  ``<launch>.<arm>``; fANOVA importances with a fixed seed, which need >= 2 completed trials and a
-  searched parameter);
+  ``<launch>.<arm>``; parallel coordinates tidied by
+  :func:`flatlab.tracking.plot_axes.tidy_parallel_coordinate`; fANOVA importances with a fixed seed,
+  which need >= 2 completed trials and a searched parameter);
 * ``report/metric_vs_flatness.png`` (:func:`flatlab.tracking.compare.plot.plot_metric_vs_flatness`) over the
   completed trials, for studies without a final stage whose trials measured flatness (``flat/*``); with a
-  final stage, :func:`flatlab.tracking.compare.publish.log_comparison` logs it under ``compare/``.
+  final stage, :func:`flatlab.tracking.compare.publish.log_comparison` logs it under ``compare/``;
+
+and it points the experiment's default view in MLflow's UI (:func:`flatlab.tracking.ui.set_default_view`)
+at this launch, with the test metric its trials logged.
 
 What cannot be drawn (no completed trial, a grid study without Optuna studies, an arm that searches
 nothing) is skipped with its reason in the study's log. Nothing here ever raises: every trial is already
@@ -26,7 +32,6 @@ from __future__ import annotations
 import logging
 import math
 import tempfile
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -62,10 +67,19 @@ def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Pat
     except Exception as exc:  # noqa: BLE001 - a report must never fail the study
         logger.warning("study report: no trials read for run %s: %s", parent_run_id, exc)
         return logged
+    try:  # the default runs view names the test metric the trials logged (flatlab.tracking.ui)
+        from flatlab.tracking import ui
+        from flatlab.tracking.results import _test_metric
+
+        test = _test_metric(df) if not df.empty else None
+        experiment_id = client.get_run(parent_run_id).info.experiment_id
+        ui.set_default_view(client, experiment_id, study, parent_run_id, [test] if test else ui.TEST_METRICS)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("study report: default MLflow view not updated for run %s: %s", parent_run_id, exc)
     try:
         logged += log_best_per_arm(client, parent_run_id, df, study.metric)
     except Exception as exc:  # noqa: BLE001
-        logger.warning("study report: best-per-arm metrics not logged to run %s: %s", parent_run_id, exc, exc_info=True)
+        logger.warning("study report: best-per-arm table not logged to run %s: %s", parent_run_id, exc, exc_info=True)
     plots = (
         ("learning curves", lambda tmp: [plot_learning_curves(client, df, study.metric, tmp / "learning_curves.png",
                                                               arms=[a.name for a in study.arms])]),
@@ -93,30 +107,53 @@ def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Pat
     return logged
 
 
-def log_best_per_arm(client: Any, run_id: str, df: Any, metric: str) -> List[str]:
-    """Log ``best/<arm>/<metric>`` and ``best/<arm>/<test metric>`` to ``run_id``: the final values of each
-    arm's best trial (:func:`flatlab.tracking.selection.best_trial_rows`; ``df``: a
-    :func:`~flatlab.tracking.results.trials_frame` table). Arms without a completed trial get none.
-    Returns the metric names logged."""
-    from mlflow.entities import Metric
+BEST_TABLE = f"{ARTIFACT_DIR}/best_per_arm.json"
+_AUXILIARY = ("_stderr", "_clean")  # flat/<measure>_stderr, _clean: details of a measure, left out of the table
 
-    from flatlab.tracking.results import _test_metric
+
+def best_per_arm_table(df: Any, metric: str) -> Any:
+    """One row per arm: the best trial of its best configuration
+    (:func:`flatlab.tracking.selection.best_trial_rows`; ``df``: a
+    :func:`~flatlab.tracking.results.trials_frame` table, best first): ``arm``, ``trial`` (the run's
+    name), ``epochs``, ``metric``, the test metric, each flatness measure ``flat/*``, the trial's
+    ``params`` (``name=value`` of its logged params, space-separated) and ``run_id``. Numbers are
+    rounded to 4 significant digits (the runs hold the exact values). Arms without a completed trial get
+    no row."""
+    import pandas as pd
+
+    from flatlab.tracking import ui
+    from flatlab.tracking.results import _fmt, _test_metric
     from flatlab.tracking.selection import best_trial_rows
 
     if df.empty or "outcome" not in df.columns:
-        return []
+        return pd.DataFrame()
     best = best_trial_rows(df)
     test = _test_metric(df)
-    now = int(1000 * time.time())
-    metrics = []
+    flat = sorted(c for c in df.columns if c.startswith("flat/") and not c.endswith(_AUXILIARY) and df[c].notna().any())
+    params = [c for c in df.columns if c.startswith("param.")]
+    rows = []
     for _, row in best.iterrows():
-        for name in [metric] + ([test] if test else []):
+        out = {"arm": row["arm"],
+               "trial": ui.trial_run_name(row["arm"], row.get("stage", "search"), row.get("seed", ""), row.get("trial_id", "")),
+               "epochs": int(row["epochs"])}
+        for name in [metric] + ([test] if test else []) + flat:
             value = row.get(name)
-            if isinstance(value, (int, float)) and math.isfinite(value):
-                metrics.append(Metric(f"best/{row['arm']}/{name}", float(value), now, 0))
-    if metrics:
-        client.log_batch(run_id, metrics=metrics)
-    return [m.key for m in metrics]
+            out[name] = float(f"{value:.4g}") if isinstance(value, (int, float)) and math.isfinite(value) else None
+        out["params"] = " ".join(f"{c[6:]}={_fmt(row[c], numeric_text=True)}" for c in params if _fmt(row[c]) != "-")
+        out["run_id"] = row["run_id"]
+        rows.append(out)
+    return pd.DataFrame(rows)
+
+
+def log_best_per_arm(client: Any, run_id: str, df: Any, metric: str) -> List[str]:
+    """Log :func:`best_per_arm_table` to ``run_id`` as the table :data:`BEST_TABLE` (``log_table``: MLflow's
+    UI shows it in the run's artifacts as a table), one comparison of the arms instead of one metric per
+    arm and value. Returns the artifact paths logged (none when no arm completed a trial)."""
+    table = best_per_arm_table(df, metric)
+    if table.empty:
+        return []
+    client.log_table(run_id, data=table, artifact_file=BEST_TABLE)
+    return [BEST_TABLE]
 
 
 _STYLE = {"completed": "-", "final": "--"}  # anything else (pruned, diverged, interrupted): dotted
@@ -208,8 +245,10 @@ def _arm_plots(st: Any, arm: str, metric: str, tmp: Path, skipped: List[str]) ->
     if not done:
         skipped.append(f"parallel coordinates and importances of arm {arm!r}: no completed trial")
         return []
+    from flatlab.tracking.plot_axes import tidy_parallel_coordinate
+
     paths = [_optuna_png(lambda: plots.plot_parallel_coordinate(st, target_name=metric),
-                         tmp / f"parallel_coordinate_{arm}.png", f"{arm}: {metric}")]
+                         tmp / f"parallel_coordinate_{arm}.png", f"{arm}: {metric}", tidy=tidy_parallel_coordinate)]
     if len(done) < 2:
         skipped.append(f"importances of arm {arm!r}: {len(done)} completed trial (needs >= 2)")
         return paths
@@ -219,9 +258,9 @@ def _arm_plots(st: Any, arm: str, metric: str, tmp: Path, skipped: List[str]) ->
     return paths
 
 
-def _optuna_png(draw: Any, path: Path, title: str) -> Path:
-    """Run one of Optuna's matplotlib plots (``draw() -> Axes``), title it, save it to ``path`` and close
-    its figure. Optuna draws through pyplot and switches pyplot's style to ``ggplot`` for good: the
+def _optuna_png(draw: Any, path: Path, title: str, tidy: Any = None) -> Path:
+    """Run one of Optuna's matplotlib plots (``draw() -> Axes``), ``tidy(figure, axes)`` it when given,
+    title it, save it to ``path`` and close its figure. Optuna draws through pyplot and switches pyplot's style to ``ggplot`` for good: the
     caller's rcParams are restored afterwards, and the figure leaves pyplot's registry. Numeric tick
     labels carry no offset text (:func:`flatlab.tracking.plot_axes.plain_figure`)."""
     import matplotlib
@@ -236,6 +275,8 @@ def _optuna_png(draw: Any, path: Path, title: str) -> Path:
         ax = draw()
         fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
         try:
+            if tidy is not None:
+                tidy(fig, ax)
             fig.suptitle(title, fontsize="medium")
             plain_figure(fig)
             fig.savefig(path, dpi=110, bbox_inches="tight")

@@ -129,7 +129,7 @@ def first_step_at_or_below(points: Sequence[Point], target: float) -> Optional[i
 
     Args:
         points: ``(step, value)`` pairs in increasing step order (:meth:`LossCurve.points`, or the
-            ``train/loss_smoothed`` history of a run); NaN values never count as reached.
+            ``train_step/loss_smoothed`` history of a run); NaN values never count as reached.
         target: the loss to reach, in the curve's units (nats per token for language models).
 
     The resolution is the curve's stride: the exact step at which the smoothed loss first reached the

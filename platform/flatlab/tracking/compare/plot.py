@@ -15,8 +15,8 @@ from flatlab.tracking.selection import completed
 
 def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_trials: bool = False) -> Path:
     """Save a PNG: the test metric against each flatness measure, one point per seed (completed
-    trials), one colour per arm; one panel per ``flat/*`` measure (log x where a measure is positive
-    and spans more than two decades). Linear axes' tick labels carry no offset text
+    trials), one colour per arm (the legend right of the panels, off the points); one panel per
+    ``flat/*`` measure (log x where a measure is positive and spans more than two decades). Linear axes' tick labels carry no offset text
     (:func:`flatlab.tracking.plot_axes.plain_numbers`).
 
     Args:
@@ -71,7 +71,8 @@ def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_tri
         plain_numbers(ax)
     for ax in axes[len(measures):]:
         ax.set_visible(False)
-    axes[0].legend(fontsize="small", title="arm")
+    handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}  # every arm, once
+    fig.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize="small", title="arm")  # off the points
     if title:
         fig.suptitle(f"{title}: {metric} against flatness\n(one point per seed)", fontsize="medium")
     path = Path(path)

@@ -10,7 +10,7 @@ from typing import List, Optional
 from flatlab.tracking.compare.plot import plot_metric_vs_flatness
 from flatlab.tracking.compare.statistics import CONFIDENCE
 from flatlab.tracking.compare.table import compare_table
-from flatlab.tracking.compare.text import to_csv, to_markdown
+from flatlab.tracking.compare.text import cells, headers, to_csv, to_markdown
 
 logger = logging.getLogger(__name__)
 
@@ -19,7 +19,8 @@ def log_comparison(tracking_uri: str, parent_run_id: str, df, reference: Optiona
                    metric: Optional[str] = None, confidence: float = CONFIDENCE, artifact_path: str = "compare",
                    study: str = "") -> List[str]:
     """Log the comparison of ``df`` to the launch's parent run: ``<artifact_path>/comparison.md``,
-    ``comparison.csv`` and, where flatness was measured, ``metric_vs_flatness.png``
+    ``comparison.csv``, ``comparison.json`` (the text table through ``log_table``, which MLflow's UI
+    shows as a table) and, where flatness was measured, ``metric_vs_flatness.png``
     (``MlflowClient.log_text``/``log_artifact``).
 
     ``reference`` defaults to :func:`flatlab.tracking.selection.reference_arm` of the compared arms and
@@ -44,6 +45,14 @@ def log_comparison(tracking_uri: str, parent_run_id: str, df, reference: Optiona
             logged.append(f"{artifact_path}/{name}")
         except Exception as exc:  # noqa: BLE001
             logger.warning("compare: logging %s to run %s failed: %s", name, parent_run_id, exc)
+    try:  # the text table as an MLflow table artifact: the UI shows every column (its csv preview cuts them)
+        import pandas as pd
+
+        client.log_table(parent_run_id, data=pd.DataFrame(cells(comparison), columns=headers(comparison)),
+                         artifact_file=f"{artifact_path}/comparison.json")
+        logged.append(f"{artifact_path}/comparison.json")
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("compare: logging comparison.json to run %s failed: %s", parent_run_id, exc)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             png = plot_metric_vs_flatness(comparison, Path(tmp) / "metric_vs_flatness.png")

@@ -1,0 +1,226 @@
+"""A trial's final model as an MLflow logged model, stored as safetensors and loaded without pickle.
+
+A trial that trains logs its final model as an MLflow 3 logged model (``models:/<model_id>``) of its run:
+MLflow's Models column and Logged models page list it, the best one can be registered
+(``mlflow.register_model("models:/<model_id>", name)``) and any of them loads through MLflow's own API::
+
+    import mlflow
+    model = mlflow.pyfunc.load_model(f"models:/{model_id}")
+    logits = model.predict(x)            # x: numpy (N, ...) inputs of the workload -> numpy (N, classes)
+    net = model.get_raw_model()          # the torch.nn.Module itself
+
+The model folder holds ``data/flatlab/model.safetensors`` (the state dict: tensors only) and ``model.json``
+(the workload name and parameters that rebuild the network, :data:`FLAVOR`'s description). Its
+``python_function`` flavour names this module as its ``loader_module``: MLflow imports flatlab's
+installed code by name and calls :func:`_load_pyfunc`, which rebuilds the network from
+``model.json`` and loads the safetensors file. Nothing in the folder is executed or unpickled (a
+``PythonModel`` would be pickled with cloudpickle, and a models-from-code file would be executed);
+:func:`load_torch_model` does the same without MLflow's wrapper.
+
+The logged model carries the run's params, its ``flatlab.*`` identity tags, and the final metrics of
+the trial (linked to the model, at the steps and timestamp the driver logs them with: the same metric
+rows, stored once).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import json
+import logging
+import math
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+FLAVOR = "flatlab"
+DATA_DIR = "data/flatlab"  # in the model folder (MLflow copies the data folder "flatlab" under "data/")
+WEIGHTS = "model.safetensors"
+DESCRIPTION = "model.json"
+MODEL_TYPE = "flatlab"
+LEGACY_ARTIFACT = "model/model.safetensors"  # where runs logged before logged models kept the weights
+_IDENTITY_TAGS = ("flatlab.study", "flatlab.arm", "flatlab.optimizer", "flatlab.stage", "flatlab.seed",
+                  "flatlab.trial_id", "flatlab.workload")
+
+
+def describe(spec: Any) -> Dict[str, Any]:
+    """``model.json`` of a :class:`~flatlab.train.config.TrialSpec`: what rebuilds its network."""
+    import flatlab
+
+    return {"workload": spec.workload, "workload_params": dict(spec.workload_params),
+            "flatlab_version": flatlab.__version__}
+
+
+def requirements() -> List[str]:
+    """The pip requirements of a logged model (installed versions; no inference run)."""
+    out = []
+    for dist in ("flatlab", "torch", "safetensors", "mlflow"):
+        try:
+            out.append(f"{dist}=={metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            out.append(dist)
+    return out
+
+
+def save(path: Path, model: torch.nn.Module, spec: Any) -> Any:
+    """Write ``model`` (its state dict) and ``spec``'s description as an MLflow model folder at ``path``
+    (which must not exist); returns the :class:`mlflow.models.Model` written there (without ids)."""
+    return _save(Path(path), model, spec, None)
+
+
+def _save(path: Path, model: torch.nn.Module, spec: Any, mlflow_model: Any) -> Any:
+    import mlflow.pyfunc
+    from mlflow.models import Model
+    from safetensors.torch import save_file
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / Path(DATA_DIR).name
+        data.mkdir()
+        state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(data / WEIGHTS))
+        info = describe(spec)
+        (data / DESCRIPTION).write_text(json.dumps(info, indent=2, default=str))
+        mlflow_model = mlflow_model or Model()
+        mlflow_model.add_flavor(FLAVOR, weights=f"{DATA_DIR}/{WEIGHTS}", description=f"{DATA_DIR}/{DESCRIPTION}",
+                                workload=info["workload"], flatlab_version=info["flatlab_version"])
+        mlflow.pyfunc.save_model(str(path), loader_module=__name__, data_path=str(data), mlflow_model=mlflow_model,
+                                 pip_requirements=requirements())
+    return mlflow_model
+
+
+def log_trial_model(client: Any, run_id: str, name: str, model: torch.nn.Module, spec: Any, *,
+                    metrics: Optional[Mapping[str, Any]] = None, step: int = 0,
+                    timestamp_ms: Optional[int] = None) -> str:
+    """Log ``model`` as an MLflow logged model of run ``run_id`` (its output at ``step``) named ``name``;
+    returns its id. The model gets the run's params and ``flatlab.*`` identity tags; ``metrics`` (the
+    trial's final report: only finite numbers under :func:`flatlab.tracking.runs.numeric_metrics`'s
+    names) are logged to the run linked to the model, at ``timestamp_ms`` and the step the driver gives
+    them (:func:`flatlab.tracking.runs.metric_step`: ``step``, 0 for the summary values the report names),
+    so that the driver's copy of the same report is the same metric row.
+
+    Raises:
+        MlflowException: MLflow refused a call (the logged model, if created, is marked FAILED).
+    """
+    import time
+
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus, Metric
+    from mlflow.models import Model
+
+    from flatlab.tracking import runs
+
+    run = client.get_run(run_id)
+    tags = {k: v for k, v in run.data.tags.items() if k in _IDENTITY_TAGS}
+    logged = client.create_logged_model(run.info.experiment_id, name=name, source_run_id=run_id,
+                                        params=dict(run.data.params), tags=tags, model_type=MODEL_TYPE)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            mlflow_model = Model(artifact_path=logged.artifact_location, model_uuid=logged.model_id, run_id=run_id,
+                                 model_id=logged.model_id)
+            _save(Path(tmp) / "model", model, spec, mlflow_model)
+            client.log_model_artifacts(logged.model_id, str(Path(tmp) / "model"))
+        client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=step)])
+        values = {k: v for k, v in runs.numeric_metrics(dict(metrics or {})).items() if math.isfinite(v)}
+        if values:
+            ts = timestamp_ms if timestamp_ms is not None else int(1000 * time.time())
+            summary = runs.summary_keys(dict(metrics or {}))
+            runs.log_metrics(client, run_id, [Metric(k, v, ts, runs.metric_step(k, step, summary), model_id=logged.model_id)
+                                              for k, v in values.items()])
+    except BaseException:
+        client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
+        raise
+    client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+    return logged.model_id
+
+
+def run_model_id(client: Any, run_id: str) -> Optional[str]:
+    """The id of the latest READY flatlab logged model whose source is run ``run_id`` (``None``: none)."""
+    from mlflow.entities import LoggedModelStatus
+
+    run = client.get_run(run_id)
+    found = client.search_logged_models(
+        experiment_ids=[run.info.experiment_id],
+        filter_string=f"source_run_id = '{run_id}' AND model_type = '{MODEL_TYPE}'",
+        order_by=[{"field_name": "creation_timestamp", "ascending": False}],
+    )
+    ready = [m for m in found if m.status == LoggedModelStatus.READY]
+    return ready[0].model_id if ready else None
+
+
+def download_weights(client: Any, run_id: str, dst: str) -> str:
+    """Download the final weights of trial run ``run_id`` into folder ``dst``: its logged model's
+    ``data/flatlab/model.safetensors``, or, for runs logged before logged models, its ``model/model.safetensors``
+    artifact. Returns the local file.
+
+    Raises:
+        MlflowException, OSError: the run has neither (MLflow's error for the legacy artifact).
+    """
+    model_id = run_model_id(client, run_id)
+    if model_id is None:
+        return client.download_artifacts(run_id, LEGACY_ARTIFACT, dst)
+    import mlflow.artifacts
+
+    location = client.get_logged_model(model_id).artifact_location.rstrip("/")
+    return mlflow.artifacts.download_artifacts(artifact_uri=f"{location}/{DATA_DIR}/{WEIGHTS}", dst_path=dst,
+                                               tracking_uri=client.tracking_uri)
+
+
+def load_torch_model(model_uri: str, tracking_uri: Optional[str] = None) -> torch.nn.Module:
+    """The ``torch.nn.Module`` of a flatlab logged model (``models:/<model_id>`` or a local model folder),
+    rebuilt by its workload and loaded from safetensors, in eval mode, on the CPU.
+
+    Raises:
+        ValueError: the folder is not a flatlab model (no ``data/flatlab/model.json``).
+    """
+    import mlflow.artifacts
+
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, tracking_uri=tracking_uri))
+    return _build(local / DATA_DIR)
+
+
+def _build(data: Path) -> torch.nn.Module:
+    from safetensors.torch import load_file
+
+    from flatlab.workloads.registry import build_workload
+
+    if not (data / DESCRIPTION).is_file():
+        raise ValueError(f"not a flatlab model: {data} holds no {DESCRIPTION}")
+    info = json.loads((data / DESCRIPTION).read_text())
+    model = build_workload(info["workload"], **info.get("workload_params", {})).build_model()
+    model.load_state_dict(load_file(str(data / WEIGHTS)))
+    return model.eval()
+
+
+class PyfuncModel:
+    """What ``mlflow.pyfunc.load_model`` wraps for a flatlab model: ``predict`` runs the network."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    def get_raw_model(self) -> torch.nn.Module:
+        """The ``torch.nn.Module`` (``PyFuncModel.get_raw_model()``)."""
+        return self.module
+
+    def predict(self, model_input: Any, params: Optional[Dict[str, Any]] = None) -> Any:
+        """The network's outputs (numpy) for ``model_input``: a numpy array, a tensor or a pandas
+        DataFrame of the workload's inputs, ``(N, ...)``; floating inputs are cast to the network's
+        dtype. No gradients, eval mode."""
+        import numpy as np
+
+        if hasattr(model_input, "to_numpy"):
+            model_input = model_input.to_numpy()
+        x = torch.as_tensor(np.asarray(model_input) if not isinstance(model_input, torch.Tensor) else model_input)
+        first = next(self.module.parameters(), None)
+        if x.is_floating_point() and first is not None:
+            x = x.to(first.dtype)
+        with torch.no_grad():
+            out = self.module(x)
+        return out.detach().cpu().numpy()
+
+
+def _load_pyfunc(data_path: str) -> PyfuncModel:
+    """MLflow's entry point for the ``python_function`` flavour (``loader_module``): ``data_path`` is the
+    model's ``data`` folder."""
+    return PyfuncModel(_build(Path(data_path)))
