@@ -1,7 +1,6 @@
 """flatlab: Ray-distributed hyperparameter studies of sharpness-aware and flat-minima training."""
 
-__version__ = "0.1.0"
-
+from flatlab._version import __version__
 from flatlab.study.spec import Arm, Resources, Study  # noqa: E402
 from flatlab.tracking.published import Published  # noqa: E402
 

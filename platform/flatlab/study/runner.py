@@ -451,7 +451,7 @@ def _open(study: Study, workload: Any, opts: RunOptions, previous: Optional[Laun
 
 def _common_tags(study: Study, opts: RunOptions) -> Dict[str, str]:
     """The tags of the launch's parent run and of every trial run."""
-    from flatlab import __version__
+    from flatlab._version import __version__
     from flatlab.tracking.environment import environment_tags
 
     return {

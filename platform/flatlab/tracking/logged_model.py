@@ -48,10 +48,10 @@ _IDENTITY_TAGS = ("flatlab.study", "flatlab.arm", "flatlab.optimizer", "flatlab.
 
 def describe(spec: Any) -> Dict[str, Any]:
     """``model.json`` of a :class:`~flatlab.train.config.TrialSpec`: what rebuilds its network."""
-    import flatlab
+    from flatlab._version import __version__
 
     return {"workload": spec.workload, "workload_params": dict(spec.workload_params),
-            "flatlab_version": flatlab.__version__}
+            "flatlab_version": __version__}
 
 
 def requirements() -> List[str]:
