@@ -29,6 +29,7 @@ need no MLflow.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -168,7 +169,8 @@ def plot_profiles(ratios, path, *, tau_max: Optional[float] = None, title: str =
     ax.grid(alpha=0.3)
     fig.legend(loc="outside right upper", fontsize="small", title="arm")
     names = ", ".join(map(str, ratios.columns))
-    fig.suptitle(title or f"Performance profiles over {ratios.shape[1]} workloads ({names})", fontsize="medium")
+    text = title or f"Performance profiles over {ratios.shape[1]} workloads: {names}"
+    fig.suptitle(textwrap.fill(text, 70), fontsize="medium")  # long study names wrap instead of leaving the figure
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
