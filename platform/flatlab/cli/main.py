@@ -252,7 +252,7 @@ def results(
 @app.command()
 def compare(
     studies: List[str] = typer.Argument(
-        ..., metavar="STUDY...", help="study name (the MLflow experiment); several: one summary over them, each a workload"
+        ..., metavar="STUDY", help="study name (the MLflow experiment); several: one summary over them, each a workload"
     ),
     reference: Optional[str] = typer.Option(
         None, help="arm every other arm is paired against (default: the study's reference_arm, else sgd, else the first arm "
