@@ -1,8 +1,10 @@
-"""`flatlab compare`: the paper table's statistics against hand computations, its text outputs, the
+"""`flatlab compare`: the paper table's statistics against hand computations (with many arms: Holm's
+adjustment within each quantity, Cohen's d_z, the notes on few seeds), its text outputs, the
 HPO-efficiency measure, and the command on a real SQLite MLflow store."""
 
 import io
 import math
+import random
 import re
 import time
 
@@ -143,7 +145,7 @@ def test_targets_count_k_of_n_reached_and_pair_only_seeds_that_reached(compariso
     assert math.isnan(ire.estimate.low) and math.isnan(ire.p)
     body = {(c[0], c[1]): c for c in cmp.cells(comparison)}
     assert body[("train/epochs_to_target", "ire")][2] == "2/4 reached"
-    assert body[("train/epochs_to_target", "ire")][6:8] == ["-", "-"]  # CI and p of one pair
+    assert body[("train/epochs_to_target", "ire")][6:11] == ["-"] * 5  # CI, d_z, p, Holm p and marker of one pair
     assert body[("train/epochs_to_target", "sgd")][2] == "3/4 reached"
     notes = " ".join(comparison.notes)
     assert "sam: seed 5 error" in notes and "ire: seed 2 diverged" in notes
@@ -159,7 +161,8 @@ def test_one_seed_gives_dashes_not_an_exception():
     row = c.row("test/accuracy", "sam")
     assert row.summary.n == 1 and math.isnan(row.summary.std) and math.isnan(row.diff.p)
     cells = dict(((r[0], r[1]), r) for r in cmp.cells(c))[("test/accuracy", "sam")]
-    assert cells[2:] == ["1/1", "0.93", "-", "+0.03", "-", "-", "1:0:0"]
+    assert cells[2:] == ["1/1", "0.93", "-", "+0.03", "-", "-", "-", "-", "-", "1:0:0"]
+    assert cmp.caption(c)[-len(c.notes) - 1] == "No paired test: every arm has fewer than 2 seeds matched with sgd (or all its differences are equal)."
 
 
 NUMBER = r"[+-]?\d+(?:\.\d+)?(?:e[+-]?\d+)?"
@@ -424,6 +427,9 @@ def test_log_comparison_puts_the_table_and_plot_on_the_parent_run(store):
     table = json.loads(open(c.download_artifacts(parent, "compare/comparison.json")).read())
     comparison = cmp.compare_table(trials_frame(uri, "toy"), reference="sam", study="toy")
     assert table["columns"] == cmp.headers(comparison) and table["data"] == cmp.cells(comparison)
+    assert table["columns"][7:11] == ["d_z", "p (paired t)", "p Holm", "sig."]  # effect size and Holm's adjustment
+    csv = pd.read_csv(c.download_artifacts(parent, "compare/comparison.csv"))
+    assert {"d_z", "p_holm", "tests", "significant"} <= set(csv.columns)
     assert cmp.log_comparison(uri, parent, trials_frame(uri, "toy"), reference="nope") == []  # warns, never raises
 
 
@@ -465,3 +471,155 @@ def test_cli_compare(store, tmp_path):
     res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--against", "toy"])
     assert res.exit_code == 0, res.output
     assert "HPO efficiency: toy (search) against toy (grid)" in res.output and "fraction of grid compute" in res.output
+
+
+# ---------------------------------------------------------------------------------------------------
+# Many arms: Holm (1979) within each quantity, Cohen's d_z, few seeds
+
+
+def test_holm_by_hand_with_the_monotonicity_step():
+    # sorted: 0.005 (x4 = 0.02), 0.01 (x3 = 0.03), 0.03 (x2 = 0.06), 0.04 (x1 = 0.04, raised to 0.06 by
+    # the running maximum so that a larger raw p never gets a smaller adjusted one)
+    assert cmp.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02], abs=1e-15)
+
+
+def test_holm_caps_at_one_skips_missing_tests_and_follows_the_input_order():
+    assert cmp.holm([0.5, 0.6]) == [1.0, 1.0]  # 2 x 0.5 = 1.0; 0.6 -> max(1.0, 0.6)
+    out = cmp.holm([0.01, float("nan"), 0.04, None])  # m = 2: the NaN / None tests are not in the family
+    assert out[0] == pytest.approx(0.02) and out[2] == pytest.approx(0.04) and math.isnan(out[1]) and math.isnan(out[3])
+    assert cmp.holm([0.2]) == [0.2] and cmp.holm([]) == []
+    p = [0.01, 0.04, 0.03, 0.005, 0.5]
+    perm = [3, 0, 4, 2, 1]
+    assert cmp.holm([p[i] for i in perm]) == [cmp.holm(p)[i] for i in perm]  # invariant to the order
+    assert all(h <= min(1.0, len(p) * x) + 1e-15 and h >= x for h, x in zip(cmp.holm(p), p))  # between raw and Bonferroni
+    with pytest.raises(ValueError, match=r"p-values must lie in \[0, 1\]; got 1.5"):
+        cmp.holm([0.1, 1.5])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Cohen's d_z
+
+
+def test_cohen_dz_of_hand_made_paired_seeds():
+    arm = {1: 0.93, 2: 0.94, 3: 0.92, 4: 0.93}
+    ref = {1: 0.90, 2: 0.92, 3: 0.91, 4: 0.89, 5: 0.5}  # seed 5 has no partner
+    d = cmp.paired_difference(arm, ref, higher_is_better=True)
+    # d = 0.03, 0.02, 0.01, 0.04: mean 0.025, std sqrt(0.0005 / 3), so d_z = 0.025 / sqrt(0.0005 / 3) = sqrt(3.75)
+    assert d.d_z == pytest.approx(math.sqrt(3.75), rel=1e-9)
+    assert d.d_z * math.sqrt(4) == pytest.approx(3.8729833, rel=1e-6)  # t = d_z * sqrt(n), the paired t statistic
+    flat = cmp.paired_difference({1: 8.0, 2: 9.0, 3: 7.0}, {1: 10.0, 2: 12.0, 3: 11.0}, higher_is_better=False)
+    # d = -2, -3, -4: mean -3, std 1 -> d_z = -3 (negative: the arm is flatter)
+    assert flat.d_z == pytest.approx(-3.0) and flat.arm_better == 3
+    assert math.isnan(cmp.paired_difference({1: 1.0}, {1: 0.0}, higher_is_better=True).d_z)  # one pair
+    assert math.isnan(cmp.paired_difference({1: 1.0, 2: 2.0}, {1: 0.0, 2: 1.0}, higher_is_better=True).d_z)  # std 0
+
+
+def test_paired_power_against_a_simulation():
+    # n = 3, d_z = 1: the share of |t| > t_{0.975, 2} over simulated paired differences d ~ N(1, 1)
+    rng = random.Random(0)
+    hits, trials = 0, 40000
+    for _ in range(trials):
+        d = [rng.gauss(1.0, 1.0) for _ in range(3)]
+        mean = sum(d) / 3
+        sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 2)
+        hits += abs(mean / (sd / math.sqrt(3))) > T975_2
+    assert cmp.paired_power(3, 1.0, 0.05) == pytest.approx(hits / trials, abs=0.01)
+    assert cmp.paired_power(3, 0.0, 0.05) == pytest.approx(0.05, abs=1e-9)  # no effect: the test's level
+    assert cmp.paired_power(10, 1.0) > 0.79 > cmp.paired_power(5, 1.0) > cmp.paired_power(3, 1.0)
+    with pytest.raises(ValueError, match="n >= 2"):
+        cmp.paired_power(1, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# In the table
+
+
+
+def test_holm_is_applied_within_each_quantity(comparison):
+    sam, ire = comparison.row("test/accuracy", "sam"), comparison.row("test/accuracy", "ire")
+    p_sam, p_ire = p_two_sided(3.8729833462, 3), p_two_sided(1.5, 2)  # the closed forms of test_compare.py
+    assert p_sam == pytest.approx(0.030466, abs=1e-6) and sam.diff.p == pytest.approx(p_sam, rel=1e-8)
+    # family of 2: sam's 2 x 0.0305 = 0.0609; ire's 1 x 0.272 (already above)
+    assert sam.p_holm == pytest.approx(2 * p_sam, rel=1e-8) and ire.p_holm == pytest.approx(p_ire, rel=1e-8)
+    assert comparison.significant(sam) is False  # raw p < 0.05, not after the adjustment
+    assert [r.arm for r in comparison.family("test/accuracy")] == ["ire", "sam"]
+    # one test in the target family (ire has one matched pair: no test): Holm leaves it alone
+    target = comparison.row("train/epochs_to_target", "sam")
+    assert [r.arm for r in comparison.family("train/epochs_to_target")] == ["sam"]
+    assert target.p_holm == target.diff.p and target.p_holm < 0.05 and comparison.significant(target) is True
+    assert comparison.significant(comparison.row("train/epochs_to_target", "ire")) is None
+    assert math.isnan(comparison.row("test/accuracy", "sgd").p_holm) and comparison.alpha == 0.05
+    assert sam.diff.d_z == pytest.approx(math.sqrt(3.75), rel=1e-9)
+
+
+def test_every_renderer_carries_the_new_columns(comparison, tmp_path):
+    head = cmp.headers(comparison)
+    assert head[7:11] == ["d_z", "p (paired t)", "p Holm", "sig."]
+    body = {(r[0], r[1]): r for r in cmp.cells(comparison)}
+    assert body[("test/accuracy", "sam")][7:11] == ["+1.94", "0.0305", "0.0609", "ns"]
+    assert body[("train/epochs_to_target", "sam")][10] == "*"
+    assert body[("test/accuracy", "sgd")][7:11] == ["-"] * 4
+    md = cmp.to_markdown(comparison)
+    assert "| d_z | p (paired t) | p Holm | sig. |" in md and "| +1.94 | 0.0305 | 0.0609 | ns |" in md
+    assert r"+1.94 & 0.0305 & 0.0609 & ns" in cmp.to_latex(comparison)
+    csv = pd.read_csv(io.StringIO(cmp.to_csv(comparison))).set_index(["quantity", "arm"])
+    row = csv.loc[("test/accuracy", "sam")]
+    assert row["d_z"] == pytest.approx(math.sqrt(3.75)) and row["p_holm"] == pytest.approx(2 * row["p"])
+    assert row["tests"] == 2 and not row["significant"] and csv.loc[("train/epochs_to_target", "sam"), "significant"]
+    assert pd.isna(csv.loc[("test/accuracy", "sgd"), "significant"])
+    console = Console(record=True, width=160)
+    cmp.render(comparison, console)
+    out = console.export_text()
+    assert "test/accuracy (higher is better; 2 tests, Holm-adjusted)" in out
+    assert "flat/fisher_trace (lower = flatter; 1 test, Holm-adjusted)" in out
+    assert "│ sam │ 4/5   │ 0.93 ± 0.008165 │" in out  # one line per arm at 160 columns
+
+
+def test_the_caption_counts_the_tests_and_names_what_survives_the_adjustment(comparison):
+    text = "\n".join(cmp.caption(comparison))
+    assert ("each quantity is one family of tests, the arms' paired tests against sgd (test/accuracy: 2, "
+            "flat/fisher_trace: 1, train/epochs_to_target: 1)") in text
+    assert "Holm's (1979) step-down method within its quantity" in text and "3 quantities, 4 tests in all" in text
+    assert ("Significant after Holm's adjustment (adjusted p < 0.05), against sgd: test/accuracy: none; "
+            "flat/fisher_trace: none; train/epochs_to_target: sam.") in text
+    assert "d_z: Cohen's d_z effect size, mean(Δ) / std(Δ)" in text
+    # the paired tests are over 3 (sam's flatness, target) to 4 seeds (sam's accuracy)
+    few = next(line for line in cmp.caption(comparison) if line.startswith("Few seeds"))
+    assert "n = 3 to 4 seeds" in few and "n − 1 degrees of freedom and low power" in few
+    assert f"probability {cmp.paired_power(3, 1.0):.2f} at 0.05" in few and "0.18" in few
+
+
+def many_arms_frame(seeds=(1, 2, 3)):
+    """8 arms x 4 quantities (test/accuracy, three flat/* measures), noise only: arm k's per-seed
+    differences from sgd are (+e, -e, k e / 2), so |t| is small and no test is significant."""
+    rows = []
+    arms = ["sgd", "a1", "a2", "a3", "a4", "a5", "a6", "a7"]
+    for k, arm in enumerate(arms):
+        shift = [0.0] * len(seeds) if k == 0 else [0.01, -0.01, 0.005 * k] + [0.0] * (len(seeds) - 3)
+        for seed, s in zip(seeds, shift):
+            rows.append({"arm": arm, "seed": seed, "outcome": "completed", "stage": "final",
+                         "test/accuracy": 0.9 + 0.001 * seed + s, "flat/a": 10 + seed + 100 * s,
+                         "flat/b": 1 + 0.1 * seed + 10 * s, "flat/c": 5 + seed - 100 * s})
+    df = pd.DataFrame(rows)
+    df.attrs["metric"], df.attrs["mode"] = "val/accuracy", "max"
+    return df
+
+
+def test_eight_arms_by_four_quantities_do_not_read_as_28_discoveries():
+    c = cmp.compare_table(many_arms_frame(), reference="sgd")
+    assert len(c.quantities) == 4 and all(len(c.family(q)) == 7 for q in c.quantities)
+    assert all(r.p_holm >= r.diff.p for r in c.rows if r.tested)
+    lines = cmp.caption(c)
+    text = "\n".join(lines)
+    assert "each quantity is one family of 7 tests, the arms' paired tests against sgd;" in text
+    assert "4 quantities, 28 tests in all, each quantity adjusted on its own" in text
+    assert "No difference from sgd is significant after Holm's adjustment: every adjusted p >= 0.05 (28 tests)." in lines
+    assert "n = 3 seeds" in text and "probability 0.18" in text
+    assert {r[10] for r in cmp.cells(c) if r[1] != "sgd"} == {"ns"}
+
+
+def test_no_few_seeds_note_from_five_seeds_on():
+    c = cmp.compare_table(many_arms_frame(seeds=(1, 2, 3, 4, 5)), reference="sgd")
+    assert all(r.diff.estimate.n == 5 for r in c.rows if r.tested)
+    assert not any(line.startswith("Few seeds") for line in cmp.caption(c))
+

@@ -251,9 +251,12 @@ def results(
 
 @app.command()
 def compare(
-    study: str = typer.Argument(..., help="study name (the MLflow experiment)"),
+    studies: List[str] = typer.Argument(
+        ..., metavar="STUDY", help="study name (the MLflow experiment); several: one summary over them, each a workload"
+    ),
     reference: Optional[str] = typer.Option(
-        None, help="arm every other arm is paired against (default: the study's reference_arm, else sgd, else the first arm alphabetically)"
+        None, help="arm every other arm is paired against (default: the study's reference_arm, else sgd, else the first arm "
+        "alphabetically); with several studies, an arm in all of them"
     ),
     rank_by: str = typer.Option(
         "final", "--rank-by", help="without a final stage, how each arm's best configuration is chosen: final (mean over seeds "
@@ -266,13 +269,23 @@ def compare(
     ),
     tolerance: float = typer.Option(0.0, help="with --against: reaching within this of the grid's best counts (absolute, the metric's units)"),
     confidence: float = typer.Option(0.95, help="of the t intervals"),
-    plot: Optional[Path] = typer.Option(None, help="also save the test-metric-against-flatness figure (PNG) here"),
+    plot: Optional[Path] = typer.Option(
+        None, help="also save a figure (PNG) here: the test metric against flatness; with several studies, the performance "
+        "profiles (default <root>/compare/profiles_<studies>.png)"
+    ),
+    tau_max: Optional[float] = typer.Option(
+        None, "--tau-max", help="with several studies: the right end of the profiles' tau axis (default just above the largest ratio)"
+    ),
     tracking_uri: Optional[str] = typer.Option(None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI"),
     root: Optional[Path] = typer.Option(None, help=ROOT_HELP),
 ) -> None:
     """The paper table: per arm mean ± std and CI over seeds of the test metric, flatness and epochs or
     steps to target (final-stage trials, else each arm's best configuration), and paired per-seed
-    differences against a reference arm."""
+    differences against a reference arm, Holm-adjusted within each quantity.
+
+    With several studies (one workload each): one summary over them, per arm and workload the rank by
+    the test metric, the test metric and each shared flatness measure relative to the reference arm,
+    and the arms' performance profiles (a PNG)."""
     from flatlab.tracking import compare as cmp
     from flatlab.tracking import runs
     from flatlab.tracking.results import trials_frame
@@ -281,6 +294,15 @@ def compare(
     try:
         if fmt not in cmp.FORMATS:
             raise FlatlabError(f"--format {fmt!r} is not supported; expected one of {', '.join(cmp.FORMATS)}")
+        if len(studies) > 1:
+            if against is not None:
+                raise FlatlabError("--against compares one grid study with a search study; give one STUDY with it")
+            _compare_workloads(studies, uri, reference=reference, metric=metric, rank_by=rank_by, fmt=fmt,
+                               plot=plot, tau_max=tau_max, root=_root(root))
+            return
+        if tau_max is not None:
+            raise FlatlabError("--tau-max is for the performance profiles of several studies; give two or more")
+        study = studies[0]
         df = trials_frame(uri, study)
         comparison = cmp.compare_table(df, metric=metric, reference=reference, confidence=confidence, study=study,
                                        rank_by=rank_by)
@@ -307,6 +329,31 @@ def compare(
             err.print(f"wrote {plot}")
     except (FlatlabError, ValueError) as exc:
         _fail(exc)
+
+
+def _compare_workloads(studies: List[str], uri: str, *, reference, metric, rank_by: str, fmt: str, plot: Optional[Path],
+                       tau_max: Optional[float], root: Path) -> None:
+    """``flatlab compare A B ...``: the summary over the studies (:mod:`flatlab.tracking.compare.multi`)
+    in ``fmt``, and the performance profiles saved to ``plot`` (default under ``root``; the path goes to
+    stderr)."""
+    import re
+
+    from flatlab.tracking.compare import multi, multi_text, profiles
+    from flatlab.tracking.results import trials_frame
+
+    repeated = sorted({s for s in studies if studies.count(s) > 1})
+    if repeated:
+        raise FlatlabError(f"study {', '.join(repeated)} given twice; each study is one workload")
+    frames = {s: trials_frame(uri, s) for s in studies}
+    summary = multi.summary_from_frames(frames, reference=reference, metric=metric, rank_by=rank_by)
+    if fmt == "table":
+        multi_text.render(summary, console)
+    else:
+        sys.stdout.write(multi_text.format_summary(summary, fmt))
+    if plot is None:
+        plot = root / "compare" / ("profiles_" + re.sub(r"[^A-Za-z0-9_.+-]+", "_", "+".join(studies)) + ".png")
+    profiles.plot_profiles(summary.ratios, plot, tau_max=tau_max)
+    err.print(f"wrote the performance profiles to {plot}", soft_wrap=True)
 
 
 def _print_efficiency(efficiency, fmt: str, grid: str, search: str) -> None:

@@ -1,7 +1,8 @@
 """The paper table of a study (``flatlab compare``), one module per job:
 
-* :mod:`~flatlab.tracking.compare.statistics`: the t-interval of a mean over seeds and the paired
-  per-seed test (:func:`t_estimate`, :func:`paired_difference`);
+* :mod:`~flatlab.tracking.compare.statistics`: the t-interval of a mean over seeds, the paired
+  per-seed test with its effect size, and Holm's adjustment over a family of tests
+  (:func:`t_estimate`, :func:`paired_difference`, :func:`cohen_dz`, :func:`holm`, :func:`paired_power`);
 * :mod:`~flatlab.tracking.compare.sample`: which trials the table is over (:func:`select_sample`, by
   the rules of :mod:`flatlab.tracking.selection`, which also names the default reference arm);
 * :mod:`~flatlab.tracking.compare.table`: the comparison table itself (:func:`compare_table`,
@@ -11,29 +12,40 @@
 * :mod:`~flatlab.tracking.compare.publish`: the table and plot as artifacts of a launch's MLflow run
   (:func:`log_comparison`);
 * :mod:`~flatlab.tracking.compare.efficiency`: HPO efficiency, a search's share of a grid's compute
-  (:func:`hpo_efficiency`).
+  (:func:`hpo_efficiency`);
+* :mod:`~flatlab.tracking.compare.multi`: one summary over several studies that share arms, each a
+  workload (:func:`summarize` over a plain :func:`workload_table`; :func:`summary_from_frames`), with
+  its text outputs in :mod:`~flatlab.tracking.compare.multi_text`;
+* :mod:`~flatlab.tracking.compare.profiles`: performance profiles of the arms over the workloads
+  (:func:`performance_ratios`, :func:`rho`, :func:`plot_profiles`).
 
 The names below are the package's public surface (``from flatlab.tracking import compare as cmp``).
 """
 
 from flatlab.tracking.compare.efficiency import efficiency_cells, hpo_efficiency
+from flatlab.tracking.compare.multi import MultiSummary, summarize, summary_from_frames, workload_table
 from flatlab.tracking.compare.plot import plot_metric_vs_flatness
+from flatlab.tracking.compare.profiles import error_from_metric, error_matrix, performance_ratios, plot_profiles, profile, rho
 from flatlab.tracking.compare.publish import log_comparison
 from flatlab.tracking.compare.sample import select_sample
-from flatlab.tracking.compare.statistics import CONFIDENCE, Estimate, Paired, paired_difference, t_estimate
+from flatlab.tracking.compare.statistics import (
+    CONFIDENCE, Estimate, Paired, cohen_dz, holm, paired_difference, paired_power, t_estimate,
+)
 from flatlab.tracking.compare.table import (
-    EPOCHS_TO_TARGET, FLAT_PREFIX, STEPS_TO_TARGET, TARGET_REACHED, TARGETS, Comparison, Row, compare_table,
+    EPOCHS_TO_TARGET, FEW_SEEDS, FLAT_PREFIX, STEPS_TO_TARGET, TARGET_REACHED, TARGETS, Comparison, Row, compare_table,
     higher_is_better, seed_values,
 )
 from flatlab.tracking.compare.text import (
-    FORMATS, caption, cells, format_comparison, headers, latex_escape, latex_table, markdown_table, render, to_csv,
-    to_latex, to_markdown,
+    FORMATS, SIGNIFICANCE, caption, cells, format_comparison, headers, latex_escape, latex_table, markdown_table,
+    multiplicity, render, to_csv, to_latex, to_markdown,
 )
 
 __all__ = [
-    "CONFIDENCE", "EPOCHS_TO_TARGET", "FLAT_PREFIX", "FORMATS", "STEPS_TO_TARGET", "TARGETS", "TARGET_REACHED",
-    "Comparison", "Estimate", "Paired", "Row", "caption", "cells", "compare_table", "efficiency_cells",
-    "format_comparison", "headers", "higher_is_better", "hpo_efficiency", "latex_escape", "latex_table",
-    "log_comparison", "markdown_table", "paired_difference", "plot_metric_vs_flatness", "render", "seed_values",
-    "select_sample", "t_estimate", "to_csv", "to_latex", "to_markdown",
+    "CONFIDENCE", "EPOCHS_TO_TARGET", "FEW_SEEDS", "FLAT_PREFIX", "FORMATS", "SIGNIFICANCE", "STEPS_TO_TARGET",
+    "TARGETS", "TARGET_REACHED", "Comparison", "Estimate", "MultiSummary", "Paired", "Row", "caption", "cells",
+    "cohen_dz", "compare_table", "efficiency_cells", "error_from_metric", "error_matrix", "format_comparison",
+    "headers", "higher_is_better", "holm", "hpo_efficiency", "latex_escape", "latex_table", "log_comparison",
+    "markdown_table", "multiplicity", "paired_difference", "paired_power", "performance_ratios",
+    "plot_metric_vs_flatness", "plot_profiles", "profile", "render", "rho", "seed_values", "select_sample",
+    "summarize", "summary_from_frames", "t_estimate", "to_csv", "to_latex", "to_markdown", "workload_table",
 ]

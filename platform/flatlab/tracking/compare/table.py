@@ -3,7 +3,13 @@
 Over the trials :func:`~flatlab.tracking.compare.sample.select_sample` chooses. For each arm and each
 quantity (the test metric, every ``flat/<measure>``, epochs or steps to a target): the
 :func:`~flatlab.tracking.compare.statistics.t_estimate` over seeds and, against the reference arm, the
-:func:`~flatlab.tracking.compare.statistics.paired_difference`.
+:func:`~flatlab.tracking.compare.statistics.paired_difference` (with its effect size d_z).
+
+Many arms make many tests. Each quantity is one family: its tests are the non-reference arms' paired
+tests against the reference, and their p-values are Holm-adjusted within it
+(:func:`~flatlab.tracking.compare.statistics.holm`), controlling the family-wise error rate of each
+quantity at ``alpha = 1 − confidence``. Quantities are not adjusted against each other (each answers
+its own question: the test metric, each flatness measure, the speed to a target).
 
 Only completed trials give values. Seeds that diverged, errored, were pruned or interrupted are
 counted as run (the ``seeds`` column reads "values / run") and named in the notes; a seed that missed
@@ -12,12 +18,14 @@ a target is counted in "k/n reached".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from flatlab.errors import ConfigError
 from flatlab.tracking.compare.sample import has_values, select_sample
-from flatlab.tracking.compare.statistics import CONFIDENCE, Estimate, Paired, finite, paired_difference, t_estimate
+from flatlab.tracking.compare.statistics import (
+    CONFIDENCE, Estimate, Paired, finite, holm, paired_difference, t_estimate,
+)
 from flatlab.tracking.selection import completed, reference_arm
 
 FLAT_PREFIX = "flat/"
@@ -28,18 +36,28 @@ TARGET_REACHED = "train/target_reached"  # 1.0 reached, 0.0 missed (a training-l
 TARGETS = (EPOCHS_TO_TARGET, STEPS_TO_TARGET)
 _HIGHER_BETTER = ("accuracy", "acc", "top1", "top5", "f1", "auc", "bleu")
 _LOWER_BETTER = ("loss", "perplexity", "error", "nll")
+FEW_SEEDS = 5
+"""Paired tests over fewer seeds than this get a caption note: n seeds give a t-test n − 1 degrees of
+freedom and little power (a non-significant p is then weak evidence of no difference)."""
 
 
 @dataclass(frozen=True)
 class Row:
     """One arm, one quantity: ``summary`` over its seeds, ``runs`` seeds run (counting failures and
-    misses), ``diff`` against the reference (``None`` for the reference arm itself)."""
+    misses), ``diff`` against the reference (``None`` for the reference arm itself) and ``p_holm``,
+    ``diff.p`` Holm-adjusted over the quantity's family of tests (NaN where there is no test)."""
 
     quantity: str
     arm: str
     runs: int
     summary: Estimate
     diff: Optional[Paired]
+    p_holm: float = float("nan")
+
+    @property
+    def tested(self) -> bool:
+        """Whether the row has a paired test (a non-reference arm with a finite p-value)."""
+        return self.diff is not None and finite(self.diff.p)
 
 
 @dataclass(frozen=True)
@@ -79,6 +97,19 @@ class Comparison:
         """Arms in table order (the reference first)."""
         return list(dict.fromkeys(r.arm for r in self.rows))
 
+    @property
+    def alpha(self) -> float:
+        """The significance level of the Holm-adjusted tests, ``1 − confidence`` (0.05 for 95 %)."""
+        return round(1.0 - self.confidence, 12)
+
+    def family(self, quantity: str) -> List[Row]:
+        """The rows of ``quantity``'s family of tests: its non-reference arms with a paired test."""
+        return [r for r in self.rows if r.quantity == quantity and r.tested]
+
+    def significant(self, row: Row) -> Optional[bool]:
+        """Whether ``row``'s Holm-adjusted p is below :attr:`alpha`; ``None`` where it has no test."""
+        return bool(row.p_holm < self.alpha) if row.tested else None
+
     def row(self, quantity: str, arm: str) -> Row:
         """The row of ``arm`` for ``quantity``.
 
@@ -96,7 +127,9 @@ class Comparison:
     def frame(self):
         """The table as numbers, one row per (quantity, arm): ``quantity``, ``arm``, ``higher_is_better``,
         ``runs``, ``n``, ``mean``, ``std``, ``ci_low``, ``ci_high`` and, against the reference,
-        ``diff_n``, ``diff_mean``, ``diff_std``, ``diff_low``, ``diff_high``, ``p``, ``arm_better``,
+        ``diff_n``, ``diff_mean``, ``diff_std``, ``diff_low``, ``diff_high``, ``d_z`` (Cohen's d_z),
+        ``p`` (paired t-test), ``p_holm`` (Holm-adjusted within the quantity), ``tests`` (the size of
+        that family), ``significant`` (``p_holm < alpha``; empty without a test), ``arm_better``,
         ``ref_better``, ``ties`` (NaN for the reference arm)."""
         import pandas as pd
 
@@ -109,9 +142,10 @@ class Comparison:
             row.update({
                 "diff_n": d.estimate.n if d else nan, "diff_mean": d.estimate.mean if d else nan,
                 "diff_std": d.estimate.std if d else nan, "diff_low": d.estimate.low if d else nan,
-                "diff_high": d.estimate.high if d else nan, "p": d.p if d else nan,
-                "arm_better": d.arm_better if d else nan, "ref_better": d.ref_better if d else nan,
-                "ties": d.ties if d else nan,
+                "diff_high": d.estimate.high if d else nan, "d_z": d.d_z if d else nan, "p": d.p if d else nan,
+                "p_holm": r.p_holm, "tests": len(self.family(r.quantity)) if d else nan,
+                "significant": self.significant(r), "arm_better": d.arm_better if d else nan,
+                "ref_better": d.ref_better if d else nan, "ties": d.ties if d else nan,
             })
             out.append(row)
         return pd.DataFrame(out)
@@ -209,11 +243,14 @@ def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] 
     rows = []
     for q in quantities:
         ref = _by_seed(seeds, reference, q)
+        block = []
         for arm in ordered:
             mine = _by_seed(seeds, arm, q)
             diff = None if arm == reference else paired_difference(mine, ref, higher_is_better=better[q], confidence=confidence)
             runs = int((seeds["arm"] == arm).sum())
-            rows.append(Row(q, arm, runs, t_estimate(list(mine.values()), confidence), diff))
+            block.append(Row(q, arm, runs, t_estimate(list(mine.values()), confidence), diff))
+        adjusted = holm([r.diff.p if r.diff is not None else float("nan") for r in block])  # the quantity's family
+        rows += [replace(r, p_holm=p) for r, p in zip(block, adjusted)]
     return Comparison(metric, reference, float(confidence), source, quantities, better, tuple(rows), seeds.reset_index(drop=True),
                       tuple(notes), study, rank_by)
 

@@ -8,7 +8,7 @@ from typing import Any, List, Sequence
 
 from flatlab.errors import ConfigError
 from flatlab.tracking.compare.statistics import finite
-from flatlab.tracking.compare.table import TARGETS, Comparison
+from flatlab.tracking.compare.table import FEW_SEEDS, TARGETS, Comparison
 
 FORMATS = ("table", "markdown", "latex", "csv")
 
@@ -30,8 +30,13 @@ def headers(comparison: Comparison) -> List[str]:
     """Column headers of the text tables (the markdown, LaTeX and rich outputs share them)."""
     pct = f"{comparison.confidence * 100:g}%"
     ref = comparison.reference
-    return ["quantity", "arm", "seeds", "mean ± std", f"{pct} CI", f"Δ vs {ref}", f"Δ {pct} CI", "p (paired t)",
-            f"seeds better arm:{ref}:tie"]
+    return ["quantity", "arm", "seeds", "mean ± std", f"{pct} CI", f"Δ vs {ref}", f"Δ {pct} CI", "d_z", "p (paired t)",
+            "p Holm", SIGNIFICANCE, f"seeds better arm:{ref}:tie"]
+
+
+SIGNIFICANCE = "sig."
+"""The marker column: ``*`` where the Holm-adjusted p is below ``alpha = 1 − confidence``, ``ns`` where
+it is not, ``-`` without a test (the caption says so)."""
 
 
 def cells(comparison: Comparison) -> List[List[str]]:
@@ -43,14 +48,16 @@ def cells(comparison: Comparison) -> List[List[str]]:
         spread = "-" if s.n == 0 else number(s.mean) + ("" if not finite(s.std) else f" ± {number(s.std)}")
         ci = f"[{number(s.low)}, {number(s.high)}]" if finite(s.low) else "-"
         if d is None:
-            delta = dci = p = fav = "-"
+            delta = dci = dz = p = holm = mark = fav = "-"
         else:
             e = d.estimate
             delta = number(e.mean, signed=True)
             dci = f"[{number(e.low, signed=True)}, {number(e.high, signed=True)}]" if finite(e.low) else "-"
-            p = _p(d.p)
+            dz = f"{d.d_z:+.2f}" if finite(d.d_z) else "-"
+            p, holm = _p(d.p), _p(r.p_holm)
+            mark = {True: "*", False: "ns", None: "-"}[comparison.significant(r)]
             fav = f"{d.arm_better}:{d.ref_better}:{d.ties}" if e.n else "-"
-        out.append([r.quantity, r.arm, seeds, spread, ci, delta, dci, p, fav])
+        out.append([r.quantity, r.arm, seeds, spread, ci, delta, dci, dz, p, holm, mark, fav])
     return out
 
 
@@ -68,6 +75,7 @@ def caption(comparison: Comparison) -> List[str]:
         f"Over {over}. seeds: seeds with a value / seeds run; mean ± sample std (ddof 1); {pct} CI: Student t "
         "interval of the mean over seeds.",
         f"Δ: per-seed difference arm − {c.reference}, seeds matched by seed value, with its {pct} t interval; "
+        f"d_z: Cohen's d_z effect size, mean(Δ) / std(Δ) over the matched seeds (sign of arm − {c.reference}); "
         f"p: two-sided paired t-test; seeds better: seeds where the arm beats {c.reference} : where {c.reference} "
         "beats the arm : ties.",
         "Better is " + "; ".join(x for x in (f"higher {', '.join(higher)}" if higher else "",
@@ -77,7 +85,54 @@ def caption(comparison: Comparison) -> List[str]:
     if any(q in TARGETS for q in c.quantities):
         lines.append("To-target rows: k/n reached counts every seed run (failed seeds did not reach it); "
                      "their statistics and differences are over the seeds that reached it.")
-    return lines + list(c.notes)
+    return lines + multiplicity(c) + list(c.notes)
+
+
+def multiplicity(comparison: Comparison) -> List[str]:
+    """The caption lines on multiple testing and on few seeds: how many tests each quantity's family
+    holds and that p is Holm-adjusted within it; which arms differ from the reference after the
+    adjustment (or that none does); and, where the paired tests are over fewer than
+    :data:`~flatlab.tracking.compare.table.FEW_SEEDS` seeds, their degrees of freedom and power."""
+    from flatlab.tracking.compare.statistics import paired_power
+
+    c = comparison
+    alpha = f"{c.alpha:g}"
+    families = {q: c.family(q) for q in c.quantities}
+    tested = {q: rows for q, rows in families.items() if rows}
+    if not tested:
+        return ["No paired test: every arm has fewer than 2 seeds matched with " + c.reference
+                + " (or all its differences are equal)."]
+    sizes = sorted({len(rows) for rows in tested.values()})
+    per_family = (f"{sizes[0]} test{'s' if sizes[0] > 1 else ''}, the arms' paired tests against {c.reference}"
+                  if len(sizes) == 1 else
+                  f"tests, the arms' paired tests against {c.reference} ("
+                  + ", ".join(f"{q}: {len(rows)}" for q, rows in tested.items()) + ")")
+    total = sum(len(rows) for rows in tested.values())
+    lines = [
+        f"Multiple comparisons: each quantity is one family of {per_family}; p Holm is p adjusted by Holm's (1979) "
+        f"step-down method within its quantity, which keeps the chance of any false 'significant' in that family at "
+        f"{alpha}; {SIGNIFICANCE} '*': adjusted p < {alpha}, 'ns': not. {len(tested)} "
+        f"quantit{'ies' if len(tested) > 1 else 'y'}, {total} tests in all, each quantity adjusted on its own: read the "
+        "adjusted p, not the raw p one by one.",
+    ]
+    hits = {q: [r.arm for r in rows if c.significant(r)] for q, rows in tested.items()}
+    if not any(hits.values()):
+        lines.append(f"No difference from {c.reference} is significant after Holm's adjustment: every adjusted p >= "
+                     f"{alpha} ({total} tests).")
+    else:
+        lines.append(f"Significant after Holm's adjustment (adjusted p < {alpha}), against {c.reference}: "
+                     + "; ".join(f"{q}: {', '.join(arms) or 'none'}" for q, arms in hits.items()) + ".")
+    ns = sorted({r.diff.estimate.n for rows in tested.values() for r in rows})
+    if ns[0] < FEW_SEEDS:
+        n = ns[0]
+        span = f"{n}" if len(ns) == 1 else f"{n} to {ns[-1]}"
+        lines.append(
+            f"Few seeds: the paired tests are over n = {span} seeds. A paired t-test on n seeds has n − 1 degrees of "
+            f"freedom and low power: with n = {n} it detects a true effect of d_z = 1 with probability "
+            f"{paired_power(n, 1.0, c.alpha):.2f} at {alpha} before any adjustment, so 'ns' is not evidence of no "
+            "difference, and d_z itself is imprecise; more final seeds (e.g. 10) are needed to tell."
+        )
+    return lines
 
 
 def to_markdown(comparison: Comparison) -> str:
@@ -135,19 +190,25 @@ def to_csv(comparison: Comparison) -> str:
 
 
 def render(comparison: Comparison, console: Any) -> None:
-    """Print the table with rich: one section per quantity, the caption under it."""
+    """Print the table with rich: a title, one table per quantity (one family of tests; the
+    quantity's name as its title, so the columns fit 160 characters), the caption under them."""
     from rich.table import Table
 
-    title = f"{comparison.study + ': ' if comparison.study else ''}{comparison.metric} and flatness vs {comparison.reference}"
-    table = Table(*headers(comparison), title=title)
-    for col in table.columns:
-        col.overflow = "fold"
-    for i, (r, row) in enumerate(zip(comparison.rows, cells(comparison))):
-        first = i == 0 or r.quantity != comparison.rows[i - 1].quantity
-        if first and i:
-            table.add_section()
-        table.add_row(*([row[0] if first else ""] + row[1:]))
-    console.print(table)
+    c = comparison
+    console.print(f"[bold]{c.study + ': ' if c.study else ''}{c.metric} and flatness vs {c.reference}[/bold]")
+    head = headers(c)[1:]
+    body = cells(c)
+    for q in c.quantities:
+        better = "higher is better" if c.higher_is_better[q] else ("lower = flatter" if q.startswith("flat/") else "lower is better")
+        tests = len(c.family(q))
+        table = Table(*head, title=f"{q} ({better}; {tests} test{'s' if tests != 1 else ''}, Holm-adjusted)",
+                      title_justify="left")
+        for col in table.columns:
+            col.overflow = "fold"
+        for r, row in zip(c.rows, body):
+            if r.quantity == q:
+                table.add_row(*row[1:])
+        console.print(table)
     for line in caption(comparison):
         console.print(line, soft_wrap=True)
 
