@@ -142,6 +142,22 @@ def test_no_workload_module_imports_tracking_study_or_mlflow():
     assert bad == []
 
 
+SCIENCE = ("flatlab.optim", "flatlab.sharpness")
+FORBIDDEN_IN_SCIENCE = ("ray", "mlflow", "optuna", "flatlab.tracking", "flatlab.study")
+
+
+def test_the_optimizers_and_measures_import_no_platform():
+    # the science runs in any training loop: no Ray, MLflow, Optuna or study machinery behind it
+    bad = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {imported}"
+        for name, path in modules().items()
+        if any(name == s or name.startswith(s + ".") for s in SCIENCE)
+        for imported, line in imports(path, name)
+        if any(imported == f or imported.startswith(f + ".") for f in FORBIDDEN_IN_SCIENCE)
+    ]
+    assert len([n for n in modules() if n.startswith("flatlab.optim.")]) > 5 and bad == []
+
+
 def test_no_import_cycles_among_flatlab_modules():
     edges = graph()
     assert len(edges) > 80 and "flatlab.study.spec" in edges["flatlab"]  # the graph is read

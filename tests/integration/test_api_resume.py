@@ -35,7 +35,7 @@ STUDY = Study(
     max_epochs=20,
     scheduler="fifo",
     max_concurrent=1,
-    train={"batch_size": 256},
+    train={"batch_size": 8},  # ~10 s a trial: the Ctrl-C below lands inside one
 )
 """)
     root = tmp_path / "root"
@@ -54,7 +54,9 @@ STUDY = Study(
             exp = c.get_experiment_by_name("apires") if c else None
             if exp:
                 rs = c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")
-                finished = [r for r in rs if r.info.status == "FINISHED"]  # the next trial is mid-way now
+                running = [r for r in rs if r.info.status == "RUNNING" and 0 < r.data.metrics.get("epoch", 0) < epochs - 5]
+                if running:  # a trial finished and the next one is mid-way
+                    finished = [r for r in rs if r.info.status == "FINISHED"]
         except Exception:
             pass
     assert finished, "no trial finished before the deadline"

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from flatlab.tracking import runs
+from flatlab.tracking import logged_model, runs
 
 from flatlab_testing import BIN, env, write_study
 from test_services import FAIL_AFTER_FIRST_EPOCH
@@ -69,4 +69,5 @@ def test_two_worker_trial_logs_world_size_checkpoints_and_resumes(tmp_path):
     history = [(m.step, m.value) for m in c.get_metric_history(run.info.run_id, "train/loss")]
     # resumed from the epoch-1 checkpoint: epoch 1 is logged once (a restart from scratch logs it twice)
     assert [s for s, _ in history] == [1, 2] and history[0] == epoch1[0]
-    assert "model" in [a.path for a in c.list_artifacts(run.info.run_id)]
+    # rank 0 logged the final model as the run's MLflow logged model (not a run artifact)
+    assert logged_model.run_model_id(c, run.info.run_id) is not None

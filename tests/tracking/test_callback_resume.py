@@ -41,3 +41,47 @@ def test_epochs_rerun_after_a_restart_are_not_logged_twice(tmp_path):
     # the best continues from what was logged before the restart (0.8 at epoch 2), not from 0.75
     assert [(m.step, m.value) for m in c.get_metric_history(rid, f"best/{METRIC}")] == [(1, 0.5), (2, 0.8), (3, 0.8), (4, 0.8)]
     assert first.errors == second.errors == []
+
+
+def test_a_trial_whose_reports_never_reached_the_driver_is_logged_whole_when_rerun(tmp_path):
+    # The worker finished the trial and logged its model, but the driver was killed before Tune took the
+    # reports: on --resume Tune runs the trial again, and every epoch must reach MLflow once, from the
+    # driver, with the final report's metrics linked to the model the final report names.
+    import torch
+
+    from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
+    from flatlab.tracking.logged_model import run_model_id
+    from flatlab.train.trainer import TrialSpec
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    exp = runs.get_or_create_experiment(uri, "rerun", artifact_root=str(tmp_path / "art"))
+    c = runs.client(uri)
+    parent = c.create_run(exp).info.run_id
+    first = _logger(uri, exp, parent)
+    first.on_trial_start(0, [], T())
+    first.flush()
+    final = {"epoch": 2, METRIC: 0.8, "test/accuracy": 0.7, runs.SUMMARY_KEY: "test/accuracy"}
+    spec = TrialSpec(workload="digits", optimizer="sgd", epochs=2)
+    log_trial_artifacts(WorkerTracking(uri, exp, parent), "t1", torch.nn.Linear(64, 10), spec, final)
+    old_model = final[runs.MODEL_ID_KEY]
+    first.close(interrupted=True)  # the driver dies before any report arrives
+    rid = c.search_runs([exp], filter_string=f"tags.`{runs.TAG_TRIAL}` = 't1'")[0].info.run_id
+    assert c.get_metric_history(rid, "epoch") == []  # the worker logged the model, no metric
+
+    second = _logger(uri, exp, parent)
+    second.on_trial_restore(0, [], T())
+    second.on_trial_result(0, [], T(), {"epoch": 1, METRIC: 0.5})
+    rerun = {"epoch": 2, METRIC: 0.8, "test/accuracy": 0.7, runs.SUMMARY_KEY: "test/accuracy"}
+    log_trial_artifacts(WorkerTracking(uri, exp, parent), "t1", torch.nn.Linear(64, 10), spec, rerun)
+    second.on_trial_result(0, [], T(), rerun)
+    second._last["t1"] = {**rerun, "completed": 1}
+    second.on_trial_complete(0, [], T())
+    second.close()
+
+    assert [m.step for m in c.get_metric_history(rid, "epoch")] == [1, 2]
+    assert [(m.step, m.value) for m in c.get_metric_history(rid, METRIC)] == [(1, 0.5), (2, 0.8)]
+    model = rerun[runs.MODEL_ID_KEY]
+    assert model != old_model and run_model_id(c, rid) == model
+    linked = {m.key: (m.step, m.value) for m in c.get_logged_model(model).metrics}
+    assert linked["test/accuracy"] == (0, 0.7) and linked[METRIC] == (2, 0.8) and linked["epoch"] == (2, 2.0)
+    assert second.errors == []

@@ -80,7 +80,8 @@ def log_trial_artifacts(
     every value the trial ran with, defaults included, as :func:`flatlab.train.resolved.resolve_spec`
     gives it; ``final_metrics``), ``model`` as the run's MLflow logged model
     (:func:`flatlab.tracking.logged_model.log_trial_model`, named like the run, at the step of
-    ``metrics["epoch"]`` with the final ``metrics`` linked to it) and ``curve``
+    ``metrics["epoch"]``; its id is added to ``metrics`` under :data:`flatlab.tracking.runs.MODEL_ID_KEY`,
+    so that the driver, which logs the report, links the final metrics to it) and ``curve``
     (``trainer.curve.points()``: ``(optimizer step, smoothed training loss)``, the loss in the
     workload's units, e.g. nats per token) as the metric history :data:`CURVE_METRIC` (timestamps from
     ``curve_times``, see :func:`log_curve`), which :func:`flatlab.tracking.speedup.log_steps_to_target`
@@ -111,9 +112,7 @@ def log_trial_artifacts(
         tags = client.get_run(run_id).data.tags
         name = ui.model_name(tags.get(runs.TAG_ARM, "model"), tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH),
                              tags.get(runs.TAG_SEED, ""), trial_id)
-        ended = metrics.get(runs.EPOCH_END_KEY)
-        log_trial_model(client, run_id, name, model, spec, metrics=metrics, step=int(metrics.get("epoch", 0)),
-                        timestamp_ms=int(1000 * ended) if isinstance(ended, (int, float)) else None)
+        metrics[runs.MODEL_ID_KEY] = log_trial_model(client, run_id, name, model, spec, step=int(metrics.get("epoch", 0)))
     return run_id
 
 

@@ -124,7 +124,9 @@ class MLflowTrialLogger(Callback):
         step = int(result.get("epoch", result.get("training_iteration", 0)))
         ended = result.get(runs.EPOCH_END_KEY)  # seconds since 1970 (the worker's clock); older reports lack it
         timestamp = int(1000 * ended) if isinstance(ended, (int, float)) and math.isfinite(ended) else None
-        self._queue.put(("metrics", trial.trial_id, (metrics, step, timestamp, runs.summary_keys(result))))
+        model_id = result.get(runs.MODEL_ID_KEY)  # the final report: its metrics belong to the trial's model too
+        self._queue.put(("metrics", trial.trial_id, (metrics, step, timestamp, runs.summary_keys(result),
+                                                     model_id if isinstance(model_id, str) else None)))
 
     def on_trial_complete(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
         from flatlab.tracking.selection import trial_outcome
@@ -248,7 +250,7 @@ class MLflowTrialLogger(Callback):
             if run_id is None:
                 continue  # its start is still queued behind; sent on a later flush
             batch = []
-            for metrics, step, timestamp, summary in pending.pop(trial_id):
+            for metrics, step, timestamp, summary, model_id in pending.pop(trial_id):
                 if step <= self._logged_step.get(trial_id, -1):
                     continue  # re-run from an earlier checkpoint: this epoch is logged already
                 self._logged_step[trial_id] = step
@@ -259,7 +261,8 @@ class MLflowTrialLogger(Callback):
                         self._best[trial_id] = best = value
                     metrics = {**metrics, f"best/{self.metric}": best}
                 # the final model's summary values (test/*, flat/* ...) at step 0: a bar per run in MLflow's charts
-                batch += [Metric(k, v, timestamp or now, runs.metric_step(k, step, summary)) for k, v in metrics.items()]
+                batch += [Metric(k, v, timestamp or now, runs.metric_step(k, step, summary), model_id=model_id)
+                          for k, v in metrics.items()]
             runs.log_metrics(client, run_id, batch)
 
     def _seed_logged(self, client: Any, trial_id: str, run_id: str) -> None:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -433,6 +434,12 @@ def _epoch_list(epochs: Sequence[int]) -> str:
 # Text
 
 
+def _shown(path: Any) -> str:
+    """``path`` relative to the working directory when it lies under it (tables pasted into docs), else as given."""
+    rel = os.path.relpath(str(path))
+    return str(path) if rel.startswith("..") else rel
+
+
 def _num(v: Any) -> str:
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4f}"
 
@@ -441,7 +448,7 @@ def row_cells(comparison: CurveComparison) -> Tuple[List[str], List[List[str]]]:
     """Headers and text cells of the per-epoch rows."""
     pct = f"{comparison.confidence:.0%}"
     head = ["arm (curve)", "metric", "epoch", "flatlab mean", f"flatlab {pct} CI", "n", "published mean",
-            "published min-max", "runs", "flatlab mean", "CI overlaps"]
+            "published min-max", "runs", "flatlab mean vs range", "CI overlaps"]
     body = []
     for r in comparison.rows.itertuples(index=False):
         ci = "-" if not math.isfinite(r.ci_low) else f"[{_num(r.ci_low)}, {_num(r.ci_high)}]"
@@ -471,7 +478,7 @@ def to_markdown(comparison: CurveComparison) -> str:
     head, body = row_cells(comparison)
     text = [f"### flatlab beside {comparison.curves.title}", "", markdown_table(head, body, left=2), ""]
     text += [f"- {line}" for line in summary_lines(comparison) + list(comparison.notes)]
-    text += ["", f"Published: {comparison.curves.citation} ({comparison.curves.path})", ""]
+    text += ["", f"Published: {comparison.curves.citation} ({_shown(comparison.curves.path)})", ""]
     return "\n".join(text)
 
 

@@ -49,6 +49,11 @@ def metric_step(key: str, epoch: int, summary: frozenset = frozenset()) -> int:
     return 0 if key in summary else epoch
 
 
+# A final report's key for the id of the trial's MLflow logged model (:mod:`flatlab.tracking.logged_model`),
+# which the worker logs before it reports: the driver links the report's metrics to that model. Metrics
+# reach a trial's run from the driver only, so a relaunch never finds epochs logged that Tune never saw.
+MODEL_ID_KEY = "logged_model_id"
+
 # A report's key for the time its epoch ended (seconds since 1970, ``time.time()`` on the worker): the
 # timestamp of the epoch's metrics in MLflow. Not a metric (no "/"), never logged as one.
 EPOCH_END_KEY = "epoch_end_time"
