@@ -56,6 +56,25 @@ def test_both_sets_of_rows_and_the_miss_counted():
     assert "sgd: seed 3 completed without reaching the target (train/epochs_to_target)." in notes
 
 
+
+def test_at_target_rows_are_their_own_holm_family_and_render_as_flatness():
+    from rich.console import Console
+
+    from scipy import stats
+
+    df = frame()
+    df.loc[(df["arm"] == "sam") & (df["seed"] == 2), "flat_at_target/fisher_trace"] = 18.0  # differences -5, -6
+    c = cmp.compare_table(df, reference="sgd")
+    (sam,) = c.family("flat_at_target/fisher_trace")  # one non-reference arm: one test, Holm leaves p as it is
+    p = stats.ttest_rel([15.0, 18.0], [20.0, 24.0]).pvalue  # the seeds both reached the target: 1 and 2
+    assert sam.arm == "sam" and sam.diff.p == pytest.approx(p) and sam.p_holm == pytest.approx(p)
+    console = Console(record=True, width=160)
+    cmp.render(c, console)
+    out = console.export_text()
+    assert "flat_at_target/fisher_trace (lower = flatter; 1 test, Holm-adjusted)" in out
+    assert "train/epochs_to_target (lower is better; " in out  # not a flatness measure
+    assert "(flat/*, flat_at_target/*: lower = flatter)" in " ".join(cmp.caption(c))
+
 def test_a_stop_at_train_loss_frame_keeps_flat_rows_at_the_target():
     c = cmp.compare_table(frame(target=None), reference="sgd")
     end = c.row("flat/fisher_trace", "sgd")
