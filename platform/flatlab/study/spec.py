@@ -19,7 +19,7 @@ from flatlab.errors import ConfigError, UnknownNameError, did_you_mean
 from flatlab.hparams import HParam, resolve
 from flatlab.study.space import SOURCE_SUFFIX, BestOf, Dim, as_dim, condition_problems, grid_points, inner, is_searched, representatives
 from flatlab.tracking.published import Published
-from flatlab.train.config import TRAINER_HPARAMS
+from flatlab.train.config import TARGET_HPARAMS, TRAINER_HPARAMS, recipe_problems
 from flatlab.train.trainer import TrialSpec
 
 SEARCHERS = ("optuna", "grid", "random")
@@ -157,7 +157,11 @@ class Study:
             instead of ``reference_arm``: only ``train/steps_to_target`` is logged. Not both.
         measures: flatness measures every completed trial computes on its final model, measure name ->
             parameters (``flatlab measures`` lists them), e.g. ``{"fisher_trace": {}, "neighbourhood_loss":
-            {"sigma": 0.03, "draws": 40}}``; logged as ``flat/<measure>`` metrics and in ``trial.json``.
+            {"sigma": 0.03, "draws": 40}}``; logged as ``flat/<measure>`` metrics and in ``trial.json``. With
+            ``train={"measure_at_train_loss": x}`` they also run on the model of the first epoch whose mean
+            training loss is <= x (``flat_at_target/<measure>``, ``train/epochs_to_target``), and training
+            goes on to ``max_epochs``; ``train={"stop_at_train_loss": x}`` ends the trial there instead.
+            Either target is study-wide (not in an arm's space).
         measure_examples, measure_seed, measure_split: the fixed evaluation subset of the measures:
             ``measure_examples`` rows (0 = all) of the ``measure_split`` split (``train``: the training
             loss, whose minimum the optimizers reach; or an evaluation split such as ``val``), chosen with
@@ -391,6 +395,7 @@ class Study:
             resolve(TRAINER_HPARAMS, self.train, f"{where}: field 'train'")
         except ConfigError as exc:
             errors.extend(str(exc).splitlines())
+        errors.extend(self._validate_target(where))
         errors.extend(f"{where}: {m}" for m in _scalar_problems(self))
         check(self.mode in MODES, f"mode={self.mode!r}; expected one of {', '.join(MODES)}")
         check(self.searcher in SEARCHERS, f"searcher={self.searcher!r}; expected one of {', '.join(SEARCHERS)}")
@@ -431,6 +436,30 @@ class Study:
         if errors:
             raise ConfigError("invalid study:\n  " + "\n  ".join(errors))
         return self
+
+    def _validate_target(self, where: str) -> List[str]:
+        """Problems with the training-loss target (the trainer's ``stop_at_train_loss`` or
+        ``measure_at_train_loss``): both set (:func:`~flatlab.train.config.recipe_problems`); either in an
+        arm's space (a target is study-wide: flatness is compared at one training loss for every arm, and
+        ``flatlab compare`` reads it from the launch); ``measure_at_train_loss`` without ``measures``."""
+        if not isinstance(self.train, Mapping):
+            return []  # reported by the resolve above
+        errors = [f"{where}: field 'train': {m}" for m in recipe_problems(self.train)]
+        for arm in self.arms:
+            for key in TARGET_HPARAMS:
+                if isinstance(arm.space, Mapping) and key in arm.space:
+                    errors.append(
+                        f"{where}, arm {arm.name!r}: field {key!r} is study-wide (every arm is measured at the same "
+                        f"training loss): set it in Study(train={{{key!r}: ...}}), not in an arm's space"
+                    )
+        measure_at = self.train.get("measure_at_train_loss")
+        if measure_at is not None and isinstance(self.measures, Mapping) and not self.measures:
+            errors.append(
+                f"{where}: field 'train': measure_at_train_loss={measure_at!r} runs the study's measures at the target, "
+                f"but measures is empty; set measures={{...}} (`flatlab measures` lists them), or use "
+                f"stop_at_train_loss to only stop there"
+            )
+        return errors
 
     def _validate_measures(self, where: str) -> List[str]:
         """Problems with ``measures``, their subset and ``final_seeds`` (each naming the field)."""

@@ -5,10 +5,16 @@
 Every epoch reports the workload's metrics through the caller's ``report`` (Tune's or Ray Train's); the
 last report (after ``max_epochs``, or at the first epoch whose mean training loss reaches the trainer's
 ``stop_at_train_loss``) adds the test metrics (every report holds them with the trainer's
-``test_every_epoch``), the study's flatness measures on the final model and ``completed = 1``. A checkpoint (model, optimizer, scheduler, RNG states) goes with the report of every
-epoch :func:`checkpoint_due` picks (the study's ``checkpoint_every``: every n-th epoch, or by default the
-first epoch ending :data:`CHECKPOINT_INTERVAL_S` seconds after the previous checkpoint) and with the
-last, so a restarted trial resumes where it stopped. A diverged epoch reports the worst metric and ends
+``test_every_epoch``), the study's flatness measures on the final model and ``completed = 1``. With the
+trainer's ``measure_at_train_loss`` the first epoch whose mean training loss reaches it runs the measures
+on that epoch's model (:func:`measure_trial`, the one measuring function), keeps them in the trainer's
+state (``Trainer.target_metrics``) and trains on; the last report adds them as ``flat_at_target/*``
+(:func:`flatlab.tracking.runs.at_target`) beside the final model's ``flat/*``. A checkpoint (model,
+optimizer, scheduler, RNG states, the target's state) goes with the report of every epoch
+:func:`checkpoint_due` picks (the study's ``checkpoint_every``: every n-th epoch, or by default the first
+epoch ending :data:`CHECKPOINT_INTERVAL_S` seconds after the previous checkpoint), with the epoch measured
+at the target (a restarted trial never measures twice) and with the last, so a restarted trial resumes
+where it stopped. A diverged epoch reports the worst metric and ends
 the trial. An evaluation-only workload (``trains = False``) has no epochs: its trial is
 :func:`evaluation_trial`, one evaluation and one report.
 """
@@ -24,7 +30,7 @@ import torch
 
 from flatlab.study.spec import Study
 from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
-from flatlab.tracking.runs import EPOCH_END_KEY, SUMMARY_KEY
+from flatlab.tracking.runs import EPOCH_END_KEY, SUMMARY_KEY, at_target
 from flatlab.tracking.selection import COMPLETED_KEY, DIVERGED_KEY
 from flatlab.train.checkpoint import StateSnapshot
 from flatlab.train.trainer import Diverged, Trainer
@@ -85,7 +91,8 @@ def trial_loop(
             ``None`` as the folder and without the final metrics on the others).
         extra: added to every report (DDP: ``world_size``).
     """
-    target = trainer.hp.get("stop_at_train_loss")
+    stops = trainer.hp.get("stop_at_train_loss") is not None  # the trial ends at its training-loss target
+    measures_at_target = trainer.hp.get("measure_at_train_loss") is not None and bool(study.measures)
     extra = dict(extra or {})
     saved_at = time.monotonic()
     curve_times = [(trainer.curve.step, time.time())]  # (optimizer step, time): the curve's timestamps
@@ -100,19 +107,22 @@ def trial_loop(
         metrics[EPOCH_END_KEY] = time.time()  # the epoch's metrics are timed when it ended, not when sent
         curve_times.append((trainer.curve.step, metrics[EPOCH_END_KEY]))
         _not_diverged(metrics, study)
-        reached = target is not None and metrics.get("train/loss", math.inf) <= target
-        last = reached or trainer.epoch == study.max_epochs
+        last = (stops and trainer.reached_target) or trainer.epoch == study.max_epochs
+        measured: Optional[Dict[str, float]] = None  # this epoch's model measured (at its target)
+        if measures_at_target and trainer.reached_target and main:
+            measured = measure_trial(trainer, study)
+            trainer.target_metrics = at_target(measured)  # in the state from now on: never measured again
         if last and not main:  # DDP: Tune takes rank 0's report; the others only keep the report count
             metrics[COMPLETED_KEY] = 1
         elif last:
-            final = _final_metrics(trainer, study, target, reached)
+            final = _final_metrics(trainer, study, measured)
             metrics.update(final)
             # what only this report holds, about the final model: summary values, at step 0 in MLflow
             metrics[SUMMARY_KEY] = ",".join(sorted(k for k in final if k != COMPLETED_KEY))
             if tracking is not None and trial_id:
                 log_trial_artifacts(tracking, trial_id, trainer.model, trainer.spec, metrics, curve=trainer.curve.points(),
                                     curve_times=curve_times)
-        if checkpoint_due(study.checkpoint_every, trainer.epoch, last, time.monotonic() - saved_at):
+        if measured is not None or checkpoint_due(study.checkpoint_every, trainer.epoch, last, time.monotonic() - saved_at):
             report(metrics, trainer.snapshot() if main else None)  # written and sent by the report
             saved_at = time.monotonic()
         else:
@@ -169,18 +179,21 @@ def evaluation_trial(
     report(metrics, None)
 
 
-def _final_metrics(trainer: Trainer, study: Study, target: Optional[float], reached: bool) -> Dict[str, float]:
+def _final_metrics(trainer: Trainer, study: Study, measured: Optional[Dict[str, float]] = None) -> Dict[str, float]:
     """What a trial adds to its last report: the test metrics, the study's flatness measures on the final
-    model (``flat/<measure>``, ``time/measures_s``), the training-loss target's outcome
-    (``train/target_reached`` 1/0 and ``train/epochs_to_target``) and the completion flag."""
+    model (``flat/<measure>``, ``time/measures_s``; ``measured``: already computed on it, at the target of
+    its last epoch), the measures at the training-loss target (``flat_at_target/*``, from the trainer's
+    state), the target's outcome (``train/target_reached`` 1/0 and ``train/epochs_to_target``) and the
+    completion flag."""
     # with test_every_epoch the last epoch's report already holds the test metrics of this model
     out: Dict[str, float] = {} if trainer.hp["test_every_epoch"] else dict(trainer.evaluate_test())
     if study.measures:
-        out.update(measure_trial(trainer, study))
-    if target is not None:
-        out["train/target_reached"] = 1.0 if reached else 0.0
-        if reached:
-            out["train/epochs_to_target"] = float(trainer.epoch)
+        out.update(measured if measured is not None else measure_trial(trainer, study))
+    out.update(trainer.target_metrics)
+    if trainer.loss_target is not None:
+        out["train/target_reached"] = 1.0 if trainer.target_epoch is not None else 0.0
+        if trainer.target_epoch is not None:
+            out["train/epochs_to_target"] = float(trainer.target_epoch)
     out[COMPLETED_KEY] = 1
     return out
 
@@ -188,7 +201,9 @@ def _final_metrics(trainer: Trainer, study: Study, target: Optional[float], reac
 def measure_trial(trainer: Trainer, study: Study) -> Dict[str, float]:
     """The study's flatness measures on ``trainer``'s current model, over the study's fixed evaluation
     subset (``measure_examples`` rows of the ``measure_split`` split chosen with ``measure_seed``: the
-    same examples, noise and probes for every trial), with the unsmoothed training loss."""
+    same examples, noise and probes for every trial), with the unsmoothed training loss: ``flat/*`` and
+    ``time/measures_s`` (:func:`flatlab.sharpness.measures.compute_measures`). The trial loop calls it on
+    the final model and, with ``measure_at_train_loss``, on the model at the target."""
     from flatlab.sharpness.measures import compute_measures, measure_subset, resolve_measures
 
     split = trainer.data.train if study.measure_split == "train" else trainer.data.eval_splits()[study.measure_split]

@@ -54,6 +54,26 @@ def metric_step(key: str, epoch: int, summary: frozenset = frozenset()) -> int:
 # reach a trial's run from the driver only, so a relaunch never finds epochs logged that Tune never saw.
 MODEL_ID_KEY = "logged_model_id"
 
+
+# The flatness measures a trial with the trainer parameter ``measure_at_train_loss`` ran on the model of the
+# first epoch reaching that training loss: each ``flat/<name>`` of the measures under this prefix
+# (``flat_at_target/fisher_trace``; MLflow allows letters, digits, ``_ - . /``, space and colon), their time
+# as ``time/measures_at_target_s``. Summary values of the last report (step 0), like ``flat/*``; the epoch
+# they were measured at is ``train/epochs_to_target``.
+AT_TARGET_PREFIX = "flat_at_target/"
+FLAT_PREFIX = "flat/"
+AT_TARGET_TIME_KEY = "time/measures_at_target_s"
+
+
+def at_target(measured: Mapping[str, float]) -> Dict[str, float]:
+    """The measures of a model at the training-loss target under their at-target names: ``flat/<name>``
+    -> ``flat_at_target/<name>``, ``time/measures_s`` -> :data:`AT_TARGET_TIME_KEY` (anything else dropped)."""
+    out = {AT_TARGET_PREFIX + k[len(FLAT_PREFIX):]: float(v) for k, v in measured.items() if k.startswith(FLAT_PREFIX)}
+    if "time/measures_s" in measured:
+        out[AT_TARGET_TIME_KEY] = float(measured["time/measures_s"])
+    return out
+
+
 # A report's key for the time its epoch ended (seconds since 1970, ``time.time()`` on the worker): the
 # timestamp of the epoch's metrics in MLflow. Not a metric (no "/"), never logged as one.
 EPOCH_END_KEY = "epoch_end_time"

@@ -38,6 +38,8 @@ import json
 from typing import Any, Dict, Iterable, List, Optional
 from urllib.parse import urlencode
 
+from flatlab.tracking.runs import AT_TARGET_PREFIX
+
 #: ``flatlab.outcome`` -> the MLflow run status it ends with.
 OUTCOME_STATUS = {
     "completed": "FINISHED",
@@ -116,7 +118,7 @@ def column(kind: str, name: str) -> str:
 
 
 def default_columns(metric: str, searched: Iterable[str], measures: Iterable[str] = (),
-                    test_metrics: Iterable[str] = TEST_METRICS, target: bool = False) -> List[str]:
+                    test_metrics: Iterable[str] = TEST_METRICS, target: bool = False, at_target: bool = False) -> List[str]:
     """The runs table's default columns (see the module docstring), as UI column ids, in the order they
     are shown after the run name: the study metric, the test metrics, the epochs run, the outcome, the
     searched parameters, then the logged model, the flatness measures and the epochs to the target.
@@ -127,9 +129,12 @@ def default_columns(metric: str, searched: Iterable[str], measures: Iterable[str
         measures: the study's flatness measures (metrics ``flat/<measure>``).
         test_metrics: the test metrics to show (a column without values stays hidden).
         target: the study has a training-loss target (metric ``train/epochs_to_target``).
+        at_target: the measures also run at that target (``flat_at_target/<measure>``, after ``flat/<measure>``).
     """
+    measures = list(measures)
     first = [column("metrics", m) for m in dict.fromkeys([metric, *test_metrics, "epoch"])]
-    later = [column("metrics", m) for m in [f"flat/{m}" for m in measures] + ([TARGET_EPOCHS] if target else [])]
+    flat = [f"flat/{m}" for m in measures] + ([f"{AT_TARGET_PREFIX}{m}" for m in measures] if at_target else [])
+    later = [column("metrics", m) for m in flat + ([TARGET_EPOCHS] if target else [])]
     return (first + [column("tags", "flatlab.outcome")] + [column("params", p) for p in dict.fromkeys(searched)]
             + [column("attributes", "Models")] + [c for c in later if c not in first])
 
@@ -201,9 +206,12 @@ def default_view(columns: List[str], metric: str, mode: str, parent_run_id: str)
 def study_columns(study: Any, test_metrics: Iterable[str] = TEST_METRICS) -> List[str]:
     """:func:`default_columns` of a :class:`~flatlab.study.spec.Study`: its metric, measures, target and
     the parameters its arms search (in the order the arms declare them)."""
+    from flatlab.train.config import TARGET_HPARAMS
+
     searched = [name for arm in study.arms for name in arm.searched()]
-    target = study.train.get("stop_at_train_loss") is not None
-    return default_columns(study.metric, searched, study.measures, test_metrics, target)
+    target = any(study.train.get(name) is not None for name in TARGET_HPARAMS)
+    at_target = study.train.get("measure_at_train_loss") is not None
+    return default_columns(study.metric, searched, study.measures, test_metrics, target, at_target)
 
 
 def set_default_view(client: Any, experiment_id: str, study: Any, parent_run_id: str,

@@ -1,6 +1,20 @@
-"""Trainer hyperparameters: the recipe knobs a study may fix or search (besides optimizer and workload)."""
+"""Trainer hyperparameters: the recipe knobs a study may fix or search (besides optimizer and workload).
+
+Two of them set a training-loss target (at most one per trial, :func:`recipe_problems`): the first epoch
+whose mean training loss is at or below it is the trial's ``train/epochs_to_target``, where the study's
+flatness measures run (IRE paper: flatter at the same training loss).
+
+* ``stop_at_train_loss``: the trial ends there; its ``flat/<measure>`` are of that model.
+* ``measure_at_train_loss``: the trial measures there, logs the values as ``flat_at_target/<measure>``
+  (:data:`flatlab.tracking.runs.AT_TARGET_PREFIX`), trains on to ``max_epochs`` and measures its final
+  model as ``flat/<measure>``: flatness at a matched training loss AND at the end, from one run.
+
+Either way a trial that never reaches the target logs ``train/target_reached = 0`` (a miss).
+"""
 
 from __future__ import annotations
+
+from typing import Any, List, Mapping, Optional
 
 from flatlab.hparams import HParam
 from flatlab.train.precision import PRECISIONS
@@ -28,6 +42,12 @@ TRAINER_HPARAMS = (
         "measured at a matched training loss (IRE paper: flatter at the same loss). Logs train/epochs_to_target",
     ),
     HParam(
+        "measure_at_train_loss", None, float, low=0.0, low_open=True, nullable=True,
+        doc="at the first epoch whose mean training loss is <= this, run the study's measures (logged as "
+        "flat_at_target/<measure>, with train/epochs_to_target), then train on to max_epochs and measure again "
+        "(flat/<measure>); None = off; not with stop_at_train_loss",
+    ),
+    HParam(
         "sync_batchnorm", False, bool,
         doc="multi-worker trials (Resources(workers>1)) on GPUs: BatchNorm statistics over the global batch (SyncBatchNorm)",
     ),
@@ -46,3 +66,30 @@ TRAINER_HPARAMS = (
         "never used for selection or stopping); default: once, after the last epoch",
     ),
 )
+
+
+#: the trainer parameters that set a training-loss target (at most one of them per trial)
+TARGET_HPARAMS = ("stop_at_train_loss", "measure_at_train_loss")
+
+
+def loss_target(hp: Mapping[str, Any]) -> Optional[float]:
+    """The training-loss target of a resolved recipe ``hp``: ``stop_at_train_loss`` or
+    ``measure_at_train_loss``, whichever is set (``None``: neither)."""
+    for name in TARGET_HPARAMS:
+        if hp.get(name) is not None:
+            return float(hp[name])
+    return None
+
+
+def recipe_problems(hp: Mapping[str, Any]) -> List[str]:
+    """What the trainer parameters ``hp`` (each already valid on its own) break together, one message per
+    rule: ``stop_at_train_loss`` and ``measure_at_train_loss`` both set (a trial either stops at its target
+    or trains past it)."""
+    stop, measure = (hp.get(name) for name in TARGET_HPARAMS)
+    if stop is not None and measure is not None:
+        return [
+            f"stop_at_train_loss={stop!r} and measure_at_train_loss={measure!r} are both set; set at most one: "
+            f"stop_at_train_loss ends the trial at the target (flat/* measured there), measure_at_train_loss "
+            f"measures there (flat_at_target/*) and trains on to max_epochs (flat/* at the end)"
+        ]
+    return []

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Mapping
 
+from flatlab.errors import ConfigError
 from flatlab.hparams import resolve
-from flatlab.train.config import TRAINER_HPARAMS
+from flatlab.train.config import TRAINER_HPARAMS, recipe_problems
 
 
 def resolve_trainer(train_defaults: Any, given: Mapping[str, Any]) -> Dict[str, Any]:
@@ -20,10 +21,15 @@ def resolve_trainer(train_defaults: Any, given: Mapping[str, Any]) -> Dict[str, 
     :class:`~flatlab.workloads.base.TrainDefaults`) over the declared defaults and ``given`` over both.
 
     Raises:
-        ConfigError: an unknown trainer parameter or a value outside its allowed range.
+        ConfigError: an unknown trainer parameter, a value outside its allowed range, or values that
+            break a rule together (:func:`~flatlab.train.config.recipe_problems`).
     """
     defaults = dataclasses.asdict(train_defaults)
-    return resolve(TRAINER_HPARAMS, {**defaults, **dict(given)}, "trainer")
+    hp = resolve(TRAINER_HPARAMS, {**defaults, **dict(given)}, "trainer")
+    problems = recipe_problems(hp)
+    if problems:
+        raise ConfigError("\n".join(f"trainer: {p}" for p in problems))
+    return hp
 
 
 def resolve_spec(spec: Any) -> Dict[str, Dict[str, Any]]:

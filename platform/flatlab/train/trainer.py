@@ -25,6 +25,7 @@ from flatlab.optim.registry import get_optimizer
 from flatlab.train.checkpoint import STATE_FILE, CheckpointError, StateSnapshot, load_state, save_state, snapshot_state
 from flatlab.train.closure import BatchClosure
 from flatlab.train.compiled import compile_model
+from flatlab.train.config import loss_target
 from flatlab.train.curve import LossCurve
 from flatlab.train.parallel import DataParallel, unwrap
 from flatlab.train.precision import Precision, accumulation_dtype
@@ -87,6 +88,13 @@ class Trainer:
     ``curve``: the :class:`~flatlab.train.curve.LossCurve` of the primary-pass mini-batch loss (EMA
     factor ``curve_smoothing``), one update per optimizer step, for steps-to-target (IRE paper, Fig. 4).
 
+    ``target_epoch``: the first epoch (1-based) whose mean training loss was at or below the recipe's
+    training-loss target (``stop_at_train_loss`` or ``measure_at_train_loss``,
+    :func:`~flatlab.train.config.loss_target`); ``None`` until then, or without a target.
+    ``target_metrics``: what the caller measured on the model of that epoch (the trial loop's
+    ``flat_at_target/*``), ``{name: float}``. Both are part of the state, so a resumed trial knows it has
+    reached and measured its target and does neither again.
+
     ``parallel``: data parallelism (DDP; :mod:`flatlab.train.parallel`): every rank builds the same
     Trainer and trains on its slice of every global batch of ``batch_size`` rows; the metrics are those
     of the global batch (losses and accuracy reduced over the ranks). ``None``: one process.
@@ -145,6 +153,9 @@ class Trainer:
         self.epoch = 0  # completed epochs
         self.step = 0  # completed optimizer steps
         self.last_train_loss: Optional[float] = None
+        self.loss_target = loss_target(self.hp)
+        self.target_epoch: Optional[int] = None
+        self.target_metrics: Dict[str, float] = {}
         # Steps between reads of the divergence flag: every step on CPU (free there), every 16 on
         # accelerators (each read waits for the device; a diverged trial runs at most 15 steps more).
         self.check_every = 1 if self.device.type == "cpu" else 16
@@ -240,6 +251,8 @@ class Trainer:
             stats.correct, stats.counted = int(round(float(both[0]))), int(round(float(both[1])))
         self.epoch += 1
         self.last_train_loss = float(loss_sum) / len(train)
+        if self.target_epoch is None and self.loss_target is not None and self.last_train_loss <= self.loss_target:
+            self.target_epoch = self.epoch
         metrics: Dict[str, float] = {
             "epoch": self.epoch,
             "train/loss": self.last_train_loss,
@@ -268,6 +281,11 @@ class Trainer:
         if step >= 0:
             raise Diverged(step, float(bad_loss))
 
+    @property
+    def reached_target(self) -> bool:
+        """Whether the epoch just completed is the first to reach the training-loss target (``target_epoch``)."""
+        return self.target_epoch is not None and self.target_epoch == self.epoch
+
     def _epoch_test(self, metrics: Mapping[str, float]) -> Dict[str, float]:
         """The test metrics of ``test_every_epoch`` (reported for published per-epoch test curves, never
         selected on). A workload whose validation split IS its test split (``val_size = 0``) has just
@@ -286,7 +304,8 @@ class Trainer:
             return {f"test/{k}": v for k, v in self.workload.evaluate(self.model, self.data.test).items()}
 
     def state_dict(self) -> Dict[str, Any]:
-        """Model, optimizer (wrapped bases included), scheduler, RNG states, counters and the loss curve."""
+        """Model, optimizer (wrapped bases included), scheduler, RNG states, counters, the loss curve and the
+        training-loss target's state (``target_epoch``, ``target_metrics``)."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -297,6 +316,8 @@ class Trainer:
             "step": self.step,
             "last_train_loss": self.last_train_loss,
             "curve": self.curve.state_dict(),
+            "target_epoch": self.target_epoch,
+            "target_metrics": dict(self.target_metrics),
             **({"loss_scaler": self.precision.scaler.state_dict()} if self.precision.scaler is not None else {}),
         }
 
@@ -304,7 +325,8 @@ class Trainer:
         """Restore what :meth:`state_dict` returned; training then continues bit-identically on CPU.
 
         A checkpoint written before the loss curve existed restores everything else; the curve then
-        starts afresh at the checkpoint's step (points before it are missing).
+        starts afresh at the checkpoint's step (points before it are missing). One written before the
+        training-loss target's state existed restores it as not reached, not measured.
         """
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -314,6 +336,8 @@ class Trainer:
         self.epoch = state["epoch"]
         self.step = state["step"]
         self.last_train_loss = state["last_train_loss"]
+        self.target_epoch = state.get("target_epoch")
+        self.target_metrics = {str(k): float(v) for k, v in (state.get("target_metrics") or {}).items()}
         if self.precision.scaler is not None and "loss_scaler" in state:
             self.precision.scaler.load_state_dict(state["loss_scaler"])
         if "curve" in state:

@@ -1,7 +1,8 @@
 """The paper table of a study (``flatlab compare``): each arm over seeds, and paired against a reference arm.
 
 Over the trials :func:`~flatlab.tracking.compare.sample.select_sample` chooses. For each arm and each
-quantity (the test metric, every ``flat/<measure>``, epochs or steps to a target): the
+quantity (the test metric, every ``flat/<measure>`` and ``flat_at_target/<measure>``, epochs or steps to a
+target): the
 :func:`~flatlab.tracking.compare.statistics.t_estimate` over seeds and, against the reference arm, the
 :func:`~flatlab.tracking.compare.statistics.paired_difference` (with its effect size d_z).
 
@@ -14,6 +15,12 @@ its own question: the test metric, each flatness measure, the speed to a target)
 Only completed trials give values. Seeds that diverged, errored, were pruned or interrupted are
 counted as run (the ``seeds`` column reads "values / run") and named in the notes; a seed that missed
 a target is counted in "k/n reached".
+
+Flatness at a training-loss target: with the trainer's ``stop_at_train_loss`` a trial ends at its target,
+so its ``flat/*`` are at the target, and a seed that missed it gives no ``flat/*`` value. With
+``measure_at_train_loss`` (the launch's ``train.measure_at_train_loss``, in the frame's ``attrs``) the
+``flat_at_target/*`` rows are at the target (a seed that missed it gives none) and the ``flat/*`` rows are
+the final models' (every completed seed).
 """
 
 from __future__ import annotations
@@ -26,9 +33,10 @@ from flatlab.tracking.compare.sample import has_values, select_sample
 from flatlab.tracking.compare.statistics import (
     CONFIDENCE, Estimate, Paired, finite, holm, paired_difference, t_estimate,
 )
+from flatlab.tracking.runs import AT_TARGET_PREFIX, FLAT_PREFIX
 from flatlab.tracking.selection import completed, reference_arm
 
-FLAT_PREFIX = "flat/"
+MEASURE_AT_TARGET = "measure_at_train_loss"  # the frame's attrs key: the launch's trainer target, when it measured and trained on
 AUXILIARY = ("_stderr", "_clean")  # flat/<measure>_stderr, _clean: shown only when asked for by name
 EPOCHS_TO_TARGET = "train/epochs_to_target"
 STEPS_TO_TARGET = "train/steps_to_target"
@@ -69,7 +77,7 @@ class Comparison:
         reference: the arm every other arm is paired against.
         confidence: of every interval (e.g. 0.95).
         source: ``final`` (final-stage trials) or ``best configuration`` (no final stage).
-        quantities: the table's quantities in order (metric, ``flat/*``, then targets).
+        quantities: the table's quantities in order (metric, ``flat/*``, ``flat_at_target/*``, then targets).
         higher_is_better: per quantity, the direction that counts as better.
         rows: one :class:`Row` per quantity and arm, quantity-major, reference arm first.
         seeds: the per-seed sample, one row per (arm, seed): ``arm``, ``seed``, ``outcome``,
@@ -156,7 +164,7 @@ def higher_is_better(quantity: str, study_metric: str = "", study_mode: str = "m
     steps to target are lower-is-better; accuracy-like names higher; loss, perplexity and error
     lower; a test metric named like the study metric (``test/x`` for ``val/x``) follows the study's
     mode; anything else counts as higher-is-better."""
-    if quantity.startswith(FLAT_PREFIX) or quantity in TARGETS:
+    if quantity.startswith((FLAT_PREFIX, AT_TARGET_PREFIX)) or quantity in TARGETS:
         return False
     leaf = quantity.rsplit("/", 1)[-1].lower()
     if any(w in leaf for w in _HIGHER_BETTER):
@@ -180,14 +188,16 @@ def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] 
         reference: the arm every other arm is paired against (default
             :func:`flatlab.tracking.selection.reference_arm` of the compared arms and the study's
             ``reference_arm``, which ``trials_frame`` reads from the launch into ``attrs``).
-        measures: the ``flat/*`` measures to include (``fisher_trace`` or ``flat/fisher_trace``;
-            default every one recorded in the sample except the auxiliary ``*_stderr`` and ``*_clean``).
+        measures: the ``flat/*`` measures to include (``fisher_trace`` or ``flat/fisher_trace``, each with
+            its ``flat_at_target/*`` where recorded; or ``flat_at_target/fisher_trace`` alone; default every
+            one recorded in the sample except the auxiliary ``*_stderr`` and ``*_clean``).
         confidence: of the t-intervals, in (0, 1).
         study: the study's name, for titles.
         rank_by: how a grid study's best configuration is chosen (:func:`select_sample`): ``final``
             (the rule) or ``best-epoch`` (an explicit alternative).
     Returns:
-        A :class:`Comparison`; quantities: the metric, the measures, then ``train/epochs_to_target``
+        A :class:`Comparison`; quantities: the metric, the measures (``flat/*``, then ``flat_at_target/*``),
+        then ``train/epochs_to_target``
         and/or ``train/steps_to_target`` where the launch has a target.
     Raises:
         ConfigError: no trials; unknown metric, reference arm or measure (listing the valid ones);
@@ -207,15 +217,17 @@ def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] 
         reference = reference_arm(arms, df.attrs.get("reference_arm"))
     if reference not in arms:
         raise ConfigError(f"reference arm {reference!r} is not in the compared trials; arms: {', '.join(arms)}")
-    flat = [c for c in sorted(sample.columns) if c.startswith(FLAT_PREFIX) and has_values(sample, c)]
+    recorded = [c for prefix in (FLAT_PREFIX, AT_TARGET_PREFIX)
+                for c in sorted(sample.columns) if c.startswith(prefix) and has_values(sample, c)]
     if measures is None:  # by default the measures' values, not their Monte-Carlo errors or clean losses
-        flat = [c for c in flat if not c.endswith(AUXILIARY)]
-    if measures is not None:
-        wanted = [m if m.startswith(FLAT_PREFIX) else FLAT_PREFIX + m for m in measures]
-        unknown = [m for m in wanted if m not in flat]
+        flat = [c for c in recorded if not c.endswith(AUXILIARY)]
+    else:
+        wanted = [m if m.startswith((FLAT_PREFIX, AT_TARGET_PREFIX)) else FLAT_PREFIX + m for m in measures]
+        unknown = [m for m in wanted if m not in recorded]
         if unknown:
-            raise ConfigError(f"measures {', '.join(unknown)} not recorded in the compared trials; measures there: {', '.join(flat) or '(none)'}")
-        flat = wanted
+            raise ConfigError(f"measures {', '.join(unknown)} not recorded in the compared trials; measures there: {', '.join(recorded) or '(none)'}")
+        also = [AT_TARGET_PREFIX + m[len(FLAT_PREFIX):] for m in wanted if m.startswith(FLAT_PREFIX)]
+        flat = list(dict.fromkeys([*wanted, *(c for c in also if c in recorded)]))
     targets = [q for q in TARGETS if q in df.columns and (has_values(df, q) or (q == EPOCHS_TO_TARGET and has_values(df, TARGET_REACHED)))]
     quantities = (metric, *flat, *targets)
     mode = df.attrs.get("mode", "max")
@@ -237,7 +249,12 @@ def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] 
                 which = ", ".join(map(str, missed["seed"]))
                 notes.append(f"{arm}: seed{'s' if len(missed) > 1 else ''} {which} completed without reaching the target ({q}).")
 
-    if flat and has_values(sample, TARGET_REACHED):
+    measured_at = df.attrs.get(MEASURE_AT_TARGET)
+    if measured_at is not None and any(q.startswith(AT_TARGET_PREFIX) for q in flat):
+        notes.append(f"flat_at_target/* rows: measured at the first epoch whose mean training loss was <= {measured_at} "
+                     "(measure_at_train_loss); seeds that missed it are counted in the seeds run and give no value. "
+                     "flat/* rows: the final models, after the last epoch.")
+    elif measured_at is None and flat and has_values(sample, TARGET_REACHED):
         notes.append("flat/* rows: measured at the training-loss target (stop_at_train_loss); seeds that missed it "
                      "are counted in the seeds run and give no flatness value.")
     rows = []
@@ -258,8 +275,11 @@ def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] 
 def seed_values(sample, quantities: Sequence[str]):
     """Per (arm, seed) row of ``sample``: ``arm``, ``seed``, ``outcome``, ``run_id`` and each quantity's
     value, NaN unless the trial completed with a finite value (and, for ``train/epochs_to_target`` and
-    every ``flat/*`` measure, ``train/target_reached == 1`` where recorded: flatness is compared at the
-    matched training loss, so a seed that never reached it gives no flatness value)."""
+    every measure taken at the training-loss target, ``train/target_reached == 1`` where recorded:
+    flatness is compared at the matched training loss, so a seed that never reached it gives no value
+    there). Taken at the target: every ``flat_at_target/*``; every ``flat/*`` unless ``sample.attrs``
+    names the launch's ``measure_at_train_loss`` (its trials measured at the target and trained on: their
+    ``flat/*`` are the final models', a value for every completed seed)."""
     import pandas as pd
 
     done = completed(sample)
@@ -267,7 +287,9 @@ def seed_values(sample, quantities: Sequence[str]):
     for q in quantities:
         values = pd.to_numeric(sample[q], errors="coerce") if q in sample else pd.Series(float("nan"), index=sample.index)
         keep = done & values.map(finite)
-        if (q == EPOCHS_TO_TARGET or q.startswith(FLAT_PREFIX)) and has_values(sample, TARGET_REACHED):
+        at_target = q == EPOCHS_TO_TARGET or q.startswith(AT_TARGET_PREFIX) or (
+            q.startswith(FLAT_PREFIX) and sample.attrs.get(MEASURE_AT_TARGET) is None)
+        if at_target and has_values(sample, TARGET_REACHED):
             keep &= pd.to_numeric(sample[TARGET_REACHED], errors="coerce") == 1.0
         seeds[q] = values.where(keep)
     return seeds

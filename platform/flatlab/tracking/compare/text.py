@@ -9,6 +9,7 @@ from typing import Any, List, Sequence
 from flatlab.errors import ConfigError
 from flatlab.tracking.compare.statistics import finite
 from flatlab.tracking.compare.table import FEW_SEEDS, TARGETS, Comparison
+from flatlab.tracking.runs import AT_TARGET_PREFIX, FLAT_PREFIX
 
 FORMATS = ("table", "markdown", "latex", "csv")
 
@@ -79,7 +80,7 @@ def caption(comparison: Comparison) -> List[str]:
         f"p: two-sided paired t-test; seeds better: seeds where the arm beats {c.reference} : where {c.reference} "
         "beats the arm : ties.",
         "Better is " + "; ".join(x for x in (f"higher {', '.join(higher)}" if higher else "",
-                                            f"lower {', '.join(lower)}" if lower else "") if x) + " (flat/*: lower = flatter).",
+                                            f"lower {', '.join(lower)}" if lower else "") if x) + " (flat/*, flat_at_target/*: lower = flatter).",
         "Only completed trials give values; '-': no value, or fewer than 2 seeds (no std, CI or p).",
     ]
     if any(q in TARGETS for q in c.quantities):
@@ -199,7 +200,7 @@ def render(comparison: Comparison, console: Any) -> None:
     head = headers(c)[1:]
     body = cells(c)
     for q in c.quantities:
-        better = "higher is better" if c.higher_is_better[q] else ("lower = flatter" if q.startswith("flat/") else "lower is better")
+        better = "higher is better" if c.higher_is_better[q] else ("lower = flatter" if q.startswith((FLAT_PREFIX, AT_TARGET_PREFIX)) else "lower is better")
         tests = len(c.family(q))
         table = Table(*head, title=f"{q} ({better}; {tests} test{'s' if tests != 1 else ''}, Holm-adjusted)",
                       title_justify="left")
