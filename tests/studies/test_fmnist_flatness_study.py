@@ -33,9 +33,9 @@ def scales():
 
 def test_scales_names_and_what_they_share(scales):
     module = load_module(FILE)
-    assert module.SCALES == ("paper", "cpu", "smoke")  # the paper scale is the default, as in deepobs_fmnist
+    assert module.SCALES == ("cpu", "paper", "smoke")  # the default runs here: `flatlab run studies/fmnist_flatness.py`
     assert {k: s.name for k, s in scales.items()} == {
-        "paper": "fmnist_flatness", "cpu": "fmnist_flatness_cpu", "smoke": "fmnist_flatness_smoke"}
+        "paper": "fmnist_flatness_paper", "cpu": "fmnist_flatness", "smoke": "fmnist_flatness_smoke"}
     paper, cpu, smoke = scales["paper"], scales["cpu"], scales["smoke"]
     assert [a.name for a in paper.arms] == [a.name for a in cpu.arms] == ARMS
     assert [a.name for a in smoke.arms] == ["sgd", "sam_ire"]
@@ -51,7 +51,7 @@ def test_scales_names_and_what_they_share(scales):
     assert paper.train["measure_at_train_loss"] == module.PAPER_TARGET_LOSS
     assert cpu.train["measure_at_train_loss"] == module.TARGET_LOSS == 0.35
     assert smoke.train["measure_at_train_loss"] == module.SMOKE_TARGET_LOSS < math.log(10)  # below the untrained loss
-    with pytest.raises(ConfigError, match=r"scale='huge' is not defined; valid scales: paper, cpu, smoke"):
+    with pytest.raises(ConfigError, match=r"scale='huge' is not defined; valid scales: cpu, paper, smoke"):
         load_studies(FILE, "huge")
 
 
