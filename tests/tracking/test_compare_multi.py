@@ -237,3 +237,24 @@ def test_cli_compare_several_studies_bad_input(store, tmp_path):
     for args, message in cases:
         res = runner.invoke(app, ["compare", *args, "--tracking-uri", uri, "--plot", str(tmp_path / "x.png")])
         assert res.exit_code == 2 and message in res.output, (args, res.output)
+
+
+def test_flatness_is_compared_at_the_matched_training_loss_where_a_study_measured_there():
+    import pandas as pd
+
+    from flatlab.tracking.compare.multi import COLUMNS, summarize
+
+    rows = []
+    for w, arm, acc, end, at in (("a", "sgd", 0.9, 4.0, None), ("a", "sam", 0.91, 2.0, None),
+                                 ("b", "sgd", 0.8, 10.0, 6.0), ("b", "sam", 0.82, 30.0, 3.0)):
+        rows.append({"workload": w, "arm": arm, "quantity": "test/accuracy", "mean": acc, "higher_is_better": True, "test_metric": True})
+        rows.append({"workload": w, "arm": arm, "quantity": "flat/fisher_trace", "mean": end, "higher_is_better": False, "test_metric": False})
+        if at is not None:
+            rows.append({"workload": w, "arm": arm, "quantity": "flat_at_target/fisher_trace", "mean": at,
+                         "higher_is_better": False, "test_metric": False})
+    table = pd.DataFrame(rows)[[c for c in COLUMNS if c in pd.DataFrame(rows).columns]]
+    s = summarize(table, reference="sgd")
+    ratio = s.frame.set_index(["arm", "workload"])["flat/fisher_trace ratio"]
+    assert ratio[("sam", "a")] == pytest.approx(0.5)  # a: flat/* (measured where it stopped)
+    assert ratio[("sam", "b")] == pytest.approx(0.5)  # b: flat_at_target/* 3/6, not the end's 30/10
+    assert any("flatness in b: at the matched training loss" in n for n in s.notes)

@@ -9,7 +9,8 @@ arm and quantity). :func:`summarize` then gives, per arm and workload:
   metric's direction; tied arms share the best of their ranks: 1, 2, 2, 4);
 * ``diff`` and ``ratio``: the test metric's mean minus, and over, the reference arm's;
 * ``<flat/m> ratio``: each flatness measure recorded in every workload, the arm's mean over the
-  reference arm's (< 1: flatter than the reference);
+  reference arm's (< 1: flatter than the reference); in a workload whose study measured at a matched
+  training loss, its ``flat_at_target/m`` (the IRE paper's comparison), else its ``flat/m``;
 * ``error`` and ``r``: the test error and its performance ratio to the workload's best arm
   (:mod:`~flatlab.tracking.compare.profiles`).
 
@@ -22,12 +23,12 @@ has each workload's paired tests.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from flatlab.errors import ConfigError
 from flatlab.tracking.compare.profiles import error_matrix, performance_ratios, rho
 from flatlab.tracking.compare.statistics import finite
-from flatlab.tracking.compare.table import FLAT_PREFIX, Comparison, compare_table
+from flatlab.tracking.compare.table import AT_TARGET_PREFIX, FLAT_PREFIX, Comparison, compare_table
 from flatlab.tracking.selection import reference_arm
 
 COLUMNS = ("workload", "arm", "quantity", "mean", "higher_is_better", "test_metric")
@@ -115,9 +116,20 @@ def summarize(table, *, reference: Optional[str] = None, recorded: Optional[str]
     others = sorted(set(table["arm"]) - {reference})
     arms = [reference] + others
 
-    flat = {w: {q for q in table.loc[table["workload"] == w, "quantity"] if q.startswith(FLAT_PREFIX)} for w in workloads}
+    # a measure per workload: at the matched training loss where the study measured there (flat_at_target/*,
+    # the IRE paper's comparison), else its flat/* (a study stopping at the target measures there anyway)
+    source: Dict[str, Dict[str, str]] = {}
+    for w in workloads:
+        recorded_w = set(table.loc[table["workload"] == w, "quantity"])
+        source[w] = {FLAT_PREFIX + q[len(FLAT_PREFIX):]: q for q in recorded_w if q.startswith(FLAT_PREFIX)}
+        source[w].update({FLAT_PREFIX + q[len(AT_TARGET_PREFIX):]: q for q in recorded_w if q.startswith(AT_TARGET_PREFIX)})
+    flat = {w: set(source[w]) for w in workloads}
     measures = sorted(set.intersection(*flat.values()))
     notes: List[str] = []
+    at_target = [w for w in workloads if any(source[w][m].startswith(AT_TARGET_PREFIX) for m in measures)]
+    if at_target:
+        notes.append(f"flatness in {', '.join(at_target)}: at the matched training loss ({AT_TARGET_PREFIX}*), "
+                     "not at the end of training.")
     partial = sorted(set.union(*flat.values()) - set(measures))
     if partial:
         notes.append("not in every study, so not summarized: " + "; ".join(
@@ -145,7 +157,8 @@ def summarize(table, *, reference: Optional[str] = None, recorded: Optional[str]
                    "diff": m - ref, "ratio": _ratio(m, ref), "error": float(errors.loc[arm, w]),
                    "r": float(ratios.loc[arm, w])}
             for f in measures:
-                row[f"{f} ratio"] = _ratio(mean(w, arm, f), mean(w, reference, f))
+                q_f = source[w][f]
+                row[f"{f} ratio"] = _ratio(mean(w, arm, q_f), mean(w, reference, q_f))
             rows.append(row)
         absent = [w for w in workloads if arm not in arms_in[w]]
         if absent:
