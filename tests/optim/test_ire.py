@@ -401,6 +401,48 @@ def test_radix_select_ignores_signs_and_rejects_bad_input():
         kth_smallest_nonnegative([], 1)
 
 
+def test_radix_select_at_both_ends_of_the_bit_range():
+    # bucket 0 (below 2^-126·2^-7: subnormal bit patterns under 0x10000) with the largest NaN pattern
+    # present, and the largest NaN pattern itself selected (bucket 0x7FFF: nothing above it)
+    from flatlab.optim._flat import kth_smallest_with_count
+
+    bits = torch.tensor([0x7FFFFFFF, 0x0000FFFF, 3, 0, 0x00010000, 0x7F800000, 0x7FFFFFFF, 5], dtype=torch.int32)
+    h = bits.view(torch.float32)
+    for k in range(1, 9):
+        value, count = kth_smallest_with_count(h, k)
+        expected = torch.kthvalue(h, k).values
+        assert int(value.view(torch.int32)) == int(expected.view(torch.int32)) or (value.isnan() and expected.isnan())
+        if not value.isnan():
+            assert count == int((h <= value).sum())
+    assert int(kth_smallest_with_count(h, 3)[0].view(torch.int32)) == 5 and kth_smallest_with_count(h, 3)[1] == 3
+    assert int(kth_smallest_with_count(h, 8)[0].view(torch.int32)) == 0x7FFFFFFF
+    # int32 keys are taken as the bit patterns themselves (signs already clear): the same answers, as float32
+    for k in range(1, 9):
+        by_bits, by_value = kth_smallest_with_count(bits, k), kth_smallest_with_count(h, k)
+        assert by_bits[0].dtype == torch.float32 and by_bits[1] == by_value[1]
+        assert int(by_bits[0].view(torch.int32)) == int(by_value[0].view(torch.int32))
+    with pytest.raises(RuntimeError, match="non-negative"):
+        kth_smallest_with_count(torch.tensor([1, -2], dtype=torch.int32), 1)
+
+
+@pytest.mark.parametrize("chunk", [3, 1 << 20])
+def test_at_most_writes_the_mask_and_counts_it(monkeypatch, chunk):
+    import flatlab.optim._flat as flat_mod
+
+    monkeypatch.setattr(flat_mod, "SELECT_CHUNK", chunk)
+    h = torch.tensor([[0.5, float("nan"), 2.0, 0.25], [1.0, -0.0, float("inf"), 1.0]])
+    out = torch.ones(2, 4, dtype=torch.bool)
+    assert flat_mod.at_most(h, 1.0, out) == 5
+    assert out.tolist() == [[True, False, False, True], [True, True, False, True]]
+    bits = h.abs().view(torch.int32)  # bit patterns compare as integers; -1 marks nothing
+    assert flat_mod.at_most(bits, int(torch.tensor(0.5).view(torch.int32)), out) == 3
+    assert out.tolist() == [[True, False, False, True], [False, True, False, False]]
+    assert flat_mod.at_most(bits, -1, out) == 0 and not out.any()
+    assert flat_mod.at_most(torch.empty(0), 1.0, torch.empty(0, dtype=torch.bool)) == 0
+    with pytest.raises(ValueError, match="out must be a bool tensor of 8 entries, got 8 torch.float32"):
+        flat_mod.at_most(h, 1.0, torch.empty(2, 4))
+
+
 @pytest.mark.parametrize("chunk", [5, 64, 1 << 22])  # pieces smaller than the k-th bucket, and not
 def test_radix_select_over_several_tensors_equals_kthvalue_of_their_concatenation(monkeypatch, chunk):
     import flatlab.optim._flat as flat_mod

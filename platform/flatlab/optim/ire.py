@@ -68,7 +68,7 @@ from __future__ import annotations
 import math
 import warnings
 from fractions import Fraction
-from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -77,7 +77,7 @@ from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
 from flatlab.optim.protocol import Closure, as_closure, local_pass, ranks_mean, step_may_be_skipped, step_skipped
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.sam import SAM_ADAMW_SPEC, SAM_SPEC
-from flatlab.optim._flat import SELECT_CHUNK, kth_smallest_with_count, persistent_buffers, square_tie_ceiling
+from flatlab.optim._flat import SELECT_CHUNK, at_most, kth_smallest_nonnegative, persistent_buffers, square_tie_ceiling
 from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
 
 __all__ = ["IRE", "IRE_HPARAMS", "flat_count", "SGD_IRE_SPEC", "ADAMW_IRE_SPEC", "SAM_IRE_SPEC", "SAM_ADAMW_IRE_SPEC"]
@@ -303,7 +303,7 @@ class IRE(WrappedOptimizer):
     def _compute_mask(self, params: Sequence[torch.Tensor], sampled: Sequence[Optional[torch.Tensor]]) -> None:
         # The ranking keys for every ranked coordinate, in float32, and ONE threshold over all of them. The
         # keys are |g| (β = 0: h = fl(g²) is never formed, see the module doc) or the curvature EMA (β > 0).
-        # Up to SELECT_CHUNK coordinates in all, they are one concatenated vector (at most 4 MB; one
+        # Up to SELECT_CHUNK coordinates in all, they are one concatenated vector (at most 2 MB; one
         # kernel per pass instead of one per tensor). Above that the tensors are ranked where they are:
         # float32 sampled gradients, which are scratch (the closure hands them over), are made |g| in
         # place, so no copy is ever made.
@@ -340,43 +340,32 @@ class IRE(WrappedOptimizer):
                 hs = [g if g.dtype == torch.float32 else g.float() for g in hs]
             keys = hs
         if by_magnitude:
-            for key in keys:  # |g| in place, as a bit operation (a NaN stays NaN, now positive)
-                key.view(torch.int32).bitwise_and_(0x7FFFFFFF)
+            # |g| in place, as a bit operation (a NaN stays NaN, now positive); from here on the keys are
+            # these bit patterns (int32), which the select takes without clearing the sign bit again
+            keys = [key.view(torch.int32).bitwise_and_(0x7FFFFFFF) for key in keys]
         # the select runs on one device (a model split over devices: copies of the other tensors' keys)
-        parts = keys if flat is not None else [h if h.device == device else h.to(device) for h in hs]
+        parts = [key if key.device == device else key.to(device) for key in keys]
         k = flat_count(self.gamma, total)
         if k == 0:
             for p, _ in ranked:
                 self.state[p]["mask"] = torch.zeros_like(p, dtype=torch.bool)
             self._flat_fraction = 0.0
             return
-        # threshold = torch.kthvalue(all keys, k); key ≤ threshold is flat (ties included); the select
-        # also counts the keys ≤ it, so usually no pass over the masks is needed for the metric.
-        value, count = kth_smallest_with_count(parts, k)
-        flags: Sequence[torch.Tensor]
+        # threshold = torch.kthvalue(all keys, k); key ≤ threshold is flat (ties included)
+        value = kth_smallest_nonnegative(parts, k)
         if by_magnitude:
             # h_i ≤ kthvalue(h) with h = fl(g²) ⟺ |g_i| ≤ G, G the largest float32 whose square rounds to at
             # most fl(a²), a = kthvalue(|g|): non-negative float32 numbers compare like their bit patterns
-            nan = math.isnan(float(value))
-            bound = -1 if nan else square_tie_ceiling(value)  # h ≤ NaN holds nowhere
-            if nan or bound != int(value.view(torch.int32)):
-                count = -1  # ties through rounding (or none flat): counted from the masks below
-            if flat is not None:
-                flags = (flat.view(torch.int32) <= bound).split([p.numel() for p, _ in ranked])
-            else:
-                flags = [h.view(torch.int32) <= bound for h in keys]
+            bound: Union[int, float] = -1 if math.isnan(float(value)) else square_tie_ceiling(value)  # h ≤ NaN: nowhere
         else:
-            threshold = float(value)
-            if math.isnan(threshold):  # a diverged step: h ≤ NaN marks nothing, so count the masks instead
-                count = -1
-            if flat is not None:
-                flags = (flat <= threshold).split([p.numel() for p, _ in ranked])
-            else:
-                flags = [h <= threshold for h in hs]
-        for (p, _), m in zip(ranked, flags):
+            bound = float(value)  # NaN (a diverged step) marks nothing
+        # the masks, and how many are set (the metric), in one pass over the keys
+        masks = [torch.empty(key.shape, dtype=torch.bool, device=key.device) for key in keys]
+        count = sum(at_most(key, bound, m) for key, m in zip(keys, masks))
+        if flat is not None:
+            masks = list(masks[0].split([p.numel() for p, _ in ranked]))
+        for (p, _), m in zip(ranked, masks):
             self.state[p]["mask"] = m.view(p.shape).to(p.device)
-        if count < 0:  # count_nonzero: no int64 copy of the masks (bool .sum() makes one: 2 float32 copies)
-            count = sum(int(torch.count_nonzero(m)) for m in flags)
         self._flat_fraction = count / total
 
     @torch.no_grad()
@@ -391,7 +380,9 @@ class IRE(WrappedOptimizer):
                 continue
             weights = persistent_buffers(self.state, ps, "weight")
             if self._weight_key.get(i) != (self._mask_version, kappa, len(ps)):
-                torch._foreach_copy_(weights, [self.state[p]["mask"] for p in ps])
+                # from the masks' bytes: a bool -> float32 copy is several times slower on the CPU
+                masks = [self.state[p]["mask"] for p in ps]
+                torch._foreach_copy_(weights, [m.view(torch.uint8) if m.dtype == torch.bool else m for m in masks])
                 torch._foreach_mul_(weights, -kappa)
                 self._weight_key[i] = (self._mask_version, kappa, len(ps))
             torch._foreach_lerp_(ps, [self.state[p]["theta"] for p in ps], weights)
