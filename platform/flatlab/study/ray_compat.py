@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional
 
 #: Ray releases (major.minor) the test suite ran on with these workarounds; ``pyproject.toml`` allows these.
@@ -284,8 +285,6 @@ def buffered_trainable(fn: Any, decide_at: FrozenSet[int], buffer_s: float, max_
     ``save`` resolves and runs two trains at once. Both are Ray 2.60 faults; when Ray fixes them this
     class can shrink to the error handling.
     """
-    import time
-
     from ray.tune.result import DONE, RESULT_DUPLICATE, SHOULD_CHECKPOINT, TRAINING_ITERATION
     from ray.tune.trainable.function_trainable import wrap_function
 
