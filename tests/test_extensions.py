@@ -158,3 +158,14 @@ def test_the_examples_workload_is_a_workload(registries):
     a, b = cls(n=100).load_data(3), cls(n=100).load_data(3)
     assert torch.equal(a.train.inputs, b.train.inputs) and (len(a.train), len(a.val), len(a.test)) == (60, 20, 20)
     assert set(a.train.targets.tolist()) == {0, 1}
+
+
+def test_every_code_block_of_the_extensions_guide_is_in_the_tested_example():
+    import re
+
+    guide = (REPO / "docs" / "extensions.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", guide, flags=re.S)
+    example = EXAMPLE.read_text() + (EXAMPLE.parent / "two_moons.py").read_text()
+    assert len(blocks) == 4  # the workload, its import, the optimizer, the measure
+    for block in blocks:
+        assert block in example, block

@@ -101,6 +101,7 @@ def check_extensions_run(root: Path, tmp_path: Path, nodes=None) -> None:
     from safetensors.torch import load_file
 
     from flatlab.tracking import runs
+    from flatlab.tracking.logged_model import download_weights
 
     c = runs.client(runs.default_tracking_uri(root))
     exp = c.get_experiment_by_name("extensions_demo")
@@ -108,7 +109,8 @@ def check_extensions_run(root: Path, tmp_path: Path, nodes=None) -> None:
     assert len(trials) == 4 and all(r.info.status == "FINISHED" for r in trials)
     assert sorted(r.data.tags[runs.TAG_OPT] for r in trials) == ["lion", "lion", "sgd", "sgd"]
     for r in trials:
-        weights = load_file(c.download_artifacts(r.info.run_id, "model/model.safetensors", str(tmp_path)))
+        (tmp_path / r.info.run_id).mkdir()
+        weights = load_file(download_weights(c, r.info.run_id, str(tmp_path / r.info.run_id)))  # its logged model's
         norm = float(torch.sqrt(sum((w.double() ** 2).sum() for w in weights.values())))
         assert r.data.metrics["flat/param_norm"] == pytest.approx(norm, rel=1e-6)
         assert r.data.metrics["epoch"] == 4 and 0.0 <= r.data.metrics["test/accuracy"] <= 1.0
