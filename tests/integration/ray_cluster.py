@@ -9,7 +9,8 @@ line, each answered by one JSON line: ``remove NODE_ID`` (kill that node's proce
 machine) and ``add`` (one more worker node). End of input shuts the cluster down.
 
 The cluster's address is not left in ``/tmp/ray/ray_current_cluster`` (where Ray's harness writes it), so a
-``ray.init()`` without an address elsewhere on the machine never joins it. The GCS checks the nodes' health every second and takes a node for dead after 3 missed checks, so a
+``ray.init()`` without an address elsewhere on the machine never joins it; it is written in the head's own
+Ray folder instead, where a submitted job's supervisor looks for it. The GCS checks the nodes' health every second and takes a node for dead after 3 missed checks, so a
 removed node's trials fail within seconds (Ray's defaults take about half a minute).
 """
 
@@ -22,6 +23,7 @@ import sys
 import tempfile
 
 import ray._common.utils
+import ray._private.utils
 from ray.cluster_utils import Cluster
 
 FAST_HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
@@ -37,13 +39,19 @@ def free_port() -> int:
 def main(head_cpus: int, workers: int, worker_cpus: int, worker_gpus: int, dashboard_port: int) -> None:
     # the head's dashboard agent (which runs submitted jobs) on a free port: Ray's default, 52365, may be
     # another Ray instance's on this machine, and then no job could start
+    # The head, too, with a Ray folder of its own, where its address is written: a submitted job's
+    # supervisor gives the job's driver the address it finds there ("auto"); without it, Ray takes any
+    # Ray instance that runs on this machine (another test's, another user's)
+    head_folder = tempfile.mkdtemp(prefix="rh", dir="/tmp")
+    nodes, folders = {}, [head_folder]
     cluster = Cluster(initialize_head=True, head_node_args=dict(
         num_cpus=head_cpus, node_ip_address="127.0.0.1", include_dashboard=True, dashboard_host="127.0.0.1",
-        dashboard_port=dashboard_port, dashboard_agent_listen_port=free_port(), _system_config=FAST_HEALTH_CHECKS))
+        dashboard_port=dashboard_port, dashboard_agent_listen_port=free_port(), temp_dir=head_folder,
+        _system_config=FAST_HEALTH_CHECKS))
     # The harness writes its address where any `ray.init()` without an address on this machine looks
     # (/tmp/ray/ray_current_cluster): other processes must not join this cluster by accident.
     ray._common.utils.reset_ray_address()
-    nodes, folders = {}, []
+    ray._private.utils.write_ray_address(cluster.address, head_folder)
 
     def add() -> str:
         # a Ray folder of its own, as on a machine of its own: nodes that share one would each take the

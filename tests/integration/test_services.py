@@ -70,9 +70,12 @@ def test_study_logs_to_a_tracking_server_workers_included(tmp_path, mlflow_serve
 def test_submit_to_a_local_ray_head(tmp_path):
     gcs, dash = free_port(), free_port()
     e = env()
+    # the dashboard agent (which starts submitted jobs) on a free port: Ray's default, 52365, may be another
+    # Ray instance's on this machine, and then no job can start ("No available agent to submit job")
     start = subprocess.run(
         [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(gcs), "--num-cpus", "2",
-         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--include-dashboard", "true", "--disable-usage-stats"],
+         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--include-dashboard", "true",
+         "--dashboard-agent-listen-port", str(free_port()), "--disable-usage-stats"],
         capture_output=True, text=True, env=e, timeout=180,
     )
     assert start.returncode == 0, start.stdout + start.stderr
