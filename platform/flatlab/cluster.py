@@ -6,7 +6,6 @@ import asyncio
 import os
 import shlex
 import socket
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -30,14 +29,60 @@ def enable_token_auth_if_available() -> bool:
     )
     if have:
         os.environ["RAY_AUTH_MODE"] = "token"
-        if "ray._raylet" in sys.modules:  # Ray already read its config: refresh it, as Ray itself does
-            from ray._raylet import Config
+        from flatlab.study.ray_compat import refresh_auth_config
 
-            Config.initialize("")
+        refresh_auth_config()  # Ray may have read its config already
     return bool(have)
 
 
 GCS_PORT = 6379  # `ray start --head`'s default --port
+
+TOKEN_SOURCES = "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
+
+
+def match_cluster_auth(address: str, timeout: float = 3.0) -> Optional[bool]:
+    """Make this driver's Ray authentication mode the one the cluster at ``address`` (``HOST:PORT``) uses,
+    before ``ray.init``; returns whether token mode is on (``None``: the cluster's mode is unknown and
+    nothing was changed).
+
+    The two must agree both ways: a cluster with token authentication refuses a driver without its
+    token, and a driver in token mode refuses the calls of the cluster's raylets, which carry no token
+    when the cluster has none. The raylet then cannot reach the driver that owns the trials, the GCS
+    takes the driver for dead and cancels every trial actor before it starts (``ActorDiedError: ... it
+    was cancelled before it started running``). A token file alone says nothing about the cluster: Ray
+    writes ``~/.ray/auth_token`` at any local ``ray.init``. So the cluster is asked
+    (:func:`flatlab.study.ray_compat.gcs_requires_token`): with ``RAY_AUTH_MODE`` unset, token mode is
+    turned on exactly when the cluster requires it (``RAY_AUTH_MODE=disabled`` otherwise).
+
+    Raises:
+        ConfigError: ``RAY_AUTH_MODE`` is set here and disagrees with the cluster; the cluster requires a
+            token and none is at hand. Each message names the fix.
+    """
+    from flatlab.study.ray_compat import gcs_requires_token, refresh_auth_config
+
+    required = gcs_requires_token(address, timeout=timeout)
+    if required is None:
+        return None
+    given = os.environ.get("RAY_AUTH_MODE")
+    if given is not None and (given == "token") != required:
+        if required:
+            raise ConfigError(
+                f"--address {address}: that Ray cluster requires token authentication, but RAY_AUTH_MODE={given} "
+                f"here; set RAY_AUTH_MODE=token (or unset it) and give the cluster's token ({TOKEN_SOURCES})"
+            )
+        raise ConfigError(
+            f"--address {address}: that Ray cluster does not use token authentication, but RAY_AUTH_MODE=token here: "
+            f"its nodes could not reach this driver and every trial would be cancelled before it starts; unset "
+            f"RAY_AUTH_MODE, or start every node of the cluster with RAY_AUTH_MODE=token"
+        )
+    if required and not (os.environ.get("RAY_AUTH_TOKEN") or os.path.exists(
+            os.environ.get("RAY_AUTH_TOKEN_PATH", os.path.expanduser("~/.ray/auth_token")))):
+        raise ConfigError(f"--address {address}: that Ray cluster requires token authentication and no token is at hand "
+                          f"here; give the cluster's token ({TOKEN_SOURCES})")
+    if given is None:
+        os.environ["RAY_AUTH_MODE"] = "token" if required else "disabled"
+        refresh_auth_config()  # Ray may have read its config already
+    return required
 
 
 def check_address(address: str, timeout: float = 3.0) -> None:
@@ -45,16 +90,16 @@ def check_address(address: str, timeout: float = 3.0) -> None:
 
     ``address`` is the head's GCS address ``HOST:PORT`` (``ray start --head --port``, 6379 by default)
     or a Ray Client address ``ray://HOST:PORT``; ``auto`` and ``local`` are left to Ray. A TCP connect
-    with ``timeout`` seconds replaces Ray's own 20-30 s of retries and traceback. Also turns on token
-    authentication when a token is at hand (:func:`enable_token_auth_if_available`): Ray does that by
-    itself only for a cluster it finds, never for an explicit address.
+    with ``timeout`` seconds replaces Ray's own 20-30 s of retries and traceback. Then this driver's
+    authentication mode is made the cluster's (:func:`match_cluster_auth`; for ``ray://``, token mode
+    when a token is at hand, :func:`enable_token_auth_if_available`).
 
     Raises:
-        ConfigError: a malformed address, a dashboard URL, or nothing answering there; one line naming
-            the address.
+        ConfigError: a malformed address, a dashboard URL, nothing answering there, or an authentication
+            mode that disagrees with the cluster's; one line naming the address.
     """
-    enable_token_auth_if_available()
     if address in ("auto", "local"):
+        enable_token_auth_if_available()
         return
     if address.startswith(("http://", "https://")):
         raise ConfigError(
@@ -71,6 +116,10 @@ def check_address(address: str, timeout: float = 3.0) -> None:
             f"--address {address}: no Ray head answers at {host}:{port} ({reason} within {timeout:g} s); is `ray start "
             f"--head` running there and is this its GCS port ({GCS_PORT} by default, not the dashboard's 8265)?"
         ) from None
+    if address.startswith("ray://"):
+        enable_token_auth_if_available()
+    else:
+        match_cluster_auth(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}", timeout)
 
 
 def _host_port(address: str) -> Tuple[str, int]:

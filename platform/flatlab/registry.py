@@ -2,11 +2,45 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Generic, Iterator, List, Optional, TypeVar
+import functools
+import inspect
+from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Tuple, TypeVar
 
 from flatlab.errors import UnknownNameError, did_you_mean
 
 T = TypeVar("T")
+
+#: The attributes that hold what an entry that is not itself a class or function is made of
+#: (``OptimizerSpec.build``, ``Measure.compute``): its definition is theirs.
+_BODY = ("build", "compute")
+
+
+def definition(entry: Any) -> Tuple[str, str, Optional[str]]:
+    """Where ``entry`` is defined: ``(module, qualified name, source file or None)`` of the entry (a
+    class or function) or of its ``build``/``compute`` function (a spec). A study file executed twice
+    defines new objects with the same definition; two different classes have different ones."""
+    target = entry
+    if not (inspect.isclass(entry) or inspect.isfunction(entry)):
+        target = next((getattr(entry, a) for a in _BODY if callable(getattr(entry, a, None))), type(entry))
+    while isinstance(target, functools.partial):
+        target = target.func
+    try:
+        path: Optional[str] = inspect.getfile(target)
+    except (TypeError, OSError):  # rebuilt from a pickle on a worker: no file
+        path = None
+    return getattr(target, "__module__", "?"), getattr(target, "__qualname__", repr(target)), path
+
+
+def describe(entry: Any) -> str:
+    """``module.Name (file)`` of ``entry``'s :func:`definition`, for messages."""
+    module, qualname, path = definition(entry)
+    return f"{module}.{qualname}" + (f" ({path})" if path else "")
+
+
+def is_builtin(entry: Any) -> bool:
+    """Whether ``entry`` is one of flatlab's own (defined in the ``flatlab`` package)."""
+    module = definition(entry)[0]
+    return module == "flatlab" or module.startswith("flatlab.")
 
 
 class Registry(Generic[T]):
@@ -29,11 +63,28 @@ class Registry(Generic[T]):
             self._loader()
 
     def register(self, name: str, entry: T, *, overwrite: bool = False) -> T:
-        """Register ``entry`` under ``name``; raises ``ValueError`` if the name is taken (unless ``overwrite``)."""
-        if not overwrite and name in self._entries:
-            raise ValueError(f"{self.kind} {name!r} is already registered")
+        """Register ``entry`` under ``name``. The same definition registered again (a study file loaded
+        twice, an extension installed on a worker) replaces the entry.
+
+        Raises:
+            ValueError: ``name`` is taken by a different definition (unless ``overwrite``); the message
+                names both.
+        """
+        old = self._entries.get(name)
+        if old is not None and not overwrite and old is not entry:
+            same_place = definition(old)[:2] == definition(entry)[:2]
+            files = {definition(old)[2], definition(entry)[2]} - {None}
+            if not same_place or len(files) > 1:
+                raise ValueError(
+                    f"{self.kind} {name!r} is already registered by {describe(old)}; {describe(entry)} cannot take "
+                    f"the same name: rename one of them"
+                )
         self._entries[name] = entry
         return entry
+
+    def extensions(self) -> Dict[str, T]:
+        """The registered entries that are not flatlab's own (a study file's, a user module's), by name."""
+        return {name: entry for name, entry in self._entries.items() if not is_builtin(entry)}
 
     def get(self, name: str) -> T:
         """Return the entry for ``name``; raises :class:`UnknownNameError` naming the valid entries."""

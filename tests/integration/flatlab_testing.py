@@ -88,3 +88,31 @@ class _PatchTrainer(importlib.abc.MetaPathFinder):
 if VALUE:
     sys.meta_path.insert(0, _PatchTrainer())
 '''
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "studies" / "examples"
+
+
+def check_extensions_run(root: Path, tmp_path: Path, nodes=None) -> None:
+    """Every trial of the example FINISHED with its own optimizer and the measure's value equal to the
+    norm of the model it uploaded (on ``nodes``, when given)."""
+    import pytest
+    import torch
+    from safetensors.torch import load_file
+
+    from flatlab.tracking import runs
+    from flatlab.tracking.logged_model import download_weights
+
+    c = runs.client(runs.default_tracking_uri(root))
+    exp = c.get_experiment_by_name("extensions_demo")
+    trials = c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")
+    assert len(trials) == 4 and all(r.info.status == "FINISHED" for r in trials)
+    assert sorted(r.data.tags[runs.TAG_OPT] for r in trials) == ["lion", "lion", "sgd", "sgd"]
+    for r in trials:
+        (tmp_path / r.info.run_id).mkdir()
+        weights = load_file(download_weights(c, r.info.run_id, str(tmp_path / r.info.run_id)))  # its logged model's
+        norm = float(torch.sqrt(sum((w.double() ** 2).sum() for w in weights.values())))
+        assert r.data.metrics["flat/param_norm"] == pytest.approx(norm, rel=1e-6)
+        assert r.data.metrics["epoch"] == 4 and 0.0 <= r.data.metrics["test/accuracy"] <= 1.0
+        if nodes is not None:
+            assert r.data.tags["flatlab.node"] in nodes

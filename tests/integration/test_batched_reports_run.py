@@ -25,7 +25,7 @@ COUNT_EPOCHS = run_epoch_hook("FLATLAB_TEST_EPOCH_LOG", """
 """)
 
 
-def _run(tmp_path, study, hook_source, **extra_env):
+def _run(tmp_path, study, hook_source, expect=0, **extra_env):
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(hook_source)
@@ -36,7 +36,7 @@ def _run(tmp_path, study, hook_source, **extra_env):
     root = tmp_path / "root"
     res = subprocess.run([str(BIN / "flatlab"), "run", str(study), "--root", str(root), "--num-cpus", "2"],
                          capture_output=True, text=True, env=e, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.returncode == expect, res.stdout + res.stderr
     return runs.client(runs.default_tracking_uri(root))
 
 
@@ -52,7 +52,7 @@ def test_a_failing_trial_delivers_its_batched_epochs(tmp_path):
         """)
     mark = tmp_path / "fail-now"
     mark.touch()
-    c = _run(tmp_path, study, FAIL_AFTER_FIRST_EPOCH, FLATLAB_TEST_FAIL_MARK=str(mark))
+    c = _run(tmp_path, study, FAIL_AFTER_FIRST_EPOCH, expect=1, FLATLAB_TEST_FAIL_MARK=str(mark))  # its only trial failed
     (run,) = _trial_runs(c, "fails")
     assert run.info.status == "FAILED" and "injected trial failure" in run.data.tags[runs.TAG_ERROR]
     # epoch 1 was batched, not sent, when epoch 2 raised (no checkpoint ends the batch: the default

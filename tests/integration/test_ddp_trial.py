@@ -48,7 +48,7 @@ def test_two_worker_trial_logs_world_size_checkpoints_and_resumes(tmp_path):
     cmd = [str(BIN / "flatlab"), "run", str(study), "--root", str(root), "--num-cpus", "2"]
 
     first = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=600)
-    assert first.returncode == 0, first.stdout + first.stderr
+    assert first.returncode == 1, first.stdout + first.stderr  # its only trial failed (its own error: no retry)
     c = runs.client(runs.default_tracking_uri(root))
     run = _trial_run(c, "ddp2")
     assert run.info.status == "FAILED"
@@ -66,6 +66,9 @@ def test_two_worker_trial_logs_world_size_checkpoints_and_resumes(tmp_path):
     assert run.info.status == "FINISHED"
     assert run.data.metrics["world_size"] == 2.0 and run.data.metrics["epoch"] == 2.0
     assert 0.0 <= run.data.metrics["test/accuracy"] <= 1.0
+    tags = run.data.tags  # where rank 0 of the resumed run ran, on record
+    assert (tags["flatlab.device"], tags["flatlab.world_size"], tags["flatlab.workers"]) == ("cpu", "2", "2")
+    assert tags["flatlab.resources"] == "cpu=1, gpu=0 per worker" and tags["flatlab.start_epoch"] == "1"
     history = [(m.step, m.value) for m in c.get_metric_history(run.info.run_id, "train/loss")]
     # resumed from the epoch-1 checkpoint: epoch 1 is logged once (a restart from scratch logs it twice)
     assert [s for s, _ in history] == [1, 2] and history[0] == epoch1[0]

@@ -2,7 +2,7 @@
 
 import pytest
 from ray.tune.experiment import Trial
-from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from flatlab import Arm, Study
 from flatlab import space as sp
@@ -91,4 +91,5 @@ def test_build_scheduler_per_study_setting():
     sub = sched.arms["sgd"]
     assert isinstance(sub, ASHAScheduler) and sub._max_t == 8 and sub._metric == "val/accuracy"
     assert [r[0] for r in sub._brackets[0]._rungs] == [8, 4, 2]  # rungs at grace * rf**k (and max_t)
-    assert build_scheduler(Study(name="s", workload="digits", arms=arms, scheduler="fifo")) is None
+    fifo = build_scheduler(Study(name="s", workload="digits", arms=arms, scheduler="fifo"))
+    assert isinstance(fifo, ArmScheduler) and all(type(sub) is FIFOScheduler for sub in fifo.arms.values())

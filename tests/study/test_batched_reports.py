@@ -85,7 +85,9 @@ def test_a_batch_ends_at_each_rung_and_at_the_end(digits):
 
 def test_a_batch_ends_at_a_checkpoint_and_when_its_time_is_up(digits, monkeypatch):
     clock = [0.0]
-    monkeypatch.setattr(trainable.time, "time", lambda: clock[0])
+    from flatlab.study import ray_compat  # where the batching trainable lives
+
+    monkeypatch.setattr(ray_compat.time, "time", lambda: clock[0])
     train = Results(30, checkpoint_at={2}, clock=clock)  # an epoch takes 1 s
     obj = trial_object(study(scheduler="fifo"), digits, train, buffer_s=2.5)
     assert epochs(obj.train_buffered(1000, 1.0)) == [1]  # the checkpoint travels alone, after the batch

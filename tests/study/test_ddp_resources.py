@@ -15,7 +15,11 @@ def _study(resources):
 def test_workers_default_to_one_and_keep_the_single_process_reservation():
     assert Resources().workers == 1
     assert Resources(cpu=2, gpu=0.5).as_dict() == {"cpu": 2, "gpu": 0.5}
-    assert Resources(cpu=2, gpu=0.5).concurrent_trials({"CPU": 8}) is None
+    assert Resources(cpu=2, gpu=0.5).request() == {"CPU": 2.0, "GPU": 0.5}
+    assert Resources(cpu=2, gpu=0.5).concurrent_trials({"CPU": 8, "GPU": 2}) == 4  # both bound it: 8 // 2, 2 // 0.5
+    assert Resources(cpu=2, gpu=0.5).concurrent_trials({"CPU": 5, "GPU": 2}) == 2
+    assert Resources(cpu=2, gpu=0.5).concurrent_trials({"CPU": 8}) == 1  # no GPU: at least one (it waits)
+    assert Resources(cpu=1).request() == {"CPU": 1.0} and Resources(cpu=1).concurrent_trials({"CPU": 2, "GPU": 1}) == 2
 
 
 def test_a_multi_worker_trial_reserves_only_a_memory_token_and_its_workers_reserve_the_rest():
@@ -26,6 +30,7 @@ def test_a_multi_worker_trial_reserves_only_a_memory_token_and_its_workers_reser
 
 
 def test_concurrent_multi_worker_trials_fit_the_cluster():
+    assert Resources(cpu=2, gpu=1, workers=4).request() == {"CPU": 8.0, "GPU": 4.0}
     assert Resources(cpu=1, workers=2).concurrent_trials({"CPU": 2}) == 1
     assert Resources(cpu=1, workers=2).concurrent_trials({"CPU": 7}) == 3
     assert Resources(cpu=2, gpu=1, workers=4).concurrent_trials({"CPU": 64, "GPU": 8}) == 2  # GPUs bound it

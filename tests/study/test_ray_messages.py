@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from flatlab.study.ray_messages import route_ray_errors_to_log
+from flatlab.study.ray_compat import route_ray_errors_to_log
 
 
 def test_the_printer_ray_uses_is_the_one_replaced():

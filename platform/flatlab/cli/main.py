@@ -40,7 +40,12 @@ def run(
              "checkpointed; --resume keeps the launch's unless given)",
     ),
 ) -> None:
-    """Run the studies of STUDY_FILE on Ray Tune (Optuna searcher, ASHA, MLflow tracking)."""
+    """Run the studies of STUDY_FILE on Ray Tune (Optuna searcher, ASHA, MLflow tracking).
+
+    Exit status: 0 when the launch ended (a line at the end says how many trials failed, if any); 1 when
+    every trial of a study failed; 2 for invalid input (study file, options, cluster address) before any
+    trial; 130 when interrupted (``--resume`` continues).
+    """
     from flatlab.study.plan import render as render_plan
     from flatlab.study.prepare import prepare
 
@@ -71,7 +76,7 @@ def run(
                 build_workload(s.workload, **dict(s.workload_params)).check_data()
         except FlatlabError as exc:
             _fail(exc)
-    if address:  # one line and exit 2 within seconds for an unreachable head; a token when one is at hand
+    if address:  # one line and exit 2 within seconds for an unreachable head; the cluster's auth mode (cluster.py)
         from flatlab.cluster import check_address
 
         try:
@@ -85,7 +90,7 @@ def run(
 
     opts = RunOptions(root=_root(root), address=address, tracking_uri=tracking_uri, storage=storage, resume=resume,
                       source=str(study_file), num_cpus=num_cpus)
-    interrupted = False
+    interrupted = all_failed = False
     for s, budget in ((p.study, p.budget) for p in prepared):
         try:
             outcome = run_study(s, dataclasses.replace(opts, overrides=budget, continue_=continue_), console=console)
@@ -112,10 +117,29 @@ def run(
         if not outcome.interrupted and (pooled or s.final_seeds):
             _print_comparison(df, s, console)
         console.print(where_to_look(outcome.tracking_uri, outcome.experiment_id), soft_wrap=True)  # the training view
+        line = failure_line(s.name, outcome.num_errors, len(df), str(study_file))
+        if line:  # the last line: how many trials failed
+            console.print(line, soft_wrap=True)
+        all_failed |= outcome.num_errors > 0 and outcome.num_errors >= len(df)
         if interrupted:
             break
     if interrupted:
         raise typer.Exit(130)
+    if all_failed:
+        raise typer.Exit(1)
+
+
+def failure_line(study: str, errors: int, trials: int, source: str) -> str:
+    """The last line of a launch whose trials failed (raised, or lost their node more often than Tune
+    retries): how many, and where to look; ``""`` when none failed. ``trials``: the launch's trials in
+    MLflow (``errors`` counts when the store holds fewer)."""
+    if errors <= 0:
+        return ""
+    n = max(trials, errors)
+    if errors >= n:
+        return f"every trial of {study} failed ({errors} of {n}); see logs/flatlab.log and `flatlab results {study}`"
+    return (f"{errors} of {n} trials of {study} failed; `flatlab results {study}` shows their errors, "
+            f"`flatlab run {source} --resume` retries them")
 
 
 def _say_arms_without_answer(trials, best) -> None:

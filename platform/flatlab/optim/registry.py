@@ -66,9 +66,27 @@ def _load_builtins() -> None:
 OPTIMIZERS: Registry[OptimizerSpec] = Registry("optimizer", loader=_load_builtins)
 
 
-def register_optimizer(spec: OptimizerSpec) -> OptimizerSpec:
-    """Add ``spec`` to :data:`OPTIMIZERS` (raises ``ValueError`` if the name exists)."""
-    return OPTIMIZERS.register(spec.name, spec)
+def register_optimizer(spec: Optional[OptimizerSpec] = None, *, name: str = "", hparams: Iterable[HParam] = (),
+                       doc: str = "", base: Optional[str] = None) -> Any:
+    """Add an optimizer to :data:`OPTIMIZERS`: ``register_optimizer(OptimizerSpec(...))`` returns the
+    spec; as a decorator of a builder function, ``@register_optimizer(name="lion", hparams=common(...),
+    doc="...")`` registers ``OptimizerSpec(name, hparams, build=<the function>, doc, base)`` and returns
+    the function. ``hparams`` must declare ``lr`` and ``weight_decay`` (:func:`common` gives both).
+
+    Raises:
+        ValueError: the name is taken by a different definition (the same one again is fine: a study
+            file loaded twice); a decorator without ``name``.
+    """
+    if spec is not None:
+        return OPTIMIZERS.register(spec.name, spec)
+    if not name:
+        raise ValueError("register_optimizer(name=..., hparams=..., doc=...) as a decorator needs the optimizer's name")
+
+    def decorate(build: Builder) -> Builder:
+        register_optimizer(OptimizerSpec(name, tuple(hparams), build, doc=doc, base=base))
+        return build
+
+    return decorate
 
 
 def get_optimizer(name: str) -> OptimizerSpec:

@@ -89,9 +89,27 @@ class Measure:
 MEASURES: Registry[Measure] = Registry("measure")
 
 
-def register_measure(measure: Measure) -> Measure:
-    """Add ``measure`` to :data:`MEASURES` (raises ``ValueError`` if the name exists)."""
-    return MEASURES.register(measure.name, measure)
+def register_measure(measure: Optional[Measure] = None, *, name: str = "", doc: str = "", source: str = "",
+                     hparams: Tuple[HParam, ...] = (), metrics: Tuple[str, ...] = ()) -> Any:
+    """Add a measure to :data:`MEASURES`: ``register_measure(Measure(...))`` returns the measure; as a
+    decorator of a :data:`Compute` function, ``@register_measure(name=..., doc=..., source=...,
+    hparams=..., metrics=(...))`` registers ``Measure(name, doc, source, hparams, <the function>,
+    metrics)`` and returns the function. Its metrics are named ``flat/<something>``.
+
+    Raises:
+        ValueError: the name is taken by a different definition (the same one again is fine: a study
+            file loaded twice); a decorator without ``name``.
+    """
+    if measure is not None:
+        return MEASURES.register(measure.name, measure)
+    if not name:
+        raise ValueError("register_measure(name=..., doc=..., source=...) as a decorator needs the measure's name")
+
+    def decorate(compute: Compute) -> Compute:
+        register_measure(Measure(name, doc, source, tuple(hparams), compute, tuple(metrics)))
+        return compute
+
+    return decorate
 
 
 def get_measure(name: str) -> Measure:

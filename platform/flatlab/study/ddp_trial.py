@@ -32,7 +32,8 @@ from flatlab.workloads.base import Data
 TRAIN_RUN_NAME = "ddp"
 
 
-def run_ddp_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Optional[WorkerTracking] = None) -> None:
+def run_ddp_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Optional[WorkerTracking] = None,
+                  extensions: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
     """Run the trial ``config`` as a ``TorchTrainer`` with ``study.resources.workers`` workers; returns
     when it ends. Called by :func:`flatlab.study.trainable.run_trial` inside the Tune trial.
 
@@ -44,13 +45,13 @@ def run_ddp_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking:
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from ray.train._internal.session import get_session  # as ray.tune.integration.ray_train does
+    from flatlab.study.ray_compat import train_session_storage
 
     res = study.resources
     ctx = tune.get_context()
     # the trial's folder on the experiment's storage (get_trial_dir() is a per-session local copy,
     # empty again when a resumed experiment restarts the trial)
-    storage = get_session().storage
+    storage = train_session_storage()
     filesystem, run_dir = storage.storage_filesystem, train_run_dir(storage.trial_fs_path)
     loop_config = {
         "resume": latest_checkpoint(run_dir, filesystem),
@@ -59,6 +60,7 @@ def run_ddp_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking:
         "data": ray.put(data),  # once into the object store; every worker reads it from there
         "tracking": tracking,
         "trial_id": ctx.get_trial_id(),
+        "extensions": extensions or {},  # the study's own entries, registered on every worker
     }
     trainer = TorchTrainer(
         _worker_loop,
@@ -84,16 +86,21 @@ def _worker_loop(loop_config: Dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
 
+    from flatlab.extensions import install
+    from flatlab.study.placement import PLACEMENT_KEY, choose_device, encode, node_label, placement
     from flatlab.study.trial_loop import trial_loop
     from flatlab.train.checkpoint import StateSnapshot, written
     from flatlab.train.parallel import DataParallel
     from flatlab.train.trainer import Trainer
 
+    install(loop_config.get("extensions") or {})  # the study's own workloads, optimizers, measures
     study: Study = loop_config["study"]
     ctx = ray.train.get_context()
     parallel = DataParallel(ctx.get_world_rank(), ctx.get_world_size())
     torch.set_num_threads(max(1, int(study.resources.cpu)))  # Ray sets OMP_NUM_THREADS=1
-    device = str(ray.train.torch.get_device()) if study.resources.gpu > 0 else "cpu"
+    device, fallback = choose_device(study.resources, where=node_label())  # fails at once without usable CUDA
+    if device == "cuda":
+        device = str(ray.train.torch.get_device())
     spec = study.trial_spec(loop_config["config"], device=device)
     data = ray.get(loop_config["data"])
     trainer = Trainer(spec, data, parallel=parallel)
@@ -118,7 +125,8 @@ def _worker_loop(loop_config: Dict[str, Any]) -> None:
         tracking=loop_config["tracking"],
         trial_id=loop_config["trial_id"],
         main=parallel.is_main,
-        extra={"world_size": parallel.world},
+        extra={"world_size": parallel.world, PLACEMENT_KEY: encode(placement(
+            device, study.resources, world_size=parallel.world, start_epoch=trainer.epoch, fallback=fallback))},
     )
 
 

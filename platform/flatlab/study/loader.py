@@ -15,7 +15,14 @@ from flatlab.tracking.published import Published
 
 
 def load_module(path: str):
-    """Import the study file at ``path`` as a module (not added to ``sys.modules``' package tree)."""
+    """Import the study file at ``path`` as a module (not added to ``sys.modules``' package tree).
+
+    As for a script, the file's folder is searched first for its imports while it runs (a user module
+    next to it: ``from my_workload import MyWorkload``). The module, and the modules it loaded from its
+    folder, are recorded in :data:`flatlab.extensions.USER_MODULES`: the workloads, optimizers and
+    measures they register reach the trials' processes by value (:mod:`flatlab.extensions`). Loading a
+    file again registers its entries again, which is no clash.
+    """
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{path!r} is a directory; give a study file, e.g. studies/digits_demo.py (`flatlab studies` lists them)")
@@ -27,8 +34,30 @@ def load_module(path: str):
         raise ConfigError(f"study file {path!r} is not a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module  # dataclasses defined in the file need their module registered
-    _run_study_code(path, lambda: spec.loader.exec_module(module))  # type: ignore[union-attr]
+    folder = str(p.resolve().parent)
+    before = set(sys.modules)
+    sys.path.insert(0, folder)
+    try:
+        _run_study_code(path, lambda: spec.loader.exec_module(module))  # type: ignore[union-attr]
+    finally:
+        sys.path.remove(folder)
+    from flatlab.extensions import USER_MODULES
+
+    USER_MODULES.add(mod_name)
+    USER_MODULES.update(name for name in set(sys.modules) - before
+                        if not (name == "flatlab" or name.startswith("flatlab.")) and _defined_in(sys.modules[name], folder))
     return module
+
+
+def _defined_in(module: Any, folder: str) -> bool:
+    """Whether ``module`` was loaded from a file in ``folder`` (or below it)."""
+    path = getattr(module, "__file__", None)
+    if not path:
+        return False
+    try:
+        return Path(path).resolve().is_relative_to(folder)
+    except (OSError, ValueError):
+        return False
 
 
 def _missing_file_hint(p: Path) -> str:

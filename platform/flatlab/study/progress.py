@@ -4,7 +4,10 @@ Trials that ended before a ``--resume`` count as done (their outcome is read fro
 A trial whose worker died (or that raised) is reported on one line: ``failed ... will resume`` when Tune
 retries it from its last checkpoint, ``failed`` with the error's first line when it will not (a later
 ``--resume`` retries it; the line says so); Ray's own
-multi-line message goes to the log (:mod:`flatlab.study.ray_messages`).
+multi-line message goes to the log (:func:`flatlab.study.ray_compat.route_ray_errors_to_log`).
+While trials wait and none runs (a cluster without the GPU they reserve, which an autoscaler may add),
+the status line says what they wait for; a trial that falls back to CPU (``Resources(cpu_fallback=True)``)
+gets a warning line.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import time
 from typing import Any, Dict, List, Optional
 
 from ray.tune import Callback
+
+from flatlab.study.placement import waiting_for
 
 
 class ProgressPrinter(Callback):
@@ -58,6 +63,7 @@ class ProgressPrinter(Callback):
         self._last_print = 0.0
         self._last_status = 0.0
         self._t0 = time.monotonic()
+        self._placed: Dict[str, str] = {}  # trial id -> the placement last seen (a CPU fallback is warned once)
 
     def _better(self, v: float) -> bool:
         return self._best is None or (v > self._best if self.mode == "max" else v < self._best)
@@ -86,11 +92,27 @@ class ProgressPrinter(Callback):
                 self._best = float(v)
                 self._best_desc = f"{trial.config.get('arm')} {trial.trial_id}, epoch {last.get('epoch')}"
 
+    def on_step_end(self, iteration: int, trials: List, **info: Any) -> None:
+        # nothing reports while every trial waits (e.g. for a GPU an autoscaler may add): say so
+        if time.monotonic() - self._last_print > self.every_s:
+            pending = [t for t in trials if t.status == "PENDING"]
+            idle = not self._running and time.monotonic() - self._t0 > self.every_s  # past start-up, nothing runs
+            reason = _waiting_for(pending[0]) if pending and idle else ""
+            self._print(self.status() + (f" | {len(pending)} pending wait for {reason}" if reason else ""))
+
     def on_trial_start(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
         self._done.pop(trial.trial_id, None)  # an errored trial restarted by a resume runs again
         self._running.add(trial.trial_id)
 
     def on_trial_result(self, iteration: int, trials: List, trial: Any, result: Dict, **info: Any) -> None:
+        from flatlab.study.placement import PLACEMENT_KEY, placement_tags
+
+        placed = result.get(PLACEMENT_KEY)
+        if placed is not None and placed != self._placed.get(trial.trial_id):
+            self._placed[trial.trial_id] = placed
+            fallback = placement_tags(placed).get("flatlab.cpu_fallback")
+            if fallback:
+                self._print(f"[yellow]warning:[/yellow] trial {trial.trial_id}: {fallback}")
         v = result.get(self.metric)
         if isinstance(v, (int, float)) and math.isfinite(v) and self._better(v):
             self._best = float(v)
@@ -127,6 +149,17 @@ class ProgressPrinter(Callback):
     def _print(self, line: str) -> None:
         self._last_print = time.monotonic()
         self.console.print(line)
+
+
+def _waiting_for(trial: Any) -> str:
+    """What pending ``trial`` waits for on the cluster (``""`` if it fits or the cluster cannot be asked)."""
+    import ray
+
+    try:
+        request = trial.placement_group_factory.required_resources
+        return waiting_for(request, ray.available_resources(), ray.cluster_resources())
+    except Exception:  # noqa: BLE001 - the progress line must not fail the study
+        return ""
 
 
 def _error_line(trial: Any) -> str:

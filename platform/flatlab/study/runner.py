@@ -11,6 +11,7 @@ Output root layout (``--root``, default ``./flatlab-runs``)::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -31,6 +32,10 @@ logger = logging.getLogger("flatlab")
 # at a deleted checkpoint; with 1 that is once per epoch per trial, the largest cost of the driver for
 # short epochs. 2 halves it for one extra checkpoint on disk per trial.
 KEEP_CHECKPOINTS = 2
+
+#: Times Tune restarts a trial from its last checkpoint after the loss of its node, worker or actor
+#: (a trial whose own code raises fails at once: :func:`flatlab.study.ray_compat.retry_system_failures_only`).
+SYSTEM_RETRIES = 3
 
 
 @dataclass
@@ -96,7 +101,7 @@ def _setup_file_logging(log_dir: Path) -> None:
 def _init_ray(opts: RunOptions, tracking_uri: str) -> None:
     import ray
 
-    from flatlab.study.ray_messages import route_ray_errors_to_log
+    from flatlab.study.ray_compat import init_local_ray, is_loopback_address, loopback_node_ip, route_ray_errors_to_log
 
     route_ray_errors_to_log()  # Ray's "A worker died ..." broadcasts: to logs/flatlab.log, not the terminal
 
@@ -108,13 +113,41 @@ def _init_ray(opts: RunOptions, tracking_uri: str) -> None:
         logging_level=logging.WARNING,
         runtime_env={"env_vars": env},
     )
-    if opts.address:
-        ray.init(address=opts.address, **kwargs)
-    elif os.environ.get("RAY_ADDRESS"):  # inside a Ray Job: join the cluster that runs it
-        ray.init(**kwargs)
+    joined = _joined_address(opts)
+    if joined:
+        # a cluster on this machine's loopback only is joined as 127.0.0.1 (Ray would rewrite the address)
+        with loopback_node_ip() if is_loopback_address(joined) else contextlib.nullcontext():
+            ray.init(**({"address": opts.address} if opts.address else {}), **kwargs)
     else:
-        # "local": always a new local instance, never a `ray start` head that happens to run on this machine
-        ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=False, **kwargs)
+        # always a new local instance, never a `ray start` head that happens to run on this machine; every
+        # socket of it on 127.0.0.1
+        init_local_ray(num_cpus=opts.num_cpus, include_dashboard=False, **kwargs)
+
+
+def _joined_address(opts: RunOptions) -> Optional[str]:
+    """The cluster a launch joins: ``--address``, else ``RAY_ADDRESS`` (inside a Ray Job, the cluster that
+    runs it); ``None`` when it starts a local instance of its own (neither, or ``local``)."""
+    address = opts.address or os.environ.get("RAY_ADDRESS")
+    return None if address in (None, "", "local") else address
+
+
+def _check_local_resources(study: Study, opts: RunOptions) -> None:
+    """On a Ray instance this launch started itself, one trial must fit: nothing will add resources
+    later, as a cluster's autoscaler may (there the progress line says what pending trials wait for).
+
+    Raises:
+        ConfigError: a trial needs more of a resource (a GPU on a CPU machine) than the local Ray has;
+            the message names the resource and the ways out.
+    """
+    if _joined_address(opts):
+        return
+    import ray
+
+    from flatlab.study.placement import local_shortfall
+
+    problem = local_shortfall(study.name, study.resources, ray.cluster_resources())
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_id: str, out: Path, console: Any) -> None:
@@ -203,11 +236,13 @@ def _experiment_path(storage_path: str, name: str) -> str:
     return str(Path(storage_path) / name) if "://" not in storage_path else f"{storage_path.rstrip('/')}/{name}"
 
 
-def _ddp_concurrency(study: Study) -> Optional[int]:
-    """Multi-worker trials reserve their workers outside Tune: cap them at what the cluster holds."""
+def _concurrency(study: Study) -> int:
+    """Trials at once: as many as the cluster holds when the launch starts (Tune starts one trial at a
+    time with a custom searcher unless given a limit; multi-worker trials reserve their workers outside
+    Tune, which cannot count them). On an autoscaling cluster, ``Study.max_concurrent`` allows more."""
     import ray
 
-    return study.resources.concurrent_trials(ray.cluster_resources()) if study.resources.workers > 1 else None
+    return study.resources.concurrent_trials(ray.cluster_resources())
 
 
 def _new_tuner(study: Study, trainable: Any, searcher: Any, scheduler: Any, name: str, storage_path: str,
@@ -222,7 +257,7 @@ def _new_tuner(study: Study, trainable: Any, searcher: Any, scheduler: Any, name
             search_alg=searcher,
             scheduler=scheduler,
             num_samples=num_samples,
-            max_concurrent_trials=study.max_concurrent or _ddp_concurrency(study),  # multi-worker trials (ddp)
+            max_concurrent_trials=study.max_concurrent or _concurrency(study),
             reuse_actors=True,
         ),
         run_config=tune.RunConfig(
@@ -232,30 +267,47 @@ def _new_tuner(study: Study, trainable: Any, searcher: Any, scheduler: Any, name
             verbose=0,
             log_to_file=True,
             checkpoint_config=tune.CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
-            failure_config=tune.FailureConfig(max_failures=0),
+            failure_config=tune.FailureConfig(max_failures=SYSTEM_RETRIES),  # system failures only
         ),
     )
 
 
-def _restore_tuner(path: str, trainable: Any, callbacks: List[Any]) -> Any:
-    """Restore the Tune experiment at ``path``, with this launch's live callbacks swapped in."""
+def _restore_tuner(path: str, trainable: Any, callbacks: List[Any], records: Any = None) -> Any:
+    """Restore the Tune experiment at ``path``, with this launch's live callbacks swapped in and, given
+    ``records`` (:class:`~flatlab.study.recovery.LaunchRecords`), its scheduler told which trials ended
+    before the previous driver was killed."""
     from ray import tune
 
+    from flatlab.study.ray_compat import restored_callbacks, tuner_scheduler
+    from flatlab.study.schedulers import ArmScheduler
+
     tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
-    restored = tuner._local_tuner.get_run_config().callbacks  # pickled with the experiment
+    restored = restored_callbacks(tuner)  # pickled with the experiment
     for i, cb in enumerate(restored):
         for live in callbacks:
             if type(cb) is type(live):
                 restored[i] = live
+    scheduler = tuner_scheduler(tuner)
+    if records is not None and isinstance(scheduler, ArmScheduler):  # an older launch's FIFOScheduler: as before
+        scheduler.recorded = records.on_add
     return tuner
+
+
+def _scheduler(study: Study, records: Any, fifo: bool = False) -> Any:
+    """:func:`~flatlab.study.schedulers.build_scheduler`'s, told (on a resume) which trials ended before."""
+    from flatlab.study.schedulers import build_scheduler
+
+    scheduler = build_scheduler(study, fifo=fifo)
+    if records is not None:
+        scheduler.recorded = records.on_add
+    return scheduler
 
 
 def _searcher_of(tuner: Any) -> Any:
     """The flatlab searcher inside a tuner (Tune may wrap it)."""
-    alg = tuner._local_tuner._tune_config.search_alg
-    while hasattr(alg, "searcher"):
-        alg = alg.searcher
-    return alg
+    from flatlab.study.ray_compat import tuner_searcher
+
+    return tuner_searcher(tuner)
 
 
 def final_configs(study: Study, grid: Any) -> List[Dict[str, Any]]:
@@ -310,9 +362,12 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
             value that cannot be resolved.
         DataUnavailable: the workload's data is missing (``Workload.check_data``), before Ray or MLflow start.
     """
+    from flatlab.study.ray_compat import check_ray_version, retry_system_failures_only
     from flatlab.workloads.registry import build_workload
 
     _quiet_libraries()
+    check_ray_version(console)  # says so when this Ray is not one flatlab's workarounds were tested on
+    retry_system_failures_only()  # FailureConfig's retries: for lost nodes and workers, not the trial's own errors
     t0 = time.monotonic()
     root = Path(opts.root).resolve()
     out = root / study.name
@@ -355,9 +410,12 @@ def _previous_launch(study: Study, opts: RunOptions, root: Path) -> Optional[Lau
     """The launch a ``--resume`` finishes or a ``--continue`` grows (``None`` for a new launch), checked
     before anything starts.
 
+    A launch whose driver was killed before Tune saved its experiment is resumed too: its experiment
+    starts again, in the same launch (:func:`_build_tuner`).
+
     Raises:
-        ConfigError: both options; ``--resume`` without a launch or with an experiment Tune cannot
-            restore; ``--continue`` that cannot grow the previous launch's Optuna studies.
+        ConfigError: both options; ``--resume`` without a launch; ``--continue`` that cannot grow the
+            previous launch's Optuna studies.
     """
     if opts.resume and opts.continue_:
         raise ConfigError("--resume and --continue exclude each other: --resume finishes the latest launch, "
@@ -370,10 +428,6 @@ def _previous_launch(study: Study, opts: RunOptions, root: Path) -> Optional[Lau
         return previous  # what it grows is checked by _grown_studies, before anything starts
     if previous is None:
         raise ConfigError(f"--resume: no earlier launch of study {study.name!r} under {where.parent} (missing {where.name})")
-    from ray import tune
-
-    if not previous.done and not tune.Tuner.can_restore(previous.experiment_path):
-        raise ConfigError(f"--resume: the Tune experiment at {previous.experiment_path} cannot be restored")
     return previous
 
 
@@ -403,6 +457,7 @@ class _Started:
     callbacks: List[Any]
     mlflow_cb: Any
     total: int
+    records: Any = None  # a resume's LaunchRecords (flatlab.study.recovery)
 
 
 def _open(study: Study, workload: Any, opts: RunOptions, previous: Optional[Launch], root: Path, tracking_uri: str,
@@ -426,6 +481,7 @@ def _open(study: Study, workload: Any, opts: RunOptions, previous: Optional[Laun
         try:
             _init_ray(opts, tracking_uri)
             _setup_file_logging(out / "logs")  # ray.init reconfigures logging
+            _check_local_resources(study, opts)  # a GPU study on a CPU machine fails here, not by waiting for ever
             logger.info("Ray ready (%.1f s)", time.monotonic() - t0)
             data = workload.load_data(study.seed)  # once per study; reaches trials through the object store
             experiment_id, parent_run_id, exp_name = opened.result()
@@ -505,8 +561,10 @@ def _build_tuner(study: Study, opts: RunOptions, launch: Launch, storage_path: s
                  tags: Dict[str, str]) -> _Started:
     """The trainable, the MLflow and progress callbacks and the Tuner of ``launch`` (restored for
     ``--resume``), with the searcher pointed at the MLflow runs."""
+    from ray import tune
+
     from flatlab.study.progress import ProgressPrinter
-    from flatlab.study.schedulers import build_scheduler
+    from flatlab.study.recovery import LaunchRecords
     from flatlab.study.searchers import ArmSearcher
     from flatlab.study.trainable import make_trainable
     from flatlab.tracking.artifacts import WorkerTracking
@@ -527,18 +585,25 @@ def _build_tuner(study: Study, opts: RunOptions, launch: Launch, storage_path: s
     finals = len(study.arms) * len(study.final_seeds)
     progress = ProgressPrinter(study.num_total_trials() + finals, study.metric, study.mode)
     callbacks = [mlflow_cb, progress]
-    if opts.resume:
-        tuner = _restore_tuner(launch.experiment_path, trainable, callbacks)
+    # a resume reconciles what a killed driver left in MLflow and Optuna with Tune's saved experiment
+    records = LaunchRecords(launch.tracking_uri, launch.experiment_id, launch.parent_run_id) if opts.resume else None
+    if records is not None:
+        mlflow_cb.claimed = records.claimed
+    if opts.resume and tune.Tuner.can_restore(launch.experiment_path):
+        tuner = _restore_tuner(launch.experiment_path, trainable, callbacks, records)
     else:
-        searcher = ArmSearcher(study, optuna_storage=launch.optuna_storage, launch=launch.optuna_prefix)
-        tuner = _new_tuner(study, trainable, searcher, build_scheduler(study), launch.experiment_name, storage_path,
+        if opts.resume:  # killed before Tune saved its experiment: it starts again, in the same launch
+            logger.warning("resume: the launch ended before Tune saved its experiment; starting it again")
+        searcher = ArmSearcher(study, optuna_storage=launch.optuna_storage, launch=launch.optuna_prefix,
+                               experiment=launch.experiment_name)
+        tuner = _new_tuner(study, trainable, searcher, _scheduler(study, records), launch.experiment_name, storage_path,
                            callbacks, study.num_total_trials())
     searcher = _searcher_of(tuner)
     searcher.run_id_of = mlflow_cb.run_id_of
     # the search's real budget: a restored experiment keeps the one it was launched with
     total = searcher.total_trials() if hasattr(searcher, "total_trials") else study.num_total_trials()
     progress.total = total + finals
-    return _Started(launch, storage_path, tuner, trainable, callbacks, mlflow_cb, total)
+    return _Started(launch, storage_path, tuner, trainable, callbacks, mlflow_cb, total, records)
 
 
 def _end_unstarted(launch: Optional[Launch], opened: Any, exc: BaseException, out: Path, storage_path: str,
@@ -576,6 +641,9 @@ def _tune(study: Study, opts: RunOptions, started: _Started, t0: float) -> Study
             final = _final_stage(study, opts, started, grid).fit()
             num_errors += final.num_errors
             interrupted = final.num_terminated + final.num_errors < len(final)
+        if started.records is not None and not interrupted:  # runs of a killed driver's trials no trial took over
+            for run_id in started.records.end_unclaimed():
+                logger.warning("resume: run %s of a trial started before the kill, never resumed, ended KILLED", run_id)
     except KeyboardInterrupt:
         interrupted = True
     except BaseException:
@@ -608,8 +676,9 @@ def _final_stage(study: Study, opts: RunOptions, started: _Started, grid: Any) -
     path = _experiment_path(started.storage_path, name)
     started.launch.write(final_experiment_path=path)
     if opts.resume and tune.Tuner.can_restore(path):
-        return _restore_tuner(path, started.trainable, started.callbacks)
+        return _restore_tuner(path, started.trainable, started.callbacks, started.records)
     configs = final_configs(study, grid)
     logger.info("final stage: %d trials (%s)", len(configs), ", ".join(sorted({c["arm"] for c in configs})))
-    return _new_tuner(study, started.trainable, FixedSearcher(configs, study.metric, study.mode), None, name,
-                      started.storage_path, started.callbacks, len(configs))
+    return _new_tuner(study, started.trainable, FixedSearcher(configs, study.metric, study.mode),
+                      _scheduler(study, started.records, fifo=True), name, started.storage_path, started.callbacks,
+                      len(configs))

@@ -14,9 +14,8 @@ on that arm alone, given the same sequence of results.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, FrozenSet, Optional
+from typing import Callable, Dict, FrozenSet, List, Optional
 
-import numpy as np
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
@@ -35,6 +34,10 @@ class ArmScheduler(FIFOScheduler):
 
     Trials are chosen to run in the order Tune created them (the searcher already interleaves arms with
     equal budgets), whatever their arm. A trial whose config has no known ``arm`` raises ``KeyError``.
+
+    A resumed launch sets :attr:`recorded` (:meth:`flatlab.study.recovery.LaunchRecords.on_add`): a trial
+    Tune adds whose run already ended (it finished after Tune's last save, before the driver was
+    killed) gets that recorded result and is stopped before it starts, never trained again.
     """
 
     def __init__(self, arms, factory: Callable[[str], TrialScheduler], metric: str, mode: str) -> None:
@@ -45,6 +48,16 @@ class ArmScheduler(FIFOScheduler):
             sub = factory(arm)
             sub.set_search_properties(metric, mode)
             self.arms[arm] = sub
+        self.recorded: Optional[Callable[[str, Dict], Optional[Dict]]] = None  # trial id, config -> result
+        self._ended: List[Trial] = []
+
+    def __getstate__(self) -> Dict:
+        # Tune pickles the scheduler with its experiment: not the resume's live hooks
+        return {k: v for k, v in self.__dict__.items() if k not in ("recorded", "_ended")}
+
+    def __setstate__(self, state: Dict) -> None:
+        self.__dict__.update(state)
+        self.recorded, self._ended = None, []
 
     def _of(self, trial: Trial) -> TrialScheduler:
         arm = (trial.config or {}).get(ARM_KEY)
@@ -57,6 +70,18 @@ class ArmScheduler(FIFOScheduler):
 
     def on_trial_add(self, tune_controller, trial: Trial) -> None:
         self._of(trial).on_trial_add(tune_controller, trial)
+        result = self.recorded(trial.trial_id, dict(trial.config or {})) if self.recorded is not None else None
+        if result is not None:  # ended before the driver was killed: stopped at the next scheduling step
+            trial.update_last_result(result)
+            self._ended.append(trial)
+
+    def choose_trial_to_run(self, tune_controller) -> Optional[Trial]:
+        while self._ended:  # before Tune starts actors for pending trials
+            trial = self._ended.pop()
+            if trial.status == Trial.PENDING:
+                trial.init_local_path()  # a trial never started has no folder yet; Tune's results need one
+                tune_controller.stop_trial(trial)
+        return super().choose_trial_to_run(tune_controller)
 
     def on_trial_error(self, tune_controller, trial: Trial) -> None:
         self._of(trial).on_trial_error(tune_controller, trial)
@@ -74,12 +99,14 @@ class ArmScheduler(FIFOScheduler):
         return "\n".join(f"arm {arm}: {sub.debug_string()}" for arm, sub in self.arms.items())
 
 
-def build_scheduler(study: Study) -> Optional[TrialScheduler]:
-    """The study's scheduler: ``asha`` -> one :class:`~ray.tune.schedulers.ASHAScheduler` per arm behind an
-    :class:`ArmScheduler` (rungs at ``grace_period * reduction_factor**k`` epochs, up to ``max_epochs``);
-    ``fifo`` -> ``None`` (Tune's FIFO: every trial runs its whole budget)."""
-    if study.scheduler != "asha":
-        return None
+def build_scheduler(study: Study, fifo: bool = False) -> ArmScheduler:
+    """The study's scheduler, an :class:`ArmScheduler`: ``asha`` -> one
+    :class:`~ray.tune.schedulers.ASHAScheduler` per arm (rungs at ``grace_period * reduction_factor**k``
+    epochs, up to ``max_epochs``); ``fifo`` (or ``fifo=True``, the final stage) -> Tune's FIFO per arm:
+    every trial runs its whole budget."""
+    if study.scheduler != "asha" or fifo:
+        return ArmScheduler([a.name for a in study.arms], lambda _arm: FIFOScheduler(), metric=study.metric,
+                            mode=study.mode)
 
     def asha(_arm: str) -> TrialScheduler:
         return ASHAScheduler(
@@ -101,6 +128,8 @@ def decision_epochs(study: Study) -> FrozenSet[int]:
     so every decision is made on time."""
     if study.scheduler != "asha":
         return frozenset()
+    from flatlab.study.ray_compat import asha_rung_count
+
     rf = study.reduction_factor
-    rungs = int(np.log(study.max_epochs / study.grace_period) / np.log(rf) + 1)  # as Ray's _Bracket counts them
+    rungs = asha_rung_count(study.max_epochs, study.grace_period, rf)
     return frozenset(int(math.ceil(study.grace_period * rf ** k)) for k in range(rungs))

@@ -15,10 +15,14 @@ COMPLETE with its partial value, so Optuna's best trial could be a pruned one):
   together with the trial's outcome (one storage write per trial, off the per-epoch path);
 * a trial that ran its whole budget (or stopped at its training-loss target) is COMPLETE with its
   final value; one stopped by the scheduler is PRUNED; one that raised or diverged is FAIL;
-* each Optuna trial carries the user attributes ``tune_trial_id``, ``arm``, ``seed`` and, once it ends,
-  ``mlflow_run_id`` (from :attr:`ArmSearcher.run_id_of`, which the runner points at the MLflow
-  callback); the Optuna study's metric name is the study's metric, so optuna-dashboard shows
-  ``val/accuracy``, not "Objective 0".
+* each Optuna trial carries the user attributes ``tune_trial_id``, ``arm``, ``seed``, ``launch`` (the Tune
+  experiment that asked for it) and, once it ends, ``mlflow_run_id`` (from :attr:`ArmSearcher.run_id_of`,
+  which the runner points at the MLflow callback); the Optuna study's metric name is the study's
+  metric, so optuna-dashboard shows ``val/accuracy``, not "Objective 0";
+* after a driver was killed, a resume's suggestions take over the trials the launch asked for after
+  Tune's last save (which no restored Tune trial holds) before asking for new ones, and a trial Optuna
+  already holds as COMPLETE or PRUNED keeps that record: each arm holds ``num_trials`` trials
+  (:mod:`flatlab.study.recovery`).
 
 Its state (``save``/``restore``, read by ``--resume``) is JSON: counters and trial-number maps. The
 searches themselves live in the Optuna storage, so nothing read back can execute code.
@@ -40,6 +44,9 @@ from flatlab.study.spec import Study
 from flatlab.tracking.selection import trial_outcome
 
 logger = logging.getLogger(__name__)
+
+LAUNCH_ATTR = "launch"
+"""User attribute of each Optuna trial: the Tune experiment (launch) that asked for it."""
 
 
 def _sampler(kind: str, seed: int):
@@ -65,8 +72,10 @@ class ArmSearcher(Searcher):
             fresh searches, ``--resume`` continues them).
     """
 
-    def __init__(self, study: Study, optuna_storage: Optional[str] = None, launch: str = "") -> None:
+    def __init__(self, study: Study, optuna_storage: Optional[str] = None, launch: str = "", experiment: str = "") -> None:
         super().__init__(metric=study.metric, mode=study.mode)
+        self._experiment = experiment  # the Tune experiment (launch) this searcher asks for: a user attr of its trials
+        self._orphans: Dict[str, List[Any]] = {}  # arm -> its launch's Optuna trials no Tune trial holds
         self._arms: List[str] = [a.name for a in study.arms]
         self._seeds = list(study.seeds)
         self._count: Dict[str, int] = {a: 0 for a in self._arms}
@@ -113,6 +122,20 @@ class ArmSearcher(Searcher):
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 st.set_metric_names([self.metric])
             self._studies[arm] = st
+        self._find_orphans()
+
+    def _find_orphans(self) -> None:
+        """The trials this launch asked Optuna for that no Tune trial of the (restored) experiment holds:
+        asked after Tune's last save, before the driver was killed. The next suggestions of their arm
+        take them over, in order, instead of asking for new ones, so each arm keeps ``num_trials``."""
+        self._orphans = {}
+        if not self._experiment:
+            return
+        held = {record[0] for record in self._optuna.values()}
+        for arm, st in self._studies.items():
+            mine = [t for t in st.get_trials(deepcopy=False)
+                    if t.user_attrs.get(LAUNCH_ATTR) == self._experiment and t._trial_id not in held]
+            self._orphans[arm] = sorted(mine, key=lambda t: t.number)
 
     def set_search_properties(self, metric: Optional[str], mode: Optional[str], config: Dict, **spec: Any) -> bool:
         return True  # metric and mode come from the study
@@ -132,11 +155,22 @@ class ArmSearcher(Searcher):
             config = {"arm": arm, "seed": self._seeds[i % len(self._seeds)]}
             st = self._studies.get(arm)
             trial = None
-            if st is not None:
+            if st is not None and self._orphans.get(arm):  # asked before the driver was killed: take it over
+                import optuna
+
+                frozen = self._orphans[arm].pop(0)
+                trial = optuna.trial.Trial(st, frozen._trial_id)  # its params come back as they were drawn
+                config["seed"] = frozen.user_attrs.get("seed", config["seed"])
+                if not frozen.state.is_finished():
+                    trial.set_user_attr("tune_trial_id", trial_id)
+                self._optuna[trial_id] = [frozen._trial_id, frozen.number, max([-1, *frozen.intermediate_values])]
+            elif st is not None:
                 trial = st.ask()
                 trial.set_user_attr("tune_trial_id", trial_id)
                 trial.set_user_attr("arm", arm)
                 trial.set_user_attr("seed", config["seed"])
+                if self._experiment:
+                    trial.set_user_attr(LAUNCH_ATTR, self._experiment)
                 self._optuna[trial_id] = [trial._trial_id, trial.number, -1]
             # parents before children; only the active fields are suggested (the trial's own sampler seeds them)
             config.update(sample(self._spaces[arm], lambda name, dim: dim.suggest(trial, name)))
@@ -183,6 +217,11 @@ class ArmSearcher(Searcher):
         try:
             run_id = self.run_id_of(trial_id) if self.run_id_of is not None else None
             frozen = st.trials[self._optuna[trial_id][1]]
+            if frozen.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
+                # told before the driver was killed (Tune's save predates it): the record stands
+                if run_id and "mlflow_run_id" not in frozen.user_attrs:
+                    logger.info("Optuna trial %d: finished before, its MLflow run is %s", frozen.number, run_id)
+                return
             if frozen.state.is_finished():
                 # a trial told before (it errored) that Tune resumed and that ended again: this attempt is
                 # a new Optuna trial with the same params, so the first attempt's record stays as it was
@@ -202,7 +241,7 @@ class ArmSearcher(Searcher):
 
     # ---- state: JSON only ---------------------------------------------------------------------
     _STATE = ("_arms", "_seeds", "_count", "_trial_arm", "_points", "_storage_url", "_launch", "_optuna", "_budget",
-              "_study_seed", "_kind", "_pending")
+              "_study_seed", "_kind", "_pending", "_experiment")
 
     def save(self, checkpoint_path: str) -> None:
         _write_state(checkpoint_path, "flatlab.ArmSearcher/1", {k: getattr(self, k) for k in self._STATE})
@@ -215,10 +254,12 @@ class ArmSearcher(Searcher):
         """
         state = _read_state(checkpoint_path, "flatlab.ArmSearcher/1")
         state.setdefault("_pending", {})
+        state.setdefault("_experiment", "")  # saved before searchers knew their launch: no orphans taken over
         for k in self._STATE:
             setattr(self, k, state[k])
         if self._kind != "grid" and not self._studies:
             self._open_studies()
+        self._find_orphans()  # against the restored trial map
         self._sync_reported_steps()
 
     def _sync_reported_steps(self) -> None:
@@ -237,11 +278,12 @@ class ArmSearcher(Searcher):
 
     def __getstate__(self) -> Dict[str, Any]:
         # Tune pickles the searcher into its own experiment state: keep configuration, not live handles
-        return {k: v for k, v in self.__dict__.items() if k not in ("_studies", "run_id_of")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_studies", "run_id_of", "_orphans")}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
+        state.setdefault("_experiment", "")
         self.__dict__.update(state)
-        self._studies, self.run_id_of = {}, None
+        self._studies, self.run_id_of, self._orphans = {}, None, {}
         if self._kind != "grid":
             self._open_studies()
 

@@ -43,11 +43,16 @@ class Resources:
     the trial runs as a Ray Train ``TorchTrainer`` with N workers (:mod:`flatlab.study.ddp_trial`), each
     reserving ``cpu`` and ``gpu`` (a GPU per worker: ``gpu`` must then be 0 or a whole number); the Tune
     trial that starts it reserves nothing itself.
+
+    A trial that reserved a GPU and finds no usable CUDA on its node fails at once
+    (:func:`flatlab.study.placement.choose_device`); with ``cpu_fallback=True`` it trains on CPU instead,
+    with a warning on the terminal and a ``flatlab.cpu_fallback`` tag on its run.
     """
 
     cpu: float = 1
     gpu: float = 0
     workers: int = 1
+    cpu_fallback: bool = False
 
     def as_dict(self) -> Dict[str, float]:
         """What the Tune trial itself reserves (``tune.with_resources``). With ``workers > 1`` no CPU or
@@ -57,15 +62,18 @@ class Resources:
             return {"cpu": 0, "gpu": 0, "memory": 1}
         return {"cpu": self.cpu, "gpu": self.gpu}
 
-    def concurrent_trials(self, cluster: Mapping[str, float]) -> Optional[int]:
-        """How many multi-worker trials fit on ``cluster`` (``ray.cluster_resources()``) at once, at least
-        1; ``None`` for single-process trials (Tune counts their reservations itself)."""
-        if self.workers == 1:
-            return None
-        fits = [int(cluster.get("CPU", 0) // (self.cpu * self.workers))]
+    def request(self) -> Dict[str, float]:
+        """What one trial needs of a Ray cluster at once, in Ray's resource names (``CPU``, ``GPU`` when it
+        reserves one): a multi-worker trial needs each worker's share ``workers`` times."""
+        out = {"CPU": float(self.cpu) * self.workers}
         if self.gpu > 0:
-            fits.append(int(cluster.get("GPU", 0) // (self.gpu * self.workers)))
-        return max(1, min(fits))
+            out["GPU"] = float(self.gpu) * self.workers
+        return out
+
+    def concurrent_trials(self, cluster: Mapping[str, float]) -> int:
+        """How many trials fit on ``cluster`` (``ray.cluster_resources()``) at once, at least 1 (Tune's
+        concurrency: with a custom searcher Tune starts one trial at a time unless told)."""
+        return max(1, min(int(cluster.get(k, 0) // v) for k, v in self.request().items()))
 
     def worker_dict(self) -> Dict[str, float]:
         """What each Ray Train worker reserves (``ScalingConfig.resources_per_worker``)."""
@@ -613,6 +621,8 @@ def _scalar_problems(study: "Study") -> List[str]:
                 f"resources=Resources(cpu={res.cpu!r}, gpu={res.gpu!r}); expected cpu in (0, {MAX_RESOURCE}] and gpu in "
                 f"[0, {MAX_RESOURCE}], a fraction only up to 1 (Ray shares a GPU, it does not split several)"
             )
+        if not isinstance(getattr(res, "cpu_fallback", False), bool):
+            out.append(f"resources=Resources(cpu_fallback={res.cpu_fallback!r}); expected True or False")
         workers = getattr(res, "workers", 1)
         if not (_is_int(workers) and 1 <= workers <= MAX_RESOURCE):
             out.append(f"resources=Resources(workers={workers!r}); expected an int in [1, {MAX_RESOURCE}] (data-parallel workers per trial)")

@@ -21,7 +21,6 @@ reporting thread.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Dict, Optional
 
 import torch
@@ -61,68 +60,28 @@ def make_trainable(study: Study, data: Data, tracking: Optional[WorkerTracking] 
     collected is held, the reports before it are returned, and the next call raises it (Tune then fails
     the trial with it, as without buffering).
 
-    The batch's limits are this function's arguments, not the ones Tune's controller passes:
-    Ray 2.60's controller calls ``train_buffered(buffer_length, buffer_time_s)`` while
-    ``Trainable.train_buffered`` takes ``(buffer_time_s, max_buffer_length)``, so Ray's own method ends
-    every batch after one report (measured: 1029 of 1029 batches held one report). And a checkpoint
-    travels alone because that controller, given a batch that ends with a checkpoint, acts on the
-    earlier reports' CONTINUE before the checkpoint's ``save`` resolves and runs two trains at once.
-    Both are Ray 2.60 faults; when Ray fixes them this class can shrink to the error handling.
+    The batch's limits are this function's arguments, not the ones Tune's controller passes (Ray 2.60
+    faults that :func:`flatlab.study.ray_compat.buffered_trainable` works around). The study's own
+    workloads, optimizers and measures (:func:`flatlab.extensions.capture`) are bound too.
 
     Returns:
         A ``ray.tune`` ``FunctionTrainable`` subclass, named ``run_trial`` like the function it wraps.
     """
-    from ray.tune.result import DONE, RESULT_DUPLICATE, SHOULD_CHECKPOINT, TRAINING_ITERATION
-    from ray.tune.trainable.function_trainable import wrap_function
-
+    from flatlab.extensions import capture
+    from flatlab.study.ray_compat import buffered_trainable
     from flatlab.study.schedulers import decision_epochs
 
-    fn = tune.with_resources(tune.with_parameters(run_trial, study=study, data=data, tracking=tracking),
+    # the study's own workloads, optimizers and measures reach the trials' processes by value
+    fn = tune.with_resources(tune.with_parameters(run_trial, study=study, data=data, tracking=tracking,
+                                                  extensions=capture()),
                              study.resources.as_dict())
-    decide_at = decision_epochs(study)
-
-    class BatchedTrial(wrap_function(fn)):  # type: ignore[misc, valid-type]
-        _held_error: Optional[BaseException] = None
-        _held_result: Optional[Dict[str, Any]] = None
-
-        def train_buffered(self, *_tune_args: Any, **_tune_kwargs: Any) -> list:
-            if self._held_error is not None:
-                error, self._held_error = self._held_error, None
-                raise error
-            if self._held_result is not None:
-                result, self._held_result = self._held_result, None
-                return [result]
-            results: list = []
-            send_at = time.time() + buffer_s
-            while True:
-                try:
-                    result = self.train()
-                except Exception as exc:  # deliver what was reported before it; raise it on the next call
-                    if not results:
-                        raise
-                    self._held_error = exc
-                    return results
-                if result.get(SHOULD_CHECKPOINT) and results:
-                    # a checkpoint travels alone: Ray 2.60's controller would act on the CONTINUE of the
-                    # batch's earlier results before the checkpoint's save resolves, and run two trains
-                    # at once (measured: "non-training future scheduled" warnings, then 30 s stalls)
-                    self._held_result = result
-                    return results
-                results.append(result)
-                if (result.get(DONE) or result.get(SHOULD_CHECKPOINT) or result.get(RESULT_DUPLICATE)
-                        or result.get(TRAINING_ITERATION) in decide_at or len(results) >= max_batch
-                        or time.time() >= send_at):
-                    return results
-
-        def reset_config(self, new_config: Dict[str, Any]) -> bool:
-            self._held_error = self._held_result = None  # a reused actor starts its next trial clean
-            return super().reset_config(new_config)
-
+    BatchedTrial = buffered_trainable(fn, decision_epochs(study), buffer_s, max_batch)
     BatchedTrial.__name__ = BatchedTrial.__qualname__ = "run_trial"
     return BatchedTrial
 
 
-def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Optional[WorkerTracking] = None) -> None:
+def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Optional[WorkerTracking] = None,
+              extensions: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
     """Train the trial described by ``config`` (``{"arm", "seed", field: value ...}``) under Tune: one
     ``tune.report`` per epoch, a checkpoint where :func:`~flatlab.study.trial_loop.checkpoint_due` says so; a checkpoint from
     ``tune.get_checkpoint()`` (a restarted trial) is loaded first.
@@ -132,19 +91,30 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
     A trial of an evaluation-only workload (``trains = False``) is
     :func:`~flatlab.study.trial_loop.evaluation_trial`, in this process.
 
+    The trial's device follows :func:`flatlab.study.placement.choose_device`; every report carries its
+    placement (:data:`flatlab.study.placement.PLACEMENT_KEY`), which the driver tags on its run.
+    ``extensions``: the study's own registered entries (:func:`flatlab.extensions.capture`), registered
+    in this process first.
+
     Raises:
         CheckpointError: the checkpoint to resume from is not flatlab's safe form (the trial fails).
+        DeviceUnavailableError: the trial reserved a GPU, CUDA is not usable on its node, and the study has
+            no ``Resources(cpu_fallback=True)`` (the trial fails at once).
     """
+    from flatlab.extensions import install
+    from flatlab.study.placement import PLACEMENT_KEY, choose_device, encode, node_label, placement
     from flatlab.workloads.registry import get_workload
 
+    install(extensions or {})
     if get_workload(study.workload).trains and study.resources.workers > 1:
         from flatlab.study.ddp_trial import run_ddp_trial
 
-        run_ddp_trial(config, study=study, data=data, tracking=tracking)
+        run_ddp_trial(config, study=study, data=data, tracking=tracking, extensions=extensions)
         return
     threads = max(1, int(study.resources.cpu))
     torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1; follow the trial's CPU allocation
-    device = "cuda" if study.resources.gpu > 0 and torch.cuda.is_available() else "cpu"
+    # a reserved GPU without usable CUDA fails the trial here, unless Resources(cpu_fallback=True)
+    device, fallback = choose_device(study.resources, where=node_label())
     if not get_workload(study.workload).trains:  # evaluation-only: one evaluation, one report
         evaluation_trial(config, study, data, lambda metrics, _: tune.report(metrics), device=device, tracking=tracking,
                          trial_id=tune.get_context().get_trial_id())
@@ -155,6 +125,8 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
             trainer.load(d)  # safetensors + JSON only; anything else raises CheckpointError: the trial fails
+    # where this (re)start runs, in every report: the driver tags the trial's run with it
+    placed = {PLACEMENT_KEY: encode(placement(device, study.resources, start_epoch=trainer.epoch, fallback=fallback))}
 
     def send(metrics: Dict[str, Any], checkpoint_dir: Optional[str]) -> None:
         if checkpoint_dir is None:
@@ -168,6 +140,6 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
     # training goes on while the reports travel; it waits at its scheduler's decision epochs
     reporter = BackgroundReporter(send, wait_at=decision_epochs(study))
     try:
-        trial_loop(trainer, study, reporter, tracking=tracking, trial_id=tune.get_context().get_trial_id())
+        trial_loop(trainer, study, reporter, tracking=tracking, trial_id=tune.get_context().get_trial_id(), extra=placed)
     finally:
         reporter.close()  # every report goes out (in order) before the trial returns or raises

@@ -75,7 +75,7 @@ def trial_loop(
     tracking: Optional[WorkerTracking] = None,
     trial_id: Optional[str] = None,
     main: bool = True,
-    extra: Optional[Mapping[str, float]] = None,
+    extra: Optional[Mapping[str, Any]] = None,
 ) -> None:
     """The epochs of one trial from wherever ``trainer`` stands (a resumed trial continues): one
     ``report`` per epoch, with a checkpoint where :func:`checkpoint_due` says so and at the last; the last
@@ -89,7 +89,8 @@ def trial_loop(
         main: this process writes checkpoints, evaluates the final model (test split, flatness measures)
             and uploads it (DDP: rank 0 only; every rank still runs every epoch and calls ``report``, with
             ``None`` as the folder and without the final metrics on the others).
-        extra: added to every report (DDP: ``world_size``).
+        extra: added to every report (DDP: ``world_size``; the trial's placement,
+            :data:`flatlab.study.placement.PLACEMENT_KEY`).
     """
     stops = trainer.hp.get("stop_at_train_loss") is not None  # the trial ends at its training-loss target
     measures_at_target = trainer.hp.get("measure_at_train_loss") is not None and bool(study.measures)

@@ -11,14 +11,17 @@ carry the time that epoch ended (the report's ``epoch_end_time``), not the time 
 which receives several epochs' reports at once; per-epoch metrics have step = epoch, the final model's
 summary values (``test/*``, ``flat/*`` ..., named by the last report: :data:`flatlab.tracking.runs.SUMMARY_KEY`)
 step 0. A failed trial's exception and traceback go to its ``error.txt``
-artifact and ``Type: message`` to its ``flatlab.error`` tag, which a restart removes. :meth:`close`
+artifact and ``Type: message`` to its ``flatlab.error`` tag, which a restart removes. Where each (re)start
+of a trial ran (device, GPU, world size, workers, resources, node: the reports'
+:data:`~flatlab.study.placement.PLACEMENT_KEY`) becomes ``flatlab.<field>`` tags. :meth:`close`
 marks anything still open KILLED, so no run is left RUNNING. The callback pickles without its
 thread (Tune stores it in the experiment state for resume).
 
 No epoch is logged twice: a trial resumed from a checkpoint older than its last report re-runs epochs
 that are already in MLflow; the callback remembers each run's last logged step (seeded from MLflow's
 ``epoch`` history when it reopens a run after a restart) and skips steps up to it. ``best/<metric>``
-continues from the run's logged best.
+continues from the run's logged best. A resume after the driver was killed hands a trial the run of the
+same trial started after Tune's last save (:attr:`MLflowTrialLogger.claimed`), so no run is left RUNNING.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ import math
 import queue
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ray.tune import Callback
 
+from flatlab.study.placement import PLACEMENT_KEY, placement_tags
 from flatlab.tracking import runs, ui
 from flatlab.tracking.trial_errors import one_line, read_trial_error
 
@@ -78,6 +82,9 @@ class MLflowTrialLogger(Callback):
         self.mode = mode
         self.study = study
         self._init_runtime()
+        #: A resume's :meth:`flatlab.study.recovery.LaunchRecords.claimed`: trial id -> the run of a trial
+        #: started before the driver was killed that it takes over (not pickled).
+        self.claimed: Optional[Callable[[str], Optional[str]]] = None
 
     # ---- pickling: configuration only ----------------------------------------------------------
     def __getstate__(self) -> Dict[str, Any]:
@@ -86,6 +93,7 @@ class MLflowTrialLogger(Callback):
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.study = None  # state pickled before the callback held its study
         self.__dict__.update({k: v for k, v in state.items() if k in self._STATE})  # drops an old max_epochs
+        self.claimed = None
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -96,6 +104,7 @@ class MLflowTrialLogger(Callback):
         self._best: Dict[str, float] = {}  # trial id -> best metric value logged (background thread)
         self._logged_step: Dict[str, int] = {}  # trial id -> last step sent to MLflow (background thread)
         self._last: Dict[str, Dict] = {}
+        self._placed: Dict[str, str] = {}  # trial id -> the placement its run is tagged with
         self.errors: List[str] = []
 
     def _ensure_thread(self) -> None:
@@ -127,6 +136,10 @@ class MLflowTrialLogger(Callback):
         model_id = result.get(runs.MODEL_ID_KEY)  # the final report: its metrics belong to the trial's model too
         self._queue.put(("metrics", trial.trial_id, (metrics, step, timestamp, runs.summary_keys(result),
                                                      model_id if isinstance(model_id, str) else None)))
+        placed = result.get(PLACEMENT_KEY)
+        if placed is not None and placed != self._placed.get(trial.trial_id):  # a (re)start's device, node ...
+            self._placed[trial.trial_id] = placed
+            self._queue.put(("tags", trial.trial_id, placement_tags(placed)))
 
     def on_trial_complete(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
         from flatlab.tracking.selection import trial_outcome
@@ -183,13 +196,17 @@ class MLflowTrialLogger(Callback):
             try:
                 if kind == "metrics":
                     pending.setdefault(trial_id, []).append(payload)
-                if kind in ("start", "end", "flush", "stop") or (pending and time.monotonic() - last_flush > _FLUSH_S):
+                if kind in ("start", "end", "flush", "stop", "tags") or (pending and time.monotonic() - last_flush > _FLUSH_S):
                     self._send_metrics(client, pending)
                     last_flush = time.monotonic()
                 if kind == "start":
                     self._start_run(client, trial_id, payload)
                 elif kind == "end":
                     self._end_run(client, trial_id, *payload)
+                elif kind == "tags" and trial_id in self._run_ids:
+                    from mlflow.entities import RunTag
+
+                    client.log_batch(self._run_ids[trial_id], tags=[RunTag(k, v) for k, v in payload.items()])
                 elif kind == "flush":
                     payload.set()
                 elif kind == "stop":
@@ -206,6 +223,10 @@ class MLflowTrialLogger(Callback):
         run_id = self._run_ids.get(trial_id) or runs.find_trial_run(
             self.tracking_uri, self.experiment_id, trial_id, self.parent_run_id
         )
+        claimed = self.claimed(trial_id) if run_id is None and self.claimed is not None else None
+        if claimed is not None:  # a resume: the run of the same trial, started before the driver was killed
+            client.set_tag(claimed, runs.TAG_TRIAL, trial_id)  # the trial's worker finds its run by this tag
+            run_id = claimed
         arm = str(config.get("arm", ""))
         if run_id is None:
             tags = {
