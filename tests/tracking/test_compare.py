@@ -471,6 +471,14 @@ def test_cli_compare(store, tmp_path):
     res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--against", "toy"])
     assert res.exit_code == 0, res.output
     assert "HPO efficiency: toy (search) against toy (grid)" in res.output and "fraction of grid compute" in res.output
+    full = pd.read_csv(io.StringIO(runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--format", "csv"]).output))
+    assert "flat/fisher_trace" in set(full["quantity"])  # which measures it keeps: test_compare_at_target.py
+    for given in ("flat/fisher_trace", "fisher_trace"):  # --measure keeps it and the test metric
+        res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--format", "csv", "--measure", given])
+        assert res.exit_code == 0, res.output
+        assert set(pd.read_csv(io.StringIO(res.output))["quantity"]) == set(full["quantity"]) & {"test/accuracy", "flat/fisher_trace", "train/epochs_to_target", "train/steps_to_target"}
+    res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--measure", "flat/nope"])
+    assert res.exit_code == 2 and "measures flat/nope not recorded in the compared trials" in res.output
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -293,6 +293,10 @@ def compare(
     ),
     tolerance: float = typer.Option(0.0, help="with --against: reaching within this of the grid's best counts (absolute, the metric's units)"),
     confidence: float = typer.Option(0.95, help="of the t intervals"),
+    measure: Optional[List[str]] = typer.Option(
+        None, "--measure", help="only this flatness quantity (repeatable): flat/<m>, flat_at_target/<m> or a bare measure "
+        "<m> (its flat/ and flat_at_target/ rows); default every measure recorded"
+    ),
     plot: Optional[Path] = typer.Option(
         None, help="also save a figure (PNG) here: the test metric against flatness; with several studies, the performance "
         "profiles (default <root>/compare/profiles_<studies>.png)"
@@ -321,6 +325,8 @@ def compare(
         if len(studies) > 1:
             if against is not None:
                 raise FlatlabError("--against compares one grid study with a search study; give one STUDY with it")
+            if measure:
+                raise FlatlabError("--measure selects rows of one study's table; the summary of several shows every shared measure")
             _compare_workloads(studies, uri, reference=reference, metric=metric, rank_by=rank_by, fmt=fmt,
                                plot=plot, tau_max=tau_max, root=_root(root))
             return
@@ -329,7 +335,7 @@ def compare(
         study = studies[0]
         df = trials_frame(uri, study)
         comparison = cmp.compare_table(df, metric=metric, reference=reference, confidence=confidence, study=study,
-                                       rank_by=rank_by)
+                                       rank_by=rank_by, measures=measure or None)
         efficiency = None
         if against is not None:
             other = trials_frame(uri, against)
