@@ -167,10 +167,10 @@ def plot_profiles(ratios, path, *, tau_max: Optional[float] = None, title: str =
     ax.set_xlabel("τ (test error within a factor τ of the best arm's)")
     ax.set_ylabel("ρ(τ): share of workloads")
     ax.grid(alpha=0.3)
-    fig.legend(loc="outside right upper", fontsize="small", title="arm")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small", title="arm")  # beside the axes, under the title
     names = ", ".join(map(str, ratios.columns))
     text = title or f"Performance profiles over {ratios.shape[1]} workloads: {names}"
-    fig.suptitle(textwrap.fill(text, 70), fontsize="medium")  # long study names wrap instead of leaving the figure
+    ax.set_title(textwrap.fill(text, 60), fontsize="medium")  # long study names wrap instead of leaving the figure
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
