@@ -1,0 +1,143 @@
+"""Write every result table of the docs from the commands that produce them (``make docs-results``).
+
+Each entry of :data:`RESULTS` names a study file to run and the command that prints its table. The
+script runs them (or, with ``--no-run``, only reads an existing output root), saves each printed table
+as ``docs/results/<key>.md`` under a line that says when, at which commit and by which commands it was
+made, and replaces the block between ``<!-- results:<key> -->`` and ``<!-- /results:<key> -->`` in
+README.md and docs/*.md with that file. A table in the docs is therefore never typed by hand;
+``tests/test_docs_results.py`` checks that every block equals its file.
+
+Usage::
+
+    python tools/docs_results.py                      # every entry (the CPU studies: about 2 hours here)
+    python tools/docs_results.py --only digits_flatness_demo
+    python tools/docs_results.py --no-run --root flatlab-runs   # re-render from runs already made
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "docs" / "results"
+DOCS = ("README.md", "docs")
+BLOCK = re.compile(r"(<!-- results:(?P<key>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=key) -->)", re.S)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One table: ``run`` (flatlab command lines that make the runs, each a list of arguments after
+    ``flatlab``) and ``table`` (the command whose standard output is the table)."""
+
+    key: str
+    run: Tuple[Tuple[str, ...], ...]
+    table: Tuple[str, ...]
+
+
+RESULTS: Dict[str, Entry] = {
+    e.key: e
+    for e in (
+        Entry("digits_flatness_demo", (("run", "studies/digits_flatness.py", "--scale", "demo"),),
+              ("compare", "digits_flatness_demo", "--format", "markdown")),
+        Entry("deepobs_fmnist_2c2d_cpu", (("run", "studies/deepobs_fmnist.py", "--scale", "cpu"),),
+              ("curves", "deepobs_fmnist_2c2d_cpu", "--format", "markdown")),
+        Entry("fmnist_flatness", (("run", "studies/fmnist_flatness.py"),),
+              ("compare", "fmnist_flatness", "--format", "markdown")),
+    )
+}
+
+
+def flatlab(args: Sequence[str], root: Path, capture: bool) -> str:
+    """Run ``flatlab <args> --root <root>`` in this interpreter's environment; its stdout when
+    ``capture``. Raises ``subprocess.CalledProcessError`` when it fails."""
+    cmd = [sys.executable, "-m", "flatlab.cli.main", *args, "--root", str(root)]
+    print("$ flatlab " + " ".join(args), file=sys.stderr, flush=True)
+    done = subprocess.run(cmd, cwd=REPO, check=True, text=True, stdout=subprocess.PIPE if capture else None)
+    return done.stdout if capture else ""
+
+
+def commit() -> str:
+    """The checkout's commit (``+dirty`` when tracked files differ from it)."""
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, text=True, capture_output=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, text=True,
+                           capture_output=True).stdout.strip()
+    return (head or "unknown") + ("+dirty" if dirty else "")
+
+
+def stamp(entry: Entry, when: dt.datetime, rev: str) -> str:
+    """The line above a saved table: its date, commit and commands."""
+    cmds = "; ".join("`flatlab " + " ".join(c) + "`" for c in (*entry.run, entry.table))
+    return f"*Written by `make docs-results` on {when:%Y-%m-%d} at commit `{rev}`: {cmds}.*\n\n"
+
+
+def write_table(entry: Entry, root: Path, run: bool) -> Path:
+    """Run ``entry`` (unless ``run`` is false), save its table to ``docs/results/<key>.md``; the path."""
+    if run:
+        for args in entry.run:
+            flatlab(args, root, capture=False)
+    table = flatlab(entry.table, root, capture=True).strip() + "\n"
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{entry.key}.md"
+    path.write_text(stamp(entry, dt.datetime.now(), commit()) + table)
+    return path
+
+
+def doc_files(repo: Path = REPO) -> List[Path]:
+    """README.md and every markdown file under docs/ (the saved tables themselves excluded)."""
+    out = [repo / "README.md"]
+    out += sorted(p for p in (repo / "docs").rglob("*.md") if "results" not in p.relative_to(repo / "docs").parts[:1])
+    return [p for p in out if p.is_file()]
+
+
+def blocks(text: str) -> List[Tuple[str, str]]:
+    """``(key, body)`` of every results block in ``text``."""
+    return [(m.group("key"), m.group("body")) for m in BLOCK.finditer(text)]
+
+
+def fill(text: str, tables: Dict[str, str]) -> str:
+    """``text`` with every results block whose key is in ``tables`` replaced by that table.
+
+    Raises:
+        KeyError: a block names a key that has no saved table.
+    """
+    def sub(m: "re.Match[str]") -> str:
+        key = m.group("key")
+        if key not in tables:
+            raise KeyError(f"no saved table docs/results/{key}.md for the block <!-- results:{key} -->")
+        return m.group(1) + tables[key] + m.group(4)
+
+    return BLOCK.sub(sub, text)
+
+
+def saved_tables(results_dir: Path = RESULTS_DIR) -> Dict[str, str]:
+    """Every saved table, by key."""
+    return {p.stem: p.read_text() for p in sorted(results_dir.glob("*.md"))}
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", choices=sorted(RESULTS), help="this entry only (repeatable)")
+    parser.add_argument("--root", type=Path, default=REPO / "flatlab-runs", help="output root of the runs")
+    parser.add_argument("--no-run", action="store_true", help="read the tables from runs already in --root")
+    args = parser.parse_args(list(argv) or None)
+    for key in args.only or list(RESULTS):
+        print(f"wrote {write_table(RESULTS[key], args.root.resolve(), run=not args.no_run).relative_to(REPO)}")
+    tables = saved_tables()
+    for path in doc_files():
+        text = path.read_text()
+        new = fill(text, tables)
+        if new != text:
+            path.write_text(new)
+            print(f"updated {path.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
