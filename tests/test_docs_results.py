@@ -56,3 +56,19 @@ def test_every_entry_runs_a_study_file_of_the_repository():
         assert entry.table[0] in ("compare", "curves")
         for args in entry.run:
             assert args[0] == "run" and (REPO / args[1]).is_file(), args
+        for study in entry.read():  # every study a table reads is run by some entry
+            assert any(study == e.key for e in tool.RESULTS.values() if e.run), (entry.key, study)
+
+
+def test_the_stamp_names_the_launches_a_table_reads(tmp_path):
+    tool = _tool()
+    import datetime as dt
+
+    entry = tool.RESULTS["digits_fmnist_summary"]
+    ran = tool.launches(entry, tmp_path)  # no launch there: said, not raised
+    assert ran == ["digits_flatness_demo: launch not readable (FileNotFoundError)",
+                   "fmnist_flatness: launch not readable (FileNotFoundError)"]
+    line = tool.stamp(entry, dt.datetime(2026, 12, 4), "abc123", ran)
+    assert line.startswith("*Written by `make docs-results` on 2026-12-04 at commit `abc123`: `flatlab compare "
+                           "digits_flatness_demo fmnist_flatness")
+    assert "Runs: digits_flatness_demo: launch not readable" in line and line.endswith("*\n\n")

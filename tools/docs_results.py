@@ -34,11 +34,16 @@ BLOCK = re.compile(r"(<!-- results:(?P<key>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /re
 @dataclass(frozen=True)
 class Entry:
     """One table: ``run`` (flatlab command lines that make the runs, each a list of arguments after
-    ``flatlab``) and ``table`` (the command whose standard output is the table)."""
+    ``flatlab``), ``table`` (the command whose standard output is the table) and ``studies`` (the
+    studies it reads, whose launches the stamp names; by default the key)."""
 
     key: str
     run: Tuple[Tuple[str, ...], ...]
     table: Tuple[str, ...]
+    studies: Tuple[str, ...] = ()
+
+    def read(self) -> Tuple[str, ...]:
+        return self.studies or (self.key,)
 
 
 RESULTS: Dict[str, Entry] = {
@@ -50,6 +55,10 @@ RESULTS: Dict[str, Entry] = {
               ("curves", "deepobs_fmnist_2c2d_cpu", "--format", "markdown")),
         Entry("fmnist_flatness", (("run", "studies/fmnist_flatness.py"),),
               ("compare", "fmnist_flatness", "--format", "markdown")),
+        Entry("digits_fmnist_summary", (),
+              ("compare", "digits_flatness_demo", "fmnist_flatness", "--format", "markdown",
+               "--plot", "docs/img/profiles_digits_fmnist.png"),
+              studies=("digits_flatness_demo", "fmnist_flatness")),
     )
 }
 
@@ -71,10 +80,31 @@ def commit() -> str:
     return (head or "unknown") + ("+dirty" if dirty else "")
 
 
-def stamp(entry: Entry, when: dt.datetime, rev: str) -> str:
-    """The line above a saved table: its date, commit and commands."""
+def launches(entry: Entry, root: Path) -> List[str]:
+    """For each study the entry reads: its latest launch's date and the commit it ran at (the MLflow
+    parent run's ``flatlab.git_commit`` tag), as text; a study without a readable launch says so."""
+    import json
+
+    out = []
+    for study in entry.read():
+        try:
+            launch = json.loads((root / study / "launch.json").read_text())
+            from flatlab.tracking import runs
+
+            run = runs.client(launch["tracking_uri"]).get_run(launch["parent_run_id"])
+            started = dt.datetime.fromtimestamp(run.info.start_time / 1000)
+            rev = run.data.tags.get(runs.TAG_COMMIT, "unknown")
+            out.append(f"{study} launched {started:%Y-%m-%d %H:%M} at commit `{rev[:12]}`")
+        except Exception as exc:  # noqa: BLE001 - the stamp says what is not known
+            out.append(f"{study}: launch not readable ({type(exc).__name__})")
+    return out
+
+
+def stamp(entry: Entry, when: dt.datetime, rev: str, ran: Sequence[str] = ()) -> str:
+    """The line above a saved table: its date, commit and commands, and the launches it reads (``ran``)."""
     cmds = "; ".join("`flatlab " + " ".join(c) + "`" for c in (*entry.run, entry.table))
-    return f"*Written by `make docs-results` on {when:%Y-%m-%d} at commit `{rev}`: {cmds}.*\n\n"
+    runs_text = f" Runs: {'; '.join(ran)}." if ran else ""
+    return f"*Written by `make docs-results` on {when:%Y-%m-%d} at commit `{rev}`: {cmds}.{runs_text}*\n\n"
 
 
 def write_table(entry: Entry, root: Path, run: bool) -> Path:
@@ -85,7 +115,7 @@ def write_table(entry: Entry, root: Path, run: bool) -> Path:
     table = flatlab(entry.table, root, capture=True).strip() + "\n"
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{entry.key}.md"
-    path.write_text(stamp(entry, dt.datetime.now(), commit()) + table)
+    path.write_text(stamp(entry, dt.datetime.now(), commit(), launches(entry, root)) + table)
     return path
 
 
