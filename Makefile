@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Fashion-MNIST's IDX files as Debian's package dataset-fashion-mnist installs them (found there by default)
 FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
 
-.PHONY: venv data demo test test-fast bench clean
+.PHONY: venv data demo test test-fast bench docs-results clean
 
 $(BIN)/flatlab: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ bench: venv
 	$(BIN)/python bench/platform_overhead.py --checkpoint-every 10 --rounds 24  # ±2–3 ms per round here: 4 rounds cannot settle 2 ms
 	$(BIN)/python bench/checkpoint_cost.py
 	$(BIN)/python bench/optimizer_longrun.py --threads 1 --clock cpu  # CPU time on one thread: steady under other jobs
+
+## docs-results: run the studies behind the docs' result tables and write them (docs/results/, README, docs/):
+## the demo, DeepOBS's CPU re-run and fmnist_flatness; about 2 hours on 2 cores
+docs-results: venv data
+	$(BIN)/python tools/docs_results.py
 
 clean:
 	rm -rf flatlab-runs .pytest_cache

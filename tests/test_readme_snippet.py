@@ -1,4 +1,4 @@
-"""The README's "optimizers outside a study" snippet runs as written and does what it says."""
+"""The snippets of the README and docs/ run as written and do what they say."""
 
 import contextlib
 import io
@@ -8,17 +8,26 @@ from pathlib import Path
 import pytest
 import torch
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
 
 
-def _snippet(heading: str) -> str:
-    text = README.read_text()
+def _snippet(heading: str, doc: str = "README.md") -> str:
+    text = (REPO / doc).read_text()
     section = text[text.index(heading):]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+def test_readme_study_validates_as_written():
+    """The README's study is a valid study file: it validates (workload, arms, fields, measures)."""
+    namespace: dict = {}
+    exec(compile(_snippet("## A study"), "README study", "exec"), namespace)
+    study = namespace["STUDY"].validate("README.md")
+    assert [a.name for a in study.arms] == ["sgd", "sam", "sgd_ire"]
+    assert study.workload == "fashion_mnist" and study.final_seeds == (1, 2, 3)
+
+
 def test_optimizer_snippet_trains_with_sgd_ire():
-    code = _snippet("### The optimizers outside a study")
+    code = _snippet("## The optimizers outside a study", "docs/design.md")
     torch.manual_seed(0)
     out = io.StringIO()
     namespace: dict = {}
@@ -34,13 +43,13 @@ def test_optimizer_snippet_trains_with_sgd_ire():
 @pytest.mark.slow
 @pytest.mark.integration
 def test_python_api_snippet_runs_a_study_and_reads_it_back(tmp_path, monkeypatch):
-    """The README's notebook snippet as written: flatlab.run on a Study through local Ray, then
+    """docs/cli.md's notebook snippet as written: flatlab.run on a Study through local Ray, then
     flatlab.results with a filter and a sort, checked against a pandas computation on the full frame."""
     import ray
 
     import flatlab
 
-    code = _snippet("### From Python (notebooks)")
+    code = _snippet("## From Python (notebooks)", "docs/cli.md")
     monkeypatch.chdir(tmp_path)  # the snippet's root="flatlab-runs" is relative
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     out = io.StringIO()

@@ -219,8 +219,9 @@ def test_readme_examples_of_named_arms_and_conditional_fields():
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = text[text.index("### Several arms of one optimizer"):text.index("## The answer a study gives")]
+    text = (Path(__file__).resolve().parents[2] / "docs" / "studies.md").read_text()
+    start = text.index("## Several arms of one optimizer")
+    section = text[start:text.index("\n## ", start + 1)] if "\n## " in text[start + 1:] else text[start:]
     named, conditional = re.findall(r"```python\n(.*?)```", section, re.S)
     ns = {"Arm": Arm, "sp": sp}
     exec(named, ns)

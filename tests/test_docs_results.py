@@ -1,0 +1,74 @@
+"""The result tables in README.md and docs/ are the ones `make docs-results` saved, never hand-edited."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("docs_results", REPO / "tools" / "docs_results.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_results_block_equals_its_saved_table():
+    tool = _tool()
+    tables = tool.saved_tables()
+    seen = set()
+    for path in tool.doc_files():
+        for key, body in tool.blocks(path.read_text()):
+            assert key in tables, f"{path.name}: block {key!r} has no docs/results/{key}.md"
+            assert body == tables[key], f"{path.name}: block {key!r} differs from docs/results/{key}.md; run `make docs-results`"
+            seen.add(key)
+    assert "readme_digits" in seen  # the README's demo table is one of them
+
+
+def test_every_saved_table_names_its_date_commit_and_commands():
+    tool = _tool()
+    tables = tool.saved_tables()
+    assert tables, "docs/results/ holds no table"
+    for key, text in tables.items():
+        first = text.splitlines()[0]
+        assert first.startswith("*Written by `make docs-results` on 20") and "at commit `" in first, key
+        assert key in tool.RESULTS, f"docs/results/{key}.md is not an entry of tools/docs_results.py"
+        assert "|" in text  # a table follows
+
+
+def test_fill_replaces_only_the_named_blocks():
+    tool = _tool()
+    text = "a\n<!-- results:x -->\nold\n<!-- /results:x -->\nb\n<!-- results:y -->\nkeep\n<!-- /results:y -->\n"
+    out = tool.fill(text, {"x": "| new |\n", "y": "keep\n"})
+    assert out == "a\n<!-- results:x -->\n| new |\n<!-- /results:x -->\nb\n<!-- results:y -->\nkeep\n<!-- /results:y -->\n"
+    assert tool.blocks(out) == [("x", "| new |\n"), ("y", "keep\n")]
+    with pytest.raises(KeyError, match=r"docs/results/x\.md"):
+        tool.fill(text, {"y": ""})
+
+
+def test_every_entry_runs_a_study_file_of_the_repository():
+    tool = _tool()
+    for entry in tool.RESULTS.values():
+        assert entry.table[0] in ("compare", "curves")
+        for args in entry.run:
+            assert args[0] == "run" and (REPO / args[1]).is_file(), args
+        for study in entry.read():  # every study a table reads is run by some entry
+            assert any(study == e.key for e in tool.RESULTS.values() if e.run), (entry.key, study)
+
+
+def test_the_stamp_names_the_launches_a_table_reads(tmp_path):
+    tool = _tool()
+    import datetime as dt
+
+    entry = tool.RESULTS["digits_fmnist_summary"]
+    ran = tool.launches(entry, tmp_path)  # no launch there: said, not raised
+    assert ran == ["digits_flatness_demo: launch not readable (FileNotFoundError)",
+                   "fmnist_flatness: launch not readable (FileNotFoundError)"]
+    line = tool.stamp(entry, dt.datetime(2026, 12, 4), "abc123", ran)
+    assert line.startswith("*Written by `make docs-results` on 2026-12-04 at commit `abc123`: `flatlab compare "
+                           "digits_flatness_demo fmnist_flatness")
+    assert "Runs: digits_flatness_demo: launch not readable" in line and line.endswith("*\n\n")
