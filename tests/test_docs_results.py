@@ -26,7 +26,7 @@ def test_every_results_block_equals_its_saved_table():
             assert key in tables, f"{path.name}: block {key!r} has no docs/results/{key}.md"
             assert body == tables[key], f"{path.name}: block {key!r} differs from docs/results/{key}.md; run `make docs-results`"
             seen.add(key)
-    assert "readme_digits" in seen  # the README's demo table is one of them
+    assert "readme_fmnist" in seen  # the README's Fashion-MNIST table is one of them
 
 
 def test_every_saved_table_names_its_date_commit_and_commands():

@@ -55,8 +55,6 @@ RESULTS: Dict[str, Entry] = {
               ("curves", "deepobs_fmnist_2c2d_cpu", "--format", "markdown")),
         Entry("fmnist_flatness", (("run", "studies/fmnist_flatness.py"),),
               ("compare", "fmnist_flatness", "--format", "markdown")),
-        Entry("readme_digits", (), ("compare", "digits_flatness_demo", "--measure", "fisher_trace", "--format", "markdown"),
-              studies=("digits_flatness_demo",)),
         Entry("readme_fmnist", (), ("compare", "fmnist_flatness", "--measure", "flat_at_target/fisher_trace", "--format",
                                     "markdown"), studies=("fmnist_flatness",)),
         Entry("digits_fmnist_summary", (),

@@ -84,8 +84,6 @@ def snapshot(root):
             for r in rs if r.info.status == "FINISHED"}
 
 
-@pytest.mark.xfail(strict=False, reason="open defect (issue #24): in CI (2026-12-04, full suite) a kill left one extra "
-                   "search-trial run (7 search runs for 6 trials); passes alone. Not fixed yet; see the issue note.")
 def test_sigkill_at_four_moments_then_resume_leaves_exact_records(tmp_path):
     import optuna
 

@@ -84,11 +84,11 @@ def run_env() -> dict:
     return e
 
 
-def study_source(name: str, *, trials: int, epochs: int, fallback: bool = True) -> str:
+def study_source(name: str, *, trials: int, epochs: int, fallback: bool = True, workload: str = "digits") -> str:
     return f"""
 Study(
     name="{name}",
-    workload="digits",
+    workload="{workload}",
     workload_params={{"width": 16}},
     arms=(Arm("sgd", space={{"lr": sp.loguniform(0.02, 0.3)}}),),
     num_trials={trials},
@@ -99,8 +99,35 @@ Study(
 )"""
 
 
-def study_file(tmp_path: Path, name: str, *studies: str) -> Path:
-    return write_study(tmp_path / f"{name}.py", f"from flatlab import Resources\n\nSTUDIES = [{', '.join(studies)}]\n")
+def study_file(tmp_path: Path, name: str, *studies: str, preamble: str = "") -> Path:
+    return write_study(tmp_path / f"{name}.py",
+                       f"from flatlab import Resources\n{preamble}\nSTUDIES = [{', '.join(studies)}]\n")
+
+
+GATED = """
+import os
+import time
+
+from flatlab.workloads.digits import Digits
+from flatlab.workloads.registry import register_workload
+
+GATE = {gate!r}
+_evaluated = []
+
+
+@register_workload
+class GatedDigits(Digits):
+    \"\"\"Digits whose trials wait, after two epochs, while the file GATE exists: the test holds every
+    trial mid-way until it has removed a node, however fast or loaded the machine.\"\"\"
+
+    name = "gated_digits"
+
+    def evaluate(self, model, split, batch_size=512):
+        _evaluated.append(1)
+        while len(_evaluated) > 2 and os.path.exists(GATE):
+            time.sleep(0.2)
+        return super().evaluate(model, split, batch_size)
+"""
 
 
 def trial_runs(root: Path, name: str):
@@ -161,35 +188,40 @@ def test_gpu_trials_spread_over_both_worker_nodes_and_never_train_on_cpu_unasked
 
 
 @pytest.mark.slow  # minutes; .ci/run (make test) runs slow tests
-@pytest.mark.xfail(strict=False, reason="timing: in CI (2026-12-04, full suite) every trial finished before the node was "
-                   "removed, so the test saw no loss to recover from; passes alone. The test must hold trials back first.")
 def test_a_removed_worker_nodes_trials_resume_on_the_other_from_their_checkpoints(cluster, tmp_path):
     import optuna
 
     epochs, n = 12, 4
     root = tmp_path / "root"
-    study = study_file(tmp_path, "lost", study_source("lost", trials=n, epochs=epochs))
+    gate = tmp_path / "hold"  # while it exists, every trial waits after its second epoch (GatedDigits)
+    gate.touch()
+    study = study_file(tmp_path, "lost", study_source("lost", trials=n, epochs=epochs, workload="gated_digits"),
+                       preamble=GATED.format(gate=str(gate)))
     t0 = time.monotonic()
     proc = subprocess.Popen([str(BIN / "flatlab"), "run", str(study), "--address", cluster.address, "--root", str(root)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=run_env())
-    victim = None
-    deadline = time.monotonic() + 300
-    while victim is None and time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read()
-        time.sleep(0.5)
-        try:
-            c, trials = trial_runs(root, "lost")
-        except Exception:  # the store is being created
-            continue
-        for r in trials:
-            epoch = r.data.metrics.get("epoch", 0)
-            node = r.data.tags.get("flatlab.node")
-            if r.info.status == "RUNNING" and node in cluster.workers and 2 <= epoch <= epochs - 4:
-                victim = node  # a trial there has checkpointed epochs and several still to go
-    assert victim is not None, "no trial was mid-way on a worker node"
-    moved = [r.data.tags[runs.TAG_TRIAL] for r in trials
-             if r.info.status == "RUNNING" and r.data.tags.get("flatlab.node") == victim]
-    cluster.remove(victim)
+    try:
+        held = []
+        deadline = time.monotonic() + 300
+        while len(held) < n:  # all four trials (two per worker node) are held, with checkpointed epochs
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, f"not every trial reached its second epoch: {held}"
+            time.sleep(0.5)
+            try:
+                c, trials = trial_runs(root, "lost")
+            except Exception:  # the store is being created
+                continue
+            held = [r for r in trials if r.info.status == "RUNNING" and r.data.tags.get("flatlab.node") in cluster.workers
+                    and r.data.metrics.get("epoch", 0) >= 2]
+        victim = held[0].data.tags["flatlab.node"]
+        moved = [r.data.tags[runs.TAG_TRIAL] for r in held if r.data.tags["flatlab.node"] == victim]
+        assert len(moved) == 2, [(r.data.tags[runs.TAG_TRIAL], r.data.tags["flatlab.node"]) for r in held]
+        cluster.remove(victim)
+    except BaseException:
+        proc.kill()
+        raise
+    finally:
+        gate.unlink()  # let the trials go on
     out, _ = proc.communicate(timeout=600)
     print(f"node-loss study: {time.monotonic() - t0:.0f} s")
     replacement = cluster.add()  # the next tests have two worker nodes again

@@ -138,3 +138,29 @@ def test_an_errored_trial_resumed_to_completion_is_a_new_optuna_trial(tmp_path):
     assert retry.params == first.params == {"lr": config["lr"]} and retry.value == pytest.approx(0.6)
     assert retry.intermediate_values == {2: 0.4, 4: 0.6} and retry.user_attrs["retry_of"] == 0
     assert retry.user_attrs["mlflow_run_id"] == "run-t0" and retry.user_attrs["tune_trial_id"] == "t0"
+
+
+def test_a_trial_asked_just_before_the_driver_died_is_taken_over_not_doubled(tmp_path):
+    """SIGKILL right after Optuna's ``ask()`` (before the trial's attributes were written) leaves a RUNNING
+    trial with no launch attribute: the resumed searcher takes it over (its drawn lr comes back) and sets
+    the missing attributes, so the arm still holds num_trials trials and none stays RUNNING."""
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    first = ArmSearcher(study(), optuna_storage=storage, launch="L", experiment="E")
+    done = first.suggest("t0")  # sgd
+    first.on_trial_complete("t0", {"epoch": 4, METRIC: 0.6, "completed": 1})
+    st = first._studies["adamw"]
+    bare = st.ask()  # ... and the driver dies here
+    lr = bare.suggest_float("lr", 1e-4, 1e-2, log=True)
+    other = optuna.create_study(study_name="L.other", storage=storage)  # another study's RUNNING trial: not ours
+    other.ask()
+
+    second = ArmSearcher(study(), optuna_storage=storage, launch="L", experiment="E")  # nothing restored
+    configs = [second.suggest(f"n{i}") for i in range(6)]
+    assert second.suggest("n6") == ArmSearcher.FINISHED  # 3 per arm: none asked anew beyond them
+    assert configs[0] == done  # the finished sgd trial is taken over too (its record stands)
+    adamw = [c for c in configs if c["arm"] == "adamw"]
+    assert adamw[0]["lr"] == lr
+    trials = optuna.load_study(study_name="L.adamw", storage=storage).trials
+    assert len(trials) == 3 and trials[0].number == bare.number
+    assert trials[0].user_attrs["launch"] == "E" and trials[0].user_attrs["arm"] == "adamw"
+    assert trials[0].user_attrs["tune_trial_id"] == "n1"

@@ -71,3 +71,45 @@ def test_a_diverged_run_gives_back_its_outcome():
 
     result = recorded_result(Run())
     assert trial_outcome(result, False, "val/accuracy") == "diverged" and result["training_iteration"] == 2
+
+
+def test_a_run_killed_before_its_params_were_logged_is_taken_over_by_its_digest_and_given_them(tmp_path):
+    # The driver creates a trial run (tags), then logs its params in a second call; a SIGKILL between the
+    # two leaves a run with no params. A resume must still take it over (one run per trial), by the
+    # configuration digest the run carried from its creation, and the callback must log the params then.
+    from flatlab.tracking.callback import MLflowTrialLogger
+
+    uri, exp, c, parent = _store(tmp_path)
+    config = {"arm": "sgd", "seed": 1, "lr": 0.25}
+    bare = c.create_run(exp, tags={runs.TAG_ROLE: "trial", runs.PARENT: parent, runs.TAG_TRIAL: "old",
+                                   runs.TAG_STAGE: "search", runs.TAG_CONFIG: runs.config_digest(config)}).info.run_id
+    other = c.create_run(exp, tags={runs.TAG_ROLE: "trial", runs.PARENT: parent, runs.TAG_TRIAL: "old2",
+                                    runs.TAG_STAGE: "search",
+                                    runs.TAG_CONFIG: runs.config_digest({**config, "lr": 0.5})}).info.run_id
+    assert c.get_run(bare).data.params == {}
+    rec = LaunchRecords(uri, exp, parent)
+    assert rec.on_add("new", dict(config)) is None and rec.claimed("new") == bare  # runs again, in that run
+
+    cb = MLflowTrialLogger(uri, exp, parent, {}, {"sgd": "sgd"}, metric="val/accuracy", mode="max")
+    cb.claimed = rec.claimed
+
+    class T:
+        trial_id = "new"
+
+    T.config = dict(config)
+    cb.on_trial_start(0, [], T())
+    cb.on_trial_result(0, [], T(), {"epoch": 1, "val/accuracy": 0.5, "completed": 1})
+    cb.on_trial_complete(0, [], T())
+    cb.close()
+    run = c.get_run(bare)
+    assert run.data.params == runs.trial_params(config) and run.data.tags[runs.TAG_TRIAL] == "new"
+    assert run.info.status == "FINISHED" and cb.errors == []
+    assert rec.end_unclaimed() == [other]  # a different configuration is not taken over
+
+
+def test_the_config_digest_depends_on_the_configuration_only():
+    a = runs.config_digest({"arm": "sgd", "seed": 0, "lr": 0.1, "stage": "final"})
+    assert a == runs.config_digest({"lr": 0.1, "seed": 0, "arm": "sgd"})  # order and stage do not count
+    assert len(a) == 16 and int(a, 16) >= 0
+    assert a != runs.config_digest({"arm": "sgd", "seed": 0, "lr": 0.1000001})
+    assert a != runs.config_digest({"arm": "sgd", "seed": 1, "lr": 0.1})

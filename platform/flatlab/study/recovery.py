@@ -71,14 +71,20 @@ class LaunchRecords:
         return run.info.run_id if run is not None else None
 
     def _orphan_like(self, config: Mapping[str, Any]) -> Optional[Any]:
-        """An untaken run of a trial Tune never added whose params and stage are ``config``'s."""
+        """An untaken run of a trial Tune never added whose configuration and stage are ``config``'s: by
+        its :data:`~flatlab.tracking.runs.TAG_CONFIG` digest, set as the run was created (so also a run
+        whose driver was killed before it logged the params), else (runs made before the tag) by its params."""
         want = runs.trial_params(dict(config))
+        digest = runs.config_digest(dict(config))
         stage = str(config.get(runs.STAGE_KEY, runs.STAGE_SEARCH))
         for trial_id, run in self._runs.items():
             if trial_id in self._added or run.info.run_id in self._taken:
                 continue
+            if run.data.tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH) != stage:
+                continue
+            tagged = run.data.tags.get(runs.TAG_CONFIG)
             params = run.data.params
-            if run.data.tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH) == stage and all(params.get(k) == v for k, v in want.items()):
+            if tagged == digest if tagged is not None else all(params.get(k) == v for k, v in want.items()):
                 return run
         return None
 

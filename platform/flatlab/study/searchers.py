@@ -127,14 +127,19 @@ class ArmSearcher(Searcher):
     def _find_orphans(self) -> None:
         """The trials this launch asked Optuna for that no Tune trial of the (restored) experiment holds:
         asked after Tune's last save, before the driver was killed. The next suggestions of their arm
-        take them over, in order, instead of asking for new ones, so each arm keeps ``num_trials``."""
+        take them over, in order, instead of asking for new ones, so each arm keeps ``num_trials``. A trial
+        still RUNNING without the launch attribute is one too: the driver was killed between ``ask()`` and
+        the writes of its attributes (only a killed driver leaves a trial RUNNING)."""
+        import optuna
+
         self._orphans = {}
         if not self._experiment:
             return
         held = {record[0] for record in self._optuna.values()}
         for arm, st in self._studies.items():
             mine = [t for t in st.get_trials(deepcopy=False)
-                    if t.user_attrs.get(LAUNCH_ATTR) == self._experiment and t._trial_id not in held]
+                    if t._trial_id not in held and (t.user_attrs.get(LAUNCH_ATTR) == self._experiment or (
+                        LAUNCH_ATTR not in t.user_attrs and t.state == optuna.trial.TrialState.RUNNING))]
             self._orphans[arm] = sorted(mine, key=lambda t: t.number)
 
     def set_search_properties(self, metric: Optional[str], mode: Optional[str], config: Dict, **spec: Any) -> bool:
@@ -163,6 +168,10 @@ class ArmSearcher(Searcher):
                 config["seed"] = frozen.user_attrs.get("seed", config["seed"])
                 if not frozen.state.is_finished():
                     trial.set_user_attr("tune_trial_id", trial_id)
+                    # the driver may have died before it wrote these after ask()
+                    for key, value in (("arm", arm), ("seed", config["seed"]), (LAUNCH_ATTR, self._experiment)):
+                        if key not in frozen.user_attrs:
+                            trial.set_user_attr(key, value)
                 self._optuna[trial_id] = [frozen._trial_id, frozen.number, max([-1, *frozen.intermediate_values])]
             elif st is not None:
                 trial = st.ask()

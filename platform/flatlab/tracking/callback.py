@@ -238,6 +238,7 @@ class MLflowTrialLogger(Callback):
                 runs.TAG_OPT: self.arm_optimizer.get(arm, arm),
                 runs.TAG_SEED: str(config.get("seed", "")),
                 runs.TAG_STAGE: str(config.get(runs.STAGE_KEY, runs.STAGE_SEARCH)),
+                runs.TAG_CONFIG: runs.config_digest(config),  # recognisable before its params are logged
             }
             name = ui.trial_run_name(arm, tags[runs.TAG_STAGE], tags[runs.TAG_SEED], trial_id)
             run = client.create_run(self.experiment_id, tags=tags, run_name=name)
@@ -246,8 +247,13 @@ class MLflowTrialLogger(Callback):
         else:
             client.update_run(run_id, status="RUNNING")
             self._seed_logged(client, trial_id, run_id)
-            if runs.TAG_ERROR in client.get_run(run_id).data.tags:  # restarted after an error: not failed now
+            data = client.get_run(run_id).data
+            if runs.TAG_ERROR in data.tags:  # restarted after an error: not failed now
                 client.delete_tag(run_id, runs.TAG_ERROR)
+            # a driver killed between creating the run and logging its params left them out
+            missing = {k: v for k, v in self._params(config).items() if k not in data.params}
+            if missing:
+                client.log_batch(run_id, params=[Param(k, v) for k, v in missing.items()])
         self._run_ids[trial_id] = run_id
         self._open.add(trial_id)
 

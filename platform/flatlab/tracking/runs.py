@@ -25,6 +25,7 @@ TAG_VERSION = "flatlab.version"
 TAG_OUTCOME = "flatlab.outcome"  # completed | pruned | diverged | error | interrupted
 TAG_STAGE = "flatlab.stage"  # search (tuning trials) | final (each arm's best configuration over fresh seeds)
 TAG_ERROR = "flatlab.error"  # a failed trial's "Type: message" (full traceback: its error.txt artifact)
+TAG_CONFIG = "flatlab.config_digest"  # config_digest of the trial's configuration, set as its run is created
 PARENT = "mlflow.parentRunId"
 STAGE_KEY = "stage"  # the trial config key that carries the stage (not a hyperparameter; never logged as a param)
 STAGE_SEARCH, STAGE_FINAL = "search", "final"
@@ -119,6 +120,18 @@ def trial_params(config: Dict[str, Any], resolved: Optional[Dict[str, Dict[str, 
     for section, values in (resolved or {}).items():
         out.update(params(values, RESOLVED_PREFIX[section]))
     return {k: v[:PARAM_VALUE_LIMIT] for k, v in out.items()}
+
+
+def config_digest(config: Dict[str, Any]) -> str:
+    """A short digest (16 hex digits of SHA-256) of :func:`trial_params` of ``config``: the same
+    configuration always gives the same digest. A trial run carries it as the tag :data:`TAG_CONFIG` from
+    the moment it is created (params follow in a second call), so a resume after the driver was killed
+    between the two still recognises the run (:mod:`flatlab.study.recovery`)."""
+    import hashlib
+    import json
+
+    text = json.dumps(trial_params(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def config_params(params: Dict[str, str]) -> Dict[str, str]:
