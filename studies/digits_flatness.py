@@ -24,29 +24,17 @@ the measures' sigma. TSAM runs s = 3 samples (the paper's grids use 3 and 5). IR
 epoch 2 and refreshes its mask every K = 10 steps.
 """
 
-from flatlab import Arm, Study
+from flatlab import Study
 from flatlab import space as sp
+
+from _flatness_arms import flatness_arms
 
 SCALES = ("full", "demo")
 TARGET_LOSS = 0.05
 
 LR_SGD = sp.loguniform(0.02, 0.5)
 LR_ADAMW = sp.loguniform(5e-4, 1e-2)
-SGD = {"lr": LR_SGD, "momentum": 0.9, "weight_decay": 5e-4}
-ADAMW = {"lr": LR_ADAMW, "weight_decay": sp.loguniform(1e-4, 1e-1)}
-RHO = {"rho": sp.loguniform(0.01, 0.3)}
-IRE = {"kappa": sp.uniform(0.5, 5.0), "gamma": sp.uniform(0.5, 0.95), "mask_interval": 10, "switch_epoch": 2}
-
-ARMS = {
-    "sgd": Arm("sgd", space=SGD),
-    "sam": Arm("sam", space={**SGD, **RHO}),
-    "asam": Arm("asam", space={**SGD, "rho": sp.loguniform(0.1, 2.0)}),
-    "tsam": Arm("tsam", space={**SGD, **RHO, "t": sp.choice([0.0, 1.0, 5.0, 20.0]), "s": 3}),
-    "sgd_ire": Arm("sgd_ire", space={**SGD, **IRE}),
-    "sam_ire": Arm("sam_ire", space={**SGD, **RHO, **IRE}),
-    "adamw": Arm("adamw", space=ADAMW),
-    "adamw_ire": Arm("adamw_ire", space={**ADAMW, "beta2": 0.999, **IRE}),
-}
+ARMS = flatness_arms(LR_SGD, LR_ADAMW)  # the eight arms, as in fmnist_flatness.py
 DEMO_ARMS = ("sgd", "sam", "tsam", "sgd_ire", "adamw", "adamw_ire")
 
 

@@ -62,8 +62,10 @@ switches at a training loss: 0.1 for CIFAR CNNs) and the paper scale's target ``
 which was not checked on a run.
 """
 
-from flatlab import Arm, Resources, Study
+from flatlab import Resources, Study
 from flatlab import space as sp
+
+from _flatness_arms import flatness_arms
 
 SCALES = ("cpu", "paper", "smoke")
 NAME = "fmnist_flatness"
@@ -77,21 +79,7 @@ PAPER_TRIALS = 32
 
 LR_SGD = sp.loguniform(0.01, 0.3)
 LR_ADAMW = sp.loguniform(3e-4, 1e-2)
-SGD = {"lr": LR_SGD, "momentum": 0.9, "weight_decay": 5e-4}
-ADAMW = {"lr": LR_ADAMW, "weight_decay": sp.loguniform(1e-4, 1e-1)}
-RHO = {"rho": sp.loguniform(0.01, 0.3)}
-IRE = {"kappa": sp.uniform(0.5, 5.0), "gamma": sp.uniform(0.5, 0.95), "mask_interval": 10, "switch_epoch": 2}
-
-ARMS = {
-    "sgd": Arm("sgd", space=SGD),
-    "sam": Arm("sam", space={**SGD, **RHO}),
-    "asam": Arm("asam", space={**SGD, "rho": sp.loguniform(0.1, 2.0)}),
-    "tsam": Arm("tsam", space={**SGD, **RHO, "t": sp.choice([0.0, 1.0, 5.0, 20.0]), "s": 3}),
-    "sgd_ire": Arm("sgd_ire", space={**SGD, **IRE}),
-    "sam_ire": Arm("sam_ire", space={**SGD, **RHO, **IRE}),
-    "adamw": Arm("adamw", space=ADAMW),
-    "adamw_ire": Arm("adamw_ire", space={**ADAMW, "beta2": 0.999, **IRE}),
-}
+ARMS = flatness_arms(LR_SGD, LR_ADAMW)  # the eight arms, as in digits_flatness.py
 SMOKE_ARMS = ("sgd", "sam_ire")
 
 
