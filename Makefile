@@ -1,5 +1,5 @@
 # flatlab: one command to set up and run the demo, one to set up and run the tests.
-# Both create .venv (if missing) and install flatlab with its dependencies into it.
+# Both create .venv (if missing) and install flatlab with its dependencies into it (the tests also its test extras).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,16 +10,24 @@ PYTEST_ARGS ?=
 # Fashion-MNIST's IDX files as Debian's package dataset-fashion-mnist installs them (found there by default)
 FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
 
-.PHONY: venv data demo test test-fast bench docs-results clean
+.PHONY: venv venv-test data demo test test-fast bench docs-results clean
 
+# flatlab and what it needs to run studies (the demo needs no more)
 $(BIN)/flatlab: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_PINS)
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e .
 	touch $(BIN)/flatlab
 
+# and the test extras (pytest, and the libraries of the vision, NLP and CLIP workloads the suite covers)
+$(VENV)/.test-extras: $(BIN)/flatlab
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(VENV)/.test-extras
+
 venv: $(BIN)/flatlab
+
+venv-test: $(VENV)/.test-extras
 
 ## demo: a flatness comparison on digits (6 optimizers, each tuned by its own Optuna TPE + ASHA, flatness at a matched
 ## training loss, 3 final seeds; ends with the `flatlab compare` table; MLflow in flatlab-runs/mlflow.db)
@@ -39,16 +47,16 @@ data:
 	fi
 
 ## test: the whole suite (unit + integration with local Ray, an MLflow server and a Ray head on 127.0.0.1)
-test: venv data
+test: venv-test data
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## test-fast: skip the slow service tests
-test-fast: venv data
+test-fast: venv-test data
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 ## bench: the platform's cost per epoch (both checkpoint settings), what a round trip and a checkpoint cost, and
 ## whether any optimizer's step slows down over 200 steps (CNN, transformer, an MLP whose loss saturates)
-bench: venv
+bench: venv-test
 	$(BIN)/python bench/platform_overhead.py
 	$(BIN)/python bench/platform_overhead.py --checkpoint-every 10 --rounds 24  # ±2–3 ms per round here: 4 rounds cannot settle 2 ms
 	$(BIN)/python bench/checkpoint_cost.py
@@ -56,7 +64,7 @@ bench: venv
 
 ## docs-results: run the studies behind the docs' result tables and write them (docs/results/, README, docs/):
 ## the demo, DeepOBS's CPU re-run and fmnist_flatness; about 2 hours on 2 cores
-docs-results: venv data
+docs-results: venv-test data
 	$(BIN)/python tools/docs_results.py
 
 clean:

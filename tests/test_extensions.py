@@ -166,10 +166,10 @@ def test_every_code_block_of_the_extensions_guide_is_in_the_tested_example():
     guide = (REPO / "docs" / "extensions.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", guide, flags=re.S)
     example = EXAMPLE.read_text() + (EXAMPLE.parent / "two_moons.py").read_text()
-    assert len(blocks) == 4  # the workload, its import, the optimizer, the measure
+    assert len(blocks) == 5  # the imports, the workload, its import, the optimizer, the measure
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## Your own workload"):readme.index("## Everyday commands")]
     blocks += re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert len(blocks) == 5  # and the README's measure
+    assert len(blocks) == 6  # and the README's measure
     for block in blocks:
         assert block in example, block
