@@ -109,15 +109,16 @@ def stamp(entry: Entry, when: dt.datetime, rev: str, ran: Sequence[str] = ()) ->
     return f"*Written by `make docs-results` on {when:%Y-%m-%d} at commit `{rev}`: {cmds}.{runs_text}*\n\n"
 
 
-def write_table(entry: Entry, root: Path, run: bool) -> Path:
-    """Run ``entry`` (unless ``run`` is false), save its table to ``docs/results/<key>.md``; the path."""
+def write_table(entry: Entry, root: Path, run: bool, rev: str = "") -> Path:
+    """Run ``entry`` (unless ``run`` is false), save its table to ``docs/results/<key>.md`` stamped with
+    commit ``rev`` (default: the checkout's now); the path."""
     if run:
         for args in entry.run:
             flatlab(args, root, capture=False)
     table = flatlab(entry.table, root, capture=True).strip() + "\n"
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{entry.key}.md"
-    path.write_text(stamp(entry, dt.datetime.now(), commit(), launches(entry, root)) + table)
+    path.write_text(stamp(entry, dt.datetime.now(), rev or commit(), launches(entry, root)) + table)
     return path
 
 
@@ -159,8 +160,9 @@ def main(argv: Sequence[str] = ()) -> int:
     parser.add_argument("--root", type=Path, default=REPO / "flatlab-runs", help="output root of the runs")
     parser.add_argument("--no-run", action="store_true", help="read the tables from runs already in --root")
     args = parser.parse_args(list(argv) or None)
+    rev = commit()  # before this tool changes any file: the tables it writes would make the checkout dirty
     for key in args.only or list(RESULTS):
-        print(f"wrote {write_table(RESULTS[key], args.root.resolve(), run=not args.no_run).relative_to(REPO)}")
+        print(f"wrote {write_table(RESULTS[key], args.root.resolve(), run=not args.no_run, rev=rev).relative_to(REPO)}")
     tables = saved_tables()
     for path in doc_files():
         text = path.read_text()
