@@ -82,6 +82,26 @@ class Registry(Generic[T]):
         self._entries[name] = entry
         return entry
 
+    def register_or_decorate(self, entry: Optional[T], name: str, make: Callable[[Any], T], usage: str) -> Any:
+        """The two forms of a ``register_<kind>`` function: given an ``entry``, register it under its
+        ``name`` attribute and return it; else return a decorator that registers ``make(<function>)``
+        under ``name`` and returns the function unchanged.
+
+        Raises:
+            ValueError: neither an entry nor a ``name`` (the message shows ``usage``); a name clash
+                (:meth:`register`).
+        """
+        if entry is not None:
+            return self.register(getattr(entry, "name"), entry)
+        if not name:
+            raise ValueError(f"{usage} as a decorator needs the {self.kind}'s name")
+
+        def decorate(fn: Any) -> Any:
+            self.register(name, make(fn))
+            return fn
+
+        return decorate
+
     def extensions(self) -> Dict[str, T]:
         """The registered entries that are not flatlab's own (a study file's, a user module's), by name."""
         return {name: entry for name, entry in self._entries.items() if not is_builtin(entry)}

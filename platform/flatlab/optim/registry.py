@@ -77,16 +77,9 @@ def register_optimizer(spec: Optional[OptimizerSpec] = None, *, name: str = "", 
         ValueError: the name is taken by a different definition (the same one again is fine: a study
             file loaded twice); a decorator without ``name``.
     """
-    if spec is not None:
-        return OPTIMIZERS.register(spec.name, spec)
-    if not name:
-        raise ValueError("register_optimizer(name=..., hparams=..., doc=...) as a decorator needs the optimizer's name")
-
-    def decorate(build: Builder) -> Builder:
-        register_optimizer(OptimizerSpec(name, tuple(hparams), build, doc=doc, base=base))
-        return build
-
-    return decorate
+    return OPTIMIZERS.register_or_decorate(
+        spec, name, lambda build: OptimizerSpec(name, tuple(hparams), build, doc=doc, base=base),
+        "register_optimizer(name=..., hparams=..., doc=...)")
 
 
 def get_optimizer(name: str) -> OptimizerSpec:

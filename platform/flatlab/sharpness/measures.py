@@ -100,16 +100,9 @@ def register_measure(measure: Optional[Measure] = None, *, name: str = "", doc: 
         ValueError: the name is taken by a different definition (the same one again is fine: a study
             file loaded twice); a decorator without ``name``.
     """
-    if measure is not None:
-        return MEASURES.register(measure.name, measure)
-    if not name:
-        raise ValueError("register_measure(name=..., doc=..., source=...) as a decorator needs the measure's name")
-
-    def decorate(compute: Compute) -> Compute:
-        register_measure(Measure(name, doc, source, tuple(hparams), compute, tuple(metrics)))
-        return compute
-
-    return decorate
+    return MEASURES.register_or_decorate(
+        measure, name, lambda compute: Measure(name, doc, source, tuple(hparams), compute, tuple(metrics)),
+        "register_measure(name=..., doc=..., source=...)")
 
 
 def get_measure(name: str) -> Measure:
