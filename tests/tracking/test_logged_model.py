@@ -32,9 +32,7 @@ def logged(tmp_path):
     with torch.no_grad():  # not the initialisation: the weights must travel, not the seed
         for p in model.parameters():
             p.add_(torch.randn_like(p))
-    final = {"val/accuracy": 0.9, "test/accuracy": 0.85, "epoch": 7.0, "completed": 1, "flat/fisher_trace": float("inf"),
-             runs.SUMMARY_KEY: "flat/fisher_trace,test/accuracy"}
-    model_id = lm.log_trial_model(c, run, "sam-a1b2c3d4", model, Spec, metrics=final, step=7, timestamp_ms=1_700_000_000_000)
+    model_id = lm.log_trial_model(c, run, "sam-a1b2c3d4", model, Spec, step=7)
     return uri, c, exp, run, model, model_id
 
 
@@ -84,16 +82,15 @@ def test_the_model_carries_the_runs_params_identity_and_final_metrics(logged):
     assert info.params == {"lr": "0.1"}
     assert info.tags[runs.TAG_ARM] == "sam" and info.tags[runs.TAG_TRIAL] == "a1b2c3d4"
     assert "flatlab.env.python" not in info.tags  # identity tags only
-    assert {m.key: (m.value, m.step, m.timestamp) for m in info.metrics} == {
-        "val/accuracy": (0.9, 7, 1_700_000_000_000), "test/accuracy": (0.85, 0, 1_700_000_000_000),
-        "epoch": (7.0, 7, 1_700_000_000_000)}  # summary values at step 0; non-finite and non-metric keys left out
     assert [o.model_id for o in c.get_run(run).outputs.model_outputs] == [model_id]
+    assert [o.step for o in c.get_run(run).outputs.model_outputs] == [7]
     assert lm.run_model_id(c, run) == model_id
-    # the driver logs the same final report later (same key, value, step and time): stored once in the run
+    # the worker logs no metric: the driver's copy of the final report, linked to the model, is the only one
+    assert info.metrics in (None, []) and c.get_run(run).data.metrics == {}
     from mlflow.entities import Metric
 
-    c.log_batch(run, metrics=[Metric("val/accuracy", 0.9, 1_700_000_000_000, 7)])
-    assert len(c.get_metric_history(run, "val/accuracy")) == 1
+    c.log_batch(run, metrics=[Metric("val/accuracy", 0.9, 1_700_000_000_000, 7, model_id=model_id)])
+    assert {m.key: (m.value, m.step) for m in c.get_logged_model(model_id).metrics} == {"val/accuracy": (0.9, 7)}
 
 
 def test_weights_download_from_the_model_and_from_runs_logged_before(logged, tmp_path):

@@ -27,10 +27,9 @@ from __future__ import annotations
 import importlib.metadata as metadata
 import json
 import logging
-import math
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -91,25 +90,17 @@ def _save(path: Path, model: torch.nn.Module, spec: Any, mlflow_model: Any) -> A
     return mlflow_model
 
 
-def log_trial_model(client: Any, run_id: str, name: str, model: torch.nn.Module, spec: Any, *,
-                    metrics: Optional[Mapping[str, Any]] = None, step: int = 0,
-                    timestamp_ms: Optional[int] = None) -> str:
+def log_trial_model(client: Any, run_id: str, name: str, model: torch.nn.Module, spec: Any, *, step: int = 0) -> str:
     """Log ``model`` as an MLflow logged model of run ``run_id`` (its output at ``step``) named ``name``;
-    returns its id. The model gets the run's params and ``flatlab.*`` identity tags; ``metrics`` (the
-    trial's final report: only finite numbers under :func:`flatlab.tracking.runs.numeric_metrics`'s
-    names) are logged to the run linked to the model, at ``timestamp_ms`` and the step the driver gives
-    them (:func:`flatlab.tracking.runs.metric_step`: ``step``, 0 for the summary values the report names),
-    so that the driver's copy of the same report is the same metric row.
+    returns its id. The model gets the run's params and ``flatlab.*`` identity tags. Its metrics are the
+    trial's final report, which only the driver logs, linked to this id
+    (:data:`flatlab.tracking.runs.MODEL_ID_KEY`, :class:`flatlab.tracking.callback.MLflowTrialLogger`).
 
     Raises:
         MlflowException: MLflow refused a call (the logged model, if created, is marked FAILED).
     """
-    import time
-
-    from mlflow.entities import LoggedModelOutput, LoggedModelStatus, Metric
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
     from mlflow.models import Model
-
-    from flatlab.tracking import runs
 
     run = client.get_run(run_id)
     tags = {k: v for k, v in run.data.tags.items() if k in _IDENTITY_TAGS}
@@ -122,12 +113,6 @@ def log_trial_model(client: Any, run_id: str, name: str, model: torch.nn.Module,
             _save(Path(tmp) / "model", model, spec, mlflow_model)
             client.log_model_artifacts(logged.model_id, str(Path(tmp) / "model"))
         client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=step)])
-        values = {k: v for k, v in runs.numeric_metrics(dict(metrics or {})).items() if math.isfinite(v)}
-        if values:
-            ts = timestamp_ms if timestamp_ms is not None else int(1000 * time.time())
-            summary = runs.summary_keys(dict(metrics or {}))
-            runs.log_metrics(client, run_id, [Metric(k, v, ts, runs.metric_step(k, step, summary), model_id=logged.model_id)
-                                              for k, v in values.items()])
     except BaseException:
         client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
         raise
