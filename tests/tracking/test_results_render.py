@@ -84,19 +84,49 @@ def test_by_config_of_one_seed_has_no_std():
     assert list(out["seeds"]) == [1, 1, 1] and out["val/accuracy std"].isna().all()
 
 
-def test_a_narrow_console_wraps_values_and_headers_instead_of_cutting_them():
-    from flatlab.tracking.results import by_config
+def _wide_trials():
+    """Three trials with the columns of `flatlab results`, four params each (MLflow keeps params as text)."""
+    rows = [{"arm": arm, "trial_id": f"11879e0{i}", "status": "FINISHED", "outcome": "completed", "epochs": 30,
+             "val/accuracy": acc, "best/val/accuracy": acc + 0.001, "test/accuracy": acc - 0.01,
+             "launch": "abcdef0123456789", "start_time": 1.7e12, "param.lr": "0.08560000001", "param.momentum": "0.9",
+             "param.weight_decay": "0.000512345", "param.rho": "0.05"}
+            for i, (arm, acc) in enumerate([("sgd", 0.91234), ("sam", 0.93456), ("adamw_ire_long", 0.90125)])]
+    df = pd.DataFrame(rows)
+    df.attrs["metric"] = "val/accuracy"
+    return df
 
-    df = _seeded_trials()
-    df["param.weight_decay"] = 0.000512345
-    df.attrs["metric"], df.attrs["mode"] = "val/accuracy", "max"
-    by_config_frame = by_config(df)
-    console = Console(record=True, width=70)
-    render(by_config_frame, console)
-    out = console.export_text()
-    assert "…" not in out
-    params = "".join(line.rstrip(" │").rsplit("│", 1)[-1].strip() for line in out.splitlines() if line.startswith("│"))
-    assert params.count("weight_decay=0.0005123") == 3  # folded cells, read in order, give whole values
+
+WIDER = r"the table is wider than this terminal \((\d+) columns\): widen it, or use --format csv"
+
+
+@pytest.mark.parametrize("width", [100, 140])
+def test_numbers_params_and_headers_are_never_split_across_lines(width):
+    import re
+
+    console = Console(record=True, width=width)
+    render(_wide_trials(), console)
+    lines = console.export_text().splitlines()
+    cells = [c.strip() for line in lines for c in line.strip("│┃").split("│")]
+    for param in ("lr=0.0856", "momentum=0.9", "weight_decay=0.0005123", "rho=0.05"):
+        assert cells.count(param) == 3, param  # one param per line, each whole, in every row
+    for number in ("0.9123", "0.9133", "0.9023", "0.9346", "0.9356", "0.9246", "0.9012", "0.9022", "0.8912", "30"):
+        assert number in cells, number
+    assert cells.count("adamw_ire_long") == 1
+    header = [c.strip() for line in lines[:5] for c in line.strip("┃").split("┃")]
+    assert header.count("accuracy") == 3 and {"val/", "best/", "test/", "epochs"} <= set(header)  # broken at "/" only
+    note = [line for line in lines if line.startswith("the table is wider")]
+    if width == 100:  # 11 columns need 124: printed whole, wider than the terminal, and said so
+        assert len(note) == 1 and re.fullmatch(WIDER, note[0]) and int(re.fullmatch(WIDER, note[0])[1]) == 124
+        assert max(len(line) for line in lines) == 124
+    else:  # the text columns (ids, times) fold instead
+        assert note == [] and max(len(line) for line in lines) <= width
+
+
+def test_a_wide_enough_console_keeps_headers_on_one_line():
+    console = Console(record=True, width=250)
+    render(_wide_trials(), console)
+    head = console.export_text().splitlines()[1]
+    assert "best/val/accuracy" in head and "start_time" in head
 
 
 def test_cli_by_config_table_leaves_out_configurations_no_seed_completed(tmp_path, monkeypatch):

@@ -125,3 +125,15 @@ def test_skips_are_logged_never_raised(store, caplog):
     assert "no Optuna studies" in caplog.text
     assert {a.path for a in c.list_artifacts(parent, "report")} == {"report/learning_curves.png", "report/metric_vs_flatness.png",
                                                                       "report/best_per_arm.json"}
+
+
+def test_best_per_arm_params_one_per_line():
+    import pandas as pd
+
+    from flatlab.tracking.study_report import best_per_arm_table
+
+    df = pd.DataFrame([{"arm": "sam", "outcome": "completed", "stage": "search", "epochs": 3, "run_id": "r1",
+                        "trial_id": "t1", "seed": 0, "val/accuracy": 0.9, "param.lr": "0.1",
+                        "param.weight_decay": "0.000512345", "param.rho": None}])
+    df.attrs["metric"], df.attrs["mode"] = "val/accuracy", "max"
+    assert best_per_arm_table(df, "val/accuracy")["params"].tolist() == ["lr=0.1\nweight_decay=0.0005123"]

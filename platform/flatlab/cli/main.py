@@ -112,7 +112,7 @@ def run(
             + " (from MLflow):"
         )
         best = select(df, best=True, by_config=pooled)
-        render(best, console)
+        render(best, console, hint=f"use flatlab results {s.name} --best{' --by-config' if pooled else ''} --format csv")
         _say_arms_without_answer(df, best)
         if not outcome.interrupted and (pooled or s.final_seeds):
             _print_comparison(df, s, console)
@@ -256,7 +256,7 @@ def results(
             if df.empty and (filter_ or arm):
                 console.print(f"no {rows} of {study} match the given --arm/--filter")
             else:
-                render(df, console, columns=shown, title=f"{study} ({len(df)} {rows})")
+                render(df, console, columns=shown, title=f"{study} ({len(df)} {rows})", hint="use --columns or --format csv")
             if best and not filter_:  # arms --best has no row for (none of their trials completed)
                 _say_arms_without_answer(trials[trials["arm"].isin(arm)] if arm and not trials.empty else trials, df)
             if hidden:

@@ -257,13 +257,17 @@ def export(df, path: str, fmt: str) -> None:
         raise ConfigError(f"--format {fmt!r} is not supported; expected one of table, csv, parquet")
 
 
-def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "") -> None:
+def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "", hint: str = "use --format csv") -> None:
     """Print ``df`` as a rich table: arm, status, outcome, epochs, the metric (final and best), test
     accuracy, the launch (first :data:`LAUNCH_LABEL` characters of its run id), the start time (local,
-    ``YYYY-MM-DD HH:MM:SS``) and the trial's params in one column (``columns`` overrides the choice). A
-    :func:`by_config` summary shows its seed counts and one ``mean ± std`` column per pooled metric.
-    On a narrow console, cells and headers wrap; nothing is cut off."""
-    from rich.table import Table
+    ``YYYY-MM-DD HH:MM:SS``) and the trial's params in one column, one ``name=value`` per line
+    (``columns`` overrides the choice). A :func:`by_config` summary shows its seed counts and one
+    ``mean ± std`` column per pooled metric.
+
+    Numbers, arm names and params are never split or cut (:mod:`flatlab.tracking.console_table`): on a
+    narrow console, ids, statuses and times fold instead; a table that cannot fit is printed whole with
+    a line under it naming ``hint`` (the way to get it otherwise)."""
+    from flatlab.tracking.console_table import make_table, print_table
 
     if df.empty:
         console.print("no trials recorded")
@@ -282,21 +286,35 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
         default += ["error"] if "error" in df.columns and df["error"].fillna("").astype(bool).any() else []
         default += ["launch", "start_time"]
         cols = [c for c in (columns or default) if c in df.columns]
-    caption = "mean ± sample std over the seeds that completed" if pooled else None
-    table = Table(*cols, *pooled, *([] if columns else ["params"]), title=title or None, caption=caption)
-    for col in table.columns:
-        col.overflow = "fold"  # a narrow terminal wraps values and headers, never cuts them ("…")
-    for col in table.columns[:1]:
-        col.no_wrap = True
+    rows = []
     for _, row in df.iterrows():
         cells = [_cell(c, row[c]) for c in cols]
         for m in pooled:
             mean, std = _fmt(row[f"{m} mean"]), _fmt(row[f"{m} std"])
             cells.append(mean if std == "-" else f"{mean} ± {std}")
         if not columns:
-            cells.append(" ".join(f"{c[6:]}={_fmt(row[c], numeric_text=True)}" for c in params if _fmt(row[c]) != "-"))
-        table.add_row(*cells)
-    console.print(table)
+            cells.append(params_text(row, params, "\n"))
+        rows.append(cells)
+    head = [*cols, *pooled, *([] if columns else ["params"])]
+    whole = {i for i, h in enumerate(head)
+             if h in ("arm", "params") or h in pooled or all(_is_number(r[i]) for r in rows)}
+    caption = "mean ± sample std over the seeds that completed" if pooled else None
+    print_table(console, make_table(head, rows, whole, title=title or None, caption=caption), hint)
+
+
+def params_text(row: Any, params: List[str], sep: str) -> str:
+    """The params of a trials-table ``row`` as ``name=value`` (columns ``param.<name>``, numbers as
+    :func:`_fmt` shortens them), joined by ``sep``; params the trial did not log are left out."""
+    return sep.join(f"{c[6:]}={_fmt(row[c], numeric_text=True)}" for c in params if _fmt(row[c]) != "-")
+
+
+def _is_number(cell: str) -> bool:
+    """Whether a table cell reads as a number (or ``-``, a missing one)."""
+    try:
+        float(cell)
+    except ValueError:
+        return cell == "-"
+    return True
 
 
 def _test_metric(df) -> Optional[str]:

@@ -116,13 +116,13 @@ def best_per_arm_table(df: Any, metric: str) -> Any:
     (:func:`flatlab.tracking.selection.best_trial_rows`; ``df``: a
     :func:`~flatlab.tracking.results.trials_frame` table, best first): ``arm``, ``trial`` (the run's
     name), ``epochs``, ``metric``, the test metric, each flatness measure ``flat/*``, the trial's
-    ``params`` (``name=value`` of its logged params, space-separated) and ``run_id``. Numbers are
+    ``params`` (``name=value`` of its logged params, one per line) and ``run_id``. Numbers are
     rounded to 4 significant digits (the runs hold the exact values). Arms without a completed trial get
     no row."""
     import pandas as pd
 
     from flatlab.tracking import ui
-    from flatlab.tracking.results import _fmt, _test_metric
+    from flatlab.tracking.results import _test_metric, params_text
     from flatlab.tracking.selection import best_trial_rows
 
     if df.empty or "outcome" not in df.columns:
@@ -139,7 +139,7 @@ def best_per_arm_table(df: Any, metric: str) -> Any:
         for name in [metric] + ([test] if test else []) + flat:
             value = row.get(name)
             out[name] = float(f"{value:.4g}") if isinstance(value, (int, float)) and math.isfinite(value) else None
-        out["params"] = " ".join(f"{c[6:]}={_fmt(row[c], numeric_text=True)}" for c in params if _fmt(row[c]) != "-")
+        out["params"] = params_text(row, params, "\n")
         out["run_id"] = row["run_id"]
         rows.append(out)
     return pd.DataFrame(rows)
