@@ -631,3 +631,25 @@ def test_no_few_seeds_note_from_five_seeds_on():
     assert all(r.diff.estimate.n == 5 for r in c.rows if r.tested)
     assert not any(line.startswith("Few seeds") for line in cmp.caption(c))
 
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_rich_table_never_splits_a_number_or_an_arm_name(width):
+    """Every cell (intervals included) on one line at any width; a table wider than the console says so."""
+    df = final_frame()
+    df["arm"] = df["arm"].replace({"sam": "adam_with_sam"})
+    comparison = cmp.compare_table(df, reference="sgd", study="toy")
+    console = Console(record=True, width=width)
+    cmp.render(comparison, console)
+    lines = console.export_text().splitlines()
+    shown = {c.strip() for line in lines if line.startswith("│") for c in line.strip("│").split("│")}
+    body = cmp.cells(comparison)
+    assert {cell for row in body for cell in row[1:]} <= shown and "[+0.004457, +0.04554]" in shown
+    notes = [line for line in lines if line.startswith("the table is wider")]
+    if width == 80:  # one line under each of the 3 tables, with the columns it needs
+        assert notes == [f"the table is wider than this terminal ({n} columns): widen it, or use --format markdown"
+                         for n in (138, 132, 136)]
+        assert max(len(line) for line in lines if line.startswith("│")) == 138
+    else:
+        assert notes == [] and max(len(line) for line in lines if line.startswith("│")) <= 200
+        assert "│ p (paired t) │" in "".join(lines).replace("┃", "│")  # headers on one line when it fits

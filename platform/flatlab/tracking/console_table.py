@@ -3,7 +3,7 @@ best-trial table of ``flatlab run``, ``flatlab compare``).
 
 A *whole* column (numbers, intervals, arm names, one ``name=value`` param per line) never wraps: it is
 as wide as its longest cell line and its header. When the table is too wide for the console, those
-headers go on several lines, broken at spaces and after ``/`` (``best/val/accuracy`` over ``0.9123``
+headers go on several lines, broken at spaces and after ``/`` and ``:`` (``best/val/accuracy`` over ``0.9123``
 reads ``best/`` ``val/`` ``accuracy``), never inside a word. The other columns (ids, statuses, times,
 messages) fold. A table that cannot fit even so is printed at the width it needs (nothing cut; the
 terminal wraps its lines) with one line under it saying so (:func:`print_table`).
@@ -83,15 +83,16 @@ def _longest_line(cell: str) -> int:
 
 
 def _header_parts(header: str) -> List[str]:
-    """``best/val/accuracy`` -> ``best/``, ``val/``, ``accuracy``; ``p (paired t)`` -> ``p``, ``(paired``, ``t)``."""
-    return [p for p in re.findall(r"[^\s/]*/|[^\s/]+", header) if p]
+    """``best/val/accuracy`` -> ``best/``, ``val/``, ``accuracy``; ``p (paired t)`` -> ``p``, ``(paired``,
+    ``t)``; ``arm:sgd:tie`` -> ``arm:``, ``sgd:``, ``tie``."""
+    return re.findall(r"[^\s/:]*[/:]|[^\s/:]+", header)
 
 
 def _wrap_header(header: str, width: int) -> str:
-    """``header`` on lines of at most ``width`` characters, broken at spaces and after ``/``."""
+    """``header`` on lines of at most ``width`` characters, broken at spaces and after ``/`` and ``:``."""
     lines: List[str] = []
     for part in _header_parts(header):
-        joint = "" if not lines or lines[-1].endswith("/") else " "
+        joint = "" if not lines or lines[-1].endswith(("/", ":")) else " "
         if lines and _cells(lines[-1] + joint + part) <= width:
             lines[-1] += joint + part
         else:

@@ -192,8 +192,10 @@ def to_csv(comparison: Comparison) -> str:
 
 def render(comparison: Comparison, console: Any) -> None:
     """Print the table with rich: a title, one table per quantity (one family of tests; the
-    quantity's name as its title, so the columns fit 160 characters), the caption under them."""
-    from rich.table import Table
+    quantity's name as its title, so the columns fit 140 characters), the caption under them. Numbers,
+    intervals and arm names are never split (:mod:`flatlab.tracking.console_table`); a table wider than
+    the console says so and points to ``--format markdown``."""
+    from flatlab.tracking.console_table import make_table, print_table
 
     c = comparison
     console.print(f"[bold]{c.study + ': ' if c.study else ''}{c.metric} and flatness vs {c.reference}[/bold]")
@@ -202,14 +204,10 @@ def render(comparison: Comparison, console: Any) -> None:
     for q in c.quantities:
         better = "higher is better" if c.higher_is_better[q] else ("lower = flatter" if q.startswith((FLAT_PREFIX, AT_TARGET_PREFIX)) else "lower is better")
         tests = len(c.family(q))
-        table = Table(*head, title=f"{q} ({better}; {tests} test{'s' if tests != 1 else ''}, Holm-adjusted)",
-                      title_justify="left")
-        for col in table.columns:
-            col.overflow = "fold"
-        for r, row in zip(c.rows, body):
-            if r.quantity == q:
-                table.add_row(*row[1:])
-        console.print(table)
+        rows = [row[1:] for r, row in zip(c.rows, body) if r.quantity == q]
+        table = make_table(head, rows, whole=range(len(head)), title_justify="left",
+                           title=f"{q} ({better}; {tests} test{'s' if tests != 1 else ''}, Holm-adjusted)")
+        print_table(console, table, "use --format markdown")
     for line in caption(comparison):
         console.print(line, soft_wrap=True)
 
