@@ -62,3 +62,23 @@ def test_a_study_file_outside_the_working_directory(tmp_path, monkeypatch):
     assert f"did you mean {REPO / 'studies' / 'digits_demo.py'}?" in text
     res = runner.invoke(app, ["run", "nowhere.py", "--dry-run"])
     assert res.exit_code == 2 and "give its absolute path, or run from the folder it is relative to" in " ".join(res.output.split())
+
+
+def test_a_misspelt_study_file_gets_the_closest_name(tmp_path, monkeypatch):
+    def error(path):
+        res = runner.invoke(app, ["run", path, "--dry-run"])
+        assert res.exit_code == 2
+        return " ".join(res.output.split())
+
+    monkeypatch.chdir(REPO)
+    assert error("studies/digit_demo.py") == (
+        "error: study file 'studies/digit_demo.py' does not exist; did you mean studies/digits_demo.py?")
+    assert error(str(REPO / "studies/digit_demo.py")).endswith(f"; did you mean {REPO / 'studies/digits_demo.py'}?")
+    monkeypatch.chdir(tmp_path)  # the project's studies/ answer a path that is not here
+    assert error("studies/digit_demo.py") == (
+        f"error: study file 'studies/digit_demo.py' does not exist (a relative path is read from the working directory "
+        f"{tmp_path}); did you mean {REPO / 'studies/digits_demo.py'}?")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "alpha_sweep.py").write_text("STUDY = None\n")
+    assert error("mine/alpa_sweep.py").endswith("; did you mean mine/alpha_sweep.py?")  # the given folder first
+    assert error("mine/zzz.py").endswith("give its absolute path, or run from the folder it is relative to")  # nothing close

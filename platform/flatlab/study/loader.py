@@ -62,16 +62,43 @@ def _defined_in(module: Any, folder: str) -> bool:
 
 def _missing_file_hint(p: Path) -> str:
     """Why a study path was not found and the fix: a relative path is read from the working directory;
-    name a file that exists there under another spelling (``.py`` added, the project's ``studies/``)."""
-    if p.is_absolute():
-        return ""
+    name a file that exists there under another spelling (``.py`` added, the project's ``studies/``), or
+    the closest name (:func:`_close_study_file`: ``studies/digit_demo.py`` -> ``studies/digits_demo.py``)."""
     cwd = Path.cwd()
     project = Path(__file__).resolve().parents[3]  # platform/flatlab/study/loader.py -> the checkout
-    tries = [cwd / p.with_suffix(".py"), project / p, project / p.with_suffix(".py"), project / "studies" / p.name,
-             project / "studies" / p.with_suffix(".py").name] if p.suffix in ("", ".py") else [project / p]
-    found = next((t for t in tries if t.is_file()), None)
-    hint = f"; did you mean {found}?" if found else "; give its absolute path, or run from the folder it is relative to"
-    return f" (a relative path is read from the working directory {cwd}){hint}"
+    where = f" (a relative path is read from the working directory {cwd})"
+    if not p.is_absolute():
+        tries = [cwd / p.with_suffix(".py"), project / p, project / p.with_suffix(".py"), project / "studies" / p.name,
+                 project / "studies" / p.with_suffix(".py").name] if p.suffix in ("", ".py") else [project / p]
+        found = next((t for t in tries if t.is_file()), None)
+        if found:
+            return f"{where}; did you mean {found}?"
+    close = _close_study_file(p, project / "studies")
+    if close:  # a relative path answered from the project's studies/: say where it was looked for
+        return f"{where if close.is_absolute() and not p.is_absolute() else ''}; did you mean {close}?"
+    return "" if p.is_absolute() else f"{where}; give its absolute path, or run from the folder it is relative to"
+
+
+def _close_study_file(p: Path, studies: Path) -> Optional[Path]:
+    """The study file whose name is closest to ``p``'s (difflib's ratio >= 0.6), among the ``*.py`` files
+    of ``p``'s folder, then of ``studies`` (the project's): as ``p`` spells its folder when it is there,
+    else relative to the working directory when below it, else absolute. ``None`` when nothing is close."""
+    import difflib
+
+    name = p.name if p.suffix else f"{p.name}.py"
+    for folder, shown in ((p.parent, p.parent), (studies, None)):
+        if not folder.is_dir():
+            continue
+        names = sorted(f.name for f in folder.glob("*.py") if not f.name.startswith("_"))  # _modules: shared code
+        match = difflib.get_close_matches(name, names, n=1)
+        if match:
+            if shown is not None:
+                return shown / match[0]
+            try:
+                return (folder / match[0]).relative_to(Path.cwd())
+            except ValueError:
+                return folder / match[0]
+    return None
 
 
 def _run_study_code(path: str, fn: Callable[[], Any]) -> Any:
