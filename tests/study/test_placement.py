@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +111,53 @@ def test_a_cpu_fallback_is_a_warning_line_once_per_placement(capsys):
         printer.on_trial_result(0, [], Trial(), {PLACEMENT_KEY: placed, "epoch": epoch})
     lines = [l for l in capsys.readouterr().out.splitlines() if "warning" in l]
     assert lines == ["warning: trial t1: the trial reserved gpu=0.5 but ..."]
+
+
+def test_the_suggested_cpu_resources_fit_and_other_scales_are_named():
+    msg = local_shortfall("s", Resources(cpu=4, gpu=1), {"CPU": 2.0}, scales=("cpu", "smoke"))
+    assert msg == (
+        "study 's': each trial needs CPU 4 (the local Ray instance has 2), GPU 1 (the local Ray instance has 0); no trial "
+        "could ever start: run it on a Ray cluster that has GPUs (--address HOST:PORT), or train on CPU with "
+        "Resources(cpu=2, gpu=0), or another scale of this file: --scale cpu|smoke")
+    assert "Resources(cpu=1, gpu=0)" in local_shortfall("s", Resources(cpu=1, gpu=1), {"CPU": 8.0})  # never raised
+
+
+SCALED = """
+from flatlab import Arm, Resources, Study
+
+SCALES = ("paper", "smoke", "cpu", "big")
+NEEDS = {"paper": Resources(cpu=4, gpu=1), "smoke": Resources(cpu=1), "cpu": Resources(cpu=2), "big": Resources(cpu=8)}
+
+
+def build(scale):
+    return Study(name=f"s_{scale}", workload="digits", arms=(Arm("sgd", space={"lr": 0.1}),), num_trials=1,
+                 max_epochs=1, resources=NEEDS[scale])
+"""
+
+
+def test_scales_that_fit_the_local_instance(tmp_path):
+    from flatlab.study.prepare import scales_that_fit
+
+    path = tmp_path / "scaled.py"
+    path.write_text(SCALED)
+    assert scales_that_fit(str(path), "paper", {"CPU": 2.0}) == ["smoke", "cpu"]
+    assert scales_that_fit(str(path), None, {"CPU": 2.0}) == ["smoke", "cpu"]  # None: the default, paper
+    assert scales_that_fit(str(path), "smoke", {"CPU": 8.0, "GPU": 1.0}) == ["paper", "cpu", "big"]
+    assert scales_that_fit(str(tmp_path / "missing.py"), None, {"CPU": 2.0}) == []
+
+
+def test_a_local_launch_of_deepobs_fmnist_on_two_cpus_names_the_cpu_scale(monkeypatch):
+    import ray
+
+    from flatlab.errors import ConfigError
+    from flatlab.study.loader import load_studies
+    from flatlab.study.runner import RunOptions, _check_local_resources
+
+    path = str(Path(__file__).resolve().parents[2] / "studies" / "deepobs_fmnist.py")
+    (study,) = load_studies(path, scale="paper")
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0, "memory": 1e9})
+    with pytest.raises(ConfigError, match=re.escape(
+            "study 'deepobs_fmnist_2c2d': each trial needs CPU 4 (the local Ray instance has 2), GPU 1 (the local Ray "
+            "instance has 0); no trial could ever start: run it on a Ray cluster that has GPUs (--address HOST:PORT), "
+            "or train on CPU with Resources(cpu=2, gpu=0), or another scale of this file: --scale cpu") + "$"):
+        _check_local_resources(study, RunOptions(source=path, overrides={"scale": "paper"}))

@@ -11,7 +11,7 @@ when it does not (no driver, a broken driver, a fake GPU resource), the trial fa
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from flatlab.errors import FlatlabError
 
@@ -117,19 +117,23 @@ def missing_resources(need: Mapping[str, float], have: Mapping[str, float]) -> D
     return {k: (v, float(have.get(k, 0.0))) for k, v in need.items() if float(have.get(k, 0.0)) + 1e-9 < v}
 
 
-def local_shortfall(study_name: str, resources: Any, cluster: Mapping[str, float]) -> Optional[str]:
+def local_shortfall(study_name: str, resources: Any, cluster: Mapping[str, float], scales: Sequence[str] = ()) -> Optional[str]:
     """The error of a local launch whose trials cannot run on the local Ray instance (``cluster``:
     its ``ray.cluster_resources()``): which resource, how much one trial needs, how much there is, and
-    the ways out; ``None`` when one trial fits."""
+    the ways out (the CPUs a suggested ``Resources`` asks for capped at what the instance has; ``scales``:
+    other scales of the study file, named as ``--scale a|b``); ``None`` when one trial fits."""
     missing = missing_resources(resources.request(), cluster)
     if not missing:
         return None
     parts = ", ".join(f"{k} {need:g} (the local Ray instance has {have:g})" for k, (need, have) in missing.items())
+    cpu = min(float(resources.cpu), float(cluster.get("CPU", 0.0)) / resources.workers)  # each worker's share
     if "GPU" in missing:
         way = (f"run it on a Ray cluster that has GPUs (--address HOST:PORT), or train on CPU with "
-               f"Resources(cpu={resources.cpu:g}, gpu=0)")
+               f"Resources(cpu={cpu:g}, gpu=0)")
     else:
         way = "give the local instance more CPUs (--num-cpus), ask for fewer per trial (Resources(cpu=...)), or run it on a cluster (--address HOST:PORT)"
+    if scales:
+        way += f", or another scale of this file: --scale {'|'.join(scales)}"
     return f"study {study_name!r}: each trial needs {parts}; no trial could ever start: {way}"
 
 

@@ -101,6 +101,22 @@ def file_scales(path: str) -> Tuple[str, ...]:
     return _scales(path, load_module(path))
 
 
+def scales_that_fit(path: str, current: Optional[str], cluster: Mapping[str, float]) -> List[str]:
+    """The scales of study file ``path`` other than ``current`` (``None``: the default) at which every
+    study's trial fits on ``cluster`` (``ray.cluster_resources()``), in the file's order; ``[]`` for a file
+    without scales, or one that cannot be loaded (the caller's error is about something else)."""
+    from flatlab.study.loader import load_studies
+    from flatlab.study.placement import missing_resources
+
+    try:
+        scales = file_scales(path)
+        current = current or (scales[0] if scales else None)
+        return [scale for scale in scales if scale != current
+                and not any(missing_resources(s.resources.request(), cluster) for s in load_studies(path, scale=scale))]
+    except (ConfigError, OSError):
+        return []
+
+
 def resume_scale(path: str, root: Path) -> Optional[str]:
     """The scale a ``--resume`` without ``--scale`` loads ``path`` at: the one whose latest launch (of any
     of the file's studies at that scale) is the newest; ``None`` (the default) if none ran or the file

@@ -144,10 +144,12 @@ def _check_local_resources(study: Study, opts: RunOptions) -> None:
     import ray
 
     from flatlab.study.placement import local_shortfall
+    from flatlab.study.prepare import scales_that_fit
 
-    problem = local_shortfall(study.name, study.resources, ray.cluster_resources())
-    if problem is not None:
-        raise ConfigError(problem)
+    cluster = ray.cluster_resources()
+    if local_shortfall(study.name, study.resources, cluster) is not None:  # name the file's scales that would fit
+        scales = scales_that_fit(opts.source, opts.overrides.get("scale"), cluster) if opts.source else []
+        raise ConfigError(local_shortfall(study.name, study.resources, cluster, scales))
 
 
 def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_id: str, out: Path, console: Any) -> None:
