@@ -119,7 +119,8 @@ def test_run_ends_with_seed_means_when_every_grid_point_ran_with_every_seed(tmp_
     else:
         assert "best trial per arm (from MLflow)" in res.output and "t1" in res.output and "0.85" not in res.output
     # where to look next: the UI of the SQLite store, served on 127.0.0.1, opened in the training view
-    assert "MLflow UI: `mlflow server --backend-store-uri sqlite:///x.db --host 127.0.0.1 --port 5000`" in res.output
+    mlflow = Path(sys.executable).parent / "mlflow"  # absolute: works where the venv is not active
+    assert f"MLflow UI: `{mlflow} server --backend-store-uri sqlite:///x.db --host 127.0.0.1 --port 5000`" in res.output
     assert "/#/experiments/1/runs?workflowType=machine_learning&viewStateShareKey=flatlab" in res.output
 
 

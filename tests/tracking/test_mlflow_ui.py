@@ -2,6 +2,8 @@
 timestamps, readable params (flatlab.tracking.ui, param_text, callback, artifacts)."""
 
 import json
+import sys
+from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -44,7 +46,9 @@ def test_every_link_opens_the_training_view():
     assert ui.run_url(base, "7", "r1", "model-metrics").split("?")[0].endswith("/runs/r1/model-metrics")
     assert ui.where_to_look("http://h:5000", "7") == "MLflow: " + ui.runs_url("http://h:5000", "7")
     line = ui.where_to_look("sqlite:////x/mlflow.db", "7")
-    assert "mlflow server --backend-store-uri sqlite:////x/mlflow.db --host 127.0.0.1" in line
+    mlflow = Path(sys.executable).parent / "mlflow"  # the venv's script, absolute: no activated venv needed
+    assert mlflow.is_file()
+    assert f"MLflow UI: `{mlflow} server --backend-store-uri sqlite:////x/mlflow.db --host 127.0.0.1 --port 5000`" in line
     assert ui.runs_url("http://127.0.0.1:5000", "7") in line
 
 
@@ -197,3 +201,9 @@ def test_published_curves_place_a_summary_value_at_the_last_epoch(tmp_path):
     frame, _ = epoch_values(uri, trials_frame(uri, "pub"), ["val/accuracy", "test/accuracy"])
     assert sorted(frame.loc[frame["metric"] == "test/accuracy", "epoch"]) == [3, 3]
     assert sorted(set(frame.loc[frame["metric"] == "val/accuracy", "epoch"])) == [1, 2, 3]
+
+
+def test_the_serve_hint_without_an_mlflow_script_runs_the_module(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "my env" / "python"))
+    assert ui.serve_hint("sqlite:///x.db") == (
+        f"'{tmp_path}/my env/python' -m mlflow server --backend-store-uri sqlite:///x.db --host 127.0.0.1 --port 5000")

@@ -35,6 +35,7 @@ divergence are FAILED (red in the UI); a trial cut short by an interrupted launc
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 from urllib.parse import urlencode
 
@@ -99,8 +100,19 @@ def models_url(base: str, experiment_id: str) -> str:
 
 
 def serve_hint(tracking_uri: str) -> str:
-    """The command that serves a file store's UI on this machine only (127.0.0.1)."""
-    return f"mlflow server --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+    """The command that serves a file store's UI on this machine only (127.0.0.1), with
+    :func:`mlflow_command`'s absolute path: it works in a shell where flatlab's environment is not active."""
+    return f"{mlflow_command()} server --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+
+
+def mlflow_command() -> str:
+    """The MLflow CLI of the running Python as a shell word: the ``mlflow`` script beside the interpreter
+    (a virtual environment's ``bin/``) when there is one, else ``<python> -m mlflow``."""
+    import shlex
+    import sys
+
+    script = Path(sys.executable).parent / "mlflow"
+    return shlex.quote(str(script)) if script.is_file() else f"{shlex.quote(sys.executable)} -m mlflow"
 
 
 def where_to_look(tracking_uri: str, experiment_id: str) -> str:
