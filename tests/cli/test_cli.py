@@ -132,3 +132,16 @@ def test_results_under_a_root_with_no_store_is_an_error_and_creates_nothing(tmp_
     res = runner.invoke(app, ["interpolation-report", "rft_clip_alpha", "--root", str(tmp_path)])
     assert res.exit_code == 2 and "no MLflow store at" in res.output
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("given, seen", [(None, "False"), ("true", "True")])
+def test_the_cli_turns_mlflow_progress_bars_off_unless_the_user_set_them(given, seen):
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"}
+    env.update({"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": given} if given else {})
+    code = ("import flatlab.cli.main; from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as bar; "
+            "print(bar.get())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == seen, out.stderr

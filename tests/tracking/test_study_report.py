@@ -89,6 +89,9 @@ def test_report_logs_best_per_arm_and_every_plot(store, caplog):
         local = c.download_artifacts(parent, path, str(out))
         assert open(local, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert "arm 'adamw': it searches no parameter" in caplog.text  # the reason it has no Optuna plots
+    summary = [r.getMessage() for r in caplog.records if r.getMessage().startswith("study report: ")][-1]
+    assert summary == (f"study report: 4 plots on the parent run (report/); 1 skipped "
+                       f"(reasons in {out / 'logs' / 'flatlab.log'})")  # which log: the study's
 
 
 def test_learning_curves_draw_one_line_per_trial_and_panel_per_arm(store, tmp_path):

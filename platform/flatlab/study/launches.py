@@ -34,6 +34,12 @@ _FLAGS = {"trials": "--trials", "epochs": "--epochs", "final_seeds": "--final-se
 STATUSES = ("running", "finished", "killed", "failed")
 
 
+def log_file(out: Path) -> Path:
+    """The driver log of the study whose outputs are in ``out`` (``<root>/<study>``): Ray's, Tune's,
+    Optuna's and MLflow's lines and flatlab's own, such as why a report plot was skipped."""
+    return Path(out) / "logs" / "flatlab.log"
+
+
 def launch_file(root: Path, study: str) -> Path:
     """``<root>/<study>/launch.json``."""
     return Path(root) / study / "launch.json"

@@ -23,7 +23,7 @@ and it points the experiment's default view in MLflow's UI (:func:`flatlab.track
 at this launch, with the test metric its trials logged.
 
 What cannot be drawn (no completed trial, a grid study without Optuna studies, an arm that searches
-nothing) is skipped with its reason in the study's log. Nothing here ever raises: every trial is already
+nothing) is skipped with its reason in the study's log (``<root>/<study>/logs/flatlab.log``, its path on the summary line). Nothing here ever raises: every trial is already
 recorded, and a plot must not fail the study.
 """
 
@@ -54,6 +54,7 @@ def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Pat
     Returns:
         The artifact paths and metric names logged.
     """
+    from flatlab.study.launches import log_file
     from flatlab.tracking import runs
     from flatlab.tracking.results import trials_frame
 
@@ -99,7 +100,7 @@ def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Pat
         logger.info("study report: skipped %s", reason)
     n_plots = sum(p.endswith(".png") for p in logged)
     line = f"study report: {n_plots} plots on the parent run ({ARTIFACT_DIR}/)" + (
-        f"; {len(skipped)} skipped (reasons in the log)" if skipped else ""
+        f"; {len(skipped)} skipped (reasons in {log_file(out)})" if skipped else ""
     )
     logger.info("%s", line)
     if console is not None:
