@@ -192,9 +192,9 @@ def to_csv(comparison: Comparison) -> str:
 
 def render(comparison: Comparison, console: Any) -> None:
     """Print the table with rich: a title, one table per quantity (one family of tests; the
-    quantity's name as its title, so the columns fit 140 characters), the caption under them. Numbers,
-    intervals and arm names are never split (:mod:`flatlab.tracking.console_table`); a table wider than
-    the console says so and points to ``--format markdown``."""
+    quantity's name as its title), the caption under them. Numbers, intervals and arm names are never
+    split (:mod:`flatlab.tracking.console_table`); a table wider than the console says so and points
+    to ``--format markdown``."""
     from flatlab.tracking.console_table import make_table, print_table
 
     c = comparison
