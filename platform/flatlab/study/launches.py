@@ -34,10 +34,13 @@ _FLAGS = {"trials": "--trials", "epochs": "--epochs", "final_seeds": "--final-se
 STATUSES = ("running", "finished", "killed", "failed")
 
 
+LOG_NAME = "flatlab.log"
+
+
 def log_file(out: Path) -> Path:
     """The driver log of the study whose outputs are in ``out`` (``<root>/<study>``): Ray's, Tune's,
     Optuna's and MLflow's lines and flatlab's own, such as why a report plot was skipped."""
-    return Path(out) / "logs" / "flatlab.log"
+    return Path(out) / "logs" / LOG_NAME
 
 
 def launch_file(root: Path, study: str) -> Path:
