@@ -456,3 +456,48 @@ def test_radix_select_over_several_tensors_equals_kthvalue_of_their_concatenatio
         value, count = flat_mod.kth_smallest_with_count(parts, k)
         assert value.item() == torch.kthvalue(every, k).values.item()
         assert count == int((every <= value).sum())
+
+
+def _equal_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return int(a.view(torch.int32)) == int(b.view(torch.int32))
+
+
+@pytest.mark.parametrize("chunk", [8, 13, 1 << 20])
+@pytest.mark.parametrize("case", ["ties", "subnormals", "all-equal", "zeros"])
+def test_radix_select_packs_small_tensors_and_stays_exact(monkeypatch, chunk, case):
+    # Consecutive small pieces are binned into one scratch run and counted by one bincount per pass: the
+    # value and count still equal torch.kthvalue of the concatenation, for every k (1 and n included),
+    # with float32 and int32 (bit pattern) tensors mixed
+    import flatlab.optim._flat as flat_mod
+
+    monkeypatch.setattr(flat_mod, "SELECT_CHUNK", chunk)
+    g = torch.Generator().manual_seed(7)
+    sizes = [1, 3, 2, 2, 5, 7, 17, 4]
+    parts = [torch.randn(s, generator=g).square() for s in sizes]
+    if case == "ties":
+        for p in parts:
+            p[::2] = 0.5  # ties across tensors and across runs
+    elif case == "subnormals":
+        for i, p in enumerate(parts):
+            p[0] = 1e-45 * (i % 3)  # 0, the smallest subnormal, twice it
+            if p.numel() > 1:
+                p[1] = 3e-39  # subnormal ties
+    elif case == "all-equal":
+        parts = [torch.full((s,), 2.0**-130) for s in sizes]  # one subnormal value everywhere
+    else:
+        parts = [torch.zeros(s) for s in sizes]
+    parts[3] = parts[3].view(torch.int32)  # a bit-pattern tensor among the float32 ones
+    every = torch.cat([p.view(torch.float32) if p.dtype == torch.int32 else p for p in parts])
+    n = every.numel()
+    calls = []
+    counts = flat_mod._add_counts
+    monkeypatch.setattr(flat_mod, "_add_counts", lambda hist, bins, size: calls.append(bins.numel()) or counts(hist, bins, size))
+    for k in range(1, n + 1):
+        calls.clear()
+        value, count = flat_mod.kth_smallest_with_count(parts, k)
+        expected = torch.kthvalue(every, k).values
+        assert _equal_bits(value, expected), (case, k)
+        assert count == int((every <= expected).sum()) >= k
+        # the runs cover every entry in each pass, each run within the chunk; small pieces share runs
+        assert sum(calls) == 2 * n and max(calls) <= chunk
+        assert len(calls) == 2 * (1 if chunk >= n else {8: 6, 13: 4}[chunk])  # 10 and 9 pieces

@@ -107,6 +107,30 @@ def _magnitude_bits(values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return torch.bitwise_and(values.view(torch.int32), _MAGNITUDE_BITS, out=out)
 
 
+def _batches(pieces: Sequence[torch.Tensor]) -> List[List[torch.Tensor]]:
+    # Consecutive pieces (each of at most SELECT_CHUNK entries) grouped into runs of at most SELECT_CHUNK
+    # entries in all: each run is binned into one scratch piece and counted by ONE bincount, so small
+    # tensors (biases, norms) do not each pay for a histogram
+    out: List[List[torch.Tensor]] = []
+    size = SELECT_CHUNK
+    for part in pieces:
+        if size + part.numel() > SELECT_CHUNK:
+            out.append([])
+            size = 0
+        out[-1].append(part)
+        size += part.numel()
+    return out
+
+
+def _slots(batch: Sequence[torch.Tensor], scratch: torch.Tensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    # (piece, its slice of the scratch): the run's pieces laid end to end from the scratch's start
+    out, at = [], 0
+    for part in batch:
+        out.append((part, scratch[at : at + part.numel()]))
+        at += part.numel()
+    return out
+
+
 def _add_counts(hist: Optional[torch.Tensor], bins: torch.Tensor, size: int) -> torch.Tensor:
     counts = torch.bincount(bins, minlength=size)
     return counts if hist is None else hist.add_(counts)
@@ -131,6 +155,8 @@ def kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]],
     Memory: both passes run over pieces of at most ``SELECT_CHUNK`` entries through one int32 scratch
     piece, so the temporaries stay bounded (about 3 MB) whatever the number of values and however many
     of them share the k-th value's bucket (all-zero curvature, dead units, unused embedding rows).
+    Consecutive small tensors are binned side by side into that scratch and counted together (one
+    ``bincount`` per run of at most ``SELECT_CHUNK`` entries, not one per tensor).
 
     Args:
         values: float32 tensor(s), every entry ≥ 0 (squares, or EMAs of squares), all on one device.
@@ -160,16 +186,16 @@ def kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]],
     n = sum(f.numel() for f in flats)
     if not 1 <= k <= n:
         raise ValueError(f"kth_smallest_nonnegative: k must be in [1, {n}], got {k}")
-    pieces = [part for f in flats for part in f.split(SELECT_CHUNK)]
-    scratch = torch.empty(max(p.numel() for p in pieces), dtype=torch.int32, device=device)
+    batches = _batches([part for f in flats for part in f.split(SELECT_CHUNK)])
+    scratch = torch.empty(max(sum(p.numel() for p in b) for b in batches), dtype=torch.int32, device=device)
     rank = torch.tensor([k], dtype=torch.int64, device=device)
 
     # First pass: histogram of the upper 16 bits (0 .. 0x7FFF).
     hist: Optional[torch.Tensor] = None
-    for part in pieces:
-        out = scratch[: part.numel()]
-        high = torch.bitwise_right_shift(_magnitude_bits(part, out), 16, out=out)
-        hist = _add_counts(hist, high, 1 << 15)
+    for batch in batches:
+        for part, out in _slots(batch, scratch):
+            torch.bitwise_right_shift(_magnitude_bits(part, out), 16, out=out)
+        hist = _add_counts(hist, scratch[: sum(p.numel() for p in batch)], 1 << 15)
     assert hist is not None
     bucket = int(torch.searchsorted(hist.cumsum_(0), rank))  # first bucket whose cumulative count reaches k
 
@@ -178,10 +204,10 @@ def kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]],
     base = bucket << 16
     top = min(base + _LOW, _MAGNITUDE_BITS)
     hist = None
-    for part in pieces:
-        out = scratch[: part.numel()]
-        bins = torch.clamp(_magnitude_bits(part, out), base - 1, top, out=out).sub_(base - 1)
-        hist = _add_counts(hist, bins, _LOW + 2)
+    for batch in batches:
+        for part, out in _slots(batch, scratch):
+            torch.clamp(_magnitude_bits(part, out), base - 1, top, out=out).sub_(base - 1)
+        hist = _add_counts(hist, scratch[: sum(p.numel() for p in batch)], _LOW + 2)
     assert hist is not None
     del scratch
     cum = hist.cumsum_(0)
