@@ -39,7 +39,7 @@ def test_killed_worker_message_goes_to_the_log_file_only(tmp_path, capfd, monkey
 
     try:
         _init_ray(RunOptions(), f"sqlite:///{tmp_path / 'm.db'}")
-        _setup_file_logging(tmp_path / "logs")
+        _setup_file_logging(tmp_path)
         with pytest.raises(ray.exceptions.WorkerCrashedError):
             ray.get(die.remote())
         log = tmp_path / "logs" / "flatlab.log"

@@ -5,9 +5,9 @@ from flatlab.study.runner import _setup_file_logging
 
 def test_each_study_of_a_file_logs_to_its_own_file(tmp_path):
     log = logging.getLogger("flatlab")
-    _setup_file_logging(tmp_path / "first" / "logs")
+    _setup_file_logging(tmp_path / "first")
     log.info("first study line")
-    _setup_file_logging(tmp_path / "second" / "logs")
+    _setup_file_logging(tmp_path / "second")
     log.info("second study line")
     first = (tmp_path / "first" / "logs" / "flatlab.log").read_text()
     second = (tmp_path / "second" / "logs" / "flatlab.log").read_text()

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from flatlab.errors import ConfigError
 from flatlab.study.chain import chained_params, resolve_chained
-from flatlab.study.launches import LOG_NAME, Launch, continued_studies, launch_file, log_file
+from flatlab.study.launches import Launch, continued_studies, launch_file, log_file
 from flatlab.study.spec import Study
 from flatlab.tracking import runs
 
@@ -70,9 +70,12 @@ class StudyOutcome:
     wall_s: float
 
 
-def _setup_file_logging(log_dir: Path) -> None:
-    log_dir.mkdir(parents=True, exist_ok=True)
-    path = str((log_dir / LOG_NAME).resolve())
+def _setup_file_logging(out: Path) -> None:
+    """Send the driver's logging (flatlab, Ray, Tune, Optuna, MLflow, warnings) to the study's log file,
+    :func:`flatlab.study.launches.log_file` of its output folder ``out``."""
+    log = log_file(out)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    path = str(log.resolve())
     existing = [h for h in logging.getLogger("flatlab").handlers if getattr(h, "flatlab_study_log", False) and h.baseFilename == path]
     handler = existing[0] if existing else logging.FileHandler(path)
     handler.flatlab_study_log = True  # type: ignore[attr-defined]
@@ -381,7 +384,7 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     study = study if opts.resume else resolve_chained(study, tracking_uri)  # best_of(...) values, before anything starts
     workload = build_workload(study.workload, **dict(study.workload_params))
     workload.check_data()  # missing data: one error (DataUnavailable) before Ray, MLflow or a trial starts
-    _setup_file_logging(log_file(out).parent)
+    _setup_file_logging(out)
     logger.info("launch %s: tracking %s", study.name, tracking_uri)
     started = _open(study, workload, opts, previous, root, tracking_uri, console, t0)
     outcome = _tune(study, opts, started, t0)
@@ -438,7 +441,7 @@ def _already_finished(study: Study, launch: Launch, tracking_uri: str, out: Path
     post-study steps are re-done (they are idempotent), in case they were cut short the first time."""
     if console is not None:
         console.print(f"study [bold]{study.name}[/bold]: its latest launch already finished; nothing to resume")
-    _setup_file_logging(log_file(out).parent)
+    _setup_file_logging(out)
     _post_study(study, tracking_uri, launch.experiment_id, launch.parent_run_id, out, console)
     return StudyOutcome(
         study=study.name, tracking_uri=tracking_uri, experiment_id=launch.experiment_id,
@@ -482,7 +485,7 @@ def _open(study: Study, workload: Any, opts: RunOptions, previous: Optional[Laun
         opened = pool.submit(_open_launch, study, opts, tracking_uri, root, tags, resumed, launch_tags)
         try:
             _init_ray(opts, tracking_uri)
-            _setup_file_logging(log_file(out).parent)  # ray.init reconfigures logging
+            _setup_file_logging(out)  # ray.init reconfigures logging
             _check_local_resources(study, opts)  # a GPU study on a CPU machine fails here, not by waiting for ever
             logger.info("Ray ready (%.1f s)", time.monotonic() - t0)
             data = workload.load_data(study.seed)  # once per study; reaches trials through the object store
