@@ -246,8 +246,8 @@ class MLflowTrialLogger(Callback):
             client.log_batch(run_id, params=[Param(k, v) for k, v in self._params(config).items()])
         else:
             client.update_run(run_id, status="RUNNING")
-            self._seed_logged(client, trial_id, run_id)
             data = client.get_run(run_id).data
+            self._seed_logged(client, trial_id, run_id, data.metrics)
             if runs.TAG_ERROR in data.tags:  # restarted after an error: not failed now
                 client.delete_tag(run_id, runs.TAG_ERROR)
             # a driver killed between creating the run and logging its params left them out
@@ -292,12 +292,13 @@ class MLflowTrialLogger(Callback):
                           for k, v in metrics.items()]
             runs.log_metrics(client, run_id, batch)
 
-    def _seed_logged(self, client: Any, trial_id: str, run_id: str) -> None:
-        """For a run reopened after a restart: its last logged step and best value, from MLflow."""
+    def _seed_logged(self, client: Any, trial_id: str, run_id: str, metrics: Dict[str, float]) -> None:
+        """For a run reopened after a restart: its last logged step (from MLflow's ``epoch`` history) and
+        best value (from its latest ``metrics``)."""
         steps = [m.step for m in client.get_metric_history(run_id, "epoch")]
         if steps:
             self._logged_step[trial_id] = max(self._logged_step.get(trial_id, -1), max(steps))
-        best = client.get_run(run_id).data.metrics.get(f"best/{self.metric}")
+        best = metrics.get(f"best/{self.metric}")
         if best is not None and trial_id not in self._best:
             self._best[trial_id] = float(best)
 
