@@ -7,7 +7,7 @@ without ever materialising the flat vector: global norms and updates run over li
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, MutableMapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, MutableMapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -122,13 +122,15 @@ def _batches(pieces: Sequence[torch.Tensor]) -> List[List[torch.Tensor]]:
     return out
 
 
-def _slots(batch: Sequence[torch.Tensor], scratch: torch.Tensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
-    # (piece, its slice of the scratch): the run's pieces laid end to end from the scratch's start
-    out, at = [], 0
+def _binned(batch: Sequence[torch.Tensor], scratch: torch.Tensor,
+            fill: Callable[[torch.Tensor, torch.Tensor], Any]) -> torch.Tensor:
+    # the run's pieces laid end to end from the scratch's start, each written by fill(piece, its slice);
+    # returns the filled part of the scratch (the run's bins, counted by one bincount)
+    at = 0
     for part in batch:
-        out.append((part, scratch[at : at + part.numel()]))
+        fill(part, scratch[at : at + part.numel()])
         at += part.numel()
-    return out
+    return scratch[:at]
 
 
 def _add_counts(hist: Optional[torch.Tensor], bins: torch.Tensor, size: int) -> torch.Tensor:
@@ -193,9 +195,8 @@ def kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]],
     # First pass: histogram of the upper 16 bits (0 .. 0x7FFF).
     hist: Optional[torch.Tensor] = None
     for batch in batches:
-        for part, out in _slots(batch, scratch):
-            torch.bitwise_right_shift(_magnitude_bits(part, out), 16, out=out)
-        hist = _add_counts(hist, scratch[: sum(p.numel() for p in batch)], 1 << 15)
+        bins = _binned(batch, scratch, lambda part, out: torch.bitwise_right_shift(_magnitude_bits(part, out), 16, out=out))
+        hist = _add_counts(hist, bins, 1 << 15)
     assert hist is not None
     bucket = int(torch.searchsorted(hist.cumsum_(0), rank))  # first bucket whose cumulative count reaches k
 
@@ -205,9 +206,8 @@ def kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]],
     top = min(base + _LOW, _MAGNITUDE_BITS)
     hist = None
     for batch in batches:
-        for part, out in _slots(batch, scratch):
-            torch.clamp(_magnitude_bits(part, out), base - 1, top, out=out).sub_(base - 1)
-        hist = _add_counts(hist, scratch[: sum(p.numel() for p in batch)], _LOW + 2)
+        bins = _binned(batch, scratch, lambda part, out: torch.clamp(_magnitude_bits(part, out), base - 1, top, out=out).sub_(base - 1))
+        hist = _add_counts(hist, bins, _LOW + 2)
     assert hist is not None
     del scratch
     cum = hist.cumsum_(0)
