@@ -143,6 +143,28 @@ def test_text_outputs_carry_the_values_the_summary_and_the_citation(toy):
 # The format's loader
 
 
+def test_the_markdown_shows_the_file_as_found_in_a_checkout_never_absolute(tmp_path, monkeypatch):
+    # a study ran from a checkout (since deleted) whose launch recorded the file's absolute path
+    ran = tmp_path / "wt" / "gone" / "studies" / "published" / "toy.json"
+    ran.parent.mkdir(parents=True)
+    c = pub.compare_curves(pub.load_curves(write(ran, TOY)), flatlab_frame(), {"a": "c"})
+    elsewhere = tmp_path / "main"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert pub.to_markdown(c).endswith("Published: A. Author, Toy, 2024 (studies/published/toy.json)\n")
+    # under the working directory: relative to it, whatever the spelling
+    monkeypatch.chdir(tmp_path / "wt")
+    assert pub.shown_path(ran) == "gone/studies/published/toy.json"
+    assert pub.shown_path("gone/studies/../studies/published/toy.json") == "gone/studies/published/toy.json"
+    assert pub.shown_path(ran, cwd=ran.parent) == "toy.json"
+    # outside it: from the nearest folder named studies (not the file's own name), else the name alone
+    nested = tmp_path / "studies" / "x" / "studies" / "studies.json"
+    assert pub.shown_path(nested, cwd=elsewhere) == "studies/studies.json"
+    assert pub.shown_path("../wt/gone/studies/published/toy.json", cwd=elsewhere) == "studies/published/toy.json"
+    assert pub.shown_path("published/toy.json", cwd=ran.parents[1]) == "published/toy.json"  # relative to cwd given
+    assert pub.shown_path(tmp_path / "curves" / "toy.json", cwd=elsewhere) == "toy.json"
+
+
 def test_the_loader_reads_runs_metadata_and_nulls(toy):
     assert (toy.title, toy.first_epoch, toy.compared()) == ("toy curves", 0, {"test/accuracy": "acc", "test/loss": "loss"})
     run = toy.curves["c"].runs[0]

@@ -434,10 +434,33 @@ def _epoch_list(epochs: Sequence[int]) -> str:
 # Text
 
 
-def _shown(path: Any) -> str:
-    """``path`` relative to the working directory when it lies under it (tables pasted into docs), else as given."""
-    rel = os.path.relpath(str(path))
-    return str(path) if rel.startswith("..") else rel
+def shown_path(path: Any, cwd: Any = None) -> str:
+    """A curve-set file's path as a comparison's text shows it (tables pasted into docs, the launch run's
+    ``published/curves.md``): as a researcher finds the file in a checkout, never an absolute path (the
+    launch records the file's absolute path, a folder of the machine, or of a checkout since deleted,
+    where the study ran).
+
+    The rule, on the path made absolute (``~`` expanded, a relative path joined to ``cwd``, symlinks
+    resolved):
+
+    1. under the working directory ``cwd`` (default: the current one): relative to it, e.g.
+       ``studies/published/deepobs_fmnist_2c2d.json`` from a checkout's root;
+    2. else from the nearest enclosing folder named ``studies`` on: the file's path in the checkout
+       that holds the study's ``studies/`` tree, the same ``studies/published/deepobs_fmnist_2c2d.json``;
+    3. else the file's name alone.
+
+    Returns:
+        A relative POSIX path.
+    """
+    here = Path(cwd if cwd is not None else os.getcwd()).expanduser().resolve()
+    p = (here / Path(str(path)).expanduser()).resolve()  # a relative path: relative to cwd
+    if p.is_relative_to(here):
+        return p.relative_to(here).as_posix()
+    folders = p.parts[:-1]
+    if "studies" in folders:
+        nearest = len(folders) - 1 - folders[::-1].index("studies")
+        return Path(*p.parts[nearest:]).as_posix()
+    return p.name
 
 
 def _num(v: Any) -> str:
@@ -472,13 +495,14 @@ def summary_lines(comparison: CurveComparison) -> List[str]:
 
 
 def to_markdown(comparison: CurveComparison) -> str:
-    """The per-epoch table as a pipe table, then the summary, the notes and the citation."""
+    """The per-epoch table as a pipe table, then the summary, the notes and the citation with the file's
+    path as :func:`shown_path` shows it (machine-independent: the text is pasted into docs)."""
     from flatlab.tracking.compare import markdown_table
 
     head, body = row_cells(comparison)
     text = [f"### flatlab beside {comparison.curves.title}", "", markdown_table(head, body, left=2), ""]
     text += [f"- {line}" for line in summary_lines(comparison) + list(comparison.notes)]
-    text += ["", f"Published: {comparison.curves.citation} ({_shown(comparison.curves.path)})", ""]
+    text += ["", f"Published: {comparison.curves.citation} ({shown_path(comparison.curves.path)})", ""]
     return "\n".join(text)
 
 
