@@ -1,6 +1,7 @@
 """The result tables in README.md and docs/ are the ones `make docs-results` saved, never hand-edited."""
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -38,6 +39,13 @@ def test_every_saved_table_names_its_date_commit_and_commands():
         assert first.startswith("*Written by `make docs-results` on 20") and "at commit `" in first, key
         assert key in tool.RESULTS, f"docs/results/{key}.md is not an entry of tools/docs_results.py"
         assert "|" in text  # a table follows
+
+
+def test_no_saved_table_names_an_absolute_path():
+    # a path in a table is one a reader finds in a checkout, not a folder of the machine that ran the study
+    absolute = re.compile(r"(?:^|[\s(`'\"=])(?:/[\w.-]+){2,}")
+    for key, text in _tool().saved_tables().items():
+        assert not absolute.search(text), (key, absolute.search(text))
 
 
 def test_fill_replaces_only_the_named_blocks():
