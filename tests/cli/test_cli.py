@@ -34,13 +34,55 @@ def test_invalid_study_fails_before_anything_starts(tmp_path, monkeypatch):
     assert not (tmp_path / "flatlab-runs").exists()
 
 
-def test_listings():
-    res = runner.invoke(app, ["studies", str(REPO / "studies")])
-    assert res.exit_code == 0 and "digits_demo.py" in res.output and "SGD vs AdamW" in res.output
+def test_listings(monkeypatch):
+    monkeypatch.chdir(REPO)
+    res = runner.invoke(app, ["studies"])
+    assert res.exit_code == 0, res.output
+    lines = {line.split()[0]: line.split(None, 1)[1] for line in res.output.splitlines() if line.startswith("studies/")}
+    assert lines["studies/digits_demo.py"].startswith("-  ") and "SGD vs AdamW" in lines["studies/digits_demo.py"]
+    assert lines["studies/deepobs_fmnist.py"].startswith("paper, cpu  ")  # SCALES = ("paper", "cpu")
+    assert lines["studies/fmnist_flatness.py"].startswith("cpu, paper, smoke  ")
+    assert lines["studies/examples/extensions.py"].startswith("-  ") and "Lion against SGD on two moons" in lines[
+        "studies/examples/extensions.py"]
+    assert lines["studies/examples/two_moons.py"].startswith("(module)  ")
+    assert "studies/_flatness_arms.py" not in lines and "examples (studies/examples/):" in res.output
+    assert "ray" not in sys.modules or not __import__("ray").is_initialized()
     res = runner.invoke(app, ["optimizers"])
     assert res.exit_code == 0 and "momentum" in res.output and "float in [0, 1)" in res.output
     res = runner.invoke(app, ["workloads"])
     assert res.exit_code == 0 and "digits" in res.output and "one of 'mlp', 'cnn'" in res.output and "label_smoothing" in res.output
+
+
+def test_studies_lists_each_folder_with_scales_parsing_nothing_it_runs(tmp_path):
+    (tmp_path / "b.py").write_text('"""Two scales,\nthe first the default.\n\nMore."""\nSCALES = ("x", "y")\ndef build(scale): ...\n')
+    (tmp_path / "a.py").write_text('raise SystemExit("a listed file ran")\nSTUDY = None\n')
+    (tmp_path / "_shared.py").write_text('"""Skipped."""\n')
+    (tmp_path / "c.py").write_text('"""Computed."""\nfrom flatlab import Study as STUDY\nSCALES = tuple("pq")\n')
+    (tmp_path / "broken.py").write_text("STUDY = = 1\n")
+    (tmp_path / "more").mkdir()
+    (tmp_path / "more" / "helper.py").write_text('"""A module."""\nX = 1\n')
+    (tmp_path / "_private").mkdir()
+    (tmp_path / "_private" / "d.py").write_text("STUDY = None\n")
+    (tmp_path / "empty").mkdir()
+    res = runner.invoke(app, ["studies", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    t = str(tmp_path)
+    w = len(f"{t}/more/helper.py")
+    assert res.output.splitlines() == [
+        f"{'file':{w}s}  scales      about",
+        f"{t + '/a.py':{w}s}  -           ",
+        f"{t + '/b.py':{w}s}  x, y        Two scales, the first the default.",
+        f"{t + '/broken.py':{w}s}  -           (syntax error: invalid syntax, line 1)",
+        f"{t + '/c.py':{w}s}  (computed)  Computed.",
+        "",
+        f"more ({t}/more/):",
+        f"{t + '/more/helper.py':{w}s}  (module)    A module.",
+        "",
+        "scales: the values of `flatlab run FILE --scale NAME`, the first the default; -: no --scale (one setting); "
+        "(module): not a study file, a module the study files next to it import",
+    ]
+    res = runner.invoke(app, ["studies", str(tmp_path / "empty")])
+    assert res.exit_code == 2 and f"no study files in {tmp_path / 'empty'} or its subfolders" in res.output
 
 
 def test_results_format_and_output_must_agree(tmp_path):

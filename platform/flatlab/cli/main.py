@@ -6,7 +6,7 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import typer
 
@@ -432,17 +432,42 @@ def interpolation_report(
     console.print(f"logged under report/ on run {rep.parent_run_id}")
 
 
+STUDIES_LEGEND = ("scales: the values of `flatlab run FILE --scale NAME`, the first the default; -: no --scale (one setting); "
+                  "(module): not a study file, a module the study files next to it import")
+
+
+def _study_folders(directory: Path) -> List[Tuple[Path, List[Path]]]:
+    """``directory`` and each of its subfolders (``examples/``), with their ``*.py`` files; names that
+    start with ``_`` or ``.`` are skipped (shared code such as ``_flatness_arms.py``, ``__pycache__``)."""
+    def listed(folder: Path) -> List[Path]:
+        return sorted(p for p in folder.glob("*.py") if not p.name.startswith(("_", ".")))
+
+    subs = sorted(d for d in directory.iterdir() if d.is_dir() and not d.name.startswith(("_", "."))) if directory.is_dir() else []
+    return [(folder, files) for folder, files in [(directory, listed(directory))] + [(d, listed(d)) for d in subs] if files]
+
+
 @app.command()
 def studies(directory: Path = typer.Argument(Path("studies"), help="folder of study files")) -> None:
-    """List the study files with one line each."""
+    """List the study files, one line each: the file, its scales (`flatlab run --scale`, the first the
+    default) and its docstring's summary; then, a section each, those of the folder's
+    subfolders (studies/examples/). Files are parsed, never run."""
     from flatlab.study.loader import describe_file
 
-    files = sorted(p for p in directory.glob("*.py") if not p.name.startswith("_"))
-    if not files:
-        _fail(FlatlabError(f"no study files in {directory}"))
-    width = max(len(str(p)) for p in files)
-    for p in files:
-        console.print(f"{str(p):{width}s}  {describe_file(str(p))}", soft_wrap=True)
+    folders = _study_folders(directory)
+    if not folders:
+        _fail(FlatlabError(f"no study files in {directory} or its subfolders"))
+    described = {p: describe_file(str(p)) for _, files in folders for p in files}
+    scales = {p: "(module)" if not d.is_study else "(computed)" if d.scales is None else ", ".join(d.scales) or "-"
+              for p, d in described.items()}
+    width = max(len(str(p)) for p in described)
+    sw = max(len("scales"), *map(len, scales.values()))
+    console.print(f"{'file':{width}s}  {'scales':{sw}s}  about", style="bold", markup=False)
+    for i, (folder, files) in enumerate(folders):
+        if i:
+            console.print(f"\n{folder.name} ({folder}/):", style="bold", markup=False)
+        for p in files:
+            console.print(f"{str(p):{width}s}  {scales[p]:{sw}s}  {described[p].summary}", soft_wrap=True, markup=False)
+    console.print(f"\n{STUDIES_LEGEND}", soft_wrap=True, markup=False)
 
 
 def _entries(registry, name: Optional[str]) -> List[str]:

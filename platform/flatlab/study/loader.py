@@ -215,12 +215,60 @@ def _scales(path: str, module: Any) -> Tuple[str, ...]:
     return tuple(scales)
 
 
-def describe_file(path: str) -> str:
-    """First line of the module docstring (for ``flatlab studies``)."""
+EXPORTS = ("STUDY", "STUDIES", "build")  # what makes a file a study file (:func:`load_studies`)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileDescription:
+    """A study file as ``flatlab studies`` lists it, read from its syntax tree (nothing runs).
+
+    Attributes:
+        summary: the first paragraph of the module docstring, on one line (``""`` without one; the
+            error for a file that does not parse).
+        scales: its ``SCALES`` (the values of ``flatlab run --scale``, the first the default); ``()``
+            without one; ``None`` when ``SCALES`` is not a literal (computed: known only by running the file).
+        is_study: whether the file defines ``STUDY``, ``STUDIES`` or ``build`` at top level; ``False``: a
+            module the study files next to it import (a user workload: ``studies/examples/two_moons.py``).
+            A file that does not parse counts as a study file (its summary says what is wrong).
+    """
+
+    summary: str
+    scales: Optional[Tuple[str, ...]]
+    is_study: bool
+
+
+def describe_file(path: str) -> FileDescription:
+    """What ``flatlab studies`` shows of the file at ``path``: its docstring's summary, its scales and
+    whether it is a study file, from its top-level statements (``SCALES = ...``, ``STUDY = ...``,
+    ``def build``, or those names imported). Never imports the file, so listing is fast and safe.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
     import ast
 
     try:
-        doc = ast.get_docstring(ast.parse(Path(path).read_text()))
+        tree = ast.parse(Path(path).read_text())
     except SyntaxError as exc:
-        return f"(syntax error: {exc.msg}, line {exc.lineno})"
-    return (doc or "").strip().splitlines()[0] if doc else ""
+        return FileDescription(f"(syntax error: {exc.msg}, line {exc.lineno})", (), True)
+    doc = ast.get_docstring(tree)
+    defined = {}  # top-level name -> its value's node (None: a def or an import)
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            defined.update((t.id, node.value) for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            defined[node.target.id] = node.value
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined[node.name] = None
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined.update(((a.asname or a.name).split(".")[0], None) for a in node.names)
+    scales: Optional[Tuple[str, ...]] = ()
+    if "SCALES" in defined:
+        try:
+            value = ast.literal_eval(defined["SCALES"]) if defined["SCALES"] is not None else None
+        except (ValueError, TypeError, SyntaxError):  # a name, a call ...: not a literal
+            value = None
+        ok = isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value)
+        scales = tuple(value) if ok else None  # type: ignore[arg-type]
+    summary = " ".join((doc or "").strip().split("\n\n")[0].split())  # the first paragraph, on one line
+    return FileDescription(summary, scales, any(name in defined for name in EXPORTS))
