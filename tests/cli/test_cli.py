@@ -85,6 +85,20 @@ def test_studies_lists_each_folder_with_scales_parsing_nothing_it_runs(tmp_path)
     assert res.exit_code == 2 and f"no study files in {tmp_path / 'empty'} or its subfolders" in res.output
 
 
+def test_the_failure_line_names_the_studys_log_file(tmp_path):
+    from flatlab.cli.main import failure_line
+    from flatlab.study.launches import log_file
+
+    log = log_file(tmp_path / "root" / "s")
+    assert str(log) == f"{tmp_path}/root/s/logs/flatlab.log"
+    assert failure_line("s", 3, 3, "studies/s.py", log) == (
+        f"every trial of s failed (3 of 3); see {tmp_path}/root/s/logs/flatlab.log and `flatlab results s`")
+    assert failure_line("s", 2, 0, "studies/s.py", log).startswith("every trial of s failed (2 of 2); see ")  # store holds fewer
+    assert failure_line("s", 1, 4, "studies/s.py", log) == (
+        "1 of 4 trials of s failed; `flatlab results s` shows their errors, `flatlab run studies/s.py --resume` retries them")
+    assert failure_line("s", 0, 4, "studies/s.py", log) == ""
+
+
 def test_results_format_and_output_must_agree(tmp_path):
     def fails(*args):
         res = runner.invoke(app, ["results", "x", "--root", str(tmp_path), *args])

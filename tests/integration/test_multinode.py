@@ -162,7 +162,8 @@ def test_gpu_trials_spread_over_both_worker_nodes_and_never_train_on_cpu_unasked
                          capture_output=True, text=True, timeout=600, env=run_env())
     print(f"spread and nocuda studies: {time.monotonic() - t0:.0f} s")
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]  # every trial of nocuda failed: non-zero
-    assert res.stdout.strip().splitlines()[-1] == "every trial of nocuda failed (2 of 2); see logs/flatlab.log and `flatlab results nocuda`"
+    log = root.resolve() / "nocuda" / "logs" / "flatlab.log"
+    assert res.stdout.strip().splitlines()[-1] == f"every trial of nocuda failed (2 of 2); see {log} and `flatlab results nocuda`"
 
     c, trials = trial_runs(root, "spread")
     assert len(trials) == 4 and all(r.info.status == "FINISHED" for r in trials), [r.info.status for r in trials]

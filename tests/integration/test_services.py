@@ -259,7 +259,9 @@ STUDY = Study(
     cmd = [str(BIN / "flatlab"), "run", str(study), "--root", str(root), "--num-cpus", "2"]
     first = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=600)
     assert first.returncode == 1, first.stdout + first.stderr  # every trial failed: the launch did too
-    assert first.stdout.strip().splitlines()[-1] == "every trial of err failed (2 of 2); see logs/flatlab.log and `flatlab results err`"
+    log = root.resolve() / "err" / "logs" / "flatlab.log"  # the study's log, wherever the command ran
+    assert first.stdout.strip().splitlines()[-1] == f"every trial of err failed (2 of 2); see {log} and `flatlab results err`"
+    assert log.is_file()  # the printed path is the file the launch wrote
     c = runs.client(runs.default_tracking_uri(root))
     exp = c.get_experiment_by_name("err")
     trial_filter = f"tags.`{runs.TAG_ROLE}` = 'trial'"

@@ -46,6 +46,7 @@ def run(
     every trial of a study failed; 2 for invalid input (study file, options, cluster address) before any
     trial; 130 when interrupted (``--resume`` continues).
     """
+    from flatlab.study.launches import log_file
     from flatlab.study.plan import render as render_plan
     from flatlab.study.prepare import prepare
 
@@ -117,7 +118,7 @@ def run(
         if not outcome.interrupted and (pooled or s.final_seeds):
             _print_comparison(df, s, console)
         console.print(where_to_look(outcome.tracking_uri, outcome.experiment_id), soft_wrap=True)  # the training view
-        line = failure_line(s.name, outcome.num_errors, len(df), str(study_file))
+        line = failure_line(s.name, outcome.num_errors, len(df), str(study_file), log_file(_root(root).resolve() / s.name))
         if line:  # the last line: how many trials failed
             console.print(line, soft_wrap=True)
         all_failed |= outcome.num_errors > 0 and outcome.num_errors >= len(df)
@@ -129,15 +130,16 @@ def run(
         raise typer.Exit(1)
 
 
-def failure_line(study: str, errors: int, trials: int, source: str) -> str:
+def failure_line(study: str, errors: int, trials: int, source: str, log: Path) -> str:
     """The last line of a launch whose trials failed (raised, or lost their node more often than Tune
     retries): how many, and where to look; ``""`` when none failed. ``trials``: the launch's trials in
-    MLflow (``errors`` counts when the store holds fewer)."""
+    MLflow (``errors`` counts when the store holds fewer); ``log``: the study's log file
+    (:func:`flatlab.study.launches.log_file` of its output folder), named when every trial failed."""
     if errors <= 0:
         return ""
     n = max(trials, errors)
     if errors >= n:
-        return f"every trial of {study} failed ({errors} of {n}); see logs/flatlab.log and `flatlab results {study}`"
+        return f"every trial of {study} failed ({errors} of {n}); see {log} and `flatlab results {study}`"
     return (f"{errors} of {n} trials of {study} failed; `flatlab results {study}` shows their errors, "
             f"`flatlab run {source} --resume` retries them")
 
