@@ -55,7 +55,8 @@ def test_every_epoch_is_logged_and_the_reference_recorded(launched):
     assert not outcome.interrupted and outcome.num_errors == 0
     client = runs.client(outcome.tracking_uri)
     parent = client.get_run(outcome.parent_run_id)
-    assert json.loads(parent.data.params["published"]) == {"path": str(folder / "curves.json"), "arms": {"sgd": "digits/sgd"}}
+    assert json.loads(parent.data.params["published"]) == {"path": str(folder / "curves.json"), "arms": {"sgd": "digits/sgd"},
+                                                        "citation": "nobody, never"}
     children = client.search_runs([outcome.experiment_id], filter_string=f"tags.`{runs.PARENT}` = '{outcome.parent_run_id}'")
     assert len(children) == 4
     for r in children:

@@ -6,6 +6,7 @@ import io
 import json
 import math
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -328,7 +329,8 @@ def test_a_study_declares_its_reference_relative_to_the_study_file(tmp_path, mon
     assert plan(s)["published"] == {"path": str(tmp_path / "curves.json"), "arms": {"sgd": "c", "adam": "d"}}
     from flatlab.tracking.published_runs import launch_param
 
-    assert json.loads(launch_param(s.published)["published"]) == plan(s)["published"] and launch_param(None) == {}
+    recorded = json.loads(launch_param(s.published)["published"])  # the declaration and the file's citation
+    assert recorded == {**plan(s)["published"], "citation": "A. Author, Toy, 2024"} and launch_param(None) == {}
 
 
 def test_a_bad_declaration_lists_every_problem_with_the_file(tmp_path):
@@ -357,13 +359,17 @@ def store(tmp_path_factory):
     """Study "toy": a launch that declared the toy curves (arm a -> curve c), a grid of arm "a" (seeds 0-2,
     per-epoch test metrics at steps 1-4, seed 0's epoch 2 logged twice: a resumed trial) and arm "x"
     (one seed that diverged)."""
+    root = tmp_path_factory.mktemp("mlflow")
+    return launched_store(root, write(root / "toy.json", TOY))
+
+
+def launched_store(root, curves):
+    """The store of :func:`store` in ``root``, its launch declaring the curve-set file ``curves``."""
     from mlflow.entities import Metric, Param
 
     from flatlab.tracking import runs
     from flatlab.tracking.published_runs import launch_param
 
-    root = tmp_path_factory.mktemp("mlflow")
-    curves = write(root / "toy.json", TOY)
     uri = f"sqlite:///{root / 'mlflow.db'}"
     exp = runs.get_or_create_experiment(uri, "toy", runs.artifact_location(root))
     c = runs.client(uri)
@@ -472,6 +478,99 @@ def test_a_study_without_a_declared_reference_asks_for_a_file(tmp_path):
     c.log_batch(parent, params=[Param("metric", "val/accuracy")])
     res = CliRunner().invoke(app, ["curves", "plain", "--tracking-uri", uri])
     assert res.exit_code == 2 and "study 'plain' declares no published reference" in res.output and "--published FILE" in res.output
+
+
+# ---------------------------------------------------------------------------------------------------
+# A recorded file that has moved (the checkout the study ran from, deleted)
+
+
+@pytest.fixture
+def moved(tmp_path, monkeypatch):
+    """A launch of "toy" that recorded <tmp>/wt/gone/studies/published/toy.json, since deleted, and a
+    checkout <tmp>/main holding studies/published/toy.json, the working directory."""
+    gone = tmp_path / "wt" / "gone" / "studies" / "published" / "toy.json"
+    gone.parent.mkdir(parents=True)
+    (tmp_path / "runs").mkdir()
+    uri, _, _ = launched_store(tmp_path / "runs", write(gone, TOY))
+    shutil.rmtree(tmp_path / "wt")
+    found = tmp_path / "main" / "studies" / "published" / "toy.json"
+    found.parent.mkdir(parents=True)
+    write(found, TOY)
+    monkeypatch.chdir(tmp_path / "main")
+    return uri, gone, found
+
+
+def test_curves_reads_a_moved_file_from_the_checkout_at_the_working_directory(moved, capsys):
+    from typer.testing import CliRunner
+
+    from flatlab.cli.main import app
+    from flatlab.tracking.published_runs import compare_study
+
+    uri, gone, found = moved
+    note = f"note: the curve-set file recorded at launch, {gone}, is missing; using {found} instead\n"
+    got = compare_study(uri, "toy")  # the Python API
+    assert capsys.readouterr().err == note and got.curves.path == str(found)
+    want = pub.compare_curves(pub.load_curves(str(found)), flatlab_frame(), {"a": "c"})
+    cols = ["arm", "metric", "epoch", "n", "mean", "pub_min", "pub_max", "where"]
+    pd.testing.assert_frame_equal(got.rows[cols], want.rows[cols], check_dtype=False)
+    res = CliRunner().invoke(app, ["curves", "toy", "--tracking-uri", uri, "--format", "markdown"])
+    assert res.exit_code == 0 and res.stderr == note, res.output
+    assert "| a (c) | test/accuracy | 3 | 0.7100 |" in res.stdout
+    assert res.stdout.endswith("Published: A. Author, Toy, 2024 (studies/published/toy.json)\n")
+
+
+def test_curves_names_the_recorded_file_and_the_one_tried_when_neither_exists(moved, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from flatlab.cli.main import app
+    from flatlab.tracking.published_runs import compare_study
+
+    uri, gone, found = moved
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    message = (f"study 'toy': the curve-set file its launch recorded, {gone}, does not exist, nor does "
+               f"{elsewhere / 'studies' / 'published' / 'toy.json'} (the same file under the working directory); "
+               "give the file with --published FILE")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        compare_study(uri, "toy")
+    res = CliRunner().invoke(app, ["curves", "toy", "--tracking-uri", uri])
+    assert res.exit_code == 2 and res.stderr == f"error: {message}\n", res.output
+    res = CliRunner().invoke(app, ["curves", "toy", "--tracking-uri", uri, "--published", str(found), "--format", "csv"])
+    assert res.exit_code == 0 and res.stderr == "", res.output  # the file given: no look-up, no note
+    assert pd.read_csv(io.StringIO(res.stdout))["where"].tolist() == ["inside", "above", "below", "inside", "below", "inside"]
+
+
+def test_a_moved_file_is_replaced_only_by_the_same_reference(tmp_path):
+    from flatlab.tracking.published_runs import reference_curves
+
+    checkout = tmp_path / "main"
+    found = checkout / "studies" / "published" / "toy.json"
+    found.parent.mkdir(parents=True)
+    gone = tmp_path / "gone" / "studies" / "published" / "toy.json"
+    record = {"path": str(gone), "arms": {"a": "c", "b": "d"}, "citation": "A. Author, Toy, 2024"}
+    write(found, {**TOY, "citation": "B. Other, Another, 2025"})
+    with pytest.raises(ConfigError, match=re.escape(
+            f"study 's': the curve-set file its launch recorded, {gone}, does not exist, and {found} is another "
+            "reference: it cites 'B. Other, Another, 2025', the launch's file 'A. Author, Toy, 2024'; give the file with --published FILE")):
+        reference_curves(record, "s", cwd=checkout)
+    # a launch recorded before the citation was: the curves alone are checked
+    curves, note = reference_curves({**record, "citation": None}, "s", cwd=checkout)
+    assert (curves.path, curves.citation) == (str(found), "B. Other, Another, 2025")
+    assert note == f"note: the curve-set file recorded at launch, {gone}, is missing; using {found} instead"
+    write(found, {**TOY, "curves": {"c": TOY["curves"]["c"]}})
+    with pytest.raises(ConfigError, match=re.escape(f"{found} is another reference: it has no curve d (curves: c); give")):
+        reference_curves(record, "s", cwd=checkout)
+    # the recorded file, while it exists, whatever the checkout holds
+    gone.parent.mkdir(parents=True)
+    write(gone, TOY)
+    curves, note = reference_curves(record, "s", cwd=checkout)
+    assert (curves.path, note) == (str(gone), None)
+    # not under a studies/ folder: the file's name under the working directory
+    write(found, TOY)
+    elsewhere = tmp_path / "x" / "toy.json"
+    curves, note = reference_curves({**record, "path": str(elsewhere)}, "s", cwd=found.parent)
+    assert curves.path == str(found) and note.endswith(f"using {found} instead")
 
 
 def test_parse_helpers():

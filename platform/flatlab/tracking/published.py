@@ -456,6 +456,21 @@ def shown_path(path: Any, cwd: Any = None) -> str:
     p = (here / Path(str(path)).expanduser()).resolve()  # a relative path: relative to cwd
     if p.is_relative_to(here):
         return p.relative_to(here).as_posix()
+    return checkout_path(p)
+
+
+def checkout_path(path: Any) -> str:
+    """Where a curve-set file lies in the checkout that holds it: its path from the nearest enclosing
+    folder named ``studies`` on (``studies/published/deepobs_fmnist_2c2d.json``), else its name alone.
+    Rules 2 and 3 of :func:`shown_path`; ``flatlab curves`` looks for a recorded file that has gone at this
+    path under the working directory (:func:`flatlab.tracking.published_runs.reference_file`).
+
+    Args:
+        path: an absolute path (a relative one is taken as it is spelled, not resolved).
+    Returns:
+        A relative POSIX path.
+    """
+    p = Path(str(path))
     folders = p.parts[:-1]
     if "studies" in folders:
         nearest = len(folders) - 1 - folders[::-1].index("studies")

@@ -4,33 +4,46 @@ Per arm, the runs ``flatlab compare`` is over (:func:`flatlab.tracking.compare.s
 final-stage trials, else each arm's best configuration with all its seeds), their per-epoch history of
 each compared metric (MLflow step = epoch), as the long table :func:`flatlab.tracking.published.compare_curves`
 takes. The study's declared reference (``Study(published=...)``) is recorded on its launch run as the
-param ``published`` (:func:`launch_param`), so ``flatlab curves STUDY`` finds it without the study file.
+param ``published`` (:func:`launch_param`), so ``flatlab curves STUDY`` finds it without the study file,
+also once the recorded file has moved (:func:`reference_curves`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from flatlab.errors import ConfigError
-from flatlab.tracking.published import CONFIDENCE, CurveComparison, Published, compare_curves, load_curves
+from flatlab.tracking.published import (CONFIDENCE, CurveComparison, CurveSet, Published, checkout_path, compare_curves,
+                                        load_curves)
 
 PARAM = "published"
 
 
 def launch_param(published: Optional[Published]) -> Dict[str, str]:
-    """The launch run's param recording a study's published reference (``{}`` when it has none); the path
-    is made absolute (a study built in Python may give one relative to the working directory)."""
+    """The launch run's param recording a study's published reference (``{}`` when it has none): the JSON
+    of ``{"path", "arms", "citation"}``, the path made absolute (a study built in Python may give one
+    relative to the working directory), the citation read from the file (the reference's identity,
+    :func:`reference_curves`).
+
+    Raises:
+        ConfigError: the file is missing or invalid (a validated study's is neither).
+    """
     if published is None:
         return {}
-    absolute = Published(str(Path(published.path).expanduser().resolve()), published.arms)
-    return {PARAM: json.dumps(absolute.as_dict(), sort_keys=True)}
+    path = str(Path(published.path).expanduser().resolve())
+    record = {**Published(path, published.arms).as_dict(), "citation": load_curves(path).citation}
+    return {PARAM: json.dumps(record, sort_keys=True)}
 
 
-def declared_reference(tracking_uri: str, study: str) -> Optional[Published]:
-    """The published reference the latest launch of ``study`` declared, or ``None``.
+def launch_record(tracking_uri: str, study: str) -> Optional[Dict[str, Any]]:
+    """What the latest launch of ``study`` recorded of its published reference (:func:`launch_param`):
+    ``{"path": str, "arms": {arm: curve}, "citation": str or None}`` (launches before the citation was
+    recorded: ``None``), or ``None`` when it declared none.
 
     Raises:
         ConfigError: unknown study; a recorded value that is not the JSON :func:`launch_param` writes.
@@ -43,9 +56,58 @@ def declared_reference(tracking_uri: str, study: str) -> Optional[Published]:
         return None
     try:
         d = json.loads(raw)
-        return Published(str(d["path"]), dict(d["arms"]))
-    except (ValueError, KeyError, TypeError) as exc:
+        citation = d.get("citation")
+        return {"path": str(d["path"]), "arms": dict(d["arms"]), "citation": None if citation is None else str(citation)}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"study {study!r}: its launch's param {PARAM!r}={raw!r} is not a recorded reference ({exc})") from None
+
+
+def declared_reference(tracking_uri: str, study: str) -> Optional[Published]:
+    """The published reference the latest launch of ``study`` declared (its recorded path), or ``None``.
+
+    Raises:
+        ConfigError: as :func:`launch_record`.
+    """
+    record = launch_record(tracking_uri, study)
+    return None if record is None else Published(record["path"], record["arms"])
+
+
+def reference_curves(record: Mapping[str, Any], study: str, cwd: Any = None) -> Tuple[CurveSet, Optional[str]]:
+    """The curve-set file a launch ``record`` (:func:`launch_record`) names, read; also after it moved.
+
+    The recorded path is absolute, a folder of the checkout the study ran from, which may since be gone.
+    If it does not exist, the same file is looked for in the checkout at the working directory ``cwd``
+    (default: the current one): ``cwd / checkout_path(recorded)``, e.g.
+    ``studies/published/deepobs_fmnist_2c2d.json`` (:func:`flatlab.tracking.published.checkout_path`).
+    That file is used only if it is the same reference: it holds every curve the launch's arms were
+    mapped to and, where the launch recorded the citation, cites the same work.
+
+    Returns:
+        ``(curves, note)``: the file read, and ``None``, or when the fallback is used a one-line note
+        naming both paths.
+    Raises:
+        ConfigError: neither file exists (naming both and ``--published FILE``); the fallback is another
+            reference (naming what differs); the file is invalid (:func:`~flatlab.tracking.published.load_curves`).
+    """
+    recorded = Path(record["path"]).expanduser()
+    if recorded.is_file():
+        return load_curves(str(recorded)), None
+    fallback = Path(cwd if cwd is not None else os.getcwd()).expanduser().resolve() / checkout_path(recorded)
+    gone = f"study {study!r}: the curve-set file its launch recorded, {recorded}, does not exist"
+    if not fallback.is_file():
+        raise ConfigError(f"{gone}, nor does {fallback} (the same file under the working directory); "
+                          "give the file with --published FILE")
+    curves = load_curves(str(fallback))
+    differs = []
+    if record.get("citation") is not None and curves.citation != record["citation"]:
+        differs.append(f"it cites {curves.citation!r}, the launch's file {record['citation']!r}")
+    missing = sorted(set(record["arms"].values()) - set(curves.curves))
+    if missing:
+        differs.append(f"it has no curve {', '.join(missing)} (curves: {', '.join(curves.curves)})")
+    if differs:
+        raise ConfigError(f"{gone}, and {fallback} is another reference: {'; '.join(differs)}; "
+                          "give the file with --published FILE")
+    return curves, f"note: the curve-set file recorded at launch, {recorded}, is missing; using {fallback} instead"
 
 
 def epoch_values(tracking_uri: str, trials: Any, metrics: Sequence[str],
@@ -116,19 +178,27 @@ def compare_study(tracking_uri: str, study: str, *, path: Optional[str] = None, 
     """``flatlab curves``: the latest launch of ``study`` beside its published reference.
 
     Args:
-        path: a curve-set file (default: the one the study declared, :func:`declared_reference`).
+        path: a curve-set file (default: the one the study's launch recorded, :func:`reference_curves`;
+            its note, when the recorded file has moved, goes to stderr).
         arms: arm -> curve (default: :func:`resolve_arms`).
         metrics, epochs, confidence: as :func:`~flatlab.tracking.published.compare_curves`.
     Raises:
-        ConfigError: no reference declared and no ``path``; an invalid file; no arm that maps to a
-            curve; an unknown metric; unknown study.
+        ConfigError: no reference declared and no ``path``; the recorded file gone and no same one under
+            the working directory; an invalid file; no arm that maps to a curve; an unknown metric;
+            unknown study.
     """
     from flatlab.tracking.results import trials_frame
 
-    declared = declared_reference(tracking_uri, study)
-    if path is None and declared is None:
+    record = launch_record(tracking_uri, study)
+    declared = None if record is None else Published(record["path"], record["arms"])
+    if path is not None:
+        curves = load_curves(path)
+    elif record is None:
         raise ConfigError(f"study {study!r} declares no published reference (Study(published=...)); give one with --published FILE")
-    curves = load_curves(path or declared.path)  # type: ignore[union-attr]
+    else:
+        curves, note = reference_curves(record, study)
+        if note:
+            print(note, file=sys.stderr)
     compared = list(metrics) if metrics else list(curves.compared())
     unknown = [m for m in compared if m not in curves.compared()]
     if unknown:
