@@ -142,7 +142,8 @@ def test_runs_left_open_end_as_interrupted_or_failed_with_the_launch(tmp_path, f
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     exp = runs.get_or_create_experiment(uri, "open")
     parent = runs.client(uri).create_run(exp).info.run_id
-    cb = MLflowTrialLogger(uri, exp, parent, {}, {"sgd": "sgd"}, metric="val/accuracy", mode="max")
+    out = tmp_path / "root" / "open"  # the study's output folder
+    cb = MLflowTrialLogger(uri, exp, parent, {}, {"sgd": "sgd"}, metric="val/accuracy", mode="max", out=out)
 
     class T:
         trial_id, config = "t1", {"arm": "sgd", "seed": 0}
@@ -151,6 +152,9 @@ def test_runs_left_open_end_as_interrupted_or_failed_with_the_launch(tmp_path, f
     cb.close(interrupted=not failed, failed=failed)
     run = runs.client(uri).search_runs([exp], filter_string=f"tags.`{runs.TAG_TRIAL}` = 't1'")[0]
     assert (run.info.status, run.data.tags[runs.TAG_OUTCOME]) == expected
+    # a failed launch names the study's log file, absolute (right from any working directory)
+    error = f"the launch failed; see {tmp_path}/root/open/logs/flatlab.log" if failed else None
+    assert run.data.tags.get(runs.TAG_ERROR) == error
 
 
 def test_full_config_environment_and_study_report(study_run):

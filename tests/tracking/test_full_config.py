@@ -103,19 +103,21 @@ def test_child_run_params_hold_the_full_config_and_results_show_only_the_searche
     assert params == ["param.lr"] and df.loc[0, "param.lr"] == 0.2
 
 
-def test_pickled_callback_keeps_its_study_and_an_old_state_has_none():
+def test_pickled_callback_keeps_its_study_and_an_old_state_has_none(tmp_path):
     import pickle
 
     from flatlab.tracking.callback import MLflowTrialLogger
 
     cb = MLflowTrialLogger("sqlite:///x.db", "1", "p", tags={}, arm_optimizer={}, metric="m", mode="max",
-                           study=STUDY)
-    assert pickle.loads(pickle.dumps(cb)).study == STUDY
+                           study=STUDY, out=tmp_path / "s")
+    back = pickle.loads(pickle.dumps(cb))
+    assert back.study == STUDY and back.out == str(tmp_path / "s")
     old = cb.__getstate__()
-    del old["study"]
+    del old["study"], old["out"]
     fresh = MLflowTrialLogger.__new__(MLflowTrialLogger)
     fresh.__setstate__(old)
     assert fresh.study is None and fresh._params({"arm": "sgd", "lr": 1}) == {"arm": "sgd", "lr": "1"}
+    assert fresh.out is None
 
 
 def test_trial_json_holds_the_resolved_config(tmp_path):

@@ -586,6 +586,7 @@ def _build_tuner(study: Study, opts: RunOptions, launch: Launch, storage_path: s
         metric=study.metric,
         mode=study.mode,
         study=study,  # child runs' params: the resolved configuration too
+        out=launch.path.parent,  # <root>/<study>: a failed launch's runs name its log file
     )
     finals = len(study.arms) * len(study.final_seeds)
     progress = ProgressPrinter(study.num_total_trials() + finals, study.metric, study.mode)

@@ -31,10 +31,12 @@ import math
 import queue
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ray.tune import Callback
 
+from flatlab.study.launches import log_file
 from flatlab.study.placement import PLACEMENT_KEY, placement_tags
 from flatlab.tracking import runs, ui
 from flatlab.tracking.trial_errors import one_line, read_trial_error
@@ -54,13 +56,15 @@ class MLflowTrialLogger(Callback):
         metric, mode: the study metric; ``best/<metric>`` is logged alongside it.
         study: the :class:`~flatlab.study.spec.Study`; when given, each child run's params hold the
             trial's resolved configuration too (:func:`flatlab.tracking.runs.trial_params`).
+        out: the study's output folder (``<root>/<study>``, kept absolute); the runs a failed launch ends
+            name its log file (:func:`flatlab.study.launches.log_file`).
 
     A trial's outcome comes from its last report (:func:`flatlab.tracking.selection.trial_outcome`).
     Pickled (Tune keeps callbacks in its experiment state) as its configuration only; a state pickled by
     an older flatlab that still holds ``max_epochs`` unpickles (the key is dropped).
     """
 
-    _STATE = ("tracking_uri", "experiment_id", "parent_run_id", "tags", "arm_optimizer", "metric", "mode", "study")
+    _STATE = ("tracking_uri", "experiment_id", "parent_run_id", "tags", "arm_optimizer", "metric", "mode", "study", "out")
 
     def __init__(
         self,
@@ -72,6 +76,7 @@ class MLflowTrialLogger(Callback):
         metric: str,
         mode: str,
         study: Any = None,
+        out: Optional[Path] = None,
     ) -> None:
         self.tracking_uri = tracking_uri
         self.experiment_id = experiment_id
@@ -81,6 +86,7 @@ class MLflowTrialLogger(Callback):
         self.metric = metric
         self.mode = mode
         self.study = study
+        self.out = None if out is None else str(Path(out).resolve())
         self._init_runtime()
         #: A resume's :meth:`flatlab.study.recovery.LaunchRecords.claimed`: trial id -> the run of a trial
         #: started before the driver was killed that it takes over (not pickled).
@@ -91,7 +97,7 @@ class MLflowTrialLogger(Callback):
         return {k: self.__dict__[k] for k in self._STATE}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.study = None  # state pickled before the callback held its study
+        self.study = self.out = None  # state pickled before the callback held its study, its output folder
         self.__dict__.update({k: v for k, v in state.items() if k in self._STATE})  # drops an old max_epochs
         self.claimed = None
         self._init_runtime()
@@ -173,11 +179,13 @@ class MLflowTrialLogger(Callback):
 
     def close(self, interrupted: bool = False, failed: bool = False) -> None:
         """Flush, then end every child run still open: KILLED (``flatlab.outcome=interrupted``) when the
-        launch was interrupted, FAILED (``flatlab.outcome=error``) when Tune itself raised."""
+        launch was interrupted, FAILED (``flatlab.outcome=error``, ``flatlab.error`` naming the study's
+        log file) when Tune itself raised."""
         self.flush()
         status, outcome = ("FAILED", "error") if failed else ("KILLED", "interrupted")
+        log = log_file(Path(self.out)) if self.out is not None else "the driver's log"
         for trial_id in list(self._open):
-            self._queue.put(("end", trial_id, (status, outcome, "the launch failed; see logs/flatlab.log" if failed else None)))
+            self._queue.put(("end", trial_id, (status, outcome, f"the launch failed; see {log}" if failed else None)))
         self.flush()
         self._queue.put(("stop", "", None))
         if self._thread is not None:
