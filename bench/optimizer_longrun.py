@@ -1,7 +1,8 @@
 """Step time over a long run: does any optimizer's step slow down as training goes on?
 
 Every registered optimizer (its registered defaults) and, for the AdmIRE/AdamW figure, AdamW with
-AdmIRE's base settings (betas (0.9, 0.95), weight decay 0.1) are stepped on each model of
+AdmIRE's base settings (betas (0.9, 0.95), weight decay 0.1) and AdmIRE computed as the authors' released
+code computes it (:class:`AuthorsAdmIRE`, a timing anchor over that same base) are stepped on each model of
 bench/optimizer_overhead.py (the CNN, the one-block transformer, and the 3072-512-512-10 MLP whose loss
 saturates on its fixed batch, where subnormal gradients appear after a few dozen steps: issue 26),
 each on its own copy of the same initial weights, through the trainer's closure. After ``--warmup``
@@ -13,7 +14,7 @@ Per optimizer: the mean step time of the first and the last block, their ratio (
 ratio of the blocks' medians, which leaves out IRE's refresh steps), flagged "SLOWS DOWN" above
 ``--limit`` (1.3), and the subnormal entries left in its state (wrappers and bases) and in the
 parameters at the end. Per model: AdmIRE / AdamW, the median over blocks of the ratio of AdmIRE's block
-mean to its base's in the same round. With the defaults (warm-up 10, blocks of 20) every block holds two
+mean to its base's in the same round, and the same ratio for the authors' procedure. With the defaults (warm-up 10, blocks of 20) every block holds two
 of IRE's curvature refreshes (K = 10).
 
     python bench/optimizer_longrun.py --threads 1 --clock cpu      # a machine shared with other jobs
@@ -38,8 +39,60 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import optimizer_overhead as ob  # noqa: E402  (a sibling script, not a package: its models, runner, table)
 
 SLOWDOWN_LIMIT = 1.3
-# (label, wrapper, the runner it is divided by): the wrapper against its base built with the same settings
-PAIRS = (("AdmIRE / AdamW", "adamw_ire", "adamw (AdmIRE's base)"),)
+AUTHORS = "adamw_ire (authors' procedure)"
+# (label, runner, the runner it is divided by): the wrapper against its base built with the same settings,
+# and the authors' procedure (:class:`AuthorsAdmIRE`) against the same base
+PAIRS = (
+    ("AdmIRE / AdamW", "adamw_ire", "adamw (AdmIRE's base)"),
+    ("authors' AdmIRE / AdamW", AUTHORS, "adamw (AdmIRE's base)"),
+)
+
+
+class AuthorsAdmIRE:
+    """Timing anchor: AdmIRE's step computed the way the IRE authors' released AdmIRE computes it.
+
+    The authors' ``AdamWIRE_PARAMS`` (IRE-algorithm-framework, ``NLP/LLM/adam.py``; Wang et al., NeurIPS
+    2024): every step a fresh clone of each parameter, the base AdamW step, then per tensor the difference
+    ``θ_new − θ_old``, times the float32 mask, times κ, added to ``θ_new`` (each a new tensor); every K steps
+    the curvature ``h = β·h + (1 − β)·g²`` of the sampled-label gradient, one ``torch.topk`` over all of
+    h concatenated for the threshold, and float32 masks ``h ≤ threshold``. The sampled-label gradient comes
+    from the same closure pass as flatlab's (the authors run a separate pass), so the anchor is, if
+    anything, cheaper than the released code. Same κ, γ, K and β as flatlab's defaults; only time is
+    compared (the mask marks one or two more coordinates than flatlab's ⌊γ·p⌋, as their top-k does).
+    """
+
+    def __init__(self, base: torch.optim.Optimizer, kappa: float, gamma: float, mask_interval: int, beta: float) -> None:
+        self.base, self.kappa, self.gamma, self.mask_interval, self.beta = base, kappa, gamma, mask_interval, beta
+        self.state: Dict[torch.Tensor, Dict[str, torch.Tensor]] = {}
+        self.since_refresh = None
+
+    @torch.no_grad()
+    def _refresh(self, params: Sequence[torch.Tensor], sampled: Sequence[torch.Tensor]) -> None:
+        for p, g in zip(params, sampled):
+            old = self.state.setdefault(p, {}).get("fisher", torch.zeros_like(p))
+            self.state[p]["fisher"] = self.beta * old + (1 - self.beta) * torch.square(g)
+        h = torch.cat([torch.flatten(self.state[p]["fisher"]) for p in params])
+        rank = float(f"{1 - self.gamma:.12g}")  # their "rank", 1 − γ as a script writes it (0.2, not 0.19999999999999996)
+        keep = int(h.numel() * rank)  # rank < 0.5: the ``keep`` largest h are sharp
+        threshold = torch.topk(h, keep, largest=True).values[-1]
+        for p in params:
+            self.state[p]["mask"] = (self.state[p]["fisher"] <= threshold).float()
+
+    def step(self, closure) -> torch.Tensor:
+        params = [p for g in self.base.param_groups for p in g["params"]]
+        if self.since_refresh is None or self.since_refresh >= self.mask_interval:
+            loss, sampled = closure.with_sampled_grads(params)
+            self._refresh(params, sampled)
+            self.since_refresh = 0
+        else:
+            loss = closure()
+        with torch.no_grad():
+            last = [p.clone() for p in params]
+            self.base.step()
+            for p, old in zip(params, last):
+                p.copy_(p + (p - old) * self.state[p]["mask"] * self.kappa)
+        self.since_refresh += 1
+        return loss
 
 
 # ------------------------------------------------------------------------------------------ arithmetic
@@ -133,6 +186,10 @@ def runners(model_name: str, names: Sequence[str], device: torch.device, batch: 
             opt, base = ob.build(name, {}, opt_model, base_model)  # the base with the wrapper's settings
             out[name] = ob.Runner(opt, opt_model, loss_fn, x, y, device)
             out[PAIRS[0][2]] = ob.Runner(base, base_model, loss_fn, x, y, device)
+            authors_model = copy.deepcopy(model)
+            authors_base = ob.build(name, {}, copy.deepcopy(model), authors_model)[1]
+            anchor = AuthorsAdmIRE(authors_base, opt.kappa, opt.gamma, opt.mask_interval, opt.curvature_beta)
+            out[AUTHORS] = ob.Runner(anchor, authors_model, loss_fn, x, y, device)  # type: ignore[arg-type]
             continue
         m = copy.deepcopy(model)
         out[name] = ob.Runner(get_optimizer(name).create(m.named_parameters()), m, loss_fn, x, y, device)

@@ -44,6 +44,47 @@ def test_admire_over_adamw_is_the_median_of_block_ratios_against_its_base(longru
     assert longrun.pair_ratios({"sgd": [0.001] * 4}, block=2) == {}
 
 
+class _Closure:
+    """Sets the true-label gradient and returns a given sampled-label gradient (the trainer closure's API)."""
+
+    def __init__(self, param, grad, sampled):
+        self.param, self.grad, self.sampled, self.sampled_calls, self.calls = param, grad, sampled, 0, 0
+
+    def _grads(self):
+        self.param.grad = self.grad.clone()
+        return torch.tensor(0.5)
+
+    def __call__(self):
+        self.calls += 1
+        return self._grads()
+
+    def with_sampled_grads(self, params):
+        self.sampled_calls += 1
+        return self._grads(), [self.sampled.clone()]
+
+
+def test_authors_anchor_marks_their_top_k_count_and_amplifies_the_masked_step(longrun):
+    # h = g²; γ = 0.8 of 10 coordinates: their top-k takes the int(10·0.2) = 2 largest h and marks h ≤ the
+    # 2nd largest as flat, so n − keep + 1 = 9 coordinates are flat (flatlab's ⌊γ·p⌋ would be 8)
+    theta0 = torch.arange(10.0)
+    p = torch.nn.Parameter(theta0.clone())
+    grad = torch.linspace(-1.0, 1.0, 10)
+    sampled = torch.tensor([0.3, -0.1, 0.9, 0.2, -0.8, 0.4, 0.05, -0.6, 0.7, 0.5])  # only |g| = 0.9 is sharp
+    anchor = longrun.AuthorsAdmIRE(torch.optim.SGD([p], lr=0.1), kappa=2.0, gamma=0.8, mask_interval=2, beta=0.0)
+    closure = _Closure(p, grad, sampled)
+    anchor.step(closure)
+    mask = torch.ones(10)
+    mask[2] = 0.0
+    step = -0.1 * grad
+    assert torch.allclose(p.detach(), theta0 + step + 2.0 * mask * step, atol=1e-6)
+    assert torch.equal(anchor.state[p]["mask"], mask)
+    anchor.step(closure)  # within K = 2: no refresh, the same mask amplifies the second step
+    assert (closure.sampled_calls, closure.calls) == (1, 1)
+    assert torch.allclose(p.detach(), theta0 + 2 * (step + 2.0 * mask * step), atol=1e-6)
+    anchor.step(closure)
+    assert closure.sampled_calls == 2
+
+
 def test_subnormals_kept_counts_state_of_every_level_and_the_parameters(longrun):
     f32 = torch.tensor([1e-40, 0.0, 1.0, float("inf"), -1e-39, float("nan")])  # two subnormals
     base = SimpleNamespace(state={0: {"exp_avg_sq": torch.tensor([1e-310, 1e-40], dtype=torch.float64)}}, base=None)
@@ -57,13 +98,16 @@ def test_runners_cover_the_registry_and_admire_s_base_with_its_settings(longrun)
 
     names = ["sgd", "adamw", "adamw_ire"]
     rs = longrun.runners("cnn", names, torch.device("cpu"), batch=4)
-    assert list(rs) == ["sgd", "adamw", "adamw_ire", "adamw (AdmIRE's base)"]
+    assert list(rs) == ["sgd", "adamw", "adamw_ire", "adamw (AdmIRE's base)", longrun.AUTHORS]
+    anchor = rs[longrun.AUTHORS].opt
+    assert type(anchor.base) is torch.optim.AdamW and anchor.base.param_groups[0]["betas"] == (0.9, 0.95)
+    assert (anchor.kappa, anchor.gamma, anchor.mask_interval, anchor.beta) == (2.0, 0.8, 10, 0.0)
     base = rs["adamw (AdmIRE's base)"].opt
     assert type(base) is torch.optim.AdamW and base.param_groups[0]["betas"] == (0.9, 0.95)
     assert base.param_groups[0]["weight_decay"] == 0.1
     assert rs["adamw"].opt.param_groups[0]["weight_decay"] == 0.0  # the registered default
     models = [r.model for r in rs.values()]
-    assert len({id(m) for m in models}) == 4  # each on its own copy of the same initial weights
+    assert len({id(m) for m in models}) == 5  # each on its own copy of the same initial weights
     assert all(torch.equal(p, q) for m in models[1:] for p, q in zip(models[0].parameters(), m.parameters()))
     assert set(names) <= set(OPTIMIZERS.names())
 
