@@ -64,6 +64,8 @@ def test_memory_after_timing_is_measured_in_a_fresh_process(optimizer_bench, mem
         assert timing["ratio (wall)"] == round(block, 3)
         assert (timing["interval"], timing["interval coverage"], timing["target ratio"]) == ([block, block], 0.0, 1.1)
     rows = {r["optimizer / base"]: (r["model"], r["state copies"], r["peak extra copies"]) for r in report["memory"]}
-    assert rows["SGD-IRE / SGD (K=10)"] == ("probe",) + memory["SGD-IRE / SGD (K=10)"][:2]
+    # the peak varies by about 0.01 copy (0.75 MB of 75) from run to run: 3.52 against 3.53 was seen
+    sgd_ire, reference = rows["SGD-IRE / SGD (K=10)"], memory["SGD-IRE / SGD (K=10)"]
+    assert sgd_ire[:2] == ("probe", reference[0]) and sgd_ire[2] == pytest.approx(reference[1], abs=0.02)
     assert rows["AdmIRE / AdamW (K=10)"][:2] == ("probe", 2.25)
     assert rows["AdmIRE / AdamW (K=10)"][2] == pytest.approx(2.25, abs=0.05)
