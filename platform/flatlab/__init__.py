@@ -1,6 +1,10 @@
 """flatlab: Ray-distributed hyperparameter studies of sharpness-aware and flat-minima training."""
 
-from flatlab._version import __version__
+from flatlab.telemetry import disable_reporting
+
+disable_reporting()  # before Ray or MLflow is imported: nothing of a local study is reported out
+
+from flatlab._version import __version__  # noqa: E402
 from flatlab.study.spec import Arm, Resources, Study  # noqa: E402
 from flatlab.tracking.published import Published  # noqa: E402
 
