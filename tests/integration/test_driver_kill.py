@@ -88,9 +88,28 @@ def test_sigkill_at_four_moments_then_resume_leaves_exact_records(tmp_path):
     import optuna
 
     study = write_study(tmp_path / "kill9.py", f"""
+import time
+
+from flatlab.workloads.digits import Digits
+from flatlab.workloads.registry import register_workload
+
+
+@register_workload
+class SlowDigits(Digits):
+    \"\"\"Digits whose every evaluation takes 0.3 s more: a trial stays RUNNING for seconds after its
+    second epoch reaches MLflow, so the kill "with a trial mid-way" finds one however fast the machine
+    (plain digits trials of width 16 finished the whole launch in 14 s before the test looked).\"\"\"
+
+    name = "slow_digits"
+
+    def evaluate(self, model, split, batch_size=512):
+        time.sleep(0.3)
+        return super().evaluate(model, split, batch_size)
+
+
 STUDY = Study(
     name="kill9",
-    workload="digits",
+    workload="slow_digits",
     workload_params={{"width": 16}},
     arms=(Arm("sgd", space={{"lr": sp.loguniform(0.02, 0.3)}}),),
     num_trials={N},
