@@ -463,7 +463,7 @@ def checkout_path(path: Any) -> str:
     """Where a curve-set file lies in the checkout that holds it: its path from the nearest enclosing
     folder named ``studies`` on (``studies/published/deepobs_fmnist_2c2d.json``), else its name alone.
     Rules 2 and 3 of :func:`shown_path`; ``flatlab curves`` looks for a recorded file that has gone at this
-    path under the working directory (:func:`flatlab.tracking.published_runs.reference_file`).
+    path under the working directory (:func:`flatlab.tracking.published_runs.reference_curves`).
 
     Args:
         path: an absolute path (a relative one is taken as it is spelled, not resolved).
