@@ -173,8 +173,10 @@ def test_update_is_theta_old_plus_amplified_base_step(make_base):
             assert_bitwise(params_of(model), params_of(ref_model))
             continue
         for p, o, new in zip(model.parameters(), old, params_of(ref_model)):
-            n = opt.state[p]["mask"].to(o.dtype)
+            mask = opt.state[p]["mask"]
+            n = mask.to(o.dtype)
             torch.testing.assert_close(p.detach(), o + (1 + kappa * n) * (new - o), rtol=1e-6, atol=1e-8)
+            assert torch.equal(p.detach()[~mask], new[~mask])  # coordinates not flat: the base's step, bit for bit
         # the base's state (momentum / Adam moments) is the base's own, never amplified
         for p, rp in zip(model.parameters(), ref_model.parameters()):
             for key, v in opt.base.state[p].items():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 import pytest
 import torch
@@ -188,14 +188,20 @@ class SubnormalArithmetic(TorchDispatchMode):
         self.active = False
         self.found: Dict[str, int] = collections.Counter()
         self.ops = 0
+        self.seen: Dict[str, int] = collections.Counter()  # operations counted, by name
+        # when set: count only operations with one of these tensors (by storage) among their arguments
+        self.only_with: Optional[Set[int]] = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__
         if self.active and name not in _DATA_MOVES:
-            self.ops += 1
             tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+            if self.only_with is not None and not any(t.data_ptr() in self.only_with for t in tensors):
+                return out
+            self.ops += 1
+            self.seen[name] += 1
             n = sum(subnormal_count(t) for t in tensors)
             if n:
                 self.found[name] += n
@@ -233,13 +239,38 @@ def issue_mlp_run(steps: int):
         watched(record, False)(sampled)  # the test's own look at the sampled gradients is not IRE's work
         watched(refresh, True)(params, sampled)
 
+    class ModelPasses:  # the closure's passes (forward, backward, label sampling) are the model's work
+        def __call__(self):
+            return watched(closure, False)()
+
+        def extra(self):
+            return watched(closure.extra, False)()
+
+        def with_sampled_grads(self, params):
+            return watched(closure.with_sampled_grads, False)(params)
+
+    amplified = ire_mod._amplified_adamw.amplified_adamw_step
+
+    def amplified_watched(base, flat, kappas):
+        # AdamW's update with IRE's two extra passes in it: AdamW's own arithmetic (on the gradient and its
+        # moments) is the base's work, as inside base.step(); IRE's passes are those that read the masks n
+        watch.only_with = {n.data_ptr() for n in flat.values()}
+        try:
+            return watched(amplified, True)(base, flat, kappas)
+        finally:
+            watch.only_with = None
+
     opt.base.step = watched(base_step, False)
     opt._refresh_mask = refresh_and_record
-    with watch:
-        for _ in range(steps):
-            watch.active = True
-            opt.step(closure)
-            watch.active = False
+    ire_mod._amplified_adamw.amplified_adamw_step = amplified_watched
+    try:
+        with watch:
+            for _ in range(steps):
+                watch.active = True
+                opt.step(ModelPasses())
+                watch.active = False
+    finally:
+        ire_mod._amplified_adamw.amplified_adamw_step = amplified
     return opt, model, watch, below
 
 
@@ -257,9 +288,12 @@ def test_admire_does_no_arithmetic_on_subnormals_in_100_steps_on_a_saturating_ml
     # subnormal or 0 (IRE's earlier code squared it: ~3·10^5 subnormal products per refresh here)
     assert len(below) == 10 and max(below[2:]) > 0.05
     assert watch.ops > OPS_SEEN and dict(watch.found) == {}
+    # IRE's passes inside AdamW's update were watched: two per tensor and step (decay, denominator), 6
+    # tensors, 100 steps
+    assert watch.seen["addcmul_"] == 2 * 6 * 100
     kept: Dict[str, int] = collections.Counter()
     for p in model.parameters():
         for key, value in opt.state[p].items():
             kept[key] += subnormal_count(value)
-    assert dict(kept) == {"theta": 0, "mask": 0, "weight": 0}
+    assert dict(kept) == {"mask": 0, "flat": 0}  # AdamW on the CPU: the amplified step keeps no θ_old
     assert sum(subnormal_count(p.detach()) for p in model.parameters()) == 0

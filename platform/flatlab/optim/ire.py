@@ -6,6 +6,10 @@ steps as usual, Δ = θ_new − θ_old, and then
     θ ← θ_old + (1 + κ·n) ⊙ Δ     (computed as θ_new + κ·n⊙Δ in one fused torch.lerp; n = 0 coordinates
                                    keep the base's θ_new bit for bit)
 
+Over torch's own AdamW where it runs its single-tensor loop (CPU), the same update is computed inside
+AdamW's passes instead, with no copy of θ_old (:mod:`flatlab.optim._amplified_adamw`): n = 0 coordinates
+and the moments are bit for bit torch's AdamW, flat coordinates equal θ_old + (1+κ)·Δ to rounding.
+
 where n is a 0/1 mask of "flat" coordinates. The mask acts on the base optimizer's whole step
 (momentum, Adam preconditioning, decoupled weight decay included); the base's state (momentum, Adam
 moments) is never amplified.
@@ -73,6 +77,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional,
 import torch
 
 from flatlab.hparams import HParam
+from flatlab.optim import _amplified_adamw
 from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
 from flatlab.optim.protocol import Closure, as_closure, local_pass, ranks_mean, step_may_be_skipped, step_skipped
 from flatlab.optim.registry import register_optimizer
@@ -173,13 +178,15 @@ class IRE(WrappedOptimizer):
 
     Memory: θ_old (one parameter copy, reused), the mask (1 byte per coordinate), the lerp weights
     −κ·n (one copy, rebuilt when the mask or κ_t changes), and the curvature EMA in float32 when
-    ``curvature_beta > 0``: 2.25 copies between steps (a refresh writes the new EMA into a new tensor, so
-    that, with fp16 loss scaling, the old EMA and masks can be put back when the step is skipped; they
-    are then held until the step ends: up to 1.25 more copies during an fp16 refresh step). A refresh adds the sampled-label gradient
-    (one copy, made |g| in place as the ranking keys) and the new masks; the threshold's select works in bounded
-    pieces (``flatlab.optim._flat.SELECT_CHUNK``). Cost at K = 10: one extra backward pass (the
-    sampled labels' gradient) every K active steps plus two elementwise passes per step (copy θ_old,
-    one fused lerp).
+    ``curvature_beta > 0``: 2.25 copies between steps. Over CPU AdamW (amplified inside its update) the
+    mask and n as 0/1 in the parameters' dtype, no θ_old: 1.25 copies. A refresh writes the new EMA into
+    a new tensor, so that, with fp16 loss scaling, the old EMA and masks can be put back when the step
+    is skipped; they are then held until the step ends (up to 1.25 more copies during an fp16 refresh
+    step). A refresh adds the sampled-label gradient (one copy, made |g| in place as the ranking keys)
+    and the new masks; the threshold's select works in bounded pieces
+    (``flatlab.optim._flat.SELECT_CHUNK``). Cost at K = 10: one extra backward pass (the sampled labels'
+    gradient) every K active steps plus two elementwise passes per step (copy θ_old, one fused lerp;
+    over CPU AdamW instead two ``addcmul_`` inside its update).
 
     Compose with IRE outermost (``IRE(SAM(SGD))``): a wrapper that calls its base's ``step()`` without
     a closure (SAM, TSAM) cannot drive IRE's curvature pass.
@@ -227,6 +234,7 @@ class IRE(WrappedOptimizer):
         self._warned = False
         self._mask_version = 0  # bumped when masks change; keys the cached lerp weights
         self._weight_key: Dict[int, Tuple[int, float, int]] = {}
+        self._flat_key = -1  # the _mask_version the amplified AdamW step's 0/1 masks were built from
         self._layer_fractions: Dict[str, float] = {}  # log_flat_fraction: per-tensor flat fractions of the mask
 
     def _describe(self) -> str:
@@ -387,6 +395,45 @@ class IRE(WrappedOptimizer):
                 self._weight_key[i] = (self._mask_version, kappa, len(ps))
             torch._foreach_lerp_(ps, [self.state[p]["theta"] for p in ps], weights)
 
+    def _keep_theta(self, params: Sequence[torch.Tensor]) -> None:
+        theta = persistent_buffers(self.state, params, "theta")
+        with torch.no_grad():
+            torch._foreach_copy_(theta, params)
+
+    def _flat_masks(self, params: Sequence[torch.Tensor]) -> Dict[torch.Tensor, torch.Tensor]:
+        # n as 0/1 in each parameter's dtype, for the amplified AdamW step; rebuilt when the masks change
+        ps = [p for p in params if "mask" in self.state[p]]
+        flats = persistent_buffers(self.state, ps, "flat")
+        if ps and self._flat_key != self._mask_version:
+            with torch.no_grad():  # from the masks' bytes: a bool -> float copy is several times slower on the CPU
+                torch._foreach_copy_(flats, [self.state[p]["mask"].view(torch.uint8) for p in ps])
+            self._flat_key = self._mask_version
+        return dict(zip(ps, flats))
+
+    def _adamw_step(
+        self, closure: Optional[Callable[[], torch.Tensor]], params: Sequence[torch.Tensor], kappas: Sequence[float]
+    ) -> Tuple[Optional[torch.Tensor], bool]:
+        # AdamW's step is its closure, then its update: run the closure here (masks refresh inside it), then
+        # either the amplified update in AdamW's own passes (no θ_old: flatlab.optim._amplified_adamw) or,
+        # where that does not apply, θ_old kept, torch's step, and the blend. Returns (loss, blend needed).
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if _amplified_adamw.applies(self.base):
+            for p in params:  # the blend's buffers, from steps that took the other way
+                self.state[p].pop("theta", None)
+                self.state[p].pop("weight", None)
+            self._weight_key.clear()
+            _amplified_adamw.amplified_adamw_step(self.base, self._flat_masks(params), kappas)
+            return loss, False
+        for p in params:
+            self.state[p].pop("flat", None)
+        self._flat_key = -1
+        self._keep_theta(params)
+        self.base.step()
+        return loss, True
+
     # ------------------------------------------------------------------ step
     def step(self, closure: Optional[Callable[[], torch.Tensor]] = None) -> Optional[torch.Tensor]:  # type: ignore[override]
         """The base step, then the flat coordinates' part of it amplified by κ (once switched on).
@@ -422,14 +469,15 @@ class IRE(WrappedOptimizer):
             c = as_closure(require_closure(closure, "IRE (curvature refresh)"))
             wrapped = _CurvatureClosure(c, params, lambda sampled: self._refresh_mask(params, sampled))
             run_closure = wrapped
-        theta = persistent_buffers(self.state, params, "theta")
-        with torch.no_grad():
-            torch._foreach_copy_(theta, params)
         # what a refresh replaces (references, no copies), put back if the step is skipped; held only when
         # a skip is possible (fp16), as the old masks then stay alive until the step ends (+1/4 copy)
         kept = [(p, self.state[p].get("mask"), self.state[p].get("curvature")) for p in params] if refresh and step_may_be_skipped(closure) else []
         kept_fraction = self._flat_fraction
-        loss = self.base.step(run_closure)
+        if type(self.base) is torch.optim.AdamW:
+            loss, blend = self._adamw_step(run_closure, params, kappas)
+        else:
+            self._keep_theta(params)
+            loss, blend = self.base.step(run_closure), True
         if step_skipped(closure):  # a pass overflowed (fp16): the base stepped nothing; undo our own state
             self._steps -= 1
             for p, mask, curvature in kept:
@@ -451,7 +499,8 @@ class IRE(WrappedOptimizer):
             self._since_refresh = 0
         assert self._since_refresh is not None
         self._since_refresh += 1
-        self._amplify(params, kappas)
+        if blend:
+            self._amplify(params, kappas)
         self._metrics.add("opt/ire_active", 1.0)
         self._metrics.add("opt/flat_fraction", self._flat_fraction)
         self._metrics.add("opt/kappa", kappas[0])
