@@ -375,7 +375,7 @@ def memory_rows_in_child(args: argparse.Namespace) -> List[List[str]]:
     The peak RSS counts a tensor only when its allocation maps new pages. After the timing runs, glibc's
     heap holds large free chunks, and malloc serves a request from a free chunk before it maps anything
     (whatever the mmap threshold), so in the same process the figures would depend on what ran before:
-    SGD-IRE's peak read 3.50 and AdmIRE's 2.38–2.50 there, against 3.53 and 2.25 in a fresh process.
+    SGD-IRE's peak read 3.50 there, against 3.53 in a fresh process.
 
     Raises:
         RuntimeError: the child failed (its stderr's tail in the message).
