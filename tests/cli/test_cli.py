@@ -173,7 +173,9 @@ def test_run_ends_with_seed_means_when_every_grid_point_ran_with_every_seed(tmp_
         assert "best configuration per arm, mean and std over 2 seeds" in res.output
         assert "0.85" in res.output and "0.8" in res.output  # the mean of val/accuracy and of test/accuracy
     else:
-        assert "best trial per arm (from MLflow)" in res.output and "t1" in res.output and "0.85" not in res.output
+        assert "best trial per arm (from MLflow)" in res.output and "t1" in res.output and "±" not in res.output
+        # the trial, with the score that chose its configuration (the mean 0.85 of its 2 seeds) and the rule's line
+        assert "0.85" in res.output and "chosen on completed search trials" in " ".join(res.output.split())
     # where to look next: the UI of the SQLite store, served on 127.0.0.1, opened in the training view
     mlflow = Path(sys.executable).parent / "mlflow"  # absolute: works where the venv is not active
     assert f"MLflow UI: `{mlflow} server --backend-store-uri sqlite:///x.db --host 127.0.0.1 --port 5000`" in res.output

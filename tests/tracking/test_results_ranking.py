@@ -84,3 +84,50 @@ def test_by_config_best_is_the_final_stage_row_where_an_arm_has_one():
     best = chosen_configurations(pooled, df)
     assert (best.loc[0, "stage"], best.loc[0, "seeds"], best.loc[0, "param.lr"]) == ("final", 3, 0.1)
     assert best.loc[0, "val/accuracy mean"] == pytest.approx(0.94)
+
+
+def grid_with_a_final_stage():
+    """Two arms, 2 seeds per configuration, each arm's chosen configuration re-run on 2 final seeds:
+    sgd wins the search (mean 0.92 against 0.91), tsam's final seeds do better (0.96 against 0.90)."""
+    rows = []
+    for arm, stage, lr, values in (("tsam", "search", 0.1, [0.90, 0.92]), ("tsam", "search", 0.2, [0.95, 0.80]),
+                                   ("tsam", "final", 0.1, [0.96, 0.96]),
+                                   ("sgd", "search", 0.1, [0.93, 0.91]), ("sgd", "final", 0.1, [0.90, 0.90])):
+        for seed, v in enumerate(values, start=0 if stage == "search" else 5):
+            rows.append({"arm": arm, "stage": stage, "seed": seed, "trial_id": f"{arm}{lr}{seed}", "outcome": "completed",
+                         "epochs": 9, "val/accuracy": v, "best/val/accuracy": v, "param.lr": lr})
+    df = sort_trials(pd.DataFrame(rows), "val/accuracy", "max")
+    df.attrs.update(metric="val/accuracy", mode="max")
+    return df
+
+
+def test_by_config_best_lists_arms_by_the_search_score_and_shows_it():
+    df = grid_with_a_final_stage()
+    best = chosen_configurations(by_config(df), df)
+    assert best["arm"].tolist() == ["sgd", "tsam"] and best["stage"].tolist() == ["final", "final"]
+    assert best["val/accuracy mean"].tolist() == pytest.approx([0.90, 0.96])  # the final seeds' mean
+    assert best["search val/accuracy mean"].tolist() == pytest.approx([0.92, 0.91])  # the score that chose
+    assert best["search seeds"].tolist() == [2, 2] and best.attrs["best"] == "config"
+
+
+def test_best_tables_show_the_score_and_say_which_trials_chose():
+    df = grid_with_a_final_stage()
+    best = best_trial_rows(df)
+    assert best["trial_id"].tolist() == ["sgd0.10", "tsam0.11"]  # by the mean: sgd first, though tsam's 0.92 is higher
+    console = Console(record=True, width=250)
+    render(best, console)
+    text = console.export_text()
+    header = text.splitlines()[1]
+    assert "search val/accuracy mean" in header and "search seeds" in header  # several seeds: the mean is shown
+    assert [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")] == ["sgd", "tsam"]
+    caption = " ".join(text.split())
+    assert ("each arm's best trial of its best configuration, chosen on completed search trials by the mean "
+            "final-epoch val/accuracy over seeds (higher is better); arms best first by that mean. Final-stage "
+            "trials are not candidates: `flatlab results --by-config --best` and `flatlab compare` report them") in caption
+    one = df[df["seed"] != 1].reset_index(drop=True)  # one search seed (an Optuna search): the mean is the value
+    one.attrs.update(df.attrs)
+    console = Console(record=True, width=250)
+    render(best_trial_rows(one), console)
+    text = console.export_text()
+    assert "search" not in text.splitlines()[1] and "chosen on completed search trials" in text
+    assert [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")] == ["tsam", "sgd"]  # 0.95, 0.93

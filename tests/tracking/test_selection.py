@@ -96,3 +96,48 @@ def test_tables_best_configuration_rows_and_best_trial_rows():
     assert by_best_epoch[["param.lr", "seed"]].values.tolist() == [[0.1, 1]]
     with pytest.raises(ConfigError, match=r"--rank-by best-epoch: these trials recorded no best/val/accuracy"):
         sel.best_trial_rows(frame().drop(columns="best/val/accuracy"), "best-epoch")
+
+
+def reported():
+    """The demo's report: each arm's search trials (one seed each, as Optuna runs them) and its final-stage
+    re-runs of the chosen configuration, whose values differ from the search trial's."""
+    rows = [  # arm, stage, seed, lr, final value
+        ("sam", "search", 0, 0.1, 0.9526), ("sam", "search", 0, 0.3, 0.9400), ("sam", "final", 1, 0.1, 0.9700),
+        ("sgd_ire", "search", 0, 0.1, 0.9582), ("sgd_ire", "final", 1, 0.1, 0.9500),
+        ("tsam", "search", 0, 0.1, 0.9499), ("tsam", "final", 1, 0.1, 0.9554), ("tsam", "final", 2, 0.1, 0.9560),
+        ("sgd", "search", 0, 0.1, 0.9554), ("sgd", "final", 1, 0.1, 0.9300),
+    ]
+    df = pd.DataFrame(rows, columns=["arm", "stage", "seed", "param.lr", "val/accuracy"])
+    df["outcome"], df["best/val/accuracy"] = "completed", df["val/accuracy"]
+    df.attrs.update(metric="val/accuracy", mode="max")
+    return df
+
+
+@pytest.mark.parametrize("mode, arms", [("max", ["sgd_ire", "sgd", "sam", "tsam"]),
+                                        ("min", ["sam", "tsam", "sgd", "sgd_ire"])])  # sam: lr 0.3
+def test_best_trial_rows_list_arms_best_first_by_the_rule_whatever_the_final_stage_and_row_order(mode, arms):
+    from flatlab.tracking.results import sort_trials
+
+    for order in (sort_trials(reported(), "val/accuracy", mode), reported().iloc[::-1]):
+        df = order.reset_index(drop=True)
+        df.attrs.update(metric="val/accuracy", mode=mode)
+        best = sel.best_trial_rows(df)
+        assert best["arm"].tolist() == arms and set(best["stage"]) == {"search"}
+        # the score the rule chose by, beside the trial: one seed each, so the trial's own value
+        assert best["search val/accuracy mean"].tolist() == best["val/accuracy"].tolist()
+        assert best["search seeds"].tolist() == [1, 1, 1, 1]
+        assert best.attrs["best"] == "trial" and best.attrs["rank_by"] == "final"
+    assert sel.best_trial_rows(reported()).loc[3, "val/accuracy"] == 0.9499  # tsam: its search trial, not 0.9554
+
+
+def test_arms_rank_by_the_mean_then_more_seeds_then_the_best_trial_then_the_name():
+    trials = [T("b", 0.9, 0, lr=1), T("b", 0.7, 1, lr=1),  # mean 0.8 over 2 seeds, best trial 0.9
+              T("a", 0.8, 0, lr=1),  # mean 0.8 over 1 seed
+              T("d", 0.85, 0, lr=1), T("d", 0.75, 1, lr=1),  # mean 0.8 over 2 seeds, best trial 0.85
+              T("c", 0.8, 0, lr=1),  # as a: the name decides
+              T("e", 0.81, 0, lr=2), T("e", 0.99, 0, lr=3), T("e", 0.1, 1, lr=3)]  # chosen lr 2 by its mean 0.81
+    for order in (trials, trials[::-1]):
+        best = sel.best_configurations(order, "max")
+        assert sel.rank_arms(best, "max") == ["e", "b", "d", "a", "c"]
+        low = sel.best_configurations(order, "min")  # e: lr 3 (mean 0.545); b, d: best trials 0.7, 0.75
+        assert sel.rank_arms(low, "min") == ["e", "b", "d", "a", "c"]

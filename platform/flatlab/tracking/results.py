@@ -7,6 +7,7 @@ from typing import Any, List, Optional
 
 from flatlab.errors import ConfigError
 from flatlab.tracking import runs
+from flatlab.tracking.selection import SEARCH_SEEDS
 
 
 # Final metrics whose plain name reads like a hyperparameter: the scheduled learning rate of the last
@@ -148,17 +149,27 @@ def chosen_configurations(pooled, trials, rank_by: str = "final"):
     its final-stage row (the chosen configuration pooled over the final seeds: the paper-table row)
     where it has one, else the row of its best configuration
     (:func:`flatlab.tracking.selection.best_configurations` over ``trials``, the :func:`trials_frame`
-    table ``pooled`` was made from). Arms none of whose search trials completed have no row.
+    table ``pooled`` was made from). Arms best first by the score their configuration was chosen by
+    (:func:`flatlab.tracking.selection.rank_arms`: the search trials' mean, not the final stage's);
+    an arm with only final-stage rows left (``--filter``) comes last. Arms none of whose search trials
+    completed have no row. Each row has the score its configuration was chosen by
+    (:func:`flatlab.tracking.selection.score_column` and ``SEARCH_SEEDS``). ``attrs`` are kept, with
+    ``best`` set to ``"config"`` and ``rank_by``.
     """
+    import pandas as pd
+
     from flatlab.tracking import selection
 
     if pooled.empty:
         return pooled
-    best = selection.best_configurations(selection.frame_trials(trials, rank_by), trials.attrs.get("mode", "max"))
+    mode = trials.attrs.get("mode", "max")
+    best = selection.best_configurations(selection.frame_trials(trials, rank_by), mode)
     params = [c for c in pooled.columns if c.startswith("param.")]
     final = pooled["stage"] == selection.STAGE_FINAL if "stage" in pooled.columns else pooled["arm"].isna()
     keep = []
-    for arm in dict.fromkeys(pooled["arm"]):
+    present = set(pooled["arm"])
+    arms = [a for a in selection.rank_arms(best, mode) if a in present]
+    for arm in arms + [a for a in dict.fromkeys(pooled["arm"]) if a not in best]:
         mine = pooled[pooled["arm"] == arm]
         if final.loc[mine.index].any():
             keep.append(mine[final.loc[mine.index]].index[0])
@@ -166,7 +177,12 @@ def chosen_configurations(pooled, trials, rank_by: str = "final"):
             keep += [i for i, row in mine.iterrows()
                      if selection.config_key({c[len("param."):]: row[c] for c in params}) == best[arm].config][:1]
     out = pooled.loc[keep].reset_index(drop=True)
+    chosen = [best.get(arm) for arm in out["arm"]]
+    out[selection.score_column(trials.attrs.get("metric", "val/accuracy"), rank_by)] = [
+        c.mean if c else float("nan") for c in chosen]
+    out[selection.SEARCH_SEEDS] = pd.array([c.seeds if c else None for c in chosen], dtype="Int64")
     out.attrs.update(pooled.attrs)
+    out.attrs.update(best="config", rank_by=rank_by)
     return out
 
 
@@ -277,9 +293,11 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
     test = _test_metric(df) or "test/accuracy"
     pooled = [] if columns else list(df.attrs.get("pooled", []))
     if pooled:
-        cols = [c for c in ("arm", "stage", "seeds", "trials", "reached") if c in df.columns]
+        cols = [c for c in ("arm", "stage", "seeds", "trials", "reached") if c in df.columns] + _score(df)
     else:
         default = ["arm", "trial_id", "status", "outcome", "epochs", metric, f"best/{metric}", test]
+        if _score(df) and (df[SEARCH_SEEDS] > 1).any():  # several seeds: their mean, not this trial's value, ranks
+            default[7:7] = _score(df)
         if "stage" in df.columns and (df["stage"] == "final").any():
             default.insert(1, "stage")  # search trials and the final stage's re-runs side by side
         default += [c for c in ("train/steps_to_target", "train/speedup") if _has_values(df, c)]  # Study(reference_arm=...)
@@ -298,8 +316,37 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
     head = [*cols, *pooled, *([] if columns else ["params"])]
     whole = {i for i, h in enumerate(head)
              if h in ("arm", "params") or h in pooled or all(_is_number(r[i]) for r in rows)}
-    caption = "mean ± sample std over the seeds that completed" if pooled else None
-    print_table(console, make_table(head, rows, whole, title=title or None, caption=caption), hint)
+    captions = ["mean ± sample std over the seeds that completed"] if pooled else []
+    captions += [answer_caption(df.attrs)] if df.attrs.get("best") else []
+    caption = "\n".join(captions) or None
+    print_table(console, make_table(head, rows, whole, title=title or None, caption=caption, caption_justify="left"), hint)
+
+
+def _score(df) -> List[str]:
+    """The columns of a one-row-per-arm table with the score that chose each arm's configuration
+    (:func:`flatlab.tracking.selection.score_column`, ``SEARCH_SEEDS``); none for another table."""
+    from flatlab.tracking.selection import score_column
+
+    if not df.attrs.get("best"):
+        return []
+    score = score_column(df.attrs.get("metric", "val/accuracy"), df.attrs.get("rank_by", "final"))
+    return [score, SEARCH_SEEDS] if score in df.columns and SEARCH_SEEDS in df.columns else []
+
+
+def answer_caption(attrs: Any) -> str:
+    """The line under a one-row-per-arm table (``attrs["best"]``: ``"trial"`` from
+    :func:`flatlab.tracking.selection.best_trial_rows`, ``"config"`` from
+    :func:`chosen_configurations`): which trials the rule chose on, by which metric and direction, the
+    order of the rows, and where the final stage's trials are."""
+    metric, mode = attrs.get("metric", "val/accuracy"), attrs.get("mode", "max")
+    epoch = "best-epoch" if attrs.get("rank_by") == "best-epoch" else "final-epoch"
+    trial = attrs.get("best") == "trial"
+    rows = "each arm's best trial of its best configuration" if trial else "each arm's best configuration"
+    final = ("`flatlab results --by-config --best` and `flatlab compare` report them" if trial
+             else "a final row is the chosen configuration over the final seeds")
+    better = "higher" if mode == "max" else "lower"
+    return (f"{rows}, chosen on completed search trials by the mean {epoch} {metric} over seeds ({better} is "
+            f"better); arms best first by that mean. Final-stage trials are not candidates: {final}")
 
 
 def params_text(row: Any, params: List[str], sep: str) -> str:

@@ -23,6 +23,9 @@ The rules:
 * **Best trial of an arm** (:func:`best_trial`): the best configuration's completed trial with the best
   final value (ties: the smaller seed). **Best trial for a seed** (:func:`trial_for_seed`): the trial
   with that seed of the best-ranked configuration that has one.
+* **Order of arms** (:func:`rank_arms`): a one-row-per-arm answer lists the arms best first by the
+  score their best configuration won with (its mean, then more seeds, then its best trial's value,
+  then the arm's name), never by final-stage values or the order trials are listed in.
 * **Reference arm** (:func:`reference_arm`): the study's ``reference_arm`` (as the launch recorded
   it) where it is among the compared arms, else ``sgd`` (the baseline every flat-minima paper compares
   with), else the first arm alphabetically.
@@ -103,6 +106,20 @@ def value_column(metric: str, rank_by: str = "final") -> str:
     if rank_by not in RANKINGS:
         raise ConfigError(f"rank_by={rank_by!r} is not supported; expected one of {', '.join(RANKINGS)}")
     return metric if rank_by == "final" else f"best/{metric}"
+
+
+SEARCH_SEEDS = "search seeds"
+"""The column of a one-row-per-arm table with its best configuration's completed search trials."""
+
+
+def score_column(metric: str, rank_by: str = "final") -> str:
+    """The column of a one-row-per-arm table with the score its arm's best configuration was chosen
+    by: ``search <metric> mean`` (``search best/<metric> mean`` with ``rank_by="best-epoch"``).
+
+    Raises:
+        ConfigError: as :func:`value_column`.
+    """
+    return f"search {value_column(metric, rank_by)} mean"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -213,6 +230,20 @@ def best_configurations(trials: Iterable[Trial], mode: str) -> Dict[str, Configu
     return {arm: ranked[0] for arm, ranked in rank_configurations(trials, mode).items()}
 
 
+def rank_arms(best: Mapping[str, Configuration], mode: str) -> List[str]:
+    """The arms of ``best`` (:func:`best_configurations`), best first by the score their best
+    configuration won with: its mean (by ``mode``), then more seeds, then its best trial's value, then
+    the arm's name, so the order never depends on the order trials are listed in. The order every
+    one-row-per-arm table (``flatlab results --best``, the end of ``flatlab run``) shows.
+
+    Raises:
+        ConfigError: ``mode`` not ``max``/``min``.
+    """
+    sign = _sign(mode)
+    return sorted(best, key=lambda arm: (-sign * best[arm].mean, -best[arm].seeds,
+                                         -sign * best_trial(best[arm]).value, arm))
+
+
 def best_trial(configuration: Configuration) -> Trial:
     """The best trial of a configuration (and, of an arm's best configuration, of the arm): its
     completed trial with the best value, ties to the smaller seed."""
@@ -295,10 +326,17 @@ def best_configuration_rows(df, rank_by: str = "final"):
 
 
 def best_trial_rows(df, rank_by: str = "final"):
-    """One row per arm of a ``trials_frame`` table: its :func:`best_trial`, arms in the table's order.
-    Arms without a completed search trial have none. ``attrs`` are kept."""
-    best = best_configurations(frame_trials(df, rank_by), df.attrs.get("mode", "max"))
-    arms = [a for a in dict.fromkeys(df["arm"]) if a in best] if not df.empty else []
+    """One row per arm of a ``trials_frame`` table: its :func:`best_trial`, arms best first
+    (:func:`rank_arms`), with the score the rule chose its configuration by: :data:`SEARCH_SEEDS` (the
+    configuration's completed search trials) and :func:`score_column` (their mean). Arms without a
+    completed search trial have none. ``attrs`` are kept, with ``best`` set to ``"trial"`` and
+    ``rank_by``."""
+    mode = df.attrs.get("mode", "max")
+    best = best_configurations(frame_trials(df, rank_by), mode)
+    arms = rank_arms(best, mode)
     out = df.loc[[best_trial(best[a]).ref for a in arms]].reset_index(drop=True)
+    out[score_column(df.attrs.get("metric", "val/accuracy"), rank_by)] = [best[a].mean for a in arms]
+    out[SEARCH_SEEDS] = [best[a].seeds for a in arms]
     out.attrs.update(df.attrs)
+    out.attrs.update(best="trial", rank_by=rank_by)
     return out
