@@ -110,6 +110,21 @@ def test_by_config_best_lists_arms_by_the_search_score_and_shows_it():
     assert best["search seeds"].tolist() == [2, 2] and best.attrs["best"] == "config"
 
 
+def test_by_config_best_takes_the_final_rows_of_the_chosen_configuration_across_launches():
+    # --all: an earlier launch chose tsam's lr 0.2 and re-ran it on final seeds; over both launches' search
+    # trials lr 0.1 is chosen (mean 0.91 against 0.875), so its final rows are the answer, not lr 0.2's
+    df = grid_with_a_final_stage()
+    rows = [{"arm": "tsam", "stage": "final", "seed": 7 + i, "trial_id": f"old{i}", "outcome": "completed", "epochs": 9,
+             "val/accuracy": 0.99, "best/val/accuracy": 0.99, "param.lr": 0.2} for i in range(2)]
+    both = sort_trials(pd.concat([pd.DataFrame(rows), df], ignore_index=True), "val/accuracy", "max")
+    both.attrs.update(df.attrs)
+    pooled = by_config(both)
+    assert pooled[(pooled["arm"] == "tsam") & (pooled["stage"] == "final")]["param.lr"].tolist()[0] == 0.2  # listed first
+    best = chosen_configurations(pooled, both)
+    assert best["arm"].tolist() == ["sgd", "tsam"] and best["param.lr"].tolist() == [0.1, 0.1]
+    assert best["stage"].tolist() == ["final", "final"] and best["val/accuracy mean"].tolist() == pytest.approx([0.90, 0.96])
+
+
 def test_best_tables_show_the_score_and_say_which_trials_chose():
     df = grid_with_a_final_stage()
     best = best_trial_rows(df)

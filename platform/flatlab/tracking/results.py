@@ -146,8 +146,9 @@ def _numeric_if_possible(col):
 
 def chosen_configurations(pooled, trials, rank_by: str = "final"):
     """The row of each arm's answer in a :func:`by_config` table (``flatlab results --by-config --best``):
-    its final-stage row (the chosen configuration pooled over the final seeds: the paper-table row)
-    where it has one, else the row of its best configuration
+    the final-stage row of its chosen configuration (pooled over the final seeds: the paper-table row),
+    else its first final-stage row (the configuration its launch re-ran), else the chosen
+    configuration's search row; the chosen configuration is its best
     (:func:`flatlab.tracking.selection.best_configurations` over ``trials``, the :func:`trials_frame`
     table ``pooled`` was made from). Arms best first by the score their configuration was chosen by
     (:func:`flatlab.tracking.selection.rank_arms`: the search trials' mean, not the final stage's);
@@ -169,13 +170,18 @@ def chosen_configurations(pooled, trials, rank_by: str = "final"):
     keep = []
     present = set(pooled["arm"])
     arms = [a for a in selection.rank_arms(best, mode) if a in present]
+    def chosen(rows):  # the rows of the arm's chosen configuration
+        return [i for i, row in rows.iterrows()
+                if selection.config_key({c[len("param."):]: row[c] for c in params}) == best[arm].config]
+
     for arm in arms + [a for a in dict.fromkeys(pooled["arm"]) if a not in best]:
         mine = pooled[pooled["arm"] == arm]
-        if final.loc[mine.index].any():
-            keep.append(mine[final.loc[mine.index]].index[0])
-        elif arm in best:
-            keep += [i for i, row in mine.iterrows()
-                     if selection.config_key({c[len("param."):]: row[c] for c in params}) == best[arm].config][:1]
+        finals = mine[final.loc[mine.index]]
+        if arm not in best:  # only final-stage rows left (--filter)
+            keep += list(finals.index[:1])
+        else:  # the chosen configuration's final-stage row (--all: launches that chose others have theirs),
+            # else the final stage the launch ran, else the chosen configuration's search row
+            keep += (chosen(finals) or list(finals.index) or chosen(mine[~final.loc[mine.index]]))[:1]
     out = pooled.loc[keep].reset_index(drop=True)
     chosen = [best.get(arm) for arm in out["arm"]]
     out[selection.score_column(trials.attrs.get("metric", "val/accuracy"), rank_by)] = [
