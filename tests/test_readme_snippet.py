@@ -70,3 +70,51 @@ def test_python_api_snippet_runs_a_study_and_reads_it_back(tmp_path, monkeypatch
     assert (df["launch"] == outcome.parent_run_id).all() and (df["epochs"] == 3).all()
     printed = out.getvalue()
     assert "param.lr" in printed and f"{df['val/accuracy'].iloc[0]:.6f}"[:4] in printed
+
+
+def test_logged_model_snippet_predicts_digits_with_the_best_model(tmp_path, monkeypatch):
+    """docs/mlflow_ui.md's snippet as written, on a store with two logged digits models (the better one
+    trained on the workload's scaled pixels): it picks the better one, and its inputs are the ones the
+    model was trained on (accuracy of a trained model, not chance)."""
+    import mlflow
+    from mlflow.entities import Metric
+
+    from flatlab.tracking import logged_model as lm
+    from flatlab.tracking import runs
+    from flatlab.workloads.registry import build_workload
+
+    class Spec:
+        workload = "digits"
+        workload_params = {"model": "mlp", "width": 16}
+
+    root = tmp_path / "flatlab-runs"
+    root.mkdir()
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    exp = runs.get_or_create_experiment(uri, "digits_flatness_demo", (root / "mlartifacts").as_uri())
+    c = runs.client(uri)
+    workload = build_workload("digits", model="mlp", width=16)
+    train = workload.load_data(seed=0).train
+    torch.manual_seed(0)
+    ids = {}
+    for name, steps, acc in (("sgd-untrained", 0, 0.5), ("sam-trained", 300, 0.95)):
+        model = workload.build_model()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        for _ in range(steps):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(train.inputs), train.targets).backward()
+            opt.step()
+        run = c.create_run(exp, run_name=name).info.run_id
+        ids[name] = lm.log_trial_model(c, run, name, model, Spec)
+        c.log_batch(run, metrics=[Metric("val/accuracy", acc, 0, 0, model_id=ids[name])])
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    namespace: dict = {}
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(_snippet("## Logged models", "docs/mlflow_ui.md"), "mlflow_ui snippet", "exec"), namespace)
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert namespace["best"].model_id == ids["sam-trained"] and namespace["logits"].shape == (1797, 10)
+    accuracy = float(out.getvalue().split()[-1])
+    assert out.getvalue().startswith("sam-trained accuracy on all 1,797 digits") and accuracy > 0.9
+    assert isinstance(namespace["net"], torch.nn.Module)

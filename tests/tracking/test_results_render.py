@@ -96,30 +96,52 @@ def _wide_trials():
     return df
 
 
-WIDER = r"the table is wider than this terminal \((\d+) columns\): widen it, or use --format csv"
+WIDER = r"the table is (\d+) columns wide; this terminal has (\d+): widen it, or use --format csv"
 
 
-@pytest.mark.parametrize("width", [100, 140])
-def test_numbers_params_and_headers_are_never_split_across_lines(width):
+def _cells_of(lines):
+    return [c.strip() for line in lines for c in line.strip("│┃").split("│")]
+
+
+@pytest.mark.parametrize("width", [60, 100, 160])
+def test_no_cell_is_split_across_lines_and_a_wider_table_says_both_widths(width):
     import re
 
     console = Console(record=True, width=width)
     render(_wide_trials(), console)
     lines = console.export_text().splitlines()
-    cells = [c.strip() for line in lines for c in line.strip("│┃").split("│")]
+    cells = _cells_of(lines)
     for param in ("lr=0.0856", "momentum=0.9", "weight_decay=0.0005123", "rho=0.05"):
         assert cells.count(param) == 3, param  # one param per line, each whole, in every row
-    for number in ("0.9123", "0.9133", "0.9023", "0.9346", "0.9356", "0.9246", "0.9012", "0.9022", "0.8912", "30"):
+    for number in ("0.9123", "0.9133", "0.9023", "0.9346", "0.9356", "0.9246", "0.9012", "0.9022", "0.8912"):
         assert number in cells, number
-    assert cells.count("adamw_ire_long") == 1
+    for whole in ("11879e00", "11879e01", "11879e02", "adamw_ire_long"):
+        assert cells.count(whole) == 1, whole  # ids and arm names: copyable, on one line
+    assert cells.count("FINISHED") == cells.count("completed") == cells.count("30") == cells.count("abcdef01") == 3
+    assert len([c for c in cells if re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", c)]) == 3  # start times
     header = [c.strip() for line in lines[:5] for c in line.strip("┃").split("┃")]
-    assert header.count("accuracy") == 3 and {"val/", "best/", "test/", "epochs"} <= set(header)  # broken at "/" only
-    note = [line for line in lines if line.startswith("the table is wider")]
-    if width == 100:  # 11 columns need 124: printed whole, wider than the terminal, and said so
-        assert len(note) == 1 and re.fullmatch(WIDER, note[0]) and int(re.fullmatch(WIDER, note[0])[1]) == 124
-        assert max(len(line) for line in lines) == 124
-    else:  # the text columns (ids, times) fold instead
-        assert note == [] and max(len(line) for line in lines) <= width
+    assert header.count("accuracy") == 3 and {"val/", "best/", "test/", "epochs", "trial_id"} <= set(header)
+    note = [line for line in lines if line.startswith("the table is")]
+    table = [line for line in lines if line[:1] in "┏┃┡│└"]
+    if width < 152:  # 11 whole columns need 152: printed whole, and the note names both widths
+        assert len(note) == 1 and re.fullmatch(WIDER, note[0]).groups() == ("152", str(width))
+    else:
+        assert note == []
+    assert {len(line) for line in table} == {152}
+
+
+def test_an_error_message_wraps_at_spaces_only():
+    df = _wide_trials()
+    df["error"] = ["", "RuntimeError: loss diverged at epoch 3 (nan in conv1.weight)", ""]
+    console = Console(record=True, width=175)  # 152 for the other columns, 20 for the message's
+    render(df, console)
+    lines = console.export_text().splitlines()
+    table = [line for line in lines if line[:1] in "┏┃┡│└"]
+    assert {len(line) for line in table} == {175} and not any(line.startswith("the table is") for line in lines)
+    column = [c for c in (line.strip("│").split("│")[8].strip() for line in lines if line.startswith("│")) if c]
+    assert " ".join(column) == "RuntimeError: loss diverged at epoch 3 (nan in conv1.weight)" and len(column) > 1
+    words = {"RuntimeError:", "loss", "diverged", "at", "epoch", "3", "(nan", "in", "conv1.weight)"}
+    assert {w for c in column for w in c.split()} == words  # no word split
 
 
 def test_a_wide_enough_console_keeps_headers_on_one_line():

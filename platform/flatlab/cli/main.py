@@ -397,12 +397,9 @@ def _print_efficiency(efficiency, fmt: str, grid: str, search: str) -> None:
     head, body = cmp.efficiency_cells(efficiency)
     title = f"HPO efficiency: {search} (search) against {grid} (grid), trial-epochs to reach the grid's best"
     if fmt == "table":
-        from rich.table import Table
+        from flatlab.tracking.console_table import make_table, print_table
 
-        table = Table(*head, title=title)
-        for row in body:
-            table.add_row(*row)
-        console.print(table)
+        print_table(console, make_table(head, body, title=title), "use --format markdown")
     elif fmt == "markdown":
         sys.stdout.write(f"\n### {title}\n\n{cmp.markdown_table(head, body)}\n")
     elif fmt == "latex":
@@ -542,12 +539,10 @@ def measures(name: Optional[str] = typer.Argument(None, help="show only this mea
 
 
 def _hparam_table(hparams) -> None:
-    from rich.table import Table
+    from flatlab.tracking.console_table import make_table, print_table
 
-    table = Table("name", "default", "allowed", "meaning", box=None, pad_edge=False)
-    for h in hparams:
-        table.add_row(h.name, repr(h.default), h.allowed(), h.doc)
-    console.print(table)
+    rows = [(h.name, repr(h.default), h.allowed(), h.doc) for h in hparams]
+    print_table(console, make_table(("name", "default", "allowed", "meaning"), rows, prose=(3,), box=None, pad_edge=False))
 
 
 @app.command()

@@ -57,8 +57,8 @@ def plan(study: Study) -> Dict[str, Any]:
 
 
 def render(study: Study, console: Any) -> None:
-    """Print :func:`plan` as a rich table to ``console``."""
-    from rich.table import Table
+    """Print :func:`plan` as a rich table to ``console`` (no cell split: :mod:`flatlab.tracking.console_table`)."""
+    from flatlab.tracking.console_table import make_table, print_table
 
     p = plan(study)
     console.print(
@@ -86,15 +86,15 @@ def render(study: Study, console: Any) -> None:
         console.print(f"published reference (`flatlab curves {p['study']}`): {p['published']['path']} ({pairs})")
     if p["reports"]:
         console.print(f"after the study, reports: {', '.join(f'{k} {v}' if v else k for k, v in p['reports'].items())}")
-    table = Table("arm", "optimizer", "trials", "searched", "fixed")
+    rows = []
     for arm, a in zip(study.arms, p["arms"]):
         dims = arm.dims
-        table.add_row(
+        rows.append((
             a["arm"],
             a["optimizer"],
             str(a["trials"]),
             # a conditional constant reads "k = v if <condition>", a searched field "k ~ dimension [if ...]"
             "\n".join(f"{k} {'=' if isinstance(inner(dims[k]), Fixed) else '~'} {v}" for k, v in a["searched"].items()) or "-",
             "\n".join(f"{k} = {v!r}" for k, v in a["fixed"].items()) or "-",
-        )
-    console.print(table)
+        ))
+    print_table(console, make_table(("arm", "optimizer", "trials", "searched", "fixed"), rows))

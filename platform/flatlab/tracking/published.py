@@ -522,18 +522,15 @@ def to_markdown(comparison: CurveComparison) -> str:
 
 
 def render(comparison: CurveComparison, console: Any) -> None:
-    """Print the per-epoch table, the summary, the notes and the citation with rich."""
-    from rich.table import Table
+    """Print the per-epoch table (no cell split: :mod:`flatlab.tracking.console_table`), the summary, the
+    notes and the citation with rich."""
+    from flatlab.tracking.console_table import make_table, print_table
 
     head, body = row_cells(comparison)
-    table = Table(*head, title=f"flatlab beside {comparison.curves.title}")
-    prev = None
-    for i, (r, cells) in enumerate(zip(comparison.rows.itertuples(index=False), body)):
-        if i and (r.arm, r.metric) != prev:
-            table.add_section()
-        prev = (r.arm, r.metric)
-        table.add_row(*cells)
-    console.print(table)
+    keys = [(r.arm, r.metric) for r in comparison.rows.itertuples(index=False)]
+    starts = [i for i, k in enumerate(keys) if i and k != keys[i - 1]]
+    table = make_table(head, body, sections=starts, title=f"flatlab beside {comparison.curves.title}")
+    print_table(console, table, "use --format markdown")
     for line in summary_lines(comparison) + list(comparison.notes):
         console.print(line, soft_wrap=True)
     console.print(f"published: {comparison.curves.citation}", soft_wrap=True)

@@ -286,9 +286,9 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
     (``columns`` overrides the choice). A :func:`by_config` summary shows its seed counts and one
     ``mean ± std`` column per pooled metric.
 
-    Numbers, arm names and params are never split or cut (:mod:`flatlab.tracking.console_table`): on a
-    narrow console, ids, statuses and times fold instead; a table that cannot fit is printed whole with
-    a line under it naming ``hint`` (the way to get it otherwise)."""
+    No cell line is split or cut (:mod:`flatlab.tracking.console_table`; error messages wrap at spaces): a
+    table that cannot fit is printed whole with a line under it naming ``hint`` (the way to get it
+    otherwise)."""
     from flatlab.tracking.console_table import make_table, print_table
 
     if df.empty:
@@ -320,12 +320,11 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
             cells.append(params_text(row, params, "\n"))
         rows.append(cells)
     head = [*cols, *pooled, *([] if columns else ["params"])]
-    whole = {i for i, h in enumerate(head)
-             if h in ("arm", "params") or h in pooled or all(_is_number(r[i]) for r in rows)}
+    prose = [head.index("error")] if "error" in head else []
     captions = ["mean ± sample std over the seeds that completed"] if pooled else []
     captions += [answer_caption(df.attrs)] if df.attrs.get("best") else []
     caption = "\n".join(captions) or None
-    print_table(console, make_table(head, rows, whole, title=title or None, caption=caption, caption_justify="left"), hint)
+    print_table(console, make_table(head, rows, prose, title=title or None, caption=caption, caption_justify="left"), hint)
 
 
 def _score(df) -> List[str]:
@@ -359,15 +358,6 @@ def params_text(row: Any, params: List[str], sep: str) -> str:
     """The params of a trials-table ``row`` as ``name=value`` (columns ``param.<name>``, numbers as
     :func:`_fmt` shortens them), joined by ``sep``; params the trial did not log are left out."""
     return sep.join(f"{c[6:]}={_fmt(row[c], numeric_text=True)}" for c in params if _fmt(row[c]) != "-")
-
-
-def _is_number(cell: str) -> bool:
-    """Whether a table cell reads as a number (or ``-``, a missing one)."""
-    try:
-        float(cell)
-    except ValueError:
-        return cell == "-"
-    return True
 
 
 def _test_metric(df) -> Optional[str]:

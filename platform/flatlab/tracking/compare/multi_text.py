@@ -86,19 +86,14 @@ def to_csv(summary: MultiSummary) -> str:
 
 
 def render(summary: MultiSummary, console: Any) -> None:
-    """Print the table with rich, one section per arm, the caption under it."""
-    from rich.table import Table
+    """Print the table with rich, one section per arm, the caption under it; no cell is split
+    (:mod:`flatlab.tracking.console_table`)."""
+    from flatlab.tracking.console_table import make_table, print_table
 
-    table = Table(*headers(summary), title=title(summary))
-    for col in table.columns:
-        col.overflow = "fold"
     body = cells(summary)
-    for i, row in enumerate(body):
-        first = i == 0 or row[0] != body[i - 1][0]
-        if first and i:
-            table.add_section()
-        table.add_row(*([row[0] if first else ""] + row[1:]))
-    console.print(table)
+    starts = [i for i, row in enumerate(body) if i == 0 or row[0] != body[i - 1][0]]
+    rows = [[row[0] if i in starts else ""] + row[1:] for i, row in enumerate(body)]
+    print_table(console, make_table(headers(summary), rows, sections=starts, title=title(summary)), "use --format markdown")
     for line in caption(summary):
         console.print(line, soft_wrap=True)
 

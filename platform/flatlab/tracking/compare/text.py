@@ -205,7 +205,7 @@ def render(comparison: Comparison, console: Any) -> None:
         better = "higher is better" if c.higher_is_better[q] else ("lower = flatter" if q.startswith((FLAT_PREFIX, AT_TARGET_PREFIX)) else "lower is better")
         tests = len(c.family(q))
         rows = [row[1:] for r, row in zip(c.rows, body) if r.quantity == q]
-        table = make_table(head, rows, whole=range(len(head)), title_justify="left",
+        table = make_table(head, rows, title_justify="left",
                            title=f"{q} ({better}; {tests} test{'s' if tests != 1 else ''}, Holm-adjusted)")
         print_table(console, table, "use --format markdown")
     for line in caption(comparison):
