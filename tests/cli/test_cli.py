@@ -20,6 +20,26 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path, monkeypatch):
     assert "ray" not in sys.modules or not __import__("ray").is_initialized()
 
 
+@pytest.mark.parametrize("train, said", [
+    ({}, "flatness of each completed trial's final model, after epoch 8 (flat/<measure>): hessian_trace"),
+    ({"stop_at_train_loss": 0.1}, "flatness of each completed trial's final model (flat/<measure>): at the first epoch "
+     "whose mean training loss is <= 0.1 (stop_at_train_loss), else after epoch 8: hessian_trace"),
+    ({"measure_at_train_loss": 0.3}, "flatness of each completed trial at the first epoch whose mean training loss is "
+     "<= 0.3 (flat_at_target/<measure>, if reached) and after epoch 8 (flat/<measure>): hessian_trace"),
+])
+def test_dry_run_says_which_models_flatness_is_measured_on(tmp_path, monkeypatch, train, said):
+    monkeypatch.chdir(tmp_path)
+    study = tmp_path / "s.py"
+    study.write_text(
+        "from flatlab import Arm, Study\n"
+        f"STUDY = Study(name='s', workload='digits', train={train!r}, max_epochs=8, measures={{'hessian_trace': {{}}}}, "
+        "arms=(Arm('sgd', space={'lr': 0.1}),))\n"
+    )
+    res = runner.invoke(app, ["run", str(study), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert said in " ".join(res.output.split())  # the console wraps long lines
+
+
 def test_invalid_study_fails_before_anything_starts(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     bad = tmp_path / "bad.py"

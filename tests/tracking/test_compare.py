@@ -40,7 +40,9 @@ def test_the_hand_quantiles_are_right():
 
 
 # Final stage, reference sgd. sam's seed 5 errored; ire's seed 2 diverged. Target: a training loss
-# (train/epochs_to_target with train/target_reached); sgd missed it with seed 3, ire with seed 4.
+# (train/epochs_to_target with train/target_reached); sgd missed it with seed 3, ire with seed 4. The
+# trials stopped at their target (stop_at_train_loss): flat/fisher_trace is the final model's, at the
+# target where reached; the missed seeds' is after their last epoch.
 FINAL = {
     #        seed: (outcome, test/accuracy, flat/fisher_trace, epochs_to_target or None=missed)
     "sgd": {1: ("completed", 0.90, 10.0, 10), 2: ("completed", 0.92, 12.0, 12), 3: ("completed", 0.91, 11.0, None),
@@ -82,7 +84,8 @@ def hand_ci(values, tq):
 
 def test_mean_std_and_t_interval_per_arm(comparison):
     assert comparison.source == "final" and comparison.metric == "test/accuracy"
-    assert comparison.quantities == ("test/accuracy", "flat/fisher_trace", "train/epochs_to_target")
+    assert comparison.quantities == ("test/accuracy", "flat/fisher_trace", "flat_at_target/fisher_trace",
+                                     "train/epochs_to_target")
     assert comparison.arms == ["sgd", "ire", "sam"]  # the reference first
     sam = comparison.row("test/accuracy", "sam")
     mean, sd, lo, hi = hand_ci([0.93, 0.94, 0.92, 0.93], T975_3)
@@ -124,14 +127,21 @@ def test_paired_difference_ci_and_p_value_against_the_reference(comparison):
 
 
 def test_flatness_counts_lower_as_better(comparison):
-    assert comparison.higher_is_better == {"test/accuracy": True, "flat/fisher_trace": False, "train/epochs_to_target": False}
-    # flatness is compared at the training-loss target: sgd's seed 3 missed it, so it gives no flatness
-    # value and the pairs are seeds 1, 2, 4: 8-10, 9-12, 8-13
-    sam = comparison.row("flat/fisher_trace", "sam").diff
+    assert comparison.higher_is_better == {"test/accuracy": True, "flat/fisher_trace": False,
+                                           "flat_at_target/fisher_trace": False, "train/epochs_to_target": False}
+    # at the training-loss target: sgd's seed 3 missed it, so it gives no value there and the pairs are
+    # seeds 1, 2, 4: 8-10, 9-12, 8-13
+    sam = comparison.row("flat_at_target/fisher_trace", "sam").diff
     assert sam.estimate.n == 3 and sam.estimate.mean == pytest.approx(-10 / 3) and (sam.arm_better, sam.ref_better) == (3, 0)
-    sgd = comparison.row("flat/fisher_trace", "sgd")
+    sgd = comparison.row("flat_at_target/fisher_trace", "sgd")
     assert (sgd.summary.n, sgd.runs, sgd.summary.mean) == (3, 4, pytest.approx(35 / 3))
-    assert any("flat/* rows: measured at the training-loss target" in n for n in comparison.notes)
+    # the final models: every completed seed, sgd's seed 3 (11.0) and ire's seed 4 (4.0) included
+    sgd = comparison.row("flat/fisher_trace", "sgd")
+    assert (sgd.summary.n, sgd.runs, sgd.summary.mean) == (4, 4, pytest.approx(11.5))
+    sam = comparison.row("flat/fisher_trace", "sam").diff  # seeds 1-4: 8-10, 9-12, 7-11, 8-13
+    assert sam.estimate.n == 4 and sam.estimate.mean == pytest.approx(-3.5) and (sam.arm_better, sam.ref_better) == (4, 0)
+    assert comparison.row("flat/fisher_trace", "ire").summary.mean == pytest.approx(5.0)  # seeds 1, 3, 4: 5, 6, 4
+    assert any(n.startswith("flat_at_target/* rows: the flat/* of the seeds that reached") for n in comparison.notes)
 
 
 def test_targets_count_k_of_n_reached_and_pair_only_seeds_that_reached(comparison):
@@ -203,7 +213,7 @@ def same_at_printed_precision(printed, value, digits):
 def test_markdown_round_trips_at_the_printed_precision(comparison):
     text = cmp.to_markdown(comparison)
     parsed = parse_markdown(text)
-    assert len(parsed) == len(comparison.rows) == 9
+    assert len(parsed) == len(comparison.rows) == 12
     for r in comparison.rows:
         got = parsed[(r.quantity, r.arm)]
         s = r.summary
@@ -227,7 +237,7 @@ def test_latex_and_csv_contain_the_values(comparison):
     assert r"\begin{tabular}" in tex and r"\toprule" in tex and r"\bottomrule" in tex
     assert r"test/accuracy & sgd & 4/4 & 0.905 $\pm$ 0.01291" in tex
     assert r"flat/fisher\_trace" in tex and "2/4 reached" in tex and r"$\Delta$ vs sgd" in tex and r"95\% CI" in tex
-    assert tex.count(r"\midrule") == 3  # under the header, then between the three quantities
+    assert tex.count(r"\midrule") == 4  # under the header, then between the four quantities
     csv = pd.read_csv(io.StringIO(cmp.to_csv(comparison)))
     row = csv[(csv["quantity"] == "test/accuracy") & (csv["arm"] == "sam")].iloc[0]
     sam = comparison.row("test/accuracy", "sam")
@@ -464,7 +474,7 @@ def test_cli_compare(store, tmp_path):
     res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--format", "csv", "--against", "toy", "--tolerance", "0.01"])
     assert res.exit_code == 0, res.output
     table, efficiency = res.output.split("\n\n", 1)  # two CSV blocks
-    assert len(pd.read_csv(io.StringIO(table))) == 9
+    assert len(pd.read_csv(io.StringIO(table))) == 12
     eff = pd.read_csv(io.StringIO(efficiency)).set_index("arm")
     # only sgd has a search trial (final-stage trials are not search): the study against itself needs it alone
     assert list(eff.index) == ["sgd"] and eff.loc["sgd", "grid_epochs"] == 5 and eff.loc["sgd", "fraction"] == 1.0
@@ -476,7 +486,8 @@ def test_cli_compare(store, tmp_path):
     for given in ("flat/fisher_trace", "fisher_trace"):  # --measure keeps it and the test metric
         res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--format", "csv", "--measure", given])
         assert res.exit_code == 0, res.output
-        assert set(pd.read_csv(io.StringIO(res.output))["quantity"]) == set(full["quantity"]) & {"test/accuracy", "flat/fisher_trace", "train/epochs_to_target", "train/steps_to_target"}
+        assert set(pd.read_csv(io.StringIO(res.output))["quantity"]) == set(full["quantity"]) & {
+            "test/accuracy", "flat/fisher_trace", "flat_at_target/fisher_trace", "train/epochs_to_target", "train/steps_to_target"}
     res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--measure", "flat/nope"])
     assert res.exit_code == 2 and "measures flat/nope not recorded in the compared trials" in res.output
 
@@ -579,17 +590,20 @@ def test_every_renderer_carries_the_new_columns(comparison, tmp_path):
     cmp.render(comparison, console)
     out = console.export_text()
     assert "test/accuracy (higher is better; 2 tests, Holm-adjusted)" in out
-    assert "flat/fisher_trace (lower = flatter; 1 test, Holm-adjusted)" in out
+    assert "flat/fisher_trace (lower = flatter; 2 tests, Holm-adjusted)" in out  # ire's seeds 1, 3, 4 pair too
+    assert "flat_at_target/fisher_trace (lower = flatter; 1 test, Holm-adjusted)" in out
     assert "│ sam │ 4/5   │ 0.93 ± 0.008165 │" in out  # one line per arm at 160 columns
 
 
 def test_the_caption_counts_the_tests_and_names_what_survives_the_adjustment(comparison):
     text = "\n".join(cmp.caption(comparison))
     assert ("each quantity is one family of tests, the arms' paired tests against sgd (test/accuracy: 2, "
-            "flat/fisher_trace: 1, train/epochs_to_target: 1)") in text
-    assert "Holm's (1979) step-down method within its quantity" in text and "3 quantities, 4 tests in all" in text
+            "flat/fisher_trace: 2, flat_at_target/fisher_trace: 1, train/epochs_to_target: 1)") in text
+    assert "Holm's (1979) step-down method within its quantity" in text and "4 quantities, 6 tests in all" in text
+    # the final models' flat/*: sam's seeds 1-4 differ by -2, -3, -4, -5 (t = -5.42, p = 0.0123, Holm x2
+    # = 0.0246), ire's seeds 1, 3, 4 by -5, -5, -9 (p = 0.0416); at the target sam's p is 0.0634
     assert ("Significant after Holm's adjustment (adjusted p < 0.05), against sgd: test/accuracy: none; "
-            "flat/fisher_trace: none; train/epochs_to_target: sam.") in text
+            "flat/fisher_trace: ire, sam; flat_at_target/fisher_trace: none; train/epochs_to_target: sam.") in text
     assert "d_z: Cohen's d_z effect size, mean(Δ) / std(Δ)" in text
     # the paired tests are over 3 (sam's flatness, target) to 4 seeds (sam's accuracy)
     few = next(line for line in cmp.caption(comparison) if line.startswith("Few seeds"))
@@ -646,9 +660,9 @@ def test_rich_table_never_splits_a_number_or_an_arm_name(width):
     body = cmp.cells(comparison)
     assert {cell for row in body for cell in row[1:]} <= shown and "[+0.004457, +0.04554]" in shown
     notes = [line for line in lines if line.startswith("the table is ")]
-    if width == 80:  # one line under each of the 3 tables, with the columns it needs
+    if width == 80:  # one line under each of the 4 tables, with the columns it needs
         assert notes == [f"the table is {n} columns wide; this terminal has 80: widen it, or use --format markdown"
-                         for n in (138, 132, 136)]
+                         for n in (138, 129, 132, 136)]
         assert max(len(line) for line in lines if line.startswith("│")) == 138
     else:
         assert notes == [] and max(len(line) for line in lines if line.startswith("│")) <= 200

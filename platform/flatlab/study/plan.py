@@ -56,6 +56,24 @@ def plan(study: Study) -> Dict[str, Any]:
     }
 
 
+def flatness_when(study: Study) -> str:
+    """Which models of a completed trial the study's measures run on, and under which names, as
+    ``--dry-run`` prints it: the final model (``flat/<measure>``); with the trainer's
+    ``stop_at_train_loss`` that is the model at the target where the trial reached it, else after
+    ``max_epochs``; with ``measure_at_train_loss`` also the model at the target
+    (``flat_at_target/<measure>``)."""
+    from flatlab.train.config import loss_target
+
+    target = loss_target(study.train)
+    end = f"after epoch {study.max_epochs}"
+    if target is None:
+        return f"flatness of each completed trial's final model, {end} (flat/<measure>)"
+    at = f"the first epoch whose mean training loss is <= {target:g}"
+    if study.train.get("measure_at_train_loss") is not None:
+        return f"flatness of each completed trial at {at} (flat_at_target/<measure>, if reached) and {end} (flat/<measure>)"
+    return f"flatness of each completed trial's final model (flat/<measure>): at {at} (stop_at_train_loss), else {end}"
+
+
 def render(study: Study, console: Any) -> None:
     """Print :func:`plan` as a rich table to ``console`` (no cell split: :mod:`flatlab.tracking.console_table`)."""
     from flatlab.tracking.console_table import make_table, print_table
@@ -74,7 +92,7 @@ def render(study: Study, console: Any) -> None:
     if p["measures"]:
         sub = p["measure_subset"]
         console.print(
-            f"flatness after each completed trial: {', '.join(f'{k} {v}' if v else k for k, v in p['measures'].items())} "
+            f"{flatness_when(study)}: {', '.join(f'{k} {v}' if v else k for k, v in p['measures'].items())} "
             f"on {sub['examples'] or 'all'} {sub['split']} examples (seed {sub['seed']})"
         )
     if p["final_seeds"]:

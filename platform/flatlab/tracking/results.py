@@ -49,8 +49,8 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
     ``search``), ``launch`` (the parent run id), ``start_time`` and ``end_time`` (ms since the epoch;
     NaN while running).
     ``metric``/``mode`` default to the study's, read from the launch run; ``attrs`` hold ``metric``,
-    ``mode``, the study's ``reference_arm`` and its trainer's ``measure_at_train_loss`` as the launch
-    recorded them (``None`` when not set).
+    ``mode``, the study's ``reference_arm`` and its trainer's training-loss target (``measure_at_train_loss``,
+    ``stop_at_train_loss``) as the launch recorded them (text; ``None`` when not set).
     """
     import pandas as pd
 
@@ -103,8 +103,10 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
     df = sort_trials(df, metric, mode)
     df.attrs["metric"], df.attrs["mode"] = metric, mode
     df.attrs["reference_arm"] = parents[0].data.params.get("reference_arm")
-    # the launch's trainer measured at a training-loss target and trained on (flat_at_target/*; flat/* at the end)
-    df.attrs["measure_at_train_loss"] = parents[0].data.params.get("train.measure_at_train_loss")
+    # the launch's training-loss target: measured there and trained on (flat_at_target/*; flat/* at the end), or
+    # stopped there (flat/* at the target where reached)
+    for key in ("measure_at_train_loss", "stop_at_train_loss"):
+        df.attrs[key] = parents[0].data.params.get(f"train.{key}")
     return df
 
 

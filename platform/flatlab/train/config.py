@@ -4,7 +4,8 @@ Two of them set a training-loss target (at most one per trial, :func:`recipe_pro
 whose mean training loss is at or below it is the trial's ``train/epochs_to_target``, where the study's
 flatness measures run (IRE paper: flatter at the same training loss).
 
-* ``stop_at_train_loss``: the trial ends there; its ``flat/<measure>`` are of that model.
+* ``stop_at_train_loss``: the trial ends there; its ``flat/<measure>`` are of that model (a trial that
+  never gets there trains to ``max_epochs`` and measures that model).
 * ``measure_at_train_loss``: the trial measures there, logs the values as ``flat_at_target/<measure>``
   (:data:`flatlab.tracking.runs.AT_TARGET_PREFIX`), trains on to ``max_epochs`` and measures its final
   model as ``flat/<measure>``: flatness at a matched training loss AND at the end, from one run.
@@ -39,7 +40,8 @@ TRAINER_HPARAMS = (
     HParam(
         "stop_at_train_loss", None, float, low=0.0, low_open=True, nullable=True,
         doc="end the trial at the first epoch whose mean training loss is <= this (None = off); flatness is then "
-        "measured at a matched training loss (IRE paper: flatter at the same loss). Logs train/epochs_to_target",
+        "measured at a matched training loss (IRE paper: flatter at the same loss), or after max_epochs where a "
+        "trial never gets there. Logs train/epochs_to_target",
     ),
     HParam(
         "measure_at_train_loss", None, float, low=0.0, low_open=True, nullable=True,

@@ -22,7 +22,7 @@ has each workload's paired tests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from flatlab.errors import ConfigError
@@ -116,8 +116,8 @@ def summarize(table, *, reference: Optional[str] = None, recorded: Optional[str]
     others = sorted(set(table["arm"]) - {reference})
     arms = [reference] + others
 
-    # a measure per workload: at the matched training loss where the study measured there (flat_at_target/*,
-    # the IRE paper's comparison), else its flat/* (a study stopping at the target measures there anyway)
+    # a measure per workload: at the matched training loss where the table has it (flat_at_target/*, the IRE
+    # paper's comparison), else its flat/* (a study stopping at the target where every seed reached it)
     source: Dict[str, Dict[str, str]] = {}
     for w in workloads:
         recorded_w = set(table.loc[table["workload"] == w, "quantity"])
@@ -185,7 +185,9 @@ def summary_from_frames(frames: Mapping[str, Any], *, reference: Optional[str] =
     """The summary of several studies' ``trials_frame`` tables (``{study: frame}``, each study one
     workload): each study's :func:`~flatlab.tracking.compare.table.compare_table` (its own default
     reference, ``metric`` and ``rank_by`` for all), then :func:`summarize`; by default the reference is
-    the studies' own where they all record the same one.
+    the studies' own where they all record the same one. Each study's
+    :attr:`~flatlab.tracking.compare.table.Comparison.warnings` (seeds that missed its training-loss
+    target) come first in the notes, prefixed with the study's name.
 
     Raises:
         ConfigError: fewer than two studies; as :func:`compare_table` for any study (prefixed with
@@ -201,7 +203,9 @@ def summary_from_frames(frames: Mapping[str, Any], *, reference: Optional[str] =
             raise ConfigError(f"study {name}: {exc}") from exc
     references = {c.reference for c in comparisons.values()}
     recorded = references.pop() if len(references) == 1 else None
-    return summarize(workload_table(comparisons), reference=reference, recorded=recorded)
+    summary = summarize(workload_table(comparisons), reference=reference, recorded=recorded)
+    warned = tuple(f"{name}: {line}" for name, c in comparisons.items() for line in c.warnings)
+    return replace(summary, notes=warned + summary.notes) if warned else summary
 
 
 def wins(summary: MultiSummary):

@@ -16,11 +16,16 @@ Only completed trials give values. Seeds that diverged, errored, were pruned or 
 counted as run (the ``seeds`` column reads "values / run") and named in the notes; a seed that missed
 a target is counted in "k/n reached".
 
-Flatness at a training-loss target: with the trainer's ``stop_at_train_loss`` a trial ends at its target,
-so its ``flat/*`` are at the target, and a seed that missed it gives no ``flat/*`` value. With
-``measure_at_train_loss`` (the launch's ``train.measure_at_train_loss``, in the frame's ``attrs``) the
-``flat_at_target/*`` rows are at the target (a seed that missed it gives none) and the ``flat/*`` rows are
-the final models' (every completed seed).
+Flatness at a training-loss target (the launch's ``train.measure_at_train_loss`` or
+``train.stop_at_train_loss``, in the frame's ``attrs``), one rule for both: the ``flat_at_target/*`` rows
+are at the target (a seed that missed it is counted in the seeds run and gives no value) and the
+``flat/*`` rows are the final models' (every completed seed). With ``measure_at_train_loss`` a trial logs
+both. With ``stop_at_train_loss`` a trial that reached the target ended there, so its final model is the
+one at the target, and a trial that missed it trained to ``max_epochs`` and measured that model: where a
+completed seed missed, :func:`at_target_view` gives the ``flat_at_target/*`` values (the ``flat/*`` of the
+seeds that reached it) beside the ``flat/*`` rows; where none missed the two are the same numbers and the
+table shows the ``flat/*`` rows alone. Every arm with a seed that missed the target is named in
+:attr:`Comparison.warnings` (:func:`target_misses`), which every text output shows above the table.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from flatlab.tracking.runs import AT_TARGET_PREFIX, FLAT_PREFIX
 from flatlab.tracking.selection import completed, reference_arm
 
 MEASURE_AT_TARGET = "measure_at_train_loss"  # the frame's attrs key: the launch's trainer target, when it measured and trained on
+STOP_AT_TARGET = "stop_at_train_loss"  # the frame's attrs key: the launch's trainer target, when trials stopped there
 AUXILIARY = ("_stderr", "_clean")  # flat/<measure>_stderr, _clean: shown only when asked for by name
 EPOCHS_TO_TARGET = "train/epochs_to_target"
 STEPS_TO_TARGET = "train/steps_to_target"
@@ -86,6 +92,8 @@ class Comparison:
         study: the study's name, for titles.
         rank_by: how the best configuration was chosen where there is no final stage (``final``: the
             mean final validation value over seeds; ``best-epoch``: the best epoch's, asked for).
+        warnings: what a reader must see before the numbers (shown above the table): the arms with
+            seeds that missed the training-loss target (:func:`target_misses`).
     """
 
     metric: str
@@ -99,6 +107,7 @@ class Comparison:
     notes: Tuple[str, ...] = ()
     study: str = ""
     rank_by: str = "final"
+    warnings: Tuple[str, ...] = ()
 
     @property
     def arms(self) -> List[str]:
@@ -208,6 +217,7 @@ def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] 
     if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
         raise ConfigError(f"confidence={confidence!r}; expected a number in (0, 1), e.g. 0.95")
     sample, source, notes = select_sample(df, rank_by)
+    sample = at_target_view(sample)
     metric = metric or _test_metric(df) or "test/accuracy"
     if not has_values(sample, metric):
         valid = sorted(c for c in sample.columns if "/" in c and not c.startswith(("param.", "best/")) and has_values(sample, c))
@@ -250,13 +260,20 @@ def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] 
                 notes.append(f"{arm}: seed{'s' if len(missed) > 1 else ''} {which} completed without reaching the target ({q}).")
 
     measured_at = df.attrs.get(MEASURE_AT_TARGET)
+    stopped_at = df.attrs.get(STOP_AT_TARGET)
     if measured_at is not None and any(q.startswith(AT_TARGET_PREFIX) for q in flat):
         notes.append(f"flat_at_target/* rows: measured at the first epoch whose mean training loss was <= {measured_at} "
                      "(measure_at_train_loss); seeds that missed it are counted in the seeds run and give no value. "
                      "flat/* rows: the final models, after the last epoch.")
     elif measured_at is None and flat and has_values(sample, TARGET_REACHED):
-        notes.append("flat/* rows: measured at the training-loss target (stop_at_train_loss); seeds that missed it "
-                     "are counted in the seeds run and give no flatness value.")
+        loss = f"mean training loss <= {stopped_at}" if stopped_at is not None else "the training-loss target"
+        if any(q.startswith(AT_TARGET_PREFIX) for q in flat):
+            notes.append(f"flat_at_target/* rows: the flat/* of the seeds that reached {loss}, where stop_at_train_loss "
+                         "ended them; seeds that missed it are counted in the seeds run and give no value. flat/* rows: "
+                         "every completed seed's final model (a seed that missed the target trained to its last epoch).")
+        else:
+            notes.append(f"flat/* rows: measured at {loss} (stop_at_train_loss), where every completed seed "
+                         "stopped: flatness at a matched training loss.")
     rows = []
     for q in quantities:
         ref = _by_seed(seeds, reference, q)
@@ -269,17 +286,80 @@ def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] 
         adjusted = holm([r.diff.p if r.diff is not None else float("nan") for r in block])  # the quantity's family
         rows += [replace(r, p_holm=p) for r, p in zip(block, adjusted)]
     return Comparison(metric, reference, float(confidence), source, quantities, better, tuple(rows), seeds.reset_index(drop=True),
-                      tuple(notes), study, rank_by)
+                      tuple(notes), study, rank_by, tuple(target_misses(sample, ordered)))
+
+
+def _stopped_at_target(sample) -> bool:
+    """Whether ``sample``'s trials stopped at a training-loss target (``stop_at_train_loss``): a target
+    outcome is recorded and the launch did not measure at the target and train on."""
+    return sample.attrs.get(MEASURE_AT_TARGET) is None and has_values(sample, TARGET_REACHED)
+
+
+def _missed(sample):
+    """Per row of ``sample``: a completed trial that recorded missing its training-loss target."""
+    import pandas as pd
+
+    if TARGET_REACHED not in sample.columns:
+        return pd.Series(False, index=sample.index)
+    return completed(sample) & (pd.to_numeric(sample[TARGET_REACHED], errors="coerce") == 0.0)
+
+
+def at_target_view(sample):
+    """``sample`` with the flatness at the training-loss target as ``flat_at_target/*`` columns, for a
+    ``stop_at_train_loss`` launch where a completed trial missed the target.
+
+    A trial that reached the target stopped there and measured that model: its ``flat/<m>`` is its
+    ``flat/<m>`` at the target. A trial that missed it trained to ``max_epochs``: its ``flat/<m>`` is
+    of that model, at a higher training loss. So, where some trial missed, each ``flat/<m>`` column
+    (auxiliary ``_stderr``/``_clean`` included) gets a ``flat_at_target/<m>`` copy with the values of the
+    trials that reached the target (NaN elsewhere), and :func:`compare_table` shows both rows: at the
+    matched training loss, and every completed seed's final model. Anything else (no target, every trial
+    reached it, a ``measure_at_train_loss`` launch that logged its own ``flat_at_target/*``) is
+    returned as it is. ``attrs`` are kept."""
+    import pandas as pd
+
+    if not (_stopped_at_target(sample) and _missed(sample).any()):
+        return sample
+    reached = pd.to_numeric(sample[TARGET_REACHED], errors="coerce") == 1.0
+    flat = [c for c in sample.columns if c.startswith(FLAT_PREFIX) and AT_TARGET_PREFIX + c[len(FLAT_PREFIX):] not in sample]
+    out = sample.assign(**{AT_TARGET_PREFIX + c[len(FLAT_PREFIX):]: pd.to_numeric(sample[c], errors="coerce").where(reached)
+                           for c in flat})
+    out.attrs.update(sample.attrs)
+    return out
+
+
+def target_misses(sample, arms: Optional[Sequence[str]] = None) -> List[str]:
+    """The line a reader must see when seeds missed the training-loss target: which arms, how many of
+    their completed seeds, the target, and what the flatness rows then hold (empty: no seed missed).
+
+    Args:
+        sample: the compared trials (:func:`select_sample`), with ``train/target_reached`` and the
+            launch's target in ``attrs`` (``measure_at_train_loss`` or ``stop_at_train_loss``).
+        arms: in this order (default: alphabetical).
+    """
+    import pandas as pd
+
+    missed = _missed(sample)
+    if not missed.any():
+        return []
+    done = completed(sample) & pd.to_numeric(sample[TARGET_REACHED], errors="coerce").notna()
+    arms = [a for a in (arms or sorted(sample["arm"].unique())) if missed[sample["arm"] == a].any()]
+    counts = ", ".join(f"{a} {int(missed[sample['arm'] == a].sum())} of {int(done[sample['arm'] == a].sum())}" for a in arms)
+    measured_at = sample.attrs.get(MEASURE_AT_TARGET)
+    kind, value = (MEASURE_AT_TARGET, measured_at) if measured_at is not None else (STOP_AT_TARGET, sample.attrs.get(STOP_AT_TARGET))
+    target = f"{kind}: mean training loss <= {value}" if value is not None else kind
+    return [f"Training-loss target missed ({target}): {counts} completed seeds. Those seeds have no flat_at_target/* "
+            "value; their flat/* values are of the model after their last epoch, at a higher training loss than the "
+            "target."]
 
 
 def seed_values(sample, quantities: Sequence[str]):
     """Per (arm, seed) row of ``sample``: ``arm``, ``seed``, ``outcome``, ``run_id`` and each quantity's
     value, NaN unless the trial completed with a finite value (and, for ``train/epochs_to_target`` and
-    every measure taken at the training-loss target, ``train/target_reached == 1`` where recorded:
-    flatness is compared at the matched training loss, so a seed that never reached it gives no value
-    there). Taken at the target: every ``flat_at_target/*``; every ``flat/*`` unless ``sample.attrs``
-    names the launch's ``measure_at_train_loss`` (its trials measured at the target and trained on: their
-    ``flat/*`` are the final models', a value for every completed seed)."""
+    every ``flat_at_target/*``, ``train/target_reached == 1`` where recorded: flatness at the target is
+    compared at the matched training loss, so a seed that never reached it gives no value there). Every
+    ``flat/*`` is the final model's: a value for every completed seed (:func:`at_target_view` gives a
+    ``stop_at_train_loss`` launch its at-target columns)."""
     import pandas as pd
 
     done = completed(sample)
@@ -287,8 +367,7 @@ def seed_values(sample, quantities: Sequence[str]):
     for q in quantities:
         values = pd.to_numeric(sample[q], errors="coerce") if q in sample else pd.Series(float("nan"), index=sample.index)
         keep = done & values.map(finite)
-        at_target = q == EPOCHS_TO_TARGET or q.startswith(AT_TARGET_PREFIX) or (
-            q.startswith(FLAT_PREFIX) and sample.attrs.get(MEASURE_AT_TARGET) is None)
+        at_target = q == EPOCHS_TO_TARGET or q.startswith(AT_TARGET_PREFIX)
         if at_target and has_values(sample, TARGET_REACHED):
             keep &= pd.to_numeric(sample[TARGET_REACHED], errors="coerce") == 1.0
         seeds[q] = values.where(keep)

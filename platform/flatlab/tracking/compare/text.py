@@ -137,11 +137,12 @@ def multiplicity(comparison: Comparison) -> List[str]:
 
 
 def to_markdown(comparison: Comparison) -> str:
-    """A GitHub markdown table (title, table, then the caption as a list); numbers as printed by
-    :func:`cells`, so they can be parsed back."""
+    """A GitHub markdown table (title, the :attr:`~Comparison.warnings` as quoted bold lines, table, then
+    the caption as a list); numbers as printed by :func:`cells`, so they can be parsed back."""
     title = f"### {comparison.study + ': ' if comparison.study else ''}{comparison.metric} and flatness vs {comparison.reference}"
     table = markdown_table(headers(comparison), cells(comparison), left=2)
-    return "\n".join([title, "", table, ""] + [f"- {line}" for line in caption(comparison)]) + "\n"
+    warned = [f"> **{line}**\n" for line in comparison.warnings]
+    return "\n".join([title, ""] + warned + [table, ""] + [f"- {line}" for line in caption(comparison)]) + "\n"
 
 
 def markdown_table(head: Sequence[str], body: Sequence[Sequence[str]], left: int = 1) -> str:
@@ -179,10 +180,11 @@ def latex_table(head: Sequence[str], body: Sequence[Sequence[str]], caption_text
 
 
 def to_latex(comparison: Comparison) -> str:
-    """A booktabs table, one block per quantity, the caption as ``\\caption``."""
+    """A booktabs table, one block per quantity, the caption as ``\\caption`` (the
+    :attr:`~Comparison.warnings` first)."""
     body = cells(comparison)
     starts = [i for i, r in enumerate(comparison.rows) if i == 0 or r.quantity != comparison.rows[i - 1].quantity]
-    return latex_table(headers(comparison), body, " ".join(caption(comparison)), starts)
+    return latex_table(headers(comparison), body, " ".join([*comparison.warnings, *caption(comparison)]), starts)
 
 
 def to_csv(comparison: Comparison) -> str:
@@ -191,14 +193,16 @@ def to_csv(comparison: Comparison) -> str:
 
 
 def render(comparison: Comparison, console: Any) -> None:
-    """Print the table with rich: a title, one table per quantity (one family of tests; the
-    quantity's name as its title), the caption under them. Numbers, intervals and arm names are never
-    split (:mod:`flatlab.tracking.console_table`); a table wider than the console says so and points
-    to ``--format markdown``."""
+    """Print the table with rich: a title, the :attr:`~Comparison.warnings` (bold), one table per
+    quantity (one family of tests; the quantity's name as its title), the caption under them. Numbers,
+    intervals and arm names are never split (:mod:`flatlab.tracking.console_table`); a table wider than
+    the console says so and points to ``--format markdown``."""
     from flatlab.tracking.console_table import make_table, print_table
 
     c = comparison
     console.print(f"[bold]{c.study + ': ' if c.study else ''}{c.metric} and flatness vs {c.reference}[/bold]")
+    for line in c.warnings:
+        console.print(line, style="bold yellow", markup=False, soft_wrap=True)
     head = headers(c)[1:]
     body = cells(c)
     for q in c.quantities:
