@@ -662,7 +662,7 @@ def test_rich_table_never_splits_a_number_or_an_arm_name(width):
     notes = [line for line in lines if line.startswith("the table is ")]
     if width == 80:  # one line under each of the 4 tables, with the columns it needs
         assert notes == [f"the table is {n} columns wide; this terminal has 80: widen it, or use --format markdown"
-                         for n in (138, 129, 132, 136)]
+                         for n in (138, 129, 130, 136)]  # flat_at_target: ire's CI clipped to [0, 11.85]
         assert max(len(line) for line in lines if line.startswith("│")) == 138
     else:
         assert notes == [] and max(len(line) for line in lines if line.startswith("│")) <= 200

@@ -29,6 +29,13 @@ Registered measures (``flatlab measures`` lists them) and the metric keys each o
 
 and ``time/measures_s``: wall seconds of all measures together.
 
+Ranges (each measure's ``support``, read by comparison tables to clip intervals of means): Tr(F) is a
+mean of squared gradient norms, >= 0; every ``_stderr`` and ``_var`` is >= 0; ``neighbourhood_loss``,
+its sweep means and every ``_clean`` are losses, in the workload's loss range (:data:`LOSS`). The
+Hutchinson ``hessian_trace`` (Tr(H) is negative at a saddle or maximum, and one probe's v^T H v can be
+of either sign) and ``avg_sharpness`` (a difference of losses, negative where the noise lowers the
+loss) are unbounded.
+
 Pairing: every measure draws its noise, probes or labels from a ``torch.Generator`` seeded with the
 ``seed`` given to :func:`compute_measures`, so trials measured with the same seed on the same subset see
 the same draws (paired comparisons between optimizers).
@@ -38,7 +45,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 import torch
@@ -59,6 +67,12 @@ Compute = Callable[[nn.Module, EvalSubset, LossFn, Mapping[str, Any], int], Dict
 
 TIME_KEY = "time/measures_s"
 
+Support = Tuple[float, float]
+NONNEGATIVE: Support = (0.0, math.inf)
+LOSS = "loss"
+"""A measure's ``support`` entry for a loss-valued metric: the range of the workload's loss
+(:attr:`flatlab.workloads.base.Workload.loss_support`), ``>= 0`` for cross-entropy, unbounded for a toy."""
+
 
 @dataclass(frozen=True)
 class Measure:
@@ -72,6 +86,12 @@ class Measure:
         compute: see :data:`Compute`; returns the metrics listed in ``metrics`` (the ``_stderr`` key only
             when the estimate has one, i.e. two or more draws/probes).
         metrics: every metric name ``compute`` may return.
+        support: ``{metric: (low, high) or LOSS}``, the values a metric of ``metrics`` can take (``<s>``
+            standing for any sweep value, as in ``metrics``); a metric not named is unbounded. Comparison
+            tables clip the intervals of means to it (:func:`measure_support`).
+
+    Raises:
+        ValueError: a ``support`` key that is not in ``metrics``, or a range that is not ``low <= high``.
     """
 
     name: str
@@ -80,6 +100,14 @@ class Measure:
     hparams: Tuple[HParam, ...]
     compute: Compute
     metrics: Tuple[str, ...] = ()
+    support: Mapping[str, Union[Support, str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key, rng in self.support.items():
+            if key not in self.metrics:
+                raise ValueError(f"measure {self.name!r}: support names {key!r}, not one of its metrics {self.metrics}")
+            if rng != LOSS and not (isinstance(rng, tuple) and len(rng) == 2 and rng[0] <= rng[1]):
+                raise ValueError(f"measure {self.name!r}: support of {key!r} must be (low, high) with low <= high or LOSS; got {rng!r}")
 
     def resolve(self, given: Mapping[str, Any], where: str = "") -> Dict[str, Any]:
         """Defaults filled in and values validated; raises ``ConfigError`` naming every bad field."""
@@ -90,18 +118,20 @@ MEASURES: Registry[Measure] = Registry("measure")
 
 
 def register_measure(measure: Optional[Measure] = None, *, name: str = "", doc: str = "", source: str = "",
-                     hparams: Tuple[HParam, ...] = (), metrics: Tuple[str, ...] = ()) -> Any:
+                     hparams: Tuple[HParam, ...] = (), metrics: Tuple[str, ...] = (),
+                     support: Optional[Mapping[str, Union[Support, str]]] = None) -> Any:
     """Add a measure to :data:`MEASURES`: ``register_measure(Measure(...))`` returns the measure; as a
     decorator of a :data:`Compute` function, ``@register_measure(name=..., doc=..., source=...,
-    hparams=..., metrics=(...))`` registers ``Measure(name, doc, source, hparams, <the function>,
-    metrics)`` and returns the function. Its metrics are named ``flat/<something>``.
+    hparams=..., metrics=(...), support={...})`` registers ``Measure(name, doc, source, hparams, <the
+    function>, metrics, support)`` and returns the function. Its metrics are named ``flat/<something>``.
 
     Raises:
         ValueError: the name is taken by a different definition (the same one again is fine: a study
             file loaded twice); a decorator without ``name``.
     """
     return MEASURES.register_or_decorate(
-        measure, name, lambda compute: Measure(name, doc, source, tuple(hparams), compute, tuple(metrics)),
+        measure, name,
+        lambda compute: Measure(name, doc, source, tuple(hparams), compute, tuple(metrics), dict(support or {})),
         "register_measure(name=..., doc=..., source=...)")
 
 
@@ -117,6 +147,17 @@ def get_measure(name: str) -> Measure:
 def list_measures() -> Tuple[str, ...]:
     """The registered measure names, sorted."""
     return tuple(MEASURES.names())
+
+
+def measure_support(metric: str, loss_support: Optional[Support]) -> Optional[Support]:
+    """The range of a ``flat/*`` metric as its measure declares it (:attr:`Measure.support`), ``LOSS``
+    read as ``loss_support``; ``None`` (unbounded) for a metric no registered measure bounds.
+    ``flat/neighbourhood_loss/sigma_0.01`` matches the declared ``flat/neighbourhood_loss/sigma_<s>``."""
+    for name in list_measures():
+        for key, rng in get_measure(name).support.items():
+            if re.fullmatch(re.escape(key).replace(re.escape("<s>"), r"[^/_]+"), metric):
+                return loss_support if rng == LOSS else rng
+    return None
 
 
 # ---- the registered measures ---------------------------------------------------------------------
@@ -204,6 +245,7 @@ register_measure(Measure(
     ),
     compute=_fisher,
     metrics=("flat/fisher_trace", "flat/fisher_trace_stderr"),
+    support={"flat/fisher_trace": NONNEGATIVE, "flat/fisher_trace_stderr": NONNEGATIVE},
 ))
 
 register_measure(Measure(
@@ -213,6 +255,7 @@ register_measure(Measure(
     hparams=(HParam("probes", 30, int, low=1, doc="Rademacher probes v, each giving v^T H v"),),
     compute=_hessian,
     metrics=("flat/hessian_trace", "flat/hessian_trace_stderr"),
+    support={"flat/hessian_trace_stderr": NONNEGATIVE},  # the trace itself: unbounded (module docstring)
 ))
 
 register_measure(Measure(
@@ -230,6 +273,9 @@ register_measure(Measure(
     compute=_neighbourhood,
     metrics=("flat/neighbourhood_loss", "flat/neighbourhood_loss_var", "flat/neighbourhood_loss_stderr",
              "flat/neighbourhood_loss_clean", sigma_key("<s>"), sigma_key("<s>", "_var"), sigma_key("<s>", "_stderr")),
+    support={"flat/neighbourhood_loss": LOSS, "flat/neighbourhood_loss_var": NONNEGATIVE,
+             "flat/neighbourhood_loss_stderr": NONNEGATIVE, "flat/neighbourhood_loss_clean": LOSS,
+             sigma_key("<s>"): LOSS, sigma_key("<s>", "_var"): NONNEGATIVE, sigma_key("<s>", "_stderr"): NONNEGATIVE},
 ))
 
 register_measure(Measure(
@@ -244,6 +290,7 @@ register_measure(Measure(
     ),
     compute=_avg_sharpness,
     metrics=("flat/avg_sharpness", "flat/avg_sharpness_stderr", "flat/avg_sharpness_clean"),
+    support={"flat/avg_sharpness_stderr": NONNEGATIVE, "flat/avg_sharpness_clean": LOSS},  # the value: unbounded
 ))
 
 
@@ -411,13 +458,16 @@ def measure_subset(
 
 
 __all__ = [
+    "LOSS",
     "MEASURES",
     "Measure",
+    "NONNEGATIVE",
     "TIME_KEY",
     "compute_measures",
     "get_measure",
     "list_measures",
     "measure_subset",
+    "measure_support",
     "register_measure",
     "resolve_measures",
     "sigma_key",

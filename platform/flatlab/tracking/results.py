@@ -49,7 +49,7 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
     ``search``), ``launch`` (the parent run id), ``start_time`` and ``end_time`` (ms since the epoch;
     NaN while running).
     ``metric``/``mode`` default to the study's, read from the launch run; ``attrs`` hold ``metric``,
-    ``mode``, the study's ``reference_arm`` and its trainer's training-loss target (``measure_at_train_loss``,
+    ``mode``, the study's ``reference_arm`` and ``workload`` and its trainer's training-loss target (``measure_at_train_loss``,
     ``stop_at_train_loss``) as the launch recorded them (text; ``None`` when not set).
     """
     import pandas as pd
@@ -103,6 +103,7 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
     df = sort_trials(df, metric, mode)
     df.attrs["metric"], df.attrs["mode"] = metric, mode
     df.attrs["reference_arm"] = parents[0].data.params.get("reference_arm")
+    df.attrs["workload"] = parents[0].data.params.get("workload")  # the range of its loss (compare tables)
     # the launch's training-loss target: measured there and trained on (flat_at_target/*; flat/* at the end), or
     # stopped there (flat/* at the target where reached)
     for key in ("measure_at_train_loss", "stop_at_train_loss"):

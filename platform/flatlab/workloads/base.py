@@ -9,6 +9,7 @@ study is a report the study asks for (``Study.reports``, :mod:`flatlab.tracking.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Optional, Tuple, Union
@@ -103,6 +104,32 @@ class TrainDefaults:
     label_smoothing: float = 0.0
 
 
+Support = Tuple[float, float]
+"""``(low, high)``: the values a quantity can take (``math.inf`` for no upper bound)."""
+
+SHARES = ("accuracy", "f1")
+"""Metric names (the part after the last ``/``) that are fractions, in [0, 1]."""
+CORRELATIONS = ("matthews", "pearson", "spearman")
+"""Metric names that are correlation coefficients, in [-1, 1] (GLUE's CoLA and STS-B metrics)."""
+
+
+def metric_support(metric: str, loss_support: Optional[Support]) -> Optional[Support]:
+    """The range of a workload metric, by the name after its last ``/`` (``test/accuracy`` -> ``accuracy``):
+    :data:`SHARES` [0, 1]; :data:`CORRELATIONS` [-1, 1]; ``loss`` ``loss_support``; ``perplexity``
+    = exp(loss) ``[exp(low), inf)`` (``(0, inf)`` without a loss range); anything else ``None``
+    (unknown: unbounded)."""
+    leaf = metric.rsplit("/", 1)[-1]
+    if leaf in SHARES:
+        return (0.0, 1.0)
+    if leaf in CORRELATIONS:
+        return (-1.0, 1.0)
+    if leaf == "loss":
+        return loss_support
+    if leaf == "perplexity":
+        return (math.exp(loss_support[0]), math.inf) if loss_support else (0.0, math.inf)
+    return None
+
+
 class Workload(ABC):
     """Base class of registered workloads.
 
@@ -111,6 +138,8 @@ class Workload(ABC):
         hparams: declared workload hyperparameters (model choice, width ...).
         train_defaults: default recipe.
         metrics: every metric name a trial of this workload reports (per epoch unless noted).
+        loss_support: the range of :meth:`loss` and of the reported ``<split>/loss`` (see
+            :meth:`metric_support`).
     """
 
     name: ClassVar[str]
@@ -142,6 +171,16 @@ class Workload(ABC):
         "test/loss",
         "test/accuracy",
     )
+
+    #: The range ``(low, high)`` of the workload's loss: ``(0, inf)`` for cross-entropy (with or without
+    #: label smoothing, a cross-entropy of two distributions) and mean squared error; ``None`` (unbounded)
+    #: for a loss that can be negative, such as the toys' closed-form landscapes.
+    loss_support: ClassVar[Optional[Support]] = (0.0, math.inf)
+
+    @classmethod
+    def metric_support(cls, metric: str) -> Optional[Support]:
+        """The range of this workload's ``metric`` (:func:`metric_support` with :attr:`loss_support`)."""
+        return metric_support(metric, cls.loss_support)
 
     def __init__(self, **params: Any) -> None:
         self.params: Dict[str, Any] = resolve(self.hparams, params, f"workload {self.name!r}")

@@ -78,6 +78,7 @@ class _Toy(Workload):
     data_hparams = ("steps_per_epoch",)
     train_defaults = TrainDefaults(batch_size=1, schedule="constant", warmup_epochs=0.0, label_smoothing=0.0)
     loss_fn: ClassVar[LossFn]
+    loss_support = None  # tsam_wave and tsam_kink go below zero
     smoke_params: ClassVar[Dict[str, object]] = {}
 
     def start(self) -> Tuple[float, ...]:

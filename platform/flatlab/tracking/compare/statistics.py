@@ -8,6 +8,8 @@
 * :func:`holm`: Holm's step-down adjustment of a family of p-values (the arms' paired tests of one
   quantity), so that a table of many arms does not read as many independent discoveries.
 
+* :func:`clip`: a mean's interval intersected with the values the quantity can take.
+
 With fewer than two values the std, interval, p-value and effect size are NaN (never an exception).
 """
 
@@ -16,7 +18,8 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 CONFIDENCE = 0.95
 
@@ -71,6 +74,21 @@ def t_estimate(values: Sequence[float], confidence: float = CONFIDENCE) -> Estim
     std = float(x.std(ddof=1))
     half = float(stats.t.ppf((1 + confidence) / 2, n - 1)) * std / math.sqrt(n)
     return Estimate(n, mean, std, mean - half, mean + half)
+
+
+def clip(estimate: Estimate, support: Optional[Tuple[float, float]]) -> Estimate:
+    """``estimate`` with its interval intersected with ``support = (low, high)``, the values the
+    quantity can take (``None``: unbounded, unchanged). The true mean of such a quantity lies in its
+    support too, so the intersection covers it whenever the t-interval does (same coverage) and only
+    drops impossible values, e.g. a Fisher trace's ``[-2.97, 26.5]`` -> ``[0, 26.5]``. The mean and std
+    are unchanged; for the mean of an arm, never for paired differences (of either sign). NaN stays NaN;
+    an interval already inside ``support`` is returned as the same object."""
+    if support is None or not finite(estimate.low):
+        return estimate
+    low, high = support
+    if low <= estimate.low and estimate.high <= high:
+        return estimate  # the same object: nothing clipped
+    return replace(estimate, low=min(max(estimate.low, low), high), high=max(min(estimate.high, high), low))
 
 
 def paired_difference(arm: Mapping[Any, float], reference: Mapping[Any, float], *, higher_is_better: bool,

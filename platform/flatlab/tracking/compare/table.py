@@ -12,6 +12,11 @@ tests against the reference, and their p-values are Holm-adjusted within it
 quantity at ``alpha = 1 − confidence``. Quantities are not adjusted against each other (each answers
 its own question: the test metric, each flatness measure, the speed to a target).
 
+The interval of an arm's mean is clipped to the values the quantity can take (:func:`quantity_support`:
+an accuracy in [0, 1], a loss or a Fisher trace >= 0; a Hutchinson Hessian trace unbounded): the true
+mean lies there too, so the coverage stays and only impossible values go. Paired differences, of either
+sign, are not clipped; means, standard deviations and tests are unchanged.
+
 Only completed trials give values. Seeds that diverged, errored, were pruned or interrupted are
 counted as run (the ``seeds`` column reads "values / run") and named in the notes; a seed that missed
 a target is counted in "k/n reached".
@@ -36,7 +41,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from flatlab.errors import ConfigError
 from flatlab.tracking.compare.sample import has_values, select_sample
 from flatlab.tracking.compare.statistics import (
-    CONFIDENCE, Estimate, Paired, finite, holm, paired_difference, t_estimate,
+    CONFIDENCE, Estimate, Paired, clip, finite, holm, paired_difference, t_estimate,
 )
 from flatlab.tracking.runs import AT_TARGET_PREFIX, FLAT_PREFIX
 from flatlab.tracking.selection import completed, reference_arm
@@ -67,6 +72,8 @@ class Row:
     summary: Estimate
     diff: Optional[Paired]
     p_holm: float = float("nan")
+    clipped: bool = False
+    """Whether ``summary``'s t-interval reached outside the quantity's range and was clipped to it."""
 
     @property
     def tested(self) -> bool:
@@ -94,6 +101,8 @@ class Comparison:
             mean final validation value over seeds; ``best-epoch``: the best epoch's, asked for).
         warnings: what a reader must see before the numbers (shown above the table): the arms with
             seeds that missed the training-loss target (:func:`target_misses`).
+        support: per quantity, the ``(low, high)`` its arms' intervals are clipped to (:func:`quantity_support`;
+            ``None``: unbounded).
     """
 
     metric: str
@@ -108,6 +117,7 @@ class Comparison:
     study: str = ""
     rank_by: str = "final"
     warnings: Tuple[str, ...] = ()
+    support: Mapping[str, Optional[Tuple[float, float]]] = field(default_factory=dict)
 
     @property
     def arms(self) -> List[str]:
@@ -185,13 +195,41 @@ def higher_is_better(quantity: str, study_metric: str = "", study_mode: str = "m
     return True
 
 
+def quantity_support(quantity: str, workload: Optional[str] = None) -> Optional[Tuple[float, float]]:
+    """The values ``quantity`` can take, ``(low, high)``, or ``None`` (unbounded, also when unsure).
+
+    ``flat/<m>`` and ``flat_at_target/<m>``: as measure ``m`` declares it
+    (:func:`flatlab.sharpness.measures.measure_support`); the epochs and steps to a target: ``None``;
+    any other metric: by its name (:func:`flatlab.workloads.base.metric_support`: accuracy [0, 1],
+    loss in the workload's loss range). A loss's range is the registered ``workload``'s
+    :attr:`~flatlab.workloads.base.Workload.loss_support`; with no or an unregistered workload, unbounded.
+    """
+    from flatlab.errors import UnknownNameError
+    from flatlab.sharpness.measures import measure_support
+    from flatlab.workloads.base import metric_support
+    from flatlab.workloads.registry import get_workload
+
+    loss = None
+    if workload:
+        try:
+            loss = get_workload(workload).loss_support
+        except UnknownNameError:  # an extension's workload not loaded here: its loss may be negative
+            loss = None
+    if quantity.startswith(AT_TARGET_PREFIX):
+        quantity = FLAT_PREFIX + quantity[len(AT_TARGET_PREFIX):]
+    if quantity.startswith(FLAT_PREFIX):
+        return measure_support(quantity, loss)
+    return None if quantity in TARGETS else metric_support(quantity, loss)
+
+
 def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] = None,
                   measures: Optional[Sequence[str]] = None, confidence: float = CONFIDENCE, study: str = "",
                   rank_by: str = "final") -> Comparison:
     """The paper table of a study's trials (see the module docstring for the statistics).
 
     Args:
-        df: a :func:`flatlab.tracking.results.trials_frame` table (``attrs`` metric and mode).
+        df: a :func:`flatlab.tracking.results.trials_frame` table (``attrs`` metric, mode and workload,
+            the last for the range of a loss: :func:`quantity_support`).
         metric: the test metric (default ``test/perplexity``, ``test/accuracy`` or ``test/loss``, the
             first recorded).
         reference: the arm every other arm is paired against (default
@@ -242,6 +280,7 @@ def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] 
     quantities = (metric, *flat, *targets)
     mode = df.attrs.get("mode", "max")
     better = {q: higher_is_better(q, df.attrs.get("metric", ""), mode) for q in quantities}
+    support = {q: quantity_support(q, df.attrs.get("workload")) for q in quantities}
 
     done = completed(sample)
     seeds = seed_values(sample, quantities)
@@ -282,11 +321,13 @@ def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] 
             mine = _by_seed(seeds, arm, q)
             diff = None if arm == reference else paired_difference(mine, ref, higher_is_better=better[q], confidence=confidence)
             runs = int((seeds["arm"] == arm).sum())
-            block.append(Row(q, arm, runs, t_estimate(list(mine.values()), confidence), diff))
+            raw = t_estimate(list(mine.values()), confidence)
+            summary = clip(raw, support[q])
+            block.append(Row(q, arm, runs, summary, diff, clipped=summary is not raw))
         adjusted = holm([r.diff.p if r.diff is not None else float("nan") for r in block])  # the quantity's family
         rows += [replace(r, p_holm=p) for r, p in zip(block, adjusted)]
     return Comparison(metric, reference, float(confidence), source, quantities, better, tuple(rows), seeds.reset_index(drop=True),
-                      tuple(notes), study, rank_by, tuple(target_misses(sample, ordered)))
+                      tuple(notes), study, rank_by, tuple(target_misses(sample, ordered)), support)
 
 
 def _stopped_at_target(sample) -> bool:

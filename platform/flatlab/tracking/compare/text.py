@@ -83,10 +83,21 @@ def caption(comparison: Comparison) -> List[str]:
                                             f"lower {', '.join(lower)}" if lower else "") if x) + " (flat/*, flat_at_target/*: lower = flatter).",
         "Only completed trials give values; '-': no value, or fewer than 2 seeds (no std, CI or p).",
     ]
+    clipped = list(dict.fromkeys(r.quantity for r in c.rows if r.clipped))
+    if clipped:
+        ranges = "; ".join(f"{q} {_range(c.support[q])}" for q in clipped)
+        lines.append(f"CI of a mean clipped to the quantity's range where the t interval reaches outside it ({ranges}): "
+                     "the true mean lies in it too, so the coverage is unchanged; Δ intervals are not clipped.")
     if any(q in TARGETS for q in c.quantities):
         lines.append("To-target rows: k/n reached counts every seed run (failed seeds did not reach it); "
                      "their statistics and differences are over the seeds that reached it.")
     return lines + multiplicity(c) + list(c.notes)
+
+
+def _range(support: Any) -> str:
+    """``in [0, 1]`` or ``≥ 0`` (no upper bound)."""
+    low, high = support
+    return f"≥ {low:g}" if math.isinf(high) else f"in [{low:g}, {high:g}]"
 
 
 def multiplicity(comparison: Comparison) -> List[str]:
@@ -113,13 +124,13 @@ def multiplicity(comparison: Comparison) -> List[str]:
         f"Multiple comparisons: each quantity is one family of {per_family}; p Holm is p adjusted by Holm's (1979) "
         f"step-down method within its quantity, which keeps the chance of any false 'significant' in that family at "
         f"{alpha}; {SIGNIFICANCE} '*': adjusted p < {alpha}, 'ns': not. {len(tested)} "
-        f"quantit{'ies' if len(tested) > 1 else 'y'}, {total} tests in all, each quantity adjusted on its own: read the "
+        f"quantit{'ies' if len(tested) > 1 else 'y'}, {total} test{'s' if total != 1 else ''} in all, each quantity adjusted on its own: read the "
         "adjusted p, not the raw p one by one.",
     ]
     hits = {q: [r.arm for r in rows if c.significant(r)] for q, rows in tested.items()}
     if not any(hits.values()):
         lines.append(f"No difference from {c.reference} is significant after Holm's adjustment: every adjusted p >= "
-                     f"{alpha} ({total} tests).")
+                     f"{alpha} ({total} test{'s' if total != 1 else ''}).")
     else:
         lines.append(f"Significant after Holm's adjustment (adjusted p < {alpha}), against {c.reference}: "
                      + "; ".join(f"{q}: {', '.join(arms) or 'none'}" for q, arms in hits.items()) + ".")
@@ -155,7 +166,7 @@ def markdown_table(head: Sequence[str], body: Sequence[Sequence[str]], left: int
 
 
 _LATEX = {"\\": r"\textbackslash{}", "_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "$": r"\$", "{": r"\{",
-          "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "Δ": r"$\Delta$", "−": "-"}
+          "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "≥": r"$\geq$", "Δ": r"$\Delta$", "−": "-"}
 
 
 def latex_escape(text: str) -> str:
@@ -209,8 +220,8 @@ def render(comparison: Comparison, console: Any) -> None:
         better = "higher is better" if c.higher_is_better[q] else ("lower = flatter" if q.startswith((FLAT_PREFIX, AT_TARGET_PREFIX)) else "lower is better")
         tests = len(c.family(q))
         rows = [row[1:] for r, row in zip(c.rows, body) if r.quantity == q]
-        table = make_table(head, rows, title_justify="left",
-                           title=f"{q} ({better}; {tests} test{'s' if tests != 1 else ''}, Holm-adjusted)")
+        tested = f"{tests} test{'s' if tests != 1 else ''}, Holm-adjusted" if tests else "no paired test"
+        table = make_table(head, rows, title_justify="left", title=f"{q} ({better}; {tested})")
         print_table(console, table, "use --format markdown")
     for line in caption(comparison):
         console.print(line, soft_wrap=True)
