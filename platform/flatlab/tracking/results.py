@@ -173,7 +173,8 @@ def chosen_configurations(pooled, trials, rank_by: str = "final"):
     keep = []
     present = set(pooled["arm"])
     arms = [a for a in selection.rank_arms(best, mode) if a in present]
-    def chosen(rows):  # the rows of the arm's chosen configuration
+
+    def of_chosen(rows, arm: str) -> List[Any]:  # the indices of ``rows`` in the arm's chosen configuration
         return [i for i, row in rows.iterrows()
                 if selection.config_key({c[len("param."):]: row[c] for c in params}) == best[arm].config]
 
@@ -184,12 +185,12 @@ def chosen_configurations(pooled, trials, rank_by: str = "final"):
             keep += list(finals.index[:1])
         else:  # the chosen configuration's final-stage row (--all: launches that chose others have theirs),
             # else the final stage the launch ran, else the chosen configuration's search row
-            keep += (chosen(finals) or list(finals.index) or chosen(mine[~final.loc[mine.index]]))[:1]
+            keep += (of_chosen(finals, arm) or list(finals.index) or of_chosen(mine[~final.loc[mine.index]], arm))[:1]
     out = pooled.loc[keep].reset_index(drop=True)
-    chosen = [best.get(arm) for arm in out["arm"]]
+    configs = [best.get(arm) for arm in out["arm"]]
     out[selection.score_column(trials.attrs.get("metric", "val/accuracy"), rank_by)] = [
-        c.mean if c else float("nan") for c in chosen]
-    out[selection.SEARCH_SEEDS] = pd.array([c.seeds if c else None for c in chosen], dtype="Int64")
+        c.mean if c else float("nan") for c in configs]
+    out[selection.SEARCH_SEEDS] = pd.array([c.seeds if c else None for c in configs], dtype="Int64")
     out.attrs.update(pooled.attrs)
     out.attrs.update(best="config", rank_by=rank_by)
     return out
