@@ -187,30 +187,40 @@ def test_every_seed_missing_the_target_still_counts_the_misses():
     assert c.row("train/epochs_to_target", "sam").summary.n == 0
 
 
-def test_trials_frame_reads_the_launchs_target(tmp_path):
+def _launch(tmp_path, study: str, train: dict, trials):
+    """A study's launch in a fresh MLflow store, as study/runner.py records it (its train dict under
+    "train."), with one completed final-stage trial per ``(arm, seed, metrics)`` of ``trials``; the URI."""
     from mlflow.entities import Metric, Param
 
     from flatlab.tracking import runs
     from flatlab.tracking.param_text import flat_params
-    from flatlab.tracking.results import trials_frame
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    exp = runs.get_or_create_experiment(uri, "toy", runs.artifact_location(tmp_path))
+    exp = runs.get_or_create_experiment(uri, study, runs.artifact_location(tmp_path))
     c = runs.client(uri)
     parent = c.create_run(exp, tags={runs.TAG_ROLE: "study"}).info.run_id
-    # the launch's params as study/runner.py writes them: the study's train dict under "train."
-    params = flat_params({"metric": "val/accuracy", "mode": "max", "train": {"batch_size": 128, "measure_at_train_loss": 0.3}})
+    params = flat_params({"metric": "val/accuracy", "mode": "max", "train": train})
     c.log_batch(parent, params=[Param(k, v) for k, v in params.items()])
+    for arm, seed, metrics in trials:
+        tags = {runs.PARENT: parent, runs.TAG_ROLE: "trial", runs.TAG_ARM: arm, runs.TAG_SEED: str(seed),
+                runs.TAG_OUTCOME: "completed", runs.TAG_STAGE: "final"}
+        run_id = c.create_run(exp, tags=tags).info.run_id
+        c.log_batch(run_id, metrics=[Metric(k, v, 0, 0) for k, v in metrics.items()])
+        c.set_terminated(run_id)
+    return uri
+
+
+def test_trials_frame_reads_the_launchs_target(tmp_path):
+    from flatlab.tracking.results import trials_frame
+
+    trials = []
     for arm, seeds in TRIALS.items():
         for seed, (acc, end, at, epochs) in seeds.items():
-            tags = {runs.PARENT: parent, runs.TAG_ROLE: "trial", runs.TAG_ARM: arm, runs.TAG_SEED: str(seed),
-                    runs.TAG_OUTCOME: "completed", runs.TAG_STAGE: "final"}
-            run_id = c.create_run(exp, tags=tags).info.run_id
             metrics = {"epoch": 10.0, "test/accuracy": acc, "flat/fisher_trace": end, "train/target_reached": float(at is not None)}
             if at is not None:
                 metrics.update({"flat_at_target/fisher_trace": at, "train/epochs_to_target": float(epochs)})
-            c.log_batch(run_id, metrics=[Metric(k, v, 0, 0) for k, v in metrics.items()])
-            c.set_terminated(run_id)
+            trials.append((arm, seed, metrics))
+    uri = _launch(tmp_path, "toy", {"batch_size": 128, "measure_at_train_loss": 0.3}, trials)
     df = trials_frame(uri, "toy")
     assert df.attrs[MEASURE_AT_TARGET] == "0.3"
     got = cmp.compare_table(df, reference="sgd")
@@ -227,31 +237,20 @@ def test_the_mlflow_view_shows_both_sets():
 
 
 def test_compare_from_mlflow_shows_the_final_flatness_of_a_stop_at_train_loss_arm_that_missed(tmp_path):
-    from mlflow.entities import Metric, Param
     from typer.testing import CliRunner
 
     from flatlab.cli.main import app
-    from flatlab.tracking import runs
-    from flatlab.tracking.param_text import flat_params
     from flatlab.tracking.results import trials_frame
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    exp = runs.get_or_create_experiment(uri, "walk", runs.artifact_location(tmp_path))
-    c = runs.client(uri)
-    parent = c.create_run(exp, tags={runs.TAG_ROLE: "study"}).info.run_id
-    params = flat_params({"metric": "val/accuracy", "mode": "max", "train": {"batch_size": 64, "stop_at_train_loss": 0.1}})
-    c.log_batch(parent, params=[Param(k, v) for k, v in params.items()])
+    trials = []
     for arm, seeds in STOPPED.items():
         for seed, (acc, flat, epochs) in seeds.items():
-            tags = {runs.PARENT: parent, runs.TAG_ROLE: "trial", runs.TAG_ARM: arm, runs.TAG_SEED: str(seed),
-                    runs.TAG_OUTCOME: "completed", runs.TAG_STAGE: "final"}
-            run_id = c.create_run(exp, tags=tags).info.run_id
             metrics = {"epoch": float(epochs or 8), "test/accuracy": acc, "flat/hessian_trace": flat,
                        "train/target_reached": float(epochs is not None)}
             if epochs is not None:
                 metrics["train/epochs_to_target"] = float(epochs)
-            c.log_batch(run_id, metrics=[Metric(k, v, 0, 0) for k, v in metrics.items()])
-            c.set_terminated(run_id)
+            trials.append((arm, seed, metrics))
+    uri = _launch(tmp_path, "walk", {"batch_size": 64, "stop_at_train_loss": 0.1}, trials)
     df = trials_frame(uri, "walk")
     assert df.attrs[STOP_AT_TARGET] == "0.1" and df.attrs[MEASURE_AT_TARGET] is None
     got = cmp.compare_table(df, reference="sgd")
