@@ -427,6 +427,24 @@ def test_radix_select_at_both_ends_of_the_bit_range():
         kth_smallest_with_count(torch.tensor([1, -2], dtype=torch.int32), 1)
 
 
+def test_radix_select_keeps_the_bucket_apart_from_entries_with_the_same_lower_bits():
+    # the second pass bins entries inside the k-th value's bucket by their lower 16 bits and every other
+    # entry by the same bits in a separate range: entries of the neighbouring buckets (and of far ones)
+    # share their lower bits with the bucket's entries here, so any mixing would move the answer
+    from flatlab.optim._flat import kth_smallest_with_count
+
+    gen = torch.Generator().manual_seed(3)
+    lows = torch.randint(0, 1 << 16, (40,), generator=gen, dtype=torch.int32)
+    buckets = torch.tensor([0, 0x3F7F, 0x3F80, 0x3F81, 0x7F80], dtype=torch.int32)
+    bits = ((buckets.view(-1, 1) << 16) | lows.view(1, -1)).view(-1)
+    bits = bits[torch.randperm(bits.numel(), generator=gen)]
+    h = bits.view(torch.float32)
+    for k in range(1, bits.numel() + 1):
+        value, count = kth_smallest_with_count(h, k)
+        assert int(value.view(torch.int32)) == int(torch.kthvalue(bits, k).values)
+        assert count == int((bits <= int(value.view(torch.int32))).sum())
+
+
 @pytest.mark.parametrize("chunk", [3, 1 << 20])
 def test_at_most_writes_the_mask_and_counts_it(monkeypatch, chunk):
     import flatlab.optim._flat as flat_mod
