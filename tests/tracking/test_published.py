@@ -91,6 +91,26 @@ def test_inside_and_outside_the_published_range_per_epoch(toy):
     assert math.isnan(rows.loc[("test/loss", 3), "ci_low"]) and rows.loc[("test/loss", 3), "n"] == 1
 
 
+def test_the_interval_stays_inside_the_values_the_metric_can_take(toy):
+    # accuracy [0.99, 1.0, 1.0]: mean 0.996667, half-width t·s/√3 = 4.30265·0.0057735/√3 = 0.014342, so the
+    # t-interval reaches 1.011 -> clipped at 1 (as `flatlab compare` does); loss [0.01, 0.2, 0.4]: mean
+    # 0.203333, half-width 4.30265·0.195021/√3 = 0.484461 -> [−0.281, 0.688], clipped at 0 for a registered
+    # workload whose loss is ≥ 0 and left as it is with no workload (a loss may then be negative)
+    frame = pd.DataFrame([{"arm": "a", "seed": i, "metric": m, "epoch": 3, "value": v}
+                          for m, vals in (("test/accuracy", [0.99, 1.0, 1.0]), ("test/loss", [0.01, 0.2, 0.4]))
+                          for i, v in enumerate(vals)])
+    mean, low, high = hand_ci([0.99, 1.0, 1.0])
+    assert high == pytest.approx(1.0110088, abs=1e-6)
+    _, loss_low, loss_high = hand_ci([0.01, 0.2, 0.4])
+    assert loss_low == pytest.approx(-0.2811274, abs=1e-6)
+    for workload, expect_loss_low in (("fashion_mnist", 0.0), (None, loss_low)):
+        rows = pub.compare_curves(toy, frame, {"a": "c"}, workload=workload).rows.set_index("metric")
+        acc, loss = rows.loc["test/accuracy"], rows.loc["test/loss"]
+        assert (acc["mean"], acc["ci_low"], acc["ci_high"]) == pytest.approx((mean, low, 1.0), abs=1e-12)
+        assert (loss["ci_low"], loss["ci_high"]) == pytest.approx((expect_loss_low, loss_high), abs=1e-12)
+        assert acc["where"] == "above" and bool(acc["overlap"]) is False  # published [0.90, 0.92]
+
+
 def test_the_summary_counts_epochs_and_names_where_flatlab_falls_outside(toy):
     c = pub.compare_curves(toy, flatlab_frame(), {"a": "c"})
     s = c.summary.set_index("metric")

@@ -320,8 +320,13 @@ SUMMARY_COLUMNS = ["arm", "curve", "metric", "epochs", "inside", "above", "below
 
 
 def compare_curves(curves: CurveSet, flatlab, arms: Mapping[str, str], *, metrics: Optional[Sequence[str]] = None,
-                   epochs: Optional[Sequence[int]] = None, confidence: float = CONFIDENCE) -> CurveComparison:
+                   epochs: Optional[Sequence[int]] = None, confidence: float = CONFIDENCE,
+                   workload: Optional[str] = None) -> CurveComparison:
     """flatlab's per-epoch mean and t-interval beside each mapped curve's published runs.
+
+    The interval is intersected with the values the metric can take, as ``flatlab compare`` does
+    (:func:`flatlab.tracking.compare.table.quantity_support`: accuracy in [0, 1], a loss in ``workload``'s
+    loss range): the same coverage, no impossible values such as an accuracy of 1.0001.
 
     Args:
         curves: the published curve set (:func:`load_curves`).
@@ -332,6 +337,7 @@ def compare_curves(curves: CurveSet, flatlab, arms: Mapping[str, str], *, metric
         metrics: the flatlab metrics to compare (default: every metric the curve set maps to).
         epochs: only these epochs (default: every epoch both sides have).
         confidence: of flatlab's t-interval, in (0, 1).
+        workload: the study's registered workload name (its loss range); ``None``: losses unbounded.
     Returns:
         A :class:`CurveComparison`.
     Raises:
@@ -341,6 +347,8 @@ def compare_curves(curves: CurveSet, flatlab, arms: Mapping[str, str], *, metric
     import pandas as pd
 
     from flatlab.tracking.compare import t_estimate
+    from flatlab.tracking.compare.statistics import clip
+    from flatlab.tracking.compare.table import quantity_support
 
     if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
         raise ConfigError(f"confidence={confidence!r}; expected a number in (0, 1), e.g. 0.95")
@@ -373,7 +381,8 @@ def compare_curves(curves: CurveSet, flatlab, arms: Mapping[str, str], *, metric
             if not common:
                 notes.append(f"arm {arm!r}, {metric}: no epoch with values on both sides.")
             for e in common:
-                est = t_estimate(ours.loc[ours["epoch"] == e, "value"].tolist(), confidence)
+                est = clip(t_estimate(ours.loc[ours["epoch"] == e, "value"].tolist(), confidence),
+                           quantity_support(metric, workload))
                 if est.n == 0:  # only non-finite values (a diverged seed): nothing to place
                     continue
                 p = theirs.loc[theirs["epoch"] == e, "value"].astype(float)

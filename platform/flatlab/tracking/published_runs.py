@@ -206,7 +206,8 @@ def compare_study(tracking_uri: str, study: str, *, path: Optional[str] = None, 
     trials = trials_frame(tracking_uri, study)
     mapping = resolve_arms(declared, list(curves.curves), sorted(set(trials["arm"])), arms)
     values, notes = epoch_values(tracking_uri, trials, compared, arms=list(mapping))
-    result = compare_curves(curves, values, mapping, metrics=compared, epochs=epochs, confidence=confidence)
+    result = compare_curves(curves, values, mapping, metrics=compared, epochs=epochs, confidence=confidence,
+                            workload=trials.attrs.get("workload"))
     return CurveComparison(result.rows, result.summary, tuple(notes) + result.notes, result.curves, result.confidence)
 
 
