@@ -304,7 +304,7 @@ def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] 
         notes.append(f"flat_at_target/* rows: measured at the first epoch whose mean training loss was <= {measured_at} "
                      "(measure_at_train_loss); seeds that missed it are counted in the seeds run and give no value. "
                      "flat/* rows: the final models, after the last epoch.")
-    elif measured_at is None and flat and has_values(sample, TARGET_REACHED):
+    elif flat and _stopped_at_target(sample):  # sample.attrs: df's (select_sample and at_target_view keep them)
         loss = f"mean training loss <= {stopped_at}" if stopped_at is not None else "the training-loss target"
         if any(q.startswith(AT_TARGET_PREFIX) for q in flat):
             notes.append(f"flat_at_target/* rows: the flat/* of the seeds that reached {loss}, where stop_at_train_loss "
