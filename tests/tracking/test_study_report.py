@@ -76,10 +76,11 @@ def test_report_logs_best_per_arm_and_every_plot(store, caplog):
     table = json.loads(open(c.download_artifacts(parent, "report/best_per_arm.json", str(out))).read())
     # the best COMPLETED search trial of each arm (s3's 0.95 was pruned; adamw's a2 diverged)
     assert table["columns"] == ["arm", "trial", "epochs", "val/accuracy", "test/accuracy", "flat/fisher_trace",
-                                "params", "run_id"]
-    assert [row[:6] for row in table["data"]] == [["sgd", "sgd · s2", 3, 0.90, 0.88, 2.0],
-                                                  ["adamw", "adamw · a1", 3, 0.70, 0.69, 4.0]]
-    assert [row[6] for row in table["data"]] == ["lr=0.2", "lr=0.003"]
+                                "search val/accuracy mean", "search seeds", "params", "run_id"]
+    # each configuration ran one seed here, so the score is that trial's final val/accuracy
+    assert [row[:8] for row in table["data"]] == [["sgd", "sgd · s2", 3, 0.90, 0.88, 2.0, 0.90, 1],
+                                                  ["adamw", "adamw · a1", 3, 0.70, 0.69, 4.0, 0.70, 1]]
+    assert [row[8] for row in table["data"]] == ["lr=0.2", "lr=0.003"]
     assert c.get_run(parent).data.tags["mlflow.loggedArtifacts"]  # MLflow's mark of a table its UI renders
     arts = {a.path for a in c.list_artifacts(parent, "report")}
     assert arts == {"report/learning_curves.png", "report/parallel_coordinate_sgd.png", "report/best_per_arm.json",

@@ -116,20 +116,23 @@ def best_per_arm_table(df: Any, metric: str) -> Any:
     """One row per arm: the best trial of its best configuration
     (:func:`flatlab.tracking.selection.best_trial_rows`; ``df``: a
     :func:`~flatlab.tracking.results.trials_frame` table, best first): ``arm``, ``trial`` (the run's
-    name), ``epochs``, ``metric``, the test metric, each flatness measure ``flat/*``, the trial's
-    ``params`` (``name=value`` of its logged params, one per line) and ``run_id``. Numbers are
-    rounded to 4 significant digits (the runs hold the exact values). Arms without a completed trial get
-    no row."""
+    name), ``epochs``, ``metric``, the test metric, each flatness measure ``flat/*``, the score the
+    rule chose the arm's configuration by (``search <metric> mean`` over ``search seeds``, the
+    configuration's completed search trials; rows are in its order, best first, as ``flatlab results
+    --best`` shows them), the trial's ``params`` (``name=value`` of its logged params, one per line) and
+    ``run_id``. Numbers are rounded to 4 significant digits (the runs hold the exact values). Arms
+    without a completed trial get no row."""
     import pandas as pd
 
     from flatlab.tracking import ui
     from flatlab.tracking.results import _test_metric, params_text
-    from flatlab.tracking.selection import best_trial_rows
+    from flatlab.tracking.selection import SEARCH_SEEDS, best_trial_rows, score_column
 
     if df.empty or "outcome" not in df.columns:
         return pd.DataFrame()
     best = best_trial_rows(df)
     test = _test_metric(df)
+    score = score_column(df.attrs.get("metric", metric))
     flat = sorted(c for c in df.columns if c.startswith("flat/") and not c.endswith(_AUXILIARY) and df[c].notna().any())
     params = [c for c in df.columns if c.startswith("param.")]
     rows = []
@@ -140,6 +143,9 @@ def best_per_arm_table(df: Any, metric: str) -> Any:
         for name in [metric] + ([test] if test else []) + flat:
             value = row.get(name)
             out[name] = float(f"{value:.4g}") if isinstance(value, (int, float)) and math.isfinite(value) else None
+        for name in (score, SEARCH_SEEDS):  # what the rule chose the configuration (and ordered the arms) by
+            value = row.get(name)
+            out[name] = (int(value) if name == SEARCH_SEEDS else float(f"{value:.4g}")) if pd.notna(value) else None
         out["params"] = params_text(row, params, "\n")
         out["run_id"] = row["run_id"]
         rows.append(out)
