@@ -80,3 +80,29 @@ def test_the_stamp_names_the_launches_a_table_reads(tmp_path):
     assert line.startswith("*Written by `make docs-results` on 2026-12-04 at commit `abc123`: `flatlab compare "
                            "digits_flatness_demo fmnist_flatness")
     assert "Runs: digits_flatness_demo: launch not readable" in line and line.endswith("*\n\n")
+
+
+def test_the_stamp_gives_the_source_digest_where_the_commit_does_not_say_which_code_ran(tmp_path):
+    import datetime as dt
+    import json
+
+    from flatlab.tracking import runs
+
+    tool = _tool()
+    entry = tool.RESULTS["digits_fmnist_summary"]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = runs.client(uri)
+    tags = {"digits_flatness_demo": {runs.TAG_COMMIT: "0123456789abcdef0123", runs.TAG_DIRTY: "false",
+                                     runs.TAG_SOURCE: "aaaa000011112222"},
+            "fmnist_flatness": {runs.TAG_COMMIT: "unknown", runs.TAG_SOURCE: "bbbb000011112222"}}
+    for study, t in tags.items():
+        exp = runs.get_or_create_experiment(uri, study, (tmp_path / "art").as_uri())
+        run = c.create_run(exp, tags=t, start_time=int(dt.datetime(2026, 12, 4, 15, 42).timestamp() * 1000))
+        (tmp_path / study).mkdir()
+        (tmp_path / study / "launch.json").write_text(json.dumps({"tracking_uri": uri, "parent_run_id": run.info.run_id}))
+    assert tool.launches(entry, tmp_path) == [
+        "digits_flatness_demo launched 2026-12-04 15:42 at commit `0123456789ab`",  # clean commit: enough
+        "fmnist_flatness launched 2026-12-04 15:42 at commit `unknown` (flatlab source digest `bbbb000011112222`)"]
+    c.set_tag(c.search_runs([runs.get_or_create_experiment(uri, "digits_flatness_demo")])[0].info.run_id, runs.TAG_DIRTY, "true")
+    assert tool.launches(entry, tmp_path)[0] == ("digits_flatness_demo launched 2026-12-04 15:42 at commit "
+                                                 "`0123456789ab+dirty` (flatlab source digest `aaaa000011112222`)")

@@ -84,7 +84,8 @@ def commit() -> str:
 
 def launches(entry: Entry, root: Path) -> List[str]:
     """For each study the entry reads: its latest launch's date and the commit it ran at (the MLflow
-    parent run's ``flatlab.git_commit`` tag), as text; a study without a readable launch says so."""
+    parent run's ``flatlab.git_commit`` tag, ``+dirty`` when the package differed from it, and then, or
+    outside git, its ``flatlab.source_digest``), as text; a study without a readable launch says so."""
     import json
 
     out = []
@@ -95,8 +96,12 @@ def launches(entry: Entry, root: Path) -> List[str]:
 
             run = runs.client(launch["tracking_uri"]).get_run(launch["parent_run_id"])
             started = dt.datetime.fromtimestamp(run.info.start_time / 1000)
-            rev = run.data.tags.get(runs.TAG_COMMIT, "unknown")
-            out.append(f"{study} launched {started:%Y-%m-%d %H:%M} at commit `{rev[:12]}`")
+            tags = run.data.tags
+            rev = tags.get(runs.TAG_COMMIT, "unknown")[:12] + ("+dirty" if tags.get(runs.TAG_DIRTY) == "true" else "")
+            source = tags.get(runs.TAG_SOURCE)
+            known = "unknown" not in rev and "dirty" not in rev  # else the source digest says which code ran
+            out.append(f"{study} launched {started:%Y-%m-%d %H:%M} at commit `{rev}`"
+                       + ("" if known or not source else f" (flatlab source digest `{source}`)"))
         except Exception as exc:  # noqa: BLE001 - the stamp says what is not known
             out.append(f"{study}: launch not readable ({type(exc).__name__})")
     return out

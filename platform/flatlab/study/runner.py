@@ -518,7 +518,7 @@ def _common_tags(study: Study, opts: RunOptions) -> Dict[str, str]:
     return {
         runs.TAG_STUDY: study.name,
         runs.TAG_WORKLOAD: study.workload,
-        runs.TAG_COMMIT: runs.git_commit(),
+        **runs.provenance_tags(),  # commit, dirty or not, and the digest of the package's source
         runs.TAG_VERSION: __version__,
         **environment_tags(),  # python, torch, CUDA, Ray ... versions (tracking/environment.py)
         **opts.extra_tags,
