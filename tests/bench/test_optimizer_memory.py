@@ -67,7 +67,7 @@ def test_memory_after_timing_is_measured_in_a_fresh_process(optimizer_bench, mem
     # the peak varies by about 0.01 copy (0.75 MB of 75) from run to run: 3.52 against 3.53 was seen
     sgd_ire, reference = rows["SGD-IRE / SGD (K=10)"], memory["SGD-IRE / SGD (K=10)"]
     assert sgd_ire[:2] == ("probe", reference[0]) and sgd_ire[2] == pytest.approx(reference[1], abs=0.02)
-    # AdmIRE on the CPU: its step is amplified inside AdamW's update, so no θ_old; the 0/1 masks in the
+    # AdmIRE on the CPU: its step is amplified inside AdamW's update, so no θ_old; s = 1 + κ·n in the
     # parameters' dtype and the bool masks (1.25 copies); the refresh fits under AdamW's own temporaries
     assert rows["AdmIRE / AdamW (K=10)"][:2] == ("probe", 1.25)
     assert rows["AdmIRE / AdamW (K=10)"][2] == pytest.approx(1.25, abs=0.05)

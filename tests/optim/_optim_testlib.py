@@ -57,6 +57,27 @@ def assert_bitwise(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> None
         assert torch.equal(x, y), (x - y).abs().max()
 
 
+def _ordered_bits(x: torch.Tensor) -> torch.Tensor:
+    # the bit patterns of finite floats as int64 integers in the numbers' order (-0.0 and 0.0 both 0)
+    bits = x.contiguous().view({torch.float32: torch.int32, torch.float64: torch.int64}[x.dtype]).to(torch.int64)
+    magnitude = bits & (0x7FFFFFFF if x.dtype == torch.float32 else 0x7FFFFFFFFFFFFFFF)
+    return torch.where(bits < 0, -magnitude, magnitude)
+
+
+def ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How many steps between representable numbers of their dtype separate ``a`` and ``b``, elementwise
+    (finite float32 or float64; 0 where equal, -0.0 equal to 0.0)."""
+    return (_ordered_bits(a) - _ordered_bits(b)).abs()
+
+
+def assert_within_ulps(a: torch.Tensor, b: torch.Tensor, ulps: int) -> None:
+    """``a`` and ``b`` (same shape and dtype) are at most ``ulps`` representable numbers apart."""
+    assert a.shape == b.shape and a.dtype == b.dtype
+    if a.numel():
+        apart = int(ulps_apart(a, b).max())
+        assert apart <= ulps, f"{apart} ulps apart"
+
+
 def roundtrip(obj: Dict) -> Dict:
     """What torch.save + torch.load give back (deep copy through bytes)."""
     buf = io.BytesIO()

@@ -12,6 +12,7 @@ from _optim_testlib import (
     CountingClosure,
     FunctionClosure,
     assert_bitwise,
+    assert_within_ulps,
     closure_for,
     image_batch,
     mlp,
@@ -175,8 +176,13 @@ def test_update_is_theta_old_plus_amplified_base_step(make_base):
         for p, o, new in zip(model.parameters(), old, params_of(ref_model)):
             mask = opt.state[p]["mask"]
             n = mask.to(o.dtype)
-            torch.testing.assert_close(p.detach(), o + (1 + kappa * n) * (new - o), rtol=1e-6, atol=1e-8)
-            assert torch.equal(p.detach()[~mask], new[~mask])  # coordinates not flat: the base's step, bit for bit
+            # float32 to rounding: a flat coordinate moves 4·Δ with |Δ| up to lr = 1e-2, so a few ulps of
+            # that step (≈ 4e-9 each) where θ lands near 0
+            torch.testing.assert_close(p.detach(), o + (1 + kappa * n) * (new - o), rtol=1e-6, atol=3e-8)
+            if isinstance(opt.base, torch.optim.SGD):  # coordinates not flat: the base's step, bit for bit
+                assert torch.equal(p.detach()[~mask], new[~mask])
+            else:  # CPU AdamW, computed inside its update: its decay as θ − c·θ, to an ulp or two
+                assert_within_ulps(p.detach()[~mask], new[~mask], 2)
         # the base's state (momentum / Adam moments) is the base's own, never amplified
         for p, rp in zip(model.parameters(), ref_model.parameters()):
             for key, v in opt.base.state[p].items():

@@ -251,12 +251,12 @@ def issue_mlp_run(steps: int):
 
     amplified = ire_mod._amplified_adamw.amplified_adamw_step
 
-    def amplified_watched(base, flat, kappas):
-        # AdamW's update with IRE's two extra passes in it: AdamW's own arithmetic (on the gradient and its
-        # moments) is the base's work, as inside base.step(); IRE's passes are those that read the masks n
-        watch.only_with = {n.data_ptr() for n in flat.values()}
+    def amplified_watched(base, scales):
+        # AdamW's update with IRE's two passes in it: AdamW's own arithmetic (on the gradient and its
+        # moments) is the base's work, as inside base.step(); IRE's passes are those that read s = 1 + κ·n
+        watch.only_with = {s.data_ptr() for s in scales.values()}
         try:
-            return watched(amplified, True)(base, flat, kappas)
+            return watched(amplified, True)(base, scales)
         finally:
             watch.only_with = None
 
@@ -288,12 +288,12 @@ def test_admire_does_no_arithmetic_on_subnormals_in_100_steps_on_a_saturating_ml
     # subnormal or 0 (IRE's earlier code squared it: ~3·10^5 subnormal products per refresh here)
     assert len(below) == 10 and max(below[2:]) > 0.05
     assert watch.ops > OPS_SEEN and dict(watch.found) == {}
-    # IRE's passes inside AdamW's update were watched: two per tensor and step (decay, denominator), 6
-    # tensors, 100 steps
-    assert watch.seen["addcmul_"] == 2 * 6 * 100
+    # IRE's passes inside AdamW's update were watched: two per tensor and step, the decay θ − c·s⊙θ (in
+    # place of AdamW's θ·(1 − c)) and the denominator d / s; 6 tensors, 100 steps
+    assert watch.seen["addcmul_"] == 6 * 100 and watch.seen["div_"] == 6 * 100
     kept: Dict[str, int] = collections.Counter()
     for p in model.parameters():
         for key, value in opt.state[p].items():
             kept[key] += subnormal_count(value)
-    assert dict(kept) == {"mask": 0, "flat": 0}  # AdamW on the CPU: the amplified step keeps no θ_old
+    assert dict(kept) == {"mask": 0, "scale": 0}  # AdamW on the CPU: the amplified step keeps no θ_old
     assert sum(subnormal_count(p.detach()) for p in model.parameters()) == 0

@@ -5,19 +5,26 @@ IRE's update over a base optimizer is θ ← θ_old + (1 + κ·n) ⊙ Δ, Δ = �
 θ_old and blends after the base's step. For AdamW (Loshchilov & Hutter 2019, Alg. 2, decoupled weight
 decay) Δ is known in closed form,
 
-    Δ = −lr·wd·θ_old − (lr / bc1) · m / (√v / √bc2 + ε),   bc1 = 1 − β1^t, bc2 = 1 − β2^t,
+    Δ = −c·θ_old − (lr / bc1) · m / d,   d = √v / √bc2 + ε,   bc1 = 1 − β1^t, bc2 = 1 − β2^t,
 
-so (1 + κ·n)⊙Δ is AdamW's own update with the decay factor and the denominator scaled on the flat
-coordinates:
+with c the decay torch's AdamW applies: it multiplies θ by its factor 1 − lr·wd rounded to the
+parameter's arithmetic precision (float32, float64 for float64 parameters), so c = 1 − fl(1 − lr·wd),
+exact in that precision. With s = 1 + κ·n, the per-coordinate multiple of the step (1 off the mask, 1 + κ
+on it), (1 + κ·n)⊙Δ is AdamW's own update with the decay and the denominator scaled by s:
 
-    θ ← θ_old · (1 − lr·wd) · (1 + n·(c_κ − 1)),     c_κ = (1 − lr·wd·(1+κ)) / (1 − lr·wd)
-    θ ← θ − (lr / bc1) · m / (d · (1 − n·κ/(1+κ))),   d = √v / √bc2 + ε
+    θ ← θ_old − c · s ⊙ θ_old                (replaces AdamW's θ ← θ_old · (1 − c): no extra pass)
+    θ ← θ − (lr / bc1) · m / (d / s)          (one extra pass: d / s)
 
-This module runs exactly the operations of torch's single-tensor AdamW (``torch.optim.adam``,
-``_single_tensor_adam``: the same kernels in the same order, the same temporaries) plus two
-``addcmul_`` passes reading n as a 0/1 float tensor. Where n = 0 these add an exact zero, so those
-coordinates, and the moments m and v everywhere, are bit for bit torch's AdamW; flat coordinates equal
-θ_old + (1+κ)·Δ to rounding (a few ulp, as the copy-and-blend differs from exact arithmetic too).
+This module runs the operations of torch's single-tensor AdamW (``torch.optim.adam``,
+``_single_tensor_adam``: the same kernels in the same order, the same temporaries), with its decay pass
+θ·(1 − c) replaced by θ − c·s⊙θ (one ``addcmul_``) and one more pass, the division of d by s. So IRE
+costs one pass over the parameters per step beyond AdamW, and keeps one buffer, s, in the parameter's
+dtype (its flat entries are 1 + κ rounded to that dtype). Where n = 0 (s = 1) the denominator is AdamW's
+bit for bit and the decay θ − c·θ equals AdamW's θ·(1 − c) to one rounding (the same c, so no
+systematic difference), so coordinates that are not flat equal torch's AdamW to within an ulp or two;
+the moments m and v are AdamW's bit for bit everywhere. Flat coordinates equal θ_old + (1+κ)·Δ to
+rounding (a few ulp, as the copy-and-blend differs from exact arithmetic too). κ = 0 takes torch's
+passes unchanged.
 
 It is used only where torch's AdamW itself would run its single-tensor loop (CPU tensors, or
 ``foreach=False``) with the plain options; everywhere else (CUDA's multi-tensor and fused kernels,
@@ -28,12 +35,13 @@ initialises AdamW's state here as torch's ``Adam._init_group`` does for these op
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import struct
+from typing import Mapping
 
 import torch
 from torch.optim import optimizer as _torch_optimizer
 
-__all__ = ["applies", "amplified_adamw_step"]
+__all__ = ["applies", "applied_decay", "amplified_adamw_step"]
 
 _PLAIN_FLAGS = ("amsgrad", "maximize", "capturable", "differentiable", "fused")
 _STATE_KEYS = {"step", "exp_avg", "exp_avg_sq"}
@@ -56,8 +64,8 @@ def applies(base: torch.optim.Optimizer) -> bool:
     hyperparameters and none of amsgrad / maximize / capturable / differentiable / fused, torch would
     run its single-tensor loop (``foreach=False``, or ``foreach=None`` with every parameter on the CPU),
     every parameter that has a gradient is a real dense tensor whose AdamW state is empty (the step
-    initialises it as torch does) or exactly torch's (``step``, ``exp_avg``, ``exp_avg_sq``), and
-    lr·wd ≠ 1. Checked on the gradients present, so call it after the closure has run.
+    initialises it as torch does) or exactly torch's (``step``, ``exp_avg``, ``exp_avg_sq``). Checked on
+    the gradients present, so call it after the closure has run.
     """
     if type(base) is not torch.optim.AdamW or _hooks_registered(base):
         return False
@@ -65,8 +73,6 @@ def applies(base: torch.optim.Optimizer) -> bool:
         if any(group.get(flag) for flag in _PLAIN_FLAGS) or not group.get("decoupled_weight_decay", True):
             return False
         if any(isinstance(v, torch.Tensor) for v in (group["lr"], group["weight_decay"], group["eps"], *group["betas"])):
-            return False
-        if group["lr"] * group["weight_decay"] == 1:  # the plain decay zeroes θ; the flat part cannot be scaled from 0
             return False
         params = [p for p in group["params"] if p.grad is not None]
         if group.get("foreach") is True or (group.get("foreach") is None and any(p.device.type != "cpu" for p in params)):
@@ -80,30 +86,33 @@ def applies(base: torch.optim.Optimizer) -> bool:
     return True
 
 
+def applied_decay(lr: float, weight_decay: float, dtype: torch.dtype) -> float:
+    """c = 1 − fl(1 − lr·wd): the decay torch's single-tensor AdamW applies to a parameter of ``dtype``
+    (it multiplies θ by the Python float 1 − lr·wd, which the CPU kernel rounds to its arithmetic type:
+    float64 for float64 tensors, float32 otherwise). Exact in that type (Sterbenz) and as a Python float."""
+    factor = 1 - lr * weight_decay
+    if dtype != torch.float64:
+        factor = struct.unpack("f", struct.pack("f", factor))[0]  # round to nearest float32
+    return 1 - factor
+
+
 @torch.no_grad()
-def amplified_adamw_step(base: torch.optim.Optimizer, flat: Mapping[torch.Tensor, torch.Tensor], kappas: Sequence[float]) -> None:
-    """One AdamW step of ``base`` with the flat coordinates' step amplified (1 + κ)× (module doc).
+def amplified_adamw_step(base: torch.optim.Optimizer, scales: Mapping[torch.Tensor, torch.Tensor]) -> None:
+    """One AdamW step of ``base`` with each coordinate's step multiplied by ``s`` (module doc).
 
     Args:
         base: a ``torch.optim.AdamW`` for which :func:`applies` is True; its gradients are in ``p.grad``.
-        flat: parameter -> n, 0/1 in the parameter's dtype and shape (1 = flat). A parameter missing
-            here takes the plain AdamW step.
-        kappas: κ_t ≥ 0 per parameter group (dimensionless); 0 gives the plain AdamW step.
+        scales: parameter -> s = 1 + κ·n, in the parameter's dtype and shape (1: the coordinate's plain
+            AdamW step; 1 + κ: a flat coordinate's, amplified). A parameter missing here takes the plain
+            AdamW step, computed as torch computes it.
     Updates the parameters and ``base.state`` (``step``, ``exp_avg``, ``exp_avg_sq``) in place, as
     ``base.step()`` would; parameters without a gradient are left alone, as torch does.
     Raises:
-        ValueError: ``len(kappas)`` differs from the number of parameter groups.
+        ValueError: a scale whose shape or dtype differs from its parameter's.
     """
-    if len(kappas) != len(base.param_groups):
-        raise ValueError(f"amplified_adamw_step: {len(kappas)} kappas for {len(base.param_groups)} parameter groups")
-    for group, kappa in zip(base.param_groups, kappas):
+    for group in base.param_groups:
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         beta1, beta2 = group["betas"]
-        decay = 1 - lr * wd
-        amplify = kappa > 0
-        # the flat coordinates' decay as a multiple of the plain one's result (decay ≠ 0: see applies)
-        extra_decay = (1 - lr * wd * (1 + kappa)) / decay - 1 if wd != 0 and amplify else 0.0
-        shrink = -kappa / (1 + kappa)
         for p in group["params"]:
             grad = p.grad
             if grad is None:
@@ -115,12 +124,16 @@ def amplified_adamw_step(base: torch.optim.Optimizer, flat: Mapping[torch.Tensor
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             exp_avg, exp_avg_sq, step_t = state["exp_avg"], state["exp_avg_sq"], state["step"]
-            n = flat.get(p) if amplify else None
+            s = scales.get(p)
+            if s is not None and (s.shape != p.shape or s.dtype != p.dtype):
+                raise ValueError(f"amplified_adamw_step: scale {tuple(s.shape)} {s.dtype} for a parameter "
+                                 f"{tuple(p.shape)} {p.dtype}; expected the parameter's shape and dtype")
             step_t += 1
             if wd != 0:
-                p.mul_(decay)
-                if n is not None:
-                    p.addcmul_(p, n, value=extra_decay)
+                if s is None:
+                    p.mul_(1 - lr * wd)
+                else:  # θ − c·s⊙θ: AdamW's decay c, times s
+                    p.addcmul_(p, s, value=-applied_decay(lr, wd, p.dtype))
             exp_avg.lerp_(grad, 1 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             step = step_t.item()
@@ -128,6 +141,6 @@ def amplified_adamw_step(base: torch.optim.Optimizer, flat: Mapping[torch.Tensor
             bias_correction2 = 1 - beta2**step
             step_size = lr / bias_correction1
             denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(eps)
-            if n is not None:
-                denom.addcmul_(denom, n, value=shrink)
+            if s is not None:
+                denom.div_(s)  # exact where s = 1
             p.addcdiv_(exp_avg, denom, value=-step_size)

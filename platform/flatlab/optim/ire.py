@@ -7,8 +7,10 @@ steps as usual, Δ = θ_new − θ_old, and then
                                    keep the base's θ_new bit for bit)
 
 Over torch's own AdamW where it runs its single-tensor loop (CPU), the same update is computed inside
-AdamW's passes instead, with no copy of θ_old (:mod:`flatlab.optim._amplified_adamw`): n = 0 coordinates
-and the moments are bit for bit torch's AdamW, flat coordinates equal θ_old + (1+κ)·Δ to rounding.
+AdamW's passes instead, with no copy of θ_old and one pass beyond AdamW's
+(:mod:`flatlab.optim._amplified_adamw`): the moments are bit for bit torch's AdamW, n = 0 coordinates
+equal it to an ulp or two (its decay is applied as θ − c·θ, not θ·(1 − c), with torch's own c), and
+flat coordinates equal θ_old + (1+κ)·Δ to rounding.
 
 where n is a 0/1 mask of "flat" coordinates. The mask acts on the base optimizer's whole step
 (momentum, Adam preconditioning, decoupled weight decay included); the base's state (momentum, Adam
@@ -179,14 +181,15 @@ class IRE(WrappedOptimizer):
     Memory: θ_old (one parameter copy, reused), the mask (1 byte per coordinate), the lerp weights
     −κ·n (one copy, rebuilt when the mask or κ_t changes), and the curvature EMA in float32 when
     ``curvature_beta > 0``: 2.25 copies between steps. Over CPU AdamW (amplified inside its update) the
-    mask and n as 0/1 in the parameters' dtype, no θ_old: 1.25 copies. A refresh writes the new EMA into
+    mask and s = 1 + κ·n in the parameters' dtype, no θ_old: 1.25 copies. A refresh writes the new EMA into
     a new tensor, so that, with fp16 loss scaling, the old EMA and masks can be put back when the step
     is skipped; they are then held until the step ends (up to 1.25 more copies during an fp16 refresh
     step). A refresh adds the sampled-label gradient (one copy, made |g| in place as the ranking keys)
     and the new masks; the threshold's select works in bounded pieces
     (``flatlab.optim._flat.SELECT_CHUNK``). Cost at K = 10: one extra backward pass (the sampled labels'
     gradient) every K active steps plus two elementwise passes per step (copy θ_old, one fused lerp;
-    over CPU AdamW instead two ``addcmul_`` inside its update).
+    over CPU AdamW instead one, the division of its denominator by s, as its decay pass becomes
+    θ − c·s⊙θ).
 
     Compose with IRE outermost (``IRE(SAM(SGD))``): a wrapper that calls its base's ``step()`` without
     a closure (SAM, TSAM) cannot drive IRE's curvature pass.
@@ -232,9 +235,9 @@ class IRE(WrappedOptimizer):
         self._lr_max = [float(g["lr"]) for g in self.param_groups]
         self._flat_fraction: Any = 0.0  # fraction of ranked coordinates marked flat by the last refresh
         self._warned = False
-        self._mask_version = 0  # bumped when masks change; keys the cached lerp weights
-        self._weight_key: Dict[int, Tuple[int, float, int]] = {}
-        self._flat_key = -1  # the _mask_version the amplified AdamW step's 0/1 masks were built from
+        self._mask_version = 0  # bumped when masks change; keys the buffers built from them (_from_masks)
+        # (buffer key, group index) -> (mask version, κ_t, tensors) the buffer was built from
+        self._built: Dict[Tuple[str, int], Tuple[int, float, int]] = {}
         self._layer_fractions: Dict[str, float] = {}  # log_flat_fraction: per-tensor flat fractions of the mask
 
     def _describe(self) -> str:
@@ -377,38 +380,50 @@ class IRE(WrappedOptimizer):
         self._flat_fraction = count / total
 
     @torch.no_grad()
-    def _amplify(self, params: Sequence[torch.Tensor], kappas: Sequence[float]) -> None:
-        # θ ← θ_new + κ·n⊙(θ_new − θ_old) = lerp(θ_new, θ_old, w) with w = −κ·n: ONE fused pass per
-        # tensor (lerp computes θ_new + w·(θ_old − θ_new)); where n = 0, w = 0 and θ_new is kept exactly.
-        # The weights w are scratch, rebuilt from the mask when it is refreshed or κ_t changes.
-        chosen = set(params)
+    def _from_masks(self, params: Sequence[torch.Tensor], kappas: Sequence[float], key: str, offset: float,
+                    slope: float) -> Dict[torch.Tensor, torch.Tensor]:
+        # offset + slope·κ_t·n for each parameter of ``params`` that has a mask, in its dtype, in the scratch
+        # buffer state[p][key]; rebuilt when the masks or its group's κ_t change. Groups with κ_t = 0 have none.
+        chosen, out = set(params), {}
         for i, (group, kappa) in enumerate(zip(self.param_groups, kappas)):
             ps = [p for p in group["params"] if p in chosen and "mask" in self.state[p]]
             if not ps or kappa == 0:
                 continue
-            weights = persistent_buffers(self.state, ps, "weight")
-            if self._weight_key.get(i) != (self._mask_version, kappa, len(ps)):
-                # from the masks' bytes: a bool -> float32 copy is several times slower on the CPU
+            before = [self.state[p].get(key) for p in ps]
+            bufs = persistent_buffers(self.state, ps, key)
+            fresh = any(b is not old for b, old in zip(bufs, before))  # (re)allocated: contents are garbage
+            if fresh or self._built.get((key, i)) != (self._mask_version, kappa, len(ps)):
+                # from the masks' bytes (a bool -> float copy is several times slower on the CPU), then
+                # scaled and shifted in the buffer's dtype
                 masks = [self.state[p]["mask"] for p in ps]
-                torch._foreach_copy_(weights, [m.view(torch.uint8) if m.dtype == torch.bool else m for m in masks])
-                torch._foreach_mul_(weights, -kappa)
-                self._weight_key[i] = (self._mask_version, kappa, len(ps))
-            torch._foreach_lerp_(ps, [self.state[p]["theta"] for p in ps], weights)
+                torch._foreach_copy_(bufs, [m.view(torch.uint8) if m.dtype == torch.bool else m for m in masks])
+                torch._foreach_mul_(bufs, slope * kappa)
+                if offset:
+                    torch._foreach_add_(bufs, offset)
+                self._built[(key, i)] = (self._mask_version, kappa, len(ps))
+            out.update(zip(ps, bufs))
+        return out
+
+    @torch.no_grad()
+    def _amplify(self, params: Sequence[torch.Tensor], kappas: Sequence[float]) -> None:
+        # θ ← θ_new + κ·n⊙(θ_new − θ_old) = lerp(θ_new, θ_old, w) with w = −κ·n: ONE fused pass per
+        # tensor (lerp computes θ_new + w·(θ_old − θ_new)); where n = 0, w = 0 and θ_new is kept exactly.
+        weights = self._from_masks(params, kappas, "weight", 0.0, -1.0)
+        if weights:
+            ps = list(weights)
+            torch._foreach_lerp_(ps, [self.state[p]["theta"] for p in ps], [weights[p] for p in ps])
+
+    def _drop(self, params: Sequence[torch.Tensor], *keys: str) -> None:
+        # free these scratch buffers (the other way of stepping needs its own); rebuilt when next needed
+        for p in params:
+            for key in keys:
+                self.state[p].pop(key, None)
+        self._built = {k: v for k, v in self._built.items() if k[0] not in keys}
 
     def _keep_theta(self, params: Sequence[torch.Tensor]) -> None:
         theta = persistent_buffers(self.state, params, "theta")
         with torch.no_grad():
             torch._foreach_copy_(theta, params)
-
-    def _flat_masks(self, params: Sequence[torch.Tensor]) -> Dict[torch.Tensor, torch.Tensor]:
-        # n as 0/1 in each parameter's dtype, for the amplified AdamW step; rebuilt when the masks change
-        ps = [p for p in params if "mask" in self.state[p]]
-        flats = persistent_buffers(self.state, ps, "flat")
-        if ps and self._flat_key != self._mask_version:
-            with torch.no_grad():  # from the masks' bytes: a bool -> float copy is several times slower on the CPU
-                torch._foreach_copy_(flats, [self.state[p]["mask"].view(torch.uint8) for p in ps])
-            self._flat_key = self._mask_version
-        return dict(zip(ps, flats))
 
     def _adamw_step(
         self, closure: Optional[Callable[[], torch.Tensor]], params: Sequence[torch.Tensor], kappas: Sequence[float]
@@ -421,15 +436,11 @@ class IRE(WrappedOptimizer):
             with torch.enable_grad():
                 loss = closure()
         if _amplified_adamw.applies(self.base):
-            for p in params:  # the blend's buffers, from steps that took the other way
-                self.state[p].pop("theta", None)
-                self.state[p].pop("weight", None)
-            self._weight_key.clear()
-            _amplified_adamw.amplified_adamw_step(self.base, self._flat_masks(params), kappas)
+            self._drop(params, "theta", "weight")  # the blend's buffers, from steps that took the other way
+            # s = 1 + κ_t·n: each coordinate's multiple of AdamW's step
+            _amplified_adamw.amplified_adamw_step(self.base, self._from_masks(params, kappas, "scale", 1.0, 1.0))
             return loss, False
-        for p in params:
-            self.state[p].pop("flat", None)
-        self._flat_key = -1
+        self._drop(params, "scale")
         self._keep_theta(params)
         self.base.step()
         return loss, True
