@@ -33,6 +33,16 @@ def test_sort_ranks_outcomes_before_values():
     assert order_min[:2] == ["c", "f"]  # completed first in either direction
 
 
+def test_exact_ties_are_ordered_by_start_time_then_run_id_whatever_order_mlflow_returned():
+    rows = [{"arm": "sgd", "trial_id": t, "run_id": r, "start_time": pd.Timestamp(s), "outcome": "completed",
+             "epochs": 9, "val/accuracy": 0.9, "best/val/accuracy": 0.9}
+            for t, r, s in (("late", "r1", "2026-12-05 10:00"), ("early_b", "r3", "2026-12-05 09:00"),
+                            ("early_a", "r2", "2026-12-05 09:00"))]
+    df = pd.DataFrame(rows)
+    for shuffled in (df, df.iloc[::-1], df.iloc[[1, 2, 0]]):
+        assert list(sort_trials(shuffled, "val/accuracy", "max")["trial_id"]) == ["early_a", "early_b", "late"]
+
+
 def test_the_best_trial_is_a_completed_search_trial_never_a_pruned_failed_or_final_one():
     best = best_trial_rows(sort_trials(frame(), "val/accuracy", "max"))
     assert dict(zip(best["arm"], best["trial_id"])) == {"sgd": "c"}  # tsam: nothing completed, no best trial

@@ -113,13 +113,16 @@ def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, m
 
 def sort_trials(df, metric: str, mode: str):
     """Completed trials first, then pruned, interrupted, and last diverged and errored ones; within each,
-    best final ``metric`` first (``best/<metric>`` breaks ties). A pruned trial never outranks a
-    completed one."""
+    best final ``metric`` first (``best/<metric>`` breaks ties, then the earlier ``start_time`` and the
+    ``run_id``, so that the order never depends on the order MLflow returned the runs in). A pruned
+    trial never outranks a completed one."""
     rank = df["outcome"].map(OUTCOME_RANK).fillna(len(OUTCOME_RANK))
     ascending = mode == "min"
     keys = df.assign(_rank=rank)
     by = ["_rank"] + [c for c in (metric, f"best/{metric}") if c in df.columns]
-    order = keys.sort_values(by, ascending=[True] + [ascending] * (len(by) - 1), na_position="last", kind="stable").index
+    tie_breaks = [c for c in ("start_time", "run_id") if c in df.columns]
+    order = keys.sort_values(by + tie_breaks, ascending=[True] + [ascending] * (len(by) - 1) + [True] * len(tie_breaks),
+                             na_position="last", kind="stable").index
     return df.loc[order].reset_index(drop=True)
 
 
