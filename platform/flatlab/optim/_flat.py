@@ -214,7 +214,7 @@ def kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]],
         torch.bitwise_and(bits, _LOW - 1, out=low)
         torch.bitwise_right_shift(bits, 16, out=out)
         torch.ne(out, bucket, out=out)  # 1 outside the bucket, 0 inside
-        out.bitwise_left_shift_(16).bitwise_or_(low)
+        torch.add(low, out, alpha=_LOW, out=out)
 
     hist = None
     for batch in batches:
