@@ -97,11 +97,12 @@ def launches(entry: Entry, root: Path) -> List[str]:
             run = runs.client(launch["tracking_uri"]).get_run(launch["parent_run_id"])
             started = dt.datetime.fromtimestamp(run.info.start_time / 1000)
             tags = run.data.tags
-            rev = tags.get(runs.TAG_COMMIT, "unknown")[:12] + ("+dirty" if tags.get(runs.TAG_DIRTY) == "true" else "")
+            commit = tags.get(runs.TAG_COMMIT, "unknown")
+            dirty = tags.get(runs.TAG_DIRTY) == "true"
             source = tags.get(runs.TAG_SOURCE)
-            known = "unknown" not in rev and "dirty" not in rev  # else the source digest says which code ran
-            out.append(f"{study} launched {started:%Y-%m-%d %H:%M} at commit `{rev}`"
-                       + ("" if known or not source else f" (flatlab source digest `{source}`)"))
+            digest = source and (dirty or commit == "unknown")  # the commit alone does not say which code ran
+            out.append(f"{study} launched {started:%Y-%m-%d %H:%M} at commit `{commit[:12]}{'+dirty' if dirty else ''}`"
+                       + (f" (flatlab source digest `{source}`)" if digest else ""))
         except Exception as exc:  # noqa: BLE001 - the stamp says what is not known
             out.append(f"{study}: launch not readable ({type(exc).__name__})")
     return out

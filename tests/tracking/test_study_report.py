@@ -141,3 +141,17 @@ def test_best_per_arm_params_one_per_line():
                         "param.weight_decay": "0.000512345", "param.rho": None}])
     df.attrs["metric"], df.attrs["mode"] = "val/accuracy", "max"
     assert best_per_arm_table(df, "val/accuracy")["params"].tolist() == ["lr=0.1\nweight_decay=0.0005123"]
+
+
+def test_best_per_arm_score_is_the_configurations_mean_over_its_seeds():
+    # one configuration, two seeds (val/loss 0.4 and 0.2, lower is better): the row is its best trial
+    # (0.2) and the score is the mean the rule chose it by, 0.3 over 2 seeds
+    import pandas as pd
+
+    from flatlab.tracking.study_report import best_per_arm_table
+
+    df = pd.DataFrame([{"arm": "sgd", "outcome": "completed", "stage": "search", "epochs": 3, "run_id": f"r{i}",
+                        "trial_id": f"t{i}", "seed": i, "val/loss": v, "param.lr": "0.1"} for i, v in enumerate((0.4, 0.2))])
+    df.attrs["metric"], df.attrs["mode"] = "val/loss", "min"
+    table = best_per_arm_table(df, "val/loss")
+    assert table[["val/loss", "search val/loss mean", "search seeds"]].values.tolist() == [[0.2, 0.3, 2]]

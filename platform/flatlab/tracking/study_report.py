@@ -132,7 +132,8 @@ def best_per_arm_table(df: Any, metric: str) -> Any:
         return pd.DataFrame()
     best = best_trial_rows(df)
     test = _test_metric(df)
-    score = score_column(df.attrs.get("metric", metric))
+    # the column best_trial_rows wrote its score to (named from the frame's metric, as it names it)
+    score = score_column(best.attrs.get("metric", "val/accuracy"), best.attrs.get("rank_by", "final"))
     flat = sorted(c for c in df.columns if c.startswith("flat/") and not c.endswith(_AUXILIARY) and df[c].notna().any())
     params = [c for c in df.columns if c.startswith("param.")]
     rows = []
