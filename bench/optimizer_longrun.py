@@ -17,6 +17,9 @@ parameters at the end. Per model: AdmIRE / AdamW, the median over blocks of the 
 mean to its base's in the same round, and the same ratio for the authors' procedure. With the defaults (warm-up 10, blocks of 20) every block holds two
 of IRE's curvature refreshes (K = 10).
 
+The CPU threads are set as a trial sets them (:func:`flatlab.train.cpu_threads.configure`: subnormals
+flushed to zero unless ``--keep-denormals``; the mode is printed on the first line).
+
     python bench/optimizer_longrun.py --threads 1 --clock cpu      # a machine shared with other jobs
     python bench/optimizer_longrun.py --models mlp --only adamw     # names containing 'adamw'
 """
@@ -34,6 +37,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from flatlab.optim import OPTIMIZERS, get_optimizer
+from flatlab.train.cpu_threads import configure as configure_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import optimizer_overhead as ob  # noqa: E402  (a sibling script, not a package: its models, runner, table)
@@ -242,15 +246,17 @@ def main() -> None:
         "--clock", default="wall", choices=["wall", "cpu"], help="'cpu' (process CPU time, with --threads 1) resists other jobs"
     )
     ap.add_argument("--json", default="", metavar="FILE", help="also write the settings and every row to FILE as JSON")
+    ap.add_argument("--keep-denormals", action="store_true",
+                    help="keep IEEE subnormal floats on the CPU (a trial flushes them unless Resources(flush_denormal=False))")
     args = ap.parse_args()
     if args.steps < 2 * args.block or args.steps % args.block:
         ap.error(f"--steps must be a multiple of --block ({args.block}) holding at least two blocks, got {args.steps}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    # as a trial sets its CPU threads, before any computation (flatlab.train.cpu_threads)
+    denormals = configure_cpu(args.threads or torch.get_num_threads(), flush_denormal=not args.keep_denormals)
     device = torch.device(args.device)
     print(
-        f"device={device} threads={torch.get_num_threads()} steps={args.steps} block={args.block} warmup={args.warmup} "
-        f"batch={args.batch} clock={args.clock}"
+        f"device={device} threads={torch.get_num_threads()} cpu_denormals={denormals} steps={args.steps} block={args.block} "
+        f"warmup={args.warmup} batch={args.batch} clock={args.clock}"
     )
     header = ["model", "optimizer", f"first block ms ({args.clock})", "last block ms", "last / first", "(medians)"]
     header += ["subnormals kept", "result"]
@@ -277,7 +283,7 @@ def main() -> None:
         for label, (med, first, last) in pairs.items():
             print(f"{m}: {label} = {med:.3f} (median over paired blocks; first block {first:.3f}, last {last:.3f})")
     if args.json:
-        settings = {**vars(args), "threads": torch.get_num_threads(), "torch": torch.__version__}
+        settings = {**vars(args), "threads": torch.get_num_threads(), "cpu_denormals": denormals, "torch": torch.__version__}
         with open(args.json, "w") as f:
             json.dump({"settings": settings, "models": per_model}, f, indent=1, ensure_ascii=False)
     how = f"by more than {args.limit:g}× from the first block to the last"

@@ -21,3 +21,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def ieee_subnormals():
+    """Every test starts and ends with IEEE subnormals on this thread: a test that runs a trial in this
+    process (``run_trial``) sets the trial's flush mode (flatlab.train.cpu_threads), which would otherwise
+    stay set for the tests after it."""
+    import torch
+
+    yield
+    torch.set_flush_denormal(False)

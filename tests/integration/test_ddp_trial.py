@@ -69,6 +69,7 @@ def test_two_worker_trial_logs_world_size_checkpoints_and_resumes(tmp_path):
     tags = run.data.tags  # where rank 0 of the resumed run ran, on record
     assert (tags["flatlab.device"], tags["flatlab.world_size"], tags["flatlab.workers"]) == ("cpu", "2", "2")
     assert tags["flatlab.resources"] == "cpu=1, gpu=0 per worker" and tags["flatlab.start_epoch"] == "1"
+    assert tags["flatlab.cpu_denormals"] == "flush"  # rank 0 set its threads' mode before computing
     history = [(m.step, m.value) for m in c.get_metric_history(run.info.run_id, "train/loss")]
     # resumed from the epoch-1 checkpoint: epoch 1 is logged once (a restart from scratch logs it twice)
     assert [s for s, _ in history] == [1, 2] and history[0] == epoch1[0]

@@ -60,6 +60,8 @@ def test_parent_and_child_runs(study_run):
         assert r.data.tags[runs.TAG_OPT] == ("adamw" if arm == "adamw" else "sgd")
         assert r.data.tags[runs.TAG_COMMIT] and r.data.tags[runs.TAG_VERSION]
         assert r.data.tags[runs.TAG_SOURCE] == runs.source_digest()  # which code ran, with or without git
+        # the trial set its CPU threads' subnormal mode before computing: every thread flushes (Resources' default)
+        assert r.data.tags["flatlab.cpu_denormals"] == "flush"
         assert r.data.params["arm"] == arm and r.data.params["seed"] == "0" and "lr" in r.data.params
     assert by_arm["sgd_fixed"].data.params["lr"] == "0.1"
     assert 0.01 <= float(by_arm["sgd"].data.params["lr"]) <= 0.5

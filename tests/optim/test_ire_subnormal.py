@@ -158,6 +158,41 @@ def test_the_designed_case_has_subnormal_squares_and_ties_through_underflow():
         assert by_square > by_magnitude == k
 
 
+def flushed(g: torch.Tensor) -> torch.Tensor:
+    """``g`` as a CPU in flush-to-zero mode writes it (Resources(flush_denormal=True)): every subnormal
+    entry becomes a zero of its sign, the rest is unchanged (built on the bits, not by float arithmetic)."""
+    bits = g.view(torch.int32)
+    subnormal = ((bits & 0x7F800000) == 0) & ((bits & 0x7FFFFF) != 0)
+    return torch.where(subnormal, bits & torch.tensor(-(2**31), dtype=torch.int32), bits).view(torch.float32)
+
+
+def mostly_subnormal_gradient(numel: int) -> torch.Tensor:
+    """A sampled gradient whose smallest 40 % are subnormal and next 10 % square to a subnormal or to 0."""
+    g = torch.Generator().manual_seed(11)
+    n_sub, n_tiny = int(0.4 * numel), int(0.1 * numel)
+    sub = torch.exp(torch.empty(n_sub).uniform_(math.log(1.5e-45), math.log(1e-38), generator=g))
+    tiny = torch.exp(torch.empty(n_tiny).uniform_(math.log(2e-38), math.log(1e-19), generator=g))
+    normal = torch.exp(torch.empty(numel - n_sub - n_tiny).uniform_(math.log(1e-6), 0.0, generator=g))
+    signs = torch.where(torch.rand(numel, generator=g) < 0.5, -1.0, 1.0)
+    return (torch.cat([sub, tiny, normal]) * signs)[torch.randperm(numel, generator=g)]
+
+
+@pytest.mark.parametrize("gamma", [0.05, 0.15, 0.3, 0.45, 0.6, 0.8])
+@pytest.mark.parametrize("make", [designed_gradient, mostly_subnormal_gradient], ids=["designed", "mostly-subnormal"])
+def test_flushing_the_sampled_gradients_subnormals_leaves_the_mask_unchanged(gamma, make):
+    # a trial's CPU threads flush subnormals by default (flatlab.train.cpu_threads): the sampled gradient
+    # then holds 0 where it held a subnormal. Every |g| <= 2^-75 squares to 0 in float32, so h and the
+    # mask are the same, also where the threshold is 0 (small γ) and where it is normal.
+    model = mlp()
+    g = make(sum(p.numel() for p in model.parameters()))
+    assert subnormal_count(g) >= 2 and subnormal_count(flushed(g)) == 0
+    assert torch.equal(flushed(g).abs() == 0, (g.abs() == 0) | (g.abs() < torch.finfo(torch.float32).tiny))
+    h = g * g  # the authors' curvature (unflushed)
+    expected = h <= torch.kthvalue(h, flat_count(gamma, g.numel())).values
+    assert torch.equal(_mask_of(model, gamma, flushed(g)), expected)
+    assert torch.equal(_mask_of(model, gamma, g), expected)
+
+
 def test_nan_and_inf_rank_as_their_squares():
     model = mlp()
     g = designed_gradient(92)

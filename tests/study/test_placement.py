@@ -46,14 +46,26 @@ def test_cpu_fallback_must_be_a_bool():
               resources=Resources(cpu_fallback="yes")).validate()
 
 
+def test_flush_denormal_must_be_a_bool():
+    from flatlab import Arm, Study
+    from flatlab.errors import ConfigError
+
+    assert Resources().flush_denormal is True  # a trial's CPU threads flush subnormals unless told not to
+    with pytest.raises(ConfigError, match=r"resources=Resources\(flush_denormal=1\); expected True .* or False"):
+        Study(name="s", workload="digits", arms=(Arm("sgd", space={"lr": 0.1}),),
+              resources=Resources(flush_denormal=1)).validate()
+
+
 def test_the_placement_of_this_process_and_its_tags():
-    record = placement("cpu", Resources(cpu=2, gpu=0, workers=3), world_size=3, start_epoch=4, fallback="why")
+    record = placement("cpu", Resources(cpu=2, gpu=0, workers=3), world_size=3, start_epoch=4, fallback="why",
+                       denormals="partial")
     assert record == {"device": "cpu", "world_size": "3", "workers": "3", "resources": "cpu=2, gpu=0 per worker",
-                      "start_epoch": "4", "cpu_fallback": "why"}  # no Ray here: no node, no GPU ids
+                      "start_epoch": "4", "cpu_fallback": "why", "cpu_denormals": "partial"}  # no Ray here: no node, no GPU ids
     tags = placement_tags(encode({**record, "node": "n1", "gpu_ids": "0", "unknown": "x"}))
     assert tags == {"flatlab.device": "cpu", "flatlab.world_size": "3", "flatlab.workers": "3",
                     "flatlab.resources": "cpu=2, gpu=0 per worker", "flatlab.start_epoch": "4",
-                    "flatlab.cpu_fallback": "why", "flatlab.node": "n1", "flatlab.gpu_ids": "0"}
+                    "flatlab.cpu_fallback": "why", "flatlab.node": "n1", "flatlab.gpu_ids": "0",
+                    "flatlab.cpu_denormals": "partial"}
     assert placement_tags("not json") == {} and placement_tags(None) == {} and placement_tags(json.dumps([1])) == {}
     assert describe_resources(Resources(cpu=1, gpu=0.5)) == "cpu=1, gpu=0.5"
     assert PLACEMENT_KEY == "flatlab/placement"

@@ -16,8 +16,9 @@ on it), (1 + κ·n)⊙Δ is AdamW's own update with the decay and the denominato
     θ ← θ − (lr / bc1) · m / (d / s)          (one extra pass: d / s)
 
 This module runs the operations of torch's single-tensor AdamW (``torch.optim.adam``,
-``_single_tensor_adam``: the same kernels in the same order, the same temporaries), with its decay pass
-θ·(1 − c) replaced by θ − c·s⊙θ (one ``addcmul_``) and one more pass, the division of d by s. So IRE
+``_single_tensor_adam``: the same kernels in the same order), with its decay pass θ·(1 − c) replaced by
+θ − c·s⊙θ (one ``addcmul_``) and one more pass, the division of d by s. d is computed in one temporary
+where torch allocates two (the same divisions, in place: the same values, one allocation fewer). So IRE
 costs one pass over the parameters per step beyond AdamW, and keeps one buffer, s, in the parameter's
 dtype (its flat entries are 1 + κ rounded to that dtype). Where n = 0 (s = 1) the denominator is AdamW's
 bit for bit and the decay θ − c·θ equals AdamW's θ·(1 − c) to one rounding (the same c, so no
@@ -140,7 +141,8 @@ def amplified_adamw_step(base: torch.optim.Optimizer, scales: Mapping[torch.Tens
             bias_correction1 = 1 - beta1**step
             bias_correction2 = 1 - beta2**step
             step_size = lr / bias_correction1
-            denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(eps)
-            if s is not None:
-                denom.div_(s)  # exact where s = 1
+            if s is None:
+                denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(eps)
+            else:  # the same arithmetic in one temporary instead of two, then d / s (exact where s = 1)
+                denom = exp_avg_sq.sqrt().div_(bias_correction2**0.5).add_(eps).div_(s)
             p.addcdiv_(exp_avg, denom, value=-step_size)

@@ -50,9 +50,19 @@ float32 whose square rounds to at most fl(a·a) (:func:`flatlab.optim._flat.squa
 exactly where squaring ties magnitudes, e.g. every |g| ≤ 2^-75 squares to 0). |g| is taken and compared
 as bit patterns, so the refresh does no floating-point arithmetic on the gradient: once the loss
 saturates, a large share of g_ŷ lies below 2^-63 ≈ 1.1e-19, and its squares would be subnormal (or 0),
-each product on the CPU's slow path. Nothing is floored or flushed; the mask, with the ties that
-underflow creates, is bit for bit the one of h. With β > 0 the EMA of h is kept as defined, in float32,
-and can hold subnormals.
+each product on the CPU's slow path. IRE itself floors and flushes nothing; the mask, with the ties
+that underflow creates, is bit for bit the one of h. With β > 0 the EMA of h is kept as defined, in
+float32, and can hold subnormals.
+
+A trial's CPU threads flush subnormals to 0 by default (``Resources(flush_denormal=True)``,
+:mod:`flatlab.train.cpu_threads`), for the model's own passes: a saturated logit gradient makes every
+matrix product of the backward pass subnormal, and some CPUs then run it ~160x slower. That leaves the
+mask (β = 0) as it is: flushing turns the entries of g_ŷ below 2^-126 into 0, and every |g| ≤ 2^-75
+squares to 0 in float32 anyway, so their h, the k-th value and the mask are unchanged
+(``tests/optim/test_ire_subnormal.py``); a sum that held subnormal terms moves by at most those terms,
+which can change a larger entry by an ulp at most. With β > 0, EMA entries below 2^-126 become 0
+instead of subnormal; the mask differs only if its threshold itself lies below 2^-126, i.e. more than a
+fraction γ of all coordinates have a curvature EMA under 1.2e-38.
 
 Switch-on: IRE is off (the optimizer is exactly its base, bit for bit, no curvature pass) until one of
 the configured criteria holds, then latches on for good: ``switch_epoch`` (epoch ≥), ``switch_step``

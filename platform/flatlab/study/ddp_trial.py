@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional, Tuple
 
-import torch
 from ray import tune
 
 from flatlab.study.spec import Study
@@ -90,6 +89,7 @@ def _worker_loop(loop_config: Dict[str, Any]) -> None:
     from flatlab.study.placement import PLACEMENT_KEY, choose_device, encode, node_label, placement
     from flatlab.study.trial_loop import trial_loop
     from flatlab.train.checkpoint import StateSnapshot, written
+    from flatlab.train.cpu_threads import configure as configure_cpu
     from flatlab.train.parallel import DataParallel
     from flatlab.train.trainer import Trainer
 
@@ -97,7 +97,8 @@ def _worker_loop(loop_config: Dict[str, Any]) -> None:
     study: Study = loop_config["study"]
     ctx = ray.train.get_context()
     parallel = DataParallel(ctx.get_world_rank(), ctx.get_world_size())
-    torch.set_num_threads(max(1, int(study.resources.cpu)))  # Ray sets OMP_NUM_THREADS=1
+    # the subnormal mode, then the thread count (Ray sets OMP_NUM_THREADS=1), before any computation
+    denormals = configure_cpu(max(1, int(study.resources.cpu)), study.resources.flush_denormal)
     device, fallback = choose_device(study.resources, where=node_label())  # fails at once without usable CUDA
     if device == "cuda":
         device = str(ray.train.torch.get_device())
@@ -126,7 +127,8 @@ def _worker_loop(loop_config: Dict[str, Any]) -> None:
         trial_id=loop_config["trial_id"],
         main=parallel.is_main,
         extra={"world_size": parallel.world, PLACEMENT_KEY: encode(placement(
-            device, study.resources, world_size=parallel.world, start_epoch=trainer.epoch, fallback=fallback))},
+            device, study.resources, world_size=parallel.world, start_epoch=trainer.epoch, fallback=fallback,
+            denormals=denormals))},
     )
 
 

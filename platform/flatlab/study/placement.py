@@ -5,7 +5,8 @@ when it does not (no driver, a broken driver, a fake GPU resource), the trial fa
 :class:`DeviceUnavailableError`, never trains on CPU without a word, unless the study opted into
 ``Resources(..., cpu_fallback=True)``. What it got travels to the driver in the first report of each
 (re)start of the trial, under :data:`PLACEMENT_KEY` (a JSON string), and becomes the tags of its run
-(:func:`placement_tags`): device, GPU name, world size, workers, resources, node, restart epoch.
+(:func:`placement_tags`): device, GPU name, world size, workers, resources, node, restart epoch, and
+what its CPU threads do with subnormal floats.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ PLACEMENT_KEY = "flatlab/placement"
 
 TAG_PREFIX = "flatlab."
 #: The placement fields, tagged ``flatlab.<field>`` on the trial's run.
-FIELDS = ("device", "gpu_name", "world_size", "workers", "resources", "node", "gpu_ids", "start_epoch", "cpu_fallback")
+FIELDS = ("device", "gpu_name", "world_size", "workers", "resources", "node", "gpu_ids", "start_epoch", "cpu_fallback",
+          "cpu_denormals")
 
 
 class DeviceUnavailableError(FlatlabError, RuntimeError):
@@ -88,10 +90,11 @@ def describe_resources(resources: Any) -> str:
 
 
 def placement(device: str, resources: Any, *, world_size: int = 1, start_epoch: int = 0,
-              fallback: Optional[str] = None) -> Dict[str, str]:
+              fallback: Optional[str] = None, denormals: Optional[str] = None) -> Dict[str, str]:
     """The placement of the calling trial process: ``device`` (``cuda`` made ``cuda:<index>``), the
     GPU's name, ``world_size``, the workers and resources the trial reserved, its Ray node id and the
-    GPU ids Ray gave it, the epoch it (re)started at, and the CPU-fallback warning if any."""
+    GPU ids Ray gave it, the epoch it (re)started at, the CPU-fallback warning if any, and what its CPU
+    threads do with subnormal floats (``denormals``: one of :data:`flatlab.train.cpu_threads.MODES`)."""
     import ray
     import torch
 
@@ -108,6 +111,8 @@ def placement(device: str, resources: Any, *, world_size: int = 1, start_epoch: 
             out["gpu_ids"] = ",".join(map(str, gpu_ids))
     if fallback:
         out["cpu_fallback"] = fallback
+    if denormals:
+        out["cpu_denormals"] = denormals
     return out
 
 

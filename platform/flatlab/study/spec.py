@@ -47,12 +47,20 @@ class Resources:
     A trial that reserved a GPU and finds no usable CUDA on its node fails at once
     (:func:`flatlab.study.placement.choose_device`); with ``cpu_fallback=True`` it trains on CPU instead,
     with a warning on the terminal and a ``flatlab.cpu_fallback`` tag on its run.
+
+    ``flush_denormal=True`` (default): the trial's CPU threads read and write subnormal floats (below
+    1.18e-38 in float32) as 0, as TensorFlow and XLA do on CPUs; on many x86 CPUs an operation on
+    subnormals otherwise takes a slow path (up to ~160x for a matrix product), which a confident
+    classifier's backward pass reaches and a GPU never charges (:mod:`flatlab.train.cpu_threads`). GPU
+    arithmetic is unaffected. ``False`` keeps IEEE subnormals. The run's ``flatlab.cpu_denormals`` tag
+    says what the trial's threads did.
     """
 
     cpu: float = 1
     gpu: float = 0
     workers: int = 1
     cpu_fallback: bool = False
+    flush_denormal: bool = True
 
     def as_dict(self) -> Dict[str, float]:
         """What the Tune trial itself reserves (``tune.with_resources``). With ``workers > 1`` no CPU or
@@ -623,6 +631,9 @@ def _scalar_problems(study: "Study") -> List[str]:
             )
         if not isinstance(getattr(res, "cpu_fallback", False), bool):
             out.append(f"resources=Resources(cpu_fallback={res.cpu_fallback!r}); expected True or False")
+        if not isinstance(getattr(res, "flush_denormal", True), bool):
+            out.append(f"resources=Resources(flush_denormal={res.flush_denormal!r}); expected True (subnormal floats "
+                       "read and written as 0 on the trial's CPU threads) or False (IEEE subnormals kept)")
         workers = getattr(res, "workers", 1)
         if not (_is_int(workers) and 1 <= workers <= MAX_RESOURCE):
             out.append(f"resources=Resources(workers={workers!r}); expected an int in [1, {MAX_RESOURCE}] (data-parallel workers per trial)")

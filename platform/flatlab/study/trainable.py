@@ -23,12 +23,12 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional
 
-import torch
 from ray import tune
 
 from flatlab.study.spec import Study
 from flatlab.study.trial_loop import evaluation_trial, trial_loop
 from flatlab.tracking.artifacts import WorkerTracking
+from flatlab.train.cpu_threads import configure as configure_cpu
 from flatlab.train.trainer import Trainer
 from flatlab.workloads.base import Data
 
@@ -111,8 +111,9 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
 
         run_ddp_trial(config, study=study, data=data, tracking=tracking, extensions=extensions)
         return
-    threads = max(1, int(study.resources.cpu))
-    torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1; follow the trial's CPU allocation
+    # before any computation: the subnormal mode first (the thread pool inherits it), then the thread
+    # count (Ray sets OMP_NUM_THREADS=1; a trial follows its CPU allocation)
+    denormals = configure_cpu(max(1, int(study.resources.cpu)), study.resources.flush_denormal)
     # a reserved GPU without usable CUDA fails the trial here, unless Resources(cpu_fallback=True)
     device, fallback = choose_device(study.resources, where=node_label())
     if not get_workload(study.workload).trains:  # evaluation-only: one evaluation, one report
@@ -126,7 +127,8 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
         with checkpoint.as_directory() as d:
             trainer.load(d)  # safetensors + JSON only; anything else raises CheckpointError: the trial fails
     # where this (re)start runs, in every report: the driver tags the trial's run with it
-    placed = {PLACEMENT_KEY: encode(placement(device, study.resources, start_epoch=trainer.epoch, fallback=fallback))}
+    placed = {PLACEMENT_KEY: encode(placement(device, study.resources, start_epoch=trainer.epoch, fallback=fallback,
+                                              denormals=denormals))}
 
     def send(metrics: Dict[str, Any], checkpoint_dir: Optional[str]) -> None:
         if checkpoint_dir is None:
