@@ -68,6 +68,8 @@ def test_memory_after_timing_is_measured_in_a_fresh_process(optimizer_bench, mem
     sgd_ire, reference = rows["SGD-IRE / SGD (K=10)"], memory["SGD-IRE / SGD (K=10)"]
     assert sgd_ire[:2] == ("probe", reference[0]) and sgd_ire[2] == pytest.approx(reference[1], abs=0.02)
     # AdmIRE on the CPU: its step is amplified inside AdamW's update, so no θ_old; s = 1 + κ·n in the
-    # parameters' dtype and the bool masks (1.25 copies); the refresh fits under AdamW's own temporaries
+    # parameters' dtype and the bool masks (1.25 copies). Its update holds one temporary of a tensor's size
+    # where AdamW's holds two (its denominator's divisions in place; the probe's tensors are half a copy
+    # each), so the peak is below state + AdamW's: 1.03 (1.25 while it allocated both, as torch does)
     assert rows["AdmIRE / AdamW (K=10)"][:2] == ("probe", 1.25)
-    assert rows["AdmIRE / AdamW (K=10)"][2] == pytest.approx(1.25, abs=0.05)
+    assert rows["AdmIRE / AdamW (K=10)"][2] == pytest.approx(1.03, abs=0.05)
