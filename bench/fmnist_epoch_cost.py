@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from flatlab.train.cpu_threads import configure as configure_cpu
 from flatlab.train.trainer import Trainer, TrialSpec
 from flatlab.workloads import Data, Split, build_workload
 
@@ -95,6 +96,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[str]:
     if args.data_path == "synthetic":
         params["synthetic_size"] = 2 * BATCH * (max(args.steps, args.warmup) + 1)  # a quarter is held out
     before = torch.get_num_threads()
+    configure_cpu(max(args.threads))  # as a trial sets its CPU threads, before computing (subnormals flushed)
     lines = [f"load_data: {time_load(params):.2f} s (median of 3; data_path={args.data_path!r})"]
     data = build_workload("fashion_mnist", **params).load_data(0)
     rows = []

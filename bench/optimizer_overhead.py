@@ -63,6 +63,7 @@ from torch import nn
 
 from flatlab.optim import get_optimizer
 from flatlab.train.closure import BatchClosure
+from flatlab.train.cpu_threads import configure as configure_cpu
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -502,8 +503,8 @@ def main() -> None:
         "other jobs sharing the machine; both ratios are printed",
     )
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    # as a trial sets its CPU threads, before any computation (flatlab.train.cpu_threads: subnormals flushed)
+    denormals = configure_cpu(args.threads or torch.get_num_threads())
     device = torch.device(args.device)
     other = "cpu" if args.clock == "wall" else "wall"
     header = [
@@ -511,7 +512,7 @@ def main() -> None:
         f"ratio ({other})", "target", "result",
     ]
     print(
-        f"device={device} threads={torch.get_num_threads()} steps={args.steps} ire_steps={args.ire_steps} "
+        f"device={device} threads={torch.get_num_threads()} cpu_denormals={denormals} steps={args.steps} ire_steps={args.ire_steps} "
         + ("" if args.memory_only else f"repeats={args.repeats} batch={args.batch} clock={args.clock}")
     )
     rows = [header]

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from flatlab.sharpness import EvalSubset, average_sharpness, average_sharpness_batched
+from flatlab.train.cpu_threads import configure as configure_cpu
 
 
 def small_cnn(classes: int = 10) -> nn.Module:
@@ -105,8 +106,7 @@ def main() -> None:
                         help="batched variant: keep fused attention kernels (vmap falls back to a per-draw loop)")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    configure_cpu(args.threads or torch.get_num_threads())  # as a trial sets its CPU threads (subnormals flushed)
 
     device = torch.device(args.device)
     torch.manual_seed(0)
