@@ -93,3 +93,28 @@ def test_build_scheduler_per_study_setting():
     assert [r[0] for r in sub._brackets[0]._rungs] == [8, 4, 2]  # rungs at grace * rf**k (and max_t)
     fifo = build_scheduler(Study(name="s", workload="digits", arms=arms, scheduler="fifo"))
     assert isinstance(fifo, ArmScheduler) and all(type(sub) is FIFOScheduler for sub in fifo.arms.values())
+
+
+def test_a_trial_that_ended_before_the_kill_gets_its_recorded_result_with_its_config():
+    """A resume's trial whose run ended before the driver was killed: Tune's result for it is the recorded
+    one, with the trial's config in it (``Result.config``, which the final stage picks configurations
+    from); a trial Tune itself restored as TERMINATED keeps the result Tune saved."""
+    from ray.tune import Result
+
+    routed = ArmScheduler(["sgd"], asha, metric="val/accuracy", mode="max")
+    asked = []
+    recorded = {"epoch": 9, "training_iteration": 9, "val/accuracy": 0.9, "completed": 1}
+    routed.recorded = lambda trial_id, config: asked.append((trial_id, config)) or dict(recorded)
+    pending = Trial("__fake", config={"arm": "sgd", "lr": 0.1, "seed": 0}, stub=True)
+    routed.on_trial_add(None, pending)
+    result = Result(metrics=pending.last_result, checkpoint=None, error=None, path="")
+    assert result.config == {"arm": "sgd", "lr": 0.1, "seed": 0}
+    assert result.metrics["val/accuracy"] == 0.9 and result.metrics["completed"] == 1
+
+    done = Trial("__fake", config={"arm": "sgd", "lr": 0.2, "seed": 0}, stub=True)
+    done.set_status(Trial.TERMINATED)
+    done.update_last_result({"training_iteration": 9, "val/accuracy": 0.7, "completed": 1,
+                             "config": {"arm": "sgd", "lr": 0.2, "seed": 0}})
+    routed.on_trial_add(None, done)
+    assert done.last_result["val/accuracy"] == 0.7 and done.last_result["config"]["lr"] == 0.2
+    assert [trial_id for trial_id, _ in asked] == [pending.trial_id, done.trial_id]  # both counted as added

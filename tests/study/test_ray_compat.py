@@ -61,3 +61,21 @@ def test_no_other_module_touches_rays_private_api():
         if mods or "_local_tuner" in text or "train_buffered" in text.replace("``train_buffered``", ""):
             offenders.append((str(path.relative_to(PACKAGE)), mods))
     assert not offenders
+
+
+def test_can_resume_needs_tunes_saved_state_not_only_tuner_pkl(tmp_path):
+    """``tuner.pkl`` is written as the Tuner is built; Ray calls that restorable, but a Tuner restored
+    from it restarts with ``num_samples=1``. A resume restores only once Tune saved the experiment."""
+    from ray.tune import Tuner
+
+    from flatlab.study.ray_compat import can_resume
+
+    exp = tmp_path / "exp"
+    assert not can_resume(str(exp))  # nothing there
+    exp.mkdir()
+    (exp / "tuner.pkl").write_bytes(b"")
+    assert Tuner.can_restore(str(exp))  # Ray's answer, from tuner.pkl alone
+    assert not can_resume(str(exp))
+    (exp / "experiment_state-2026-12-05_16-45-22.json").write_text("{}")
+    assert can_resume(str(exp))
+    assert can_resume(exp.as_uri())  # a storage URI as well as a path

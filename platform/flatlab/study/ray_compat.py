@@ -19,6 +19,10 @@ in :data:`TESTED_RAY_VERSIONS`:
 * :func:`restored_callbacks`, :func:`tuner_scheduler` and :func:`tuner_searcher`: a restored ``Tuner``
   keeps the callbacks, scheduler and searcher it pickled (``Tuner._local_tuner``); a resume swaps in
   this launch's live callbacks and hooks.
+* :func:`can_resume`: ``Tuner.can_restore`` answers True from ``tuner.pkl`` alone, written as the
+  Tuner is built and before Tune saves the experiment's first state; a Tuner restored from it restarts
+  the experiment with ``num_samples=1`` (``TunerInternal._fit_resume`` passes none), so a driver killed
+  in between would resume into a one-trial search.
 * :func:`buffered_trainable`: Ray 2.60's ``Trainable.train_buffered`` ends every batch after one report,
   and its controller mis-handles a batch that ends with a checkpoint (see the function).
 * :func:`retry_system_failures_only`: Tune's ``FailureConfig(max_failures)`` retries a trial after any
@@ -187,6 +191,18 @@ def route_ray_errors_to_log() -> bool:
     print_to_stdstream.__wrapped__ = original  # type: ignore[attr-defined]
     ray_worker.print_to_stdstream = print_to_stdstream
     return True
+
+
+def can_resume(experiment_path: str) -> bool:
+    """Whether Tune saved the state of the experiment at ``experiment_path`` (local path or URI), so that
+    ``Tuner.restore`` continues it at the budget it was launched with: ``tuner.pkl`` and at least one
+    ``experiment_state-*.json`` (``ray.tune.execution.experiment_state``). False for a launch whose driver
+    died after building its Tuner and before Tune's first save: it must start again (a new Tuner), not
+    be restored (see the module docstring)."""
+    from ray.tune import Tuner
+    from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
+
+    return bool(Tuner.can_restore(experiment_path)) and _find_newest_experiment_checkpoint(experiment_path) is not None
 
 
 def restored_callbacks(tuner: Any) -> List[Any]:

@@ -565,10 +565,9 @@ def _record_launch(study: Study, opts: RunOptions, resumed: Optional[Launch], gr
 def _build_tuner(study: Study, opts: RunOptions, launch: Launch, storage_path: str, data: Any,
                  tags: Dict[str, str]) -> _Started:
     """The trainable, the MLflow and progress callbacks and the Tuner of ``launch`` (restored for
-    ``--resume``), with the searcher pointed at the MLflow runs."""
-    from ray import tune
-
+    ``--resume``, once Tune saved it), with the searcher pointed at the MLflow runs."""
     from flatlab.study.progress import ProgressPrinter
+    from flatlab.study.ray_compat import can_resume
     from flatlab.study.recovery import LaunchRecords
     from flatlab.study.searchers import ArmSearcher
     from flatlab.study.trainable import make_trainable
@@ -595,7 +594,7 @@ def _build_tuner(study: Study, opts: RunOptions, launch: Launch, storage_path: s
     records = LaunchRecords(launch.tracking_uri, launch.experiment_id, launch.parent_run_id) if opts.resume else None
     if records is not None:
         mlflow_cb.claimed = records.claimed
-    if opts.resume and tune.Tuner.can_restore(launch.experiment_path):
+    if opts.resume and can_resume(launch.experiment_path):
         tuner = _restore_tuner(launch.experiment_path, trainable, callbacks, records)
     else:
         if opts.resume:  # killed before Tune saved its experiment: it starts again, in the same launch
@@ -673,15 +672,14 @@ def _tune(study: Study, opts: RunOptions, started: _Started, t0: float) -> Study
 
 def _final_stage(study: Study, opts: RunOptions, started: _Started, grid: Any) -> Any:
     """The final stage's Tuner: each arm's best configuration over the final seeds (:func:`final_configs`),
-    or, for a ``--resume`` that stopped in it, the final stage's experiment restored."""
-    from ray import tune
-
+    or, for a ``--resume`` that stopped in it after Tune saved it, the final stage's experiment restored."""
+    from flatlab.study.ray_compat import can_resume
     from flatlab.study.searchers import FixedSearcher
 
     name = f"{started.launch.experiment_name}-final"
     path = _experiment_path(started.storage_path, name)
     started.launch.write(final_experiment_path=path)
-    if opts.resume and tune.Tuner.can_restore(path):
+    if opts.resume and can_resume(path):
         return _restore_tuner(path, started.trainable, started.callbacks, started.records)
     configs = final_configs(study, grid)
     logger.info("final stage: %d trials (%s)", len(configs), ", ".join(sorted({c["arm"] for c in configs})))

@@ -37,7 +37,8 @@ class ArmScheduler(FIFOScheduler):
 
     A resumed launch sets :attr:`recorded` (:meth:`flatlab.study.recovery.LaunchRecords.on_add`): a trial
     Tune adds whose run already ended (it finished after Tune's last save, before the driver was
-    killed) gets that recorded result and is stopped before it starts, never trained again.
+    killed) gets that recorded result (with its config, as Tune's own results have it) and is stopped
+    before it starts, never trained again; a trial Tune restored as TERMINATED keeps the result Tune saved.
     """
 
     def __init__(self, arms, factory: Callable[[str], TrialScheduler], metric: str, mode: str) -> None:
@@ -71,9 +72,10 @@ class ArmScheduler(FIFOScheduler):
     def on_trial_add(self, tune_controller, trial: Trial) -> None:
         self._of(trial).on_trial_add(tune_controller, trial)
         result = self.recorded(trial.trial_id, dict(trial.config or {})) if self.recorded is not None else None
-        if result is not None:  # ended before the driver was killed: stopped at the next scheduling step
-            trial.update_last_result(result)
-            self._ended.append(trial)
+        if result is not None and trial.status != Trial.TERMINATED:  # ended before the kill, after Tune's save
+            # Tune's result carries the config (``Result.config``: what the final stage picks from)
+            trial.update_last_result({**result, "config": dict(trial.config or {})})
+            self._ended.append(trial)  # stopped at the next scheduling step
 
     def choose_trial_to_run(self, tune_controller) -> Optional[Trial]:
         while self._ended:  # before Tune starts actors for pending trials
