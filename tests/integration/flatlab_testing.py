@@ -26,6 +26,18 @@ def write_study(path: Path, body: str) -> Path:
     return path
 
 
+def assert_final_stage_ran_the_best_search_trial(trials) -> None:
+    """Every final-stage run of a one-arm, one-seed fifo study (every search trial completed) has the
+    ``lr`` of the search run with the highest final ``val/accuracy``. ``trials``: its MLflow trial runs."""
+    from flatlab.tracking import runs
+
+    def stage(name):
+        return [r for r in trials if r.data.tags[runs.TAG_STAGE] == name]
+
+    best = max(stage("search"), key=lambda r: r.data.metrics["val/accuracy"])
+    assert {r.data.params["lr"] for r in stage("final")} == {best.data.params["lr"]}
+
+
 def wait_http(url: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -13,7 +13,7 @@ import pytest
 
 from flatlab.tracking import runs
 
-from flatlab_testing import BIN, env, write_study
+from flatlab_testing import BIN, assert_final_stage_ran_the_best_search_trial, env, write_study
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -143,9 +143,7 @@ STUDY = Study(
     after = snapshot(root)
     for run_id, kept in finished.items():  # finished before a kill: untouched by the resumes
         assert after[run_id] == kept, run_id
-    searched = [r for r in trials if r.data.tags[runs.TAG_STAGE] == "search"]
-    best = max(searched, key=lambda r: r.data.metrics["val/accuracy"])  # fifo, one seed: every trial completed
-    assert {r.data.params["lr"] for r in trials if r.data.tags[runs.TAG_STAGE] == "final"} == {best.data.params["lr"]}
+    assert_final_stage_ran_the_best_search_trial(trials)
     parents = c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'study'")
     assert [p.info.status for p in parents] == ["FINISHED"]
     launch = json.loads((root / "kill9" / "launch.json").read_text())

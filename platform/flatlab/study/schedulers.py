@@ -71,10 +71,11 @@ class ArmScheduler(FIFOScheduler):
 
     def on_trial_add(self, tune_controller, trial: Trial) -> None:
         self._of(trial).on_trial_add(tune_controller, trial)
-        result = self.recorded(trial.trial_id, dict(trial.config or {})) if self.recorded is not None else None
+        config = dict(trial.config or {})
+        result = self.recorded(trial.trial_id, config) if self.recorded is not None else None
         if result is not None and trial.status != Trial.TERMINATED:  # ended before the kill, after Tune's save
             # Tune's result carries the config (``Result.config``: what the final stage picks from)
-            trial.update_last_result({**result, "config": dict(trial.config or {})})
+            trial.update_last_result({**result, "config": config})
             self._ended.append(trial)  # stopped at the next scheduling step
 
     def choose_trial_to_run(self, tune_controller) -> Optional[Trial]:
