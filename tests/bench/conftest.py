@@ -47,3 +47,9 @@ def fmnist_bench() -> ModuleType:
 def longrun_bench() -> ModuleType:
     """bench/optimizer_longrun.py as a module."""
     return load_bench("optimizer_longrun.py")
+
+
+@pytest.fixture(scope="session")
+def select_bench() -> ModuleType:
+    """bench/select_cost.py as a module."""
+    return load_bench("select_cost.py")

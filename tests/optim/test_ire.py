@@ -374,10 +374,15 @@ def test_toy_larger_kappa_reaches_flatter_minima():
 
 # ---------------------------------------------------------------------------------------------------
 # The exact radix select IRE uses for its threshold (must equal torch.kthvalue, ties and zeros included).
-@pytest.mark.parametrize("n", [1, 7, 1000, 65_537])
-def test_radix_select_equals_kthvalue(n):
-    from flatlab.optim._flat import kth_smallest_nonnegative, kth_smallest_with_count
+@pytest.mark.parametrize("select", ["kth_smallest_with_count", "radix_kth_smallest_with_count"])
+@pytest.mark.parametrize("n", [1, 7, 1000, 65_537, 300_001])
+def test_radix_select_equals_kthvalue(n, select):
+    # on the CPU the first selects through a sampled bracket (from a copy up to 2^17 entries), the second
+    # by the radix passes alone; 300,001 entries take the bracket
+    import flatlab.optim._flat as flat_mod
+    from flatlab.optim._flat import kth_smallest_nonnegative
 
+    kth_smallest_with_count = getattr(flat_mod, select)
     g = torch.Generator().manual_seed(n)
     h = torch.randn(n, generator=g).square()
     if n > 10:
@@ -386,14 +391,19 @@ def test_radix_select_equals_kthvalue(n):
         h[-1] = float("inf")
         h[-2] = 1e-42  # subnormal
     for k in sorted({1, max(1, n // 10), max(1, n // 5), n // 2 or 1, max(1, int(0.8 * n)), n}):
-        assert kth_smallest_nonnegative(h, k).item() == torch.kthvalue(h, k).values.item()
+        if select == "kth_smallest_with_count":
+            assert kth_smallest_nonnegative(h, k).item() == torch.kthvalue(h, k).values.item()
         value, count = kth_smallest_with_count(h, k)
         assert value.item() == torch.kthvalue(h, k).values.item()
         assert count == int((h <= value).sum()) and count >= k  # ties with the k-th value all counted
 
 
-def test_radix_select_ignores_signs_and_rejects_bad_input():
-    from flatlab.optim._flat import kth_smallest_nonnegative, kth_smallest_with_count
+@pytest.mark.parametrize("select", ["kth_smallest_with_count", "radix_kth_smallest_with_count"])
+def test_radix_select_ignores_signs_and_rejects_bad_input(select):
+    import flatlab.optim._flat as flat_mod
+
+    kth_smallest_with_count = getattr(flat_mod, select)
+    kth_smallest_nonnegative = lambda h, k: kth_smallest_with_count(h, k)[0]  # noqa: E731
 
     h = torch.tensor([-0.0, 3.0, 1.0, 2.0])
     assert kth_smallest_nonnegative(h, 1).item() == 0.0 and kth_smallest_nonnegative(h, 3).item() == 2.0
@@ -409,10 +419,13 @@ def test_radix_select_ignores_signs_and_rejects_bad_input():
         kth_smallest_nonnegative([], 1)
 
 
-def test_radix_select_at_both_ends_of_the_bit_range():
+@pytest.mark.parametrize("select", ["kth_smallest_with_count", "radix_kth_smallest_with_count"])
+def test_radix_select_at_both_ends_of_the_bit_range(select):
     # bucket 0 (below 2^-126·2^-7: subnormal bit patterns under 0x10000) with the largest NaN pattern
     # present, and the largest NaN pattern itself selected (bucket 0x7FFF: nothing above it)
-    from flatlab.optim._flat import kth_smallest_with_count
+    import flatlab.optim._flat as flat_mod
+
+    kth_smallest_with_count = getattr(flat_mod, select)
 
     bits = torch.tensor([0x7FFFFFFF, 0x0000FFFF, 3, 0, 0x00010000, 0x7F800000, 0x7FFFFFFF, 5], dtype=torch.int32)
     h = bits.view(torch.float32)
@@ -437,7 +450,7 @@ def test_radix_select_keeps_the_bucket_apart_from_entries_with_the_same_lower_bi
     # the second pass bins entries inside the k-th value's bucket by their lower 16 bits and every other
     # entry by the same bits in a separate range: entries of the neighbouring buckets (and of far ones)
     # share their lower bits with the bucket's entries here, so any mixing would move the answer
-    from flatlab.optim._flat import kth_smallest_with_count
+    from flatlab.optim._flat import radix_kth_smallest_with_count as kth_smallest_with_count
 
     gen = torch.Generator().manual_seed(3)
     lows = torch.randint(0, 1 << 16, (40,), generator=gen, dtype=torch.int32)
@@ -469,8 +482,9 @@ def test_at_most_writes_the_mask_and_counts_it(monkeypatch, chunk):
         flat_mod.at_most(h, 1.0, torch.empty(2, 4))
 
 
+@pytest.mark.parametrize("select", ["kth_smallest_with_count", "radix_kth_smallest_with_count"])
 @pytest.mark.parametrize("chunk", [5, 64, 1 << 22])  # pieces smaller than the k-th bucket, and not
-def test_radix_select_over_several_tensors_equals_kthvalue_of_their_concatenation(monkeypatch, chunk):
+def test_radix_select_over_several_tensors_equals_kthvalue_of_their_concatenation(monkeypatch, chunk, select):
     import flatlab.optim._flat as flat_mod
 
     monkeypatch.setattr(flat_mod, "SELECT_CHUNK", chunk)
@@ -479,7 +493,7 @@ def test_radix_select_over_several_tensors_equals_kthvalue_of_their_concatenatio
     parts[2][::7] = 0.25  # ties across tensors
     every = torch.cat([p.flatten() for p in parts])
     for k in (1, 40, 41, 60, 100, 200, every.numel()):
-        value, count = flat_mod.kth_smallest_with_count(parts, k)
+        value, count = getattr(flat_mod, select)(parts, k)
         assert value.item() == torch.kthvalue(every, k).values.item()
         assert count == int((every <= value).sum())
 
@@ -520,7 +534,7 @@ def test_radix_select_packs_small_tensors_and_stays_exact(monkeypatch, chunk, ca
     monkeypatch.setattr(flat_mod, "_add_counts", lambda hist, bins, size: calls.append(bins.numel()) or counts(hist, bins, size))
     for k in range(1, n + 1):
         calls.clear()
-        value, count = flat_mod.kth_smallest_with_count(parts, k)
+        value, count = flat_mod.radix_kth_smallest_with_count(parts, k)
         expected = torch.kthvalue(every, k).values
         assert _equal_bits(value, expected), (case, k)
         assert count == int((every <= expected).sum()) >= k

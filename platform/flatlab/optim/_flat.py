@@ -7,8 +7,10 @@ without ever materialising the flat vector: global norms and updates run over li
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, Iterable, List, MutableMapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 Number = Union[float, int]
@@ -139,6 +141,24 @@ def _add_counts(hist: Optional[torch.Tensor], bins: torch.Tensor, size: int) -> 
     return counts if hist is None else hist.add_(counts)
 
 
+def _checked(values: Union[torch.Tensor, Sequence[torch.Tensor]], k: int) -> Tuple[List[torch.Tensor], int, torch.device]:
+    # the values as flat contiguous views, their number and device, after the checks both selects share
+    tensors = [values] if isinstance(values, torch.Tensor) else list(values)
+    if not tensors or any(t.dtype not in (torch.float32, torch.int32) for t in tensors):
+        raise ValueError(
+            "kth_smallest_nonnegative: values must be float32 tensors (or int32 bit patterns), got "
+            + (", ".join(f"{tuple(t.shape)} {t.dtype}" for t in tensors) or "none")
+        )
+    device = tensors[0].device
+    if any(t.device != device for t in tensors):
+        raise ValueError("kth_smallest_nonnegative: all values must be on one device")
+    flats = [t.contiguous().view(-1) for t in tensors]
+    n = sum(f.numel() for f in flats)
+    if not 1 <= k <= n:
+        raise ValueError(f"kth_smallest_nonnegative: k must be in [1, {n}], got {k}")
+    return flats, n, device
+
+
 def kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]], k: int) -> Tuple[torch.Tensor, int]:
     """``(v, c)``: the ``k``-th smallest entry ``v`` (1-based) of float32 NON-NEGATIVE values, and the
     number ``c ≥ k`` of entries ≤ ``v`` (ties with ``v`` included).
@@ -146,20 +166,20 @@ def kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]],
     ``values`` is one tensor or a sequence of tensors (any shapes) ranked together, as if flattened
     and concatenated, without building that concatenation. ``v`` is exactly
     ``torch.kthvalue(torch.cat([t.flatten() for t in values]), k).values`` and ``c`` equals the number of
-    entries ``<= v`` whenever ``v`` is not NaN. Two-pass radix select on the bit patterns (non-negative
-    IEEE-754 float32 numbers order like their bit patterns read as integers): a histogram of the upper 16
-    bits finds the bucket holding the k-th value, then one histogram over all entries, of the lower 16
-    bits inside that bucket (the entries outside it binned apart, spread over as many bins), finds the
-    value itself and ``c``. Every pass is integer arithmetic (bit-and, shift, subtract, clamp) and
-    ``torch.bincount``; no comparison mask is built and no entries are gathered (both are slow on the
-    CPU). About 4x faster than ``kthvalue``'s partial sort on CPU (1.8 M values, one thread); its speed on
-    CUDA is measured by ``bench/gpu_check.py``.
+    entries ``<= v`` whenever ``v`` is not NaN. Non-negative IEEE-754 float32 numbers order like their bit
+    patterns read as integers, so both methods below work on those patterns:
 
-    Memory: both passes run over pieces of at most ``SELECT_CHUNK`` entries through two int32 scratch
-    pieces, so the temporaries stay bounded (about 6 MB) whatever the number of values and however many
-    of them share the k-th value's bucket (all-zero curvature, dead units, unused embedding rows).
-    Consecutive small tensors are binned side by side into that scratch and counted together (one
-    ``bincount`` per run of at most ``SELECT_CHUNK`` entries, not one per tensor).
+    - On the CPU, :func:`_bracketed_select`: a sample of the values places a narrow bracket around the
+      k-th, one pass counts the entries below it and gathers those inside it, and an introselect
+      (``numpy.partition``) over the few gathered ones gives the value: 2.5 ms against the radix
+      select's 6.8 ms on the 1.8 M sampled-gradient keys of issue 26's MLP (one thread). Where the sample
+      misses, or the bracket holds too many entries (a value tied over much of the data), it gives up and
+      the radix select answers; above about 13 M values the radix select answers directly.
+    - Elsewhere (CUDA), and as that fallback, :func:`radix_kth_smallest_with_count`.
+
+    Memory: both work over pieces of at most ``SELECT_CHUNK`` entries through bounded scratch (a few MB),
+    whatever the number of values and however many of them share the k-th value (all-zero
+    curvature, dead units, unused embedding rows).
 
     Args:
         values: float32 tensor(s), every entry ≥ 0 (squares, or EMAs of squares), all on one device.
@@ -174,21 +194,38 @@ def kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]],
     Raises:
         ValueError: a tensor that is not float32 or int32, tensors on several devices, or ``k`` outside
             ``[1, n]``.
-        RuntimeError: an int32 entry is negative (``torch.bincount``'s error).
+        RuntimeError: an int32 entry is negative (checked by the CPU select; ``torch.bincount``'s error
+            elsewhere).
     """
-    tensors = [values] if isinstance(values, torch.Tensor) else list(values)
-    if not tensors or any(t.dtype not in (torch.float32, torch.int32) for t in tensors):
-        raise ValueError(
-            "kth_smallest_nonnegative: values must be float32 tensors (or int32 bit patterns), got "
-            + (", ".join(f"{tuple(t.shape)} {t.dtype}" for t in tensors) or "none")
-        )
-    device = tensors[0].device
-    if any(t.device != device for t in tensors):
-        raise ValueError("kth_smallest_nonnegative: all values must be on one device")
-    flats = [t.contiguous().view(-1) for t in tensors]
-    n = sum(f.numel() for f in flats)
-    if not 1 <= k <= n:
-        raise ValueError(f"kth_smallest_nonnegative: k must be in [1, {n}], got {k}")
+    flats, n, device = _checked(values, k)
+    if device.type == "cpu":
+        found = _bracketed_select(flats, k, n)
+        if found is not None:
+            return found
+    return _radix_select(flats, k, n)
+
+
+def radix_kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]], k: int) -> Tuple[torch.Tensor, int]:
+    """:func:`kth_smallest_with_count` by the radix select alone, on any device (the answer is the same).
+
+    Two-pass radix select on the bit patterns: a histogram of the upper 16 bits finds the bucket holding
+    the k-th value, then one histogram over all entries, of the lower 16 bits inside that bucket (the
+    entries outside it binned apart, spread over as many bins), finds the value itself and ``c``. Every
+    pass is integer arithmetic (bit-and, shift, subtract, clamp) and ``torch.bincount``; no comparison
+    mask is built and no entries are gathered (both are slow in torch on the CPU). About 2x faster than
+    ``kthvalue``'s partial sort on CPU (1.8 M values, one thread); its speed on CUDA is measured by
+    ``bench/gpu_check.py``. Both passes run over pieces of at most ``SELECT_CHUNK`` entries through two
+    int32 scratch pieces; consecutive small tensors are binned side by side into that scratch and
+    counted together (one ``bincount`` per run of at most ``SELECT_CHUNK`` entries, not one per tensor).
+
+    Args, returns and raises: as :func:`kth_smallest_with_count`.
+    """
+    flats, n, _ = _checked(values, k)
+    return _radix_select(flats, k, n)
+
+
+def _radix_select(flats: Sequence[torch.Tensor], k: int, n: int) -> Tuple[torch.Tensor, int]:
+    device = flats[0].device
     batches = _batches([part for f in flats for part in f.split(SELECT_CHUNK)])
     size = max(sum(p.numel() for p in b) for b in batches)
     scratch = torch.empty(size, dtype=torch.int32, device=device)
@@ -228,14 +265,132 @@ def kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]],
     return value, count
 
 
+# The CPU select (:func:`_bracketed_select`): up to _WHOLE entries are selected from a copy directly; above
+# that a sample of _SAMPLE entries or more (up to _MAX_SAMPLE) places a bracket _SPREAD standard deviations
+# of the sample's rank either side of the k-th
+_WHOLE = 1 << 17
+_SAMPLE = 1 << 15
+_MAX_SAMPLE = 1 << 18
+_SPREAD = 5.0
+_GOLDEN = (5**0.5 - 1) / 2
+_fractions = np.empty(0)  # i·φ mod 1 for i < len, grown on demand
+
+
+def _spread_positions(size: int, count: int) -> np.ndarray:
+    # ``count`` positions in [0, size) spread evenly and without a period (a Weyl sequence i·φ mod 1):
+    # deterministic, no RNG drawn, and no stride that a weight matrix's rows could line up with
+    global _fractions
+    if _fractions.size < count:
+        _fractions = np.arange(count, dtype=np.float64) * _GOLDEN % 1.0
+    return (_fractions[:count] * size).astype(np.int64)
+
+
+def _host_bits(flats: Sequence[torch.Tensor]) -> List[Tuple[np.ndarray, bool]]:
+    # each tensor's int32 bit patterns as a numpy view (no copy), with whether its sign bits still need
+    # clearing (float32 values) or are clear already (int32 keys, checked non-negative as bincount checks)
+    out = []
+    for f in flats:
+        if f.dtype == torch.int32:
+            bits = f.detach().numpy()
+            if bits.size and int(bits.min()) < 0:
+                raise RuntimeError("kth_smallest_nonnegative: int32 bit patterns must be non-negative")
+            out.append((bits, False))
+        else:
+            out.append((f.detach().view(torch.int32).numpy(), True))
+    return out
+
+
+def _as_result(bits: int, count: int) -> Tuple[torch.Tensor, int]:
+    return torch.tensor(bits, dtype=torch.int32).view(torch.float32), int(count)
+
+
+def _sample_size(n: int) -> Optional[int]:
+    # the smallest sample (a power of two from _SAMPLE) whose bracket, about 2·_SPREAD·½/√m of the entries
+    # (q(1 − q) ≤ ¼), is expected to gather at most a quarter of SELECT_CHUNK; None above _MAX_SAMPLE
+    m = _SAMPLE
+    while n * _SPREAD / math.sqrt(m) > SELECT_CHUNK / 4:
+        m *= 2
+        if m > _MAX_SAMPLE:
+            return None
+    return m
+
+
+def _bracketed_select(flats: Sequence[torch.Tensor], k: int, n: int) -> Optional[Tuple[torch.Tensor, int]]:
+    """:func:`kth_smallest_with_count` on CPU tensors through a sampled bracket; ``None`` where it gives up.
+
+    Up to ``_WHOLE`` entries: a copy of all of them, ``numpy.partition``-ed (introselect). Above: a
+    sample of m entries (:func:`_sample_size`), spread over each tensor in proportion to its size, is
+    sorted; its order statistics ``_SPREAD`` standard deviations of a sample rank either side of rank
+    k·m/n give the bracket [lo, hi]. One pass over pieces of ``SELECT_CHUNK`` entries counts the entries
+    below lo and in [lo, hi] and gathers the latter; the k-th is then the (k − below)-th of those
+    (``numpy.partition``). Gives up when the k-th lies outside the bracket, or when the bracket holds
+    more than 4x the entries the sample predicts (or more than ``SELECT_CHUNK``: a value tied over much
+    of the data, where the introselect also slows down 30-50x), unless lo = hi, which needs no
+    gathering; and up front for more entries than a sample of ``_MAX_SAMPLE`` can bracket narrowly
+    enough (about 13 M). The sample decides only the time taken, never the answer.
+    """
+    arrays = _host_bits(flats)
+    if n <= _WHOLE:
+        every = np.concatenate([a.reshape(-1) for a, _ in arrays])
+        if any(clear for _, clear in arrays):
+            np.bitwise_and(every, _MAGNITUDE_BITS, out=every)
+        every.partition(k - 1)
+        bits = int(every[k - 1])
+        return _as_result(bits, np.count_nonzero(every <= bits))
+    m = _sample_size(n)
+    if m is None:
+        return None
+    picked = []
+    for a, clear in arrays:
+        values = a[_spread_positions(a.size, min(a.size, max(1, round(m * a.size / n))))]
+        picked.append(np.bitwise_and(values, _MAGNITUDE_BITS, out=values) if clear else values)
+    sample = np.concatenate(picked)
+    sample.sort()
+    m = sample.size
+    q = k / n
+    reach = math.ceil(_SPREAD * math.sqrt(m * q * (1 - q))) + 2
+    first, last = math.floor(q * m) - reach, math.ceil(q * m) + reach
+    lo = int(sample[first]) if first >= 0 else 0
+    hi = int(sample[last]) if last < m else _MAGNITUDE_BITS
+    limit = min(SELECT_CHUNK, 4 * math.ceil(n * (min(last, m - 1) - max(first, 0) + 1) / m))
+
+    below = inside = 0
+    gathered: List[np.ndarray] = []
+    piece = min(n, SELECT_CHUNK)
+    magnitudes = np.empty(piece, dtype=np.int32)
+    under, upto = np.empty(piece, dtype=bool), np.empty(piece, dtype=bool)
+    for a, clear in arrays:
+        for start in range(0, a.size, SELECT_CHUNK):
+            part = a[start : start + SELECT_CHUNK]
+            size = part.size
+            if clear:
+                part = np.bitwise_and(part, _MAGNITUDE_BITS, out=magnitudes[:size])
+            lower = np.count_nonzero(np.less(part, lo, out=under[:size]))
+            held = np.count_nonzero(np.less_equal(part, hi, out=upto[:size])) - lower
+            below += lower
+            inside += held
+            if below >= k or (lo != hi and inside > limit):
+                return None  # the k-th lies below the bracket, or the bracket is too full to gather
+            if held and lo != hi:
+                gathered.append(part[np.logical_xor(under[:size], upto[:size], out=under[:size])])
+    if not below < k <= below + inside:
+        return None  # the k-th lies above the bracket
+    if lo == hi:
+        return _as_result(lo, below + inside)
+    candidates = np.concatenate(gathered)
+    candidates.partition(k - below - 1)
+    bits = int(candidates[k - below - 1])
+    return _as_result(bits, below + np.count_nonzero(candidates <= bits))
+
+
 def at_most(values: torch.Tensor, bound: Number, out: torch.Tensor) -> int:
     """``out ← values <= bound`` (a bool tensor shaped like ``values``); returns how many are set.
 
     ``values`` is compared in its own dtype (an int32 bit-pattern view compares as integers, float32 as
-    IEEE numbers: NaN is never ≤). The comparison writes 0/1 in ``values``' dtype into a bounded scratch
-    piece and converts that to bool: on the CPU a comparison straight to bool, and a count of a bool tensor,
-    are several times slower than these passes. Pieces of at most ``SELECT_CHUNK`` entries; one host read
-    (the count).
+    IEEE numbers: NaN is never ≤). On the CPU numpy compares straight into ``out`` and counts it (torch's
+    comparison to bool, and its count of a bool tensor, are several times slower). Elsewhere the
+    comparison writes 0/1 in ``values``' dtype into a bounded scratch piece (at most ``SELECT_CHUNK``
+    entries) and converts that to bool. One host read (the count).
 
     Raises:
         ValueError: ``out`` is not a bool tensor with ``values``' number of entries.
@@ -245,6 +400,9 @@ def at_most(values: torch.Tensor, bound: Number, out: torch.Tensor) -> int:
     src, dst = values.reshape(-1), out.view(-1)
     if src.numel() == 0:
         return 0
+    if src.device.type == "cpu" and dst.device.type == "cpu":
+        flags = np.less_equal(src.detach().numpy(), bound, out=dst.numpy())
+        return int(np.count_nonzero(flags))
     scratch = torch.empty(min(src.numel(), SELECT_CHUNK), dtype=src.dtype, device=src.device)
     counts = []
     for a, b in zip(src.split(SELECT_CHUNK), dst.split(SELECT_CHUNK)):

@@ -17,8 +17,10 @@ where n is a 0/1 mask of "flat" coordinates. The mask acts on the base optimizer
 moments) is never amplified.
 
 Mask: n_i = 1 for the ⌊γ·p⌋ coordinates with the smallest curvature h_i, one threshold over the
-tensors of ALL parameter groups (the k-th smallest value of them all, found by an exact radix select that
-equals ``torch.kthvalue`` of their concatenation without building it), n_i = 1 iff
+tensors of ALL parameter groups (the k-th smallest value of them all, found by an exact select that
+equals ``torch.kthvalue`` of their concatenation without building it: on the CPU a sampled bracket
+and an introselect over the entries inside it, elsewhere a radix select;
+:func:`flatlab.optim._flat.kth_smallest_with_count`), n_i = 1 iff
 h_i ≤ threshold, so coordinates tied with the threshold all count as flat (the count can exceed
 ⌊γ·p⌋ only through such ties). p counts the coordinates of the tensors the sampled-label loss reaches;
 tensors it does not reach (sampled gradient ``None``) are left out of the ranking and never amplified
