@@ -464,19 +464,25 @@ def test_radix_select_keeps_the_bucket_apart_from_entries_with_the_same_lower_bi
         assert count == int((bits <= int(value.view(torch.int32))).sum())
 
 
-@pytest.mark.parametrize("chunk", [3, 1 << 20])
+@pytest.mark.parametrize("chunk", [None, 3, 1 << 20], ids=["numpy", "torch-in-pieces", "torch-whole"])
 def test_at_most_writes_the_mask_and_counts_it(monkeypatch, chunk):
+    # on the CPU numpy compares straight into the mask; on other devices torch compares in pieces of
+    # SELECT_CHUNK (that path run here on the CPU)
     import flatlab.optim._flat as flat_mod
 
-    monkeypatch.setattr(flat_mod, "SELECT_CHUNK", chunk)
+    if chunk is None:
+        compare = flat_mod.at_most
+    else:
+        monkeypatch.setattr(flat_mod, "SELECT_CHUNK", chunk)
+        compare = lambda values, bound, out: flat_mod._at_most_in_pieces(values.reshape(-1), bound, out.view(-1))  # noqa: E731
     h = torch.tensor([[0.5, float("nan"), 2.0, 0.25], [1.0, -0.0, float("inf"), 1.0]])
     out = torch.ones(2, 4, dtype=torch.bool)
-    assert flat_mod.at_most(h, 1.0, out) == 5
+    assert compare(h, 1.0, out) == 5
     assert out.tolist() == [[True, False, False, True], [True, True, False, True]]
     bits = h.abs().view(torch.int32)  # bit patterns compare as integers; -1 marks nothing
-    assert flat_mod.at_most(bits, int(torch.tensor(0.5).view(torch.int32)), out) == 3
+    assert compare(bits, int(torch.tensor(0.5).view(torch.int32)), out) == 3
     assert out.tolist() == [[True, False, False, True], [False, True, False, False]]
-    assert flat_mod.at_most(bits, -1, out) == 0 and not out.any()
+    assert compare(bits, -1, out) == 0 and not out.any()
     assert flat_mod.at_most(torch.empty(0), 1.0, torch.empty(0, dtype=torch.bool)) == 0
     with pytest.raises(ValueError, match="out must be a bool tensor of 8 entries, got 8 torch.float32"):
         flat_mod.at_most(h, 1.0, torch.empty(2, 4))

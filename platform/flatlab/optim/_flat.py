@@ -387,8 +387,9 @@ def at_most(values: torch.Tensor, bound: Number, out: torch.Tensor) -> int:
     """``out ← values <= bound`` (a bool tensor shaped like ``values``); returns how many are set.
 
     ``values`` is compared in its own dtype (an int32 bit-pattern view compares as integers, float32 as
-    IEEE numbers: NaN is never ≤). On the CPU numpy compares straight into ``out`` and counts it (torch's
-    comparison to bool, and its count of a bool tensor, are several times slower). Elsewhere the
+    IEEE numbers: NaN is never ≤). On the CPU numpy compares float32 and int32 values straight into ``out``
+    and counts it (torch's comparison to bool, and its count of a bool tensor, are several times slower).
+    Elsewhere, and for other dtypes, the
     comparison writes 0/1 in ``values``' dtype into a bounded scratch piece (at most ``SELECT_CHUNK``
     entries) and converts that to bool. One host read (the count).
 
@@ -400,9 +401,14 @@ def at_most(values: torch.Tensor, bound: Number, out: torch.Tensor) -> int:
     src, dst = values.reshape(-1), out.view(-1)
     if src.numel() == 0:
         return 0
-    if src.device.type == "cpu" and dst.device.type == "cpu":
+    if src.device.type == "cpu" and dst.device.type == "cpu" and src.dtype in (torch.float32, torch.int32):
         flags = np.less_equal(src.detach().numpy(), bound, out=dst.numpy())
         return int(np.count_nonzero(flags))
+    return _at_most_in_pieces(src, bound, dst)
+
+
+def _at_most_in_pieces(src: torch.Tensor, bound: Number, dst: torch.Tensor) -> int:
+    # at_most off the CPU: flat src, flat bool dst of as many entries, compared in pieces (any device)
     scratch = torch.empty(min(src.numel(), SELECT_CHUNK), dtype=src.dtype, device=src.device)
     counts = []
     for a, b in zip(src.split(SELECT_CHUNK), dst.split(SELECT_CHUNK)):
