@@ -389,9 +389,8 @@ def at_most(values: torch.Tensor, bound: Number, out: torch.Tensor) -> int:
     ``values`` is compared in its own dtype (an int32 bit-pattern view compares as integers, float32 as
     IEEE numbers: NaN is never ≤). On the CPU numpy compares float32 and int32 values straight into ``out``
     and counts it (torch's comparison to bool, and its count of a bool tensor, are several times slower).
-    Elsewhere, and for other dtypes, the
-    comparison writes 0/1 in ``values``' dtype into a bounded scratch piece (at most ``SELECT_CHUNK``
-    entries) and converts that to bool. One host read (the count).
+    Elsewhere, and for other dtypes, the comparison writes 0/1 in ``values``' dtype into a bounded
+    scratch piece (at most ``SELECT_CHUNK`` entries) and converts that to bool. One host read (the count).
 
     Raises:
         ValueError: ``out`` is not a bool tensor with ``values``' number of entries.
