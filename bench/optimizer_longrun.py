@@ -14,8 +14,9 @@ Per optimizer: the mean step time of the first and the last block, their ratio (
 ratio of the blocks' medians, which leaves out IRE's refresh steps), flagged "SLOWS DOWN" above
 ``--limit`` (1.3), and the subnormal entries left in its state (wrappers and bases) and in the
 parameters at the end. Per model: AdmIRE / AdamW, the median over blocks of the ratio of AdmIRE's block
-mean to its base's in the same round, and the same ratio for the authors' procedure. With the defaults (warm-up 10, blocks of 20) every block holds two
-of IRE's curvature refreshes (K = 10).
+mean to its base's in the same round, and the same ratio for the authors' procedure; with both the MLP
+and the CNN, the MLP's AdmIRE / AdamW over the CNN's, against issue 26's target of at most 1.10. With
+the defaults (warm-up 10, blocks of 20) every block holds two of IRE's curvature refreshes (K = 10).
 
 The CPU threads are set as a trial sets them (:func:`flatlab.train.cpu_threads.configure`: subnormals
 flushed to zero unless ``--keep-denormals``; the mode is printed on the first line).
@@ -43,6 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import optimizer_overhead as ob  # noqa: E402  (a sibling script, not a package: its models, runner, table)
 
 SLOWDOWN_LIMIT = 1.3
+# issue 26's target: AdmIRE / AdamW on the MLP at most this multiple of its value on the CNN
+MLP_OVER_CNN_LIMIT = 1.10
 AUTHORS = "adamw_ire (authors' procedure)"
 # (label, runner, the runner it is divided by): the wrapper against its base built with the same settings,
 # and the authors' procedure (:class:`AuthorsAdmIRE`) against the same base
@@ -168,6 +171,18 @@ def pair_ratios(times: Dict[str, List[float]], block: int) -> Dict[str, Tuple[fl
 
 
 # ------------------------------------------------------------------------------------------ the run
+def mlp_over_cnn(pairs_by_model: Dict[str, Dict[str, Tuple[float, float, float]]], limit: float = MLP_OVER_CNN_LIMIT) -> str:
+    """One line: AdmIRE / AdamW on the MLP over its value on the CNN (medians over paired blocks, from
+    :func:`pair_ratios`), against ``limit`` (issue 26); empty unless both models ran AdmIRE."""
+    label = PAIRS[0][0]
+    if label not in pairs_by_model.get("mlp", {}) or label not in pairs_by_model.get("cnn", {}):
+        return ""
+    mlp, cnn = pairs_by_model["mlp"][label][0], pairs_by_model["cnn"][label][0]
+    verdict = "met" if mlp <= limit * cnn else "NOT met"
+    return (f"{label}: mlp {mlp:.3f} / cnn {cnn:.3f} = {mlp / cnn:.3f} (target: at most {limit:.2f}, "
+            f"i.e. mlp <= {limit * cnn:.3f}): {verdict}")
+
+
 def rng_state(device: torch.device) -> Tuple[torch.Tensor, ...]:
     """The global torch RNG state (CPU, and the device's on CUDA)."""
     return (torch.get_rng_state(),) + ((torch.cuda.get_rng_state(device),) if device.type == "cuda" else ())
@@ -282,6 +297,8 @@ def main() -> None:
     for m, pairs in pairs_by_model.items():
         for label, (med, first, last) in pairs.items():
             print(f"{m}: {label} = {med:.3f} (median over paired blocks; first block {first:.3f}, last {last:.3f})")
+    if mlp_over_cnn(pairs_by_model):
+        print(mlp_over_cnn(pairs_by_model))
     if args.json:
         settings = {**vars(args), "threads": torch.get_num_threads(), "cpu_denormals": denormals, "torch": torch.__version__}
         with open(args.json, "w") as f:

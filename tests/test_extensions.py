@@ -173,3 +173,34 @@ def test_every_code_block_of_the_extensions_guide_is_in_the_tested_example():
     assert len(blocks) == 6  # and the README's measure
     for block in blocks:
         assert block in example, block
+
+
+def test_listings_show_a_study_file_s_own_entries_with_study_file(registries, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from flatlab.cli.main import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["workloads", "two_moons"])  # not registered without the file: says how
+    assert res.exit_code == 2 and "unknown workload 'two_moons'" in res.output
+    assert "--study-file FILE" in " ".join(res.output.split())
+    for command, name, shown in (("workloads", "two_moons", "noise"), ("optimizers", "lion", "beta2"),
+                                 ("measures", "param_norm", "flat/param_norm")):
+        res = runner.invoke(app, [command, name, "--study-file", str(EXAMPLE)])
+        assert res.exit_code == 0 and res.output.startswith(name) and shown in res.output, res.output
+    res = runner.invoke(app, ["measures", "--study-file", str(EXAMPLE)])  # the whole listing, built-ins too
+    assert "param_norm" in res.output and "hessian_trace" in res.output
+    res = runner.invoke(app, ["measures", "--study-file", str(tmp_path / "nope.py")])
+    assert res.exit_code == 2 and "does not exist" in res.output
+
+
+def test_dry_run_says_the_measure_subset_is_capped_by_the_split(registries, tmp_path, monkeypatch):
+    # two_moons trains on 240 rows (n = 400 by the study, 60 %): the plan (it loads no data) says 512 at most
+    from typer.testing import CliRunner
+
+    from flatlab.cli.main import app
+
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["run", str(EXAMPLE), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "param_norm on 512 train examples (all of them if the split is smaller; seed 0)" in " ".join(res.output.split())

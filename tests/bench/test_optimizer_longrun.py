@@ -44,6 +44,17 @@ def test_admire_over_adamw_is_the_median_of_block_ratios_against_its_base(longru
     assert longrun.pair_ratios({"sgd": [0.001] * 4}, block=2) == {}
 
 
+def test_mlp_over_cnn_compares_admire_s_two_ratios_against_the_limit(longrun):
+    label = longrun.PAIRS[0][0]
+    pairs = {"mlp": {label: (1.155, 1.2, 1.1)}, "cnn": {label: (1.05, 1.0, 1.0)}}
+    line = longrun.mlp_over_cnn(pairs)  # 1.155 / 1.05 = 1.1; the bound 1.1 · 1.05 = 1.155
+    assert "= 1.100" in line and "mlp <= 1.155" in line and line.endswith(": met")
+    pairs["mlp"][label] = (1.16, 1.2, 1.1)
+    assert longrun.mlp_over_cnn(pairs).endswith("NOT met")
+    assert longrun.mlp_over_cnn({"mlp": pairs["mlp"]}) == ""  # the CNN did not run
+    assert longrun.MLP_OVER_CNN_LIMIT == 1.10
+
+
 class _Closure:
     """Sets the true-label gradient and returns a given sampled-label gradient (the trainer closure's API)."""
 

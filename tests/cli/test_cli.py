@@ -223,3 +223,27 @@ def test_the_cli_turns_mlflow_progress_bars_off_unless_the_user_set_them(given, 
             "print(bar.get())")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == seen, out.stderr
+
+
+def test_arms_without_a_completed_trial_are_named_even_with_no_trial_in_mlflow(monkeypatch):
+    # an interrupted launch: only sam's trials reached MLflow (one pruned), the other arms none at all
+    import io
+
+    import pandas as pd
+    from rich.console import Console
+
+    import flatlab.cli.main as cli_main
+
+    out = io.StringIO()
+    monkeypatch.setattr(cli_main, "console", Console(file=out, width=300))
+    trials = pd.DataFrame({"arm": ["sam", "sam"], "outcome": ["pruned", "completed"]})
+    best = pd.DataFrame({"arm": ["sam"]})
+    cli_main._say_arms_without_answer(trials, best, ["sgd", "sam", "adamw"])
+    assert out.getvalue().strip() == "no completed trial (pruned, diverged, failed or unfinished), so no best for: sgd, adamw"
+    out.truncate(0), out.seek(0)
+    cli_main._say_arms_without_answer(trials.iloc[:0], best.iloc[:0], ["sgd", "sam"])  # nothing reached MLflow
+    assert out.getvalue().strip().endswith("so no best for: sgd, sam")
+    out.truncate(0), out.seek(0)
+    cli_main._say_arms_without_answer(trials, best)  # `flatlab results`: the arms of the trials only
+    assert out.getvalue() == ""
+

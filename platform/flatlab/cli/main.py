@@ -6,7 +6,7 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import typer
 
@@ -114,7 +114,7 @@ def run(
         )
         best = select(df, best=True, by_config=pooled)
         render(best, console, hint=f"use flatlab results {s.name} --best{' --by-config' if pooled else ''} --format csv")
-        _say_arms_without_answer(df, best)
+        _say_arms_without_answer(df, best, [a.name for a in s.arms])
         if not outcome.interrupted and (pooled or s.final_seeds):
             _print_comparison(df, s, console)
         console.print(where_to_look(outcome.tracking_uri, outcome.experiment_id), soft_wrap=True)  # the training view
@@ -144,11 +144,17 @@ def failure_line(study: str, errors: int, trials: int, source: str, log: Path) -
             f"`flatlab run {source} --resume` retries them")
 
 
-def _say_arms_without_answer(trials, best) -> None:
-    """One line naming the arms a ``--best`` table has no row for (none of their trials completed)."""
-    if trials.empty or not (best.empty or "arm" in best.columns):
+def _say_arms_without_answer(trials, best, arms: Sequence[str] = ()) -> None:
+    """One line naming the arms a ``--best`` table has no row for (none of their trials completed).
+
+    ``arms``: the arms the launch was to run (a study's, in its order), so that an arm none of whose trials
+    reached MLflow (a launch interrupted before it started them) is named too; the arms of ``trials``
+    follow."""
+    if not (best.empty or "arm" in best.columns):
         return
-    missing = [a for a in dict.fromkeys(trials["arm"]) if best.empty or a not in set(best["arm"])]
+    seen = list(trials["arm"]) if not trials.empty and "arm" in trials.columns else []
+    have = set() if best.empty else set(best["arm"])
+    missing = [a for a in dict.fromkeys([*arms, *seen]) if a not in have]
     if missing:
         console.print(f"no completed trial (pruned, diverged, failed or unfinished), so no best for: {', '.join(missing)}",
                       soft_wrap=True)
@@ -469,10 +475,13 @@ def studies(directory: Path = typer.Argument(Path("studies"), help="folder of st
     console.print(f"\n{STUDIES_LEGEND}", soft_wrap=True, markup=False)
 
 
-def _entries(registry, name: Optional[str]) -> List[str]:
+_UNKNOWN_HINT = "; one that a study file registers is listed with --study-file FILE"
+
+
+def _entries(registry, name: Optional[str], study_file: Optional[Path] = None) -> List[str]:
     """The names ``flatlab optimizers/workloads NAME`` shows: all without NAME; NAME itself; or, for a
     family prefix such as ``glue`` or ``lm``, its members (``glue/cola`` ...). An unknown NAME fails
-    with the valid names (exit 2)."""
+    with the valid names (exit 2), and without ``study_file`` says how to list a study file's own."""
     if name is None:
         return registry.names()
     family = [n for n in registry.names() if n.startswith(f"{name}/")]
@@ -481,16 +490,38 @@ def _entries(registry, name: Optional[str]) -> List[str]:
     try:
         registry.get(name)
     except FlatlabError as exc:
-        _fail(exc)
+        _fail(FlatlabError(f"{exc}{_UNKNOWN_HINT}") if study_file is None else exc)
     return [name]
 
 
+_STUDY_FILE_HELP = "also the workloads, optimizers and measures this study file registers (it is run, as `flatlab run` runs it)"
+
+
+def _load_extensions(study_file: Optional[Path]) -> None:
+    """Run ``study_file`` (if given) so that the entries it registers are listed with flatlab's own
+    (:func:`flatlab.study.loader.load_module`, as ``flatlab run`` loads it); a bad file fails with its
+    error (exit 2)."""
+    if study_file is None:
+        return
+    from flatlab.study.loader import load_module
+
+    try:
+        load_module(str(study_file))
+    except (FlatlabError, ValueError) as exc:
+        _fail(exc)
+
+
 @app.command()
-def optimizers(name: Optional[str] = typer.Argument(None, help="show only this optimizer, e.g. tsam")) -> None:
+def optimizers(
+    name: Optional[str] = typer.Argument(None, help="show only this optimizer, e.g. tsam"),
+    study_file: Optional[Path] = typer.Option(None, "--study-file", help=_STUDY_FILE_HELP),
+) -> None:
     """List the registered optimizers with their hyperparameters, defaults and allowed ranges."""
     from flatlab.optim.registry import OPTIMIZERS
 
-    for name in _entries(OPTIMIZERS, name):
+    _load_extensions(study_file)
+
+    for name in _entries(OPTIMIZERS, name, study_file):
         spec = OPTIMIZERS.get(name)
         console.print(f"[bold]{name}[/bold]  {spec.doc}")
         _hparam_table(spec.hparams)
@@ -501,13 +532,16 @@ def workloads(
     name: Optional[str] = typer.Argument(
         None, help="show only this workload (e.g. cifar10), a family (glue, lm), or 'trainer' for the trainer's parameters"
     ),
+    study_file: Optional[Path] = typer.Option(None, "--study-file", help=_STUDY_FILE_HELP),
 ) -> None:
     """List the registered workloads with their parameters, defaults and allowed ranges, then the
     trainer's parameters (any study or arm may set these)."""
     from flatlab.train.config import TRAINER_HPARAMS
     from flatlab.workloads.registry import WORKLOADS
 
-    names = [] if name == "trainer" else _entries(WORKLOADS, name)
+    _load_extensions(study_file)
+
+    names = [] if name == "trainer" else _entries(WORKLOADS, name, study_file)
     for n in names:
         cls = WORKLOADS.get(n)
         console.print(f"[bold]{n}[/bold]  {cls.doc}  metrics: {', '.join(cls.metrics)}")
@@ -520,15 +554,20 @@ def workloads(
 
 
 @app.command()
-def measures(name: Optional[str] = typer.Argument(None, help="show only this measure")) -> None:
+def measures(
+    name: Optional[str] = typer.Argument(None, help="show only this measure"),
+    study_file: Optional[Path] = typer.Option(None, "--study-file", help=_STUDY_FILE_HELP),
+) -> None:
     """List the registered flatness measures (a study's `measures=`) with their parameters, defaults,
     allowed ranges, source and the metrics they log."""
     from flatlab.sharpness.measures import TIME_KEY, get_measure, list_measures
 
+    _load_extensions(study_file)
+
     try:
         names = [get_measure(name).name] if name is not None else list(list_measures())
     except FlatlabError as exc:
-        _fail(exc)
+        _fail(FlatlabError(f"{exc}{_UNKNOWN_HINT}") if study_file is None else exc)
     for n in names:
         m = get_measure(n)
         console.print(f"[bold]{m.name}[/bold]  {m.doc}", soft_wrap=True)

@@ -92,8 +92,9 @@ def render(study: Study, console: Any) -> None:
     if p["measures"]:
         sub = p["measure_subset"]
         console.print(
-            f"{flatness_when(study)}: {', '.join(f'{k} {v}' if v else k for k, v in p['measures'].items())} "
-            f"on {sub['examples'] or 'all'} {sub['split']} examples (seed {sub['seed']})"
+            f"{flatness_when(study)}: {', '.join(f'{k} {v}' if v else k for k, v in p['measures'].items())}"
+            + (f" on {sub['examples']} {sub['split']} examples (all of them if the split is smaller; seed {sub['seed']})"
+               if sub["examples"] else f" on all {sub['split']} examples")
         )
     if p["final_seeds"]:
         console.print(f"then each arm's best configuration (by {p['metric']}) over final seeds {p['final_seeds']}, no early stopping")
