@@ -297,8 +297,9 @@ def main() -> None:
     for m, pairs in pairs_by_model.items():
         for label, (med, first, last) in pairs.items():
             print(f"{m}: {label} = {med:.3f} (median over paired blocks; first block {first:.3f}, last {last:.3f})")
-    if mlp_over_cnn(pairs_by_model):
-        print(mlp_over_cnn(pairs_by_model))
+    verdict = mlp_over_cnn(pairs_by_model)
+    if verdict:
+        print(verdict)
     if args.json:
         settings = {**vars(args), "threads": torch.get_num_threads(), "cpu_denormals": denormals, "torch": torch.__version__}
         with open(args.json, "w") as f:

@@ -175,7 +175,7 @@ def test_every_code_block_of_the_extensions_guide_is_in_the_tested_example():
         assert block in example, block
 
 
-def test_listings_show_a_study_file_s_own_entries_with_study_file(registries, tmp_path, monkeypatch):
+def test_listings_show_a_study_file_s_own_entries_with_study_file(registries, tmp_path):
     from typer.testing import CliRunner
 
     from flatlab.cli.main import app

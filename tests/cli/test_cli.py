@@ -246,4 +246,3 @@ def test_arms_without_a_completed_trial_are_named_even_with_no_trial_in_mlflow(m
     out.truncate(0), out.seek(0)
     cli_main._say_arms_without_answer(trials, best)  # `flatlab results`: the arms of the trials only
     assert out.getvalue() == ""
-

@@ -475,7 +475,11 @@ def studies(directory: Path = typer.Argument(Path("studies"), help="folder of st
     console.print(f"\n{STUDIES_LEGEND}", soft_wrap=True, markup=False)
 
 
-_UNKNOWN_HINT = "; one that a study file registers is listed with --study-file FILE"
+def _fail_unknown(exc: FlatlabError, study_file: Optional[Path]) -> None:
+    """Fail (exit 2) on an unknown optimizer/workload/measure name; without ``study_file``, the message
+    also says how to list the entries a study file registers."""
+    hint = "; one that a study file registers is listed with --study-file FILE"
+    _fail(exc if study_file is not None else FlatlabError(f"{exc}{hint}"))
 
 
 def _entries(registry, name: Optional[str], study_file: Optional[Path] = None) -> List[str]:
@@ -490,7 +494,7 @@ def _entries(registry, name: Optional[str], study_file: Optional[Path] = None) -
     try:
         registry.get(name)
     except FlatlabError as exc:
-        _fail(FlatlabError(f"{exc}{_UNKNOWN_HINT}") if study_file is None else exc)
+        _fail_unknown(exc, study_file)
     return [name]
 
 
@@ -567,7 +571,7 @@ def measures(
     try:
         names = [get_measure(name).name] if name is not None else list(list_measures())
     except FlatlabError as exc:
-        _fail(FlatlabError(f"{exc}{_UNKNOWN_HINT}") if study_file is None else exc)
+        _fail_unknown(exc, study_file)
     for n in names:
         m = get_measure(n)
         console.print(f"[bold]{m.name}[/bold]  {m.doc}", soft_wrap=True)
