@@ -10,22 +10,27 @@ decay) Δ is known in closed form,
 with c the decay torch's AdamW applies: it multiplies θ by its factor 1 − lr·wd rounded to the
 parameter's arithmetic precision (float32, float64 for float64 parameters), so c = 1 − fl(1 − lr·wd),
 exact in that precision. With s = 1 + κ·n, the per-coordinate multiple of the step (1 off the mask, 1 + κ
-on it), (1 + κ·n)⊙Δ is AdamW's own update with the decay and the denominator scaled by s:
+on it), (1 + κ·n)⊙Δ is AdamW's own update with the decay and the denominator scaled by s. The
+denominator is taken in the order Kingma & Ba (ICLR 2015, §2, the paragraph after Alg. 1) give for
+efficiency, the bias corrections folded into the step size and ε:
 
-    θ ← θ_old − c · s ⊙ θ_old                (replaces AdamW's θ ← θ_old · (1 − c): no extra pass)
-    θ ← θ − (lr / bc1) · m / (d / s)          (one extra pass: d / s)
+    θ ← θ_old − c · s ⊙ θ_old                  (replaces AdamW's θ ← θ_old · (1 − c): no extra pass)
+    θ ← θ − α_t · m / ((√v + ε̂) / s),   α_t = lr·√bc2 / bc1,   ε̂ = ε·√bc2
 
-This module runs the operations of torch's single-tensor AdamW (``torch.optim.adam``,
-``_single_tensor_adam``: the same kernels in the same order), with its decay pass θ·(1 − c) replaced by
-θ − c·s⊙θ (one ``addcmul_``) and one more pass, the division of d by s. d is computed in one temporary
-where torch allocates two (the same divisions, in place: the same values, one allocation fewer). So IRE
-costs one pass over the parameters per step beyond AdamW, and keeps one buffer, s, in the parameter's
-dtype (its flat entries are 1 + κ rounded to that dtype). Where n = 0 (s = 1) the denominator is AdamW's
-bit for bit and the decay θ − c·θ equals AdamW's θ·(1 − c) to one rounding (the same c, so no
-systematic difference), so coordinates that are not flat equal torch's AdamW to within an ulp or two;
-the moments m and v are AdamW's bit for bit everywhere. Flat coordinates equal θ_old + (1+κ)·Δ to
-rounding (a few ulp, as the copy-and-blend differs from exact arithmetic too). κ = 0 takes torch's
-passes unchanged.
+(equal in exact arithmetic to (lr / bc1) · s ⊙ m / d). torch's single-tensor AdamW (``torch.optim.adam``,
+``_single_tensor_adam``) makes eight passes over a parameter: θ·(1 − c), the two moments (three), √v,
+÷√bc2, +ε, and the update. This step makes the same number: θ − c·s⊙θ (one ``addcmul_``), the moments
+with torch's kernels in torch's order, √v, +ε̂, ÷s, and the update; dividing by √bc2 is the pass that
+dividing by s takes over. So IRE costs no pass over the parameters beyond AdamW's, holds one temporary
+where torch allocates two, and keeps one buffer, s, in the parameter's dtype (its flat entries are
+1 + κ rounded to that dtype).
+
+The moments m and v are AdamW's bit for bit everywhere. Where n = 0 (s = 1) the step is torch's
+rounded differently: the decay θ − c·θ equals θ·(1 − c) to one rounding (the same c, so no systematic
+difference), and α_t·m / (√v + ε̂) equals (lr / bc1)·m / d to a few roundings of the step; so coordinates
+that are not flat are within two ulps of torch's AdamW plus a few machine epsilons of their step. Flat
+coordinates equal θ_old + (1+κ)·Δ to rounding (a few ulp, as the copy-and-blend differs from exact
+arithmetic too). κ = 0 takes torch's passes unchanged, bit for bit.
 
 It is used only where torch's AdamW itself would run its single-tensor loop (CPU tensors, or
 ``foreach=False``) with the plain options; everywhere else (CUDA's multi-tensor and fused kernels,
@@ -140,9 +145,10 @@ def amplified_adamw_step(base: torch.optim.Optimizer, scales: Mapping[torch.Tens
             step = step_t.item()
             bias_correction1 = 1 - beta1**step
             bias_correction2 = 1 - beta2**step
-            step_size = lr / bias_correction1
-            if s is None:
+            if s is None:  # torch's arithmetic
                 denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(eps)
-            else:  # the same arithmetic in one temporary instead of two, then d / s (exact where s = 1)
-                denom = exp_avg_sq.sqrt().div_(bias_correction2**0.5).add_(eps).div_(s)
-            p.addcdiv_(exp_avg, denom, value=-step_size)
+                p.addcdiv_(exp_avg, denom, value=-(lr / bias_correction1))
+            else:  # Adam's efficient order (module doc): ÷s takes the pass of ÷√bc2
+                root = bias_correction2**0.5
+                denom = exp_avg_sq.sqrt().add_(eps * root).div_(s)
+                p.addcdiv_(exp_avg, denom, value=-(lr * root / bias_correction1))

@@ -7,10 +7,11 @@ steps as usual, Δ = θ_new − θ_old, and then
                                    keep the base's θ_new bit for bit)
 
 Over torch's own AdamW where it runs its single-tensor loop (CPU), the same update is computed inside
-AdamW's passes instead, with no copy of θ_old and one pass beyond AdamW's
+AdamW's passes instead, with no copy of θ_old and no pass beyond AdamW's
 (:mod:`flatlab.optim._amplified_adamw`): the moments are bit for bit torch's AdamW, n = 0 coordinates
-equal it to an ulp or two (its decay is applied as θ − c·θ, not θ·(1 − c), with torch's own c), and
-flat coordinates equal θ_old + (1+κ)·Δ to rounding.
+equal it to rounding (its decay applied as θ − c·θ with torch's own c, its step in Kingma & Ba's
+efficient order: within two ulps plus a few epsilons of the step), and flat coordinates equal
+θ_old + (1+κ)·Δ to rounding.
 
 where n is a 0/1 mask of "flat" coordinates. The mask acts on the base optimizer's whole step
 (momentum, Adam preconditioning, decoupled weight decay included); the base's state (momentum, Adam
