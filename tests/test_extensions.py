@@ -204,3 +204,32 @@ def test_dry_run_says_the_measure_subset_is_capped_by_the_split(registries, tmp_
     res = CliRunner().invoke(app, ["run", str(EXAMPLE), "--dry-run"])
     assert res.exit_code == 0, res.output
     assert "param_norm on 512 train examples (all of them if the split is smaller; seed 0)" in " ".join(res.output.split())
+
+
+def test_a_workload_without_its_methods_is_refused_when_the_study_file_loads(registries, tmp_path, monkeypatch):
+    # the class the extensions guide shows, without load_data / build_model: the dry run used to pass and
+    # the run to crash on the first trial's instantiation; now the file's loading says what is missing
+    from typer.testing import CliRunner
+
+    from flatlab.cli.main import app
+
+    study = tmp_path / "s.py"
+    study.write_text(
+        "from flatlab.workloads import Workload, register_workload\n\n"
+        "@register_workload\n"
+        "class Half(Workload):\n"
+        "    name = 'half_workload'\n"
+        "    doc = 'no data, no model'\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    for args in (["run", str(study), "--dry-run"], ["run", str(study)]):
+        res = CliRunner().invoke(app, args)
+        text = " ".join(res.output.split())
+        assert res.exit_code == 2, res.output
+        assert "workload 'half_workload'" in text and "does not define build_model, load_data" in text
+        assert not (tmp_path / "flatlab-runs").exists()  # nothing started, nothing written
+    assert "half_workload" not in WORKLOADS.names()
+    with pytest.raises(ValueError, match="not a subclass of flatlab.workloads.Workload"):
+        from flatlab.workloads.registry import register_workload
+
+        register_workload(type("NotAWorkload", (), {"name": "nope"}))

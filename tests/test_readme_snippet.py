@@ -73,11 +73,12 @@ def test_python_api_snippet_runs_a_study_and_reads_it_back(tmp_path, monkeypatch
 
 
 def test_logged_model_snippet_predicts_digits_with_the_best_model(tmp_path, monkeypatch):
-    """docs/mlflow_ui.md's snippet as written, on a store with two logged digits models (the better one
-    trained on the workload's scaled pixels): it picks the better one, and its inputs are the ones the
-    model was trained on (accuracy of a trained model, not chance)."""
+    """docs/mlflow_ui.md's snippet as written, on a launch with three logged digits models: an untrained
+    search trial, a trained search trial, and an untrained final-stage re-run with the highest
+    val/accuracy. flatlab's rule picks the trained search trial (final-stage runs are not candidates),
+    and its inputs are the ones the model was trained on (accuracy of a trained model, not chance)."""
     import mlflow
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric, Param
 
     from flatlab.tracking import logged_model as lm
     from flatlab.tracking import runs
@@ -92,21 +93,30 @@ def test_logged_model_snippet_predicts_digits_with_the_best_model(tmp_path, monk
     uri = f"sqlite:///{root / 'mlflow.db'}"
     exp = runs.get_or_create_experiment(uri, "digits_flatness_demo", (root / "mlartifacts").as_uri())
     c = runs.client(uri)
+    parent = c.create_run(exp, tags={runs.TAG_ROLE: "study"}).info.run_id
+    c.log_batch(parent, params=[Param("metric", "val/accuracy"), Param("mode", "max")])
     workload = build_workload("digits", model="mlp", width=16)
     train = workload.load_data(seed=0).train
     torch.manual_seed(0)
     ids = {}
-    for name, steps, acc in (("sgd-untrained", 0, 0.5), ("sam-trained", 300, 0.95)):
+    for name, arm, stage, steps, acc in (("sgd-a1", "sgd", "search", 0, 0.5), ("sam-trained", "sam", "search", 300, 0.95),
+                                         ("sam-final-seed2", "sam", "final", 0, 0.99)):
         model = workload.build_model()
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         for _ in range(steps):
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(train.inputs), train.targets).backward()
             opt.step()
-        run = c.create_run(exp, run_name=name).info.run_id
+        tags = {runs.PARENT: parent, runs.TAG_ROLE: "trial", runs.TAG_ARM: arm, runs.TAG_SEED: "1",
+                runs.TAG_OUTCOME: "completed", runs.TAG_STAGE: stage, runs.TAG_TRIAL: name}
+        run = c.create_run(exp, run_name=name, tags=tags).info.run_id
+        c.log_batch(run, params=[Param("lr", "0.1")])
         ids[name] = lm.log_trial_model(c, run, name, model, Spec)
-        c.log_batch(run, metrics=[Metric("val/accuracy", acc, 0, 0, model_id=ids[name])])
+        c.log_batch(run, metrics=[Metric("val/accuracy", acc, 0, 0, model_id=ids[name]), Metric("epoch", 3, 0, 0)])
+        c.set_terminated(run)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("FLATLAB_ROOT", raising=False)
     out = io.StringIO()
     namespace: dict = {}
     try:

@@ -246,3 +246,16 @@ def test_arms_without_a_completed_trial_are_named_even_with_no_trial_in_mlflow(m
     out.truncate(0), out.seek(0)
     cli_main._say_arms_without_answer(trials, best)  # `flatlab results`: the arms of the trials only
     assert out.getvalue() == ""
+
+
+@pytest.mark.parametrize("args, said", [
+    (["compare", "s", "--rank-by", "banana"], "--rank-by 'banana' is not supported; expected one of final, best-epoch"),
+    (["results", "s", "--rank-by", "last"], "--rank-by 'last' is not supported; expected one of final, best-epoch"),
+    (["compare", "s", "--confidence", "95"], "--confidence 95.0: expected a number in (0, 1)"),
+    (["curves", "s", "--confidence", "0"], "--confidence 0.0: expected a number in (0, 1)"),
+])
+def test_ranking_and_confidence_options_are_checked_before_any_store_is_read(tmp_path, args, said):
+    # a study whose table would not use --rank-by (one with a final stage) used to take any value silently
+    res = runner.invoke(app, [*args, "--root", str(tmp_path / "runs")])
+    assert res.exit_code == 2 and said in " ".join(res.output.split()), res.output
+    assert not (tmp_path / "runs").exists()

@@ -165,7 +165,42 @@ def test_progress_counts_trials_that_ended_before_a_resume(capsys):
     p.on_step_begin(0, trials)
     p.on_trial_start(0, trials, trials[3])
     assert p.status().split("]")[1].startswith(" trials: 2 done / 1 running / 2 pending")
-    assert p._done == {"a": "completed", "b": "pruned"} and p._best == pytest.approx(0.9)
+    assert p._done == {"a": "completed", "b": "pruned"}
+    assert p.best() == "0.7000 (sgd a)"  # the pruned trial's 0.9 is not a candidate
+
+
+def test_progress_best_is_the_study_s_one_answer_over_completed_search_trials(capsys):
+    # selection's rule: completed search trials only, final-epoch values, configurations by their mean
+    # over seeds; a running trial's epoch, a pruned trial and a final-stage re-run never count
+    p = ProgressPrinter(8, METRIC, "max", every_s=0.0)
+
+    def trial(tid, arm, lr, seed, stage="search", **last):
+        return SimpleNamespace(trial_id=tid, status="TERMINATED", last_result=last,
+                               config={"arm": arm, "lr": lr, "seed": seed, "stage": stage})
+
+    assert p.best() == "-"
+    running = trial("r", "sam", 0.1, 0)
+    p.on_trial_start(0, [running], running)
+    p.on_trial_result(0, [running], running, {"epoch": 2, METRIC: 0.99})  # not its last epoch
+    assert p.best() == "-" and "best val/accuracy -" in capsys.readouterr().out
+    ended = [trial("a", "sgd", 0.1, 0, epoch=5, completed=1, **{METRIC: 0.80}),
+             trial("b", "sgd", 0.1, 1, epoch=5, completed=1, **{METRIC: 0.90}),   # same config: mean 0.85
+             trial("c", "sam", 0.1, 0, epoch=5, completed=1, **{METRIC: 0.84}),
+             trial("d", "sam", 0.2, 0, epoch=2, **{METRIC: 0.95}),                # pruned
+             trial("e", "tsam", 0.1, 0, "final", epoch=5, completed=1, **{METRIC: 0.97})]  # final stage
+    for t in ended:
+        p.on_trial_complete(0, ended, t)
+    assert p.best() == "0.8500 (sgd b, mean of 2 seeds)"
+    p.on_trial_complete(0, ended, running)  # r's last report was its epoch 2 without `completed`: pruned
+    assert p.best() == "0.8500 (sgd b, mean of 2 seeds)"
+    better = trial("f", "sam", 0.3, 0, epoch=5, completed=1, **{METRIC: 0.86})
+    p.on_trial_complete(0, [better], better)
+    assert p.best() == "0.8600 (sam f)"
+    p = ProgressPrinter(2, "train/loss", "min")
+    low = [trial("g", "sgd", 0.1, 0, epoch=5, completed=1, **{"train/loss": 0.3}),
+           trial("h", "sgd", 0.2, 0, epoch=5, completed=1, **{"train/loss": 0.2})]
+    p.on_step_begin(0, low)  # restored after a resume
+    assert p.best() == "0.2000 (sgd h)"
 
 
 def test_progress_says_a_failed_trial_will_resume_or_failed(capsys, tmp_path):
@@ -181,3 +216,43 @@ def test_progress_says_a_failed_trial_will_resume_or_failed(capsys, tmp_path):
     assert out[1].split()[:2] == ["failed", "sgd"]
     assert out[1].endswith("ActorDiedError: The actor died unexpectedly (--resume retries it)")
     assert len([l for l in out if "actor died" in l]) == 2  # one line each, not Ray's multi-line message
+
+
+def test_the_interrupt_hint_names_the_root_and_cluster_the_resume_needs(tmp_path, monkeypatch):
+    from flatlab.study.runner import RunOptions, resume_command
+
+    monkeypatch.chdir(tmp_path)
+    assert resume_command(RunOptions(source="s.py")) == "flatlab run s.py --resume"  # ./flatlab-runs
+    assert resume_command(RunOptions(root=tmp_path / "flatlab-runs", source="s.py")) == "flatlab run s.py --resume"
+    other = tmp_path / "my runs"
+    assert resume_command(RunOptions(root=other, source="s.py", address="10.0.0.5:6379")) == (
+        f"flatlab run s.py --resume --root '{other}' --address 10.0.0.5:6379")
+    assert resume_command(RunOptions()) == "flatlab run <study file> --resume"
+
+
+def test_a_resume_logs_to_the_launch_s_store_and_refuses_another(tmp_path, monkeypatch):
+    from flatlab.study.runner import RunOptions, _tracking_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    launch = Launch(path=tmp_path / "launch.json", tracking_uri="sqlite:////data/store.db")
+    default = f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}"
+    assert _tracking_uri(RunOptions(resume=True), launch, tmp_path) == "sqlite:////data/store.db"
+    assert _tracking_uri(RunOptions(continue_=True), launch, tmp_path) == "sqlite:////data/store.db"
+    assert _tracking_uri(RunOptions(resume=True, tracking_uri="sqlite:////data/store.db"), launch, tmp_path) == (
+        "sqlite:////data/store.db")
+    with pytest.raises(ConfigError, match="--resume: --tracking-uri sqlite:////elsewhere.db is not the store"):
+        _tracking_uri(RunOptions(resume=True, tracking_uri="sqlite:////elsewhere.db"), launch, tmp_path)
+    assert _tracking_uri(RunOptions(), None, tmp_path) == default
+    assert _tracking_uri(RunOptions(resume=True), Launch(path=tmp_path / "old.json"), tmp_path) == default  # an old record
+
+
+def test_a_refused_resume_leaves_no_folder_behind(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from flatlab.cli.main import app
+
+    monkeypatch.chdir(tmp_path)
+    demo = __import__("pathlib").Path(__file__).resolve().parents[2] / "studies" / "digits_demo.py"
+    res = CliRunner().invoke(app, ["run", str(demo), "--resume", "--root", str(tmp_path / "runs")])
+    assert res.exit_code == 2 and "--resume: no earlier launch of study 'digits_demo'" in " ".join(res.output.split())
+    assert not (tmp_path / "runs").exists()

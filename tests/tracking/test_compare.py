@@ -667,3 +667,11 @@ def test_rich_table_never_splits_a_number_or_an_arm_name(width):
     else:
         assert notes == [] and max(len(line) for line in lines if line.startswith("│")) <= 200
         assert "│ p (paired t) │" in "".join(lines).replace("┃", "│")  # headers on one line when it fits
+
+
+def test_the_title_says_flatness_only_when_the_table_has_some(comparison):
+    assert cmp.to_markdown(comparison).splitlines()[0] == "### toy: test/accuracy and flatness vs sgd"
+    df = final_frame()
+    bare = cmp.compare_table(df.drop(columns=[c for c in df.columns if c.startswith("flat")]), reference="sgd", study="toy")
+    assert not any(q.startswith("flat") for q in bare.quantities)
+    assert cmp.to_markdown(bare).splitlines()[0] == "### toy: test/accuracy vs sgd"

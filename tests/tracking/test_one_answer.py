@@ -133,4 +133,4 @@ def test_ranking_by_the_best_epoch_is_an_explicit_option(store):
     assert res.exit_code == 0, res.output
     assert "best mean over its completed seeds of the best-epoch validation metric" in res.output
     res = CliRunner().invoke(app, ["results", STUDY, "--tracking-uri", uri, "--best", "--rank-by", "last"])
-    assert res.exit_code == 2 and "rank_by='last' is not supported; expected one of final, best-epoch" in res.output
+    assert res.exit_code == 2 and "--rank-by 'last' is not supported; expected one of final, best-epoch" in res.output

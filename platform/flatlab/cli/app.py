@@ -29,6 +29,32 @@ def _root(root: Optional[Path]) -> Path:
     return root or Path(os.environ.get("FLATLAB_ROOT", "flatlab-runs"))
 
 
+def check_rank_by(rank_by: str) -> None:
+    """``--rank-by`` is one of :data:`flatlab.tracking.selection.RANKINGS`, checked before any store is read
+    (a study whose table does not use it still refuses a misspelt value).
+
+    Raises:
+        FlatlabError: naming the option and the allowed values.
+    """
+    from flatlab.errors import FlatlabError
+    from flatlab.tracking.selection import RANKINGS
+
+    if rank_by not in RANKINGS:
+        raise FlatlabError(f"--rank-by {rank_by!r} is not supported; expected one of {', '.join(RANKINGS)}")
+
+
+def check_confidence(confidence: float) -> None:
+    """``--confidence`` is a probability strictly between 0 and 1.
+
+    Raises:
+        FlatlabError: naming the option and the allowed values.
+    """
+    from flatlab.errors import FlatlabError
+
+    if not 0 < confidence < 1:
+        raise FlatlabError(f"--confidence {confidence!r}: expected a number in (0, 1), e.g. 0.95 (not a percentage)")
+
+
 def _fail(exc: Exception) -> None:
     err.print(f"[red]error:[/red] {exc}", soft_wrap=True)  # one line per message, also when piped
     raise typer.Exit(2)

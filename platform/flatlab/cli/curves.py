@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 
 import typer
 
-from flatlab.cli.app import ROOT_HELP, _fail, _root, app, console
+from flatlab.cli.app import ROOT_HELP, _fail, _root, app, check_confidence, console
 from flatlab.errors import ConfigError, FlatlabError
 
 FORMATS = ("table", "markdown", "csv")
@@ -76,6 +76,7 @@ def curves(
 
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
+        check_confidence(confidence)
         if fmt not in FORMATS:
             raise FlatlabError(f"--format {fmt!r} is not supported; expected one of {', '.join(FORMATS)}")
         comparison = compare_study(uri, study, path=str(published) if published else None, arms=parse_map(map_) or None,

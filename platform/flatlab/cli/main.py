@@ -10,7 +10,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import typer
 
-from flatlab.cli.app import ROOT_HELP, _fail, _root, app, console, err
+from flatlab.cli.app import ROOT_HELP, _fail, _root, app, check_confidence, check_rank_by, console, err
 from flatlab.errors import FlatlabError
 
 
@@ -249,6 +249,7 @@ def results(
 
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
+        check_rank_by(rank_by)
         fmt = export_format(fmt, output)
         df = trials_frame(uri, study, all_launches=all_launches)
         rows = "configurations" if per_config else "trials"
@@ -328,6 +329,8 @@ def compare(
 
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
+        check_rank_by(rank_by)
+        check_confidence(confidence)
         if fmt not in cmp.FORMATS:
             raise FlatlabError(f"--format {fmt!r} is not supported; expected one of {', '.join(cmp.FORMATS)}")
         if len(studies) > 1:
@@ -578,7 +581,7 @@ def measures(
         console.print(f"  source: {m.source}", soft_wrap=True)
         console.print(f"  metrics: {', '.join(m.metrics)}", soft_wrap=True)
         _hparam_table(m.hparams)
-    console.print(f"and {TIME_KEY}: wall seconds of all the measures of a trial together")
+    console.print(f"\nEvery trial that measures also logs {TIME_KEY}: the wall seconds all its measures took together.")
 
 
 def _hparam_table(hparams) -> None:

@@ -1,5 +1,10 @@
 """Concise terminal progress for a running study: trials done / running / pending and the best so far.
 
+"Best so far" is the study's one answer (:mod:`flatlab.tracking.selection`) over the search trials that
+have completed: the best configuration's score (its final-epoch value of the study metric, the mean
+over its seeds where it has several), never a pruned trial's, a running trial's or an epoch before the
+last, and never a final-stage re-run's.
+
 Trials that ended before a ``--resume`` count as done (their outcome is read from the restored trials).
 A trial whose worker died (or that raised) is reported on one line: ``failed ... will resume`` when Tune
 retries it from its last checkpoint, ``failed`` with the error's first line when it will not (a later
@@ -58,19 +63,35 @@ class ProgressPrinter(Callback):
         self._running: set = set()
         self._done: Dict[str, str] = {}
         self._seen = 0  # trials already looked at for ones that ended before a resume
-        self._best: Optional[float] = None
-        self._best_desc = ""
+        self._trials: Dict[str, Any] = {}  # trial id -> its selection.Trial (search trials that ended)
         self._last_print = 0.0
         self._last_status = 0.0
         self._t0 = time.monotonic()
         self._placed: Dict[str, str] = {}  # trial id -> the placement last seen (a CPU fallback is warned once)
 
-    def _better(self, v: float) -> bool:
-        return self._best is None or (v > self._best if self.mode == "max" else v < self._best)
+    def _ended(self, trial: Any, error: bool) -> None:
+        from flatlab.tracking.selection import search_trial
+
+        t = search_trial(trial.config or {}, getattr(trial, "last_result", {}) or {}, error, self.metric)
+        if t is not None:
+            self._trials[trial.trial_id] = t
+
+    def best(self) -> str:
+        """The best configuration so far, as the status line shows it: ``"0.9582 (sgd_ire 3364efad)"``
+        (``", mean of 3 seeds"`` added when it has several), or ``"-"`` before any search trial completed."""
+        from flatlab.tracking.selection import best_configurations, best_trial, rank_arms
+
+        best = best_configurations(self._trials.values(), self.mode)
+        if not best:
+            return "-"
+        top = best[rank_arms(best, self.mode)[0]]
+        seeds = f", mean of {top.seeds} seeds" if top.seeds > 1 else ""
+        trial_id = next(k for k, t in self._trials.items() if t is best_trial(top))
+        return f"{top.mean:.4f} ({top.arm} {trial_id}{seeds})"
 
     def status(self) -> str:
         pending = max(0, self.total - len(self._done) - len(self._running))
-        best = f"{self._best:.4f} ({self._best_desc})" if self._best is not None else "-"
+        best = self.best()
         return (
             f"[{time.monotonic() - self._t0:6.0f}s] trials: {len(self._done)} done / {len(self._running)} running / "
             f"{pending} pending | best {self.metric} {best}"
@@ -87,10 +108,7 @@ class ProgressPrinter(Callback):
                 continue
             last = getattr(trial, "last_result", {}) or {}
             self._done[trial.trial_id] = trial_outcome(last, trial.status == "ERROR", self.metric)
-            v = last.get(self.metric)
-            if trial.status == "TERMINATED" and isinstance(v, (int, float)) and math.isfinite(v) and self._better(v):
-                self._best = float(v)
-                self._best_desc = f"{trial.config.get('arm')} {trial.trial_id}, epoch {last.get('epoch')}"
+            self._ended(trial, trial.status == "ERROR")
 
     def on_step_end(self, iteration: int, trials: List, **info: Any) -> None:
         # nothing reports while every trial waits (e.g. for a GPU an autoscaler may add): say so
@@ -102,6 +120,7 @@ class ProgressPrinter(Callback):
 
     def on_trial_start(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
         self._done.pop(trial.trial_id, None)  # an errored trial restarted by a resume runs again
+        self._trials.pop(trial.trial_id, None)
         self._running.add(trial.trial_id)
 
     def on_trial_result(self, iteration: int, trials: List, trial: Any, result: Dict, **info: Any) -> None:
@@ -113,10 +132,6 @@ class ProgressPrinter(Callback):
             fallback = placement_tags(placed).get("flatlab.cpu_fallback")
             if fallback:
                 self._print(f"[yellow]warning:[/yellow] trial {trial.trial_id}: {fallback}")
-        v = result.get(self.metric)
-        if isinstance(v, (int, float)) and math.isfinite(v) and self._better(v):
-            self._best = float(v)
-            self._best_desc = f"{trial.config.get('arm')} {trial.trial_id}, epoch {result.get('epoch')}"
         if time.monotonic() - self._last_print > self.every_s:
             self._print(self.status())
 
@@ -135,9 +150,11 @@ class ProgressPrinter(Callback):
         from flatlab.tracking.selection import trial_outcome
 
         outcome = trial_outcome(getattr(trial, "last_result", {}) or {}, False, self.metric)
+        self._ended(trial, False)
         self._end(trial, "done" if outcome == "completed" else outcome)
 
     def on_trial_error(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
+        self._ended(trial, True)
         self._end(trial, "failed", _error_line(trial) + " (--resume retries it)")
 
     def on_trial_recover(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:

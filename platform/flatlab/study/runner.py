@@ -327,14 +327,8 @@ def final_configs(study: Study, grid: Any) -> List[Dict[str, Any]]:
     """
     from flatlab.tracking import selection
 
-    trials = []
-    for result in grid:
-        config, metrics = result.config or {}, result.metrics or {}
-        done = selection.trial_outcome(metrics, result.error is not None, study.metric) == "completed"
-        params = {k: v for k, v in config.items() if k not in ("arm", "seed", runs.STAGE_KEY)}
-        trials.append(selection.Trial(str(config.get("arm")), selection.config_key(params), config.get("seed"),
-                                      float(metrics[study.metric]) if done else None, ref=config))
-    best = selection.best_configurations(trials, study.mode)
+    trials = [selection.search_trial(r.config or {}, r.metrics or {}, r.error is not None, study.metric) for r in grid]
+    best = selection.best_configurations([t for t in trials if t is not None], study.mode)
     configs: List[Dict[str, Any]] = []
     for arm in study.arms:
         if arm.name not in best:
@@ -375,15 +369,15 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     retry_system_failures_only()  # FailureConfig's retries: for lost nodes and workers, not the trial's own errors
     t0 = time.monotonic()
     root = Path(opts.root).resolve()
-    out = root / study.name
-    out.mkdir(parents=True, exist_ok=True)
-    tracking_uri = opts.tracking_uri or runs.default_tracking_uri(root)
+    out = root / study.name  # made once the checks below pass: a refused launch leaves no folder
     previous = _previous_launch(study, opts, root)
+    tracking_uri = _tracking_uri(opts, previous, root)
     if opts.resume and previous is not None and previous.done:
         return _already_finished(study, previous, tracking_uri, out, console, t0)
     study = study if opts.resume else resolve_chained(study, tracking_uri)  # best_of(...) values, before anything starts
     workload = build_workload(study.workload, **dict(study.workload_params))
     workload.check_data()  # missing data: one error (DataUnavailable) before Ray, MLflow or a trial starts
+    out.mkdir(parents=True, exist_ok=True)
     _setup_file_logging(out)
     logger.info("launch %s: tracking %s", study.name, tracking_uri)
     started = _open(study, workload, opts, previous, root, tracking_uri, console, t0)
@@ -391,8 +385,38 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     if not outcome.interrupted:
         _post_study(study, tracking_uri, outcome.experiment_id, outcome.parent_run_id, out, console)
     elif console is not None:
-        console.print(f"[yellow]interrupted[/yellow]: continue with `flatlab run {opts.source or '<study file>'} --resume`")
+        console.print(f"[yellow]interrupted[/yellow]: continue with `{resume_command(opts)}`")
     return outcome
+
+
+def resume_command(opts: RunOptions) -> str:
+    """The ``flatlab run ... --resume`` line that finishes the launch ``opts`` started: the study file,
+    and ``--root`` and ``--address`` where they are not the defaults (the MLflow store and the budget
+    options are read back from the launch record)."""
+    import shlex
+
+    words = ["flatlab", "run", opts.source or "<study file>", "--resume"]
+    root = Path(opts.root).resolve()
+    if root != Path(RunOptions.root).resolve():
+        words += ["--root", str(root)]
+    if opts.address:
+        words += ["--address", opts.address]
+    return " ".join(w if w == "<study file>" else shlex.quote(w) for w in words)
+
+
+def _tracking_uri(opts: RunOptions, previous: Optional[Launch], root: Path) -> str:
+    """The MLflow store of this launch: ``--tracking-uri``, else (``--resume``, ``--continue``) the one
+    the previous launch recorded, else ``MLFLOW_TRACKING_URI`` or ``<root>/mlflow.db``.
+
+    Raises:
+        ConfigError: ``--resume`` with a ``--tracking-uri`` other than the launch's (its trials' runs
+            are in the launch's store; finishing them elsewhere would split the launch in two).
+    """
+    recorded = previous.tracking_uri if previous is not None else ""
+    if opts.resume and recorded and opts.tracking_uri and opts.tracking_uri != recorded:
+        raise ConfigError(f"--resume: --tracking-uri {opts.tracking_uri} is not the store of the launch it "
+                          f"finishes ({recorded}); leave --tracking-uri out to use the launch's")
+    return opts.tracking_uri or recorded or runs.default_tracking_uri(root)
 
 
 def _quiet_libraries() -> None:

@@ -13,6 +13,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence
 
+from flatlab.tracking.selection import STAGE_FINAL, STAGE_KEY
+
 TAG_ROLE = "flatlab.role"
 TAG_TRIAL = "flatlab.trial_id"
 TAG_STUDY = "flatlab.study"
@@ -29,8 +31,9 @@ TAG_STAGE = "flatlab.stage"  # search (tuning trials) | final (each arm's best c
 TAG_ERROR = "flatlab.error"  # a failed trial's "Type: message" (full traceback: its error.txt artifact)
 TAG_CONFIG = "flatlab.config_digest"  # config_digest of the trial's configuration, set as its run is created
 PARENT = "mlflow.parentRunId"
-STAGE_KEY = "stage"  # the trial config key that carries the stage (not a hyperparameter; never logged as a param)
-STAGE_SEARCH, STAGE_FINAL = "search", "final"
+# STAGE_KEY: the trial config key that carries the stage (not a hyperparameter; never logged as a param);
+# its values STAGE_SEARCH and STAGE_FINAL (these two defined with the selection rules)
+STAGE_SEARCH = "search"
 # A trial's last report names the metrics it holds about the final model only (test/* unless the
 # trainer tests every epoch, flat/*, time/measures_s, train/target_reached, train/epochs_to_target:
 # what study/trainable.py's _final_metrics adds), comma-separated under this key (not a metric: no "/").

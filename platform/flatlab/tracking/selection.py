@@ -54,7 +54,7 @@ RANKINGS = ("final", "best-epoch")
 """How a trial is scored: its final epoch's value of the study metric (the rule), or its best epoch's
 (``best/<metric>``, an explicit option)."""
 
-STAGE_FINAL = "final"  # the stage tag of final-stage re-runs (flatlab.tracking.runs.STAGE_FINAL)
+STAGE_KEY, STAGE_FINAL = "stage", "final"  # a trial config's stage key and final-stage value (flatlab.tracking.runs)
 
 Key = Tuple[Tuple[str, Tuple[int, Any]], ...]
 
@@ -248,6 +248,26 @@ def best_trial(configuration: Configuration) -> Trial:
     """The best trial of a configuration (and, of an arm's best configuration, of the arm): its
     completed trial with the best value, ties to the smaller seed."""
     return configuration.trials[0]
+
+
+def search_trial(config: Mapping[str, Any], result: Optional[Mapping[str, Any]], error: bool,
+                 metric: str) -> Optional[Trial]:
+    """A running study's trial as a :class:`Trial` (its Tune ``config`` and last ``result``): valued by
+    its final result's ``metric`` when it completed (:func:`trial_outcome`), else ``None``-valued; and
+    ``None`` for a final-stage re-run, which is never a candidate. ``ref`` is the config.
+
+    Args:
+        config: the trial's config (``arm``, ``seed``, ``stage`` and its hyperparameters).
+        result: its last report, or ``None`` before any.
+        error: the trial raised.
+        metric: the study metric.
+    """
+    if config.get(STAGE_KEY) == STAGE_FINAL:
+        return None
+    done = trial_outcome(result, error, metric) == "completed"
+    params = {k: v for k, v in config.items() if k not in ("arm", "seed", STAGE_KEY)}
+    return Trial(str(config.get("arm")), config_key(params), config.get("seed"),
+                 float(result[metric]) if done and result is not None else None, ref=config)
 
 
 def trial_for_seed(ranked: Sequence[Configuration], seed: Any) -> Optional[Trial]:

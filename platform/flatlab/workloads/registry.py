@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Type
 
-from flatlab.registry import Registry
+from flatlab.registry import Registry, describe
 from flatlab.workloads.base import Workload
 
 
@@ -28,7 +28,20 @@ WORKLOADS: Registry[Type[Workload]] = Registry("workload", loader=_load_builtins
 
 
 def register_workload(cls: Type[Workload]) -> Type[Workload]:
-    """Class decorator: register ``cls`` under ``cls.name``."""
+    """Class decorator: register ``cls`` under ``cls.name``.
+
+    Raises:
+        ValueError: ``cls`` is not a :class:`Workload` subclass, or leaves one of its abstract methods
+            (``load_data``, ``build_model``) undefined, so it could not be built when a trial starts;
+            or the name is taken (:meth:`flatlab.registry.Registry.register`).
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Workload)):
+        raise ValueError(f"register_workload: {cls!r} is not a subclass of flatlab.workloads.Workload")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise ValueError(f"workload {getattr(cls, 'name', '?')!r}: {describe(cls)} does not define "
+                         f"{', '.join(missing)}; a workload implements load_data(seed) -> Data and "
+                         f"build_model() -> nn.Module (docs/extensions.md)")
     WORKLOADS.register(cls.name, cls)
     return cls
 

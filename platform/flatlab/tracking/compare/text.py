@@ -147,10 +147,18 @@ def multiplicity(comparison: Comparison) -> List[str]:
     return lines
 
 
+def heading(comparison: Comparison) -> str:
+    """``"<study>: <metric> and flatness vs <reference>"``; without ``and flatness`` when the table has no
+    flatness quantity (a study that measures none)."""
+    c = comparison
+    flat = any(q.startswith(("flat/", "flat_at_target/")) for q in c.quantities)
+    return f"{c.study + ': ' if c.study else ''}{c.metric}{' and flatness' if flat else ''} vs {c.reference}"
+
+
 def to_markdown(comparison: Comparison) -> str:
     """A GitHub markdown table (title, the :attr:`~Comparison.warnings` as quoted bold lines, table, then
     the caption as a list); numbers as printed by :func:`cells`, so they can be parsed back."""
-    title = f"### {comparison.study + ': ' if comparison.study else ''}{comparison.metric} and flatness vs {comparison.reference}"
+    title = f"### {heading(comparison)}"
     table = markdown_table(headers(comparison), cells(comparison), left=2)
     warned = [f"> **{line}**\n" for line in comparison.warnings]
     return "\n".join([title, ""] + warned + [table, ""] + [f"- {line}" for line in caption(comparison)]) + "\n"
@@ -211,7 +219,7 @@ def render(comparison: Comparison, console: Any) -> None:
     from flatlab.tracking.console_table import make_table, print_table
 
     c = comparison
-    console.print(f"[bold]{c.study + ': ' if c.study else ''}{c.metric} and flatness vs {c.reference}[/bold]")
+    console.print(f"[bold]{heading(c)}[/bold]")
     for line in c.warnings:
         console.print(line, style="bold yellow", markup=False, soft_wrap=True)
     head = headers(c)[1:]
