@@ -256,3 +256,18 @@ def test_a_refused_resume_leaves_no_folder_behind(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["run", str(demo), "--resume", "--root", str(tmp_path / "runs")])
     assert res.exit_code == 2 and "--resume: no earlier launch of study 'digits_demo'" in " ".join(res.output.split())
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_trial_that_took_over_a_killed_driver_s_run_is_shown_with_the_id_mlflow_knows(capsys):
+    p = ProgressPrinter(2, METRIC, "max", every_s=0.0)
+    p.took_over = {"new1": "old1"}.get  # LaunchRecords.took_over on a resume
+    t = SimpleNamespace(trial_id="new1", status="TERMINATED", config={"arm": "sgd", "lr": 0.1, "seed": 0},
+                        last_result={"epoch": 3, "completed": 1, METRIC: 0.8})
+    u = SimpleNamespace(trial_id="own2", status="TERMINATED", config={"arm": "sam", "lr": 0.1, "seed": 0},
+                        last_result={"epoch": 3, "completed": 1, METRIC: 0.7})
+    p.on_trial_complete(0, [t, u], t)
+    p.on_trial_complete(0, [t, u], u)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["done", "sgd", "new1"] and lines[0].endswith("(in MLflow: trial old1)")
+    assert not any("in MLflow" in line for line in lines if "own2" in line)
+    assert p.best() == "0.8000 (sgd old1)"

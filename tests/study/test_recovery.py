@@ -51,9 +51,10 @@ def test_finished_runs_stand_orphans_are_taken_over_and_the_rest_end_killed(tmp_
     # new trials with an orphan's configuration take its run over (a different stage or value does not)
     assert rec.on_add("n0", {"arm": "sgd", "seed": 0, "lr": 0.4, "stage": "final"}) is None and rec.claimed("n0") is None
     assert rec.on_add("n1", {"arm": "sgd", "seed": 0, "lr": 0.4})["completed"] == 1
-    assert rec.claimed("n1") == orphan_done
+    assert rec.claimed("n1") == orphan_done and rec.took_over("n1") == "o1"  # the id MLflow knows it by
     assert rec.on_add("n2", {"arm": "sgd", "seed": 1, "lr": 0.5}) is None and rec.claimed("n2") == orphan_running
     assert rec.on_add("n3", {"arm": "sgd", "seed": 1, "lr": 0.5}) is None and rec.claimed("n3") is None  # taken once
+    assert rec.took_over("n3") is None and rec.took_over("t1") is None  # its own run, or a new one
     assert rec.on_add("n1", {"arm": "sgd", "seed": 0, "lr": 0.4})["completed"] == 1  # asked again: the same run
 
     assert rec.end_unclaimed() == [stray]  # never added, never taken over

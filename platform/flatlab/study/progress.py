@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ray.tune import Callback
 
@@ -68,6 +68,8 @@ class ProgressPrinter(Callback):
         self._last_status = 0.0
         self._t0 = time.monotonic()
         self._placed: Dict[str, str] = {}  # trial id -> the placement last seen (a CPU fallback is warned once)
+        # on a resume: trial id -> the trial id whose MLflow run it took over (LaunchRecords.took_over)
+        self.took_over: Optional[Callable[[str], Optional[str]]] = None
 
     def _ended(self, trial: Any, error: bool) -> None:
         from flatlab.tracking.selection import search_trial
@@ -87,7 +89,11 @@ class ProgressPrinter(Callback):
         top = best[rank_arms(best, self.mode)[0]]
         seeds = f", mean of {top.seeds} seeds" if top.seeds > 1 else ""
         trial_id = next(k for k, t in self._trials.items() if t is best_trial(top))
-        return f"{top.mean:.4f} ({top.arm} {trial_id}{seeds})"
+        return f"{top.mean:.4f} ({top.arm} {self._recorded_id(trial_id)}{seeds})"
+
+    def _recorded_id(self, trial_id: str) -> str:
+        """The id MLflow knows the trial by: on a resume, that of the run it took over, else its own."""
+        return (self.took_over(trial_id) if self.took_over is not None else None) or trial_id
 
     def status(self) -> str:
         pending = max(0, self.total - len(self._done) - len(self._running))
@@ -141,6 +147,8 @@ class ProgressPrinter(Callback):
         last = getattr(trial, "last_result", {}) or {}
         v = last.get(self.metric)
         shown = f"{v:.4f}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
+        if self._recorded_id(trial.trial_id) != trial.trial_id:  # it took over a killed driver's run
+            note += f" (in MLflow: trial {self._recorded_id(trial.trial_id)})"
         self._print(f"  {outcome:9s} {trial.config.get('arm', ''):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}  {self.metric} {shown}{note}")
         if time.monotonic() - self._last_status > 5.0 or not self._running:
             self._print(self.status())

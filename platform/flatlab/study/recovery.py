@@ -70,6 +70,12 @@ class LaunchRecords:
         run = self._claimed.get(trial_id)
         return run.info.run_id if run is not None else None
 
+    def took_over(self, trial_id: str) -> Optional[str]:
+        """The trial id whose orphan run ``trial_id`` took over (the id MLflow and ``flatlab results``
+        show for it), if any."""
+        run = self._claimed.get(trial_id)
+        return run.data.tags.get(runs.TAG_TRIAL) if run is not None else None
+
     def _orphan_like(self, config: Mapping[str, Any]) -> Optional[Any]:
         """An untaken run of a trial Tune never added whose configuration and stage are ``config``'s: by
         its :data:`~flatlab.tracking.runs.TAG_CONFIG` digest, set as the run was created (so also a run

@@ -618,6 +618,7 @@ def _build_tuner(study: Study, opts: RunOptions, launch: Launch, storage_path: s
     records = LaunchRecords(launch.tracking_uri, launch.experiment_id, launch.parent_run_id) if opts.resume else None
     if records is not None:
         mlflow_cb.claimed = records.claimed
+        progress.took_over = records.took_over
     if opts.resume and can_resume(launch.experiment_path):
         tuner = _restore_tuner(launch.experiment_path, trainable, callbacks, records)
     else:
