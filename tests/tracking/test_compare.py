@@ -675,3 +675,10 @@ def test_the_title_says_flatness_only_when_the_table_has_some(comparison):
     bare = cmp.compare_table(df.drop(columns=[c for c in df.columns if c.startswith("flat")]), reference="sgd", study="toy")
     assert not any(q.startswith("flat") for q in bare.quantities)
     assert cmp.to_markdown(bare).splitlines()[0] == "### toy: test/accuracy vs sgd"
+
+
+def test_an_unknown_ranking_is_refused_also_where_a_final_stage_leaves_it_unused():
+    df = final_frame()
+    assert cmp.compare_table(df, reference="sgd", study="toy", rank_by="best-epoch").source == "final"
+    with pytest.raises(ConfigError, match="rank_by='banana' is not supported; expected one of final, best-epoch"):
+        cmp.compare_table(df, reference="sgd", study="toy", rank_by="banana")

@@ -147,8 +147,9 @@ class ProgressPrinter(Callback):
         last = getattr(trial, "last_result", {}) or {}
         v = last.get(self.metric)
         shown = f"{v:.4f}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
-        if self._recorded_id(trial.trial_id) != trial.trial_id:  # it took over a killed driver's run
-            note += f" (in MLflow: trial {self._recorded_id(trial.trial_id)})"
+        recorded = self._recorded_id(trial.trial_id)
+        if recorded != trial.trial_id:  # it took over a killed driver's run
+            note += f" (in MLflow: trial {recorded})"
         self._print(f"  {outcome:9s} {trial.config.get('arm', ''):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}  {self.metric} {shown}{note}")
         if time.monotonic() - self._last_status > 5.0 or not self._running:
             self._print(self.status())

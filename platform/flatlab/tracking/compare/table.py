@@ -44,7 +44,7 @@ from flatlab.tracking.compare.statistics import (
     CONFIDENCE, Estimate, Paired, clip, finite, holm, paired_difference, t_estimate,
 )
 from flatlab.tracking.runs import AT_TARGET_PREFIX, FLAT_PREFIX
-from flatlab.tracking.selection import completed, reference_arm
+from flatlab.tracking.selection import completed, reference_arm, value_column
 
 MEASURE_AT_TARGET = "measure_at_train_loss"  # the frame's attrs key: the launch's trainer target, when it measured and trained on
 STOP_AT_TARGET = "stop_at_train_loss"  # the frame's attrs key: the launch's trainer target, when trials stopped there
@@ -248,12 +248,14 @@ def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] 
         and/or ``train/steps_to_target`` where the launch has a target.
     Raises:
         ConfigError: no trials; unknown metric, reference arm or measure (listing the valid ones);
-            ``confidence`` outside (0, 1).
+            ``confidence`` outside (0, 1); ``rank_by`` not one of ``selection.RANKINGS`` (also where a
+            final stage makes it unused).
     """
     from flatlab.tracking.results import _test_metric
 
     if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
         raise ConfigError(f"confidence={confidence!r}; expected a number in (0, 1), e.g. 0.95")
+    value_column("", rank_by)  # checked here: a study with a final stage never ranks, and would not see it
     sample, source, notes = select_sample(df, rank_by)
     sample = at_target_view(sample)
     metric = metric or _test_metric(df) or "test/accuracy"
