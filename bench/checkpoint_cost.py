@@ -115,18 +115,27 @@ def main(argv: Optional[List[str]] = None) -> None:
         for r in range(args.rounds):
             spans = {name: launch(Path(tmp), name, lrs, args.epochs, r) for name in order(r)}
             rounds.append((spans, costs(spans, args.trials, args.epochs)))
-    print(f"trials: {args.trials} x {args.epochs} epochs (digits mlp width 8, one batch per epoch), one at a time; "
-          f"{args.rounds} rounds, the order reversed every other round")
+    print(
+        f"trials: {args.trials} x {args.epochs} epochs (digits mlp width 8, one batch per epoch), one at a time; "
+        f"{args.rounds} rounds, the order reversed every other round"
+    )
     for r, (spans, c) in enumerate(rounds, 1):
-        print(f"round {r}: time in Tune " + ", ".join(f"{k} {v:.1f} s" for k, v in spans.items())
-              + f"   -> {c['round_trip_ms']:.2f} ms per round trip, {c['checkpoint_ms']:.1f} ms per checkpoint")
+        print(
+            f"round {r}: time in Tune "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in spans.items())
+            + f"   -> {c['round_trip_ms']:.2f} ms per round trip, {c['checkpoint_ms']:.1f} ms per checkpoint"
+        )
     trip = statistics.median(c["round_trip_ms"] for _, c in rounds)
     ckpt = statistics.median(c["checkpoint_ms"] for _, c in rounds)
     batched_ms = statistics.median(s["batched"] for s, _ in rounds) / (args.trials * args.epochs) * 1e3
-    print(f"median: {trip:.2f} ms per round trip, {ckpt:.1f} ms per checkpoint "
-          f"(three round trips make {3 * trip:.1f} ms of it); an epoch here takes {batched_ms:.2f} ms in all")
-    print(f"checkpoint_every={EVERY} therefore adds {ckpt / EVERY:.2f} ms per epoch to the batched per-epoch cost, "
-          f"whatever the epoch computes")
+    print(
+        f"median: {trip:.2f} ms per round trip, {ckpt:.1f} ms per checkpoint "
+        f"(three round trips make {3 * trip:.1f} ms of it); an epoch here takes {batched_ms:.2f} ms in all"
+    )
+    print(
+        f"checkpoint_every={EVERY} therefore adds {ckpt / EVERY:.2f} ms per epoch to the batched per-epoch cost, "
+        f"whatever the epoch computes"
+    )
 
 
 if __name__ == "__main__":

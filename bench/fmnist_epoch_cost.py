@@ -55,8 +55,14 @@ def time_model(model: str, data: Data, params: Dict, threads: int, steps: int, w
     on ``threads`` threads."""
     torch.set_num_threads(threads)
     wp = {**params, "model": model}
-    spec = TrialSpec(workload="fashion_mnist", optimizer="sgd", epochs=1, workload_params=wp,
-                     optimizer_params={"lr": 0.01}, trainer_params={"batch_size": BATCH, "schedule": "constant"})
+    spec = TrialSpec(
+        workload="fashion_mnist",
+        optimizer="sgd",
+        epochs=1,
+        workload_params=wp,
+        optimizer_params={"lr": 0.01},
+        trainer_params={"batch_size": BATCH, "schedule": "constant"},
+    )
     tiny_val = _rows(data.val, BATCH)  # run_epoch evaluates its eval splits: keep that out of the step time
     Trainer(spec, Data(train=_rows(data.train, warmup * BATCH), val=tiny_val)).run_epoch()  # warm-up
     trainer = Trainer(spec, Data(train=_rows(data.train, steps * BATCH), val=tiny_val))
@@ -72,15 +78,19 @@ def time_model(model: str, data: Data, params: Dict, threads: int, steps: int, w
 
 def report(rows: List[Dict], threads: Sequence[int]) -> List[str]:
     """Table lines: per model and thread count, wall and CPU ms/step, s per epoch of 50k and 60k, eval s, speed-up."""
-    lines = [f"{'model':10s} {'threads':>7s} {'ms/step':>8s} {'cpu ms/step':>11s} {'train 50k s':>11s} {'train 60k s':>11s} "
-             f"{'eval 10k s':>10s} {'epoch 50k+val s':>15s} {'speed-up':>8s}"]
+    lines = [
+        f"{'model':10s} {'threads':>7s} {'ms/step':>8s} {'cpu ms/step':>11s} {'train 50k s':>11s} {'train 60k s':>11s} "
+        f"{'eval 10k s':>10s} {'epoch 50k+val s':>15s} {'speed-up':>8s}"
+    ]
     base: Dict[str, float] = {}
     for r in rows:
         t50, t60 = r["step_s"] * math.ceil(50_000 / BATCH), r["step_s"] * math.ceil(60_000 / BATCH)
         ev = r["eval_s"] * 10_000 / r["eval_n"]
         base.setdefault(r["model"], t50 + ev)
-        lines.append(f"{r['model']:10s} {r['threads']:7d} {1e3 * r['step_s']:8.1f} {1e3 * r['cpu_step_s']:11.1f} {t50:11.1f} {t60:11.1f} {ev:10.2f} "
-                     f"{t50 + ev:15.1f} {base[r['model']] / (t50 + ev):8.2f}")
+        lines.append(
+            f"{r['model']:10s} {r['threads']:7d} {1e3 * r['step_s']:8.1f} {1e3 * r['cpu_step_s']:11.1f} {t50:11.1f} {t60:11.1f} {ev:10.2f} "
+            f"{t50 + ev:15.1f} {base[r['model']] / (t50 + ev):8.2f}"
+        )
     return lines
 
 
@@ -103,13 +113,17 @@ def main(argv: Optional[Sequence[str]] = None) -> List[str]:
     try:
         for model in args.models:
             for t in args.threads:
-                rows.append({"model": model, "threads": t, **time_model(model, data, params, t, args.steps, args.warmup)})
+                rows.append(
+                    {"model": model, "threads": t, **time_model(model, data, params, t, args.steps, args.warmup)}
+                )
     finally:
         torch.set_num_threads(before)
     lines += report(rows, args.threads)
-    lines.append(f"({args.steps} steps of batch {BATCH} per row, SGD, extrapolated to ceil(N / {BATCH}) steps; "
-                 "speed-up = the first thread count's epoch time / this one's; cpu ms/step: CPU time of all threads, "
-                 "which a busy machine inflates less than the wall time)")
+    lines.append(
+        f"({args.steps} steps of batch {BATCH} per row, SGD, extrapolated to ceil(N / {BATCH}) steps; "
+        "speed-up = the first thread count's epoch time / this one's; cpu ms/step: CPU time of all threads, "
+        "which a busy machine inflates less than the wall time)"
+    )
     for line in lines:
         print(line)
     return lines

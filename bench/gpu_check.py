@@ -65,7 +65,20 @@ def part_a(args: argparse.Namespace, device: torch.device) -> List[Row]:
         out = os.path.join(tmp, "opt.json")
         cmd = [sys.executable, str(ROOT / "bench" / "optimizer_overhead.py"), "--device", device.type, "--json", out]
         if args.dry_run:
-            cmd += ["--models", "cnn", "--only", "SAM / SGD", "--repeats", "1", "--steps", "1", "--warmup", "1", "--threads", "1"]
+            cmd += [
+                "--models",
+                "cnn",
+                "--only",
+                "SAM / SGD",
+                "--repeats",
+                "1",
+                "--steps",
+                "1",
+                "--warmup",
+                "1",
+                "--threads",
+                "1",
+            ]
         else:
             cmd += ["--repeats", "7"]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "platform"), os.environ.get("PYTHONPATH", "")])}
@@ -80,8 +93,13 @@ def part_a(args: argparse.Namespace, device: torch.device) -> List[Row]:
     for r in data["time"]:
         judged = r.get("result", "—") if judge else "—"
         rows.append(
-            row("a", f"{r['model']}: {r['optimizer / base']} step ratio", r.get("ratio (wall)", r.get("ratio (cpu)")),
-                str(r.get("target", "—")), None if judged == "—" else not judged.startswith("FAIL"))
+            row(
+                "a",
+                f"{r['model']}: {r['optimizer / base']} step ratio",
+                r.get("ratio (wall)", r.get("ratio (cpu)")),
+                str(r.get("target", "—")),
+                None if judged == "—" else not judged.startswith("FAIL"),
+            )
         )
     for r in data["memory"]:
         label = f"{r['model']}: {r['optimizer / base']} peak extra copies"
@@ -100,7 +118,9 @@ def cifar_setup(n_train: int, width: float):
     from flatlab.workloads import build_workload
     from flatlab.workloads.base import Data, Split
 
-    wl = build_workload("cifar10", data_path="synthetic", synthetic_size=n_train, val_size=0, model="resnet18", width_mult=width)
+    wl = build_workload(
+        "cifar10", data_path="synthetic", synthetic_size=n_train, val_size=0, model="resnet18", width_mult=width
+    )
     data = wl.load_data(0)
     small_val = Split(data.val.inputs[:256], data.val.targets[:256])  # evaluation kept small: training is timed
     return wl, Data(train=data.train, val=small_val)
@@ -150,8 +170,18 @@ def part_b(args: argparse.Namespace, device: torch.device) -> List[Row]:
     rows: List[Row] = []
     for precision in ("fp32", "bf16"):
         spec = TrialSpec(
-            workload="cifar10", optimizer="sgd", epochs=args.epochs_b + 1, seed=0, device=str(device),
-            workload_params={"data_path": "synthetic", "synthetic_size": n, "val_size": 0, "model": "resnet18", "width_mult": width},
+            workload="cifar10",
+            optimizer="sgd",
+            epochs=args.epochs_b + 1,
+            seed=0,
+            device=str(device),
+            workload_params={
+                "data_path": "synthetic",
+                "synthetic_size": n,
+                "val_size": 0,
+                "model": "resnet18",
+                "width_mult": width,
+            },
             optimizer_params={"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4},
             trainer_params={"batch_size": batch, "label_smoothing": 0.1, "precision": precision},
         )
@@ -179,8 +209,15 @@ def part_b(args: argparse.Namespace, device: torch.device) -> List[Row]:
         rows.append(row("b", f"ResNet-18 {precision}: trainer samples/s", round(trainer_sps, 1)))
         rows.append(row("b", f"ResNet-18 {precision}: plain loop samples/s", round(plain_sps, 1)))
         rows.append(
-            row("b", f"ResNet-18 {precision}: trainer / plain", round(ratio, 3), ">= 0.97",
-                None if args.dry_run else ratio >= 0.97, trainer_s=t_times, plain_s=p_times)
+            row(
+                "b",
+                f"ResNet-18 {precision}: trainer / plain",
+                round(ratio, 3),
+                ">= 0.97",
+                None if args.dry_run else ratio >= 0.97,
+                trainer_s=t_times,
+                plain_s=p_times,
+            )
         )
     return rows
 
@@ -213,7 +250,13 @@ def part_c(args: argparse.Namespace, device: torch.device) -> List[Row]:
     return [
         row("c", f"mask select, {n:,} coords: radix select ms", round(1e3 * t_ours, 2)),
         row("c", f"mask select, {n:,} coords: torch.kthvalue ms", round(1e3 * t_ref, 2)),
-        row("c", "mask select: same threshold as kthvalue", bool(torch.equal(ours, ref)), "equal", bool(torch.equal(ours, ref))),
+        row(
+            "c",
+            "mask select: same threshold as kthvalue",
+            bool(torch.equal(ours, ref)),
+            "equal",
+            bool(torch.equal(ours, ref)),
+        ),
         row("c", "mask select: kthvalue time / radix time", round(t_ref / t_ours, 2)),
     ]
 
@@ -246,8 +289,15 @@ def smoke_entries(scale: str) -> List[Dict[str, Any]]:
                     if key in seen:
                         continue
                     seen.add(key)
-                    entries.append({"study": study.name.removesuffix("_smoke"), "workload": study.workload, "params": wp, "optimizer": study.arms[-1].optimizer,
-                                    "train": dict(study.train)})
+                    entries.append(
+                        {
+                            "study": study.name.removesuffix("_smoke"),
+                            "workload": study.workload,
+                            "params": wp,
+                            "optimizer": study.arms[-1].optimizer,
+                            "train": dict(study.train),
+                        }
+                    )
     return entries
 
 
@@ -280,8 +330,14 @@ def part_d(args: argparse.Namespace, device: torch.device) -> List[Row]:
                 wp["val_size"] = 0
             train = {k: v for k, v in e["train"].items() if k in ("label_smoothing", "clip_norm")}
             spec = TrialSpec(
-                workload=e["workload"], optimizer=e["optimizer"], epochs=1, seed=0, device=str(device), workload_params=wp,
-                optimizer_params={"lr": 1e-4}, trainer_params={**train, "batch_size": batch, "precision": "fp32" if args.dry_run else "bf16"},
+                workload=e["workload"],
+                optimizer=e["optimizer"],
+                epochs=1,
+                seed=0,
+                device=str(device),
+                workload_params=wp,
+                optimizer_params={"lr": 1e-4},
+                trainer_params={**train, "batch_size": batch, "precision": "fp32" if args.dry_run else "bf16"},
             )
             wl = build_workload(e["workload"], **wp)
             data = wl.load_data(0)
@@ -292,8 +348,18 @@ def part_d(args: argparse.Namespace, device: torch.device) -> List[Row]:
             n_params = sum(p.numel() for p in trainer.model.parameters())
             peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
             finite = math.isfinite(metrics["train/loss"])
-            rows.append(row("d", label, round(metrics["train/loss"], 4), "finite loss", finite, params_m=round(n_params / 1e6, 2),
-                            seconds=round(time.perf_counter() - t0, 1), peak_gib=None if peak is None else round(peak, 2)))
+            rows.append(
+                row(
+                    "d",
+                    label,
+                    round(metrics["train/loss"], 4),
+                    "finite loss",
+                    finite,
+                    params_m=round(n_params / 1e6, 2),
+                    seconds=round(time.perf_counter() - t0, 1),
+                    peak_gib=None if peak is None else round(peak, 2),
+                )
+            )
             del trainer, data, wl
         except Exception as exc:  # one model's failure is a row, not the end of the check
             rows.append(row("d", label, f"{type(exc).__name__}: {exc}"[:300], "runs", False))
@@ -314,14 +380,20 @@ def print_table(rows: List[Row]) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--out", default="gpu_check.json", help="JSON file written with every row and the settings")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: the tiny mode of --dry-run")
     ap.add_argument("--dry-run", action="store_true", help="every part at toy sizes on the CPU (for tests)")
     ap.add_argument("--parts", default="a,b,c,d", help="comma-separated subset of a, b, c, d")
-    ap.add_argument("--studies", default="", help="(d): comma-separated substrings of study names to smoke (default: all)")
+    ap.add_argument(
+        "--studies", default="", help="(d): comma-separated substrings of study names to smoke (default: all)"
+    )
     ap.add_argument("--epochs-b", type=int, default=3, help="(b): timed epochs per loop after the warm-up epoch")
-    ap.add_argument("--part-timeout", type=float, default=240.0, help="(a): seconds before the optimizer bench is stopped")
+    ap.add_argument(
+        "--part-timeout", type=float, default=240.0, help="(a): seconds before the optimizer bench is stopped"
+    )
     args = ap.parse_args(argv)
     if args.device == "cpu":
         args.dry_run = True
@@ -353,7 +425,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     print_table(rows)
     settings = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "cuda": torch.version.cuda, "dry_run": args.dry_run, "parts_s": timings,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "dry_run": args.dry_run,
+        "parts_s": timings,
     }
     with open(args.out, "w") as f:
         json.dump({"settings": settings, "rows": rows}, f, indent=1, default=str)

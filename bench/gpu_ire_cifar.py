@@ -99,20 +99,28 @@ def main(argv: List[str] | None = None) -> None:
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     images = args.images if not args.steps else min(args.images, (args.steps + args.warmup) * args.batch_size)
-    data = build_workload("cifar10", model="resnet56", data_path="synthetic", synthetic_size=images, val_size=0).load_data(0)
+    data = build_workload(
+        "cifar10", model="resnet56", data_path="synthetic", synthetic_size=images, val_size=0
+    ).load_data(0)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    print(f"ResNet-56, synthetic CIFAR-10 shapes ({len(data.train)} images), batch {args.batch_size}, device {device} ({name}), "
-          f"torch {torch.__version__}")
+    print(
+        f"ResNet-56, synthetic CIFAR-10 shapes ({len(data.train)} images), batch {args.batch_size}, device {device} ({name}), "
+        f"torch {torch.__version__}"
+    )
     results = {}
     for opt in OPTIMIZERS:
         r = run(opt, args, data, device)
         results[opt] = r
-        print(f"  {opt:8s} {r['images_per_s']:10.1f} images/s  ({r['steps']} timed steps in {r['seconds']:.2f} s, last loss {r['loss']:.3f})")
+        print(
+            f"  {opt:8s} {r['images_per_s']:10.1f} images/s  ({r['steps']} timed steps in {r['seconds']:.2f} s, last loss {r['loss']:.3f})"
+        )
     base = results["sgd"]["images_per_s"]
     print("time per image relative to SGD (paper: SAM ~2x, IRE ~1.1x at K=10):")
     for opt, r in results.items():
         print(f"  {opt:8s} {base / r['images_per_s']:.2f}x")
-    print(f"  sgd_ire / sgd = {base / results['sgd_ire']['images_per_s']:.3f}, sam / sgd = {base / results['sam']['images_per_s']:.3f}")
+    print(
+        f"  sgd_ire / sgd = {base / results['sgd_ire']['images_per_s']:.3f}, sam / sgd = {base / results['sam']['images_per_s']:.3f}"
+    )
 
 
 if __name__ == "__main__":

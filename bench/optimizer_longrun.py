@@ -68,7 +68,9 @@ class AuthorsAdmIRE:
     compared (the mask marks one or two more coordinates than flatlab's ⌊γ·p⌋, as their top-k does).
     """
 
-    def __init__(self, base: torch.optim.Optimizer, kappa: float, gamma: float, mask_interval: int, beta: float) -> None:
+    def __init__(
+        self, base: torch.optim.Optimizer, kappa: float, gamma: float, mask_interval: int, beta: float
+    ) -> None:
         self.base, self.kappa, self.gamma, self.mask_interval, self.beta = base, kappa, gamma, mask_interval, beta
         self.state: Dict[torch.Tensor, Dict[str, torch.Tensor]] = {}
         self.since_refresh = None
@@ -79,7 +81,9 @@ class AuthorsAdmIRE:
             old = self.state.setdefault(p, {}).get("fisher", torch.zeros_like(p))
             self.state[p]["fisher"] = self.beta * old + (1 - self.beta) * torch.square(g)
         h = torch.cat([torch.flatten(self.state[p]["fisher"]) for p in params])
-        rank = float(f"{1 - self.gamma:.12g}")  # their "rank", 1 − γ as a script writes it (0.2, not 0.19999999999999996)
+        rank = float(
+            f"{1 - self.gamma:.12g}"
+        )  # their "rank", 1 − γ as a script writes it (0.2, not 0.19999999999999996)
         keep = int(h.numel() * rank)  # rank < 0.5: the ``keep`` largest h are sharp
         threshold = torch.topk(h, keep, largest=True).values[-1]
         for p in params:
@@ -153,8 +157,13 @@ def summarize(times: Dict[str, List[float]], block: int, limit: float = SLOWDOWN
         ratio = drift(means)
         rows.append(
             {
-                "optimizer": name, "blocks": len(means), "first block ms": 1e3 * means[0], "last block ms": 1e3 * means[-1],
-                "last / first": ratio, "last / first (medians)": drift(medians), "slows down": ratio > limit,
+                "optimizer": name,
+                "blocks": len(means),
+                "first block ms": 1e3 * means[0],
+                "last block ms": 1e3 * means[-1],
+                "last / first": ratio,
+                "last / first (medians)": drift(medians),
+                "slows down": ratio > limit,
             }
         )
     return rows
@@ -171,7 +180,9 @@ def pair_ratios(times: Dict[str, List[float]], block: int) -> Dict[str, Tuple[fl
 
 
 # ------------------------------------------------------------------------------------------ the run
-def mlp_over_cnn(pairs_by_model: Dict[str, Dict[str, Tuple[float, float, float]]], limit: float = MLP_OVER_CNN_LIMIT) -> str:
+def mlp_over_cnn(
+    pairs_by_model: Dict[str, Dict[str, Tuple[float, float, float]]], limit: float = MLP_OVER_CNN_LIMIT
+) -> str:
     """One line: AdmIRE / AdamW on the MLP over its value on the CNN (medians over paired blocks, from
     :func:`pair_ratios`), against ``limit`` (issue 26); empty unless both models ran AdmIRE."""
     label = PAIRS[0][0]
@@ -179,8 +190,10 @@ def mlp_over_cnn(pairs_by_model: Dict[str, Dict[str, Tuple[float, float, float]]
         return ""
     mlp, cnn = pairs_by_model["mlp"][label][0], pairs_by_model["cnn"][label][0]
     verdict = "met" if mlp <= limit * cnn else "NOT met"
-    return (f"{label}: mlp {mlp:.3f} / cnn {cnn:.3f} = {mlp / cnn:.3f} (target: at most {limit:.2f}, "
-            f"i.e. mlp <= {limit * cnn:.3f}): {verdict}")
+    return (
+        f"{label}: mlp {mlp:.3f} / cnn {cnn:.3f} = {mlp / cnn:.3f} (target: at most {limit:.2f}, "
+        f"i.e. mlp <= {limit * cnn:.3f}): {verdict}"
+    )
 
 
 def rng_state(device: torch.device) -> Tuple[torch.Tensor, ...]:
@@ -247,22 +260,34 @@ def run_model(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--models", default=",".join(ob.WORKLOADS), help=f"comma-separated, of: {', '.join(ob.WORKLOADS)}")
-    ap.add_argument("--batch", type=int, default=64, help="examples per batch (the LM uses batch/4 sequences of 64 tokens)")
+    ap.add_argument(
+        "--batch", type=int, default=64, help="examples per batch (the LM uses batch/4 sequences of 64 tokens)"
+    )
     ap.add_argument("--steps", type=int, default=200, help="timed steps per optimizer (a multiple of --block)")
     ap.add_argument("--block", type=int, default=20, help="steps per block")
-    ap.add_argument("--warmup", type=int, default=10, help="untimed steps first (10: every block then holds two IRE refreshes)")
+    ap.add_argument(
+        "--warmup", type=int, default=10, help="untimed steps first (10: every block then holds two IRE refreshes)"
+    )
     ap.add_argument("--limit", type=float, default=SLOWDOWN_LIMIT, help="flag a last/first block ratio above this")
     ap.add_argument("--only", default="", help="comma-separated substrings of the optimizer names to run")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument(
-        "--clock", default="wall", choices=["wall", "cpu"], help="'cpu' (process CPU time, with --threads 1) resists other jobs"
+        "--clock",
+        default="wall",
+        choices=["wall", "cpu"],
+        help="'cpu' (process CPU time, with --threads 1) resists other jobs",
     )
     ap.add_argument("--json", default="", metavar="FILE", help="also write the settings and every row to FILE as JSON")
-    ap.add_argument("--keep-denormals", action="store_true",
-                    help="keep IEEE subnormal floats on the CPU (a trial flushes them unless Resources(flush_denormal=False))")
+    ap.add_argument(
+        "--keep-denormals",
+        action="store_true",
+        help="keep IEEE subnormal floats on the CPU (a trial flushes them unless Resources(flush_denormal=False))",
+    )
     args = ap.parse_args()
     if args.steps < 2 * args.block or args.steps % args.block:
         ap.error(f"--steps must be a multiple of --block ({args.block}) holding at least two blocks, got {args.steps}")
@@ -287,8 +312,14 @@ def main() -> None:
             flagged += bool(r["slows down"])
             table.append(
                 [
-                    m, str(r["optimizer"]), f"{r['first block ms']:.1f}", f"{r['last block ms']:.1f}", f"{r['last / first']:.2f}",
-                    f"{r['last / first (medians)']:.2f}", str(r["subnormals kept"]), "SLOWS DOWN" if r["slows down"] else "ok",
+                    m,
+                    str(r["optimizer"]),
+                    f"{r['first block ms']:.1f}",
+                    f"{r['last block ms']:.1f}",
+                    f"{r['last / first']:.2f}",
+                    f"{r['last / first (medians)']:.2f}",
+                    str(r["subnormals kept"]),
+                    "SLOWS DOWN" if r["slows down"] else "ok",
                 ]
             )
             print("  " + " | ".join(table[-1]), flush=True)
@@ -301,11 +332,17 @@ def main() -> None:
     if verdict:
         print(verdict)
     if args.json:
-        settings = {**vars(args), "threads": torch.get_num_threads(), "cpu_denormals": denormals, "torch": torch.__version__}
+        settings = {
+            **vars(args),
+            "threads": torch.get_num_threads(),
+            "cpu_denormals": denormals,
+            "torch": torch.__version__,
+        }
         with open(args.json, "w") as f:
             json.dump({"settings": settings, "models": per_model}, f, indent=1, ensure_ascii=False)
     how = f"by more than {args.limit:g}× from the first block to the last"
     print(f"\n{flagged} optimizer run(s) slow down {how}" if flagged else f"\nno optimizer's step slows down {how}")
+
 
 if __name__ == "__main__":
     main()

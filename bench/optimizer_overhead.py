@@ -69,9 +69,13 @@ from flatlab.train.cpu_threads import configure as configure_cpu
 # ------------------------------------------------------------------------------------------ models
 def small_cnn(classes: int = 10) -> nn.Module:
     def block(cin: int, cout: int) -> nn.Module:
-        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2))
+        return nn.Sequential(
+            nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2)
+        )
 
-    return nn.Sequential(block(3, 32), block(32, 64), block(64, 128), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, classes))
+    return nn.Sequential(
+        block(3, 32), block(32, 64), block(64, 128), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, classes)
+    )
 
 
 class TinyLM(nn.Module):
@@ -313,7 +317,14 @@ class Runner:
     """One optimizer on its own copy of the model, stepping a fixed batch."""
 
     def __init__(
-        self, opt: torch.optim.Optimizer, model: nn.Module, loss_fn, x, y, device: torch.device, sampled_every: Optional[int] = None
+        self,
+        opt: torch.optim.Optimizer,
+        model: nn.Module,
+        loss_fn,
+        x,
+        y,
+        device: torch.device,
+        sampled_every: Optional[int] = None,
     ) -> None:
         self.opt, self.model, self.device = opt, model, device
         self.closure: Callable[[], torch.Tensor] = BatchClosure(model, loss_fn, x, y)
@@ -341,7 +352,10 @@ def paired_runners(case: Case, model: nn.Module, loss_fn, x, y, device: torch.de
     """``[optimizer's runner, base's runner]``, each on its own copy of ``model``'s initial weights."""
     opt_model, base_model = copy.deepcopy(model), copy.deepcopy(model)
     opt, base = build(case.name, dict(case.hparams), opt_model, base_model)
-    return [Runner(opt, opt_model, loss_fn, x, y, device, case.sampled_every), Runner(base, base_model, loss_fn, x, y, device)]
+    return [
+        Runner(opt, opt_model, loss_fn, x, y, device, case.sampled_every),
+        Runner(base, base_model, loss_fn, x, y, device),
+    ]
 
 
 def selected(args: argparse.Namespace) -> List[Case]:
@@ -362,8 +376,12 @@ def memory_model(model_name: str, args: argparse.Namespace, device: torch.device
             verdict = "PASS" if (peak if peak is not None else state) <= case.target_memory else "FAIL"
         rows.append(
             [
-                model_name, case.label, f"{state:.2f}", "n/a" if peak is None else f"{peak:.2f}",
-                f"≤ {case.target_memory:g}" if case.target_memory is not None else "—", verdict,
+                model_name,
+                case.label,
+                f"{state:.2f}",
+                "n/a" if peak is None else f"{peak:.2f}",
+                f"≤ {case.target_memory:g}" if case.target_memory is not None else "—",
+                verdict,
             ]
         )
         print("  " + " | ".join(rows[-1]), flush=True)
@@ -384,8 +402,19 @@ def memory_rows_in_child(args: argparse.Namespace) -> List[List[str]]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "memory.json")
         cmd = [
-            sys.executable, os.path.abspath(__file__), "--memory-only", "--json", out, "--threads", str(torch.get_num_threads()),
-            "--warmup", str(args.warmup), "--steps", str(args.steps), "--ire-steps", str(args.ire_steps),
+            sys.executable,
+            os.path.abspath(__file__),
+            "--memory-only",
+            "--json",
+            out,
+            "--threads",
+            str(torch.get_num_threads()),
+            "--warmup",
+            str(args.warmup),
+            "--steps",
+            str(args.steps),
+            "--ire-steps",
+            str(args.ire_steps),
         ] + (["--only", args.only] if args.only else [])
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
@@ -414,7 +443,9 @@ def print_table(rows: List[List[str]]) -> None:
             print("  ".join("-" * w for w in widths))
 
 
-def run_model(model_name: str, args: argparse.Namespace, device: torch.device, numbers: List[Dict[str, object]]) -> List[List[str]]:
+def run_model(
+    model_name: str, args: argparse.Namespace, device: torch.device, numbers: List[Dict[str, object]]
+) -> List[List[str]]:
     """Timing rows (text, as printed) of every selected case on one model; for each row, ``numbers`` gets
     the figures the text rounds or formats: the block ratios on the judged clock, the median's interval
     and its coverage, and the target (``None``: no target)."""
@@ -457,13 +488,24 @@ def run_model(model_name: str, args: argparse.Namespace, device: torch.device, n
                 verdict += " (within noise)"  # the median's interval contains the target
         rows.append(
             [
-                model_name, case.label, f"{1e3 * t_opt:.1f}", f"{1e3 * t_base:.1f}", f"{ratio:.3f}",
-                f"{lo:.3f}–{hi:.3f} ({100 * coverage:.0f}%)", f"{ratio_other:.3f}",
-                f"≤ {case.target_time:g}" if case.target_time is not None else "—", verdict,
+                model_name,
+                case.label,
+                f"{1e3 * t_opt:.1f}",
+                f"{1e3 * t_base:.1f}",
+                f"{ratio:.3f}",
+                f"{lo:.3f}–{hi:.3f} ({100 * coverage:.0f}%)",
+                f"{ratio_other:.3f}",
+                f"≤ {case.target_time:g}" if case.target_time is not None else "—",
+                verdict,
             ]
         )
         numbers.append(
-            {"block ratios": ratios, "interval": [lo, hi], "interval coverage": coverage, "target ratio": case.target_time}
+            {
+                "block ratios": ratios,
+                "interval": [lo, hi],
+                "interval coverage": coverage,
+                "target ratio": case.target_time,
+            }
         )
         print("  " + " | ".join(rows[-1]), flush=True)
     return rows
@@ -471,34 +513,51 @@ def run_model(model_name: str, args: argparse.Namespace, device: torch.device, n
 
 def main() -> None:
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        epilog="cases (--only matches substrings of these labels, case-insensitively): " + "; ".join(c.label for c in CASES),
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="cases (--only matches substrings of these labels, case-insensitively): "
+        + "; ".join(c.label for c in CASES),
     )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument(
-        "--models", default="cnn,transformer",
+        "--models",
+        default="cnn,transformer",
         help="comma-separated: cnn, transformer, mlp (the 3072-512-512-10 MLP whose loss saturates; timing; CPU "
         "memory always uses the probe MLP)",
     )
-    ap.add_argument("--batch", type=int, default=64, help="images per batch (the LM uses batch/4 sequences of 64 tokens)")
+    ap.add_argument(
+        "--batch", type=int, default=64, help="images per batch (the LM uses batch/4 sequences of 64 tokens)"
+    )
     ap.add_argument("--steps", type=int, default=3, help="steps per timed block")
     ap.add_argument(
-        "--ire-steps", type=int, default=10,
+        "--ire-steps",
+        type=int,
+        default=10,
         help="steps per timed block of the IRE rows (the diagnostic ones included); K is 10 in those cases, so "
         "the default puts one refresh in every block",
     )
-    ap.add_argument("--repeats", type=int, default=9, help="timed optimizer blocks (paired with base blocks); the median is reported")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=9,
+        help="timed optimizer blocks (paired with base blocks); the median is reported",
+    )
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps of each optimizer and its base before timing")
     ap.add_argument("--only", default="", help="comma-separated substrings of the cases to run (e.g. 'TSAM,IRE')")
     ap.add_argument("--verbose", action="store_true", help="print every block's ratio")
     ap.add_argument("--memory-only", action="store_true", help="skip the timing; measure memory only")
     ap.add_argument(
-        "--json", default="", metavar="FILE", help="also write the run's settings and every row (time and memory) to FILE as JSON; timing rows add "
-        "'block ratios', 'interval', 'interval coverage' and 'target ratio' as numbers"
+        "--json",
+        default="",
+        metavar="FILE",
+        help="also write the run's settings and every row (time and memory) to FILE as JSON; timing rows add "
+        "'block ratios', 'interval', 'interval coverage' and 'target ratio' as numbers",
     )
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument(
-        "--clock", default="wall", choices=["wall", "cpu"],
+        "--clock",
+        default="wall",
+        choices=["wall", "cpu"],
         help="clock the targets are judged on; 'cpu' (process CPU time, use with --threads 1) is robust to "
         "other jobs sharing the machine; both ratios are printed",
     )
@@ -508,8 +567,15 @@ def main() -> None:
     device = torch.device(args.device)
     other = "cpu" if args.clock == "wall" else "wall"
     header = [
-        "model", "optimizer / base", f"{args.clock} ms/step", f"base {args.clock} ms", f"ratio ({args.clock})", "median's interval",
-        f"ratio ({other})", "target", "result",
+        "model",
+        "optimizer / base",
+        f"{args.clock} ms/step",
+        f"base {args.clock} ms",
+        f"ratio ({args.clock})",
+        "median's interval",
+        f"ratio ({other})",
+        "target",
+        "result",
     ]
     print(
         f"device={device} threads={torch.get_num_threads()} cpu_denormals={denormals} steps={args.steps} ire_steps={args.ire_steps} "
@@ -529,7 +595,11 @@ def main() -> None:
     mem_header = ["model", "optimizer / base", "state copies", "peak extra copies", "target", "result"]
     print(
         "\nmemory, in parameter copies over the base optimizer ("
-        + ("CUDA allocator peak" if device.type == "cuda" else f"CPU peak RSS, MLP with two {PROBE_WIDTH}² weights, batch {PROBE_BATCH}")
+        + (
+            "CUDA allocator peak"
+            if device.type == "cuda"
+            else f"CPU peak RSS, MLP with two {PROBE_WIDTH}² weights, batch {PROBE_BATCH}"
+        )
         + ("" if exact else "; glibc's mmap threshold could not be fixed, so tensors under 32 MB may be over-counted")
         + "):"
     )
@@ -550,13 +620,21 @@ def main() -> None:
         settings = {**vars(args), "threads": torch.get_num_threads(), "torch": torch.__version__}  # threads in use
         with open(args.json, "w") as f:
             timing = [{**record, **extra} for record, extra in zip(records(rows), numbers)]
-            json.dump({"settings": settings, "time": timing, "memory": records(mem_rows)}, f, indent=1, ensure_ascii=False)
+            json.dump(
+                {"settings": settings, "time": timing, "memory": records(mem_rows)}, f, indent=1, ensure_ascii=False
+            )
     judged = rows[1:] + mem_rows[1:]
     fails = sum(r[-1].startswith("FAIL") for r in judged)
     noisy = sum(r[-1].endswith("(within noise)") for r in rows[1:])
     how = "" if args.memory_only else " (time: by the median ratio)"
     targets = sum(r[-1] != "—" for r in judged)
-    verdict = "no target among the cases run" if not targets else "all targets met" if not fails else f"{fails} target(s) missed"
+    verdict = (
+        "no target among the cases run"
+        if not targets
+        else "all targets met"
+        if not fails
+        else f"{fails} target(s) missed"
+    )
     print(f"\n{verdict}{how}")
     if noisy:
         print(

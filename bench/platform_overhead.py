@@ -86,8 +86,12 @@ def sequential(study) -> float:
 def run_flatlab(study_file: Path, root: Path, env: Optional[Dict[str, str]] = None) -> None:
     """``flatlab run study_file --root root`` with this interpreter's ``flatlab`` (``env`` added to the
     environment); exits with its output if it fails."""
-    done = subprocess.run([str(Path(sys.executable).parent / "flatlab"), "run", str(study_file), "--root", str(root)],
-                          capture_output=True, text=True, env={**os.environ, **(env or {})})
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "flatlab"), "run", str(study_file), "--root", str(root)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     if done.returncode != 0:
         sys.exit(f"flatlab run {study_file.name} failed:\n{done.stdout}\n{done.stderr}")
 
@@ -134,8 +138,9 @@ def verdict(ms: float, checkpoint_every: Optional[int]) -> str:
     return f"target <= {target:g} ms ({setting})   {'PASS' if ms <= target else 'FAIL'}"
 
 
-def round_estimate(a_before: Dict[str, float], a_after: Dict[str, float], b: Dict[str, float], short: str, long: str,
-                   extra_epochs: int) -> Dict[str, float]:
+def round_estimate(
+    a_before: Dict[str, float], a_after: Dict[str, float], b: Dict[str, float], short: str, long: str, extra_epochs: int
+) -> Dict[str, float]:
     """One round's figures: (b) against the mean of the sequential runs just before and just after it.
 
     Args:
@@ -157,7 +162,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--rounds", type=int, default=4, help="rounds of (b) launches, each between two sequential runs")
     ap.add_argument("--epochs", type=int, default=600, help="epochs per trial of the long runs")
     ap.add_argument("--short", type=int, default=120, help="epochs per trial of the short runs (< --epochs)")
-    ap.add_argument("--checkpoint-every", type=int, default=None, help="the study's checkpoint_every (default: the study's default)")
+    ap.add_argument(
+        "--checkpoint-every", type=int, default=None, help="the study's checkpoint_every (default: the study's default)"
+    )
     ap.add_argument("--model", default="mlp", choices=("mlp", "cnn"))
     ap.add_argument("--width", type=int, default=128)
     args = ap.parse_args(argv)
@@ -169,10 +176,18 @@ def main(argv: Optional[List[str]] = None) -> None:
     n = args.trials
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench_overhead.py"
-        path.write_text(textwrap.dedent(STUDY.format(
-            model=args.model, width=args.width, lrs=lrs, epochs=args.epochs, short=args.short,
-            checkpoint_every=args.checkpoint_every,
-        )))
+        path.write_text(
+            textwrap.dedent(
+                STUDY.format(
+                    model=args.model,
+                    width=args.width,
+                    lrs=lrs,
+                    epochs=args.epochs,
+                    short=args.short,
+                    checkpoint_every=args.checkpoint_every,
+                )
+            )
+        )
         from flatlab.study.loader import load_studies
 
         short, long = load_studies(str(path))
@@ -186,7 +201,9 @@ def main(argv: Optional[List[str]] = None) -> None:
             root = Path(tmp) / f"root{r}"
             run_flatlab(path, root)
             walls.append(time.perf_counter() - t0)
-            launches.append({s.name: tune_span((root / s.name / "logs" / "flatlab.log").read_text()) for s in (short, long)})
+            launches.append(
+                {s.name: tune_span((root / s.name / "logs" / "flatlab.log").read_text()) for s in (short, long)}
+            )
             out_long = time_outside_training(root / "mlflow.db", long.name)
             out_short = time_outside_training(root / "mlflow.db", short.name)
             if out_long and out_short:
@@ -194,31 +211,50 @@ def main(argv: Optional[List[str]] = None) -> None:
             pair = (long, short) if r % 2 == 0 else (short, long)
             seq.append({s.name: sequential(s) for s in pair})
     extra_epochs = n * (args.epochs - args.short)
-    est = [round_estimate(seq[r], seq[r + 1], launches[r], short.name, long.name, extra_epochs) for r in range(args.rounds)]
-    cadence = "default (every 10 s and the last epoch)" if args.checkpoint_every is None else f"checkpoint_every={args.checkpoint_every}"
-    print(f"trials: {n} per round x {args.rounds} rounds (digits {args.model} width {args.width}), {args.short} and "
-          f"{args.epochs} epochs each, one at a time, 1 thread; checkpoints: {cadence}")
+    est = [
+        round_estimate(seq[r], seq[r + 1], launches[r], short.name, long.name, extra_epochs) for r in range(args.rounds)
+    ]
+    cadence = (
+        "default (every 10 s and the last epoch)"
+        if args.checkpoint_every is None
+        else f"checkpoint_every={args.checkpoint_every}"
+    )
+    print(
+        f"trials: {n} per round x {args.rounds} rounds (digits {args.model} width {args.width}), {args.short} and "
+        f"{args.epochs} epochs each, one at a time, 1 thread; checkpoints: {cadence}"
+    )
     for r, e in enumerate(est):
         a_s = (seq[r][short.name] + seq[r + 1][short.name]) / 2
         a_l = (seq[r][long.name] + seq[r + 1][long.name]) / 2
-        print(f"round {r + 1}: (a) sequential loop: {a_s:7.1f} s and {a_l:7.1f} s ({e['a_ms']:.2f} ms per epoch; the mean "
-              f"of the runs before and after (b)), (b) time in Tune: {launches[r][short.name]:7.1f} s and "
-              f"{launches[r][long.name]:7.1f} s, ratio {e['ratio']:.3f}, {e['ms']:.2f} ms per epoch")
+        print(
+            f"round {r + 1}: (a) sequential loop: {a_s:7.1f} s and {a_l:7.1f} s ({e['a_ms']:.2f} ms per epoch; the mean "
+            f"of the runs before and after (b)), (b) time in Tune: {launches[r][short.name]:7.1f} s and "
+            f"{launches[r][long.name]:7.1f} s, ratio {e['ratio']:.3f}, {e['ms']:.2f} ms per epoch"
+        )
     ms = statistics.median(e["ms"] for e in est)
     ratio = statistics.median(e["ratio"] for e in est)
     a_ms = [e["a_ms"] for e in est]
-    print(f"the sequential loop's epoch: {min(a_ms):.2f} to {max(a_ms):.2f} ms over the rounds (the machine's drift); "
-          f"whole commands {sum(walls):.1f} s, Ray start-up included")
+    print(
+        f"the sequential loop's epoch: {min(a_ms):.2f} to {max(a_ms):.2f} ms over the rounds (the machine's drift); "
+        f"whole commands {sum(walls):.1f} s, Ray start-up included"
+    )
     print(f"ratio (b)/(a) per extra epoch: {ratio:.3f} (median of {args.rounds} rounds)")
-    print(f"platform ms per epoch: {ms:.2f} (median of {args.rounds} rounds; rounds: "
-          + ", ".join(f"{e['ms']:.2f}" for e in est) + f")   {verdict(ms, args.checkpoint_every)}")
+    print(
+        f"platform ms per epoch: {ms:.2f} (median of {args.rounds} rounds; rounds: "
+        + ", ".join(f"{e['ms']:.2f}" for e in est)
+        + f")   {verdict(ms, args.checkpoint_every)}"
+    )
     if outside:
         short_s = statistics.mean(s for s, _ in outside)
         long_s = statistics.mean(s for _, s in outside)
-        print(f"  a trial outside its epochs (MLflow run span - sum of its time/epoch_s): {short_s:.2f} s and {long_s:.2f} s "
-              f"mean (set-up, reports, checkpoints, uploads; the first trial of a launch also starts the worker)")
-        print(f"  the same per extra epoch, measured inside the run (insensitive to the machine's load drifting between "
-              f"(a) and (b)): {(long_s - short_s) / (args.epochs - args.short) * 1e3:.2f} ms")
+        print(
+            f"  a trial outside its epochs (MLflow run span - sum of its time/epoch_s): {short_s:.2f} s and {long_s:.2f} s "
+            f"mean (set-up, reports, checkpoints, uploads; the first trial of a launch also starts the worker)"
+        )
+        print(
+            f"  the same per extra epoch, measured inside the run (insensitive to the machine's load drifting between "
+            f"(a) and (b)): {(long_s - short_s) / (args.epochs - args.short) * 1e3:.2f} ms"
+        )
 
 
 if __name__ == "__main__":

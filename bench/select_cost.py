@@ -83,21 +83,28 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     for name, (values, k) in synthetic(every.numel()).items():
         cases[name] = (values, k, values)
     print(f"threads={args.threads} cpu_denormals={mode} repeats={args.repeats}")
-    print(f"{'case':40s} {'bracket ms':>11s} {'radix ms':>9s} {'kthvalue ms':>12s} {'radix / bracket':>16s}  same value")
+    print(
+        f"{'case':40s} {'bracket ms':>11s} {'radix ms':>9s} {'kthvalue ms':>12s} {'radix / bracket':>16s}  same value"
+    )
     rows: List[Dict[str, object]] = []
     for name, (values, k, flat_values) in cases.items():
         expected = torch.kthvalue(flat_values, k).values
-        same = all(torch.equal(select(values, k)[0], expected)
-                   for select in (flat.kth_smallest_with_count, flat.radix_kth_smallest_with_count))
+        same = all(
+            torch.equal(select(values, k)[0], expected)
+            for select in (flat.kth_smallest_with_count, flat.radix_kth_smallest_with_count)
+        )
         row = {
-            "case": name, "same": same,
+            "case": name,
+            "same": same,
             "bracket ms": timed(lambda: flat.kth_smallest_with_count(values, k), args.repeats),
             "radix ms": timed(lambda: flat.radix_kth_smallest_with_count(values, k), args.repeats),
             "kthvalue ms": timed(lambda: torch.kthvalue(flat_values, k), max(1, args.repeats // 3)),
         }
         rows.append(row)
-        print(f"{name:40s} {row['bracket ms']:11.2f} {row['radix ms']:9.2f} {row['kthvalue ms']:12.2f} "
-              f"{row['radix ms'] / row['bracket ms']:16.2f}  {same}")
+        print(
+            f"{name:40s} {row['bracket ms']:11.2f} {row['radix ms']:9.2f} {row['kthvalue ms']:12.2f} "
+            f"{row['radix ms'] / row['bracket ms']:16.2f}  {same}"
+        )
     return rows
 
 

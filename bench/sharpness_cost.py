@@ -31,13 +31,15 @@ def small_cnn(classes: int = 10) -> nn.Module:
         conv = nn.Conv2d(cin, cout, 3, padding=1, bias=False)
         return nn.Sequential(conv, nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2))
 
-    return nn.Sequential(block(3, 32), block(32, 64), block(64, 128), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                         nn.Linear(128, classes))
+    return nn.Sequential(
+        block(3, 32), block(32, 64), block(64, 128), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, classes)
+    )
 
 
 def mlp(classes: int = 10) -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                         nn.Linear(256, classes))
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(3 * 32 * 32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, classes)
+    )
 
 
 class ResidualAttentionBlock(nn.Module):
@@ -102,8 +104,11 @@ def main() -> None:
     parser.add_argument("--draws-per-forward", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--no-math-attention", action="store_true",
-                        help="batched variant: keep fused attention kernels (vmap falls back to a per-draw loop)")
+    parser.add_argument(
+        "--no-math-attention",
+        action="store_true",
+        help="batched variant: keep fused attention kernels (vmap falls back to a per-draw loop)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
     args = parser.parse_args()
     configure_cpu(args.threads or torch.get_num_threads())  # as a trial sets its CPU threads (subnormals flushed)
@@ -142,9 +147,11 @@ def main() -> None:
     diff = max(abs(a - b) for a, b in zip(loop.values, vm.values))
 
     params = sum(p.numel() for p in model.parameters())
-    print(f"model={args.model} params={params} device={device} threads={torch.get_num_threads()} "
-          f"m={args.m} batch={args.batch} n_draws={n} draws_per_forward={args.draws_per_forward} "
-          f"repeats={args.repeats} (medians; ratios are medians of per-repeat ratios)")
+    print(
+        f"model={args.model} params={params} device={device} threads={torch.get_num_threads()} "
+        f"m={args.m} batch={args.batch} n_draws={n} draws_per_forward={args.draws_per_forward} "
+        f"repeats={args.repeats} (medians; ratios are medians of per-repeat ratios)"
+    )
     clocks = [("wall", 0)] + ([("cpu", 1)] if device.type == "cpu" else [])
     for clock, c in clocks:
         fwd, lp, vm_ = ([s[c] for s in samples[k]] for k in ("forward", "loop", "vmap"))
@@ -153,10 +160,14 @@ def main() -> None:
         r_vl = statistics.median(x / y for x, y in zip(vm_, lp))
         verdict = "OK" if r_loop <= n + 1.2 else "ABOVE"
         print(f"[{clock:4s}] one forward pass over the subset : {statistics.median(fwd) * 1e3:9.2f} ms")
-        print(f"[{clock:4s}] average_sharpness (loop)         : {statistics.median(lp) * 1e3:9.2f} ms = "
-              f"{r_loop:6.2f} forward equivalents (target <= n + 1.2 = {n + 1.2:.1f}: {verdict})")
-        print(f"[{clock:4s}] average_sharpness_batched (vmap) : {statistics.median(vm_) * 1e3:9.2f} ms = "
-              f"{r_vmap:6.2f} forward equivalents; batched / loop = {r_vl:.2f}")
+        print(
+            f"[{clock:4s}] average_sharpness (loop)         : {statistics.median(lp) * 1e3:9.2f} ms = "
+            f"{r_loop:6.2f} forward equivalents (target <= n + 1.2 = {n + 1.2:.1f}: {verdict})"
+        )
+        print(
+            f"[{clock:4s}] average_sharpness_batched (vmap) : {statistics.median(vm_) * 1e3:9.2f} ms = "
+            f"{r_vmap:6.2f} forward equivalents; batched / loop = {r_vl:.2f}"
+        )
     print(f"sharpness = {loop.value:.6f} +- {loop.stderr:.6f}; max |loop - batched| per draw = {diff:.2e}")
 
 

@@ -47,8 +47,14 @@ CPU_EPOCHS = 2
 
 ARMS = (
     Arm("sgd", name="sgd", space={"lr": 0.15848931925, "momentum": 0.0, "weight_decay": 0.0}),
-    Arm("sgd", name="momentum", space={"lr": 0.0025118864315, "momentum": 0.99, "nesterov": False, "weight_decay": 0.0}),
-    Arm("adamw", name="adam", space={"lr": 0.00025118864315, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}),
+    Arm(
+        "sgd", name="momentum", space={"lr": 0.0025118864315, "momentum": 0.99, "nesterov": False, "weight_decay": 0.0}
+    ),
+    Arm(
+        "adamw",
+        name="adam",
+        space={"lr": 0.00025118864315, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0},
+    ),
 )
 REFERENCE = Published(
     "published/deepobs_fmnist_2c2d.json",

@@ -9,7 +9,14 @@ STUDY = Study(
     workload_params={"model": "mlp", "width": 128},
     train={"batch_size": 64, "schedule": "cosine"},
     arms=(
-        Arm("sgd", space={"lr": sp.loguniform(1e-3, 1.0), "weight_decay": sp.loguniform(1e-6, 1e-2), "momentum": sp.uniform(0.0, 0.95)}),
+        Arm(
+            "sgd",
+            space={
+                "lr": sp.loguniform(1e-3, 1.0),
+                "weight_decay": sp.loguniform(1e-6, 1e-2),
+                "momentum": sp.uniform(0.0, 0.95),
+            },
+        ),
         Arm("adamw", space={"lr": sp.loguniform(1e-4, 3e-2), "weight_decay": sp.loguniform(1e-6, 1e-1)}),
     ),
     metric="val/accuracy",

@@ -24,10 +24,10 @@ the measures' sigma. TSAM runs s = 3 samples (the paper's grids use 3 and 5). IR
 epoch 2 and refreshes its mask every K = 10 steps.
 """
 
+from _flatness_arms import flatness_arms
+
 from flatlab import Study
 from flatlab import space as sp
-
-from _flatness_arms import flatness_arms
 
 SCALES = ("full", "demo")
 TARGET_LOSS = 0.05

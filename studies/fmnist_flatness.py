@@ -62,10 +62,10 @@ switches at a training loss: 0.1 for CIFAR CNNs) and the paper scale's target ``
 which was not checked on a run.
 """
 
+from _flatness_arms import flatness_arms
+
 from flatlab import Resources, Study
 from flatlab import space as sp
-
-from _flatness_arms import flatness_arms
 
 SCALES = ("cpu", "paper", "smoke")
 NAME = "fmnist_flatness"
@@ -91,7 +91,7 @@ def measures(draws: int) -> dict:
 def build(scale: str) -> Study:
     common = dict(
         description="flat-minima optimizers on Fashion-MNIST: per-arm tuning, flatness at a matched training loss "
-                    "and at the end, final seeds",
+        "and at the end, final seeds",
         workload="fashion_mnist",
         metric="val/accuracy",
         mode="max",
@@ -116,7 +116,13 @@ def build(scale: str) -> Study:
     if scale == "smoke":
         return Study(
             name=f"{NAME}_smoke",
-            workload_params={"model": "small_cnn", "width": 8, "data_path": "synthetic", "synthetic_size": 1024, "val_size": 64},
+            workload_params={
+                "model": "small_cnn",
+                "width": 8,
+                "data_path": "synthetic",
+                "synthetic_size": 1024,
+                "val_size": 64,
+            },
             train={"batch_size": 32, "schedule": "cosine", "measure_at_train_loss": SMOKE_TARGET_LOSS},
             arms=tuple(ARMS[a] for a in SMOKE_ARMS),
             num_trials=2,

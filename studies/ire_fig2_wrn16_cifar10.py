@@ -38,7 +38,9 @@ def build(scale: str):
     suffix = "" if paper else f"_{scale}"  # each scale its own MLflow experiments
     common = dict(
         workload="cifar10",
-        workload_params={"model": "wrn16_8"} if paper else {"model": "wrn16_8", "width_mult": 1 / 16, "data_path": "synthetic", "synthetic_size": 32},
+        workload_params={"model": "wrn16_8"}
+        if paper
+        else {"model": "wrn16_8", "width_mult": 1 / 16, "data_path": "synthetic", "synthetic_size": 32},
         train={"batch_size": 128 if paper else 16, "label_smoothing": 0.1, "schedule": "cosine"},
         metric="val/accuracy",
         mode="max",

@@ -98,7 +98,13 @@ def build(scale: str):
             Arm("adamw", space={**BASE, "lr": lr}),
             Arm(
                 "adamw_ire",
-                space={**BASE, "lr": lr, "gamma": sp.uniform(0.6, 0.95), "kappa": sp.loguniform(1.0, 20.0), "switch_at_warmup_end": True},
+                space={
+                    **BASE,
+                    "lr": lr,
+                    "gamma": sp.uniform(0.6, 0.95),
+                    "kappa": sp.loguniform(1.0, 20.0),
+                    "switch_at_warmup_end": True,
+                },
             ),
         ),
         searcher="optuna",

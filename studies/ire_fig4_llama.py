@@ -51,13 +51,22 @@ SIZES = (
     # size, workload, batch, epochs, extra workload params at paper scale, tiny shape for smoke
     ("llama_60m", "lm/wikitext103", 128, 4, {}, {"width": 30, "n_heads": 2, "intermediate": 48, "context": 16}),
     ("llama_119m", "lm/minipile", 128, 1, {}, {"width": 32, "n_heads": 2, "intermediate": 64, "context": 32}),
-    ("llama_229m", "lm/openwebtext", 256, 1, {"max_train_tokens": 2_600_000_000}, {"width": 48, "n_heads": 4, "intermediate": 96, "context": 32}),
+    (
+        "llama_229m",
+        "lm/openwebtext",
+        256,
+        1,
+        {"max_train_tokens": 2_600_000_000},
+        {"width": 48, "n_heads": 4, "intermediate": 96, "context": 32},
+    ),
 )
 
 
 def build(scale: str):
     paper = scale == "paper"
-    suffix = "" if paper else f"_{scale}"  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
+    suffix = (
+        "" if paper else f"_{scale}"
+    )  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
     studies = []
     for size, workload, batch, epochs, extra, tiny in SIZES:
         if paper:

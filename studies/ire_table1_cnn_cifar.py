@@ -58,7 +58,9 @@ def _arms(paper: bool, rho: float, switch: float, model):
 
 def build(scale: str):
     paper = scale == "paper"
-    suffix = "" if paper else f"_{scale}"  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
+    suffix = (
+        "" if paper else f"_{scale}"
+    )  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
     data = {} if paper else {"data_path": "synthetic", "synthetic_size": 32, "width_mult": 1 / 16}
     common = dict(
         train={"batch_size": 128 if paper else 16, "schedule": "cosine", "label_smoothing": LABEL_SMOOTHING},
@@ -87,7 +89,11 @@ def build(scale: str):
             )
         )
     lr = sp.loguniform(0.03, 0.3)
-    ire = {"gamma": sp.uniform(0.8, 0.99), "kappa": sp.uniform(1.0, 2.0), "switch_loss": switch_loss(100, 0.1) if paper else 100.0}
+    ire = {
+        "gamma": sp.uniform(0.8, 0.99),
+        "kappa": sp.uniform(1.0, 2.0),
+        "switch_loss": switch_loss(100, 0.1) if paper else 100.0,
+    }
     base = {"lr": lr, "momentum": 0.9, "weight_decay": 5e-4}
     studies.append(
         Study(

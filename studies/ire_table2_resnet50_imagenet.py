@@ -39,8 +39,14 @@ SCALES = ("paper", "smoke")
 NAME = "ire_table2_resnet50_imagenet"
 SWITCH_LOSS = 1.5  # IRE paper, ImageNet: IRE starts when the training loss first falls below 1.5
 SMOKE_DATA = {
-    "data_path": "synthetic", "model": "resnet18", "num_classes": 4, "synthetic_size": 16, "val_size": 4,
-    "synthetic_image_size": 40, "resize_size": 36, "crop_size": 32,
+    "data_path": "synthetic",
+    "model": "resnet18",
+    "num_classes": 4,
+    "synthetic_size": 16,
+    "val_size": 4,
+    "synthetic_image_size": 40,
+    "resize_size": 36,
+    "crop_size": 32,
 }
 
 

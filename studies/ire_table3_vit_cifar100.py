@@ -37,7 +37,9 @@ def smoothed_loss_floor(num_classes: int, eps: float = LABEL_SMOOTHING) -> float
 
 def build(scale: str):
     paper = scale == "paper"
-    suffix = "" if paper else f"_{scale}"  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
+    suffix = (
+        "" if paper else f"_{scale}"
+    )  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
     switch = round(smoothed_loss_floor(100) + 0.5, 3) if paper else 100.0
     data = {"augment": "autoaugment"}
     if not paper:
@@ -54,7 +56,11 @@ def build(scale: str):
     )
     adamw = {"lr": 1e-4, "weight_decay": 5e-4}
     sam = {**adamw, "rho": 0.1}
-    ire = {"gamma": sp.grid([0.99, 0.9, 0.8] if paper else [0.9]), "kappa": sp.grid([20.0, 50.0] if paper else [20.0]), "switch_loss": switch}
+    ire = {
+        "gamma": sp.grid([0.99, 0.9, 0.8] if paper else [0.9]),
+        "kappa": sp.grid([20.0, 50.0] if paper else [20.0]),
+        "switch_loss": switch,
+    }
     models = {"model": sp.grid(["vit_t", "vit_s"] if paper else ["vit_t"])}
     grid = Study(
         name="ire_table3_vit_cifar100" + suffix,

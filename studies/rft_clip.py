@@ -64,7 +64,11 @@ def _studies(prefix, model, data, train_data, lrs, alphas, *, train, epochs, res
         workload="clip_finetune",
         workload_params={**common, **train_data},
         train=train,
-        arms=(Arm("adamw", space={"lr": sp.grid(list(lrs)), "augment": sp.grid(list(AUGMENTATIONS)), "weight_decay": 0.1}),),
+        arms=(
+            Arm(
+                "adamw", space={"lr": sp.grid(list(lrs)), "augment": sp.grid(list(AUGMENTATIONS)), "weight_decay": 0.1}
+            ),
+        ),
         metric="val/accuracy",
         mode="max",
         searcher="grid",
@@ -82,8 +86,17 @@ def _studies(prefix, model, data, train_data, lrs, alphas, *, train, epochs, res
         workload_params={**common, **eval_extra},
         arms=(
             # the optimizer is never used: clip_interpolate declares trains=False
-            Arm("adamw", name="unpruned", space={**shared, "prune": False, "sharpness_draws": 20, "sharpness_rho": 1.0,
-                                                  "sharpness_layerwise": True}),
+            Arm(
+                "adamw",
+                name="unpruned",
+                space={
+                    **shared,
+                    "prune": False,
+                    "sharpness_draws": 20,
+                    "sharpness_rho": 1.0,
+                    "sharpness_layerwise": True,
+                },
+            ),
             Arm("adamw", name="pruned", space={**shared, "prune": True, "straggler_draws": 5, "sharpness_draws": 0}),
         ),
         metric="ood/accuracy",
@@ -105,10 +118,19 @@ def build(scale):
         imagenet_a = os.environ.get("FLATLAB_IMAGENET_A", "/data/imagenet-a")
         return _studies(
             "rft_clip",
-            model={"model_name": "ViT-B-32", "pretrained": "openai", "quick_gelu": True, "classnames": "imagenet",
-                   "templates": "openai"},
-            data={"id_data": os.path.join(imagenet, "val"), "id_per_class": 10, "ood_data": imagenet_a,
-                  "eval_batch_size": 512},
+            model={
+                "model_name": "ViT-B-32",
+                "pretrained": "openai",
+                "quick_gelu": True,
+                "classnames": "imagenet",
+                "templates": "openai",
+            },
+            data={
+                "id_data": os.path.join(imagenet, "val"),
+                "id_per_class": 10,
+                "ood_data": imagenet_a,
+                "eval_batch_size": 512,
+            },
             train_data={"train_data": os.path.join(imagenet, "train"), "train_per_class": 0, "train_in_memory": False},
             lrs=(1e-5, 3e-5, 1e-4),
             alphas=alpha_grid(0.05),
@@ -119,10 +141,12 @@ def build(scale):
             concurrent=None,
             eval_extra={"sharpness_examples": 1000},
         )
-    from flatlab.workloads.clip_data import write_synthetic_folders
     from flatlab.cache import cache_root
+    from flatlab.workloads.clip_data import write_synthetic_folders
 
-    folders = write_synthetic_folders(cache_root() / "rft_clip_smoke" / "data", n_train=8, n_val=4, n_ood=4, ood_classes=2)
+    folders = write_synthetic_folders(
+        cache_root() / "rft_clip_smoke" / "data", n_train=8, n_val=4, n_ood=4, ood_classes=2
+    )
     return _studies(
         "rft_clip_smoke",
         model={"model_name": "flatlab-tiny-vit", "pretrained": "", "templates": "simple"},

@@ -29,8 +29,17 @@ STUDY = Study(
     workload_params={"u0": 0.95, "v0": 0.3, "steps_per_epoch": 10},
     train={"batch_size": 1, "schedule": "constant"},
     arms=(
-        Arm("sgd_ire", space={"lr": 1.0, "momentum": 0.0, "weight_decay": 0.0, "gamma": 0.5, "mask_interval": 1,
-                              "kappa": sp.grid([0.0, 1.0, 2.0, 5.0])}),
+        Arm(
+            "sgd_ire",
+            space={
+                "lr": 1.0,
+                "momentum": 0.0,
+                "weight_decay": 0.0,
+                "gamma": 0.5,
+                "mask_interval": 1,
+                "kappa": sp.grid([0.0, 1.0, 2.0, 5.0]),
+            },
+        ),
     ),
     metric="val/loss",
     mode="min",

@@ -44,8 +44,19 @@ def _study(name, workload, start, description):
         workload_params={"theta0": start, "steps_per_epoch": 4, "tail": 25},
         train={"batch_size": 1, "schedule": "constant"},
         arms=(
-            Arm("tsam", space={"lr": 0.005, "momentum": 0.0, "weight_decay": 0.0, "rho": 0.2, "s": 3,
-                               "noise_radius": 0.1, "noise": "gaussian", "t": sp.grid(TS)}),
+            Arm(
+                "tsam",
+                space={
+                    "lr": 0.005,
+                    "momentum": 0.0,
+                    "weight_decay": 0.0,
+                    "rho": 0.2,
+                    "s": 3,
+                    "noise_radius": 0.1,
+                    "noise": "gaussian",
+                    "t": sp.grid(TS),
+                },
+            ),
         ),
         metric="val/loss",
         mode="min",
@@ -63,5 +74,7 @@ def _study(name, workload, start, description):
 
 STUDIES = [
     _study("toy_tsam_wave", "toy/tsam_wave", 0.5, "TSAM Fig. 1 toy: end point and flatness against t"),
-    _study("toy_tsam_kink", "toy/tsam_kink", 2.2, "TSAM kink toy (sharp minimum 1, flat minimum 3): end point against t"),
+    _study(
+        "toy_tsam_kink", "toy/tsam_kink", 2.2, "TSAM kink toy (sharp minimum 1, flat minimum 3): end point against t"
+    ),
 ]

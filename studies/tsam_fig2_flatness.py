@@ -49,7 +49,8 @@ def build(scale: str):
             name=NAME if paper else f"{NAME}_smoke",
             description="ERM vs SAM vs TSAM: mean and variance of L(theta* + eps) against sigma (TSAM Fig. 2)",
             workload="cifar100",
-            workload_params={"model": "resnet18"} if paper
+            workload_params={"model": "resnet18"}
+            if paper
             else {"model": "resnet18", "data_path": "synthetic", "synthetic_size": 32, "width_mult": 1 / 16},
             arms=arms,
             train={"batch_size": 64 if paper else 16, "schedule": "constant", "label_smoothing": 0.1},
@@ -62,7 +63,13 @@ def build(scale: str):
             seeds=(0, 1, 2) if paper else (0,),
             resources=Resources(cpu=8, gpu=1) if paper else Resources(cpu=1),
             max_concurrent=None if paper else 1,
-            measures={"neighbourhood_loss": {"sigma": sigmas[len(sigmas) // 2], "sigmas": list(sigmas), "draws": 40 if paper else 4}},
+            measures={
+                "neighbourhood_loss": {
+                    "sigma": sigmas[len(sigmas) // 2],
+                    "sigmas": list(sigmas),
+                    "draws": 40 if paper else 4,
+                }
+            },
             measure_examples=1024 if paper else 16,
             measure_split="train",
         )

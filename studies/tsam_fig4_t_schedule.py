@@ -36,13 +36,20 @@ def build(scale: str):
         name="tsam_fig4_t_schedule" + ("" if paper else f"_{scale}"),
         description="TSAM tilt schedules: constant vs increasing vs decreasing t, ResNet-18/CIFAR-100 (TSAM Fig. 4)",
         workload="cifar100",
-        workload_params={"model": "resnet18"} if paper else {"model": "resnet18", "data_path": "synthetic", "synthetic_size": 32, "width_mult": 1 / 16},
+        workload_params={"model": "resnet18"}
+        if paper
+        else {"model": "resnet18", "data_path": "synthetic", "synthetic_size": 32, "width_mult": 1 / 16},
         train={"batch_size": 64 if paper else 16, "schedule": "constant", "label_smoothing": 0.1},
         arms=(
             Arm(
                 "tsam",
                 space={
-                    "lr": lr, "momentum": 0.9, "weight_decay": 5e-4, "rho": rho, "t": T, "s": 3,
+                    "lr": lr,
+                    "momentum": 0.9,
+                    "weight_decay": 5e-4,
+                    "rho": rho,
+                    "t": T,
+                    "s": 3,
                     "t_schedule": sp.grid(["constant", "increase", "decrease"]),
                 },
             ),

@@ -27,13 +27,24 @@ TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
 SMOKE_TASKS = ("cola", "stsb")
 METRIC = {"cola": "val/matthews", "stsb": "val/pearson", "mrpc": "val/f1", "qqp": "val/f1"}
 LRS = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1]
-TINY = {"pretrained": False, "data_path": "synthetic", "synthetic_size": 64, "vocab_size": 512,
-        "dim": 32, "n_layers": 1, "n_heads": 2, "hidden_dim": 64, "max_length": 32}
+TINY = {
+    "pretrained": False,
+    "data_path": "synthetic",
+    "synthetic_size": 64,
+    "vocab_size": 512,
+    "dim": 32,
+    "n_layers": 1,
+    "n_heads": 2,
+    "hidden_dim": 64,
+    "max_length": 32,
+}
 
 
 def build(scale: str):
     paper = scale == "paper"
-    suffix = "" if paper else f"_{scale}"  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
+    suffix = (
+        "" if paper else f"_{scale}"
+    )  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
     common = dict(
         workload_params={"max_length": 128} if paper else dict(TINY),
         train={"batch_size": 32 if paper else 16, "schedule": "constant"},

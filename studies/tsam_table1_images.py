@@ -45,7 +45,9 @@ def _grid_arms(paper: bool):
 
 def build(scale: str):
     paper = scale == "paper"
-    suffix = "" if paper else f"_{scale}"  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
+    suffix = (
+        "" if paper else f"_{scale}"
+    )  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
     small = {"data_path": "synthetic", "synthetic_size": 32, "width_mult": 1 / 16}
     settings = (
         # name, workload, workload params (paper / smoke), epochs
@@ -54,10 +56,22 @@ def build(scale: str):
             "dtd",
             "dtd",
             {"model": "vit_small_patch16_224.augreg_in21k_ft_in1k", "pretrained": True},
-            {"model": "vit_tiny_patch16_224", "pretrained": False, "image_size": 32, "data_path": "synthetic", "synthetic_size": 47},
+            {
+                "model": "vit_tiny_patch16_224",
+                "pretrained": False,
+                "image_size": 32,
+                "data_path": "synthetic",
+                "synthetic_size": 47,
+            },
             30,
         ),
-        ("cifar100_noisy", "cifar100", {"model": "resnet18", "label_noise": 0.2}, {"model": "resnet18", "label_noise": 0.2, **small}, 200),
+        (
+            "cifar100_noisy",
+            "cifar100",
+            {"model": "resnet18", "label_noise": 0.2},
+            {"model": "resnet18", "label_noise": 0.2, **small},
+            200,
+        ),
     )
     common = dict(
         train={"batch_size": 64 if paper else 16, "schedule": "constant", "label_smoothing": 0.1},

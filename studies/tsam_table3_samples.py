@@ -36,9 +36,16 @@ def build(scale: str):
         name="tsam_table3_samples" + ("" if paper else f"_{scale}"),
         description="TSAM with s = 3 vs s = 5 sampled perturbations, ResNet-18/CIFAR-100 (TSAM Table 3)",
         workload="cifar100",
-        workload_params={"model": "resnet18"} if paper else {"model": "resnet18", "data_path": "synthetic", "synthetic_size": 32, "width_mult": 1 / 16},
+        workload_params={"model": "resnet18"}
+        if paper
+        else {"model": "resnet18", "data_path": "synthetic", "synthetic_size": 32, "width_mult": 1 / 16},
         train={"batch_size": 64 if paper else 16, "schedule": "constant", "label_smoothing": 0.1},
-        arms=(Arm("tsam", space={"lr": lr, "momentum": 0.9, "weight_decay": 5e-4, "rho": rho, "t": T, "s": sp.grid([3, 5])}),),
+        arms=(
+            Arm(
+                "tsam",
+                space={"lr": lr, "momentum": 0.9, "weight_decay": 5e-4, "rho": rho, "t": T, "s": sp.grid([3, 5])},
+            ),
+        ),
         metric="val/accuracy",
         mode="max",
         searcher="grid",

@@ -25,7 +25,9 @@ def test_every_results_block_equals_its_saved_table():
     for path in tool.doc_files():
         for key, body in tool.blocks(path.read_text()):
             assert key in tables, f"{path.name}: block {key!r} has no docs/results/{key}.md"
-            assert body == tables[key], f"{path.name}: block {key!r} differs from docs/results/{key}.md; run `make docs-results`"
+            assert body == tables[key], (
+                f"{path.name}: block {key!r} differs from docs/results/{key}.md; run `make docs-results`"
+            )
             seen.add(key)
     assert "readme_fmnist" in seen  # the README's Fashion-MNIST table is one of them
 
@@ -52,7 +54,9 @@ def test_fill_replaces_only_the_named_blocks():
     tool = _tool()
     text = "a\n<!-- results:x -->\nold\n<!-- /results:x -->\nb\n<!-- results:y -->\nkeep\n<!-- /results:y -->\n"
     out = tool.fill(text, {"x": "| new |\n", "y": "keep\n"})
-    assert out == "a\n<!-- results:x -->\n| new |\n<!-- /results:x -->\nb\n<!-- results:y -->\nkeep\n<!-- /results:y -->\n"
+    assert (
+        out == "a\n<!-- results:x -->\n| new |\n<!-- /results:x -->\nb\n<!-- results:y -->\nkeep\n<!-- /results:y -->\n"
+    )
     assert tool.blocks(out) == [("x", "| new |\n"), ("y", "keep\n")]
     with pytest.raises(KeyError, match=r"docs/results/x\.md"):
         tool.fill(text, {"y": ""})
@@ -74,11 +78,15 @@ def test_the_stamp_names_the_launches_a_table_reads(tmp_path):
 
     entry = tool.RESULTS["digits_fmnist_summary"]
     ran = tool.launches(entry, tmp_path)  # no launch there: said, not raised
-    assert ran == ["digits_flatness_demo: launch not readable (FileNotFoundError)",
-                   "fmnist_flatness: launch not readable (FileNotFoundError)"]
+    assert ran == [
+        "digits_flatness_demo: launch not readable (FileNotFoundError)",
+        "fmnist_flatness: launch not readable (FileNotFoundError)",
+    ]
     line = tool.stamp(entry, dt.datetime(2026, 12, 4), "abc123", ran)
-    assert line.startswith("*Written by `make docs-results` on 2026-12-04 at commit `abc123`: `flatlab compare "
-                           "digits_flatness_demo fmnist_flatness")
+    assert line.startswith(
+        "*Written by `make docs-results` on 2026-12-04 at commit `abc123`: `flatlab compare "
+        "digits_flatness_demo fmnist_flatness"
+    )
     assert "Runs: digits_flatness_demo: launch not readable" in line and line.endswith("*\n\n")
 
 
@@ -92,17 +100,31 @@ def test_the_stamp_gives_the_source_digest_where_the_commit_does_not_say_which_c
     entry = tool.RESULTS["digits_fmnist_summary"]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     c = runs.client(uri)
-    tags = {"digits_flatness_demo": {runs.TAG_COMMIT: "0123456789abcdef0123", runs.TAG_DIRTY: "false",
-                                     runs.TAG_SOURCE: "aaaa000011112222"},
-            "fmnist_flatness": {runs.TAG_COMMIT: "unknown", runs.TAG_SOURCE: "bbbb000011112222"}}
+    tags = {
+        "digits_flatness_demo": {
+            runs.TAG_COMMIT: "0123456789abcdef0123",
+            runs.TAG_DIRTY: "false",
+            runs.TAG_SOURCE: "aaaa000011112222",
+        },
+        "fmnist_flatness": {runs.TAG_COMMIT: "unknown", runs.TAG_SOURCE: "bbbb000011112222"},
+    }
     for study, t in tags.items():
         exp = runs.get_or_create_experiment(uri, study, (tmp_path / "art").as_uri())
         run = c.create_run(exp, tags=t, start_time=int(dt.datetime(2026, 12, 4, 15, 42).timestamp() * 1000))
         (tmp_path / study).mkdir()
-        (tmp_path / study / "launch.json").write_text(json.dumps({"tracking_uri": uri, "parent_run_id": run.info.run_id}))
+        (tmp_path / study / "launch.json").write_text(
+            json.dumps({"tracking_uri": uri, "parent_run_id": run.info.run_id})
+        )
     assert tool.launches(entry, tmp_path) == [
         "digits_flatness_demo launched 2026-12-04 15:42 at commit `0123456789ab`",  # clean commit: enough
-        "fmnist_flatness launched 2026-12-04 15:42 at commit `unknown` (flatlab source digest `bbbb000011112222`)"]
-    c.set_tag(c.search_runs([runs.get_or_create_experiment(uri, "digits_flatness_demo")])[0].info.run_id, runs.TAG_DIRTY, "true")
-    assert tool.launches(entry, tmp_path)[0] == ("digits_flatness_demo launched 2026-12-04 15:42 at commit "
-                                                 "`0123456789ab+dirty` (flatlab source digest `aaaa000011112222`)")
+        "fmnist_flatness launched 2026-12-04 15:42 at commit `unknown` (flatlab source digest `bbbb000011112222`)",
+    ]
+    c.set_tag(
+        c.search_runs([runs.get_or_create_experiment(uri, "digits_flatness_demo")])[0].info.run_id,
+        runs.TAG_DIRTY,
+        "true",
+    )
+    assert tool.launches(entry, tmp_path)[0] == (
+        "digits_flatness_demo launched 2026-12-04 15:42 at commit "
+        "`0123456789ab+dirty` (flatlab source digest `aaaa000011112222`)"
+    )

@@ -64,8 +64,11 @@ class Clash{i}(Workload):
 STUDY = None
 """)
     load_module(str(tmp_path / "w1.py"))
-    with pytest.raises(ConfigError, match=r"w2\.py, line 5: ValueError: workload 'clash' is already registered by flatlab_study_w1\.Clash1 \(.*w1\.py\); "
-                                         r"flatlab_study_w2\.Clash2 \(.*w2\.py\) cannot take the same name: rename one"):
+    with pytest.raises(
+        ConfigError,
+        match=r"w2\.py, line 5: ValueError: workload 'clash' is already registered by flatlab_study_w1\.Clash1 \(.*w1\.py\); "
+        r"flatlab_study_w2\.Clash2 \(.*w2\.py\) cannot take the same name: rename one",
+    ):
         load_module(str(tmp_path / "w2.py"))
     registry = Registry("thing")
     registry.register("x", Clash := type("Clash", (), {}))
@@ -168,7 +171,7 @@ def test_every_code_block_of_the_extensions_guide_is_in_the_tested_example():
     example = EXAMPLE.read_text() + (EXAMPLE.parent / "two_moons.py").read_text()
     assert len(blocks) == 5  # the imports, the workload, its import, the optimizer, the measure
     readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Your own workload"):readme.index("## Everyday commands")]
+    section = readme[readme.index("## Your own workload") : readme.index("## Everyday commands")]
     blocks += re.findall(r"```python\n(.*?)```", section, flags=re.S)
     assert len(blocks) == 6  # and the README's measure
     for block in blocks:
@@ -184,8 +187,11 @@ def test_listings_show_a_study_file_s_own_entries_with_study_file(registries, tm
     res = runner.invoke(app, ["workloads", "two_moons"])  # not registered without the file: says how
     assert res.exit_code == 2 and "unknown workload 'two_moons'" in res.output
     assert "--study-file FILE" in " ".join(res.output.split())
-    for command, name, shown in (("workloads", "two_moons", "noise"), ("optimizers", "lion", "beta2"),
-                                 ("measures", "param_norm", "flat/param_norm")):
+    for command, name, shown in (
+        ("workloads", "two_moons", "noise"),
+        ("optimizers", "lion", "beta2"),
+        ("measures", "param_norm", "flat/param_norm"),
+    ):
         res = runner.invoke(app, [command, name, "--study-file", str(EXAMPLE)])
         assert res.exit_code == 0 and res.output.startswith(name) and shown in res.output, res.output
     res = runner.invoke(app, ["measures", "--study-file", str(EXAMPLE)])  # the whole listing, built-ins too
@@ -203,7 +209,9 @@ def test_dry_run_says_the_measure_subset_is_capped_by_the_split(registries, tmp_
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(app, ["run", str(EXAMPLE), "--dry-run"])
     assert res.exit_code == 0, res.output
-    assert "param_norm on 512 train examples (all of them if the split is smaller; seed 0)" in " ".join(res.output.split())
+    assert "param_norm on 512 train examples (all of them if the split is smaller; seed 0)" in " ".join(
+        res.output.split()
+    )
 
 
 def test_a_workload_without_its_methods_is_refused_when_the_study_file_loads(registries, tmp_path, monkeypatch):

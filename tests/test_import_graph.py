@@ -173,24 +173,38 @@ def _write(root: Path, files: Dict[str, str]) -> Path:
 
 
 def test_function_level_imports_close_a_cycle_and_the_exemptions_do_not(tmp_path):
-    pkg = _write(tmp_path, {
-        "flatlab/__init__.py": "from flatlab.a import A\n\ndef __getattr__(name):\n    from flatlab import c\n    return c\n",
-        "flatlab/a.py": "A = 1\n\ndef later():\n    from flatlab.b import B\n    return B\n",
-        "flatlab/b.py": "from .a import A\nB = A\n",
-        "flatlab/c.py": "import flatlab\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from flatlab.d import D\n",
-        "flatlab/d.py": "from flatlab import c\n",
-        "flatlab/w/__init__.py": "",
-        "flatlab/w/x.py": "import os\n\ndef f():\n    import mlflow.tracking\n    from ..tracking import runs\n",
-    })
+    pkg = _write(
+        tmp_path,
+        {
+            "flatlab/__init__.py": "from flatlab.a import A\n\ndef __getattr__(name):\n    from flatlab import c\n    return c\n",
+            "flatlab/a.py": "A = 1\n\ndef later():\n    from flatlab.b import B\n    return B\n",
+            "flatlab/b.py": "from .a import A\nB = A\n",
+            "flatlab/c.py": "import flatlab\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from flatlab.d import D\n",
+            "flatlab/d.py": "from flatlab import c\n",
+            "flatlab/w/__init__.py": "",
+            "flatlab/w/x.py": "import os\n\ndef f():\n    import mlflow.tracking\n    from ..tracking import runs\n",
+        },
+    )
     edges = graph(pkg)
     assert edges["flatlab.a"] == {"flatlab.b"} and edges["flatlab.b"] == {"flatlab.a"}  # relative import resolved
     assert edges["flatlab"] == {"flatlab.a"}  # __getattr__'s lazy import is not an edge
     assert edges["flatlab.c"] == {"flatlab"} and edges["flatlab.d"] == {"flatlab.c"}  # TYPE_CHECKING is not one
     assert cycles(edges) == [["flatlab.a", "flatlab.b"]]
-    assert [i for i, _ in imports(pkg / "w" / "x.py", "flatlab.w.x") if _forbidden(i)] == ["mlflow.tracking", "flatlab.tracking.runs"]
+    assert [i for i, _ in imports(pkg / "w" / "x.py", "flatlab.w.x") if _forbidden(i)] == [
+        "mlflow.tracking",
+        "flatlab.tracking.runs",
+    ]
 
 
-@pytest.mark.parametrize("name, expected", [("flatlab.tracking", True), ("flatlab.tracking.runs", True), ("mlflow", True),
-                                            ("flatlab.trackingx", False), ("flatlab.train.trainer", False)])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("flatlab.tracking", True),
+        ("flatlab.tracking.runs", True),
+        ("mlflow", True),
+        ("flatlab.trackingx", False),
+        ("flatlab.train.trainer", False),
+    ],
+)
 def test_forbidden_names(name, expected):
     assert _forbidden(name) is expected

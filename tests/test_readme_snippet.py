@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _snippet(heading: str, doc: str = "README.md") -> str:
     text = (REPO / doc).read_text()
-    section = text[text.index(heading):]
+    section = text[text.index(heading) :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -99,16 +99,26 @@ def test_logged_model_snippet_predicts_digits_with_the_best_model(tmp_path, monk
     train = workload.load_data(seed=0).train
     torch.manual_seed(0)
     ids = {}
-    for name, arm, stage, steps, acc in (("sgd-a1", "sgd", "search", 0, 0.5), ("sam-trained", "sam", "search", 300, 0.95),
-                                         ("sam-final-seed2", "sam", "final", 0, 0.99)):
+    for name, arm, stage, steps, acc in (
+        ("sgd-a1", "sgd", "search", 0, 0.5),
+        ("sam-trained", "sam", "search", 300, 0.95),
+        ("sam-final-seed2", "sam", "final", 0, 0.99),
+    ):
         model = workload.build_model()
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         for _ in range(steps):
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(train.inputs), train.targets).backward()
             opt.step()
-        tags = {runs.PARENT: parent, runs.TAG_ROLE: "trial", runs.TAG_ARM: arm, runs.TAG_SEED: "1",
-                runs.TAG_OUTCOME: "completed", runs.TAG_STAGE: stage, runs.TAG_TRIAL: name}
+        tags = {
+            runs.PARENT: parent,
+            runs.TAG_ROLE: "trial",
+            runs.TAG_ARM: arm,
+            runs.TAG_SEED: "1",
+            runs.TAG_OUTCOME: "completed",
+            runs.TAG_STAGE: stage,
+            runs.TAG_TRIAL: name,
+        }
         run = c.create_run(exp, run_name=name, tags=tags).info.run_id
         c.log_batch(run, params=[Param("lr", "0.1")])
         ids[name] = lm.log_trial_model(c, run, name, model, Spec)

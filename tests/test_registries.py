@@ -6,9 +6,15 @@ from flatlab.workloads.registry import WORKLOADS, get_workload
 
 
 def test_unknown_names_list_the_valid_ones():
-    with pytest.raises(UnknownNameError, match=r"unknown optimizer 'adam' \(did you mean 'adamw' or 'asam'\?\); valid optimizers: .*adamw, .*sgd"):
+    with pytest.raises(
+        UnknownNameError,
+        match=r"unknown optimizer 'adam' \(did you mean 'adamw' or 'asam'\?\); valid optimizers: .*adamw, .*sgd",
+    ):
         get_optimizer("adam")
-    with pytest.raises(UnknownNameError, match=r"unknown workload 'cifar' \(did you mean 'cifar10' or 'cifar100'\?\); valid workloads: .*digits"):
+    with pytest.raises(
+        UnknownNameError,
+        match=r"unknown workload 'cifar' \(did you mean 'cifar10' or 'cifar100'\?\); valid workloads: .*digits",
+    ):
         get_workload("cifar")
     with pytest.raises(UnknownNameError, match=r"unknown optimizer 'zzz'; valid optimizers"):  # nothing close: no hint
         get_optimizer("zzz")

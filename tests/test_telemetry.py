@@ -26,10 +26,15 @@ print(json.dumps({{"mlflow_client": mlflow.telemetry.get_telemetry_client() is n
 
 def probe(before: str, **env: str) -> dict:
     """Whether MLflow's telemetry client runs and Ray's usage statistics are on, after ``before`` ran."""
-    clean = {"PATH": os.environ.get("PATH", "/usr/bin"), "HOME": os.environ.get("HOME", "/tmp"),
-             "PYTHONPATH": str(Path(flatlab.__file__).resolve().parents[1]), **env}
-    done = subprocess.run([sys.executable, "-c", PROBE.format(before=before)], env=clean, capture_output=True,
-                          text=True, timeout=120)
+    clean = {
+        "PATH": os.environ.get("PATH", "/usr/bin"),
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "PYTHONPATH": str(Path(flatlab.__file__).resolve().parents[1]),
+        **env,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(before=before)], env=clean, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -37,14 +42,20 @@ def probe(before: str, **env: str) -> dict:
 @pytest.mark.parametrize("before", ["import flatlab", "import mlflow\nimport flatlab"])
 def test_import_flatlab_turns_both_off(before):
     # the second case: MLflow imported first had already started its client; flatlab drops it
-    assert probe(before) == {"mlflow_client": False, "ray_usage_stats": False,
-                             "env": {"RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_DISABLE_TELEMETRY": "1"}}
+    assert probe(before) == {
+        "mlflow_client": False,
+        "ray_usage_stats": False,
+        "env": {"RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_DISABLE_TELEMETRY": "1"},
+    }
 
 
 def test_without_flatlab_both_report_and_a_users_setting_wins():
     # what flatlab turns off is on by default (the case this module exists for) ...
-    assert probe("") == {"mlflow_client": True, "ray_usage_stats": True,
-                         "env": {"RAY_USAGE_STATS_ENABLED": None, "MLFLOW_DISABLE_TELEMETRY": None, "HF_HUB_DISABLE_TELEMETRY": None}}
+    assert probe("") == {
+        "mlflow_client": True,
+        "ray_usage_stats": True,
+        "env": {"RAY_USAGE_STATS_ENABLED": None, "MLFLOW_DISABLE_TELEMETRY": None, "HF_HUB_DISABLE_TELEMETRY": None},
+    }
     # ... and a user who set the variables keeps their choice
     chosen = {"RAY_USAGE_STATS_ENABLED": "1", "MLFLOW_DISABLE_TELEMETRY": "false", "HF_HUB_DISABLE_TELEMETRY": "0"}
     assert probe("import flatlab", **chosen) == {"mlflow_client": True, "ray_usage_stats": True, "env": chosen}
@@ -53,6 +64,11 @@ def test_without_flatlab_both_report_and_a_users_setting_wins():
 def test_disable_reporting_sets_only_what_is_unset():
     env = {"MLFLOW_DISABLE_TELEMETRY": "false", "OTHER": "x"}
     assert disable_reporting(env) == {"RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
-    assert env == {"MLFLOW_DISABLE_TELEMETRY": "false", "OTHER": "x", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    assert env == {
+        "MLFLOW_DISABLE_TELEMETRY": "false",
+        "OTHER": "x",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
     assert disable_reporting(env) == {}
     assert OFF == {"RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_DISABLE_TELEMETRY": "1"}

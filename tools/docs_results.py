@@ -49,18 +49,41 @@ class Entry:
 RESULTS: Dict[str, Entry] = {
     e.key: e
     for e in (
-        Entry("digits_flatness_demo", (("run", "studies/digits_flatness.py", "--scale", "demo"),),
-              ("compare", "digits_flatness_demo", "--format", "markdown")),
-        Entry("deepobs_fmnist_2c2d_cpu", (("run", "studies/deepobs_fmnist.py", "--scale", "cpu"),),
-              ("curves", "deepobs_fmnist_2c2d_cpu", "--format", "markdown")),
-        Entry("fmnist_flatness", (("run", "studies/fmnist_flatness.py"),),
-              ("compare", "fmnist_flatness", "--format", "markdown")),
-        Entry("readme_fmnist", (), ("compare", "fmnist_flatness", "--measure", "flat_at_target/fisher_trace", "--format",
-                                    "markdown"), studies=("fmnist_flatness",)),
-        Entry("digits_fmnist_summary", (),
-              ("compare", "digits_flatness_demo", "fmnist_flatness", "--format", "markdown",
-               "--plot", "docs/img/profiles_digits_fmnist.png"),
-              studies=("digits_flatness_demo", "fmnist_flatness")),
+        Entry(
+            "digits_flatness_demo",
+            (("run", "studies/digits_flatness.py", "--scale", "demo"),),
+            ("compare", "digits_flatness_demo", "--format", "markdown"),
+        ),
+        Entry(
+            "deepobs_fmnist_2c2d_cpu",
+            (("run", "studies/deepobs_fmnist.py", "--scale", "cpu"),),
+            ("curves", "deepobs_fmnist_2c2d_cpu", "--format", "markdown"),
+        ),
+        Entry(
+            "fmnist_flatness",
+            (("run", "studies/fmnist_flatness.py"),),
+            ("compare", "fmnist_flatness", "--format", "markdown"),
+        ),
+        Entry(
+            "readme_fmnist",
+            (),
+            ("compare", "fmnist_flatness", "--measure", "flat_at_target/fisher_trace", "--format", "markdown"),
+            studies=("fmnist_flatness",),
+        ),
+        Entry(
+            "digits_fmnist_summary",
+            (),
+            (
+                "compare",
+                "digits_flatness_demo",
+                "fmnist_flatness",
+                "--format",
+                "markdown",
+                "--plot",
+                "docs/img/profiles_digits_fmnist.png",
+            ),
+            studies=("digits_flatness_demo", "fmnist_flatness"),
+        ),
     )
 }
 
@@ -76,9 +99,12 @@ def flatlab(args: Sequence[str], root: Path, capture: bool) -> str:
 
 def commit() -> str:
     """The checkout's commit (``+dirty`` when tracked files differ from it)."""
-    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, text=True, capture_output=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, text=True,
-                           capture_output=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, text=True, capture_output=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, text=True, capture_output=True
+    ).stdout.strip()
     return (head or "unknown") + ("+dirty" if dirty else "")
 
 
@@ -101,8 +127,10 @@ def launches(entry: Entry, root: Path) -> List[str]:
             dirty = tags.get(runs.TAG_DIRTY) == "true"
             source = tags.get(runs.TAG_SOURCE)
             digest = source and (dirty or commit == "unknown")  # the commit alone does not say which code ran
-            out.append(f"{study} launched {started:%Y-%m-%d %H:%M} at commit `{commit[:12]}{'+dirty' if dirty else ''}`"
-                       + (f" (flatlab source digest `{source}`)" if digest else ""))
+            out.append(
+                f"{study} launched {started:%Y-%m-%d %H:%M} at commit `{commit[:12]}{'+dirty' if dirty else ''}`"
+                + (f" (flatlab source digest `{source}`)" if digest else "")
+            )
         except Exception as exc:  # noqa: BLE001 - the stamp says what is not known
             out.append(f"{study}: launch not readable ({type(exc).__name__})")
     return out
@@ -146,6 +174,7 @@ def fill(text: str, tables: Dict[str, str]) -> str:
     Raises:
         KeyError: a block names a key that has no saved table.
     """
+
     def sub(m: "re.Match[str]") -> str:
         key = m.group("key")
         if key not in tables:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import json
 import os
 import shutil
 import socket
@@ -46,18 +45,34 @@ from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars", "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--remote-debugging-address=127.0.0.1",
+    "--remote-debugging-port=0",
+]
 WIDTH, HEIGHT = 1600, 1000
 # MLflow 3.17's UI opens its assistant panel on a first visit and remembers it in these entries
-SEEN_BEFORE = ("try { localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');"
-               " localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false'); } catch (e) {}")
-SCROLL_TO_SECTION = ("Array.from(document.querySelectorAll('span, div, h3, h4'))"
-                     ".find(e => e.children.length === 0 && e.textContent.trim() === '{section}')"
-                     "?.scrollIntoView({{block: 'start'}})")
-SCROLL_TO_END = ("document.querySelectorAll('.ag-body-viewport, .ag-center-cols-viewport')"
-                 ".forEach(e => { e.scrollTop = e.scrollHeight; })")
+SEEN_BEFORE = (
+    "try { localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');"
+    " localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false'); } catch (e) {}"
+)
+SCROLL_TO_SECTION = (
+    "Array.from(document.querySelectorAll('span, div, h3, h4'))"
+    ".find(e => e.children.length === 0 && e.textContent.trim() === '{section}')"
+    "?.scrollIntoView({{block: 'start'}})"
+)
+SCROLL_TO_END = (
+    "document.querySelectorAll('.ag-body-viewport, .ag-center-cols-viewport')"
+    ".forEach(e => { e.scrollTop = e.scrollHeight; })"
+)
 DEMO = ["run", "studies/digits_flatness.py", "--scale", "demo"]  # what `make demo` runs
 DEMO_STUDY = "digits_flatness_demo"
 
@@ -76,8 +91,18 @@ def serve(tracking_uri: str, port: int, log: Path) -> subprocess.Popen:
         RuntimeError: it exited or did not answer within 120 s (its log is named).
     """
     mlflow = Path(sys.executable).with_name("mlflow")
-    cmd = [str(mlflow) if mlflow.exists() else "mlflow", "server", "--backend-store-uri", tracking_uri,
-           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    cmd = [
+        str(mlflow) if mlflow.exists() else "mlflow",
+        "server",
+        "--backend-store-uri",
+        tracking_uri,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -129,15 +154,34 @@ def pages(tracking_uri: str, study: str, base: str) -> List[Tuple[str, str, List
         ("1b_runs_end", ui.runs_url(base, exp), ["pruned"] if len(pruned) else [], SCROLL_TO_END),
         ("2_charts", ui.runs_url(base, exp) + "&compareRunsMode=CHART", [f"{section} (", metric], ""),
         ("3_trial", ui.run_url(base, exp, best["run_id"], "model-metrics"), [name, "train_step (", "flat ("], ""),
-        ("3b_trial_curves", ui.run_url(base, exp, best["run_id"], "model-metrics"), [name, "train_step ("],
-         SCROLL_TO_SECTION.format(section="train")),
-        ("4_parent", ui.run_url(base, exp, parent.info.run_id, "artifacts/report/best_per_arm.json"),
-         ["best_per_arm.json", name if best["stage"] != "final" else str(best["arm"])], ""),
-        ("5_models", ui.models_url(base, exp), [ui.model_name(best["arm"], best["stage"], best["seed"], best["trial_id"])], ""),
+        (
+            "3b_trial_curves",
+            ui.run_url(base, exp, best["run_id"], "model-metrics"),
+            [name, "train_step ("],
+            SCROLL_TO_SECTION.format(section="train"),
+        ),
+        (
+            "4_parent",
+            ui.run_url(base, exp, parent.info.run_id, "artifacts/report/best_per_arm.json"),
+            ["best_per_arm.json", name if best["stage"] != "final" else str(best["arm"])],
+            "",
+        ),
+        (
+            "5_models",
+            ui.models_url(base, exp),
+            [ui.model_name(best["arm"], best["stage"], best["seed"], best["trial_id"])],
+            "",
+        ),
     ]
     if model_id:
-        out.append(("6_model", f"{base}/#/experiments/{exp}/models/{model_id}?workflowType=machine_learning",
-                    [model_id, "Register model"], ""))
+        out.append(
+            (
+                "6_model",
+                f"{base}/#/experiments/{exp}/models/{model_id}?workflowType=machine_learning",
+                [model_id, "Register model"],
+                "",
+            )
+        )
     return out
 
 
@@ -159,10 +203,14 @@ class Page:
 
     async def text(self) -> str:
         """The page's visible text (a chart section's count, on a line of its own, joined to its name)."""
-        r = await self.call("Runtime.evaluate", expression="document.body ? document.body.innerText : ''", returnByValue=True)
+        r = await self.call(
+            "Runtime.evaluate", expression="document.body ? document.body.innerText : ''", returnByValue=True
+        )
         return str(r.get("result", {}).get("value", "")).replace("\n(", " (")
 
-    async def open(self, url: str, wanted: List[str], script: str = "", timeout_s: float = 90.0) -> Tuple[str, List[str]]:
+    async def open(
+        self, url: str, wanted: List[str], script: str = "", timeout_s: float = 90.0
+    ) -> Tuple[str, List[str]]:
         """Load ``url``; wait until its text holds every one of ``wanted`` (or ``timeout_s`` passes; the
         first load fetches MLflow's 27 MB of scripts), run ``script``, then wait for the charts to settle.
         Returns the text and what is missing."""
@@ -191,9 +239,11 @@ async def screenshots(shots: List[Tuple[str, str, List[str], str]], out: Path) -
     import aiohttp
 
     profile = Path(tempfile.mkdtemp(prefix="mlflow-shots-chromium-"))
-    proc = subprocess.Popen([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-                             f"--window-size={WIDTH},{HEIGHT}", "about:blank"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={WIDTH},{HEIGHT}", "about:blank"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     missing: Dict[str, List[str]] = {}
     try:
         port_file = profile / "DevToolsActivePort"
@@ -208,8 +258,9 @@ async def screenshots(shots: List[Tuple[str, str, List[str], str]], out: Path) -
                 page = Page(ws)
                 await page.call("Page.enable")
                 await page.call("Page.addScriptToEvaluateOnNewDocument", source=SEEN_BEFORE)
-                await page.call("Emulation.setDeviceMetricsOverride", width=WIDTH, height=HEIGHT,
-                                deviceScaleFactor=1, mobile=False)
+                await page.call(
+                    "Emulation.setDeviceMetricsOverride", width=WIDTH, height=HEIGHT, deviceScaleFactor=1, mobile=False
+                )
                 for name, url, wanted, script in shots:
                     text, missing[name] = await page.open(url, wanted, script)
                     await page.shot(out / f"{name}.png")
@@ -225,16 +276,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--root", default=str(ROOT / "flatlab-runs"), help="the flatlab root (default: ./flatlab-runs)")
     parser.add_argument("--study", default=DEMO_STUDY, help=f"the study (default: {DEMO_STUDY})")
     parser.add_argument("--out", default=str(ROOT / "mlflow-screenshots"), help="folder for the PNGs")
-    parser.add_argument("--run-demo", action="store_true", help="run `flatlab " + " ".join(DEMO) + "` under --root first")
+    parser.add_argument(
+        "--run-demo", action="store_true", help="run `flatlab " + " ".join(DEMO) + "` under --root first"
+    )
     args = parser.parse_args(argv)
     root, out = Path(args.root).resolve(), Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.run_demo:
         flatlab = Path(sys.executable).with_name("flatlab")
-        subprocess.run([str(flatlab) if flatlab.exists() else "flatlab", *DEMO, "--root", str(root)], cwd=ROOT, check=True)
+        subprocess.run(
+            [str(flatlab) if flatlab.exists() else "flatlab", *DEMO, "--root", str(root)], cwd=ROOT, check=True
+        )
     tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
     if not (root / "mlflow.db").exists():
-        print(f"no MLflow store at {root / 'mlflow.db'}: run `make demo` (or pass --run-demo / --root)", file=sys.stderr)
+        print(
+            f"no MLflow store at {root / 'mlflow.db'}: run `make demo` (or pass --run-demo / --root)", file=sys.stderr
+        )
         return 2
     port = free_port()
     server = None

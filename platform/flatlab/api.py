@@ -67,11 +67,17 @@ def run(
             f"valid options: {', '.join(names)}"
         )
     root_path = Path(root) if root is not None else Path(os.environ.get("FLATLAB_ROOT", "flatlab-runs"))
-    given = {"trials": trials, "epochs": epochs, "final_seeds": final_seeds, "scale": scale,
-             "checkpoint_every": checkpoint_every}
+    given = {
+        "trials": trials,
+        "epochs": epochs,
+        "final_seeds": final_seeds,
+        "scale": scale,
+        "checkpoint_every": checkpoint_every,
+    }
     only = [studies] if isinstance(studies, str) else list(studies or [])
-    prepared = prepare(study, given, root_path, resume=bool(options.get("resume")),
-                       continue_=bool(options.get("continue_")), only=only)
+    prepared = prepare(
+        study, given, root_path, resume=bool(options.get("resume")), continue_=bool(options.get("continue_")), only=only
+    )
     if options.get("address"):  # an unreachable head fails within seconds, as with the CLI
         from flatlab.cluster import check_address
 
@@ -137,8 +143,18 @@ def results(
     base = Path(root) if root is not None else Path(os.environ.get("FLATLAB_ROOT", "flatlab-runs"))
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or runs.default_tracking_uri(base.resolve())
     df = _with_timestamps(trials_frame(uri, name, all_launches=all_launches))
-    return select(df, arms=arms, metric=metric, mode=mode, filter=filter, best=best, by_config=by_config, sort=sort,
-                  columns=columns, rank_by=rank_by)
+    return select(
+        df,
+        arms=arms,
+        metric=metric,
+        mode=mode,
+        filter=filter,
+        best=best,
+        by_config=by_config,
+        sort=sort,
+        columns=columns,
+        rank_by=rank_by,
+    )
 
 
 def _with_timestamps(df):

@@ -75,10 +75,14 @@ def match_cluster_auth(address: str, timeout: float = 3.0) -> Optional[bool]:
             f"its nodes could not reach this driver and every trial would be cancelled before it starts; unset "
             f"RAY_AUTH_MODE, or start every node of the cluster with RAY_AUTH_MODE=token"
         )
-    if required and not (os.environ.get("RAY_AUTH_TOKEN") or os.path.exists(
-            os.environ.get("RAY_AUTH_TOKEN_PATH", os.path.expanduser("~/.ray/auth_token")))):
-        raise ConfigError(f"--address {address}: that Ray cluster requires token authentication and no token is at hand "
-                          f"here; give the cluster's token ({TOKEN_SOURCES})")
+    if required and not (
+        os.environ.get("RAY_AUTH_TOKEN")
+        or os.path.exists(os.environ.get("RAY_AUTH_TOKEN_PATH", os.path.expanduser("~/.ray/auth_token")))
+    ):
+        raise ConfigError(
+            f"--address {address}: that Ray cluster requires token authentication and no token is at hand "
+            f"here; give the cluster's token ({TOKEN_SOURCES})"
+        )
     if given is None:
         os.environ["RAY_AUTH_MODE"] = "token" if required else "disabled"
         refresh_auth_config()  # Ray may have read its config already
@@ -201,9 +205,9 @@ def _lasting_uri(uri: str) -> bool:
     """A tracking URI that outlives the job: a server (``http(s)://``, ``databricks`` ...) or an absolute
     SQLite / file path (``sqlite:////abs/mlflow.db``, ``file:///abs``, ``/abs``)."""
     if uri.startswith("sqlite:///"):
-        return uri[len("sqlite:///"):].startswith("/")
+        return uri[len("sqlite:///") :].startswith("/")
     if uri.startswith("file:"):
-        rest = uri[len("file:"):]
+        rest = uri[len("file:") :]
         return rest.startswith("/")  # file:/abs or file:///abs; file:relative is inside the job's folder
     if "://" in uri or uri == "databricks" or uri.startswith("databricks"):
         return True
@@ -219,7 +223,9 @@ def job_entrypoint(study_file: str, extra_args: List[str], working_dir: Path) ->
     ``py_modules`` entry, which Ray puts first on ``PYTHONPATH`` of the job and its trial workers: the
     submitted checkout's code runs, not the copy installed on the cluster.
     """
-    entry = " ".join(["python", "-m", "flatlab.cli.main", "run", shlex.quote(study_file), *map(shlex.quote, extra_args)])
+    entry = " ".join(
+        ["python", "-m", "flatlab.cli.main", "run", shlex.quote(study_file), *map(shlex.quote, extra_args)]
+    )
     runtime_env: Dict[str, Any] = {"working_dir": str(working_dir), "excludes": EXCLUDES}
     package = working_dir / "platform" / "flatlab"
     if (package / "__init__.py").is_file():
@@ -228,7 +234,13 @@ def job_entrypoint(study_file: str, extra_args: List[str], working_dir: Path) ->
 
 
 def submit_study(
-    address: str, study_file: Path, working_dir: Path, extra_args: List[str], *, follow: bool = False, console: Any = None
+    address: str,
+    study_file: Path,
+    working_dir: Path,
+    extra_args: List[str],
+    *,
+    follow: bool = False,
+    console: Any = None,
 ) -> str:
     """Submit ``flatlab run <study_file> <extra_args>`` as a Ray Job; returns the job id.
 
@@ -256,6 +268,7 @@ def submit_study(
     if console is not None:
         console.print(f"submitted {job_id}: {entry}")
     if follow:
+
         async def _tail() -> None:
             async for lines in client.tail_job_logs(job_id):
                 print(lines, end="", flush=True)

@@ -83,7 +83,9 @@ class HParam:
                 raise bad
             value = int(value)
             if abs(value) > MAX_INT:  # torch, numpy and SQLite hold it in 64 bits
-                raise ConfigError(f"{prefix}{self.name}={value!r} is too large; expected {self.allowed()}, |value| <= 2**63 - 1")
+                raise ConfigError(
+                    f"{prefix}{self.name}={value!r} is too large; expected {self.allowed()}, |value| <= 2**63 - 1"
+                )
         else:
             if isinstance(value, int) and abs(value) > MAX_INT:
                 raise bad
@@ -91,7 +93,9 @@ class HParam:
             if not math.isfinite(value):  # nan, inf, -inf: no field takes them
                 raise ConfigError(f"{prefix}{self.name}={value!r} is not allowed; expected a finite {self.allowed()}")
             if abs(value) > MAX_FLOAT:  # torch holds optimizer scalars in float32: 1e308 would overflow there
-                raise ConfigError(f"{prefix}{self.name}={value!r} is too large; expected {self.allowed()}, |value| <= {MAX_FLOAT:.4g}")
+                raise ConfigError(
+                    f"{prefix}{self.name}={value!r} is too large; expected {self.allowed()}, |value| <= {MAX_FLOAT:.4g}"
+                )
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
             raise bad
         if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
@@ -117,14 +121,18 @@ def resolve(
             outside their allowed ranges, all of them in one error, one per line.
     """
     if not isinstance(given, Mapping):
-        raise ConfigError(f"{where}={given!r} ({type(given).__name__}); expected a dict of parameter -> value, e.g. {{}}")
+        raise ConfigError(
+            f"{where}={given!r} ({type(given).__name__}); expected a dict of parameter -> value, e.g. {{}}"
+        )
     by_name = {h.name: h for h in declared}
     problems = []
     if not allow_extra:
         unknown = sorted(set(given) - set(by_name), key=repr)
         if unknown:
             named = ", ".join(f"{u}{did_you_mean(u, by_name)}" for u in unknown)
-            problems.append(f"{where}: unknown parameter(s) {named}; accepted: {', '.join(sorted(by_name)) or '(none)'}")
+            problems.append(
+                f"{where}: unknown parameter(s) {named}; accepted: {', '.join(sorted(by_name)) or '(none)'}"
+            )
     out = {h.name: h.default for h in declared}
     for name, value in given.items():
         if name in by_name:
@@ -135,4 +143,3 @@ def resolve(
     if problems:  # every problem at once, one per line
         raise ConfigError("\n".join(problems))
     return out
-

@@ -92,7 +92,7 @@ class Registry(Generic[T]):
                 (:meth:`register`).
         """
         if entry is not None:
-            return self.register(getattr(entry, "name"), entry)
+            return self.register(entry.name, entry)
         if not name:
             raise ValueError(f"{usage} as a decorator needs the {self.kind}'s name")
 

@@ -8,9 +8,37 @@ value, resolved when the study is launched; see ``flatlab.study.chain``).
 """
 
 from flatlab.study.space import (
-    BestOf, Choice, Conditional, Dim, Fixed, Float, Int, best_of, choice, fixed, grid, loguniform, uniform, when,
+    BestOf,
+    Choice,
+    Conditional,
+    Dim,
+    Fixed,
+    Float,
+    Int,
+    best_of,
+    choice,
+    fixed,
+    grid,
+    loguniform,
+    uniform,
+    when,
 )
 from flatlab.study.space import integer as int  # noqa: A001  (the documented name; nothing else here uses int)
 
-__all__ = ["Dim", "Float", "Int", "Choice", "Fixed", "Conditional", "BestOf", "loguniform", "uniform", "int", "choice",
-           "fixed", "grid", "when", "best_of"]
+__all__ = [
+    "Dim",
+    "Float",
+    "Int",
+    "Choice",
+    "Fixed",
+    "Conditional",
+    "BestOf",
+    "loguniform",
+    "uniform",
+    "int",
+    "choice",
+    "fixed",
+    "grid",
+    "when",
+    "best_of",
+]

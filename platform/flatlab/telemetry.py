@@ -17,7 +17,11 @@ import sys
 from typing import Dict, MutableMapping, Optional
 
 #: each variable and the value that turns its reporting off
-OFF: Dict[str, str] = {"RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_DISABLE_TELEMETRY": "1"}
+OFF: Dict[str, str] = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+}
 
 
 def disable_reporting(environ: Optional[MutableMapping[str, str]] = None) -> Dict[str, str]:

@@ -12,14 +12,13 @@ from typing import Any, Dict, Mapping
 
 import torch
 from torch import nn
+from two_moons import TwoMoons  # noqa: F401  (the module next to this file registers workload "two_moons")
 
 from flatlab import Arm, Study
 from flatlab import space as sp
 from flatlab.hparams import HParam
 from flatlab.optim.registry import common, register_optimizer
 from flatlab.sharpness.measures import register_measure
-
-from two_moons import TwoMoons  # noqa: F401  (the module next to this file registers workload "two_moons")
 
 
 class Lion(torch.optim.Optimizer):
@@ -47,17 +46,25 @@ class Lion(torch.optim.Optimizer):
         return loss
 
 
-@register_optimizer(name="lion", doc="Lion: the sign of an interpolated momentum (Chen et al. 2023, Algorithm 2)",
-                    hparams=common(HParam("beta1", 0.9, float, low=0.0, high=1.0, doc="interpolation of the update"),
-                                   HParam("beta2", 0.99, float, low=0.0, high=1.0, doc="decay of the moving average"),
-                                   lr_default=1e-4))
+@register_optimizer(
+    name="lion",
+    doc="Lion: the sign of an interpolated momentum (Chen et al. 2023, Algorithm 2)",
+    hparams=common(
+        HParam("beta1", 0.9, float, low=0.0, high=1.0, doc="interpolation of the update"),
+        HParam("beta2", 0.99, float, low=0.0, high=1.0, doc="decay of the moving average"),
+        lr_default=1e-4,
+    ),
+)
 def build_lion(params: Any, *, lr: float, weight_decay: float, beta1: float, beta2: float) -> Lion:
     return Lion(params, lr=lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2)
 
 
-@register_measure(name="param_norm", doc="Euclidean norm of all the model's parameters (parameter units)",
-                  source="the parameter norm of Jiang et al. 2020, Fantastic Generalization Measures and Where to Find Them",
-                  metrics=("flat/param_norm",))
+@register_measure(
+    name="param_norm",
+    doc="Euclidean norm of all the model's parameters (parameter units)",
+    source="the parameter norm of Jiang et al. 2020, Fantastic Generalization Measures and Where to Find Them",
+    metrics=("flat/param_norm",),
+)
 def param_norm(model: nn.Module, subset: Any, loss_fn: Any, params: Mapping[str, Any], seed: int) -> Dict[str, float]:
     return {"flat/param_norm": float(torch.sqrt(sum((p.detach().double() ** 2).sum() for p in model.parameters())))}
 

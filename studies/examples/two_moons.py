@@ -44,4 +44,6 @@ class TwoMoons(Workload):
 
     def build_model(self) -> nn.Module:
         w = self.params["width"]
-        return nn.Sequential(nn.Linear(2, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 2))  # (N, 2) -> (N, 2)
+        return nn.Sequential(
+            nn.Linear(2, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 2)
+        )  # (N, 2) -> (N, 2)

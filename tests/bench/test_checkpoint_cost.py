@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+
 def test_costs_per_round_trip_and_per_checkpoint_by_hand(checkpoint_bench):
     # 4 trials x 1000 epochs: 4000 round trips more unbatched, 400 checkpoints more at every-10
     c = checkpoint_bench.costs({"batched": 20.0, "unbatched": 36.0, "every-10": 26.0}, trials=4, epochs=1000)
@@ -39,7 +40,9 @@ def test_bad_arguments_are_refused(checkpoint_bench, capsys, argv):
 def test_a_tiny_run_prints_both_costs(checkpoint_bench):
     done = subprocess.run(
         [sys.executable, checkpoint_bench.__file__, "--trials", "1", "--epochs", "20", "--rounds", "1"],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout

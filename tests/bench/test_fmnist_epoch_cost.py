@@ -2,8 +2,10 @@
 
 
 def test_the_extrapolation(fmnist_bench):
-    rows = [{"model": "mlp", "threads": 1, "step_s": 0.1, "cpu_step_s": 0.09, "eval_s": 0.5, "eval_n": 5_000},
-            {"model": "mlp", "threads": 2, "step_s": 0.04, "cpu_step_s": 0.07, "eval_s": 0.25, "eval_n": 5_000}]
+    rows = [
+        {"model": "mlp", "threads": 1, "step_s": 0.1, "cpu_step_s": 0.09, "eval_s": 0.5, "eval_n": 5_000},
+        {"model": "mlp", "threads": 2, "step_s": 0.04, "cpu_step_s": 0.07, "eval_s": 0.25, "eval_n": 5_000},
+    ]
     lines = fmnist_bench.report(rows, [1, 2])
     # 50,000 / 128 -> 391 steps, 60,000 / 128 -> 469 steps; eval of 5,000 images scaled to 10,000
     assert lines[1].split() == ["mlp", "1", "100.0", "90.0", "39.1", "46.9", "1.00", "40.1", "1.00"]
@@ -12,6 +14,8 @@ def test_the_extrapolation(fmnist_bench):
 
 
 def test_a_tiny_run_on_synthetic_data(fmnist_bench):
-    lines = fmnist_bench.main(["--steps", "2", "--warmup", "1", "--threads", "1", "--models", "small_cnn", "--data-path", "synthetic"])
+    lines = fmnist_bench.main(
+        ["--steps", "2", "--warmup", "1", "--threads", "1", "--models", "small_cnn", "--data-path", "synthetic"]
+    )
     assert lines[0].startswith("load_data: ") and lines[2].split()[:2] == ["small_cnn", "1"]
     assert float(lines[2].split()[2]) > 0

@@ -18,7 +18,9 @@ SCRIPT = ROOT / "bench" / "gpu_check.py"
 
 def run(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "platform")}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1200)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1200
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

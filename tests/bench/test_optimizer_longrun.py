@@ -28,7 +28,9 @@ def test_summary_flags_a_last_to_first_ratio_above_the_limit(longrun):
     }
     rows = {r["optimizer"]: r for r in longrun.summarize(times, block=4, limit=1.3)}
     assert rows["steady"]["blocks"] == 3
-    assert rows["steady"]["first block ms"] == pytest.approx(4.0) and rows["steady"]["last block ms"] == pytest.approx(5.0)
+    assert rows["steady"]["first block ms"] == pytest.approx(4.0) and rows["steady"]["last block ms"] == pytest.approx(
+        5.0
+    )
     assert rows["steady"]["last / first"] == pytest.approx(1.25) and not rows["steady"]["slows down"]
     assert rows["slowing"]["last / first"] == pytest.approx(2.5) and rows["slowing"]["slows down"]
     assert rows["slowing"]["last / first (medians)"] == pytest.approx(2.0)
@@ -38,7 +40,11 @@ def test_summary_flags_a_last_to_first_ratio_above_the_limit(longrun):
 def test_admire_over_adamw_is_the_median_of_block_ratios_against_its_base(longrun):
     label, name, base = longrun.PAIRS[0]
     assert (label, name) == ("AdmIRE / AdamW", "adamw_ire")
-    times = {name: [0.011, 0.011, 0.024, 0.024, 0.010, 0.010], base: [0.010, 0.010, 0.020, 0.020, 0.010, 0.010], "sgd": [0.001] * 6}
+    times = {
+        name: [0.011, 0.011, 0.024, 0.024, 0.010, 0.010],
+        base: [0.010, 0.010, 0.020, 0.020, 0.010, 0.010],
+        "sgd": [0.001] * 6,
+    }
     median, first, last = longrun.pair_ratios(times, block=2)[label]
     assert (median, first, last) == pytest.approx((1.1, 1.1, 1.0))  # block ratios 1.1, 1.2, 1.0
     assert longrun.pair_ratios({"sgd": [0.001] * 4}, block=2) == {}

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+
 def test_tune_span_is_the_time_between_the_two_log_lines(platform_bench):
     log = (
         "2026-12-01 18:17:45,658 INFO flatlab: starting Tune (24.0 s)\n"
@@ -19,7 +20,9 @@ def test_tune_span_is_the_time_between_the_two_log_lines(platform_bench):
 
 
 def test_verdicts_use_the_target_of_the_checkpoint_setting(platform_bench):
-    assert platform_bench.verdict(4.9, None).endswith("PASS") and "<= 5 ms (default" in platform_bench.verdict(4.9, None)
+    assert platform_bench.verdict(4.9, None).endswith("PASS") and "<= 5 ms (default" in platform_bench.verdict(
+        4.9, None
+    )
     assert platform_bench.verdict(5.1, None).endswith("FAIL")
     assert platform_bench.verdict(1.9, 10).endswith("PASS") and platform_bench.verdict(2.1, 10).endswith("FAIL")
     assert platform_bench.verdict(1.0, 3) == "(no target for checkpoint_every=3)"
@@ -33,7 +36,9 @@ def test_short_must_be_below_epochs(platform_bench, capsys):
 
 def test_a_round_is_measured_against_the_mean_of_the_sequential_runs_around_it(platform_bench):
     # (a) before: 10 s and 50 s, after: 12 s and 58 s -> 11 and 54, 43 s for the extra epochs; (b): 48 s
-    e = platform_bench.round_estimate({"s": 10.0, "l": 50.0}, {"s": 12.0, "l": 58.0}, {"s": 15.0, "l": 63.0}, "s", "l", 1000)
+    e = platform_bench.round_estimate(
+        {"s": 10.0, "l": 50.0}, {"s": 12.0, "l": 58.0}, {"s": 15.0, "l": 63.0}, "s", "l", 1000
+    )
     assert e["ms"] == pytest.approx(5.0) and e["a_ms"] == pytest.approx(43.0)
     assert e["ratio"] == pytest.approx(48 / 43)
 
@@ -48,9 +53,25 @@ def test_rounds_and_trials_must_be_positive(platform_bench, capsys, argv):
 @pytest.mark.slow
 def test_a_tiny_run_prints_its_ratio_and_ms_per_epoch(platform_bench):
     done = subprocess.run(
-        [sys.executable, platform_bench.__file__, "--trials", "1", "--rounds", "1", "--epochs", "3", "--short", "1",
-         "--checkpoint-every", "10", "--width", "8"],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            platform_bench.__file__,
+            "--trials",
+            "1",
+            "--rounds",
+            "1",
+            "--epochs",
+            "3",
+            "--short",
+            "1",
+            "--checkpoint-every",
+            "10",
+            "--width",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout

@@ -12,7 +12,9 @@ runner = CliRunner()
 
 def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    res = runner.invoke(app, ["run", str(REPO / "studies/digits_demo.py"), "--dry-run", "--trials", "3", "--epochs", "5"])
+    res = runner.invoke(
+        app, ["run", str(REPO / "studies/digits_demo.py"), "--dry-run", "--trials", "3", "--epochs", "5"]
+    )
     assert res.exit_code == 0, res.output
     assert "digits_demo" in res.output and "6 trials x up to 5 epochs" in res.output
     assert "lr ~ loguniform(0.001, 1)" in res.output and "adamw" in res.output
@@ -20,13 +22,22 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path, monkeypatch):
     assert "ray" not in sys.modules or not __import__("ray").is_initialized()
 
 
-@pytest.mark.parametrize("train, said", [
-    ({}, "flatness of each completed trial's final model, after epoch 8 (flat/<measure>): hessian_trace"),
-    ({"stop_at_train_loss": 0.1}, "flatness of each completed trial's final model (flat/<measure>): at the first epoch "
-     "whose mean training loss is <= 0.1 (stop_at_train_loss), else after epoch 8: hessian_trace"),
-    ({"measure_at_train_loss": 0.3}, "flatness of each completed trial at the first epoch whose mean training loss is "
-     "<= 0.3 (flat_at_target/<measure>, if reached) and after epoch 8 (flat/<measure>): hessian_trace"),
-])
+@pytest.mark.parametrize(
+    "train, said",
+    [
+        ({}, "flatness of each completed trial's final model, after epoch 8 (flat/<measure>): hessian_trace"),
+        (
+            {"stop_at_train_loss": 0.1},
+            "flatness of each completed trial's final model (flat/<measure>): at the first epoch "
+            "whose mean training loss is <= 0.1 (stop_at_train_loss), else after epoch 8: hessian_trace",
+        ),
+        (
+            {"measure_at_train_loss": 0.3},
+            "flatness of each completed trial at the first epoch whose mean training loss is "
+            "<= 0.3 (flat_at_target/<measure>, if reached) and after epoch 8 (flat/<measure>): hessian_trace",
+        ),
+    ],
+)
 def test_dry_run_says_which_models_flatness_is_measured_on(tmp_path, monkeypatch, train, said):
     monkeypatch.chdir(tmp_path)
     study = tmp_path / "s.py"
@@ -62,19 +73,28 @@ def test_listings(monkeypatch):
     assert lines["studies/digits_demo.py"].startswith("-  ") and "SGD vs AdamW" in lines["studies/digits_demo.py"]
     assert lines["studies/deepobs_fmnist.py"].startswith("paper, cpu  ")  # SCALES = ("paper", "cpu")
     assert lines["studies/fmnist_flatness.py"].startswith("cpu, paper, smoke  ")
-    assert lines["studies/examples/extensions.py"].startswith("-  ") and "Lion against SGD on two moons" in lines[
-        "studies/examples/extensions.py"]
+    assert (
+        lines["studies/examples/extensions.py"].startswith("-  ")
+        and "Lion against SGD on two moons" in lines["studies/examples/extensions.py"]
+    )
     assert lines["studies/examples/two_moons.py"].startswith("(module)  ")
     assert "studies/_flatness_arms.py" not in lines and "examples (studies/examples/):" in res.output
     assert "ray" not in sys.modules or not __import__("ray").is_initialized()
     res = runner.invoke(app, ["optimizers"])
     assert res.exit_code == 0 and "momentum" in res.output and "float in [0, 1)" in res.output
     res = runner.invoke(app, ["workloads"])
-    assert res.exit_code == 0 and "digits" in res.output and "one of 'mlp', 'cnn'" in res.output and "label_smoothing" in res.output
+    assert (
+        res.exit_code == 0
+        and "digits" in res.output
+        and "one of 'mlp', 'cnn'" in res.output
+        and "label_smoothing" in res.output
+    )
 
 
 def test_studies_lists_each_folder_with_scales_parsing_nothing_it_runs(tmp_path):
-    (tmp_path / "b.py").write_text('"""Two scales,\nthe first the default.\n\nMore."""\nSCALES = ("x", "y")\ndef build(scale): ...\n')
+    (tmp_path / "b.py").write_text(
+        '"""Two scales,\nthe first the default.\n\nMore."""\nSCALES = ("x", "y")\ndef build(scale): ...\n'
+    )
     (tmp_path / "a.py").write_text('raise SystemExit("a listed file ran")\nSTUDY = None\n')
     (tmp_path / "_shared.py").write_text('"""Skipped."""\n')
     (tmp_path / "c.py").write_text('"""Computed."""\nfrom flatlab import Study as STUDY\nSCALES = tuple("pq")\n')
@@ -112,10 +132,14 @@ def test_the_failure_line_names_the_studys_log_file(tmp_path):
     log = log_file(tmp_path / "root" / "s")
     assert str(log) == f"{tmp_path}/root/s/logs/flatlab.log"
     assert failure_line("s", 3, 3, "studies/s.py", log) == (
-        f"every trial of s failed (3 of 3); see {tmp_path}/root/s/logs/flatlab.log and `flatlab results s`")
-    assert failure_line("s", 2, 0, "studies/s.py", log).startswith("every trial of s failed (2 of 2); see ")  # store holds fewer
+        f"every trial of s failed (3 of 3); see {tmp_path}/root/s/logs/flatlab.log and `flatlab results s`"
+    )
+    assert failure_line("s", 2, 0, "studies/s.py", log).startswith(
+        "every trial of s failed (2 of 2); see "
+    )  # store holds fewer
     assert failure_line("s", 1, 4, "studies/s.py", log) == (
-        "1 of 4 trials of s failed; `flatlab results s` shows their errors, `flatlab run studies/s.py --resume` retries them")
+        "1 of 4 trials of s failed; `flatlab results s` shows their errors, `flatlab run studies/s.py --resume` retries them"
+    )
     assert failure_line("s", 0, 4, "studies/s.py", log) == ""
 
 
@@ -135,8 +159,14 @@ def test_results_format_and_output_must_agree(tmp_path):
 
 @pytest.mark.parametrize(
     "fmt, output, expected",
-    [(None, None, "table"), ("csv", None, "csv"), (None, "r.CSV", "csv"), (None, "r.parquet", "parquet"),
-     ("parquet", "r.parquet", "parquet"), ("csv", "results.txt", "csv")],
+    [
+        (None, None, "table"),
+        ("csv", None, "csv"),
+        (None, "r.CSV", "csv"),
+        (None, "r.parquet", "parquet"),
+        ("parquet", "r.parquet", "parquet"),
+        ("csv", "results.txt", "csv"),
+    ],
 )
 def test_results_format_from_flag_or_suffix(fmt, output, expected):
     from flatlab.cli.main import export_format
@@ -154,17 +184,25 @@ def test_dry_run_of_fig4_names_the_steps_to_target_reference(tmp_path, monkeypat
 def test_a_misspelt_study_field_is_a_clear_error_not_a_traceback(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     bad = tmp_path / "typo.py"
-    bad.write_text("from flatlab import Arm, Study\nSTUDY = Study(name='t', workload='digits', arms=(Arm('sgd'),), referance_arm='sgd')\n")
+    bad.write_text(
+        "from flatlab import Arm, Study\nSTUDY = Study(name='t', workload='digits', arms=(Arm('sgd'),), referance_arm='sgd')\n"
+    )
     res = runner.invoke(app, ["run", str(bad), "--dry-run"])
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert "Study() has no field 'referance_arm' (did you mean 'reference_arm'?)" in " ".join(res.output.split())
-    bad.write_text("from flatlab import Arm, Study\nSTUDY = Study(name='t', workload='digits', arms=(Arm('sgd'),), curve_smoothing=0.5)\n")
+    bad.write_text(
+        "from flatlab import Arm, Study\nSTUDY = Study(name='t', workload='digits', arms=(Arm('sgd'),), curve_smoothing=0.5)\n"
+    )
     res = runner.invoke(app, ["run", str(bad), "--dry-run"])
     assert res.exit_code == 2 and "is a trainer parameter: put it in train={...}" in " ".join(res.output.split())
 
 
-@pytest.mark.parametrize("searcher, seeds, pooled", [("grid", (0, 1), True), ("grid", (0,), False), ("optuna", (0, 1), False)])
-def test_run_ends_with_seed_means_when_every_grid_point_ran_with_every_seed(tmp_path, monkeypatch, searcher, seeds, pooled):
+@pytest.mark.parametrize(
+    "searcher, seeds, pooled", [("grid", (0, 1), True), ("grid", (0,), False), ("optuna", (0, 1), False)]
+)
+def test_run_ends_with_seed_means_when_every_grid_point_ran_with_every_seed(
+    tmp_path, monkeypatch, searcher, seeds, pooled
+):
     import pandas as pd
 
     import flatlab.study.runner as runner_mod
@@ -178,13 +216,31 @@ def test_run_ends_with_seed_means_when_every_grid_point_ran_with_every_seed(tmp_
         f"searcher={searcher!r}, seeds={seeds!r}, scheduler='fifo', max_epochs=1)\n"
     )
     trials = pd.DataFrame(
-        {"arm": ["sgd", "sgd"], "trial_id": ["t1", "t0"], "status": ["FINISHED"] * 2, "outcome": ["completed"] * 2,
-         "epochs": [1, 1], "seed": [1, 0], "val/accuracy": [0.9, 0.8], "best/val/accuracy": [0.9, 0.8],
-         "test/accuracy": [0.9, 0.7], "param.lr": [0.1, 0.1]}
+        {
+            "arm": ["sgd", "sgd"],
+            "trial_id": ["t1", "t0"],
+            "status": ["FINISHED"] * 2,
+            "outcome": ["completed"] * 2,
+            "epochs": [1, 1],
+            "seed": [1, 0],
+            "val/accuracy": [0.9, 0.8],
+            "best/val/accuracy": [0.9, 0.8],
+            "test/accuracy": [0.9, 0.7],
+            "param.lr": [0.1, 0.1],
+        }
     )  # best first, as trials_frame returns it
     trials.attrs.update(metric="val/accuracy", mode="max")
-    outcome = runner_mod.StudyOutcome(study="seeds", tracking_uri="sqlite:///x.db", experiment_id="1", parent_run_id="p",
-                                      experiment_path="e", interrupted=False, num_trials=2, num_errors=0, wall_s=1.0)
+    outcome = runner_mod.StudyOutcome(
+        study="seeds",
+        tracking_uri="sqlite:///x.db",
+        experiment_id="1",
+        parent_run_id="p",
+        experiment_path="e",
+        interrupted=False,
+        num_trials=2,
+        num_errors=0,
+        wall_s=1.0,
+    )
     monkeypatch.setattr(runner_mod, "run_study", lambda s, opts, console=None: outcome)  # no Ray: the summary only
     monkeypatch.setattr(results_mod, "trials_frame", lambda uri, name, **kw: trials)
     res = runner.invoke(app, ["run", str(study), "--root", str(tmp_path)])
@@ -219,8 +275,10 @@ def test_the_cli_turns_mlflow_progress_bars_off_unless_the_user_set_them(given, 
 
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"}
     env.update({"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": given} if given else {})
-    code = ("import flatlab.cli.main; from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as bar; "
-            "print(bar.get())")
+    code = (
+        "import flatlab.cli.main; from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as bar; "
+        "print(bar.get())"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == seen, out.stderr
 
@@ -239,7 +297,10 @@ def test_arms_without_a_completed_trial_are_named_even_with_no_trial_in_mlflow(m
     trials = pd.DataFrame({"arm": ["sam", "sam"], "outcome": ["pruned", "completed"]})
     best = pd.DataFrame({"arm": ["sam"]})
     cli_main._say_arms_without_answer(trials, best, ["sgd", "sam", "adamw"])
-    assert out.getvalue().strip() == "no completed trial (pruned, diverged, failed or unfinished), so no best for: sgd, adamw"
+    assert (
+        out.getvalue().strip()
+        == "no completed trial (pruned, diverged, failed or unfinished), so no best for: sgd, adamw"
+    )
     out.truncate(0), out.seek(0)
     cli_main._say_arms_without_answer(trials.iloc[:0], best.iloc[:0], ["sgd", "sam"])  # nothing reached MLflow
     assert out.getvalue().strip().endswith("so no best for: sgd, sam")
@@ -248,12 +309,18 @@ def test_arms_without_a_completed_trial_are_named_even_with_no_trial_in_mlflow(m
     assert out.getvalue() == ""
 
 
-@pytest.mark.parametrize("args, said", [
-    (["compare", "s", "--rank-by", "banana"], "--rank-by 'banana' is not supported; expected one of final, best-epoch"),
-    (["results", "s", "--rank-by", "last"], "--rank-by 'last' is not supported; expected one of final, best-epoch"),
-    (["compare", "s", "--confidence", "95"], "--confidence 95.0: expected a number in (0, 1)"),
-    (["curves", "s", "--confidence", "0"], "--confidence 0.0: expected a number in (0, 1)"),
-])
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (
+            ["compare", "s", "--rank-by", "banana"],
+            "--rank-by 'banana' is not supported; expected one of final, best-epoch",
+        ),
+        (["results", "s", "--rank-by", "last"], "--rank-by 'last' is not supported; expected one of final, best-epoch"),
+        (["compare", "s", "--confidence", "95"], "--confidence 95.0: expected a number in (0, 1)"),
+        (["curves", "s", "--confidence", "0"], "--confidence 0.0: expected a number in (0, 1)"),
+    ],
+)
 def test_ranking_and_confidence_options_are_checked_before_any_store_is_read(tmp_path, args, said):
     # a study whose table would not use --rank-by (one with a final stage) used to take any value silently
     res = runner.invoke(app, [*args, "--root", str(tmp_path / "runs")])

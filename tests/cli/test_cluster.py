@@ -18,7 +18,7 @@ from flatlab.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
-from flatlab_testing import BIN, env, flatlab, free_port, write_study  # noqa: E402
+from flatlab_testing import BIN, env, free_port, write_study  # noqa: E402
 
 runner = CliRunner()
 
@@ -28,7 +28,9 @@ def test_submit_refuses_outputs_that_die_with_the_job(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     write_study(tmp_path / "job.py", "STUDY = Study(name='job', workload='digits', arms=(Arm('sgd'),))\n")
     # nothing is contacted: the address is a closed port, the refusal comes first
-    res = runner.invoke(app, ["submit", "job.py", "--address", f"http://127.0.0.1:{free_port()}", "--working-dir", str(tmp_path)])
+    res = runner.invoke(
+        app, ["submit", "job.py", "--address", f"http://127.0.0.1:{free_port()}", "--working-dir", str(tmp_path)]
+    )
     assert res.exit_code == 2
     assert "temporary working directory, which is deleted with the job" in res.output
     assert "--arg=--root=" in res.output and "FLATLAB_ROOT" in res.output and "MLFLOW_TRACKING_URI" in res.output
@@ -43,7 +45,11 @@ def test_submit_refuses_outputs_that_die_with_the_job(tmp_path, monkeypatch):
         ([], {"FLATLAB_ROOT": "flatlab-runs"}, r"--root=flatlab-runs is relative"),
         (["--root=~/runs"], {}, r"--root=~/runs is relative"),  # the job's shell does not expand a quoted ~
         (["--root=/data/runs", "--storage=ray"], {}, r"--storage=ray is relative"),
-        (["--root=/data/runs", "--tracking-uri=sqlite:///mlflow.db"], {}, r"--tracking-uri=sqlite:///mlflow.db is relative"),
+        (
+            ["--root=/data/runs", "--tracking-uri=sqlite:///mlflow.db"],
+            {},
+            r"--tracking-uri=sqlite:///mlflow.db is relative",
+        ),
         (["--root=/data/runs"], {"MLFLOW_TRACKING_URI": "mlruns"}, r"--tracking-uri=mlruns is relative"),
     ],
 )
@@ -54,9 +60,13 @@ def test_job_outputs_must_outlive_the_job(args, environ, match):
 
 def test_lasting_outputs_pass_and_the_environment_is_forwarded():
     assert job_output_args(["--root=/data/runs"], {}) == []
-    assert job_output_args(["--root=/data/runs", "--tracking-uri=sqlite:////data/mlflow.db", "--storage=s3://b/x"], {}) == []
+    assert (
+        job_output_args(["--root=/data/runs", "--tracking-uri=sqlite:////data/mlflow.db", "--storage=s3://b/x"], {})
+        == []
+    )
     assert job_output_args([], {"FLATLAB_ROOT": "/data/runs", "MLFLOW_TRACKING_URI": "http://10.0.0.5:5000"}) == [
-        "--root=/data/runs", "--tracking-uri=http://10.0.0.5:5000",
+        "--root=/data/runs",
+        "--tracking-uri=http://10.0.0.5:5000",
     ]
     # a flag wins over the environment, which is then not forwarded
     assert job_output_args(["--root=/a"], {"FLATLAB_ROOT": "/b"}) == []
@@ -71,8 +81,13 @@ def test_the_job_runs_the_heads_python_on_the_uploaded_checkout(tmp_path):
 
 
 def test_the_cli_module_runs_as_main():
-    res = subprocess.run([sys.executable, "-m", "flatlab.cli.main", "--help"], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(REPO / "platform")})
+    res = subprocess.run(
+        [sys.executable, "-m", "flatlab.cli.main", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO / "platform")},
+    )
     assert res.returncode == 0 and "submit" in res.stdout and "run" in res.stdout
 
 
@@ -126,9 +141,25 @@ def test_run_reaches_a_token_authenticated_head(tmp_path):
     gcs = free_port()
     head_env = {**env(), "HOME": str(home), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     head = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(gcs), "--num-cpus", "2",
-         "--include-dashboard", "false", "--disable-usage-stats", "--block"],
-        env=head_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(gcs),
+            "--num-cpus",
+            "2",
+            "--include-dashboard",
+            "false",
+            "--disable-usage-stats",
+            "--block",
+        ],
+        env=head_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 120
@@ -139,14 +170,30 @@ def test_run_reaches_a_token_authenticated_head(tmp_path):
             except OSError:
                 assert time.monotonic() < deadline and head.poll() is None, "the Ray head did not start"
                 time.sleep(1)
-        study = write_study(tmp_path / "tok.py", """
+        study = write_study(
+            tmp_path / "tok.py",
+            """
 STUDY = Study(name="tok", workload="digits", workload_params={"width": 8},
               arms=(Arm("sgd", space={"lr": 0.1}),), num_trials=1, max_epochs=1, scheduler="fifo")
-""")
+""",
+        )
         run_env = {**env(), "HOME": str(home), "RAY_AUTH_TOKEN": token}
         run_env.pop("RAY_AUTH_MODE", None)
-        res = subprocess.run([str(BIN / "flatlab"), "run", str(study), "--address", f"127.0.0.1:{gcs}", "--root", str(tmp_path / "root")],
-                             capture_output=True, text=True, timeout=400, env=run_env)
+        res = subprocess.run(
+            [
+                str(BIN / "flatlab"),
+                "run",
+                str(study),
+                "--address",
+                f"127.0.0.1:{gcs}",
+                "--root",
+                str(tmp_path / "root"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=400,
+            env=run_env,
+        )
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         assert "FINISHED" in res.stdout
     finally:

@@ -71,8 +71,13 @@ def finetuned(params, folders, tmp_path_factory):
     wl = build_workload("clip_finetune", **wp)
     data = wl.load_data(0)
     spec = TrialSpec(
-        workload="clip_finetune", optimizer="adamw", epochs=1, seed=0, workload_params=wp,
-        optimizer_params={"lr": 3e-3, "weight_decay": 0.1}, trainer_params={"batch_size": 4, "warmup_epochs": 0.5},
+        workload="clip_finetune",
+        optimizer="adamw",
+        epochs=1,
+        seed=0,
+        workload_params=wp,
+        optimizer_params={"lr": 3e-3, "weight_decay": 0.1},
+        trainer_params={"batch_size": 4, "warmup_epochs": 0.5},
     )
     trainer = Trainer(spec, data, workload=wl)
     metrics = trainer.run_epoch()

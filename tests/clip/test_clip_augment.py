@@ -49,7 +49,11 @@ def test_randaug_ops_match_reference_semantics():
     torch.testing.assert_close(_equalize(x), TF.equalize(x), atol=0, rtol=0)
     torch.testing.assert_close(_apply_op(x, "posterize", 0.3, one), TF.posterize(x, 7), atol=0, rtol=0)
     torch.testing.assert_close(_apply_op(x, "solarize", 0.3, one), TF.solarize(x, 178.5), atol=0, rtol=0)
-    for op, ref in (("brightness", TF.adjust_brightness), ("contrast", TF.adjust_contrast), ("color", TF.adjust_saturation)):
+    for op, ref in (
+        ("brightness", TF.adjust_brightness),
+        ("contrast", TF.adjust_contrast),
+        ("color", TF.adjust_saturation),
+    ):
         diff = (_apply_op(x, op, 0.3, one).int() - ref(x, 1.27).int()).abs().max()
         assert diff <= 1, op  # rounding vs truncation
     for op in RANDAUG_OPS:

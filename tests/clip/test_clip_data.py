@@ -8,8 +8,15 @@ import torch
 from flatlab.errors import ConfigError
 from flatlab.workloads.base import Split
 from flatlab.workloads.clip_data import (
-    SubsetSplit, into_label_space, label_names, load_images, parse_index_list, parse_ood_sources, parse_source,
-    pixel_transform, write_synthetic_folders,
+    SubsetSplit,
+    into_label_space,
+    label_names,
+    load_images,
+    parse_index_list,
+    parse_ood_sources,
+    parse_source,
+    pixel_transform,
+    write_synthetic_folders,
 )
 from flatlab.workloads.clip_model import TINY_MODEL, ClipSpec, load_clip
 

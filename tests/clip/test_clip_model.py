@@ -8,8 +8,14 @@ import torch.nn.functional as F
 
 from flatlab.errors import ConfigError
 from flatlab.workloads.clip_model import (
-    TINY_MODEL, ClipClassifier, ClipSpec, build_zero_shot_classifier, export_open_clip_checkpoint, load_clip,
-    load_state_file, zero_shot_head,
+    TINY_MODEL,
+    ClipClassifier,
+    ClipSpec,
+    build_zero_shot_classifier,
+    export_open_clip_checkpoint,
+    load_clip,
+    load_state_file,
+    zero_shot_head,
 )
 
 NAMES = ["cat", "dog", "frog"]
@@ -26,7 +32,9 @@ def test_zero_shot_head_shape_unit_columns_and_definition():
     # per class: mean over templates of the normalised text embeddings, renormalised (WiSE-FT / open_clip's zero-shot classifier)
     tok = open_clip.get_tokenizer(TINY_MODEL)
     with torch.no_grad():
-        col = F.normalize(clip.encode_text(tok([t("dog") for t in open_clip.SIMPLE_IMAGENET_TEMPLATES])), dim=-1).mean(0)
+        col = F.normalize(clip.encode_text(tok([t("dog") for t in open_clip.SIMPLE_IMAGENET_TEMPLATES])), dim=-1).mean(
+            0
+        )
     torch.testing.assert_close(head[:, 1], col / col.norm(), atol=1e-5, rtol=1e-5)
 
 
@@ -55,7 +63,9 @@ def test_classifier_logits_keys_and_clip_grouping():
     torch.testing.assert_close(logits, model.logit_scale.exp() * feats @ model.head)
     torch.testing.assert_close(model(x.float() / 255), logits)  # floats in [0, 1] are the same images
     keys = list(model.state_dict())
-    assert {"head", "logit_scale", "visual.conv1.weight", "visual.transformer.resblocks.1.attn.in_proj_weight"} <= set(keys)
+    assert {"head", "logit_scale", "visual.conv1.weight", "visual.transformer.resblocks.1.attn.in_proj_weight"} <= set(
+        keys
+    )
     assert not any(k.startswith(("transformer.", "token_embedding")) for k in keys)  # no text tower
     assert "logit_scale" not in dict(model.named_parameters())  # a buffer: never trained nor perturbed
     groups = group_parameters(model, "clip")
@@ -98,7 +108,9 @@ def test_checkpoint_loads_back_through_open_clip_with_identical_outputs(finetune
 
 
 def test_pretrained_file_path_is_used_as_weights(finetuned, tmp_path):
-    path = export_open_clip_checkpoint(load_state_file(finetuned["path"]), ClipSpec(TINY_MODEL), tmp_path / "w.safetensors")
+    path = export_open_clip_checkpoint(
+        load_state_file(finetuned["path"]), ClipSpec(TINY_MODEL), tmp_path / "w.safetensors"
+    )
     loaded = load_clip(ClipSpec(TINY_MODEL, pretrained=str(path)))[0]
     assert torch.equal(loaded.visual.conv1.weight, finetuned["trainer"].model.visual.conv1.weight)
 

@@ -20,12 +20,26 @@ def frame():
     for ref, accs in OOD_ACC.items():
         for prune in (False, True):
             for alpha, acc in zip((1.0, 0.0, 0.5), (accs[2], accs[0], accs[1])):  # unsorted on purpose
-                row = {"arm": "pruned" if prune else "unpruned", "status": "FINISHED", "param.finetuned": ref,
-                       "param.prune": str(prune), "interp/alpha": alpha, "ood/accuracy": acc - (0.1 * prune * alpha),
-                       "ood/loss": 1 - acc, "val/accuracy": 0.9, "val/loss": 0.2}
+                row = {
+                    "arm": "pruned" if prune else "unpruned",
+                    "status": "FINISHED",
+                    "param.finetuned": ref,
+                    "param.prune": str(prune),
+                    "interp/alpha": alpha,
+                    "ood/accuracy": acc - (0.1 * prune * alpha),
+                    "ood/loss": 1 - acc,
+                    "val/accuracy": 0.9,
+                    "val/loss": 0.2,
+                }
                 if not prune:
-                    row.update({"sharpness/general": 0.1 + alpha, "sharpness/general_stderr": 0.01,
-                                "sharpness/layer/visual.transformer.resblocks.0": alpha, "sharpness/layer/head": 0.5})
+                    row.update(
+                        {
+                            "sharpness/general": 0.1 + alpha,
+                            "sharpness/general_stderr": 0.01,
+                            "sharpness/layer/visual.transformer.resblocks.0": alpha,
+                            "sharpness/layer/head": 0.5,
+                        }
+                    )
                 else:
                     row["prune/straggler/visual.ln_post"] = 1.0
                 rows.append(row)
@@ -51,22 +65,35 @@ def test_runs_resolved_at_launch_keep_the_labels_and_order_of_their_references()
     runs = {REF_A: "run:ffff0000", REF_B: "run:0000ffff"}  # the runs sort the other way round
     df = frame()
     df["param.finetuned"] = df["param.finetuned"].map(runs)
-    launch = {"unpruned.finetuned.0": runs[REF_A], "unpruned.finetuned.0.source": REF_A,
-              "unpruned.finetuned.1": runs[REF_B], "unpruned.finetuned.1.source": REF_B, "metric": "ood/accuracy"}
+    launch = {
+        "unpruned.finetuned.0": runs[REF_A],
+        "unpruned.finetuned.0.source": REF_A,
+        "unpruned.finetuned.1": runs[REF_B],
+        "unpruned.finetuned.1.source": REF_B,
+        "metric": "ood/accuracy",
+    }
     assert launch_sources(launch) == {runs[REF_A]: REF_A, runs[REF_B]: REF_B}
     curves = collect_curves(df, sources=launch_sources(launch))
-    assert [(c.key, c.label) for c in curves] == [(runs[REF_A], "lr=0.001, augment=none"), (runs[REF_B], "lr=0.01, augment=randaug")]
+    assert [(c.key, c.label) for c in curves] == [
+        (runs[REF_A], "lr=0.001, augment=none"),
+        (runs[REF_B], "lr=0.01, augment=randaug"),
+    ]
     assert [c.label for c in collect_curves(df)] == ["run 0000ffff", "run ffff0000"]  # without the launch's params
 
 
 def test_report_files(tmp_path):
     figures, summary_path = write_report(collect_curves(frame()), tmp_path)
     names = sorted(p.name for p in figures)
-    assert names == sorted([
-        "fig1_ood_vs_alpha.png", "fig3_sharpness_vs_alpha.png",
-        "fig4_layerwise_0_lr_0.001_augment_none.png", "fig4_layerwise_1_lr_0.01_augment_randaug.png",
-        "fig5_pruned_vs_unpruned_0_lr_0.001_augment_none.png", "fig5_pruned_vs_unpruned_1_lr_0.01_augment_randaug.png",
-    ])
+    assert names == sorted(
+        [
+            "fig1_ood_vs_alpha.png",
+            "fig3_sharpness_vs_alpha.png",
+            "fig4_layerwise_0_lr_0.001_augment_none.png",
+            "fig4_layerwise_1_lr_0.01_augment_randaug.png",
+            "fig5_pruned_vs_unpruned_0_lr_0.001_augment_none.png",
+            "fig5_pruned_vs_unpruned_1_lr_0.01_augment_randaug.png",
+        ]
+    )
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in figures)
     summary = json.loads(summary_path.read_text())
     first = summary["models"][0]

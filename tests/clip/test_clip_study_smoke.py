@@ -59,7 +59,9 @@ def _children(client, uri, study):
     from flatlab.tracking.results import parent_runs
 
     parent = parent_runs(uri, study)[0]
-    kids = client.search_runs([parent.info.experiment_id], filter_string=f"tags.`{runs.PARENT}` = '{parent.info.run_id}'")
+    kids = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.`{runs.PARENT}` = '{parent.info.run_id}'"
+    )
     return parent, kids
 
 
@@ -95,7 +97,11 @@ def test_alpha_study_metrics_per_alpha(smoke):
         assert {"interp/alpha", "val/loss", "val/accuracy", "ood/loss", "ood/accuracy"} <= set(m)
         assert m["interp/alpha"] == alpha
         if arm == "unpruned":
-            assert {"sharpness/general", "sharpness/layer/visual.transformer.resblocks.0", "sharpness/layer/head"} <= set(m)
+            assert {
+                "sharpness/general",
+                "sharpness/layer/visual.transformer.resblocks.0",
+                "sharpness/layer/head",
+            } <= set(m)
         else:
             assert "prune/n_stragglers" in m and "sharpness/general" not in m
         assert "model" not in {a.path for a in c.list_artifacts(k.info.run_id)}  # evaluation-only: no weights
@@ -104,12 +110,17 @@ def test_alpha_study_metrics_per_alpha(smoke):
     assert len(zero) == 1
     # each reference was resolved at launch to its trial's run; alpha = 1 (unpruned) is exactly the
     # fine-tuned model of that run, fetched from MLflow
-    sources = {v: parent.data.params[k + ".source"] for k, v in parent.data.params.items() if k.startswith("unpruned.finetuned.")
-               and not k.endswith(".source")}
+    sources = {
+        v: parent.data.params[k + ".source"]
+        for k, v in parent.data.params.items()
+        if k.startswith("unpruned.finetuned.") and not k.endswith(".source")
+    }
     for ft in ft_kids:
         ref = f"mlflow:{FT}/adamw?lr={ft.data.params['lr']}&augment={ft.data.params['augment']}"
         assert sources[f"run:{ft.info.run_id}"] == ref
-        assert by[(f"run:{ft.info.run_id}", 1.0, "unpruned")].data.metrics["ood/loss"] == pytest.approx(ft.data.metrics["ood/loss"], rel=1e-5)
+        assert by[(f"run:{ft.info.run_id}", 1.0, "unpruned")].data.metrics["ood/loss"] == pytest.approx(
+            ft.data.metrics["ood/loss"], rel=1e-5
+        )
 
 
 def test_report_artifacts_on_the_alpha_launch(smoke):

@@ -66,7 +66,9 @@ def test_ood_subset_is_scored_on_its_logits(finetuned):
 
 def test_interpolation_trial_endpoints_and_no_training(finetuned, params, eval_data):
     ft_model = finetuned["trainer"].model
-    with pytest.raises(ConfigError, match=r"workload 'clip_interpolate' trains nothing \(trains = False\): run its trials with"):
+    with pytest.raises(
+        ConfigError, match=r"workload 'clip_interpolate' trains nothing \(trains = False\): run its trials with"
+    ):
         Trainer(interp_spec(params, finetuned=str(finetuned["path"])), eval_data)
     zero_shot = finetuned["workload"].build_model()
     zs = {k: v.clone() for k, v in zero_shot.state_dict().items()}
@@ -89,14 +91,27 @@ def test_general_sharpness_is_adaptive_average_sharpness_on_the_seeded_ood_subse
     from flatlab.sharpness import EvalSubset, average_sharpness
     from flatlab.workloads.clip import _SubsetCrossEntropy
 
-    kw = dict(finetuned=str(finetuned["path"]), alpha=1.0, sharpness_draws=3, sharpness_examples=4, sharpness_seed=2,
-              sharpness_rho=0.5, sharpness_layerwise=False)
+    kw = dict(
+        finetuned=str(finetuned["path"]),
+        alpha=1.0,
+        sharpness_draws=3,
+        sharpness_examples=4,
+        sharpness_seed=2,
+        sharpness_rho=0.5,
+        sharpness_layerwise=False,
+    )
     trial = interp_trial(params, eval_data, **kw)
     m = trial.metrics
     ood = eval_data.extra["ood"]
     idx = torch.randperm(len(ood), generator=torch.Generator().manual_seed(2))[:4].sort().values
-    direct = average_sharpness(trial.model, EvalSubset(((ood.inputs[idx], ood.targets[idx]),)), rho=0.5, n_draws=3,
-                               seed=2, loss_fn=_SubsetCrossEntropy(ood.classes))
+    direct = average_sharpness(
+        trial.model,
+        EvalSubset(((ood.inputs[idx], ood.targets[idx]),)),
+        rho=0.5,
+        n_draws=3,
+        seed=2,
+        loss_fn=_SubsetCrossEntropy(ood.classes),
+    )
     assert m["sharpness/general"] == pytest.approx(direct.value, rel=1e-6, abs=1e-9)
     assert m["sharpness/general_stderr"] == pytest.approx(direct.stderr, rel=1e-6, abs=1e-9)
     assert m["sharpness/clean_loss"] == pytest.approx(direct.clean_loss, rel=1e-6)
@@ -162,22 +177,38 @@ def test_mlflow_reference_finds_the_trial_by_study_arm_and_params(store, tmp_pat
     run = resolve_reference("mlflow:ft_study/adamw?lr=1e-3&augment=none", uri)  # 1e-3 matches the logged '0.001'
     assert run == f"run:{ids[(0.001, 'none', 0)]}"
     path = fetch_run(uri, ids[(0.001, "none", 0)])
-    assert path == tmp_path / "cache" / "checkpoints" / ids[(0.001, "none", 0)] / "model" / "model.safetensors" and path.is_file()
+    assert (
+        path == tmp_path / "cache" / "checkpoints" / ids[(0.001, "none", 0)] / "model" / "model.safetensors"
+        and path.is_file()
+    )
     assert producing_trial(path)["spec"]["workload"] == "clip_finetune"  # trial.json beside model/
-    assert resolve_reference("mlflow:ft_study/adamw?lr=0.01&augment=randaug&seed=1", uri) == f"run:{ids[(0.01, 'randaug', 1)]}"
+    assert (
+        resolve_reference("mlflow:ft_study/adamw?lr=0.01&augment=randaug&seed=1", uri)
+        == f"run:{ids[(0.01, 'randaug', 1)]}"
+    )
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the default, as on flatlab's Ray workers
     other = ids[(0.01, "none", 0)]
     got = local_params({"finetuned": f"run:{other}", "alpha": 0.5}, ("finetuned",))
-    assert got == {"finetuned": str(tmp_path / "cache" / "checkpoints" / other / "model" / "model.safetensors"), "alpha": 0.5}
-    with pytest.raises(ConfigError, match=r"2 trials of study 'ft_study', arm 'adamw' match lr=0.01&augment=randaug; add a param"):
+    assert got == {
+        "finetuned": str(tmp_path / "cache" / "checkpoints" / other / "model" / "model.safetensors"),
+        "alpha": 0.5,
+    }
+    with pytest.raises(
+        ConfigError, match=r"2 trials of study 'ft_study', arm 'adamw' match lr=0.01&augment=randaug; add a param"
+    ):
         resolve_reference("mlflow:ft_study/adamw?lr=0.01&augment=randaug", uri)
-    with pytest.raises(ConfigError, match=r"no FINISHED trial .* has lr=0.1; finished trials of that arm: .*augment=none"):
+    with pytest.raises(
+        ConfigError, match=r"no FINISHED trial .* has lr=0.1; finished trials of that arm: .*augment=none"
+    ):
         resolve_reference("mlflow:ft_study/adamw?lr=0.1", uri)
     with pytest.raises(ConfigError, match=r"no study 'other' in"):
         resolve_reference("mlflow:other/adamw", uri)
     with pytest.raises(ConfigError, match=r"expected mlflow:<study>/<arm>"):
         resolve_reference("mlflow:ft_study", uri)
-    with pytest.raises(ConfigError, match=r"finetuned='mlflow:ft_study/adamw': an mlflow: reference is resolved when its study is launched"):
+    with pytest.raises(
+        ConfigError,
+        match=r"finetuned='mlflow:ft_study/adamw': an mlflow: reference is resolved when its study is launched",
+    ):
         local_params({"finetuned": "mlflow:ft_study/adamw"}, ("finetuned",))
     assert label_of("mlflow:ft_study/adamw?lr=0.01&augment=none") == "lr=0.01, augment=none"
 
@@ -186,9 +217,16 @@ def alpha_study(params, refs, **kw):
     from flatlab import Arm, Study
     from flatlab import space as sp
 
-    return Study(name="alpha", workload="clip_interpolate", workload_params={**params, **kw},
-                 arms=(Arm("adamw", space={"finetuned": sp.grid(refs), "alpha": 1.0}),),
-                 metric="ood/accuracy", searcher="grid", scheduler="fifo", max_epochs=1)
+    return Study(
+        name="alpha",
+        workload="clip_interpolate",
+        workload_params={**params, **kw},
+        arms=(Arm("adamw", space={"finetuned": sp.grid(refs), "alpha": 1.0}),),
+        metric="ood/accuracy",
+        searcher="grid",
+        scheduler="fifo",
+        max_epochs=1,
+    )
 
 
 def test_interpolation_trial_with_an_mlflow_reference(store, params, eval_data, finetuned, tmp_path, monkeypatch):
@@ -206,14 +244,22 @@ def test_interpolation_trial_with_an_mlflow_reference(store, params, eval_data, 
     assert study.arm("adamw").dims["finetuned"].values == (run,)
     assert chained_params(study) == {"adamw.finetuned.0": run, "adamw.finetuned.0.source": ref}
     reports = []
-    evaluation_trial({"arm": "adamw", "seed": 0, "finetuned": run, "alpha": 1.0}, study, eval_data,
-                     lambda metrics, checkpoint: reports.append((metrics, checkpoint)))
-    (m, checkpoint), = reports
+    evaluation_trial(
+        {"arm": "adamw", "seed": 0, "finetuned": run, "alpha": 1.0},
+        study,
+        eval_data,
+        lambda metrics, checkpoint: reports.append((metrics, checkpoint)),
+    )
+    ((m, checkpoint),) = reports
     assert checkpoint is None and m["completed"] == 1 and m["diverged"] == 0 and m["epoch"] == 1
     assert m["val/loss"] == pytest.approx(finetuned["metrics"]["val/loss"], rel=1e-6)
-    other = resolve_chained(alpha_study(params, [ref], init_seed=3), uri)  # another zero-shot model than the one fine-tuned
+    other = resolve_chained(
+        alpha_study(params, [ref], init_seed=3), uri
+    )  # another zero-shot model than the one fine-tuned
     with pytest.raises(ConfigError, match=r"started from another zero-shot model.*init_seed: fine-tuned=0, here=3"):
-        evaluation_trial({"arm": "adamw", "seed": 0, "finetuned": run, "alpha": 1.0}, other, eval_data, lambda m, c: None)
+        evaluation_trial(
+            {"arm": "adamw", "seed": 0, "finetuned": run, "alpha": 1.0}, other, eval_data, lambda m, c: None
+        )
 
 
 def test_references_are_resolved_at_launch_with_every_problem_in_one_error(store, params):
@@ -228,44 +274,67 @@ def test_references_are_resolved_at_launch_with_every_problem_in_one_error(store
         resolve_chained(bad, uri)
     lines = str(err.value).splitlines()
     assert lines[0] == "chained values cannot be resolved (nothing was started):" and len(lines) == 4
-    assert lines[1].startswith("  study 'alpha', arm 'adamw', field 'finetuned': no FINISHED trial of study 'ft_study', "
-                               "arm 'adamw' (latest finished launch) has lr=0.1")
-    assert lines[2] == "  study 'alpha', arm 'adamw', field 'finetuned': 'mlflow:alpha/adamw' names this study itself; chain to an earlier study"
-    assert lines[3] == ("  study 'alpha', arm 'adamw', field 'finetuned': 'mlflow:ft_study': expected "
-                        "mlflow:<study>/<arm>[?param=value&...]")
+    assert lines[1].startswith(
+        "  study 'alpha', arm 'adamw', field 'finetuned': no FINISHED trial of study 'ft_study', "
+        "arm 'adamw' (latest finished launch) has lr=0.1"
+    )
+    assert (
+        lines[2]
+        == "  study 'alpha', arm 'adamw', field 'finetuned': 'mlflow:alpha/adamw' names this study itself; chain to an earlier study"
+    )
+    assert lines[3] == (
+        "  study 'alpha', arm 'adamw', field 'finetuned': 'mlflow:ft_study': expected "
+        "mlflow:<study>/<arm>[?param=value&...]"
+    )
     with pytest.raises(ConfigError, match=r"field 'finetuned': two references of grid\(.*\) name the same trial run"):
         resolve_chained(alpha_study(params, [ref, "mlflow:ft_study/adamw?lr=1e-3&augment=none"]), uri)
-    constant = Study(name="alpha", workload="clip_interpolate", workload_params={**params, "finetuned": ref},
-                     arms=(Arm("adamw", space={"alpha": 1.0}), Arm("adamw", name="fixed", space={"finetuned": ref})),
-                     searcher="grid", scheduler="fifo", max_epochs=1)
+    constant = Study(
+        name="alpha",
+        workload="clip_interpolate",
+        workload_params={**params, "finetuned": ref},
+        arms=(Arm("adamw", space={"alpha": 1.0}), Arm("adamw", name="fixed", space={"finetuned": ref})),
+        searcher="grid",
+        scheduler="fifo",
+        max_epochs=1,
+    )
     resolved = resolve_chained(constant, uri)
     assert resolved.workload_params["finetuned"] == run  # study-wide, too
     assert resolved.arm("fixed").dims["finetuned"] == Resolved(run, source=ref)
     assert resolved.arm("fixed").dims["finetuned.source"] == Fixed(ref)
     assert chained_params(resolved) == {"fixed.finetuned": run, "fixed.finetuned.source": ref}
-    assert describe_chained(constant, uri) == [f"chained: workload_params, finetuned = {ref}, resolved at launch; now {run}",
-                                               f"chained: arm 'fixed', finetuned = {ref}, resolved at launch; now {run}"]
+    assert describe_chained(constant, uri) == [
+        f"chained: workload_params, finetuned = {ref}, resolved at launch; now {run}",
+        f"chained: arm 'fixed', finetuned = {ref}, resolved at launch; now {run}",
+    ]
 
 
 def test_parameter_errors(params, eval_data, monkeypatch):
     from flatlab.tracking.checkpoints import local_params
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    with pytest.raises(ConfigError, match=r"augment='mixup' is not allowed; expected one of 'none', 'flip-crop', 'randaug'"):
+    with pytest.raises(
+        ConfigError, match=r"augment='mixup' is not allowed; expected one of 'none', 'flip-crop', 'randaug'"
+    ):
         build_workload("clip_finetune", augment="mixup")
     with pytest.raises(ConfigError, match=r"alpha=1.5 is not allowed; expected float in \[0, 1\]"):
         build_workload("clip_interpolate", alpha=1.5)
     with pytest.raises(ConfigError, match=r"classnames='a,b' gives 2 names for the ID set's 3 labels"):
         build_workload("clip_finetune", **{**params, "classnames": "a,b"}).build_model()
-    with pytest.raises(ConfigError, match=r"finetuned is empty; give a checkpoint file, or in a study run:<run_id> or mlflow:"):
+    with pytest.raises(
+        ConfigError, match=r"finetuned is empty; give a checkpoint file, or in a study run:<run_id> or mlflow:"
+    ):
         interp_trial(params, eval_data)
     with pytest.raises(ConfigError, match=r"finetuned='run:abc': a run: reference needs a tracking URI"):
         local_params({"finetuned": "run:abc"}, ("finetuned",))
-    with pytest.raises(ConfigError, match=r"finetuned='run:abc' is not a file \(run: and mlflow: references are fetched"):
+    with pytest.raises(
+        ConfigError, match=r"finetuned='run:abc' is not a file \(run: and mlflow: references are fetched"
+    ):
         interp_trial(params, eval_data, finetuned="run:abc")
     with pytest.raises(ConfigError, match=r"ood_classes with explicit indices needs a single OOD set"):
-        build_workload("clip_interpolate", **{**params, "ood_data": f"{params['ood_data']};b={params['ood_data']}",
-                                              "ood_classes": "0,2"}).load_data(0)
+        build_workload(
+            "clip_interpolate",
+            **{**params, "ood_data": f"{params['ood_data']};b={params['ood_data']}", "ood_classes": "0,2"},
+        ).load_data(0)
 
 
 def test_without_ood_set(params, finetuned):
@@ -297,5 +366,7 @@ def test_trains_false_needs_evaluate_only():
     with pytest.raises(ConfigError, match=r"workload 'no_eval' trains nothing"):
         Trainer(TrialSpec(workload="no_eval", optimizer="sgd", epochs=1), wl.load_data(0), workload=wl)
     digits = build_workload("digits", model="mlp", width=4, depth=1)
-    with pytest.raises(ConfigError, match=r"workload 'digits' trains; an evaluation-only trial is for workloads with trains = False"):
+    with pytest.raises(
+        ConfigError, match=r"workload 'digits' trains; an evaluation-only trial is for workloads with trains = False"
+    ):
         evaluate_trial(TrialSpec(workload="digits", optimizer="sgd", epochs=1), digits.load_data(0), workload=digits)

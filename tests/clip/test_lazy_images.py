@@ -127,7 +127,9 @@ def test_errors_name_the_image(thirty, transform, tmp_path):
 
     odd = LazyImages([0, 1, 2], Reader())
     assert odd.shape == (3, 3, 8, 8) and odd[:2].shape == (2, 3, 8, 8)
-    with pytest.raises(ConfigError, match=r"image item-2 has shape \(3, 16, 16\) after preprocessing, expected \(3, 8, 8\)"):
+    with pytest.raises(
+        ConfigError, match=r"image item-2 has shape \(3, 16, 16\) after preprocessing, expected \(3, 8, 8\)"
+    ):
         odd[:]
     with pytest.raises(ConfigError, match="no images selected"):
         LazyImages([], Reader())
@@ -149,15 +151,22 @@ def test_streamed_training_is_bit_identical_to_in_memory(params, folders, monkey
         data = wl.load_data(0)
         assert isinstance(data.train.inputs, torch.Tensor) is in_memory
         spec = TrialSpec(
-            workload="clip_finetune", optimizer="adamw", epochs=1, seed=3, workload_params=wp,
-            optimizer_params={"lr": 3e-3, "weight_decay": 0.1}, trainer_params={"batch_size": 5},
+            workload="clip_finetune",
+            optimizer="adamw",
+            epochs=1,
+            seed=3,
+            workload_params=wp,
+            optimizer_params={"lr": 3e-3, "weight_decay": 0.1},
+            trainer_params={"batch_size": 5},
         )
         trainer = Trainer(spec, data, workload=wl)
         metrics = trainer.run_epoch()
         metrics.pop("time/epoch_s")
         runs[in_memory] = (metrics, trainer.model.state_dict(), data)
     (m_mem, w_mem, d_mem), (m_lazy, w_lazy, d_lazy) = runs[True], runs[False]
-    assert torch.equal(d_lazy.train.inputs[:], d_mem.train.inputs) and torch.equal(d_lazy.train.targets, d_mem.train.targets)
+    assert torch.equal(d_lazy.train.inputs[:], d_mem.train.inputs) and torch.equal(
+        d_lazy.train.targets, d_mem.train.targets
+    )
     assert torch.equal(d_lazy.val.inputs, d_mem.val.inputs)  # evaluation stays in memory
     assert m_lazy == m_mem
     assert w_lazy.keys() == w_mem.keys() and all(torch.equal(w_lazy[k], w_mem[k]) for k in w_mem)

@@ -61,7 +61,9 @@ def env() -> dict:
 
 
 def flatlab(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "flatlab"), *args], capture_output=True, text=True, timeout=timeout, env=env(), **kw)
+    return subprocess.run(
+        [str(BIN / "flatlab"), *args], capture_output=True, text=True, timeout=timeout, env=env(), **kw
+    )
 
 
 def run_epoch_hook(env_var: str, body: str) -> str:
@@ -70,7 +72,7 @@ def run_epoch_hook(env_var: str, body: str) -> str:
     inherit ``PYTHONPATH``). ``body`` is the wrapper's body: ``self`` is the trainer, ``original(self)``
     runs the epoch, ``VALUE`` is the environment variable's value."""
     indented = textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 16)
-    return f'''
+    return f"""
 import importlib.abc, importlib.util, os, sys
 
 VALUE = os.environ.get({env_var!r})
@@ -99,7 +101,7 @@ class _PatchTrainer(importlib.abc.MetaPathFinder):
 
 if VALUE:
     sys.meta_path.insert(0, _PatchTrainer())
-'''
+"""
 
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "studies" / "examples"

@@ -26,8 +26,11 @@ import ray._common.utils
 import ray._private.utils
 from ray.cluster_utils import Cluster
 
-FAST_HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
-                      "health_check_failure_threshold": 3}
+FAST_HEALTH_CHECKS = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 1000,
+    "health_check_failure_threshold": 3,
+}
 
 
 def free_port() -> int:
@@ -44,10 +47,19 @@ def main(head_cpus: int, workers: int, worker_cpus: int, worker_gpus: int, dashb
     # Ray instance that runs on this machine (another test's, another user's)
     head_folder = tempfile.mkdtemp(prefix="rh", dir="/tmp")
     nodes, folders = {}, [head_folder]
-    cluster = Cluster(initialize_head=True, head_node_args=dict(
-        num_cpus=head_cpus, node_ip_address="127.0.0.1", include_dashboard=True, dashboard_host="127.0.0.1",
-        dashboard_port=dashboard_port, dashboard_agent_listen_port=free_port(), temp_dir=head_folder,
-        _system_config=FAST_HEALTH_CHECKS))
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args=dict(
+            num_cpus=head_cpus,
+            node_ip_address="127.0.0.1",
+            include_dashboard=True,
+            dashboard_host="127.0.0.1",
+            dashboard_port=dashboard_port,
+            dashboard_agent_listen_port=free_port(),
+            temp_dir=head_folder,
+            _system_config=FAST_HEALTH_CHECKS,
+        ),
+    )
     # The harness writes its address where any `ray.init()` without an address on this machine looks
     # (/tmp/ray/ray_current_cluster): other processes must not join this cluster by accident.
     ray._common.utils.reset_ray_address()
@@ -58,16 +70,26 @@ def main(head_cpus: int, workers: int, worker_cpus: int, worker_gpus: int, dashb
         # others' runtime environments (a submitted job's working directory) for their own and delete them
         folder = tempfile.mkdtemp(prefix="rn", dir="/tmp")  # short: Ray's socket paths live under it
         folders.append(folder)
-        node = cluster.add_node(num_cpus=worker_cpus, num_gpus=worker_gpus, node_ip_address="127.0.0.1",
-                                temp_dir=folder)
+        node = cluster.add_node(
+            num_cpus=worker_cpus, num_gpus=worker_gpus, node_ip_address="127.0.0.1", temp_dir=folder
+        )
         nodes[node.node_id] = node
         return node.node_id
 
     try:
         ids = [add() for _ in range(workers)]
         cluster.wait_for_nodes()
-        print(json.dumps({"address": cluster.address, "dashboard": f"http://127.0.0.1:{dashboard_port}",
-                          "head": cluster.head_node.node_id, "workers": ids}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "address": cluster.address,
+                    "dashboard": f"http://127.0.0.1:{dashboard_port}",
+                    "head": cluster.head_node.node_id,
+                    "workers": ids,
+                }
+            ),
+            flush=True,
+        )
         for line in sys.stdin:
             cmd, _, arg = line.strip().partition(" ")
             if cmd == "remove":

@@ -11,7 +11,6 @@ import time
 import pytest
 
 from flatlab.tracking import runs
-
 from flatlab_testing import env, write_study
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -25,7 +24,9 @@ def python(code, *args):
 
 def test_the_api_resumes_an_interrupted_launch_at_its_budget(tmp_path):
     # The file says 20 epochs and 8 trials; the launch runs 3 trials of 40 epochs (fifo: nothing prunes).
-    study = write_study(tmp_path / "api.py", """
+    study = write_study(
+        tmp_path / "api.py",
+        """
 STUDY = Study(
     name="apires",
     workload="digits",
@@ -37,12 +38,19 @@ STUDY = Study(
     max_concurrent=1,
     train={"batch_size": 8},  # ~10 s a trial: the Ctrl-C below lands inside one
 )
-""")
+""",
+    )
     root = tmp_path / "root"
     uri = runs.default_tracking_uri(root)
     epochs, n = 40, 3
-    proc = subprocess.Popen(python(RUN.format(f"trials={n}, epochs={epochs}"), str(study), str(root)), env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        python(RUN.format(f"trials={n}, epochs={epochs}"), str(study), str(root)),
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 400
     finished = []
     while time.monotonic() < deadline and not finished:
@@ -54,7 +62,9 @@ STUDY = Study(
             exp = c.get_experiment_by_name("apires") if c else None
             if exp:
                 rs = c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")
-                running = [r for r in rs if r.info.status == "RUNNING" and 0 < r.data.metrics.get("epoch", 0) < epochs - 5]
+                running = [
+                    r for r in rs if r.info.status == "RUNNING" and 0 < r.data.metrics.get("epoch", 0) < epochs - 5
+                ]
                 if running:  # a trial finished and the next one is mid-way
                     finished = [r for r in rs if r.info.status == "FINISHED"]
         except Exception:
@@ -67,8 +77,9 @@ STUDY = Study(
     assert launch["status"] == "killed"
     assert launch["overrides"] == {"trials": n, "epochs": epochs, "final_seeds": None, "scale": None}
 
-    res = subprocess.run(python(RUN.format("resume=True"), str(study), str(root)), env=env(), capture_output=True,
-                         text=True, timeout=900)
+    res = subprocess.run(
+        python(RUN.format("resume=True"), str(study), str(root)), env=env(), capture_output=True, text=True, timeout=900
+    )
     assert res.returncode == 0 and "interrupted False" in res.stdout, res.stdout + res.stderr
     c = runs.client(uri)
     exp = c.get_experiment_by_name("apires")

@@ -20,8 +20,16 @@ def test_conditional_grid_runs_only_active_points_and_logs_only_active_params(tm
         name="cond",
         workload="digits",
         workload_params={"width": 16},
-        arms=(Arm("sgd", space={"lr": 0.1, "momentum": sp.grid([0.0, 0.9]),
-                                **sp.when("momentum", 0.9, {"nesterov": sp.grid([False, True])})}),),
+        arms=(
+            Arm(
+                "sgd",
+                space={
+                    "lr": 0.1,
+                    "momentum": sp.grid([0.0, 0.9]),
+                    **sp.when("momentum", 0.9, {"nesterov": sp.grid([False, True])}),
+                },
+            ),
+        ),
         searcher="grid",
         max_epochs=1,
         scheduler="fifo",

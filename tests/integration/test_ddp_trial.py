@@ -8,7 +8,6 @@ import subprocess
 import pytest
 
 from flatlab.tracking import logged_model, runs
-
 from flatlab_testing import BIN, env, write_study
 from test_services import FAIL_AFTER_FIRST_EPOCH
 

@@ -12,7 +12,6 @@ import time
 import pytest
 
 from flatlab.tracking import runs
-
 from flatlab_testing import BIN, assert_final_stage_ran_the_best_search_trial, env, write_study
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -40,8 +39,9 @@ def killed_env():
 def launch_until(cmd, root, moment, what, timeout=400):
     """Start ``cmd``; SIGKILL it (and the Ray processes of its session, as a dead machine would take
     them) as soon as ``moment(root)`` holds. Returns the output."""
-    proc = subprocess.Popen(cmd, env=killed_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=killed_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     deadline = time.monotonic() + timeout
     while not moment(root):
         if proc.poll() is not None:
@@ -80,14 +80,22 @@ def in_the_final_stage(root):
 def snapshot(root):
     """Each finished trial run: its end time and epoch history (what must stay as it was)."""
     c, _, rs = records(root)
-    return {r.info.run_id: (r.info.end_time, [(m.step, m.value) for m in c.get_metric_history(r.info.run_id, "val/accuracy")])
-            for r in rs if r.info.status == "FINISHED"}
+    return {
+        r.info.run_id: (
+            r.info.end_time,
+            [(m.step, m.value) for m in c.get_metric_history(r.info.run_id, "val/accuracy")],
+        )
+        for r in rs
+        if r.info.status == "FINISHED"
+    }
 
 
 def test_sigkill_at_four_moments_then_resume_leaves_exact_records(tmp_path):
     import optuna
 
-    study = write_study(tmp_path / "kill9.py", f"""
+    study = write_study(
+        tmp_path / "kill9.py",
+        f"""
 import time
 
 from flatlab.workloads.digits import Digits
@@ -118,13 +126,17 @@ STUDY = Study(
     scheduler="fifo",
     max_concurrent=2,
 )
-""")
+""",
+    )
     root = tmp_path / "root"
     run = [str(BIN / "flatlab"), "run", str(study), "--root", str(root), "--num-cpus", "2"]
     finished = {}
-    for moment, what, resume in ((at_start_up, "start-up", False), (with_trials_running, "a trial mid-way", True),
-                                 (between_trials, "a third finished trial", True),
-                                 (in_the_final_stage, "the final stage", True)):
+    for moment, what, resume in (
+        (at_start_up, "start-up", False),
+        (with_trials_running, "a trial mid-way", True),
+        (between_trials, "a third finished trial", True),
+        (in_the_final_stage, "the final stage", True),
+    ):
         launch_until(run + (["--resume"] if resume else []), root, moment, what)
         before = snapshot(root)
         for run_id, kept in finished.items():  # finished before an earlier kill: as it was
@@ -136,7 +148,9 @@ STUDY = Study(
     c, exp, trials = records(root)
     stages = sorted(r.data.tags[runs.TAG_STAGE] for r in trials)
     assert stages == ["final"] * FINAL + ["search"] * N, stages  # one run per trial
-    assert all(r.info.status == "FINISHED" for r in trials), [(r.data.tags[runs.TAG_TRIAL], r.info.status) for r in trials]
+    assert all(r.info.status == "FINISHED" for r in trials), [
+        (r.data.tags[runs.TAG_TRIAL], r.info.status) for r in trials
+    ]
     assert len({r.data.tags[runs.TAG_TRIAL] for r in trials}) == N + FINAL
     for r in trials:  # every epoch once
         assert [m.step for m in c.get_metric_history(r.info.run_id, "epoch")] == list(range(1, EPOCHS + 1)), r.data.tags
@@ -147,9 +161,11 @@ STUDY = Study(
     parents = c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'study'")
     assert [p.info.status for p in parents] == ["FINISHED"]
     launch = json.loads((root / "kill9" / "launch.json").read_text())
-    optuna_trials = optuna.load_study(study_name=launch["optuna_studies"]["sgd"],
-                                      storage=f"sqlite:///{root / 'kill9' / 'optuna.db'}").trials
-    assert len(optuna_trials) == N and all(t.state.name == "COMPLETE" for t in optuna_trials), \
-        [(t.number, t.state.name) for t in optuna_trials]
+    optuna_trials = optuna.load_study(
+        study_name=launch["optuna_studies"]["sgd"], storage=f"sqlite:///{root / 'kill9' / 'optuna.db'}"
+    ).trials
+    assert len(optuna_trials) == N and all(t.state.name == "COMPLETE" for t in optuna_trials), [
+        (t.number, t.state.name) for t in optuna_trials
+    ]
     search_runs = {r.info.run_id for r in trials if r.data.tags[runs.TAG_STAGE] == "search"}
     assert {t.user_attrs["mlflow_run_id"] for t in optuna_trials} == search_runs

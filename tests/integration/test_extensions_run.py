@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from flatlab.tracking import runs
-
 from flatlab_testing import BIN, EXAMPLES, check_extensions_run, env, flatlab
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -23,8 +22,16 @@ def finished_trials(root: Path) -> int:
     try:
         c = runs.client(runs.default_tracking_uri(root))
         exp = c.get_experiment_by_name("extensions_demo")
-        return len(c.search_runs([exp.experiment_id], filter_string="attributes.status = 'FINISHED' and "
-                                 f"tags.`{runs.TAG_ROLE}` = 'trial'")) if exp else 0
+        return (
+            len(
+                c.search_runs(
+                    [exp.experiment_id],
+                    filter_string=f"attributes.status = 'FINISHED' and tags.`{runs.TAG_ROLE}` = 'trial'",
+                )
+            )
+            if exp
+            else 0
+        )
     except Exception:  # the store is being created
         return 0
 
@@ -41,8 +48,9 @@ def test_the_extension_example_runs_dry_runs_and_resumes(tmp_path):
 
     # killed once a trial has finished; the resume runs the rest (the study file is loaded again)
     cmd = [str(BIN / "flatlab"), "run", study, "--root", str(root), "--num-cpus", "2"]
-    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     deadline = time.monotonic() + 400
     while not finished_trials(root):
         assert proc.poll() is None, proc.stdout.read()[-3000:]

@@ -6,7 +6,6 @@ import warnings
 
 import optuna
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from flatlab import Arm, Study
@@ -39,8 +38,15 @@ def fair_run(tmp_path_factory):
             Arm("sgd", space={"lr": sp.loguniform(0.005, 0.05)}),
             Arm("adamw", space={"lr": sp.loguniform(2e-3, 1e-2)}),
         ),
-        num_trials=4, max_epochs=6, grace_period=1, reduction_factor=2, max_concurrent=2,
-        measures=MEASURES, measure_examples=96, measure_seed=3, final_seeds=(11, 12),
+        num_trials=4,
+        max_epochs=6,
+        grace_period=1,
+        reduction_factor=2,
+        max_concurrent=2,
+        measures=MEASURES,
+        measure_examples=96,
+        measure_seed=3,
+        final_seeds=(11, 12),
     ).validate()
     outcome = run_study(study, RunOptions(root=root, num_cpus=2))
     ray.shutdown()
@@ -109,8 +115,9 @@ def test_flat_metrics_equal_a_direct_call_on_the_saved_model(fair_run, tmp_path)
     model.load_state_dict(load_file(path))
     data = workload.load_data(study.seed)
     subset = measure_subset(data.train, study.measure_examples, study.measure_seed)
-    direct = compute_measures(model, subset, lambda o, t: workload.loss(o, t, 0.0), resolve_measures(MEASURES, "t"),
-                              seed=study.measure_seed)
+    direct = compute_measures(
+        model, subset, lambda o, t: workload.loss(o, t, 0.0), resolve_measures(MEASURES, "t"), seed=study.measure_seed
+    )
     for key in ("flat/fisher_trace", "flat/neighbourhood_loss", "flat/neighbourhood_loss_var"):
         assert row[key] == pytest.approx(direct[key], rel=1e-5), key
 

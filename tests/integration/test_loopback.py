@@ -5,9 +5,9 @@ import ipaddress
 import subprocess
 import time
 
+import psutil
 import pytest
 import ray  # noqa: F401  (its bundled psutil goes on sys.path)
-import psutil
 
 from flatlab_testing import BIN, env, write_study
 
@@ -47,7 +47,9 @@ def listening(root_pid: int) -> dict:
 
 @pytest.mark.slow
 def test_a_local_launch_listens_on_loopback_only(tmp_path):
-    study = write_study(tmp_path / "lo.py", """
+    study = write_study(
+        tmp_path / "lo.py",
+        """
 STUDY = Study(
     name="lo",
     workload="digits",
@@ -57,9 +59,15 @@ STUDY = Study(
     max_epochs=6,
     scheduler="fifo",
 )
-""")
-    proc = subprocess.Popen([str(BIN / "flatlab"), "run", str(study), "--root", str(tmp_path / "root"), "--num-cpus", "2"],
-                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+""",
+    )
+    proc = subprocess.Popen(
+        [str(BIN / "flatlab"), "run", str(study), "--root", str(tmp_path / "root"), "--num-cpus", "2"],
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen: dict = {}
     deadline = time.monotonic() + 600
     while proc.poll() is None and time.monotonic() < deadline:

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from flatlab.tracking import runs
-
 from flatlab_testing import BIN, EXAMPLES, check_extensions_run, env, free_port, wait_http, write_study
 
 pytestmark = [pytest.mark.integration]
@@ -33,8 +32,14 @@ class RayCluster:
         # Ray's own processes that connect to the cluster (the job agent's ray.init) take 127.0.0.1 as
         # this machine's address; on Linux Ray would take the network address, where nothing answers
         e["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "ray_cluster.py"), "0", "2", "2", "1", str(free_port())],
-                                     env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "ray_cluster.py"), "0", "2", "2", "1", str(free_port())],
+            env=e,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         info = self._answer()
         self.address, self.head, self.workers = info["address"], info["head"], list(info["workers"])
         self.dashboard = info["dashboard"]
@@ -100,8 +105,9 @@ Study(
 
 
 def study_file(tmp_path: Path, name: str, *studies: str, preamble: str = "") -> Path:
-    return write_study(tmp_path / f"{name}.py",
-                       f"from flatlab import Resources\n{preamble}\nSTUDIES = [{', '.join(studies)}]\n")
+    return write_study(
+        tmp_path / f"{name}.py", f"from flatlab import Resources\n{preamble}\nSTUDIES = [{', '.join(studies)}]\n"
+    )
 
 
 GATED = """
@@ -155,15 +161,27 @@ def test_gpu_trials_spread_over_both_worker_nodes_and_never_train_on_cpu_unasked
     """One launch of two studies (one start-up for both): ``spread`` falls back to CPU when CUDA is not
     usable (the fake GPUs), ``nocuda`` does not, so each of its trials fails at once, and so the launch."""
     root = tmp_path / "root"
-    study = study_file(tmp_path, "gpus", study_source("spread", trials=4, epochs=6),
-                       study_source("nocuda", trials=2, epochs=3, fallback=False))
+    study = study_file(
+        tmp_path,
+        "gpus",
+        study_source("spread", trials=4, epochs=6),
+        study_source("nocuda", trials=2, epochs=3, fallback=False),
+    )
     t0 = time.monotonic()
-    res = subprocess.run([str(BIN / "flatlab"), "run", str(study), "--address", cluster.address, "--root", str(root)],
-                         capture_output=True, text=True, timeout=600, env=run_env())
+    res = subprocess.run(
+        [str(BIN / "flatlab"), "run", str(study), "--address", cluster.address, "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=run_env(),
+    )
     print(f"spread and nocuda studies: {time.monotonic() - t0:.0f} s")
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]  # every trial of nocuda failed: non-zero
     log = root.resolve() / "nocuda" / "logs" / "flatlab.log"
-    assert res.stdout.strip().splitlines()[-1] == f"every trial of nocuda failed (2 of 2); see {log} and `flatlab results nocuda`"
+    assert (
+        res.stdout.strip().splitlines()[-1]
+        == f"every trial of nocuda failed (2 of 2); see {log} and `flatlab results nocuda`"
+    )
 
     c, trials = trial_runs(root, "spread")
     assert len(trials) == 4 and all(r.info.status == "FINISHED" for r in trials), [r.info.status for r in trials]
@@ -181,7 +199,8 @@ def test_gpu_trials_spread_over_both_worker_nodes_and_never_train_on_cpu_unasked
     assert len(trials) == 2 and all(r.info.status == "FAILED" for r in trials)
     for r in trials:
         assert r.data.tags[runs.TAG_ERROR].startswith(
-            "DeviceUnavailableError: the trial reserved gpu=0.5 but CUDA is not usable on node 127.0.0.1 (")
+            "DeviceUnavailableError: the trial reserved gpu=0.5 but CUDA is not usable on node 127.0.0.1 ("
+        )
         error = Path(c.download_artifacts(r.info.run_id, "error.txt", str(tmp_path))).read_text()
         assert "torch.cuda.is_available() is False; torch built with" in error
         assert "or train on CPU: Resources(..., gpu=0), or Resources(..., cpu_fallback=True)" in error
@@ -196,11 +215,20 @@ def test_a_removed_worker_nodes_trials_resume_on_the_other_from_their_checkpoint
     root = tmp_path / "root"
     gate = tmp_path / "hold"  # while it exists, every trial waits after its second epoch (GatedDigits)
     gate.touch()
-    study = study_file(tmp_path, "lost", study_source("lost", trials=n, epochs=epochs, workload="gated_digits"),
-                       preamble=GATED.format(gate=str(gate)))
+    study = study_file(
+        tmp_path,
+        "lost",
+        study_source("lost", trials=n, epochs=epochs, workload="gated_digits"),
+        preamble=GATED.format(gate=str(gate)),
+    )
     t0 = time.monotonic()
-    proc = subprocess.Popen([str(BIN / "flatlab"), "run", str(study), "--address", cluster.address, "--root", str(root)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=run_env())
+    proc = subprocess.Popen(
+        [str(BIN / "flatlab"), "run", str(study), "--address", cluster.address, "--root", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=run_env(),
+    )
     try:
         held = []
         deadline = time.monotonic() + 300
@@ -212,8 +240,13 @@ def test_a_removed_worker_nodes_trials_resume_on_the_other_from_their_checkpoint
                 c, trials = trial_runs(root, "lost")
             except Exception:  # the store is being created
                 continue
-            held = [r for r in trials if r.info.status == "RUNNING" and r.data.tags.get("flatlab.node") in cluster.workers
-                    and r.data.metrics.get("epoch", 0) >= 2]
+            held = [
+                r
+                for r in trials
+                if r.info.status == "RUNNING"
+                and r.data.tags.get("flatlab.node") in cluster.workers
+                and r.data.metrics.get("epoch", 0) >= 2
+            ]
         victim = held[0].data.tags["flatlab.node"]
         moved = [r.data.tags[runs.TAG_TRIAL] for r in held if r.data.tags["flatlab.node"] == victim]
         assert len(moved) == 2, [(r.data.tags[runs.TAG_TRIAL], r.data.tags["flatlab.node"]) for r in held]
@@ -238,8 +271,9 @@ def test_a_removed_worker_nodes_trials_resume_on_the_other_from_their_checkpoint
         assert tags["flatlab.node"] not in (victim, replacement), tags
         assert 1 <= int(tags["flatlab.start_epoch"]) < epochs, tags
     launch = json.loads((root / "lost" / "launch.json").read_text())
-    optuna_trials = optuna.load_study(study_name=launch["optuna_studies"]["sgd"],
-                                      storage=f"sqlite:///{root / 'lost' / 'optuna.db'}").trials
+    optuna_trials = optuna.load_study(
+        study_name=launch["optuna_studies"]["sgd"], storage=f"sqlite:///{root / 'lost' / 'optuna.db'}"
+    ).trials
     assert len(optuna_trials) == n and all(t.state.name == "COMPLETE" for t in optuna_trials)
     assert all(sorted(t.intermediate_values) == list(range(1, epochs + 1)) for t in optuna_trials)
     assert {t.user_attrs["mlflow_run_id"] for t in optuna_trials} == {r.info.run_id for r in trials}
@@ -250,16 +284,36 @@ def test_a_study_files_own_extensions_reach_the_worker_nodes_by_run_and_by_submi
     work = tmp_path / "work"  # the study file and the module next to it; neither is importable on the nodes
     shutil.copytree(EXAMPLES, work, ignore=shutil.ignore_patterns("__pycache__"))
     root = tmp_path / "run-root"
-    res = subprocess.run([str(BIN / "flatlab"), "run", str(work / "extensions.py"), "--address", cluster.address,
-                          "--root", str(root)], capture_output=True, text=True, timeout=600, env=run_env(), cwd=tmp_path)
+    res = subprocess.run(
+        [str(BIN / "flatlab"), "run", str(work / "extensions.py"), "--address", cluster.address, "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=run_env(),
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     check_extensions_run(root, tmp_path, nodes=cluster.workers)
 
     wait_http(f"{cluster.dashboard}/api/version", timeout=120)
     root = tmp_path / "job-root"
-    res = subprocess.run([str(BIN / "flatlab"), "submit", "extensions.py", "--address", cluster.dashboard,
-                          "--working-dir", str(work), f"--arg=--root={root}", "--follow"],
-                         capture_output=True, text=True, timeout=600, env=run_env())
+    res = subprocess.run(
+        [
+            str(BIN / "flatlab"),
+            "submit",
+            "extensions.py",
+            "--address",
+            cluster.dashboard,
+            "--working-dir",
+            str(work),
+            f"--arg=--root={root}",
+            "--follow",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=run_env(),
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert res.stdout.strip().splitlines()[-1].startswith("raysubmit_")
     check_extensions_run(root, tmp_path, nodes=cluster.workers)

@@ -18,12 +18,21 @@ EPOCHS = 2
 # A published curve for arm "sgd": two runs whose test accuracy spans [0, 1] after every epoch (flatlab's
 # mean is inside whatever it is) and whose test loss is impossibly low (flatlab's mean is above it).
 CURVES = {
-    "format": "flatlab-published-curves", "version": 1, "title": "digits toy", "citation": "nobody, never",
-    "source": "hand-made", "first_epoch": 0, "metrics": {"acc": "test/accuracy", "loss": "test/loss"},
-    "curves": {"digits/sgd": {"runs": [
-        {"seed": 1, "values": {"acc": [0.1, 0.0, 0.0, 0.0], "loss": [2.3, 1e-9, 1e-9, 1e-9]}},
-        {"seed": 2, "values": {"acc": [0.1, 1.0, 1.0, 1.0], "loss": [2.3, 2e-9, 2e-9, 2e-9]}},
-    ]}},
+    "format": "flatlab-published-curves",
+    "version": 1,
+    "title": "digits toy",
+    "citation": "nobody, never",
+    "source": "hand-made",
+    "first_epoch": 0,
+    "metrics": {"acc": "test/accuracy", "loss": "test/loss"},
+    "curves": {
+        "digits/sgd": {
+            "runs": [
+                {"seed": 1, "values": {"acc": [0.1, 0.0, 0.0, 0.0], "loss": [2.3, 1e-9, 1e-9, 1e-9]}},
+                {"seed": 2, "values": {"acc": [0.1, 1.0, 1.0, 1.0], "loss": [2.3, 2e-9, 2e-9, 2e-9]}},
+            ]
+        }
+    },
 }
 
 
@@ -55,16 +64,24 @@ def test_every_epoch_is_logged_and_the_reference_recorded(launched):
     assert not outcome.interrupted and outcome.num_errors == 0
     client = runs.client(outcome.tracking_uri)
     parent = client.get_run(outcome.parent_run_id)
-    assert json.loads(parent.data.params["published"]) == {"path": str(folder / "curves.json"), "arms": {"sgd": "digits/sgd"},
-                                                        "citation": "nobody, never"}
-    children = client.search_runs([outcome.experiment_id], filter_string=f"tags.`{runs.PARENT}` = '{outcome.parent_run_id}'")
+    assert json.loads(parent.data.params["published"]) == {
+        "path": str(folder / "curves.json"),
+        "arms": {"sgd": "digits/sgd"},
+        "citation": "nobody, never",
+    }
+    children = client.search_runs(
+        [outcome.experiment_id], filter_string=f"tags.`{runs.PARENT}` = '{outcome.parent_run_id}'"
+    )
     assert len(children) == 4
     for r in children:
         assert r.data.params["train.test_every_epoch"] == "True"
         steps = sorted(m.step for m in client.get_metric_history(r.info.run_id, "test/accuracy"))
         assert steps == list(range(1, EPOCHS + 1))  # once per epoch, the last one not twice
     md = open(client.download_artifacts(outcome.parent_run_id, "published/curves.md")).read()
-    assert "sgd vs digits/sgd, test/accuracy: inside the published range at 2 of 2 epochs; flatlab's interval overlaps it at 2 of 2." in md
+    assert (
+        "sgd vs digits/sgd, test/accuracy: inside the published range at 2 of 2 epochs; flatlab's interval overlaps it at 2 of 2."
+        in md
+    )
 
 
 def test_flatlab_curves_finds_the_declared_reference(launched):
@@ -73,10 +90,20 @@ def test_flatlab_curves_finds_the_declared_reference(launched):
     assert res.exit_code == 0, res.output
     rows = pd.read_csv(io.StringIO(res.output))
     assert rows[["arm", "metric", "epoch", "n", "where"]].values.tolist() == [
-        ["sgd", "test/accuracy", 1, 2, "inside"], ["sgd", "test/accuracy", 2, 2, "inside"],
-        ["sgd", "test/loss", 1, 2, "above"], ["sgd", "test/loss", 2, 2, "above"]]
+        ["sgd", "test/accuracy", 1, 2, "inside"],
+        ["sgd", "test/accuracy", 2, 2, "inside"],
+        ["sgd", "test/loss", 1, 2, "above"],
+        ["sgd", "test/loss", 2, 2, "above"],
+    ]
     client = runs.client(outcome.tracking_uri)
-    sgd = [r for r in client.search_runs([outcome.experiment_id], filter_string=f"tags.`{runs.PARENT}` = '{outcome.parent_run_id}'")
-           if r.data.tags[runs.TAG_ARM] == "sgd"]
+    sgd = [
+        r
+        for r in client.search_runs(
+            [outcome.experiment_id], filter_string=f"tags.`{runs.PARENT}` = '{outcome.parent_run_id}'"
+        )
+        if r.data.tags[runs.TAG_ARM] == "sgd"
+    ]
     final = sorted(r.data.metrics["test/accuracy"] for r in sgd)  # the last epoch's values
-    assert rows.loc[(rows["metric"] == "test/accuracy") & (rows["epoch"] == EPOCHS), "mean"].item() == pytest.approx(sum(final) / 2)
+    assert rows.loc[(rows["metric"] == "test/accuracy") & (rows["epoch"] == EPOCHS), "mean"].item() == pytest.approx(
+        sum(final) / 2
+    )

@@ -16,7 +16,6 @@ import sys
 import pytest
 
 from flatlab.tracking import runs
-
 from flatlab_testing import BIN, assert_final_stage_ran_the_best_search_trial, env, write_study
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -41,9 +40,14 @@ flatlab.run(sys.argv[1], root=sys.argv[2], num_cpus=2)
 
 def killed_launch(study, root, target):
     """Run ``study`` in a driver that dies right after ``runner.<target>`` built a Tuner."""
-    proc = subprocess.Popen([sys.executable, "-c", DIE_AFTER.format(target=target), str(study), str(root)],
-                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DIE_AFTER.format(target=target), str(study), str(root)],
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     out, _ = proc.communicate(timeout=400)
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # whatever Ray left of that session
@@ -55,7 +59,9 @@ def killed_launch(study, root, target):
 @pytest.mark.parametrize("target, stage", [("_new_tuner", "search"), ("_final_stage", "final")])
 def test_a_resume_after_a_kill_before_tunes_first_save_runs_the_whole_budget(tmp_path, target, stage):
     name = f"early{stage}"
-    study = write_study(tmp_path / f"{name}.py", f"""
+    study = write_study(
+        tmp_path / f"{name}.py",
+        f"""
 STUDY = Study(
     name="{name}",
     workload="digits",
@@ -67,7 +73,8 @@ STUDY = Study(
     scheduler="fifo",
     max_concurrent=2,
 )
-""")
+""",
+    )
     root = tmp_path / "root"
     killed_launch(study, root, target)
     out = root / name
@@ -75,8 +82,13 @@ STUDY = Study(
     path = experiment["final_experiment_path"] if stage == "final" else experiment["experiment_path"]
     assert "tuner.pkl" in os.listdir(path) and not [f for f in os.listdir(path) if f.startswith("experiment_state")]
 
-    res = subprocess.run([str(BIN / "flatlab"), "run", str(study), "--root", str(root), "--num-cpus", "2",
-                          "--resume"], capture_output=True, text=True, env=env(), timeout=600)
+    res = subprocess.run(
+        [str(BIN / "flatlab"), "run", str(study), "--root", str(root), "--num-cpus", "2", "--resume"],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     c = runs.client(runs.default_tracking_uri(root))
     exp = c.get_experiment_by_name(name)

@@ -10,7 +10,6 @@ import pytest
 
 from flatlab.tracking import runs, ui
 from flatlab.tracking.logged_model import run_model_id
-
 from flatlab_testing import BIN, env, flatlab, free_port, run_epoch_hook, wait_http, write_study
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -32,9 +31,24 @@ STUDY = Study(
 def mlflow_server(tmp_path):
     port = free_port()
     proc = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination", str(tmp_path / "server-art")],
-        env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            str(BIN / "mlflow"),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'server.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "server-art"),
+        ],
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout=240)  # minutes on a loaded machine
@@ -49,7 +63,9 @@ def mlflow_server(tmp_path):
 
 def test_study_logs_to_a_tracking_server_workers_included(tmp_path, mlflow_server):
     study = write_study(tmp_path / "srv.py", SMALL.format(name="srv"))
-    res = flatlab("run", str(study), "--tracking-uri", mlflow_server, "--root", str(tmp_path / "root"), "--num-cpus", "2")
+    res = flatlab(
+        "run", str(study), "--tracking-uri", mlflow_server, "--root", str(tmp_path / "root"), "--num-cpus", "2"
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert not (tmp_path / "root" / "mlflow.db").exists()  # nothing went to the local default
     c = runs.client(mlflow_server)
@@ -60,7 +76,9 @@ def test_study_logs_to_a_tracking_server_workers_included(tmp_path, mlflow_serve
         assert len(c.get_metric_history(r.info.run_id, "val/accuracy")) == 2
         model_id = run_model_id(c, r.info.run_id)  # the final model: a logged model on the server's store
         tags = r.data.tags
-        assert model_id and c.get_logged_model(model_id).name == ui.model_name(tags[runs.TAG_ARM], "search", 0, tags[runs.TAG_TRIAL])
+        assert model_id and c.get_logged_model(model_id).name == ui.model_name(
+            tags[runs.TAG_ARM], "search", 0, tags[runs.TAG_TRIAL]
+        )
     assert "View run" not in res.stdout + res.stderr  # MLflow's per-run URL lines are off
     assert c.get_experiment(exp.experiment_id).tags[runs.TAG_EXPERIMENT_KIND] == "custom_model_development"
     res = flatlab("results", "srv", "--tracking-uri", mlflow_server)
@@ -73,10 +91,30 @@ def test_submit_to_a_local_ray_head(tmp_path):
     # the dashboard agent (which starts submitted jobs) on a free port: Ray's default, 52365, may be another
     # Ray instance's on this machine, and then no job can start ("No available agent to submit job")
     start = subprocess.run(
-        [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(gcs), "--num-cpus", "2",
-         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--include-dashboard", "true",
-         "--dashboard-agent-listen-port", str(free_port()), "--disable-usage-stats"],
-        capture_output=True, text=True, env=e, timeout=180,
+        [
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(gcs),
+            "--num-cpus",
+            "2",
+            "--dashboard-host",
+            "127.0.0.1",
+            "--dashboard-port",
+            str(dash),
+            "--include-dashboard",
+            "true",
+            "--dashboard-agent-listen-port",
+            str(free_port()),
+            "--disable-usage-stats",
+        ],
+        capture_output=True,
+        text=True,
+        env=e,
+        timeout=180,
     )
     assert start.returncode == 0, start.stdout + start.stderr
     try:
@@ -85,8 +123,17 @@ def test_submit_to_a_local_ray_head(tmp_path):
         work.mkdir()
         write_study(work / "job.py", SMALL.format(name="job"))
         root = tmp_path / "root"
-        res = flatlab("submit", "job.py", "--address", f"http://127.0.0.1:{dash}", "--working-dir", str(work),
-                      f"--arg=--root={root}", "--follow", timeout=600)
+        res = flatlab(
+            "submit",
+            "job.py",
+            "--address",
+            f"http://127.0.0.1:{dash}",
+            "--working-dir",
+            str(work),
+            f"--arg=--root={root}",
+            "--follow",
+            timeout=600,
+        )
         assert res.returncode == 0, res.stdout + res.stderr
         job_id = res.stdout.strip().splitlines()[-1]
         assert job_id.startswith("raysubmit_")
@@ -104,25 +151,44 @@ def test_interrupted_study_resumes_without_rerunning_finished_trials(tmp_path):
     them: the launch's budget is reused (an explicit different one is refused), the rest of the search
     and the final stage run, no epoch is logged twice, and a second `--resume` has nothing left."""
     epochs, n = 10, 3
-    study = write_study(tmp_path / "res.py", f"""
+    study = write_study(
+        tmp_path / "res.py",
+        """
 STUDY = Study(
     name="res",
     workload="digits",
-    workload_params={{"model": "cnn", "width": 24}},
-    arms=(Arm("sgd", space={{"lr": sp.loguniform(0.01, 0.2)}}),),
+    workload_params={"model": "cnn", "width": 24},
+    arms=(Arm("sgd", space={"lr": sp.loguniform(0.01, 0.2)}),),
     num_trials=8,
     max_epochs=40,
     final_seeds=(1, 2, 3),
     scheduler="fifo",
     max_concurrent=1,
 )
-""")
+""",
+    )
     root = tmp_path / "root"
     uri = runs.default_tracking_uri(root)
     budget = ["--trials", str(n), "--epochs", str(epochs), "--final-seeds", "1"]
-    proc = subprocess.Popen([str(BIN / "flatlab"), "run", str(study), "--root", str(root), "--num-cpus", "2", *budget,
-                             "--checkpoint-every", "3"],
-                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            str(BIN / "flatlab"),
+            "run",
+            str(study),
+            "--root",
+            str(root),
+            "--num-cpus",
+            "2",
+            *budget,
+            "--checkpoint-every",
+            "3",
+        ],
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     finished = []
     while time.monotonic() < deadline:
@@ -150,12 +216,18 @@ STUDY = Study(
     assert launch["checkpoint_every"] == 3
     c = runs.client(uri)
     exp = c.get_experiment_by_name("res")
-    before = {r.data.tags[runs.TAG_TRIAL]: r for r in c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")}
+    before = {
+        r.data.tags[runs.TAG_TRIAL]: r
+        for r in c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")
+    }
     assert all(r.info.status != "RUNNING" for r in before.values())
     done_ids = {t for t, r in before.items() if r.info.status == "FINISHED"}
 
     refused = flatlab("run", str(study), "--root", str(root), "--resume", "--epochs", "12", timeout=120)
-    assert refused.returncode == 2 and "--epochs 12 differs from the launch being resumed, which ran with --epochs 10" in refused.stderr
+    assert (
+        refused.returncode == 2
+        and "--epochs 12 differs from the launch being resumed, which ran with --epochs 10" in refused.stderr
+    )
 
     res = flatlab("run", str(study), "--root", str(root), "--resume", "--num-cpus", "2")  # no overrides: the launch's
     assert res.returncode == 0, res.stdout + res.stderr
@@ -165,7 +237,9 @@ STUDY = Study(
     assert "already reported" not in res.stdout + res.stderr and "A worker died" not in res.stdout + res.stderr
     after = c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")
     stages = sorted(r.data.tags[runs.TAG_STAGE] for r in after)
-    assert stages == ["final"] + ["search"] * n and all(r.info.status == "FINISHED" for r in after)  # --final-seeds 1 kept
+    assert stages == ["final"] + ["search"] * n and all(
+        r.info.status == "FINISHED" for r in after
+    )  # --final-seeds 1 kept
     parents = c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'study'")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     for r in after:  # every epoch exactly once, also for the trial interrupted mid-way and resumed
@@ -175,7 +249,9 @@ STUDY = Study(
     assert done_ids <= {r.data.tags[runs.TAG_TRIAL] for r in after}  # finished before the interrupt: the same runs
     assert json.loads((root / "res" / "launch.json").read_text())["checkpoint_every"] == 3  # kept by --resume
 
-    again = flatlab("run", str(study), "--root", str(root), "--resume", "--num-cpus", "2")  # the launch has finished now
+    again = flatlab(
+        "run", str(study), "--root", str(root), "--resume", "--num-cpus", "2"
+    )  # the launch has finished now
     assert again.returncode == 0 and "already finished; nothing to resume" in again.stdout, again.stdout + again.stderr
     assert len(c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")) == n + 1
 
@@ -215,26 +291,37 @@ STUDY = Study(
     assert len(trials) == 2 * n and all(t.state.name == "COMPLETE" for t in trials)
     assert len({t.params["lr"] for t in trials}) == 2 * n  # the continued search drew new points
     parent = runs.client(runs.default_tracking_uri(root)).get_run(two["parent_run_id"])
-    assert parent.data.tags["flatlab.optuna_studies"] == name and parent.data.tags["flatlab.continues"] == one["parent_run_id"]
+    assert (
+        parent.data.tags["flatlab.optuna_studies"] == name
+        and parent.data.tags["flatlab.continues"] == one["parent_run_id"]
+    )
 
     write_study(study, body.format(low=0.001, n=n))  # a changed space cannot continue that study
     changed = flatlab(*cmd, "--continue", timeout=120)
-    assert changed.returncode == 2 and f"arm 'sgd' of study 'cont' searches a different space than the Optuna study '{name}'" in changed.stderr
+    assert (
+        changed.returncode == 2
+        and f"arm 'sgd' of study 'cont' searches a different space than the Optuna study '{name}'" in changed.stderr
+    )
     assert len(optuna.load_study(study_name=name, storage=storage).trials) == 2 * n
 
 
 # Imported by every Python process of the test's flatlab run (sitecustomize on PYTHONPATH, inherited by
 # Ray's workers): while the marker file exists, every trial raises after its first epoch.
-FAIL_AFTER_FIRST_EPOCH = run_epoch_hook("FLATLAB_TEST_FAIL_MARK", """
+FAIL_AFTER_FIRST_EPOCH = run_epoch_hook(
+    "FLATLAB_TEST_FAIL_MARK",
+    """
     if self.epoch >= 1 and os.path.exists(VALUE):
         raise RuntimeError("injected trial failure")
     return original(self)
-""")
+""",
+)
 
 
 def test_resume_retries_errored_trials_from_their_checkpoints(tmp_path):
     epochs = 3
-    study = write_study(tmp_path / "err.py", f"""
+    study = write_study(
+        tmp_path / "err.py",
+        f"""
 STUDY = Study(
     name="err",
     workload="digits",
@@ -246,7 +333,8 @@ STUDY = Study(
     max_concurrent=2,
     checkpoint_every=1,  # epoch 1's checkpoint is what the resume starts from
 )
-""")
+""",
+    )
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(FAIL_AFTER_FIRST_EPOCH)
@@ -260,7 +348,10 @@ STUDY = Study(
     first = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=600)
     assert first.returncode == 1, first.stdout + first.stderr  # every trial failed: the launch did too
     log = root.resolve() / "err" / "logs" / "flatlab.log"  # the study's log, wherever the command ran
-    assert first.stdout.strip().splitlines()[-1] == f"every trial of err failed (2 of 2); see {log} and `flatlab results err`"
+    assert (
+        first.stdout.strip().splitlines()[-1]
+        == f"every trial of err failed (2 of 2); see {log} and `flatlab results err`"
+    )
     assert log.is_file()  # the printed path is the file the launch wrote
     c = runs.client(runs.default_tracking_uri(root))
     exp = c.get_experiment_by_name("err")
@@ -299,7 +390,9 @@ def test_a_killed_trial_worker_is_one_progress_line(tmp_path):
     """SIGKILL of a trial's worker process (a system failure, as a lost node): the progress line says in one
     line that the trial failed and resumes from its last checkpoint, which Tune does at once; Ray's
     multi-line "A worker died" message stays in logs/flatlab.log."""
-    study = write_study(tmp_path / "kill.py", """
+    study = write_study(
+        tmp_path / "kill.py",
+        """
 STUDY = Study(
     name="kill",
     workload="digits",
@@ -310,10 +403,17 @@ STUDY = Study(
     scheduler="fifo",
     max_concurrent=1,
 )
-""")
+""",
+    )
     root = tmp_path / "root"
-    proc = subprocess.Popen([str(BIN / "flatlab"), "run", str(study), "--root", str(root), "--num-cpus", "2"],
-                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(BIN / "flatlab"), "run", str(study), "--root", str(root), "--num-cpus", "2"],
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     deadline, killed = time.monotonic() + 300, None
     while killed is None and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(1.0)
@@ -332,7 +432,9 @@ STUDY = Study(
     assert "A worker died" not in out and "actor died" in failed[0].lower(), out
     assert "WARNING ray: A worker died or was killed" in (root / "kill" / "logs" / "flatlab.log").read_text()
     c = runs.client(runs.default_tracking_uri(root))
-    trials = c.search_runs([c.get_experiment_by_name("kill").experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")
+    trials = c.search_runs(
+        [c.get_experiment_by_name("kill").experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'"
+    )
     assert len(trials) == 2 and all(r.info.status == "FINISHED" for r in trials)  # retried, not failed
     for r in trials:
         assert [m.step for m in c.get_metric_history(r.info.run_id, "epoch")] == list(range(1, 31))

@@ -102,7 +102,9 @@ def test_results_cli_and_parquet_round_trip(study_run, tmp_path):
     pd.testing.assert_frame_equal(back.reset_index(drop=True), df.reset_index(drop=True), check_dtype=False)
     assert list(back["arm"])[-1] == "boom"
     done = df["outcome"] == "completed"
-    assert "lr" not in df.columns and df.loc[done, "last_lr"].gt(0).all() and "param.lr" in df.columns  # no two lr columns
+    assert (
+        "lr" not in df.columns and df.loc[done, "last_lr"].gt(0).all() and "param.lr" in df.columns
+    )  # no two lr columns
     res = cli.invoke(app, ["results", "it4", "--root", str(root), "--format", "csv"])  # csv to stdout
     assert res.exit_code == 0, res.output
     csv = pd.read_csv(io.StringIO(res.output), dtype={"trial_id": str})
@@ -110,7 +112,9 @@ def test_results_cli_and_parquet_round_trip(study_run, tmp_path):
     res = cli.invoke(app, ["results", "it4", "--root", str(root), "--by-config", "--format", "csv"])
     assert res.exit_code == 0, res.output
     per_config = pd.read_csv(io.StringIO(res.output))
-    assert per_config["trials"].sum() == 4 and {"seeds", "val/accuracy mean", "val/accuracy std"} <= set(per_config.columns)
+    assert per_config["trials"].sum() == 4 and {"seeds", "val/accuracy mean", "val/accuracy std"} <= set(
+        per_config.columns
+    )
     res = cli.invoke(app, ["results", "it4", "--root", str(root), "--by-config", "--best"])
     assert res.exit_code == 0 and "it4 (3 configurations)" in res.output and "seeds" in res.output, res.output
     assert "no completed trial (pruned, diverged, failed or unfinished), so no best for: boom" in res.output
@@ -129,8 +133,11 @@ def test_pruned_and_errored_trials_get_terminal_statuses():
 
     # a trial completed when its last report says so (its whole budget, or its training-loss target);
     # one that ended without that flag was stopped by the scheduler
-    for tid, last in (("a", {"epoch": 10, "completed": 1, "val/accuracy": 0.9}), ("b", {"epoch": 4, "val/accuracy": 0.5}),
-                      ("c", {"epoch": 2, "diverged": 1})):
+    for tid, last in (
+        ("a", {"epoch": 10, "completed": 1, "val/accuracy": 0.9}),
+        ("b", {"epoch": 4, "val/accuracy": 0.5}),
+        ("c", {"epoch": 2, "diverged": 1}),
+    ):
         cb._last[tid] = last
         cb.on_trial_complete(0, [], T(tid, last))
     cb.on_trial_error(0, [], T("d", {}))
@@ -189,8 +196,12 @@ def test_full_config_environment_and_study_report(study_run):
     assert f"ray=={ray.__version__}" in packages.splitlines()
     report = {a.path for a in c.list_artifacts(outcome.parent_run_id, "report")}
     # one completed trial per arm: parallel coordinates of the searching arms, no importances (needs >= 2)
-    assert report == {"report/learning_curves.png", "report/parallel_coordinate_sgd.png", "report/parallel_coordinate_adamw.png",
-                      "report/best_per_arm.json"}
+    assert report == {
+        "report/learning_curves.png",
+        "report/parallel_coordinate_sgd.png",
+        "report/parallel_coordinate_adamw.png",
+        "report/best_per_arm.json",
+    }
     # one per-arm table instead of per-arm metrics: the parent's charts are the trials' curves
     assert not [m for m in parent.data.metrics if m.startswith("best/")]
     table = json.loads(open(c.download_artifacts(outcome.parent_run_id, "report/best_per_arm.json", str(root))).read())
@@ -203,4 +214,6 @@ def test_full_config_environment_and_study_report(study_run):
     assert not [v for v in parent.data.params.values() if v.startswith(("{", "["))]
     # the experiment's default view in MLflow's UI names this launch and the test metric its trials logged
     view = json.loads(c.get_experiment(outcome.experiment_id).tags["mlflow.sharedViewState.flatlab"])
-    assert view["runsExpanded"] == {outcome.parent_run_id: True} and "metrics.`test/accuracy`" in view["selectedColumns"]
+    assert (
+        view["runsExpanded"] == {outcome.parent_run_id: True} and "metrics.`test/accuracy`" in view["selectedColumns"]
+    )

@@ -3,7 +3,6 @@
 finishes. Plus the text helpers and the callback's tag lifecycle without Ray."""
 
 import pytest
-from rich.console import Console
 from typer.testing import CliRunner
 
 from flatlab import Arm, Study
@@ -11,7 +10,6 @@ from flatlab import space as sp
 from flatlab.cli.main import app
 from flatlab.tracking import runs
 from flatlab.tracking.trial_errors import one_line, read_trial_error
-
 from test_services import FAIL_AFTER_FIRST_EPOCH
 
 TRACEBACK = """ray::ImplicitFunc.train() (pid=4242, ip=127.0.0.1, actor_id=ab12, repr=run_trial)
@@ -35,8 +33,10 @@ def test_one_line_takes_the_final_exception_line():
 
 def test_read_trial_error_keeps_the_latest_failure(tmp_path):
     f = tmp_path / "error.txt"
-    f.write_text("Failure # 1 (occurred at 2025-01-01_00-00-00)\nold: first\n"
-                 f"Failure # 2 (occurred at 2025-01-01_00-01-00)\n{TRACEBACK}")
+    f.write_text(
+        "Failure # 1 (occurred at 2025-01-01_00-00-00)\nold: first\n"
+        f"Failure # 2 (occurred at 2025-01-01_00-01-00)\n{TRACEBACK}"
+    )
 
     class T:
         error_file = str(f)
@@ -95,12 +95,20 @@ def test_trial_raising_at_epoch_2_keeps_its_error_in_mlflow(tmp_path, monkeypatc
     (hook / "sitecustomize.py").write_text(FAIL_AFTER_FIRST_EPOCH)  # imported by Ray's workers
     mark = tmp_path / "fail-now"
     mark.touch()
-    monkeypatch.setenv("PYTHONPATH", ":".join(p for p in (str(hook), __import__("os").environ.get("PYTHONPATH", "")) if p))
+    monkeypatch.setenv(
+        "PYTHONPATH", ":".join(p for p in (str(hook), __import__("os").environ.get("PYTHONPATH", "")) if p)
+    )
     monkeypatch.setenv("FLATLAB_TEST_FAIL_MARK", str(mark))
     monkeypatch.setenv("RAY_ADDRESS", "local")  # a new local instance, never a Ray head found running on this machine
-    study = Study(name="errs", workload="digits", workload_params={"width": 16},
-                  arms=(Arm("sgd", space={"lr": sp.loguniform(0.01, 0.1)}),), num_trials=1, max_epochs=2,
-                  scheduler="fifo").validate()
+    study = Study(
+        name="errs",
+        workload="digits",
+        workload_params={"width": 16},
+        arms=(Arm("sgd", space={"lr": sp.loguniform(0.01, 0.1)}),),
+        num_trials=1,
+        max_epochs=2,
+        scheduler="fifo",
+    ).validate()
     root = tmp_path / "root"
     try:
         outcome = run_study(study, RunOptions(root=root, num_cpus=1))
@@ -112,7 +120,11 @@ def test_trial_raising_at_epoch_2_keeps_its_error_in_mlflow(tmp_path, monkeypatc
     assert run.info.status == "FAILED" and run.data.tags[runs.TAG_OUTCOME] == "error"
     assert run.data.tags[runs.TAG_ERROR] == "RuntimeError: injected trial failure"
     text = open(c.download_artifacts(run.info.run_id, "error.txt", str(tmp_path))).read()
-    assert "RuntimeError: injected trial failure" in text and "in run_epoch" in text and 'raise RuntimeError("injected' in text
+    assert (
+        "RuntimeError: injected trial failure" in text
+        and "in run_epoch" in text
+        and 'raise RuntimeError("injected' in text
+    )
     res = CliRunner().invoke(app, ["results", "errs", "--root", str(root)], terminal_width=400)
     assert res.exit_code == 0, res.output
     header = next(l for l in res.output.splitlines() if "outcome" in l)

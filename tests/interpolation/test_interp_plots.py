@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flatlab.errors import ConfigError
-from flatlab.interpolation import SweepResult
-from flatlab.interpolation import plots
+from flatlab.interpolation import SweepResult, plots
 from flatlab.sharpness import SharpnessEstimate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -14,8 +13,11 @@ ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def _sweep(shift: float) -> SweepResult:
-    return SweepResult(ALPHAS, {"ood": tuple(1.0 + shift + a * (1 - a) for a in ALPHAS)},
-                       {"ood": tuple(0.5 + shift + 0.1 * a * (1 - a) for a in ALPHAS)})
+    return SweepResult(
+        ALPHAS,
+        {"ood": tuple(1.0 + shift + a * (1 - a) for a in ALPHAS)},
+        {"ood": tuple(0.5 + shift + 0.1 * a * (1 - a) for a in ALPHAS)},
+    )
 
 
 def _is_png(path) -> bool:
@@ -27,10 +29,12 @@ def test_every_plot_writes_a_png(tmp_path):
     est = [SharpnessEstimate(v, 0.01, 4, (v,) * 4, 1.0, 1.0, True) for v in (0.1, 0.2, 0.4, 0.3, 0.2)]
     written = [
         plots.plot_sweeps({"ViT-B/32": _sweep(0.0), "ViT-B/16": _sweep(0.05)}, tmp_path / "ood.png"),
-        plots.plot_sharpness_vs_alpha(ALPHAS, {"ViT-B/32": est, "ViT-B/16": [0.1, 0.1, 0.2, 0.2, 0.3]},
-                                      tmp_path / "sharp.png"),
-        plots.plot_layerwise_heatmap(ALPHAS, {"visual.conv1": est, "visual.transformer.resblocks.0": [0.0] * 5},
-                                     tmp_path / "sub" / "heat.png"),
+        plots.plot_sharpness_vs_alpha(
+            ALPHAS, {"ViT-B/32": est, "ViT-B/16": [0.1, 0.1, 0.2, 0.2, 0.3]}, tmp_path / "sharp.png"
+        ),
+        plots.plot_layerwise_heatmap(
+            ALPHAS, {"visual.conv1": est, "visual.transformer.resblocks.0": [0.0] * 5}, tmp_path / "sub" / "heat.png"
+        ),
         plots.plot_pruned_vs_unpruned(_sweep(0.0), _sweep(0.02), tmp_path / "pruned.png"),
     ]
     assert [p.name for p in written] == ["ood.png", "sharp.png", "heat.png", "pruned.png"]

@@ -40,7 +40,9 @@ def test_ends_are_exact_copies_of_every_entry(pair, alpha, end):
         assert out[k].dtype == v.dtype and torch.equal(out[k], v), k
 
 
-@pytest.mark.parametrize("alpha,end", [(0.25, "zs"), (0.4999, "zs"), (0.5, "ft"), (0.75, "ft"), (-0.5, "zs"), (1.5, "ft")])
+@pytest.mark.parametrize(
+    "alpha,end", [(0.25, "zs"), (0.4999, "zs"), (0.5, "ft"), (0.75, "ft"), (-0.5, "zs"), (1.5, "ft")]
+)
 def test_integer_buffers_come_from_the_nearer_end(pair, alpha, end):
     zs, ft, _ = pair
     out = interpolate(zs, ft, alpha)
@@ -66,7 +68,9 @@ def test_layerwise_interpolation_changes_only_the_given_keys(pair):
 def test_mismatches_name_the_first_offending_key(pair):
     zs, ft, _ = pair
     missing = {k: v for k, v in ft.items() if k != "1.running_var"}
-    with pytest.raises(ConfigError, match=r"key '1.running_var' is in the zero-shot state dict but not in the fine-tuned"):
+    with pytest.raises(
+        ConfigError, match=r"key '1.running_var' is in the zero-shot state dict but not in the fine-tuned"
+    ):
         interpolate(zs, missing, 0.5)
     extra = dict(ft, **{"head.bias": torch.zeros(3)})
     with pytest.raises(ConfigError, match=r"key 'head.bias' is in the fine-tuned state dict but not in the zero-shot"):
@@ -75,7 +79,9 @@ def test_mismatches_name_the_first_offending_key(pair):
     with pytest.raises(ConfigError, match=r"differ at key '3.weight': shape \(3, 8\) \(zero-shot\) vs \(3, 9\)"):
         interpolate(zs, shape, 0.5)
     dtype = dict(ft, **{"0.bias": ft["0.bias"].double()})
-    with pytest.raises(ConfigError, match=r"differ at key '0.bias': dtype torch.float32 \(zero-shot\) vs torch.float64"):
+    with pytest.raises(
+        ConfigError, match=r"differ at key '0.bias': dtype torch.float32 \(zero-shot\) vs torch.float64"
+    ):
         check_compatible(zs, dtype)
     with pytest.raises(ConfigError, match=r"alpha must be a finite number"):
         interpolate(zs, ft, float("nan"))

@@ -10,7 +10,11 @@ from torch import nn
 
 from flatlab.errors import ConfigError
 from flatlab.interpolation import (
-    find_stragglers, interpolate, prune_stragglers, pruned_interpolation, sharpness_along_path,
+    find_stragglers,
+    interpolate,
+    prune_stragglers,
+    pruned_interpolation,
+    sharpness_along_path,
 )
 from flatlab.sharpness import SharpnessEstimate, average_sharpness, group_parameters
 

@@ -10,8 +10,16 @@ import torch.nn.functional as F
 
 from flatlab.errors import ConfigError
 from flatlab.interpolation import (
-    DEFAULT_ALPHAS, SweepResult, alpha_grid, alpha_sweep, barrier, gain, instability, interpolate_keys,
-    is_failure_mode, layerwise_alpha_sweep,
+    DEFAULT_ALPHAS,
+    SweepResult,
+    alpha_grid,
+    alpha_sweep,
+    barrier,
+    gain,
+    instability,
+    interpolate_keys,
+    is_failure_mode,
+    layerwise_alpha_sweep,
 )
 from flatlab.sharpness import group_parameters
 
@@ -37,8 +45,11 @@ def test_failure_mode_when_no_interior_alpha_beats_the_zero_shot_end():
 
 
 def test_sweep_result_methods_and_summary():
-    res = SweepResult(ALPHAS, {"id": (0.5, 0.4, 0.3, 0.2, 0.1), "ood": LOSSES},
-                      {"id": (0.7, 0.8, 0.85, 0.9, 0.95), "ood": (0.50, 0.55, 0.60, 0.52, 0.45)})
+    res = SweepResult(
+        ALPHAS,
+        {"id": (0.5, 0.4, 0.3, 0.2, 0.1), "ood": LOSSES},
+        {"id": (0.7, 0.8, 0.85, 0.9, 0.95), "ood": (0.50, 0.55, 0.60, 0.52, 0.45)},
+    )
     assert res.instability() == pytest.approx(1.1) and res.barrier("ood") == pytest.approx(1.0)
     assert res.best_alpha("ood") == 0.5 and res.best_alpha("id") == 1.0
     summary = res.summary()
@@ -86,7 +97,9 @@ def test_alpha_sweep_evaluates_every_alpha_and_split(pair):
     assert res.alphas == ALPHAS and set(res.loss) == {"id", "ood"}
     assert res.loss["ood"][0] == evaluate(zs, "ood")[0] and res.loss["ood"][-1] == evaluate(ft, "ood")[0]
     assert res.accuracy["id"][-1] == evaluate(ft, "id")[1]
-    assert res.instability("ood") == pytest.approx(max(res.loss["ood"]) - 0.5 * (res.loss["ood"][0] + res.loss["ood"][-1]))
+    assert res.instability("ood") == pytest.approx(
+        max(res.loss["ood"]) - 0.5 * (res.loss["ood"][0] + res.loss["ood"][-1])
+    )
     as_dict = alpha_sweep(zs, ft, lambda s, split: {"loss": 1.0, "accuracy": 0.5}, alphas=ALPHAS, splits=("ood",))
     assert as_dict.loss == {"ood": (1.0,) * 5}
     with pytest.raises(ConfigError, match=r"must return \(loss, accuracy\)"):
@@ -104,6 +117,12 @@ def test_layerwise_sweep_interpolates_one_group(pair):
     only_head = interpolate_keys(zs, ft, 1.0, groups["3"])
     assert res["3"].loss["ood"][2] == evaluate(only_head, "ood")[0]
     assert res["3"].loss["ood"][0] == evaluate(zs, "ood")[0]
-    same = alpha_sweep(zs, ft, evaluate, alphas=(0.5,), splits=("ood",),
-                       interpolator=functools.partial(interpolate_keys, keys=groups["3"]))
+    same = alpha_sweep(
+        zs,
+        ft,
+        evaluate,
+        alphas=(0.5,),
+        splits=("ood",),
+        interpolator=functools.partial(interpolate_keys, keys=groups["3"]),
+    )
     assert same.loss["ood"][0] == res["3"].loss["ood"][1]

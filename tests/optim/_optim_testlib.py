@@ -70,7 +70,9 @@ def ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (_ordered_bits(a) - _ordered_bits(b)).abs()
 
 
-def assert_within_rounding_of_step(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, ulps: int, steps: float) -> None:
+def assert_within_rounding_of_step(
+    a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, ulps: int, steps: float
+) -> None:
     """``a`` and ``b`` (parameters after an update, same shape and dtype) differ by at most ``ulps`` of
     ``b``'s spacing plus ``steps`` machine epsilons of the update ``step`` that produced ``b``: two
     computations of one update that round differently (each operation on the step rounds it by up to
@@ -79,7 +81,9 @@ def assert_within_rounding_of_step(a: torch.Tensor, b: torch.Tensor, step: torch
     spacing = torch.nextafter(b.abs(), torch.full_like(b, float("inf"))) - b.abs()
     bound = ulps * spacing + steps * torch.finfo(b.dtype).eps * step.abs()
     excess = (a - b).abs() - bound
-    assert a.numel() == 0 or float(excess.max()) <= 0, f"{int((excess > 0).sum())} coordinates beyond the rounding bound"
+    assert a.numel() == 0 or float(excess.max()) <= 0, (
+        f"{int((excess > 0).sum())} coordinates beyond the rounding bound"
+    )
 
 
 def roundtrip(obj: Dict) -> Dict:
@@ -130,7 +134,9 @@ class FunctionClosure:
     gradient instead (so IRE's curvature proxy becomes h = g⊙g), or ``sampled_fn(params)`` if given.
     """
 
-    def __init__(self, fn: Callable[[Sequence[torch.Tensor]], torch.Tensor], params: Sequence[torch.Tensor], sampled_fn=None):
+    def __init__(
+        self, fn: Callable[[Sequence[torch.Tensor]], torch.Tensor], params: Sequence[torch.Tensor], sampled_fn=None
+    ):
         self.fn = fn
         self.params = list(params)
         self.sampled_fn = sampled_fn

@@ -11,13 +11,21 @@ from typing import Dict
 
 import pytest
 import torch
+from _optim_testlib import (
+    assert_bitwise,
+    assert_within_rounding_of_step,
+    closure_for,
+    image_batch,
+    mlp,
+    params_of,
+    small_cnn,
+    ulps_apart,
+    vector_batch,
+)
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from _optim_testlib import (
-    assert_bitwise, assert_within_rounding_of_step, closure_for, image_batch, mlp, params_of, small_cnn, ulps_apart, vector_batch,
-)
 from flatlab.optim import _amplified_adamw
 from flatlab.optim.ire import IRE
 
@@ -76,7 +84,12 @@ def test_amplified_step_off_the_mask_is_adamw_to_rounding_and_the_moments_bitwis
     for _ in range(2):  # AdamW's state exists, a mask is in force (refreshed on the first of 3 steps)
         opt.step(closure)
         sched.step()
-    ref = torch.optim.AdamW([p.detach().clone().requires_grad_() for p in model.parameters()], lr=opt.param_groups[0]["lr"], betas=(0.9, 0.95), weight_decay=0.1)
+    ref = torch.optim.AdamW(
+        [p.detach().clone().requires_grad_() for p in model.parameters()],
+        lr=opt.param_groups[0]["lr"],
+        betas=(0.9, 0.95),
+        weight_decay=0.1,
+    )
     for p, r in zip(model.parameters(), ref.param_groups[0]["params"]):
         ref.state[r] = {k: v.clone() for k, v in opt.base.state[p].items()}
     masks = [opt.state[p]["mask"].clone() for p in model.parameters()]

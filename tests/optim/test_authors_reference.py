@@ -17,9 +17,9 @@ from typing import Dict, List, Tuple
 import pytest
 import torch
 import torch.nn.functional as F
+from _optim_testlib import closure_for
 from torch import nn
 
-from _optim_testlib import closure_for
 from flatlab.optim import get_optimizer
 
 STEPS = 5
@@ -36,7 +36,10 @@ def tiny_bn_cnn(seed: int = 0) -> nn.Module:
 
 def batches(n: int = STEPS) -> List[Tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(11)
-    return [(torch.randn(8, 2, 5, 5, generator=g, dtype=torch.float64), torch.randint(0, 4, (8,), generator=g)) for _ in range(n)]
+    return [
+        (torch.randn(8, 2, 5, 5, generator=g, dtype=torch.float64), torch.randint(0, 4, (8,), generator=g))
+        for _ in range(n)
+    ]
 
 
 # ------------------------------------------------------------------------------------ reference parts
@@ -214,7 +217,15 @@ def test_sam_adamw_step_is_sam_then_adamw():
     ours, _ = run_ours("sam_adamw", lr=1e-3, weight_decay=5e-4, rho=0.1)
     assert rel_distance(ours, ref) <= 1e-6
     spec = get_optimizer("sam_adamw")
-    assert spec.base == "adamw" and [h.name for h in spec.hparams] == ["lr", "weight_decay", "beta1", "beta2", "eps", "rho", "ascent"]
+    assert spec.base == "adamw" and [h.name for h in spec.hparams] == [
+        "lr",
+        "weight_decay",
+        "beta1",
+        "beta2",
+        "eps",
+        "rho",
+        "ascent",
+    ]
     sgd_base, _ = run_ours("sam", lr=1e-3, weight_decay=5e-4, rho=0.1, momentum=0.9)
     assert rel_distance(sgd_base, ref) > 1e-2  # a different base is a different step
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _optim_testlib import closure_for, mlp, vector_batch
 
 import flatlab.optim._flat as flat_mod
-from _optim_testlib import closure_for, mlp, vector_batch
 from flatlab.optim.ire import IRE, flat_count
 
 
@@ -43,7 +43,11 @@ def test_bracket_answers_over_several_tensors_without_the_radix_select(monkeypat
     monkeypatch.setattr(flat_mod, "_WHOLE", 1000)
     monkeypatch.setattr(flat_mod, "_SAMPLE", 1024)
     g = torch.Generator().manual_seed(0)
-    parts = [torch.randn(80, 50, generator=g).square(), torch.randn(4000, generator=g).square(), torch.randn(4000, generator=g)]
+    parts = [
+        torch.randn(80, 50, generator=g).square(),
+        torch.randn(4000, generator=g).square(),
+        torch.randn(4000, generator=g),
+    ]
     parts[0][:10, :] = 0.0
     parts[0][10:20, :] = -0.0
     parts[1][::5] = 0.75
@@ -100,7 +104,9 @@ def test_bracket_answers_a_tie_over_most_entries_without_gathering(monkeypatch, 
     values[torch.rand(n, generator=torch.Generator().manual_seed(5)) < 0.9] = 0.0
     joined = []  # np.concatenate: the sample's pieces, and the gathered candidates were there any
     concatenate = np.concatenate
-    monkeypatch.setattr(flat_mod.np, "concatenate", lambda arrays, **kw: joined.append(len(arrays)) or concatenate(arrays, **kw))
+    monkeypatch.setattr(
+        flat_mod.np, "concatenate", lambda arrays, **kw: joined.append(len(arrays)) or concatenate(arrays, **kw)
+    )
     found = flat_mod._bracketed_select([values], flat_count(0.8, n), n)
     assert joined == [1]  # the sample of the one tensor only
     assert found is not None

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-
 from _optim_testlib import (
     CountingClosure,
     FunctionClosure,
@@ -21,6 +20,7 @@ from _optim_testlib import (
     twin,
     vector_batch,
 )
+
 from flatlab.errors import ConfigError
 from flatlab.optim.ire import IRE, flat_count
 from flatlab.optim.protocol import Progress
@@ -99,7 +99,12 @@ def test_gamma_doc_states_the_authors_earlier_top_k_count():
 
 def _layered_curvature(params):
     # mlp(): 0.weight (8×6) h = 1, 0.bias (8) h = 10, 2.weight (4×8) h = 2 + 0.01·i (distinct), 2.bias (4) h = 0.5
-    values = [torch.ones(8, 6), torch.full((8,), 10.0), 2.0 + 0.01 * torch.arange(32.0).reshape(4, 8), torch.full((4,), 0.5)]
+    values = [
+        torch.ones(8, 6),
+        torch.full((8,), 10.0),
+        2.0 + 0.01 * torch.arange(32.0).reshape(4, 8),
+        torch.full((4,), 0.5),
+    ]
     return [v.sqrt() for v in values]
 
 
@@ -114,7 +119,7 @@ def test_per_tensor_flat_fractions_by_parameter_name():
     opt.step(closure)
     opt.step(closure)  # the held mask: the same fractions
     metrics = opt.pop_metrics()
-    per_tensor = {k[len("opt/flat_fraction/"):]: v for k, v in metrics.items() if k.startswith("opt/flat_fraction/")}
+    per_tensor = {k[len("opt/flat_fraction/") :]: v for k, v in metrics.items() if k.startswith("opt/flat_fraction/")}
     assert per_tensor == pytest.approx(LAYER_FRACTIONS, abs=1e-12)
     assert metrics["opt/flat_fraction"] == pytest.approx(55 / 92)
     assert closure.calls == 1
@@ -129,7 +134,9 @@ def test_per_tensor_flat_fractions_without_names_and_only_on_active_steps():
     opt.step(closure)
     metrics = opt.pop_metrics()
     expected = {f"opt/flat_fraction/param{i}": v for i, v in enumerate(LAYER_FRACTIONS.values())}
-    assert {k: v for k, v in metrics.items() if k.startswith("opt/flat_fraction/")} == pytest.approx(expected, abs=1e-12)
+    assert {k: v for k, v in metrics.items() if k.startswith("opt/flat_fraction/")} == pytest.approx(
+        expected, abs=1e-12
+    )
     other = mlp()
     off = IRE(torch.optim.SGD(other.parameters(), lr=0.1), gamma=0.6)  # the default: not reported
     off.step(DesignedCurvature(closure_for(other, batch), _layered_curvature))
@@ -214,7 +221,9 @@ def test_kappa_zero_and_before_switch_on_are_the_base_bitwise_without_curvature_
 
 
 def _progress(step, epoch=0, loss=None, warmup=0):
-    return Progress(step=step, epoch=epoch, total_steps=100, steps_per_epoch=2, warmup_steps=warmup, last_epoch_train_loss=loss)
+    return Progress(
+        step=step, epoch=epoch, total_steps=100, steps_per_epoch=2, warmup_steps=warmup, last_epoch_train_loss=loss
+    )
 
 
 @pytest.mark.parametrize(
@@ -224,7 +233,11 @@ def _progress(step, epoch=0, loss=None, warmup=0):
         (dict(switch_step=3), [_progress(i) for i in range(5)], [0, 0, 0, 1, 1]),
         (dict(switch_at_warmup_end=True), [_progress(i, warmup=2) for i in range(4)], [0, 0, 1, 1]),
         # latches: the loss rising again above the threshold does not switch IRE off
-        (dict(switch_loss=0.5), [_progress(i, loss=l) for i, l in enumerate([None, 0.8, 0.4, 0.9, 2.0])], [0, 0, 1, 1, 1]),
+        (
+            dict(switch_loss=0.5),
+            [_progress(i, loss=l) for i, l in enumerate([None, 0.8, 0.4, 0.9, 2.0])],
+            [0, 0, 1, 1, 1],
+        ),
     ],
     ids=["epoch", "step", "warmup", "loss"],
 )
@@ -496,7 +509,12 @@ def test_radix_select_over_several_tensors_equals_kthvalue_of_their_concatenatio
 
     monkeypatch.setattr(flat_mod, "SELECT_CHUNK", chunk)
     g = torch.Generator().manual_seed(3)
-    parts = [torch.randn(7, 5, generator=g).square(), torch.zeros(40), torch.randn(300, generator=g).square(), torch.full((3, 4), 0.25)]
+    parts = [
+        torch.randn(7, 5, generator=g).square(),
+        torch.zeros(40),
+        torch.randn(300, generator=g).square(),
+        torch.full((3, 4), 0.25),
+    ]
     parts[2][::7] = 0.25  # ties across tensors
     every = torch.cat([p.flatten() for p in parts])
     for k in (1, 40, 41, 60, 100, 200, every.numel()):
@@ -538,7 +556,9 @@ def test_radix_select_packs_small_tensors_and_stays_exact(monkeypatch, chunk, ca
     n = every.numel()
     calls = []
     counts = flat_mod._add_counts
-    monkeypatch.setattr(flat_mod, "_add_counts", lambda hist, bins, size: calls.append(bins.numel()) or counts(hist, bins, size))
+    monkeypatch.setattr(
+        flat_mod, "_add_counts", lambda hist, bins, size: calls.append(bins.numel()) or counts(hist, bins, size)
+    )
     for k in range(1, n + 1):
         calls.clear()
         value, count = flat_mod.radix_kth_smallest_with_count(parts, k)

@@ -17,13 +17,13 @@ from typing import Dict, List, Optional, Sequence, Set
 import pytest
 import torch
 import torch.nn.functional as F
+from _optim_testlib import closure_for, mlp, vector_batch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import flatlab.optim._flat as flat_mod
 import flatlab.optim.ire as ire_mod
-from _optim_testlib import closure_for, mlp, vector_batch
 from flatlab.optim import get_optimizer
 from flatlab.optim._flat import F32_INF_BITS, square_tie_ceiling
 from flatlab.optim.ire import IRE, flat_count
@@ -96,7 +96,9 @@ def designed_gradient(numel: int) -> torch.Tensor:
     zero_band = torch.tensor([0.0, -0.0, 1e-45, 3e-39, 1e-30, 2.0**-75, 1e-23, 2e-23, 2.5e-23, 1e-25])
     n_sub = 30
     sub_band = torch.exp(torch.empty(n_sub).uniform_(math.log(3e-23), math.log(1e-19), generator=g))
-    sub_band[1::3] = torch.nextafter(sub_band[0::3][: len(sub_band[1::3])], torch.tensor(1.0))  # a neighbour: same square
+    sub_band[1::3] = torch.nextafter(
+        sub_band[0::3][: len(sub_band[1::3])], torch.tensor(1.0)
+    )  # a neighbour: same square
     normal = torch.exp(torch.empty(numel - len(zero_band) - n_sub).uniform_(math.log(1e-6), 0.0, generator=g))
     values = torch.cat([zero_band, sub_band, normal])
     signs = torch.where(torch.rand(numel, generator=g) < 0.5, -1.0, 1.0)
@@ -209,9 +211,30 @@ def test_nan_and_inf_rank_as_their_squares():
 # IRE's own work on a step: everything outside the base's step, plus the mask refresh (called from
 # inside it, through the curvature closure). Operations that only move data are not arithmetic.
 _DATA_MOVES = {
-    "view", "_unsafe_view", "reshape", "cat", "split", "split_with_sizes", "copy_", "clone", "detach", "alias",
-    "_to_copy", "select", "slice", "as_strided", "t", "expand", "unsqueeze", "squeeze", "transpose", "permute",
-    "_foreach_copy_", "lift_fresh", "empty_like", "zeros_like",
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "cat",
+    "split",
+    "split_with_sizes",
+    "copy_",
+    "clone",
+    "detach",
+    "alias",
+    "_to_copy",
+    "select",
+    "slice",
+    "as_strided",
+    "t",
+    "expand",
+    "unsqueeze",
+    "squeeze",
+    "transpose",
+    "permute",
+    "_foreach_copy_",
+    "lift_fresh",
+    "empty_like",
+    "zeros_like",
 }
 
 
@@ -262,6 +285,7 @@ def issue_mlp_run(steps: int):
                 return fn(*a, **kw)
             finally:
                 watch.active = before
+
         return call
 
     refresh, base_step = opt._refresh_mask, opt.base.step

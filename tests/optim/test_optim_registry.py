@@ -12,8 +12,8 @@ from typing import Any, Dict, List
 
 import pytest
 import torch
+from _optim_testlib import assert_bitwise, closure_for, image_batch, params_of, roundtrip, small_cnn
 
-from _optim_testlib import assert_bitwise, closure_for, image_batch, params_of, roundtrip, small_cnn, twin
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.optim import OPTIMIZERS, Progress, get_optimizer

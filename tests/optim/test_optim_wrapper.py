@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _optim_testlib import closure_for, mlp, roundtrip, vector_batch
+
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
@@ -56,7 +56,9 @@ def test_state_dict_nests_base_state_and_wrapper_entries():
 def test_loading_a_foreign_state_dict_is_refused():
     model = mlp()
     sam_sd = SAM(torch.optim.SGD(model.parameters(), lr=0.1)).state_dict()
-    with pytest.raises(ValueError, match=r"expected the outermost wrapper entry to be 'ire', found wrapper entries \['sam'\]"):
+    with pytest.raises(
+        ValueError, match=r"expected the outermost wrapper entry to be 'ire', found wrapper entries \['sam'\]"
+    ):
         IRE(torch.optim.SGD(model.parameters(), lr=0.1)).load_state_dict(sam_sd)
 
 

@@ -8,7 +8,6 @@ import warnings
 
 import pytest
 import torch
-
 from _optim_testlib import (
     CountingClosure,
     assert_bitwise,
@@ -20,6 +19,7 @@ from _optim_testlib import (
     twin,
     vector_batch,
 )
+
 from flatlab.errors import ConfigError
 from flatlab.optim.sam import SAM, asam_scaled
 
@@ -207,7 +207,10 @@ def test_usage_errors():
         (dict(rho=-0.1), r"rho=-0.1 is not allowed; expected float in \[0, inf\)"),
         (dict(eta=-1.0), r"eta=-1.0 is not allowed"),
         (dict(adaptive="yes"), r"adaptive='yes' is not allowed; expected True or False"),
-        (dict(adaptive=True, asam_scope="bias"), r"asam_scope='bias' is not allowed; expected one of 'weight_names', 'weights', 'all'"),
+        (
+            dict(adaptive=True, asam_scope="bias"),
+            r"asam_scope='bias' is not allowed; expected one of 'weight_names', 'weights', 'all'",
+        ),
     ],
 )
 def test_bad_values_raise_config_error_naming_the_field(kw, pattern):

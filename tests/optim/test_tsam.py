@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-
 from _optim_testlib import (
     CountingClosure,
     assert_bitwise,
@@ -19,6 +18,7 @@ from _optim_testlib import (
     twin,
     vector_batch,
 )
+
 from flatlab.errors import ConfigError
 from flatlab.optim.protocol import Progress
 from flatlab.optim.tsam import TSAM, TiltedAccumulator, sample_noise, tilt_at
@@ -55,7 +55,9 @@ def test_adopting_accumulator_starts_a_tensor_at_its_first_gradient():
         acc.add(loss, [g[0], None if j == 0 else g[1]])
     agg = acc.gradient()
     w = torch.softmax(t * torch.stack(losses).double(), 0)
-    torch.testing.assert_close(agg[0].double(), sum(w[j] * grads[j][0].double() for j in range(3)), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(
+        agg[0].double(), sum(w[j] * grads[j][0].double() for j in range(3)), rtol=1e-6, atol=1e-7
+    )
     torch.testing.assert_close(agg[1].double(), sum(w[j] * grads[j][1].double() for j in (1, 2)), rtol=1e-6, atol=1e-7)
     never = TiltedAccumulator(t)
     for loss, g in zip(losses, grads):
@@ -141,8 +143,15 @@ def _reference_tsam_grad(model, batch, *, rho, s, t, radius, noise, seed, primar
 
 @pytest.mark.parametrize(
     "t,noise,primary_pass",
-    [(0.0, "gaussian", "noisy"), (5.0, "gaussian", "noisy"), (1e5, "gaussian", "noisy"), (5.0, "uniform", "noisy"),
-     (0.0, "uniform", "center"), (5.0, "gaussian", "center"), (1e5, "uniform", "center")],
+    [
+        (0.0, "gaussian", "noisy"),
+        (5.0, "gaussian", "noisy"),
+        (1e5, "gaussian", "noisy"),
+        (5.0, "uniform", "noisy"),
+        (0.0, "uniform", "center"),
+        (5.0, "gaussian", "center"),
+        (1e5, "uniform", "center"),
+    ],
 )
 def test_step_matches_stored_copies_reference(t, noise, primary_pass):
     model, batch = small_cnn(), image_batch()
@@ -150,7 +159,15 @@ def test_step_matches_stored_copies_reference(t, noise, primary_pass):
     ref_model = twin(model, torch.optim.SGD(model.parameters(), lr=0.1))[0]
     losses, grads = _reference_tsam_grad(ref_model, batch, t=t, seed=7, primary_pass=primary_pass, **kw)
     before = params_of(model)
-    opt = TSAM(torch.optim.SGD(model.parameters(), lr=0.1), rho=0.2, s=3, t=t, noise_radius=0.5, noise=noise, primary_pass=primary_pass)
+    opt = TSAM(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        rho=0.2,
+        s=3,
+        t=t,
+        noise_radius=0.5,
+        noise=noise,
+        primary_pass=primary_pass,
+    )
     torch.manual_seed(7)
     opt.step(closure_for(model, batch))
     w = torch.softmax(t * torch.tensor(losses, dtype=torch.float64), 0)
@@ -165,7 +182,11 @@ def test_step_matches_stored_copies_reference(t, noise, primary_pass):
     m = opt.pop_metrics()
     assert m["opt/perturbed_loss"] == pytest.approx(sum(losses) / 3, rel=1e-5)
     assert m["opt/perturbed_loss_max"] == pytest.approx(max(losses), rel=1e-6)
-    lme = sum(losses) / 3 if t == 0 else float(torch.logsumexp(t * torch.tensor(losses, dtype=torch.float64), 0) - math.log(3)) / t
+    lme = (
+        sum(losses) / 3
+        if t == 0
+        else float(torch.logsumexp(t * torch.tensor(losses, dtype=torch.float64), 0) - math.log(3)) / t
+    )
     assert m["opt/tilted_loss"] == pytest.approx(lme, rel=1e-5)
 
 
@@ -299,7 +320,13 @@ def _toy_end_point(t: float, seed: int, steps: int = 400, tail: int = 100, prima
     torch.manual_seed(seed)
     th = torch.nn.Parameter(torch.tensor([0.5]))
     opt = TSAM(
-        torch.optim.SGD([th], lr=0.005), rho=0.2, s=3, t=t, noise_radius=0.1, noise="gaussian", primary_pass=primary_pass
+        torch.optim.SGD([th], lr=0.005),
+        rho=0.2,
+        s=3,
+        t=t,
+        noise_radius=0.1,
+        noise="gaussian",
+        primary_pass=primary_pass,
     )
     closure, total = _ToyClosure(th), 0.0
     for k in range(steps):

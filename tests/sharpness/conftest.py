@@ -139,8 +139,14 @@ def kit():
     from types import SimpleNamespace
 
     return SimpleNamespace(
-        Quadratic=Quadratic, quadratic_loss=quadratic_loss, QUAD_DATA=QUAD_DATA, spd=spd, make_mlp=make_mlp,
-        classification_data=classification_data, TinyConvNet=TinyConvNet, TinyCLIPClassifier=TinyCLIPClassifier,
+        Quadratic=Quadratic,
+        quadratic_loss=quadratic_loss,
+        QUAD_DATA=QUAD_DATA,
+        spd=spd,
+        make_mlp=make_mlp,
+        classification_data=classification_data,
+        TinyConvNet=TinyConvNet,
+        TinyCLIPClassifier=TinyCLIPClassifier,
     )
 
 

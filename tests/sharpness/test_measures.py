@@ -13,13 +13,23 @@ from typer.testing import CliRunner
 from flatlab.cli.main import app
 from flatlab.errors import ConfigError, UnknownNameError
 from flatlab.sharpness import (
-    EvalSubset, as_subset, compute_measures, get_measure, list_measures, measure_subset, resolve_measures,
+    EvalSubset,
+    as_subset,
+    compute_measures,
+    get_measure,
+    list_measures,
+    measure_subset,
+    resolve_measures,
 )
 from flatlab.train.closure import sample_labels
 from flatlab.workloads.base import Split
 
-ALL = {"fisher_trace": {}, "hessian_trace": {"probes": 30}, "neighbourhood_loss": {"sigma": 0.03, "draws": 40},
-       "avg_sharpness": {"rho": 0.5, "adaptive": True}}
+ALL = {
+    "fisher_trace": {},
+    "hessian_trace": {"probes": 30},
+    "neighbourhood_loss": {"sigma": 0.03, "draws": 40},
+    "avg_sharpness": {"rho": 0.5, "adaptive": True},
+}
 
 
 def _quad_run(model, kit, spec, seed=0):
@@ -62,7 +72,7 @@ def _fisher_by_hand(model: nn.Linear, x: torch.Tensor, labels: torch.Tensor) -> 
 
 def test_fisher_trace_of_a_linear_softmax_model_equals_the_hand_computation_with_the_same_labels(kit):
     model = _linear_softmax()
-    (x, y), = kit.classification_data(n=16, batch=16)
+    ((x, y),) = kit.classification_data(n=16, batch=16)
     subset = EvalSubset(((x, y),))
     out = compute_measures(model, subset, None, resolve_measures({"fisher_trace": {}}, "test"), seed=7)
     with torch.no_grad():
@@ -74,11 +84,13 @@ def test_fisher_trace_of_a_linear_softmax_model_equals_the_hand_computation_with
 def test_fisher_trace_of_a_linear_softmax_model_converges_to_the_exact_expectation(kit):
     # E_{y~p} |p - e_y|^2 = 1 - |p|^2, so tr(F) = mean_i (1 - |p_i|^2)(|x_i|^2 + 1).
     model = _linear_softmax(seed=1)
-    (x, y), = kit.classification_data(n=16, batch=16)
+    ((x, y),) = kit.classification_data(n=16, batch=16)
     with torch.no_grad():
         p = torch.softmax(model(x), dim=-1)
     exact = float(((1 - (p**2).sum(1)) * ((x**2).sum(1) + 1)).mean())
-    out = compute_measures(model, EvalSubset(((x, y),)), None, resolve_measures({"fisher_trace": {"samples": 400}}, "t"))
+    out = compute_measures(
+        model, EvalSubset(((x, y),)), None, resolve_measures({"fisher_trace": {"samples": 400}}, "t")
+    )
     assert out["flat/fisher_trace_stderr"] > 0
     assert abs(out["flat/fisher_trace"] - exact) < 4 * out["flat/fisher_trace_stderr"]
     assert out["flat/fisher_trace"] == pytest.approx(exact, rel=0.05)
@@ -142,8 +154,15 @@ def test_compute_measures_leaves_the_model_bitwise_unchanged_and_repeats_with_th
     assert {k: v for k, v in first.items() if k != "time/measures_s"} == {
         k: v for k, v in again.items() if k != "time/measures_s"
     }
-    assert {"flat/fisher_trace", "flat/hessian_trace", "flat/hessian_trace_stderr", "flat/neighbourhood_loss",
-            "flat/neighbourhood_loss_var", "flat/avg_sharpness", "time/measures_s"} <= set(first)
+    assert {
+        "flat/fisher_trace",
+        "flat/hessian_trace",
+        "flat/hessian_trace_stderr",
+        "flat/neighbourhood_loss",
+        "flat/neighbourhood_loss_var",
+        "flat/avg_sharpness",
+        "time/measures_s",
+    } <= set(first)
     other = compute_measures(model, subset, None, resolved, seed=12)
     for key in ("flat/fisher_trace", "flat/hessian_trace", "flat/neighbourhood_loss", "flat/avg_sharpness"):
         assert other[key] != first[key], key  # other noise, probes and labels
@@ -151,7 +170,10 @@ def test_compute_measures_leaves_the_model_bitwise_unchanged_and_repeats_with_th
 
 def test_a_measure_that_cannot_apply_names_itself(quad, kit, unchanged):
     model, _, _ = quad  # outputs (B,), not (B, C) logits
-    with unchanged(model), pytest.raises(ConfigError, match=r"measure 'fisher_trace' cannot run on this model: .*\(B, C\) logits"):
+    with (
+        unchanged(model),
+        pytest.raises(ConfigError, match=r"measure 'fisher_trace' cannot run on this model: .*\(B, C\) logits"),
+    ):
         _quad_run(model, kit, {"fisher_trace": {}})
 
 
@@ -165,12 +187,19 @@ def test_resolve_measures_fills_the_defaults():
         "neighbourhood_loss": {"sigma": 0.03, "draws": 40, "sigmas": None},
         "avg_sharpness": {"rho": 0.5, "draws": 20, "adaptive": True},
     }
-    assert resolve_measures({"avg_sharpness": {}}, "w") == {"avg_sharpness": {"rho": 1.0, "draws": 20, "adaptive": True}}
+    assert resolve_measures({"avg_sharpness": {}}, "w") == {
+        "avg_sharpness": {"rho": 1.0, "draws": 20, "adaptive": True}
+    }
 
 
 def test_resolve_measures_reports_every_problem_at_once():
-    spec = {"hessian_trace": {"probes": 0, "n_probes": 3}, "neighbourhood_loss": {"sigma": -1.0},
-            "avg_sharpness": {"adaptive": "yes"}, "fisher_trace": {"estimator": "exact"}, "sharpness": {}}
+    spec = {
+        "hessian_trace": {"probes": 0, "n_probes": 3},
+        "neighbourhood_loss": {"sigma": -1.0},
+        "avg_sharpness": {"adaptive": "yes"},
+        "fisher_trace": {"estimator": "exact"},
+        "sharpness": {},
+    }
     every = r"(?s)n_probes .*probes=0 .*sigma=-1.0 .*adaptive='yes' .*estimator='exact' .*unknown measure 'sharpness'"
     with pytest.raises(ConfigError, match=every) as info:
         resolve_measures(spec, "study 'd', measures")
@@ -195,7 +224,9 @@ def test_unknown_measure_names_list_the_valid_ones():
 
 
 def test_resolve_measures_rejects_non_mappings():
-    with pytest.raises(ConfigError, match=r"^study 's': measures must be a mapping \{measure name: \{param: value\}\}.*got list"):
+    with pytest.raises(
+        ConfigError, match=r"^study 's': measures must be a mapping \{measure name: \{param: value\}\}.*got list"
+    ):
         resolve_measures(["fisher_trace"], "study 's'")
     with pytest.raises(ConfigError, match=r"measure 'hessian_trace': parameters must be a mapping .*got int 30"):
         resolve_measures({"hessian_trace": 30}, "study 's'")
@@ -235,7 +266,7 @@ def test_measure_subset_dict_inputs_are_passed_to_the_model_as_one_argument():
     ids = torch.arange(30).reshape(10, 3)
     split = Split(inputs={"input_ids": ids, "attention_mask": torch.ones(10, 3)}, targets=torch.arange(10))
     subset = measure_subset(split, 4, seed=1, batch_size=3)
-    (first, _), = subset.batches[:1]
+    ((first, _),) = subset.batches[:1]
     assert isinstance(first, tuple) and len(first) == 1 and set(first[0]) == {"input_ids", "attention_mask"}
     chosen = torch.cat([x[0]["input_ids"][:, 0] // 3 for x, _ in subset.batches]).tolist()
     assert chosen == torch.cat([y for _, y in subset.batches]).tolist() and len(chosen) == 4

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from flatlab.errors import ConfigError
 from flatlab.sharpness import as_subset, compute_measures, get_measure, resolve_measures
@@ -15,8 +14,13 @@ SIGMAS = [0.05, 0.1, 0.3]
 
 
 def _run(model, kit, params, seed=2):
-    return compute_measures(model, as_subset(kit.QUAD_DATA), kit.quadratic_loss,
-                            resolve_measures({"neighbourhood_loss": params}, "test"), seed)
+    return compute_measures(
+        model,
+        as_subset(kit.QUAD_DATA),
+        kit.quadratic_loss,
+        resolve_measures({"neighbourhood_loss": params}, "test"),
+        seed,
+    )
 
 
 def test_every_sigma_gets_its_keys_equal_to_a_direct_estimate(quad, kit):
@@ -28,8 +32,13 @@ def test_every_sigma_gets_its_keys_equal_to_a_direct_estimate(quad, kit):
         assert out[f"flat/neighbourhood_loss/sigma_{s:g}_var"] == pytest.approx(direct.variance, rel=1e-12)
         assert out[f"flat/neighbourhood_loss/sigma_{s:g}_stderr"] == pytest.approx(direct.stderr, rel=1e-12)
     assert out["flat/neighbourhood_loss"] == out["flat/neighbourhood_loss/sigma_0.1"]  # sigma is one of them here
-    assert sigma_key(0.001) == "flat/neighbourhood_loss/sigma_0.001" and sigma_key(1e-5, "_var") == "flat/neighbourhood_loss/sigma_1e-05_var"
-    assert {k for k in out if "/sigma_" in k} == {sigma_key(s, stat) for s in SIGMAS for stat in ("", "_var", "_stderr")}
+    assert (
+        sigma_key(0.001) == "flat/neighbourhood_loss/sigma_0.001"
+        and sigma_key(1e-5, "_var") == "flat/neighbourhood_loss/sigma_1e-05_var"
+    )
+    assert {k for k in out if "/sigma_" in k} == {
+        sigma_key(s, stat) for s in SIGMAS for stat in ("", "_var", "_stderr")
+    }
     declared = set(get_measure("neighbourhood_loss").metrics)  # with the placeholder <s> for the scale
     assert {k.replace(f"sigma_{s:g}", "sigma_<s>") for k in out for s in SIGMAS if f"sigma_{s:g}" in k} <= declared
     plain = _run(model, kit, {"sigma": 0.1, "draws": 30})
@@ -51,8 +60,11 @@ def test_the_scales_share_their_draws(quad, kit):
 def test_sigmas_must_be_a_non_empty_list_of_distinct_positive_floats():
     where = "study 's', measures"
     for bad in ([], [0.01, 0.01], "0.01", 0.01):
-        with pytest.raises(ConfigError, match=r"measure 'neighbourhood_loss': sigmas=.* is not allowed; expected None or "
-                                              r"a non-empty list of distinct floats, each in \(0, inf\)"):
+        with pytest.raises(
+            ConfigError,
+            match=r"measure 'neighbourhood_loss': sigmas=.* is not allowed; expected None or "
+            r"a non-empty list of distinct floats, each in \(0, inf\)",
+        ):
             resolve_measures({"neighbourhood_loss": {"sigmas": bad}}, where)
     with pytest.raises(ConfigError, match=r"sigmas\[1\]=-0.5 is not allowed; expected float in \(0, inf\)"):
         resolve_measures({"neighbourhood_loss": {"sigmas": [0.1, -0.5]}}, where)

@@ -10,7 +10,12 @@ from torch.utils.data import TensorDataset
 
 from flatlab.errors import ConfigError, UnknownNameError
 from flatlab.sharpness import (
-    as_subset, average_sharpness, average_sharpness_batched, group_parameters, layerwise_sharpness, neighbourhood_loss,
+    as_subset,
+    average_sharpness,
+    average_sharpness_batched,
+    group_parameters,
+    layerwise_sharpness,
+    neighbourhood_loss,
 )
 
 
@@ -28,8 +33,9 @@ def test_adaptive_sharpness_of_a_quadratic_matches_the_closed_form(quad, kit):
 def test_non_adaptive_sharpness_of_a_quadratic_is_half_rho_squared_trace(quad, kit):
     model, H, _ = quad
     rho = 0.2
-    est = average_sharpness(model, kit.QUAD_DATA, rho=rho, n_draws=4000, adaptive=False, params=["w"],
-                            loss_fn=kit.quadratic_loss)
+    est = average_sharpness(
+        model, kit.QUAD_DATA, rho=rho, n_draws=4000, adaptive=False, params=["w"], loss_fn=kit.quadratic_loss
+    )
     exact = rho**2 / 2 * float(H.trace())
     assert abs(est.value - exact) < 3 * est.stderr
     assert est.stderr < 0.1 * exact
@@ -42,8 +48,9 @@ def test_group_that_does_not_affect_the_loss_has_exactly_zero_sharpness(quad, ki
     layers = layerwise_sharpness(model, kit.QUAD_DATA, groups, rho=1.0, n_draws=5, loss_fn=kit.quadratic_loss)
     assert layers["unused"].value == 0.0 and layers["unused"].values == (0.0,) * 5
     assert layers["w"].value > 0
-    batched = average_sharpness_batched(model, kit.QUAD_DATA, n_draws=5, params=list(groups["unused"]),
-                                        loss_fn=kit.quadratic_loss)
+    batched = average_sharpness_batched(
+        model, kit.QUAD_DATA, n_draws=5, params=list(groups["unused"]), loss_fn=kit.quadratic_loss
+    )
     assert batched.value == 0.0
 
 

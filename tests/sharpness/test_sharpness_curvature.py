@@ -9,7 +9,11 @@ from torch.func import functional_call
 
 from flatlab.errors import ConfigError
 from flatlab.sharpness import (
-    fisher_trace, group_parameters, hessian_trace, hessian_vector_product, top_hessian_eigenvalue,
+    fisher_trace,
+    group_parameters,
+    hessian_trace,
+    hessian_vector_product,
+    top_hessian_eigenvalue,
 )
 
 

@@ -18,4 +18,3 @@ def smoke_root(tmp_path_factory):
 
     if ray.is_initialized():
         ray.shutdown()
-

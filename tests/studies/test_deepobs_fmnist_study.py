@@ -29,7 +29,11 @@ def scales():
 def test_both_scales_build_and_declare_the_reference(scales):
     for s in scales.values():
         assert s.published.path == str(REFERENCE)
-        assert s.published.arms == {"sgd": "fmnist_2c2d/sgd", "momentum": "fmnist_2c2d/momentum", "adam": "fmnist_2c2d/adam"}
+        assert s.published.arms == {
+            "sgd": "fmnist_2c2d/sgd",
+            "momentum": "fmnist_2c2d/momentum",
+            "adam": "fmnist_2c2d/adam",
+        }
         assert plan(s)["published"]["path"] == str(REFERENCE)
         assert s.workload == "fashion_mnist" and s.workload_params == {"model": "2c2d", "val_size": 0}
         assert s.train == {"batch_size": 128, "schedule": "constant", "test_every_epoch": True}
@@ -53,7 +57,10 @@ def test_each_arm_runs_its_curves_published_settings(scales):
             if arm == "sgd":
                 assert s.arm(arm).optimizer == "sgd" and c["momentum"] == 0.0 and hp == {}
             elif arm == "momentum":
-                assert s.arm(arm).optimizer == "sgd" and (c["momentum"], c["nesterov"]) == (hp["momentum"], hp["use_nesterov"])
+                assert s.arm(arm).optimizer == "sgd" and (c["momentum"], c["nesterov"]) == (
+                    hp["momentum"],
+                    hp["use_nesterov"],
+                )
             else:
                 assert s.arm(arm).optimizer == "adamw"
                 assert (c["beta1"], c["beta2"], c["eps"]) == (hp["beta1"], hp["beta2"], hp["epsilon"])

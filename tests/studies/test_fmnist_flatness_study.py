@@ -18,7 +18,16 @@ pytestmark = pytest.mark.skipif("fashion_mnist" not in WORKLOADS, reason="the fa
 FILE = str(Path(__file__).resolve().parents[2] / "studies" / "fmnist_flatness.py")
 ARMS = ["sgd", "sam", "asam", "tsam", "sgd_ire", "sam_ire", "adamw", "adamw_ire"]
 # forward/backward passes per step relative to SGD (ALGORITHMS.md: SAM/ASAM 2, TSAM 2s, IRE ~1.1x its base)
-PASSES = {"sgd": 1.0, "sam": 2.0, "asam": 2.0, "tsam": 6.0, "sgd_ire": 1.1, "sam_ire": 2.1, "adamw": 1.0, "adamw_ire": 1.1}
+PASSES = {
+    "sgd": 1.0,
+    "sam": 2.0,
+    "asam": 2.0,
+    "tsam": 6.0,
+    "sgd_ire": 1.1,
+    "sam_ire": 2.1,
+    "adamw": 1.0,
+    "adamw_ire": 1.1,
+}
 SMALL_CNN_STEP_S = 0.009  # bench/fmnist_epoch_cost.py, small_cnn, batch 128, one thread
 
 
@@ -35,7 +44,10 @@ def test_scales_names_and_what_they_share(scales):
     module = load_module(FILE)
     assert module.SCALES == ("cpu", "paper", "smoke")  # the default runs here: `flatlab run studies/fmnist_flatness.py`
     assert {k: s.name for k, s in scales.items()} == {
-        "paper": "fmnist_flatness_paper", "cpu": "fmnist_flatness", "smoke": "fmnist_flatness_smoke"}
+        "paper": "fmnist_flatness_paper",
+        "cpu": "fmnist_flatness",
+        "smoke": "fmnist_flatness_smoke",
+    }
     paper, cpu, smoke = scales["paper"], scales["cpu"], scales["smoke"]
     assert [a.name for a in paper.arms] == [a.name for a in cpu.arms] == ARMS
     assert [a.name for a in smoke.arms] == ["sgd", "sam_ire"]
@@ -113,7 +125,9 @@ def test_smoke_scale_runs_and_compare_reports_both_flatness_sets(scales, smoke_r
             assert row["train/target_reached"] == 0 and math.isnan(row["flat_at_target/fisher_trace"])
         else:
             assert row["train/target_reached"] == 1 and row["train/epochs_to_target"] == first
-            assert math.isfinite(row["flat_at_target/fisher_trace"]) and math.isfinite(row["flat_at_target/neighbourhood_loss"])
+            assert math.isfinite(row["flat_at_target/fisher_trace"]) and math.isfinite(
+                row["flat_at_target/neighbourhood_loss"]
+            )
     final = done[done["stage"] == "final"]
     assert final["train/target_reached"].sum() >= 1  # the smoke target is reached by a tuned configuration
     c = compare_table(df)
@@ -125,4 +139,6 @@ def test_smoke_scale_runs_and_compare_reports_both_flatness_sets(scales, smoke_r
         assert at.runs == 2 and at.summary.n == int(mine["train/target_reached"].sum())  # misses run, give no value
         assert c.row("flat/fisher_trace", arm).summary.n == len(mine)
         if at.summary.n:
-            assert at.summary.mean == pytest.approx(mine.loc[mine["train/target_reached"] == 1, "flat_at_target/fisher_trace"].mean())
+            assert at.summary.mean == pytest.approx(
+                mine.loc[mine["train/target_reached"] == 1, "flat_at_target/fisher_trace"].mean()
+            )

@@ -13,12 +13,25 @@ from flatlab.study.loader import load_studies
 STUDIES_DIR = Path(__file__).resolve().parents[2] / "studies"
 FILES = sorted(p.name for p in STUDIES_DIR.glob("*.py") if p.name.startswith(("ire_", "tsam_")))
 EXPECTED_FILES = {
-    "ire_fig2_wrn16_cifar10.py", "ire_table1_cnn_cifar.py", "ire_table3_vit_cifar100.py",
-    "ire_fig3_transformer_wikitext2.py", "ire_fig4_llama.py", "tsam_table1_images.py", "tsam_glue.py",
-    "tsam_table3_samples.py", "tsam_fig4_t_schedule.py", "ire_table2_resnet50_imagenet.py", "tsam_fig2_flatness.py",
+    "ire_fig2_wrn16_cifar10.py",
+    "ire_table1_cnn_cifar.py",
+    "ire_table3_vit_cifar100.py",
+    "ire_fig3_transformer_wikitext2.py",
+    "ire_fig4_llama.py",
+    "tsam_table1_images.py",
+    "tsam_glue.py",
+    "tsam_table3_samples.py",
+    "tsam_fig4_t_schedule.py",
+    "ire_table2_resnet50_imagenet.py",
+    "tsam_fig2_flatness.py",
 }
-NO_OPTUNA = {"ire_fig4_llama.py", "tsam_table3_samples.py", "tsam_fig4_t_schedule.py",  # fixed comparisons / ablations
-             "ire_table2_resnet50_imagenet.py", "tsam_fig2_flatness.py"}
+NO_OPTUNA = {
+    "ire_fig4_llama.py",
+    "tsam_table3_samples.py",
+    "tsam_fig4_t_schedule.py",  # fixed comparisons / ablations
+    "ire_table2_resnet50_imagenet.py",
+    "tsam_fig2_flatness.py",
+}
 
 
 def load(name, scale):
@@ -41,7 +54,9 @@ def test_file_loads_at_both_scales_and_smoke_is_small_and_offline(name):
     optuna = [s for s in paper if s.searcher == "optuna"]
     assert (len(optuna) == 1) == (name not in NO_OPTUNA)
     grids = [s for s in paper if s.searcher == "grid"]
-    assert all(o.num_total_trials() < sum(g.num_total_trials() for g in grids) for o in optuna)  # smaller than the paper's grid
+    assert all(
+        o.num_total_trials() < sum(g.num_total_trials() for g in grids) for o in optuna
+    )  # smaller than the paper's grid
     for s in paper:
         assert s.resources.gpu >= 1
         assert "synthetic" not in str(s.workload_params.get("data_path"))
@@ -107,7 +122,10 @@ def test_ire_lm_studies():
     assert grid_values(fig3, "adamw", "lr")[0] == 1.5e-4 and grid_values(fig3, "adamw", "lr")[-1] == 3e-3
     assert fig3.train["clip_norm"] == 1.0 and fig3.train["final_lr_factor"] == 0.05
     admire = load("ire_fig3_transformer_wikitext2.py", "paper")[1]  # chained: AdamW's best lr from the first study
-    assert admire.name == "ire_fig3_transformer_wikitext2_admire" and [a.name for a in admire.arms] == ["adamw", "adamw_ire"]
+    assert admire.name == "ire_fig3_transformer_wikitext2_admire" and [a.name for a in admire.arms] == [
+        "adamw",
+        "adamw_ire",
+    ]
     for arm in ("adamw", "adamw_ire"):
         assert admire.arm(arm).dims["lr"] == sp.best_of("ire_fig3_transformer_wikitext2", arm="adamw", param="lr")
     assert grid_values(admire, "adamw_ire", "kappa") == [2, 5, 10] and admire.num_total_trials() == (1 + 9) * 3
@@ -115,7 +133,10 @@ def test_ire_lm_studies():
     assert smoke_admire.arm("adamw").dims["lr"].study == "ire_fig3_transformer_wikitext2_smoke"
     fig4 = {s.name: s for s in load("ire_fig4_llama.py", "paper")}
     assert {(s.workload, s.workload_params["model"]) for s in fig4.values()} == {
-        ("lm/wikitext103", "llama_60m"), ("lm/minipile", "llama_119m"), ("lm/openwebtext", "llama_229m")}
+        ("lm/wikitext103", "llama_60m"),
+        ("lm/minipile", "llama_119m"),
+        ("lm/openwebtext", "llama_229m"),
+    }
     for s in fig4.values():
         assert [a.optimizer for a in s.arms] == ["adamw", "adamw_ire"]
         c = s.arm("adamw").constants()
@@ -129,13 +150,29 @@ def test_ire_lm_studies():
 
 def test_tsam_table1_grid():
     studies = {s.name: s for s in load("tsam_table1_images.py", "paper")}
-    assert set(studies) == {"tsam_table1_cifar100", "tsam_table1_dtd", "tsam_table1_cifar100_noisy", "tsam_table1_optuna"}
+    assert set(studies) == {
+        "tsam_table1_cifar100",
+        "tsam_table1_dtd",
+        "tsam_table1_cifar100_noisy",
+        "tsam_table1_optuna",
+    }
     s = studies["tsam_table1_cifar100"]
     assert grid_values(s, "tsam", "t") == [0, 1, 5, 20, 100] and grid_values(s, "tsam", "rho") == [0.05, 0.1, 0.2]
-    assert grid_values(s, "tsam", "s") == [3, 5] and grid_values(s, "erm", "lr") == [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1]
+    assert grid_values(s, "tsam", "s") == [3, 5] and grid_values(s, "erm", "lr") == [
+        1e-4,
+        3e-4,
+        1e-3,
+        3e-3,
+        1e-2,
+        3e-2,
+        0.1,
+    ]
     assert s.train == {"batch_size": 64, "schedule": "constant", "label_smoothing": 0.1}
     assert studies["tsam_table1_cifar100_noisy"].workload_params["label_noise"] == 0.2
-    assert studies["tsam_table1_dtd"].workload == "dtd" and studies["tsam_table1_dtd"].workload_params["pretrained"] is True
+    assert (
+        studies["tsam_table1_dtd"].workload == "dtd"
+        and studies["tsam_table1_dtd"].workload_params["pretrained"] is True
+    )
 
 
 def test_tsam_glue_and_ablations():

@@ -52,7 +52,10 @@ def run_smoke(name, root):
         assert {r.data.tags[runs.TAG_ARM] for r in children} == {a.name for a in study.arms}
         trains = get_workload(study.workload).trains
         for r in children:
-            assert r.info.status == "FINISHED" and r.data.tags[runs.TAG_OUTCOME] == "completed", (study.name, r.data.tags)
+            assert r.info.status == "FINISHED" and r.data.tags[runs.TAG_OUTCOME] == "completed", (
+                study.name,
+                r.data.tags,
+            )
             assert math.isfinite(r.data.metrics[study.metric]), (study.name, study.metric)
             assert "train/loss" in r.data.metrics and "time/epoch_s" in r.data.metrics
             if trains:  # the worker logs the smoothed training-loss curve at the last epoch
@@ -60,7 +63,10 @@ def run_smoke(name, root):
             if study.reference_arm is not None:  # logged after Tune (flatlab.tracking.speedup)
                 reached = r.data.tags.get("flatlab.target_reached")
                 own = r.data.tags[runs.TAG_ARM] == study.reference_arm
-                assert reached == "true" or (reached == "false" and not own), (study.name, r.data.tags)  # the reference reaches its own final loss
+                assert reached == "true" or (reached == "false" and not own), (
+                    study.name,
+                    r.data.tags,
+                )  # the reference reaches its own final loss
                 if reached == "true":
                     steps = client.get_metric_history(r.info.run_id, CURVE_METRIC)[-1].step
                     assert 1 <= r.data.metrics["train/steps_to_target"] <= steps, study.name

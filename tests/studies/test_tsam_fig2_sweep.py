@@ -29,15 +29,26 @@ def test_figure_data_equal_a_direct_computation_on_the_stored_models(smoke_root,
     assert not outcome.interrupted and outcome.num_errors == 0
     client = runs.client(outcome.tracking_uri)
     logged = {a.path for a in client.list_artifacts(outcome.parent_run_id, "flatness_sweep")}
-    assert logged == {"flatness_sweep/neighbourhood_loss_vs_sigma.csv", "flatness_sweep/neighbourhood_loss_vs_sigma.png"}
-    table = pd.read_csv(client.download_artifacts(outcome.parent_run_id, "flatness_sweep/neighbourhood_loss_vs_sigma.csv", str(tmp_path)))
+    assert logged == {
+        "flatness_sweep/neighbourhood_loss_vs_sigma.csv",
+        "flatness_sweep/neighbourhood_loss_vs_sigma.png",
+    }
+    table = pd.read_csv(
+        client.download_artifacts(
+            outcome.parent_run_id, "flatness_sweep/neighbourhood_loss_vs_sigma.csv", str(tmp_path)
+        )
+    )
     params = study.measures["neighbourhood_loss"]
-    assert sorted(table["arm"].unique()) == ["erm", "sam", "tsam"] and sorted(table["sigma"].unique()) == sorted(params["sigmas"])
+    assert sorted(table["arm"].unique()) == ["erm", "sam", "tsam"] and sorted(table["sigma"].unique()) == sorted(
+        params["sigmas"]
+    )
     assert (table["seeds"] == 1).all()  # the smoke scale runs one seed
 
     wl = build_workload(study.workload, **dict(study.workload_params))
     subset = measure_subset(wl.load_data(study.seed).train, study.measure_examples, study.measure_seed)
-    children = client.search_runs([outcome.experiment_id], filter_string=f"tags.`{runs.PARENT}` = '{outcome.parent_run_id}'")
+    children = client.search_runs(
+        [outcome.experiment_id], filter_string=f"tags.`{runs.PARENT}` = '{outcome.parent_run_id}'"
+    )
     assert len(children) == 3
     for run in children:
         arm = run.data.tags[runs.TAG_ARM]
@@ -45,8 +56,14 @@ def test_figure_data_equal_a_direct_computation_on_the_stored_models(smoke_root,
         path = download_weights(client, run.info.run_id, str(tmp_path / arm))
         model.load_state_dict(load_file(path))
         for sigma in params["sigmas"]:
-            direct = neighbourhood_loss(model, subset, sigma=sigma, n_draws=params["draws"], seed=study.measure_seed,
-                                        loss_fn=lambda out, y: wl.loss(out, y, 0.0))
+            direct = neighbourhood_loss(
+                model,
+                subset,
+                sigma=sigma,
+                n_draws=params["draws"],
+                seed=study.measure_seed,
+                loss_fn=lambda out, y: wl.loss(out, y, 0.0),
+            )
             row = table[(table["arm"] == arm) & (table["sigma"] == sigma)].iloc[0]
             assert math.isfinite(direct.mean)
             assert row["mean"] == pytest.approx(direct.mean, rel=1e-4), (arm, sigma)

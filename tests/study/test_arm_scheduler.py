@@ -113,8 +113,9 @@ def test_a_trial_that_ended_before_the_kill_gets_its_recorded_result_with_its_co
 
     done = Trial("__fake", config={"arm": "sgd", "lr": 0.2, "seed": 0}, stub=True)
     done.set_status(Trial.TERMINATED)
-    done.update_last_result({"training_iteration": 9, "val/accuracy": 0.7, "completed": 1,
-                             "config": {"arm": "sgd", "lr": 0.2, "seed": 0}})
+    done.update_last_result(
+        {"training_iteration": 9, "val/accuracy": 0.7, "completed": 1, "config": {"arm": "sgd", "lr": 0.2, "seed": 0}}
+    )
     routed.on_trial_add(None, done)
     assert done.last_result["val/accuracy"] == 0.7 and done.last_result["config"]["lr"] == 0.2
     assert [trial_id for trial_id, _ in asked] == [pending.trial_id, done.trial_id]  # both counted as added

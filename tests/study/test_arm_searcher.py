@@ -63,7 +63,9 @@ def test_optuna_states_values_intermediates_and_links(tmp_path):
             assert t.state.name == state, tid
             if state == "COMPLETE":
                 assert t.value == pytest.approx(value)
-                assert sorted(t.intermediate_values) == [1, 2, 3, 4] and t.intermediate_values[4] == pytest.approx(value)
+                assert sorted(t.intermediate_values) == [1, 2, 3, 4] and t.intermediate_values[4] == pytest.approx(
+                    value
+                )
             if state == "PRUNED":
                 assert sorted(t.intermediate_values) == [1, 2]  # the result ASHA stopped it at is recorded
         best = st.best_trial

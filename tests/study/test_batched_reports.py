@@ -19,12 +19,20 @@ from flatlab.workloads import build_workload
 
 
 def study(**kw) -> Study:
-    base = dict(name="b", workload="digits", workload_params={"model": "mlp", "width": 8, "depth": 1},
-                arms=(Arm("sgd", space={"lr": 0.05}),), num_trials=1, max_epochs=30)
+    base = dict(
+        name="b",
+        workload="digits",
+        workload_params={"model": "mlp", "width": 8, "depth": 1},
+        arms=(Arm("sgd", space={"lr": 0.05}),),
+        num_trials=1,
+        max_epochs=30,
+    )
     return Study(**{**base, **kw}).validate()
 
 
-@pytest.mark.parametrize("max_epochs,grace,rf", [(9, 1, 3), (10, 2, 3), (27, 1, 3), (100, 2, 2), (5, 5, 3), (30, 2, 4), (81, 3, 3)])
+@pytest.mark.parametrize(
+    "max_epochs,grace,rf", [(9, 1, 3), (10, 2, 3), (27, 1, 3), (100, 2, 2), (5, 5, 3), (30, 2, 4), (81, 3, 3)]
+)
 def test_decision_epochs_are_ray_ashas_rungs(max_epochs, grace, rf):
     s = study(max_epochs=max_epochs, grace_period=grace, reduction_factor=rf, scheduler="asha")
     asha = build_scheduler(s).arms["sgd"]
@@ -94,7 +102,13 @@ def test_a_batch_ends_at_a_checkpoint_and_when_its_time_is_up(digits, monkeypatc
     assert epochs(obj.train_buffered(1000, 1.0)) == [2]
     assert epochs(obj.train_buffered(1000, 1.0)) == [3, 4, 5]  # the result at or after 2.5 s goes too
     assert epochs(trial_object(study(scheduler="fifo"), digits, train, buffer_s=0.0).train_buffered()) == [6]
-    assert epochs(trial_object(study(scheduler="fifo"), digits, train, max_batch=5).train_buffered()) == [7, 8, 9, 10, 11]
+    assert epochs(trial_object(study(scheduler="fifo"), digits, train, max_batch=5).train_buffered()) == [
+        7,
+        8,
+        9,
+        10,
+        11,
+    ]
 
 
 def test_a_checkpoint_first_in_its_batch_ends_it_there(digits):

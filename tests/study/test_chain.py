@@ -23,11 +23,19 @@ def add_launch(uri, root, study, status, trials, metric="val/accuracy", mode="ma
     c.log_batch(parent, params=[Param("metric", metric), Param("mode", mode)])
     ids = []
     for arm, outcome, stage, value, params in trials:
-        tags = {runs.PARENT: parent, runs.TAG_ROLE: "trial", runs.TAG_ARM: arm, runs.TAG_OUTCOME: outcome,
-                runs.TAG_STAGE: stage}
+        tags = {
+            runs.PARENT: parent,
+            runs.TAG_ROLE: "trial",
+            runs.TAG_ARM: arm,
+            runs.TAG_OUTCOME: outcome,
+            runs.TAG_STAGE: stage,
+        }
         run = c.create_run(exp, start_time=start, tags=tags).info.run_id
-        c.log_batch(run, metrics=[Metric(metric, value, 0, 1), Metric("epoch", 1, 0, 1)],
-                    params=[Param(k, str(v)) for k, v in {"arm": arm, **params}.items()])
+        c.log_batch(
+            run,
+            metrics=[Metric(metric, value, 0, 1), Metric("epoch", 1, 0, 1)],
+            params=[Param(k, str(v)) for k, v in {"arm": arm, **params}.items()],
+        )
         c.set_terminated(run, "FINISHED" if outcome != "error" else "FAILED")
         ids.append(run)
     if status != "RUNNING":
@@ -41,34 +49,61 @@ def store(tmp_path_factory):
     uri = f"sqlite:///{root / 'mlflow.db'}"
     # the older, finished launch: tsam's best completed trial has lr 0.03 (a pruned trial scores higher,
     # a final-stage re-run higher still: neither is a candidate); erm has only a diverged trial
-    _, old = add_launch(uri, root, "src", "FINISHED", [
-        ("tsam", "completed", "search", 0.70, {"lr": 0.01, "rho": 0.05, "s": 3, "t_schedule": "constant"}),
-        ("tsam", "completed", "search", 0.80, {"lr": 0.03, "rho": 0.1, "s": 5, "t_schedule": "increase"}),
-        ("tsam", "pruned", "search", 0.95, {"lr": 0.3, "rho": 0.2, "s": 3, "t_schedule": "constant"}),
-        ("tsam", "completed", "final", 0.99, {"lr": 1e-4, "rho": 0.2, "s": 3, "t_schedule": "constant"}),
-        ("erm", "diverged", "search", 0.99, {"lr": 0.1}),
-    ], start=1000)
+    _, old = add_launch(
+        uri,
+        root,
+        "src",
+        "FINISHED",
+        [
+            ("tsam", "completed", "search", 0.70, {"lr": 0.01, "rho": 0.05, "s": 3, "t_schedule": "constant"}),
+            ("tsam", "completed", "search", 0.80, {"lr": 0.03, "rho": 0.1, "s": 5, "t_schedule": "increase"}),
+            ("tsam", "pruned", "search", 0.95, {"lr": 0.3, "rho": 0.2, "s": 3, "t_schedule": "constant"}),
+            ("tsam", "completed", "final", 0.99, {"lr": 1e-4, "rho": 0.2, "s": 3, "t_schedule": "constant"}),
+            ("erm", "diverged", "search", 0.99, {"lr": 0.1}),
+        ],
+        start=1000,
+    )
     # a newer launch that is still running (or was killed): never read
     add_launch(uri, root, "src", "RUNNING", [("tsam", "completed", "search", 0.9, {"lr": 0.5, "rho": 0.2})], start=2000)
     # a study minimising its metric: the lowest val/loss wins
-    _, lm = add_launch(uri, root, "lm_src", "FINISHED", [
-        ("adamw", "completed", "search", 3.2, {"lr": 1e-3}),
-        ("adamw", "completed", "search", 2.9, {"lr": 6e-4}),
-    ], metric="val/loss", mode="min", start=1000)
+    _, lm = add_launch(
+        uri,
+        root,
+        "lm_src",
+        "FINISHED",
+        [
+            ("adamw", "completed", "search", 3.2, {"lr": 1e-3}),
+            ("adamw", "completed", "search", 2.9, {"lr": 6e-4}),
+        ],
+        metric="val/loss",
+        mode="min",
+        start=1000,
+    )
     add_launch(uri, root, "unfinished", "KILLED", [("tsam", "completed", "search", 0.5, {"lr": 0.1})], start=1000)
     return uri, {"best_tsam": old[1], "best_lm": lm[1]}
 
 
 def chained_study(**space):
-    return Study(name="dst", workload="digits", arms=(Arm("tsam", space={"momentum": 0.9, **space}),),
-                 searcher="grid", scheduler="fifo", max_epochs=1, grace_period=1)
+    return Study(
+        name="dst",
+        workload="digits",
+        arms=(Arm("tsam", space={"momentum": 0.9, **space}),),
+        searcher="grid",
+        scheduler="fifo",
+        max_epochs=1,
+        grace_period=1,
+    )
 
 
 def test_best_of_resolves_the_best_completed_search_trial_of_the_latest_finished_launch(store):
     uri, ids = store
-    study = chained_study(lr=sp.best_of("src", arm="tsam", param="lr"), rho=sp.best_of("src", "tsam", "rho"),
-                          s=sp.best_of("src", "tsam", "s"), t_schedule=sp.best_of("src", "tsam", "t_schedule"),
-                          t=sp.grid([1.0, 5.0])).validate()
+    study = chained_study(
+        lr=sp.best_of("src", arm="tsam", param="lr"),
+        rho=sp.best_of("src", "tsam", "rho"),
+        s=sp.best_of("src", "tsam", "s"),
+        t_schedule=sp.best_of("src", "tsam", "t_schedule"),
+        t=sp.grid([1.0, 5.0]),
+    ).validate()
     assert study.num_total_trials() == 2  # a best_of is one grid value before it is resolved
     resolved = resolve_chained(study, uri)
     dims = resolved.arm("tsam").dims
@@ -79,7 +114,14 @@ def test_best_of_resolves_the_best_completed_search_trial_of_the_latest_finished
     configs = resolved.grid(resolved.arm("tsam"))
     assert [(c["lr"], c["t"], c["lr.source"]) for c in configs] == [(0.03, 1.0, source), (0.03, 5.0, source)]
     spec = resolved.trial_spec(configs[0])
-    assert spec.optimizer_params == {"momentum": 0.9, "lr": 0.03, "rho": 0.1, "s": 5, "t_schedule": "increase", "t": 1.0}
+    assert spec.optimizer_params == {
+        "momentum": 0.9,
+        "lr": 0.03,
+        "rho": 0.1,
+        "s": 5,
+        "t_schedule": "increase",
+        "t": 1.0,
+    }
     assert chained_params(resolved)["tsam.lr"] == "0.03" and chained_params(resolved)["tsam.lr.source"] == source
     assert study.arm("tsam").dims["lr"] == BestOf("src", "tsam", "lr")  # the study itself is unchanged
 
@@ -87,19 +129,25 @@ def test_best_of_resolves_the_best_completed_search_trial_of_the_latest_finished
 def test_where_restricts_the_candidates_to_trials_with_those_params(store):
     uri, _ = store
     # at s = 3 the completed trial has lr 0.01: the pruned s = 3 trial and the final-stage re-run never compete
-    study = chained_study(lr=sp.best_of("src", "tsam", "lr", where={"s": 3}),
-                          rho=sp.best_of("src", "tsam", "rho", where={"s": 3.0, "t_schedule": "constant"}))
+    study = chained_study(
+        lr=sp.best_of("src", "tsam", "lr", where={"s": 3}),
+        rho=sp.best_of("src", "tsam", "rho", where={"s": 3.0, "t_schedule": "constant"}),
+    )
     dims = resolve_chained(study, uri).arm("tsam").dims
     assert (dims["lr"].value, dims["rho"].value) == (0.01, 0.05)
     with pytest.raises(ConfigError, match=r"field 'lr': .*where=\{'s': 7\}.*no trial of arm 'tsam' with s=7$"):
         resolve_chained(chained_study(lr=sp.best_of("src", "tsam", "lr", where={"s": 7})), uri)
-    with pytest.raises(ConfigError, match=r"no trial of arm 'erm' with lr=0.1 completed \(pruned, diverged or failed\)"):
+    with pytest.raises(
+        ConfigError, match=r"no trial of arm 'erm' with lr=0.1 completed \(pruned, diverged or failed\)"
+    ):
         resolve_chained(chained_study(lr=sp.best_of("src", "erm", "lr", where={"lr": 0.1})), uri)
 
 
 def test_best_of_follows_the_source_studys_mode_and_gives_the_run_without_param(store):
     uri, ids = store
-    study = Study(name="dst2", workload="digits", arms=(Arm("adamw", space={"lr": sp.best_of("lm_src", "adamw", "lr")}),))
+    study = Study(
+        name="dst2", workload="digits", arms=(Arm("adamw", space={"lr": sp.best_of("lm_src", "adamw", "lr")}),)
+    )
     assert resolve_chained(study, uri).arm("adamw").dims["lr"].value == 6e-4  # val/loss 2.9 < 3.2
     from flatlab.study.chain import resolve_one
 
@@ -114,15 +162,21 @@ def test_a_study_without_chained_values_is_returned_as_it_is_without_a_store(tmp
 
 def test_missing_or_unfinished_sources_are_one_clear_error(store, tmp_path):
     uri, _ = store
-    study = chained_study(lr=sp.best_of("missing", "tsam", "lr"), rho=sp.best_of("unfinished", "tsam", "rho"),
-                          s=sp.best_of("src", "erm", "s"), t=sp.best_of("src", "sam", "t"),
-                          momentum=sp.best_of("src", "tsam", "momentum"))
+    study = chained_study(
+        lr=sp.best_of("missing", "tsam", "lr"),
+        rho=sp.best_of("unfinished", "tsam", "rho"),
+        s=sp.best_of("src", "erm", "s"),
+        t=sp.best_of("src", "sam", "t"),
+        momentum=sp.best_of("src", "tsam", "momentum"),
+    )
     with pytest.raises(ConfigError) as info:
         resolve_chained(study, uri)
     text = str(info.value)
     assert text.startswith("chained values cannot be resolved (nothing was started):")
     assert "arm 'tsam', field 'lr': best_of('missing', arm='tsam', param='lr'): no study 'missing' in" in text
-    assert "field 'rho'" in text and "study 'unfinished' has no FINISHED launch" in text and "newest first: KILLED" in text
+    assert (
+        "field 'rho'" in text and "study 'unfinished' has no FINISHED launch" in text and "newest first: KILLED" in text
+    )
     assert "field 's'" in text and "no trial of arm 'erm' completed" in text
     assert "no trial of arm 'sam'; its arms: erm, tsam" in text
     assert "has no param 'momentum'; its params: lr, rho, s, t_schedule" in text
@@ -137,8 +191,13 @@ def test_a_value_the_field_does_not_allow_and_bad_best_of_arguments():
 
     with pytest.raises(ConfigError, match=r"where: s=2.5 is not allowed; expected int in"):
         parse_param("2.5", HParam("s", 3, int, low=1), "where")
-    assert parse_param("True", HParam("f", False, bool), "") is True and parse_param("None", HParam("g", None, float, nullable=True), "") is None
-    with pytest.raises(ConfigError, match=r"arm 'tsam', field 'lr': best_of\(study, arm, param\): study=''; expected a study name"):
+    assert (
+        parse_param("True", HParam("f", False, bool), "") is True
+        and parse_param("None", HParam("g", None, float, nullable=True), "") is None
+    )
+    with pytest.raises(
+        ConfigError, match=r"arm 'tsam', field 'lr': best_of\(study, arm, param\): study=''; expected a study name"
+    ):
         chained_study(lr=sp.best_of("", "tsam", "lr")).validate()
     with pytest.raises(ConfigError, match=r"is resolved at launch .* not sampled"):
         sp.best_of("src", "tsam", "lr").to_optuna()
@@ -165,10 +224,14 @@ def test_dry_run_says_what_it_would_resolve(store, tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["run", str(f), "--dry-run", "--tracking-uri", uri])
     assert res.exit_code == 0, res.output
     out = " ".join(res.output.split())
-    assert (f"chained: arm 'sgd', lr = best_of('src', arm='tsam', param='lr'), resolved at launch; now 0.03 from "
-            f"src/{ids['best_tsam']}") in out
-    assert "chained: arm 'sgd', momentum = best_of('missing', arm='sgd', param='momentum'), resolved at launch; " \
-           "not available now: no study 'missing' in" in out
+    assert (
+        f"chained: arm 'sgd', lr = best_of('src', arm='tsam', param='lr'), resolved at launch; now 0.03 from "
+        f"src/{ids['best_tsam']}"
+    ) in out
+    assert (
+        "chained: arm 'sgd', momentum = best_of('missing', arm='sgd', param='momentum'), resolved at launch; "
+        "not available now: no study 'missing' in" in out
+    )
     assert describe_chained(chained_study(lr=0.1), uri) == []
 
 
@@ -177,7 +240,9 @@ def test_clip_references_read_the_same_latest_finished_launch(store):
 
     uri, ids = store
     assert find_trial_run(uri, "src", "tsam", {"lr": "0.03"}).info.run_id == ids["best_tsam"]
-    with pytest.raises(ConfigError, match=r"no FINISHED trial of study 'src', arm 'tsam' \(latest finished launch\) has lr=0.5"):
+    with pytest.raises(
+        ConfigError, match=r"no FINISHED trial of study 'src', arm 'tsam' \(latest finished launch\) has lr=0.5"
+    ):
         find_trial_run(uri, "src", "tsam", {"lr": "0.5"})  # only in the newer launch, still running
     with pytest.raises(ConfigError, match=r"study 'unfinished' has no FINISHED launch"):
         find_trial_run(uri, "unfinished", "tsam", {})

@@ -26,9 +26,16 @@ def digits():
 
 
 def study(**kw) -> Study:
-    base = dict(name="ck", workload="digits", workload_params={"model": "mlp", "width": 8, "depth": 1},
-                arms=(Arm("sgd", space={"lr": 0.05, "momentum": 0.9}),), num_trials=1, max_epochs=10,
-                scheduler="fifo", train={"batch_size": 256})
+    base = dict(
+        name="ck",
+        workload="digits",
+        workload_params={"model": "mlp", "width": 8, "depth": 1},
+        arms=(Arm("sgd", space={"lr": 0.05, "momentum": 0.9}),),
+        num_trials=1,
+        max_epochs=10,
+        scheduler="fifo",
+        train={"batch_size": 256},
+    )
     return Study(**{**base, **kw}).validate()
 
 
@@ -66,8 +73,9 @@ def run(monkeypatch, s: Study, data, keep: Path, resume_from: Path = None) -> Fa
     return fake
 
 
-def test_checkpoint_every_4_of_10_epochs_saves_4_8_10_and_resumes_from_8_bit_identically(monkeypatch, tmp_path, digits,
-                                                                                       one_torch_thread):
+def test_checkpoint_every_4_of_10_epochs_saves_4_8_10_and_resumes_from_8_bit_identically(
+    monkeypatch, tmp_path, digits, one_torch_thread
+):
     s = study(checkpoint_every=4)
     full = run(monkeypatch, s, digits, tmp_path)
     assert full.checkpointed == [4, 8, 10]
@@ -106,8 +114,13 @@ def test_default_cadence_is_by_time_since_the_last_checkpoint(monkeypatch, tmp_p
 @pytest.mark.parametrize(
     "every, epoch, last, since_s, due",
     [
-        (4, 4, False, 0.0, True), (4, 5, False, 99.0, False), (4, 10, True, 0.0, True), (1, 7, False, 0.0, True),
-        (None, 3, False, 9.99, False), (None, 3, False, 10.0, True), (None, 1, True, 0.0, True),
+        (4, 4, False, 0.0, True),
+        (4, 5, False, 99.0, False),
+        (4, 10, True, 0.0, True),
+        (1, 7, False, 0.0, True),
+        (None, 3, False, 9.99, False),
+        (None, 3, False, 10.0, True),
+        (None, 1, True, 0.0, True),
     ],
 )
 def test_checkpoint_due(every, epoch, last, since_s, due):

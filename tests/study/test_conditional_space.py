@@ -16,16 +16,29 @@ STEP = {"step_epochs": sp.int(5, 30), "step_factor": sp.uniform(0.1, 0.5)}
 
 
 def step_study(searcher="optuna", num_trials=12, **space):
-    arm = Arm("sgd", space={"lr": sp.loguniform(0.01, 0.5), "schedule": sp.choice(["cosine", "step"]),
-                            **sp.when("schedule", "step", STEP), **space})
-    return Study(name="c", workload="digits", arms=(arm,), num_trials=num_trials, max_epochs=4, searcher=searcher).validate()
+    arm = Arm(
+        "sgd",
+        space={
+            "lr": sp.loguniform(0.01, 0.5),
+            "schedule": sp.choice(["cosine", "step"]),
+            **sp.when("schedule", "step", STEP),
+            **space,
+        },
+    )
+    return Study(
+        name="c", workload="digits", arms=(arm,), num_trials=num_trials, max_epochs=4, searcher=searcher
+    ).validate()
 
 
 def test_when_wraps_each_field_and_nests():
     out = sp.when("a", [1, 2], {"x": sp.uniform(0, 1), **sp.when("b", "u", {"y": 3})})
     assert out["x"] == sp.Conditional(sp.uniform(0, 1), (("a", (1, 2)),))
     assert out["y"] == sp.Conditional(sp.fixed(3), (("a", (1, 2)), ("b", ("u",))))
-    assert out["y"].active({"a": 2, "b": "u"}) and not out["y"].active({"a": 2}) and not out["y"].active({"a": 3, "b": "u"})
+    assert (
+        out["y"].active({"a": 2, "b": "u"})
+        and not out["y"].active({"a": 2})
+        and not out["y"].active({"a": 3, "b": "u"})
+    )
     assert not out["x"].active({"a": True}) and not out["x"].active({"a": 1.0})  # same type required: True is not 1
     assert out["y"].describe() == "3 if a in [1, 2] and b == 'u'"
     with pytest.raises(ConfigError, match=r"when\('a', 1, space\): space must be a dict"):
@@ -33,8 +46,14 @@ def test_when_wraps_each_field_and_nests():
 
 
 def test_grid_enumerates_only_active_combinations():
-    arm = Arm("sgd", space={"lr": sp.grid([0.1, 0.2]), "schedule": sp.grid(["cosine", "step"]),
-                            **sp.when("schedule", "step", {"step_epochs": sp.grid([5, 10]), "step_factor": 0.5})})
+    arm = Arm(
+        "sgd",
+        space={
+            "lr": sp.grid([0.1, 0.2]),
+            "schedule": sp.grid(["cosine", "step"]),
+            **sp.when("schedule", "step", {"step_epochs": sp.grid([5, 10]), "step_factor": 0.5}),
+        },
+    )
     study = Study(name="g", workload="digits", arms=(arm,), searcher="grid", seeds=(0, 1)).validate()
     configs = study.grid(arm)
     # lr (2) x [cosine (1) + step x step_epochs (2)] = 6 points, x 2 seeds
@@ -43,12 +62,18 @@ def test_grid_enumerates_only_active_combinations():
     step = [c for c in configs if c["schedule"] == "step"]
     assert len(cosine) == 4 and all(set(c) == {"arm", "seed", "lr", "schedule"} for c in cosine)
     assert sorted((c["lr"], c["step_epochs"], c["seed"]) for c in step) == [
-        (lr, e, s) for lr in (0.1, 0.2) for e in (5, 10) for s in (0, 1)]
+        (lr, e, s) for lr in (0.1, 0.2) for e in (5, 10) for s in (0, 1)
+    ]
     assert all(c["step_factor"] == 0.5 for c in step)
     # declaration order is kept: the first field varies slowest
     assert [(p["lr"], p["schedule"], p.get("step_epochs")) for p in grid_points(arm.dims, "w")] == [
-        (0.1, "cosine", None), (0.1, "step", 5), (0.1, "step", 10),
-        (0.2, "cosine", None), (0.2, "step", 5), (0.2, "step", 10)]
+        (0.1, "cosine", None),
+        (0.1, "step", 5),
+        (0.1, "step", 10),
+        (0.2, "cosine", None),
+        (0.2, "step", 5),
+        (0.2, "step", 10),
+    ]
 
 
 def test_child_declared_before_its_parent_is_ordered_after_it():
@@ -91,7 +116,9 @@ def test_inactive_field_leaves_the_trainer_default():
     study = step_study()
     cosine = study.trial_spec({"arm": "sgd", "seed": 0, "lr": 0.1, "schedule": "cosine"})
     assert cosine.trainer_params == {"schedule": "cosine"} and cosine.optimizer_params == {"lr": 0.1}
-    step = study.trial_spec({"arm": "sgd", "seed": 0, "lr": 0.1, "schedule": "step", "step_epochs": 7, "step_factor": 0.2})
+    step = study.trial_spec(
+        {"arm": "sgd", "seed": 0, "lr": 0.1, "schedule": "step", "step_epochs": 7, "step_factor": 0.2}
+    )
     assert step.trainer_params == {"schedule": "step", "step_epochs": 7, "step_factor": 0.2}
 
 
@@ -131,18 +158,30 @@ def test_inactive_field_is_not_an_mlflow_param(tmp_path):
 @pytest.mark.parametrize(
     "extra, match",
     [
-        (sp.when("sched", "step", {"step_epochs": 5}),
-         r"arm 'sgd', field 'step_epochs': when\('sched', \.\.\.\): condition on unknown field 'sched'; the arm's fields: lr, schedule"),
-        (sp.when("schedule", "linear", {"warmup_epochs": 1.0}),
-         r"arm 'sgd', field 'warmup_epochs': when\('schedule', 'linear', \.\.\.\): 'schedule' never takes 'linear'; it takes choice\(\['cosine', 'step'\]\)"),
-        (sp.when("lr", 0.1, {"warmup_epochs": 1.0}),
-         r"arm 'sgd', field 'warmup_epochs': when\('lr', \.\.\.\): 'lr' is loguniform\(0.01, 0.5\), continuous; a condition needs a discrete parent"),
-        (sp.when("schedule", "step", {"step_factor": sp.uniform(0.1, 1.5)}),
-         r"arm 'sgd', field 'step_factor': step_factor=1.5 is not allowed; expected float in \(0, 1\]"),
-        (sp.when("schedule", "step", {"stepepochs": 5}),
-         r"arm 'sgd': field 'stepepochs' \(did you mean 'step_epochs'.*is not accepted by optimizer 'sgd'"),
-        (sp.when("schedule", [], {"step_epochs": 5}),
-         r"arm 'sgd', field 'step_epochs': when\('schedule', value, space\): value must be a value or a non-empty list"),
+        (
+            sp.when("sched", "step", {"step_epochs": 5}),
+            r"arm 'sgd', field 'step_epochs': when\('sched', \.\.\.\): condition on unknown field 'sched'; the arm's fields: lr, schedule",
+        ),
+        (
+            sp.when("schedule", "linear", {"warmup_epochs": 1.0}),
+            r"arm 'sgd', field 'warmup_epochs': when\('schedule', 'linear', \.\.\.\): 'schedule' never takes 'linear'; it takes choice\(\['cosine', 'step'\]\)",
+        ),
+        (
+            sp.when("lr", 0.1, {"warmup_epochs": 1.0}),
+            r"arm 'sgd', field 'warmup_epochs': when\('lr', \.\.\.\): 'lr' is loguniform\(0.01, 0.5\), continuous; a condition needs a discrete parent",
+        ),
+        (
+            sp.when("schedule", "step", {"step_factor": sp.uniform(0.1, 1.5)}),
+            r"arm 'sgd', field 'step_factor': step_factor=1.5 is not allowed; expected float in \(0, 1\]",
+        ),
+        (
+            sp.when("schedule", "step", {"stepepochs": 5}),
+            r"arm 'sgd': field 'stepepochs' \(did you mean 'step_epochs'.*is not accepted by optimizer 'sgd'",
+        ),
+        (
+            sp.when("schedule", [], {"step_epochs": 5}),
+            r"arm 'sgd', field 'step_epochs': when\('schedule', value, space\): value must be a value or a non-empty list",
+        ),
     ],
 )
 def test_bad_conditions_name_the_arm_and_field(extra, match):
@@ -153,17 +192,25 @@ def test_bad_conditions_name_the_arm_and_field(extra, match):
 
 def test_cycle_of_conditions_is_a_config_error():
     space = {**sp.when("b", 1, {"a": sp.choice([1, 2])}), **sp.when("a", 1, {"b": sp.choice([1, 2])})}
-    with pytest.raises(ConfigError, match=r"arm 'sgd', field 'a': fields \['a', 'b'\] depend on each other through when"):
+    with pytest.raises(
+        ConfigError, match=r"arm 'sgd', field 'a': fields \['a', 'b'\] depend on each other through when"
+    ):
         Study(name="c", workload="digits", arms=(Arm("sgd", space=space),)).validate()
 
 
 def test_int_and_fixed_parents_and_a_continuous_parent():
-    space = {"nesterov": sp.choice([False, True]), "batch_size": sp.int(16, 64), "schedule": "step",
-             **sp.when("nesterov", True, {"momentum": sp.uniform(0.5, 0.9)}),
-             **sp.when("batch_size", 32, {"weight_decay": 1e-4}),
-             **sp.when("schedule", "step", {"step_epochs": 2}),
-             **sp.when("momentum", 0.5, {"lr": 0.1})}
-    with pytest.raises(ConfigError, match=r"field 'lr': when\('momentum', \.\.\.\): 'momentum' is uniform\(0.5, 0.9\), continuous"):
+    space = {
+        "nesterov": sp.choice([False, True]),
+        "batch_size": sp.int(16, 64),
+        "schedule": "step",
+        **sp.when("nesterov", True, {"momentum": sp.uniform(0.5, 0.9)}),
+        **sp.when("batch_size", 32, {"weight_decay": 1e-4}),
+        **sp.when("schedule", "step", {"step_epochs": 2}),
+        **sp.when("momentum", 0.5, {"lr": 0.1}),
+    }
+    with pytest.raises(
+        ConfigError, match=r"field 'lr': when\('momentum', \.\.\.\): 'momentum' is uniform\(0.5, 0.9\), continuous"
+    ):
         Study(name="c", workload="digits", arms=(Arm("sgd", space=space),)).validate()
     space.pop("lr")
     study = Study(name="c", workload="digits", arms=(Arm("sgd", space=space),)).validate()
@@ -171,16 +218,32 @@ def test_int_and_fixed_parents_and_a_continuous_parent():
     for c in (s.suggest(f"t{i}") for i in range(8)):
         assert c["step_epochs"] == 2  # a condition on a fixed value always holds
         assert ("momentum" in c) == c["nesterov"] and ("weight_decay" in c) == (c["batch_size"] == 32)
-    with pytest.raises(ConfigError, match=r"field 'weight_decay': when\('batch_size', 9, \.\.\.\): 'batch_size' never takes 9; it takes int\(16, 64\)"):
-        Study(name="c", workload="digits", arms=(Arm("sgd", space={**space, **sp.when("batch_size", 9, {"weight_decay": 0.0})}),)).validate()
-    with pytest.raises(ConfigError, match=r"field 'step_factor': when\('schedule', 'cosine', \.\.\.\): 'schedule' never takes 'cosine'; it takes 'step'"):
-        Study(name="c", workload="digits", arms=(Arm("sgd", space={**space, **sp.when("schedule", "cosine", {"step_factor": 0.5})}),)).validate()
+    with pytest.raises(
+        ConfigError,
+        match=r"field 'weight_decay': when\('batch_size', 9, \.\.\.\): 'batch_size' never takes 9; it takes int\(16, 64\)",
+    ):
+        Study(
+            name="c",
+            workload="digits",
+            arms=(Arm("sgd", space={**space, **sp.when("batch_size", 9, {"weight_decay": 0.0})}),),
+        ).validate()
+    with pytest.raises(
+        ConfigError,
+        match=r"field 'step_factor': when\('schedule', 'cosine', \.\.\.\): 'schedule' never takes 'cosine'; it takes 'step'",
+    ):
+        Study(
+            name="c",
+            workload="digits",
+            arms=(Arm("sgd", space={**space, **sp.when("schedule", "cosine", {"step_factor": 0.5})}),),
+        ).validate()
 
 
 def test_optimizer_probe_covers_each_branch():
     # the representative momentum is 0.9 (the first choice); the branch momentum=0.0 with nesterov=True is
     # what SGD rejects, and it is only built because the probe activates each conditional field once
-    arm = Arm("sgd", space={"lr": 0.1, "momentum": sp.choice([0.9, 0.0]), **sp.when("momentum", 0.0, {"nesterov": True})})
+    arm = Arm(
+        "sgd", space={"lr": 0.1, "momentum": sp.choice([0.9, 0.0]), **sp.when("momentum", 0.0, {"nesterov": True})}
+    )
     with pytest.raises(ConfigError, match=r"arm 'sgd': optimizer 'sgd' rejects these settings: .*[Nn]esterov"):
         Study(name="c", workload="digits", arms=(arm,)).validate()
 
@@ -221,7 +284,7 @@ def test_readme_examples_of_named_arms_and_conditional_fields():
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "studies.md").read_text()
     start = text.index("## Several arms of one optimizer")
-    section = text[start:text.index("\n## ", start + 1)] if "\n## " in text[start + 1:] else text[start:]
+    section = text[start : text.index("\n## ", start + 1)] if "\n## " in text[start + 1 :] else text[start:]
     named, conditional = re.findall(r"```python\n(.*?)```", section, re.S)
     ns = {"Arm": Arm, "sp": sp}
     exec(named, ns)
@@ -230,6 +293,12 @@ def test_readme_examples_of_named_arms_and_conditional_fields():
     assert [a.name for a in study.arms] == ["sgd", "sgd_nesterov", "sam"]
     s = ArmSearcher(study, launch="L")
     sam = [c for c in (s.suggest(f"t{i}") for i in range(48)) if c["arm"] == "sam"]
-    assert len(sam) == 16 and {c["momentum"] for c in sam} == {0.0, 0.9} and {c["schedule"] for c in sam} == {"cosine", "step"}
-    assert all(("nesterov" in c) == (c["momentum"] == 0.9) and ("step_epochs" in c) == (c["schedule"] == "step") for c in sam)
+    assert (
+        len(sam) == 16
+        and {c["momentum"] for c in sam} == {0.0, 0.9}
+        and {c["schedule"] for c in sam} == {"cosine", "step"}
+    )
+    assert all(
+        ("nesterov" in c) == (c["momentum"] == 0.9) and ("step_epochs" in c) == (c["schedule"] == "step") for c in sam
+    )
     assert plan(study)["arms"][2]["searched"]["nesterov"] == "choice([False, True]) if momentum == 0.9"

@@ -8,8 +8,14 @@ from flatlab.errors import ConfigError
 
 
 def _study(resources):
-    return Study(name="r", workload="digits", arms=(Arm("sgd", space={"lr": 0.1}),), num_trials=1, max_epochs=1,
-                 resources=resources)
+    return Study(
+        name="r",
+        workload="digits",
+        arms=(Arm("sgd", space={"lr": 0.1}),),
+        num_trials=1,
+        max_epochs=1,
+        resources=resources,
+    )
 
 
 def test_workers_default_to_one_and_keep_the_single_process_reservation():
@@ -97,9 +103,9 @@ def test_data_parallel_needs_a_process_group():
 
 
 def test_sam_ascent_option():
-    from flatlab.optim.registry import get_optimizer
-
     import torch
+
+    from flatlab.optim.registry import get_optimizer
 
     w = torch.nn.Parameter(torch.ones(2))
     assert get_optimizer("sam").create([w], lr=0.1).ascent == "global"
@@ -112,6 +118,7 @@ def test_the_plan_shows_workers_and_what_each_reserves():
     from flatlab.study.plan import plan
 
     assert plan(_study(Resources(cpu=2, gpu=1, workers=4)).validate())["resources_per_trial"] == {
-        "workers": 4, "per_worker": {"CPU": 2.0, "GPU": 1.0}
+        "workers": 4,
+        "per_worker": {"CPU": 2.0, "GPU": 1.0},
     }
     assert plan(_study(Resources(cpu=2)).validate())["resources_per_trial"] == {"cpu": 2, "gpu": 0}

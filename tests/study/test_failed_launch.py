@@ -14,8 +14,15 @@ pytestmark = pytest.mark.slow  # starts a local Ray (10-30 s on a busy machine)
 
 
 def _study(name):
-    return Study(name=name, workload="digits", workload_params={"width": 8},
-                 arms=(Arm("sgd", space={"lr": sp.loguniform(0.01, 0.1)}),), num_trials=1, max_epochs=1, grace_period=1)
+    return Study(
+        name=name,
+        workload="digits",
+        workload_params={"width": 8},
+        arms=(Arm("sgd", space={"lr": sp.loguniform(0.01, 0.1)}),),
+        num_trials=1,
+        max_epochs=1,
+        grace_period=1,
+    )
 
 
 def _parent(root, name):

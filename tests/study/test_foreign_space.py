@@ -30,12 +30,20 @@ from flatlab.study.space import Unsupported, as_dim
 def test_foreign_dimensions_convert_exactly(foreign, expected):
     dim = as_dim(foreign)
     assert dim == expected
-    assert type(dim.low if hasattr(dim, "low") else dim.values[0]) is type(expected.low if hasattr(expected, "low") else expected.values[0])
+    assert type(dim.low if hasattr(dim, "low") else dim.values[0]) is type(
+        expected.low if hasattr(expected, "low") else expected.values[0]
+    )
 
 
 def test_converted_space_validates_and_runs_like_flatlab_s_own():
-    arm = Arm("sgd", space={"lr": tune.loguniform(1e-3, 1.0), "momentum": od.FloatDistribution(0.0, 0.9),
-                            "nesterov": tune.choice([False, True])})
+    arm = Arm(
+        "sgd",
+        space={
+            "lr": tune.loguniform(1e-3, 1.0),
+            "momentum": od.FloatDistribution(0.0, 0.9),
+            "nesterov": tune.choice([False, True]),
+        },
+    )
     Study(name="f", workload="digits", arms=(arm,)).validate()
     assert arm.dims["lr"] == sp.loguniform(1e-3, 1.0) and arm.dims["lr"].log is True
     assert arm.dims["momentum"].log is False
@@ -44,12 +52,22 @@ def test_converted_space_validates_and_runs_like_flatlab_s_own():
 @pytest.mark.parametrize(
     "foreign, match",
     [
-        (od.FloatDistribution(0.0, 1.0, step=0.1),
-         r"FloatDistribution\(low=0.0, high=1.0, step=0.1\) has no flatlab equivalent .*write sp.uniform\(0.0, 1.0\)"),
-        (od.IntDistribution(2, 10, step=2),
-         r"IntDistribution\(low=2, high=10, step=2\) has no flatlab equivalent .*write sp.choice\(list\(range\(2, 11, 2\)\)\)"),
-        (tune.qrandint(1, 9, 2), r"tune.qrandint\(1, 9, 2\) has no flatlab equivalent .*sp.choice\(list\(range\(1, 10, 2\)\)\)"),
-        (tune.quniform(0.0, 1.0, 0.25), r"tune.quniform\(0.0, 1.0, 0.25\) \(a quantised float\) has no flatlab equivalent.*write sp.uniform\(0.0, 1.0\)"),
+        (
+            od.FloatDistribution(0.0, 1.0, step=0.1),
+            r"FloatDistribution\(low=0.0, high=1.0, step=0.1\) has no flatlab equivalent .*write sp.uniform\(0.0, 1.0\)",
+        ),
+        (
+            od.IntDistribution(2, 10, step=2),
+            r"IntDistribution\(low=2, high=10, step=2\) has no flatlab equivalent .*write sp.choice\(list\(range\(2, 11, 2\)\)\)",
+        ),
+        (
+            tune.qrandint(1, 9, 2),
+            r"tune.qrandint\(1, 9, 2\) has no flatlab equivalent .*sp.choice\(list\(range\(1, 10, 2\)\)\)",
+        ),
+        (
+            tune.quniform(0.0, 1.0, 0.25),
+            r"tune.quniform\(0.0, 1.0, 0.25\) \(a quantised float\) has no flatlab equivalent.*write sp.uniform\(0.0, 1.0\)",
+        ),
         (tune.qloguniform(0.01, 1.0, 0.01), r"tune.qloguniform\(0.01, 1.0, 0.01\) .*write sp.loguniform\(0.01, 1.0\)"),
         (tune.randn(), r"tune.randn .*no flatlab equivalent.*write sp.uniform\(low, high\)"),
         (tune.sample_from(lambda spec: 0.9), r"tune.sample_from.*no flatlab equivalent.*sp.when\(parent, value"),
@@ -63,6 +81,8 @@ def test_unconvertible_ones_name_the_flatlab_equivalent(foreign, match):
 
 
 def test_unconvertible_dimension_inside_when_is_reported_on_its_field():
-    arm = Arm("sgd", space={"nesterov": sp.choice([False, True]), **sp.when("nesterov", True, {"momentum": tune.randn()})})
+    arm = Arm(
+        "sgd", space={"nesterov": sp.choice([False, True]), **sp.when("nesterov", True, {"momentum": tune.randn()})}
+    )
     with pytest.raises(ConfigError, match=r"arm 'sgd', field 'momentum': tune.randn"):
         Study(name="f", workload="digits", arms=(arm,)).validate()

@@ -8,7 +8,6 @@ a bad value of many kinds; the counts the test asserts are "0 tracebacks" and "0
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Dict, List, Tuple
 
 import pytest
@@ -103,8 +102,20 @@ FIELD_WORDS: Dict[str, Tuple[str, ...]] = {
 }
 
 BAD_VALUES: List[str] = [
-    "None", "[1, 2]", '{"a": 1}', '"x"', 'float("inf")', 'float("-inf")', 'float("nan")', "1e308", "2**70", "-1",
-    "True", "()", "object()", "0",
+    "None",
+    "[1, 2]",
+    '{"a": 1}',
+    '"x"',
+    'float("inf")',
+    'float("-inf")',
+    'float("nan")',
+    "1e308",
+    "2**70",
+    "-1",
+    "True",
+    "()",
+    "object()",
+    "0",
 ]
 
 # Slots that only take one kind of value: probing them with numbers is enough variety.
@@ -130,14 +141,19 @@ def cases() -> List[Tuple[str, str, str, Tuple[str, ...]]]:
     # the study itself, and what a scaled file's build(scale) returns
     for bad in ["None", "[1, 2]", '{"a": 1}', '"x"', "1e308", "object()", "[]"]:
         out.append((f"STUDY={bad}", HEADER + f"STUDY = {bad}\n", "STUDY", ("STUDY",)))
-        out.append((
-            f"build->{bad}",
-            HEADER + f"SCALES = ('smoke',)\n\ndef build(scale):\n    return {bad}\n",
-            "build", ("build",),
-        ))
+        out.append(
+            (
+                f"build->{bad}",
+                HEADER + f"SCALES = ('smoke',)\n\ndef build(scale):\n    return {bad}\n",
+                "build",
+                ("build",),
+            )
+        )
     out.append(("build->nothing", HEADER + "SCALES = ('smoke',)\n\ndef build(scale):\n    pass\n", "build", ("build",)))
     for bad in ["None", '"smoke"', "[1]", "object()"]:
-        out.append((f"SCALES={bad}", HEADER + f"SCALES = {bad}\n\ndef build(scale):\n    return None\n", "SCALES", ("SCALES",)))
+        out.append(
+            (f"SCALES={bad}", HEADER + f"SCALES = {bad}\n\ndef build(scale):\n    return None\n", "SCALES", ("SCALES",))
+        )
     # a study seed whose samplers' seeds (seed * 1000 + arm) leave [0, 2**32)
     for seed in ["2**40", "4294967", "10**7"]:
         out.append((f"seed={seed}", render({"seed": seed}), "seed", ("seed",)))
@@ -215,8 +231,12 @@ def test_every_malformed_file_is_refused_naming_file_and_field_or_really_runs(tm
             except BaseException as exc:  # noqa: BLE001
                 crashed.append(f"{case}: {type(exc).__name__}: {exc}")
     report = (
-        ["tracebacks:"] + tracebacks + ["accepted, then crashed:"] + crashed
-        + ["errors that do not name the file and the field:"] + unnamed
+        ["tracebacks:"]
+        + tracebacks
+        + ["accepted, then crashed:"]
+        + crashed
+        + ["errors that do not name the file and the field:"]
+        + unnamed
     )
     assert (tracebacks, crashed, unnamed) == ([], [], []), "\n".join(report)
     assert accepted >= 10  # the good values among the "bad" ones (0, 1e308 as a target loss ...) do run
@@ -224,7 +244,6 @@ def test_every_malformed_file_is_refused_naming_file_and_field_or_really_runs(tm
 
 def test_a_study_seed_whose_sampler_seeds_leave_32_bits_is_refused():
     from flatlab import Arm
-
     from flatlab.study.searchers import ArmSearcher
 
     def study(seed):

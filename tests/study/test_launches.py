@@ -37,7 +37,9 @@ def test_resume_reuses_the_launch_overrides_and_refuses_different_ones(tmp_path)
     nothing = {"trials": None, "epochs": None, "final_seeds": None, "scale": None}
     assert resume_budget(recorded, nothing) == recorded.overrides
     assert resume_budget(recorded, dict(nothing, epochs=15)) == recorded.overrides  # repeating one is fine
-    with pytest.raises(ConfigError, match=r"--trials 5 differs from the launch being resumed, which ran with --trials 4"):
+    with pytest.raises(
+        ConfigError, match=r"--trials 5 differs from the launch being resumed, which ran with --trials 4"
+    ):
         resume_budget(recorded, dict(nothing, trials=5), "s")
     with pytest.raises(ConfigError, match=r"--final-seeds 2 differs .* ran with the study file's value"):
         resume_budget(recorded, dict(nothing, final_seeds=2))
@@ -48,8 +50,14 @@ def test_resume_reuses_the_launch_overrides_and_refuses_different_ones(tmp_path)
 
 
 def test_the_launch_record_round_trips_and_reads_older_records(tmp_path):
-    launch = Launch(path=tmp_path / "s" / "launch.json", experiment_name="s-1", parent_run_id="p", overrides={"trials": 2},
-                    checkpoint_every=None, optuna_studies={"sgd": "s-1.sgd"})
+    launch = Launch(
+        path=tmp_path / "s" / "launch.json",
+        experiment_name="s-1",
+        parent_run_id="p",
+        overrides={"trials": 2},
+        checkpoint_every=None,
+        optuna_studies={"sgd": "s-1.sgd"},
+    )
     launch.write(status="killed", num_errors=1)
     again = Launch.read(tmp_path, "s")
     assert again == launch and (again.status, again.num_errors, again.done) == ("killed", 1, False)
@@ -70,8 +78,10 @@ def test_the_launch_record_round_trips_and_reads_older_records(tmp_path):
 
 def test_prepare_of_a_resume_takes_the_launchs_budget_and_cadence(tmp_path):
     path = tmp_path / "s.py"
-    path.write_text("from flatlab import Arm, Study\nSTUDY = Study(name='s', workload='digits', arms=(Arm('sgd'),), "
-                    "max_epochs=20, num_trials=8, checkpoint_every=5)\n")
+    path.write_text(
+        "from flatlab import Arm, Study\nSTUDY = Study(name='s', workload='digits', arms=(Arm('sgd'),), "
+        "max_epochs=20, num_trials=8, checkpoint_every=5)\n"
+    )
     root = tmp_path / "root"
     given = {"trials": None, "epochs": None, "final_seeds": None, "scale": None, "checkpoint_every": None}
     (new,) = prepare(str(path), dict(given, trials=3, epochs=40), root)
@@ -83,7 +93,9 @@ def test_prepare_of_a_resume_takes_the_launchs_budget_and_cadence(tmp_path):
     assert resumed.budget == new.budget
     (again,) = prepare(str(path), dict(given, checkpoint_every=4), root, resume=True)  # a cadence may change
     assert again.study.checkpoint_every == 4
-    with pytest.raises(ConfigError, match=r"--epochs 20 differs from the launch being resumed, which ran with --epochs 40"):
+    with pytest.raises(
+        ConfigError, match=r"--epochs 20 differs from the launch being resumed, which ran with --epochs 40"
+    ):
         prepare(str(path), dict(given, epochs=20), root, resume=True)
     with pytest.raises(ConfigError, match=r"--resume and --continue exclude each other"):
         prepare(str(path), given, root, resume=True, continue_=True)
@@ -99,28 +111,44 @@ def _previous(tmp_path, s):
         tid = f"t{n}"
         searcher.suggest(tid)
         searcher.on_trial_complete(tid, {"epoch": 3, METRIC: 0.5, "completed": 1})
-    return Launch(path=tmp_path / "launch.json", experiment_name="L", parent_run_id="p1", optuna_storage=storage,
-                  optuna_prefix="L")
+    return Launch(
+        path=tmp_path / "launch.json",
+        experiment_name="L",
+        parent_run_id="p1",
+        optuna_storage=storage,
+        optuna_prefix="L",
+    )
 
 
 def test_continue_names_the_previous_studies_and_refuses_a_changed_space(tmp_path):
     previous = _previous(tmp_path, study())
     prefix, names = continued_studies(previous, study(), "launch.json")
     assert prefix == "L" and names == {"sgd": "L.sgd", "adamw": "L.adamw"}
-    with pytest.raises(ConfigError, match=r"arm 'sgd' of study 's' searches a different space than the Optuna study 'L.sgd' .*lr: FloatDistribution\(high=0.5"):
+    with pytest.raises(
+        ConfigError,
+        match=r"arm 'sgd' of study 's' searches a different space than the Optuna study 'L.sgd' .*lr: FloatDistribution\(high=0.5",
+    ):
         continued_studies(previous, study(lr_high=0.9), "launch.json")
-    with pytest.raises(ConfigError, match=r"--continue: study 's' has no previous launch to continue \(missing launch.json\)"):
+    with pytest.raises(
+        ConfigError, match=r"--continue: study 's' has no previous launch to continue \(missing launch.json\)"
+    ):
         continued_studies(None, study(), "launch.json")
     with pytest.raises(ConfigError, match="searcher='grid'"):
-        continued_studies(previous, study(searcher="grid").__class__(
-            name="s", workload="digits", arms=(Arm("sgd", space={"lr": sp.grid([0.1])}),), searcher="grid"), "launch.json")
+        continued_studies(
+            previous,
+            study(searcher="grid").__class__(
+                name="s", workload="digits", arms=(Arm("sgd", space={"lr": sp.grid([0.1])}),), searcher="grid"
+            ),
+            "launch.json",
+        )
 
 
 def test_space_difference_names_each_parameter():
     f = optuna.distributions.FloatDistribution
     assert space_difference({"lr": f(0.1, 1.0)}, {"lr": f(0.1, 1.0)}) == ""
     assert space_difference({"lr": f(0.1, 1.0), "wd": f(0, 1)}, {"lr": f(0.1, 1.0), "m": f(0, 1)}) == (
-        "m: searched now, not before; wd: searched before, not now")
+        "m: searched now, not before; wd: searched before, not now"
+    )
 
 
 def test_a_continued_search_adds_to_the_same_study_with_fresh_random_points(tmp_path):
@@ -159,9 +187,12 @@ def _trial(tid, status, arm="sgd", **last):
 
 def test_progress_counts_trials_that_ended_before_a_resume(capsys):
     p = ProgressPrinter(5, METRIC, "max")
-    trials = [_trial("a", "TERMINATED", epoch=3, completed=1, **{METRIC: 0.7}),
-              _trial("b", "TERMINATED", epoch=1, **{METRIC: 0.9}),  # pruned
-              _trial("c", "PENDING"), _trial("d", "RUNNING")]
+    trials = [
+        _trial("a", "TERMINATED", epoch=3, completed=1, **{METRIC: 0.7}),
+        _trial("b", "TERMINATED", epoch=1, **{METRIC: 0.9}),  # pruned
+        _trial("c", "PENDING"),
+        _trial("d", "RUNNING"),
+    ]
     p.on_step_begin(0, trials)
     p.on_trial_start(0, trials, trials[3])
     assert p.status().split("]")[1].startswith(" trials: 2 done / 1 running / 2 pending")
@@ -175,19 +206,25 @@ def test_progress_best_is_the_study_s_one_answer_over_completed_search_trials(ca
     p = ProgressPrinter(8, METRIC, "max", every_s=0.0)
 
     def trial(tid, arm, lr, seed, stage="search", **last):
-        return SimpleNamespace(trial_id=tid, status="TERMINATED", last_result=last,
-                               config={"arm": arm, "lr": lr, "seed": seed, "stage": stage})
+        return SimpleNamespace(
+            trial_id=tid,
+            status="TERMINATED",
+            last_result=last,
+            config={"arm": arm, "lr": lr, "seed": seed, "stage": stage},
+        )
 
     assert p.best() == "-"
     running = trial("r", "sam", 0.1, 0)
     p.on_trial_start(0, [running], running)
     p.on_trial_result(0, [running], running, {"epoch": 2, METRIC: 0.99})  # not its last epoch
     assert p.best() == "-" and "best val/accuracy -" in capsys.readouterr().out
-    ended = [trial("a", "sgd", 0.1, 0, epoch=5, completed=1, **{METRIC: 0.80}),
-             trial("b", "sgd", 0.1, 1, epoch=5, completed=1, **{METRIC: 0.90}),   # same config: mean 0.85
-             trial("c", "sam", 0.1, 0, epoch=5, completed=1, **{METRIC: 0.84}),
-             trial("d", "sam", 0.2, 0, epoch=2, **{METRIC: 0.95}),                # pruned
-             trial("e", "tsam", 0.1, 0, "final", epoch=5, completed=1, **{METRIC: 0.97})]  # final stage
+    ended = [
+        trial("a", "sgd", 0.1, 0, epoch=5, completed=1, **{METRIC: 0.80}),
+        trial("b", "sgd", 0.1, 1, epoch=5, completed=1, **{METRIC: 0.90}),  # same config: mean 0.85
+        trial("c", "sam", 0.1, 0, epoch=5, completed=1, **{METRIC: 0.84}),
+        trial("d", "sam", 0.2, 0, epoch=2, **{METRIC: 0.95}),  # pruned
+        trial("e", "tsam", 0.1, 0, "final", epoch=5, completed=1, **{METRIC: 0.97}),
+    ]  # final stage
     for t in ended:
         p.on_trial_complete(0, ended, t)
     assert p.best() == "0.8500 (sgd b, mean of 2 seeds)"
@@ -197,8 +234,10 @@ def test_progress_best_is_the_study_s_one_answer_over_completed_search_trials(ca
     p.on_trial_complete(0, [better], better)
     assert p.best() == "0.8600 (sam f)"
     p = ProgressPrinter(2, "train/loss", "min")
-    low = [trial("g", "sgd", 0.1, 0, epoch=5, completed=1, **{"train/loss": 0.3}),
-           trial("h", "sgd", 0.2, 0, epoch=5, completed=1, **{"train/loss": 0.2})]
+    low = [
+        trial("g", "sgd", 0.1, 0, epoch=5, completed=1, **{"train/loss": 0.3}),
+        trial("h", "sgd", 0.2, 0, epoch=5, completed=1, **{"train/loss": 0.2}),
+    ]
     p.on_step_begin(0, low)  # restored after a resume
     assert p.best() == "0.2000 (sgd h)"
 
@@ -206,13 +245,20 @@ def test_progress_best_is_the_study_s_one_answer_over_completed_search_trials(ca
 def test_progress_says_a_failed_trial_will_resume_or_failed(capsys, tmp_path):
     p = ProgressPrinter(2, METRIC, "max")
     err = tmp_path / "error.txt"
-    err.write_text("Failure # 1 (occurred at 2026-01-01)\nray.exceptions.ActorDiedError: The actor died unexpectedly\n  more\n")
-    t = SimpleNamespace(trial_id="a", status="ERROR", config={"arm": "sgd"}, last_result={"epoch": 2}, error_file=str(err))
+    err.write_text(
+        "Failure # 1 (occurred at 2026-01-01)\nray.exceptions.ActorDiedError: The actor died unexpectedly\n  more\n"
+    )
+    t = SimpleNamespace(
+        trial_id="a", status="ERROR", config={"arm": "sgd"}, last_result={"epoch": 2}, error_file=str(err)
+    )
     p.on_trial_start(0, [t], t)
     p.on_trial_recover(0, [t], t)
     p.on_trial_error(0, [t], t)
     out = capsys.readouterr().out.splitlines()
-    assert "failed" in out[0] and "will resume from its last checkpoint: ActorDiedError: The actor died unexpectedly" in out[0]
+    assert (
+        "failed" in out[0]
+        and "will resume from its last checkpoint: ActorDiedError: The actor died unexpectedly" in out[0]
+    )
     assert out[1].split()[:2] == ["failed", "sgd"]
     assert out[1].endswith("ActorDiedError: The actor died unexpectedly (--resume retries it)")
     assert len([l for l in out if "actor died" in l]) == 2  # one line each, not Ray's multi-line message
@@ -226,7 +272,8 @@ def test_the_interrupt_hint_names_the_root_and_cluster_the_resume_needs(tmp_path
     assert resume_command(RunOptions(root=tmp_path / "flatlab-runs", source="s.py")) == "flatlab run s.py --resume"
     other = tmp_path / "my runs"
     assert resume_command(RunOptions(root=other, source="s.py", address="10.0.0.5:6379")) == (
-        f"flatlab run s.py --resume --root '{other}' --address 10.0.0.5:6379")
+        f"flatlab run s.py --resume --root '{other}' --address 10.0.0.5:6379"
+    )
     assert resume_command(RunOptions()) == "flatlab run <study file> --resume"
 
 
@@ -239,11 +286,14 @@ def test_a_resume_logs_to_the_launch_s_store_and_refuses_another(tmp_path, monke
     assert _tracking_uri(RunOptions(resume=True), launch, tmp_path) == "sqlite:////data/store.db"
     assert _tracking_uri(RunOptions(continue_=True), launch, tmp_path) == "sqlite:////data/store.db"
     assert _tracking_uri(RunOptions(resume=True, tracking_uri="sqlite:////data/store.db"), launch, tmp_path) == (
-        "sqlite:////data/store.db")
+        "sqlite:////data/store.db"
+    )
     with pytest.raises(ConfigError, match="--resume: --tracking-uri sqlite:////elsewhere.db is not the store"):
         _tracking_uri(RunOptions(resume=True, tracking_uri="sqlite:////elsewhere.db"), launch, tmp_path)
     assert _tracking_uri(RunOptions(), None, tmp_path) == default
-    assert _tracking_uri(RunOptions(resume=True), Launch(path=tmp_path / "old.json"), tmp_path) == default  # an old record
+    assert (
+        _tracking_uri(RunOptions(resume=True), Launch(path=tmp_path / "old.json"), tmp_path) == default
+    )  # an old record
 
 
 def test_a_refused_resume_leaves_no_folder_behind(tmp_path, monkeypatch):
@@ -261,10 +311,18 @@ def test_a_refused_resume_leaves_no_folder_behind(tmp_path, monkeypatch):
 def test_a_trial_that_took_over_a_killed_driver_s_run_is_shown_with_the_id_mlflow_knows(capsys):
     p = ProgressPrinter(2, METRIC, "max", every_s=0.0)
     p.took_over = {"new1": "old1"}.get  # LaunchRecords.took_over on a resume
-    t = SimpleNamespace(trial_id="new1", status="TERMINATED", config={"arm": "sgd", "lr": 0.1, "seed": 0},
-                        last_result={"epoch": 3, "completed": 1, METRIC: 0.8})
-    u = SimpleNamespace(trial_id="own2", status="TERMINATED", config={"arm": "sam", "lr": 0.1, "seed": 0},
-                        last_result={"epoch": 3, "completed": 1, METRIC: 0.7})
+    t = SimpleNamespace(
+        trial_id="new1",
+        status="TERMINATED",
+        config={"arm": "sgd", "lr": 0.1, "seed": 0},
+        last_result={"epoch": 3, "completed": 1, METRIC: 0.8},
+    )
+    u = SimpleNamespace(
+        trial_id="own2",
+        status="TERMINATED",
+        config={"arm": "sam", "lr": 0.1, "seed": 0},
+        last_result={"epoch": 3, "completed": 1, METRIC: 0.7},
+    )
     p.on_trial_complete(0, [t, u], t)
     p.on_trial_complete(0, [t, u], u)
     lines = capsys.readouterr().out.splitlines()

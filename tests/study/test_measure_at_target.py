@@ -30,10 +30,20 @@ def digits():
 
 
 def study(target=TARGET, epochs=EPOCHS, **kw) -> Study:
-    base = dict(name="mat", workload="digits", workload_params=WL, arms=(Arm("sgd", space={"lr": 0.05, "momentum": 0.9}),),
-                num_trials=1, max_epochs=epochs, scheduler="fifo", checkpoint_every=100,
-                train={"batch_size": 128, "schedule": "constant", "measure_at_train_loss": target}, measures=MEASURES, measure_examples=64,
-                measure_seed=3)
+    base = dict(
+        name="mat",
+        workload="digits",
+        workload_params=WL,
+        arms=(Arm("sgd", space={"lr": 0.05, "momentum": 0.9}),),
+        num_trials=1,
+        max_epochs=epochs,
+        scheduler="fifo",
+        checkpoint_every=100,
+        train={"batch_size": 128, "schedule": "constant", "measure_at_train_loss": target},
+        measures=MEASURES,
+        measure_examples=64,
+        measure_seed=3,
+    )
     return Study(**{**base, **kw}).validate()
 
 
@@ -75,8 +85,9 @@ def direct_measures(s: Study, data, checkpoint_dir):
     state = load_state(str(checkpoint_dir))
     model.load_state_dict(state["model"])
     subset = measure_subset(data.train, s.measure_examples, s.measure_seed)
-    return compute_measures(model, subset, lambda o, t: workload.loss(o, t, 0.0), resolve_measures(MEASURES, "t"),
-                            seed=s.measure_seed)
+    return compute_measures(
+        model, subset, lambda o, t: workload.loss(o, t, 0.0), resolve_measures(MEASURES, "t"), seed=s.measure_seed
+    )
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +104,11 @@ def test_measures_at_the_target_then_trains_on_and_measures_the_end(full, digits
     assert [r["epoch"] for r in rec.reports] == list(range(1, EPOCHS + 1))  # did not stop at the target
     assert next(e for e, v in enumerate(losses, 1) if v <= TARGET) == TARGET_EPOCH and losses[TARGET_EPOCH - 2] > TARGET
     last = rec.reports[-1]
-    assert last["completed"] == 1 and last["train/target_reached"] == 1.0 and last["train/epochs_to_target"] == TARGET_EPOCH
+    assert (
+        last["completed"] == 1
+        and last["train/target_reached"] == 1.0
+        and last["train/epochs_to_target"] == TARGET_EPOCH
+    )
     at = direct_measures(s, digits, root / f"epoch_{TARGET_EPOCH}")  # the checkpoint that goes with the measured epoch
     for key in ("fisher_trace", "neighbourhood_loss", "neighbourhood_loss_var", "neighbourhood_loss_clean"):
         assert last[f"flat_at_target/{key}"] == pytest.approx(at[f"flat/{key}"], rel=1e-6), key
@@ -113,8 +128,9 @@ def test_the_checkpoint_keeps_the_target_state(full):
     _, root, rec = full
     state = load_state(str(root / f"epoch_{TARGET_EPOCH}"))
     assert state["target_epoch"] == TARGET_EPOCH
-    assert state["target_metrics"] == {k: v for k, v in rec.reports[-1].items() if k.startswith("flat_at_target/")
-                                       or k == "time/measures_at_target_s"}
+    assert state["target_metrics"] == {
+        k: v for k, v in rec.reports[-1].items() if k.startswith("flat_at_target/") or k == "time/measures_at_target_s"
+    }
 
 
 def test_a_trial_resumed_after_the_target_does_not_measure_again(full, digits, tmp_path, monkeypatch):
@@ -168,16 +184,24 @@ def test_stop_at_train_loss_still_stops_at_the_target(digits, tmp_path):
 
 
 def test_both_targets_are_refused_by_the_study_and_the_trainer():
-    with pytest.raises(ConfigError, match=r"field 'train': stop_at_train_loss=0\.1 and measure_at_train_loss=0\.2 are both set"):
+    with pytest.raises(
+        ConfigError, match=r"field 'train': stop_at_train_loss=0\.1 and measure_at_train_loss=0\.2 are both set"
+    ):
         study(train={"stop_at_train_loss": 0.1, "measure_at_train_loss": 0.2})
     from flatlab.workloads.base import TrainDefaults
 
-    with pytest.raises(ConfigError, match=r"trainer: stop_at_train_loss=0\.1 and measure_at_train_loss=0\.2 are both set; set at most one"):
+    with pytest.raises(
+        ConfigError,
+        match=r"trainer: stop_at_train_loss=0\.1 and measure_at_train_loss=0\.2 are both set; set at most one",
+    ):
         resolve_trainer(TrainDefaults(), {"stop_at_train_loss": 0.1, "measure_at_train_loss": 0.2})
 
 
 def test_target_errors_are_collected_with_the_others():
-    arms = (Arm("sgd", space={"lr": 0.05, "measure_at_train_loss": 0.5}), Arm("adamw", space={"stop_at_train_loss": 0.5}))
+    arms = (
+        Arm("sgd", space={"lr": 0.05, "measure_at_train_loss": 0.5}),
+        Arm("adamw", space={"stop_at_train_loss": 0.5}),
+    )
     with pytest.raises(ConfigError) as err:
         study(train={"measure_at_train_loss": 0.0}, arms=arms, measures={}, max_epochs=0)
     text = str(err.value)
@@ -188,5 +212,7 @@ def test_target_errors_are_collected_with_the_others():
 
 
 def test_measure_at_train_loss_needs_measures():
-    with pytest.raises(ConfigError, match=r"measure_at_train_loss=0\.5 runs the study's measures at the target, but measures is empty"):
+    with pytest.raises(
+        ConfigError, match=r"measure_at_train_loss=0\.5 runs the study's measures at the target, but measures is empty"
+    ):
         study(target=0.5, measures={})

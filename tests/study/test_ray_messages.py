@@ -13,7 +13,9 @@ from flatlab.study.ray_compat import route_ray_errors_to_log
 def test_the_printer_ray_uses_is_the_one_replaced():
     import ray._private.worker as w
 
-    assert "print_to_stdstream(" in inspect.getsource(w.listen_error_messages)  # a Ray upgrade that changes it fails here
+    assert "print_to_stdstream(" in inspect.getsource(
+        w.listen_error_messages
+    )  # a Ray upgrade that changes it fails here
     before = w.print_to_stdstream
     try:
         assert route_ray_errors_to_log() and route_ray_errors_to_log()  # idempotent
@@ -28,7 +30,7 @@ def test_killed_worker_message_goes_to_the_log_file_only(tmp_path, capfd, monkey
     import ray
     import ray._private.worker as w
 
-    from flatlab.study.runner import _init_ray, _setup_file_logging, RunOptions
+    from flatlab.study.runner import RunOptions, _init_ray, _setup_file_logging
 
     before = w.print_to_stdstream
     monkeypatch.setenv("RAY_ADDRESS", "local")  # a new local instance, never a Ray head found running on this machine

@@ -4,8 +4,8 @@ by the trial with their configuration, and the rest end KILLED."""
 from mlflow.entities import Metric, Param
 
 from flatlab.study.recovery import LaunchRecords, recorded_result
-from flatlab.tracking.selection import trial_outcome
 from flatlab.tracking import runs
+from flatlab.tracking.selection import trial_outcome
 
 
 def _store(tmp_path):
@@ -17,12 +17,19 @@ def _store(tmp_path):
 
 
 def _trial(c, exp, parent, trial_id, config, status="RUNNING", outcome=None, epochs=0, stage="search"):
-    run = c.create_run(exp, tags={runs.TAG_ROLE: "trial", runs.PARENT: parent, runs.TAG_TRIAL: trial_id,
-                                  runs.TAG_STAGE: stage})
+    run = c.create_run(
+        exp, tags={runs.TAG_ROLE: "trial", runs.PARENT: parent, runs.TAG_TRIAL: trial_id, runs.TAG_STAGE: stage}
+    )
     rid = run.info.run_id
-    c.log_batch(rid, params=[Param(k, v) for k, v in runs.trial_params(config).items()],
-                metrics=[Metric(k, v, 0, e) for e in range(1, epochs + 1)
-                         for k, v in (("epoch", float(e)), ("val/accuracy", 0.5 + e / 100))])
+    c.log_batch(
+        rid,
+        params=[Param(k, v) for k, v in runs.trial_params(config).items()],
+        metrics=[
+            Metric(k, v, 0, e)
+            for e in range(1, epochs + 1)
+            for k, v in (("epoch", float(e)), ("val/accuracy", 0.5 + e / 100))
+        ],
+    )
     if outcome:
         c.set_tag(rid, runs.TAG_OUTCOME, outcome)
     if status != "RUNNING":
@@ -49,7 +56,9 @@ def test_finished_runs_stand_orphans_are_taken_over_and_the_rest_end_killed(tmp_
     assert rec.on_add("t4", {"arm": "sgd", "seed": 0, "lr": 0.7}) is None  # errored: retried
 
     # new trials with an orphan's configuration take its run over (a different stage or value does not)
-    assert rec.on_add("n0", {"arm": "sgd", "seed": 0, "lr": 0.4, "stage": "final"}) is None and rec.claimed("n0") is None
+    assert (
+        rec.on_add("n0", {"arm": "sgd", "seed": 0, "lr": 0.4, "stage": "final"}) is None and rec.claimed("n0") is None
+    )
     assert rec.on_add("n1", {"arm": "sgd", "seed": 0, "lr": 0.4})["completed"] == 1
     assert rec.claimed("n1") == orphan_done and rec.took_over("n1") == "o1"  # the id MLflow knows it by
     assert rec.on_add("n2", {"arm": "sgd", "seed": 1, "lr": 0.5}) is None and rec.claimed("n2") == orphan_running
@@ -59,8 +68,13 @@ def test_finished_runs_stand_orphans_are_taken_over_and_the_rest_end_killed(tmp_
 
     assert rec.end_unclaimed() == [stray]  # never added, never taken over
     assert c.get_run(stray).info.status == "KILLED" and c.get_run(stray).data.tags[runs.TAG_OUTCOME] == "interrupted"
-    for rid, status in ((done, "FINISHED"), (pruned, "KILLED"), (running, "RUNNING"), (orphan_running, "RUNNING"),
-                        (errored, "FAILED")):
+    for rid, status in (
+        (done, "FINISHED"),
+        (pruned, "KILLED"),
+        (running, "RUNNING"),
+        (orphan_running, "RUNNING"),
+        (errored, "FAILED"),
+    ):
         assert c.get_run(rid).info.status == status  # the records are only read, never changed, by on_add
 
 
@@ -82,11 +96,26 @@ def test_a_run_killed_before_its_params_were_logged_is_taken_over_by_its_digest_
 
     uri, exp, c, parent = _store(tmp_path)
     config = {"arm": "sgd", "seed": 1, "lr": 0.25}
-    bare = c.create_run(exp, tags={runs.TAG_ROLE: "trial", runs.PARENT: parent, runs.TAG_TRIAL: "old",
-                                   runs.TAG_STAGE: "search", runs.TAG_CONFIG: runs.config_digest(config)}).info.run_id
-    other = c.create_run(exp, tags={runs.TAG_ROLE: "trial", runs.PARENT: parent, runs.TAG_TRIAL: "old2",
-                                    runs.TAG_STAGE: "search",
-                                    runs.TAG_CONFIG: runs.config_digest({**config, "lr": 0.5})}).info.run_id
+    bare = c.create_run(
+        exp,
+        tags={
+            runs.TAG_ROLE: "trial",
+            runs.PARENT: parent,
+            runs.TAG_TRIAL: "old",
+            runs.TAG_STAGE: "search",
+            runs.TAG_CONFIG: runs.config_digest(config),
+        },
+    ).info.run_id
+    other = c.create_run(
+        exp,
+        tags={
+            runs.TAG_ROLE: "trial",
+            runs.PARENT: parent,
+            runs.TAG_TRIAL: "old2",
+            runs.TAG_STAGE: "search",
+            runs.TAG_CONFIG: runs.config_digest({**config, "lr": 0.5}),
+        },
+    ).info.run_id
     assert c.get_run(bare).data.params == {}
     rec = LaunchRecords(uri, exp, parent)
     assert rec.on_add("new", dict(config)) is None and rec.claimed("new") == bare  # runs again, in that run

@@ -23,7 +23,10 @@ INF = math.inf
     ],
 )
 def test_float_range_with_a_non_finite_bound_is_refused(dim, shown):
-    msg = r"arm 'a', field 'lr': (log)?uniform\(low, high\) needs finite bounds \(and a finite width high - low\), got " + shown.replace(".", r"\.")
+    msg = (
+        r"arm 'a', field 'lr': (log)?uniform\(low, high\) needs finite bounds \(and a finite width high - low\), got "
+        + shown.replace(".", r"\.")
+    )
     with pytest.raises(ConfigError, match=msg):
         dim.check(HParam("lr", 0.1, float, low=0.0, low_open=True), "arm 'a', field 'lr'")
     with pytest.raises(ConfigError, match=r"needs finite bounds"):
@@ -48,7 +51,10 @@ def test_non_finite_float_hyperparameter_is_refused(value):
         ({"lr": sp.uniform(0.01, INF)}, r"field 'lr'.*needs finite bounds"),
         ({"lr": 0.1, "momentum": sp.uniform(-INF, 0.9)}, r"field 'momentum'.*needs finite bounds"),
         ({"lr": INF}, r"lr=inf is not allowed; expected a finite float in \(0, inf\)"),
-        ({"lr": 0.1, "weight_decay": sp.choice([0.0, INF])}, r"weight_decay=inf is not allowed; expected a finite float"),
+        (
+            {"lr": 0.1, "weight_decay": sp.choice([0.0, INF])},
+            r"weight_decay=inf is not allowed; expected a finite float",
+        ),
     ],
 )
 def test_study_validation_refuses_infinite_values(space, match):

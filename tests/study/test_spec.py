@@ -26,9 +26,20 @@ def base(**kw):
 
 
 def test_valid_study_passes_and_routes_fields():
-    s = base(arms=(Arm("sgd", space={"lr": 0.1, "batch_size": sp.choice([32, 64]), "width": 64, "momentum": sp.uniform(0, 0.9)}),))
+    s = base(
+        arms=(
+            Arm(
+                "sgd", space={"lr": 0.1, "batch_size": sp.choice([32, 64]), "width": 64, "momentum": sp.uniform(0, 0.9)}
+            ),
+        )
+    )
     s.validate("x.py")
-    assert s.route(s.arms[0]) == {"lr": "optimizer", "batch_size": "trainer", "width": "workload", "momentum": "optimizer"}
+    assert s.route(s.arms[0]) == {
+        "lr": "optimizer",
+        "batch_size": "trainer",
+        "width": "workload",
+        "momentum": "optimizer",
+    }
     spec = s.trial_spec({"arm": "sgd", "seed": 3, "lr": 0.1, "batch_size": 32, "width": 64, "momentum": 0.5})
     assert spec.optimizer_params == {"lr": 0.1, "momentum": 0.5}
     assert spec.trainer_params == {"batch_size": 32}
@@ -39,11 +50,26 @@ def test_valid_study_passes_and_routes_fields():
 @pytest.mark.parametrize(
     "kw, match",
     [
-        (dict(workload="mnist"), r"x\.py: study 't': field 'workload': unknown workload 'mnist' \(did you mean 'fashion_mnist'\?\); valid workloads: .*digits"),
-        (dict(arms=(Arm("lbfgs"),)), r"arm 'lbfgs': field 'optimizer': unknown optimizer 'lbfgs'; valid optimizers: .*adamw.*sgd"),
-        (dict(arms=(Arm("sgd", space={"rho": 0.05}),)), r"arm 'sgd': field 'rho' is not accepted by optimizer 'sgd'.*accepted: .*lr"),
-        (dict(arms=(Arm("sgd", space={"lr": sp.uniform(-1.0, 1.0)}),)), r"arm 'sgd', field 'lr': lr=-1.0 is not allowed; expected float in \(0, inf\)"),
-        (dict(arms=(Arm("sgd", space={"momentum": 1.5}),)), r"field 'momentum': momentum=1.5 is not allowed; expected float in \[0, 1\)"),
+        (
+            dict(workload="mnist"),
+            r"x\.py: study 't': field 'workload': unknown workload 'mnist' \(did you mean 'fashion_mnist'\?\); valid workloads: .*digits",
+        ),
+        (
+            dict(arms=(Arm("lbfgs"),)),
+            r"arm 'lbfgs': field 'optimizer': unknown optimizer 'lbfgs'; valid optimizers: .*adamw.*sgd",
+        ),
+        (
+            dict(arms=(Arm("sgd", space={"rho": 0.05}),)),
+            r"arm 'sgd': field 'rho' is not accepted by optimizer 'sgd'.*accepted: .*lr",
+        ),
+        (
+            dict(arms=(Arm("sgd", space={"lr": sp.uniform(-1.0, 1.0)}),)),
+            r"arm 'sgd', field 'lr': lr=-1.0 is not allowed; expected float in \(0, inf\)",
+        ),
+        (
+            dict(arms=(Arm("sgd", space={"momentum": 1.5}),)),
+            r"field 'momentum': momentum=1.5 is not allowed; expected float in \[0, 1\)",
+        ),
         (dict(metric="val/f1"), r"metric='val/f1' is not reported by workload 'digits'; it reports: .*val/accuracy"),
         (dict(mode="maximize"), r"mode='maximize'; expected one of max, min"),
         (dict(searcher="bayes"), r"searcher='bayes'; expected one of optuna, grid, random"),
@@ -52,16 +78,33 @@ def test_valid_study_passes_and_routes_fields():
         (dict(grace_period=5), r"grace_period=5; expected an int in \[1, max_epochs=3\]"),
         (dict(arms=()), r"arms is empty"),
         (dict(arms=(Arm("sgd"), Arm("sgd"))), r"arm names must be unique"),
-        (dict(workload_params={"model": "resnet"}), r"workload_params: model='resnet' is not allowed; expected one of 'mlp', 'cnn'"),
-        (dict(train={"schedule": "linear"}), r"field 'train': schedule='linear' is not allowed; expected one of 'constant', 'cosine', 'step'"),
+        (
+            dict(workload_params={"model": "resnet"}),
+            r"workload_params: model='resnet' is not allowed; expected one of 'mlp', 'cnn'",
+        ),
+        (
+            dict(train={"schedule": "linear"}),
+            r"field 'train': schedule='linear' is not allowed; expected one of 'constant', 'cosine', 'step'",
+        ),
         (dict(searcher="grid"), r"field 'lr'.*cannot be enumerated by searcher='grid'"),
-        (dict(arms=(Arm("sgd", space={"val_fraction": sp.choice([0.1, 0.2])}),)),
-         r"arm 'sgd': field 'val_fraction' changes workload 'digits''s data, which is loaded once per study; set it in Study\(workload_params=...\)"),
-        (dict(reference_arm="adamw"), r"x\.py: study 't': reference_arm='adamw'; expected None or one of the arm names: 'sgd'"),
+        (
+            dict(arms=(Arm("sgd", space={"val_fraction": sp.choice([0.1, 0.2])}),)),
+            r"arm 'sgd': field 'val_fraction' changes workload 'digits''s data, which is loaded once per study; set it in Study\(workload_params=...\)",
+        ),
+        (
+            dict(reference_arm="adamw"),
+            r"x\.py: study 't': reference_arm='adamw'; expected None or one of the arm names: 'sgd'",
+        ),
         (dict(target_loss=0.0), r"target_loss=0.0; expected None or a finite float > 0"),
         (dict(target_loss=math.inf), r"target_loss=inf; expected None or a finite float > 0"),
-        (dict(train={"curve_smoothing": 1.0}), r"field 'train': curve_smoothing=1.0 is not allowed; expected float in \[0, 1\)"),
-        (dict(reference_arm="sgd", target_loss=2.0), r"reference_arm='sgd' and target_loss=2.0 are both set; set at most one of them"),
+        (
+            dict(train={"curve_smoothing": 1.0}),
+            r"field 'train': curve_smoothing=1.0 is not allowed; expected float in \[0, 1\)",
+        ),
+        (
+            dict(reference_arm="sgd", target_loss=2.0),
+            r"reference_arm='sgd' and target_loss=2.0 are both set; set at most one of them",
+        ),
     ],
 )
 def test_bad_study_raises_naming_file_arm_and_field(kw, match):
@@ -71,7 +114,9 @@ def test_bad_study_raises_naming_file_arm_and_field(kw, match):
 
 def test_grace_period_is_bounded_by_the_budget_only_under_asha():
     base(scheduler="fifo", max_epochs=1, grace_period=2).validate("x.py")  # FIFO never reads it
-    with pytest.raises(ConfigError, match=r"grace_period=2; expected an int in \[1, max_epochs=1\] \(scheduler='asha'\)"):
+    with pytest.raises(
+        ConfigError, match=r"grace_period=2; expected an int in \[1, max_epochs=1\] \(scheduler='asha'\)"
+    ):
         base(scheduler="asha", max_epochs=1, grace_period=2).validate("x.py")
     with pytest.raises(ConfigError, match=r"grace_period=0; expected an int in \[1, 1000000\]"):
         base(scheduler="fifo", grace_period=0).validate("x.py")
@@ -102,7 +147,11 @@ def test_all_errors_reported_at_once():
 
 
 def test_grid_searcher_enumerates_points_times_seeds():
-    s = base(searcher="grid", seeds=(0, 1, 2), arms=(Arm("sgd", space={"lr": sp.grid([0.01, 0.1]), "momentum": sp.grid([0.0, 0.9])}),))
+    s = base(
+        searcher="grid",
+        seeds=(0, 1, 2),
+        arms=(Arm("sgd", space={"lr": sp.grid([0.01, 0.1]), "momentum": sp.grid([0.0, 0.9])}),),
+    )
     s.validate()
     assert s.num_total_trials() == 12
     pts = s.grid(s.arms[0])
@@ -118,10 +167,12 @@ def test_with_budget_shrinks_trials_and_epochs():
 
 def test_loader_reports_file_and_missing_exports(tmp_path):
     f = tmp_path / "bad.py"
-    f.write_text(textwrap.dedent("""
+    f.write_text(
+        textwrap.dedent("""
         from flatlab import Arm, Study
         STUDY = Study(name="b", workload="digits", arms=(Arm("sgd", space={"kappa": 2.0}),))
-    """))
+    """)
+    )
     with pytest.raises(ConfigError, match=r"bad\.py: study 'b', arm 'sgd': field 'kappa' is not accepted"):
         load_studies(str(f))
     empty = tmp_path / "empty.py"
@@ -134,19 +185,23 @@ def test_loader_reports_file_and_missing_exports(tmp_path):
 
 def test_loader_scales(tmp_path):
     f = tmp_path / "scaled.py"
-    f.write_text(textwrap.dedent("""
+    f.write_text(
+        textwrap.dedent("""
         from flatlab import Arm, Study
         SCALES = ("paper", "smoke")
         def build(scale):
             return Study(name="s-" + scale, workload="digits", arms=(Arm("sgd"),), max_epochs=200 if scale == "paper" else 1, grace_period=1)
-    """))
+    """)
+    )
     assert load_studies(str(f))[0].max_epochs == 200
     assert load_studies(str(f), scale="smoke")[0].name == "s-smoke"
     with pytest.raises(ConfigError, match=r"scale='huge' is not defined; valid scales: paper, smoke"):
         load_studies(str(f), scale="huge")
 
 
-@pytest.mark.parametrize("path", sorted(p for p in STUDIES_DIR.glob("*.py") if not p.name.startswith("_")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted(p for p in STUDIES_DIR.glob("*.py") if not p.name.startswith("_")), ids=lambda p: p.name
+)
 def test_every_study_file_loads_and_validates(path):
     studies = load_studies(str(path))
     assert studies and all(s.num_total_trials() >= 1 for s in studies)
@@ -163,13 +218,17 @@ def test_warns_when_ire_never_switches_on():
 
 
 def test_metric_reported_only_after_the_last_epoch_is_rejected():
-    with pytest.raises(ConfigError, match=r"metric='test/accuracy' is reported only after the last epoch .* val/accuracy"):
+    with pytest.raises(
+        ConfigError, match=r"metric='test/accuracy' is reported only after the last epoch .* val/accuracy"
+    ):
         base(metric="test/accuracy").validate("x.py")
 
 
 def test_float_range_on_an_int_field_is_rejected_with_the_fix():
     study = base(arms=(Arm("tsam", space={"s": sp.uniform(1, 5)}),))
-    with pytest.raises(ConfigError, match=r"arm 'tsam', field 's': s takes int in \[1, inf\), not a float range; use space.int\(1, 5\)"):
+    with pytest.raises(
+        ConfigError, match=r"arm 'tsam', field 's': s takes int in \[1, inf\), not a float range; use space.int\(1, 5\)"
+    ):
         study.validate("x.py")
     base(arms=(Arm("tsam", space={"s": sp.int(1, 5)}),)).validate("x.py")
 
@@ -179,7 +238,9 @@ def test_default_grace_period_fits_a_short_budget_and_seeds_are_checked():
     assert Study(name="t", workload="digits", arms=(Arm("sgd"),), max_epochs=9).grace_period == 2
     with pytest.raises(ConfigError, match=r"seeds=\(0, 0, 1\) repeats a seed"):
         base(seeds=(0, 0, 1)).validate()
-    with pytest.raises(ConfigError, match=r"seeds=0; expected a non-empty tuple of ints in \[0, 2\*\*32\), e.g. seeds=\(0, 1, 2\)"):
+    with pytest.raises(
+        ConfigError, match=r"seeds=0; expected a non-empty tuple of ints in \[0, 2\*\*32\), e.g. seeds=\(0, 1, 2\)"
+    ):
         base(seeds=0).validate()
 
 
@@ -194,8 +255,10 @@ def test_every_problem_of_train_and_of_every_study_at_once(tmp_path):
     with pytest.raises(ConfigError) as info:
         base(train={"batch_size": 0, "epochs": 10}).validate("x.py")
     assert "unknown parameter(s) epochs" in str(info.value) and "batch_size=0" in str(info.value)
-    assert all(line.startswith("x.py") or line.startswith("invalid study") or line.startswith("  x.py")
-               for line in str(info.value).splitlines())
+    assert all(
+        line.startswith("x.py") or line.startswith("invalid study") or line.startswith("  x.py")
+        for line in str(info.value).splitlines()
+    )
     f = tmp_path / "two.py"
     f.write_text(
         "from flatlab import Arm, Study\n"
@@ -213,8 +276,10 @@ def test_every_problem_of_train_and_of_every_study_at_once(tmp_path):
         ("STUDY = Study(name='t', workload='digits', arms=(Arm('sgd'),)\n", r"bad\.py, line \d+: syntax error"),
         ("import numpyy\n", r"bad\.py, line 3: No module named 'numpyy'; is it installed \(or spelt right\)\?"),
         ("x = 1 / 0\n", r"bad\.py, line 3: ZeroDivisionError: division by zero"),
-        ("STUDY = Study(name='t', workload='digits', arms=(Arm('sgd', search_space={}),))\n",
-         r"Arm\(\) has no field 'search_space' \(did you mean 'space'\?\)"),
+        (
+            "STUDY = Study(name='t', workload='digits', arms=(Arm('sgd', search_space={}),))\n",
+            r"Arm\(\) has no field 'search_space' \(did you mean 'space'\?\)",
+        ),
     ],
 )
 def test_study_file_errors_are_one_message_with_the_line(tmp_path, body, match):
@@ -234,7 +299,9 @@ def test_warmup_longer_than_the_budget_warns():
 
 def test_a_combination_the_optimizer_rejects_is_reported_before_any_trial():
     bad = base(arms=(Arm("sgd", space={"lr": sp.loguniform(1e-3, 1.0), "nesterov": True, "momentum": 0.0}),))
-    with pytest.raises(ConfigError, match=r"arm 'sgd': optimizer 'sgd' rejects these settings: .*nesterov=True needs momentum > 0"):
+    with pytest.raises(
+        ConfigError, match=r"arm 'sgd': optimizer 'sgd' rejects these settings: .*nesterov=True needs momentum > 0"
+    ):
         bad.validate("x.py")
     # a searched momentum is probed at its middle value (0.45): a valid space is not rejected
     base(arms=(Arm("sgd", space={"nesterov": True, "momentum": sp.uniform(0.0, 0.9)}),)).validate("x.py")

@@ -8,8 +8,17 @@ import pytest
 from flatlab.study.progress import ProgressPrinter
 from flatlab.tracking.callback import MLflowTrialLogger
 
-OLD_LOGGER = {"tracking_uri": "sqlite:///x.db", "experiment_id": "1", "parent_run_id": "p", "tags": {"k": "v"},
-              "arm_optimizer": {"sgd": "sgd"}, "max_epochs": 7, "metric": "val/accuracy", "mode": "max", "study": None}
+OLD_LOGGER = {
+    "tracking_uri": "sqlite:///x.db",
+    "experiment_id": "1",
+    "parent_run_id": "p",
+    "tags": {"k": "v"},
+    "arm_optimizer": {"sgd": "sgd"},
+    "max_epochs": 7,
+    "metric": "val/accuracy",
+    "mode": "max",
+    "study": None,
+}
 OLD_PROGRESS = {"total": 5, "metric": "val/accuracy", "mode": "min", "every_s": 3.0, "max_epochs": 7}
 
 
@@ -41,8 +50,17 @@ def test_old_state_with_max_epochs_unpickles(cls, state, monkeypatch):
 def test_new_pickled_state_has_no_max_epochs():
     cb = MLflowTrialLogger("sqlite:///x.db", "1", "p", {}, {"sgd": "sgd"}, metric="val/accuracy", mode="max")
     p = ProgressPrinter(5, "val/accuracy", "max", every_s=2.0)
-    assert set(cb.__getstate__()) == {"tracking_uri", "experiment_id", "parent_run_id", "tags", "arm_optimizer",
-                                      "metric", "mode", "study", "out"}
+    assert set(cb.__getstate__()) == {
+        "tracking_uri",
+        "experiment_id",
+        "parent_run_id",
+        "tags",
+        "arm_optimizer",
+        "metric",
+        "mode",
+        "study",
+        "out",
+    }
     assert p.__getstate__() == {"total": 5, "metric": "val/accuracy", "mode": "max", "every_s": 2.0}
     back = pickle.loads(pickle.dumps(p))
     assert (back.total, back.mode, back.every_s) == (5, "max", 2.0) and back.status().endswith("best val/accuracy -")

@@ -39,7 +39,12 @@ def test_epochs_rerun_after_a_restart_are_not_logged_twice(tmp_path):
     assert [(m.step, m.value) for m in c.get_metric_history(rid, METRIC)] == [(1, 0.5), (2, 0.8), (3, 0.6), (4, 0.75)]
     assert [m.step for m in c.get_metric_history(rid, "epoch")] == [1, 2, 3, 4]
     # the best continues from what was logged before the restart (0.8 at epoch 2), not from 0.75
-    assert [(m.step, m.value) for m in c.get_metric_history(rid, f"best/{METRIC}")] == [(1, 0.5), (2, 0.8), (3, 0.8), (4, 0.8)]
+    assert [(m.step, m.value) for m in c.get_metric_history(rid, f"best/{METRIC}")] == [
+        (1, 0.5),
+        (2, 0.8),
+        (3, 0.8),
+        (4, 0.8),
+    ]
     assert first.errors == second.errors == []
 
 

@@ -45,12 +45,25 @@ def test_the_hand_quantiles_are_right():
 # target where reached; the missed seeds' is after their last epoch.
 FINAL = {
     #        seed: (outcome, test/accuracy, flat/fisher_trace, epochs_to_target or None=missed)
-    "sgd": {1: ("completed", 0.90, 10.0, 10), 2: ("completed", 0.92, 12.0, 12), 3: ("completed", 0.91, 11.0, None),
-            4: ("completed", 0.89, 13.0, 11)},
-    "sam": {1: ("completed", 0.93, 8.0, 8), 2: ("completed", 0.94, 9.0, 9), 3: ("completed", 0.92, 7.0, 10),
-            4: ("completed", 0.93, 8.0, 8), 5: ("error", None, None, None)},
-    "ire": {1: ("completed", 0.95, 5.0, 6), 2: ("diverged", -1.798e308, None, None), 3: ("completed", 0.90, 6.0, 7),
-            4: ("completed", 0.94, 4.0, None)},
+    "sgd": {
+        1: ("completed", 0.90, 10.0, 10),
+        2: ("completed", 0.92, 12.0, 12),
+        3: ("completed", 0.91, 11.0, None),
+        4: ("completed", 0.89, 13.0, 11),
+    },
+    "sam": {
+        1: ("completed", 0.93, 8.0, 8),
+        2: ("completed", 0.94, 9.0, 9),
+        3: ("completed", 0.92, 7.0, 10),
+        4: ("completed", 0.93, 8.0, 8),
+        5: ("error", None, None, None),
+    },
+    "ire": {
+        1: ("completed", 0.95, 5.0, 6),
+        2: ("diverged", -1.798e308, None, None),
+        3: ("completed", 0.90, 6.0, 7),
+        4: ("completed", 0.94, 4.0, None),
+    },
 }
 
 
@@ -59,12 +72,37 @@ def final_frame():
     for arm, seeds in FINAL.items():
         for seed, (outcome, acc, fisher, epochs) in seeds.items():
             reached = None if outcome != "completed" else float(epochs is not None)
-            rows.append({"arm": arm, "seed": seed, "outcome": outcome, "stage": "final", "test/accuracy": acc,
-                         "flat/fisher_trace": fisher, "train/epochs_to_target": epochs, "train/target_reached": reached,
-                         "best/val/accuracy": acc, "epochs": 20, "run_id": f"{arm}{seed}", "start_time": 1000 + seed})
+            rows.append(
+                {
+                    "arm": arm,
+                    "seed": seed,
+                    "outcome": outcome,
+                    "stage": "final",
+                    "test/accuracy": acc,
+                    "flat/fisher_trace": fisher,
+                    "train/epochs_to_target": epochs,
+                    "train/target_reached": reached,
+                    "best/val/accuracy": acc,
+                    "epochs": 20,
+                    "run_id": f"{arm}{seed}",
+                    "start_time": 1000 + seed,
+                }
+            )
     # search trials: never in the table, however good
-    rows.append({"arm": "sgd", "seed": 0, "outcome": "completed", "stage": "search", "test/accuracy": 0.99,
-                 "flat/fisher_trace": 1.0, "best/val/accuracy": 0.99, "epochs": 20, "run_id": "s0", "start_time": 10})
+    rows.append(
+        {
+            "arm": "sgd",
+            "seed": 0,
+            "outcome": "completed",
+            "stage": "search",
+            "test/accuracy": 0.99,
+            "flat/fisher_trace": 1.0,
+            "best/val/accuracy": 0.99,
+            "epochs": 20,
+            "run_id": "s0",
+            "start_time": 10,
+        }
+    )
     df = pd.DataFrame(rows)
     df.attrs["metric"], df.attrs["mode"] = "val/accuracy", "max"
     return df
@@ -84,17 +122,25 @@ def hand_ci(values, tq):
 
 def test_mean_std_and_t_interval_per_arm(comparison):
     assert comparison.source == "final" and comparison.metric == "test/accuracy"
-    assert comparison.quantities == ("test/accuracy", "flat/fisher_trace", "flat_at_target/fisher_trace",
-                                     "train/epochs_to_target")
+    assert comparison.quantities == (
+        "test/accuracy",
+        "flat/fisher_trace",
+        "flat_at_target/fisher_trace",
+        "train/epochs_to_target",
+    )
     assert comparison.arms == ["sgd", "ire", "sam"]  # the reference first
     sam = comparison.row("test/accuracy", "sam")
     mean, sd, lo, hi = hand_ci([0.93, 0.94, 0.92, 0.93], T975_3)
     assert (sam.runs, sam.summary.n) == (5, 4)  # the errored seed is run but has no value
-    assert (sam.summary.mean, sam.summary.std, sam.summary.low, sam.summary.high) == pytest.approx((mean, sd, lo, hi), rel=1e-10)
+    assert (sam.summary.mean, sam.summary.std, sam.summary.low, sam.summary.high) == pytest.approx(
+        (mean, sd, lo, hi), rel=1e-10
+    )
     assert sd == pytest.approx(math.sqrt(0.0002 / 3)) and hi - mean == pytest.approx(0.0129917, abs=1e-6)
     ire = comparison.row("test/accuracy", "ire")  # the diverged seed's sentinel is not a value
     mean, sd, lo, hi = hand_ci([0.95, 0.90, 0.94], T975_2)
-    assert ire.summary.n == 3 and (ire.summary.mean, ire.summary.low, ire.summary.high) == pytest.approx((mean, lo, hi), rel=1e-10)
+    assert ire.summary.n == 3 and (ire.summary.mean, ire.summary.low, ire.summary.high) == pytest.approx(
+        (mean, lo, hi), rel=1e-10
+    )
     assert comparison.row("test/accuracy", "sgd").summary.mean == pytest.approx(0.905)  # the search trial is left out
 
 
@@ -120,26 +166,38 @@ def test_paired_difference_ci_and_p_value_against_the_reference(comparison):
 
     ire = comparison.row("test/accuracy", "ire").diff  # seeds 1, 3, 4 matched: d = 0.05, -0.01, 0.05
     mean, sd, lo, hi = hand_ci([0.05, -0.01, 0.05], T975_2)
-    assert (ire.estimate.n, ire.estimate.mean, ire.estimate.low, ire.estimate.high) == pytest.approx((3, 0.03, lo, hi), rel=1e-9)
+    assert (ire.estimate.n, ire.estimate.mean, ire.estimate.low, ire.estimate.high) == pytest.approx(
+        (3, 0.03, lo, hi), rel=1e-9
+    )
     assert ire.p == pytest.approx(p_two_sided(1.5, 2), rel=1e-9) and ire.p == pytest.approx(0.272393, abs=1e-6)
     assert (ire.arm_better, ire.ref_better, ire.ties) == (2, 1, 0)
     assert comparison.row("test/accuracy", "sgd").diff is None
 
 
 def test_flatness_counts_lower_as_better(comparison):
-    assert comparison.higher_is_better == {"test/accuracy": True, "flat/fisher_trace": False,
-                                           "flat_at_target/fisher_trace": False, "train/epochs_to_target": False}
+    assert comparison.higher_is_better == {
+        "test/accuracy": True,
+        "flat/fisher_trace": False,
+        "flat_at_target/fisher_trace": False,
+        "train/epochs_to_target": False,
+    }
     # at the training-loss target: sgd's seed 3 missed it, so it gives no value there and the pairs are
     # seeds 1, 2, 4: 8-10, 9-12, 8-13
     sam = comparison.row("flat_at_target/fisher_trace", "sam").diff
-    assert sam.estimate.n == 3 and sam.estimate.mean == pytest.approx(-10 / 3) and (sam.arm_better, sam.ref_better) == (3, 0)
+    assert (
+        sam.estimate.n == 3
+        and sam.estimate.mean == pytest.approx(-10 / 3)
+        and (sam.arm_better, sam.ref_better) == (3, 0)
+    )
     sgd = comparison.row("flat_at_target/fisher_trace", "sgd")
     assert (sgd.summary.n, sgd.runs, sgd.summary.mean) == (3, 4, pytest.approx(35 / 3))
     # the final models: every completed seed, sgd's seed 3 (11.0) and ire's seed 4 (4.0) included
     sgd = comparison.row("flat/fisher_trace", "sgd")
     assert (sgd.summary.n, sgd.runs, sgd.summary.mean) == (4, 4, pytest.approx(11.5))
     sam = comparison.row("flat/fisher_trace", "sam").diff  # seeds 1-4: 8-10, 9-12, 7-11, 8-13
-    assert sam.estimate.n == 4 and sam.estimate.mean == pytest.approx(-3.5) and (sam.arm_better, sam.ref_better) == (4, 0)
+    assert (
+        sam.estimate.n == 4 and sam.estimate.mean == pytest.approx(-3.5) and (sam.arm_better, sam.ref_better) == (4, 0)
+    )
     assert comparison.row("flat/fisher_trace", "ire").summary.mean == pytest.approx(5.0)  # seeds 1, 3, 4: 5, 6, 4
     assert any(n.startswith("flat_at_target/* rows: the flat/* of the seeds that reached") for n in comparison.notes)
 
@@ -160,7 +218,10 @@ def test_targets_count_k_of_n_reached_and_pair_only_seeds_that_reached(compariso
     notes = " ".join(comparison.notes)
     assert "sam: seed 5 error" in notes and "ire: seed 2 diverged" in notes
     assert "sgd: seed 3 completed without reaching the target (train/epochs_to_target)." in notes
-    assert "ire: seed 4 completed without" in notes and "ire: seed 2 diverged; counted in the seeds run, no values from it." in notes
+    assert (
+        "ire: seed 4 completed without" in notes
+        and "ire: seed 2 diverged; counted in the seeds run, no values from it." in notes
+    )
 
 
 def test_one_seed_gives_dashes_not_an_exception():
@@ -172,7 +233,10 @@ def test_one_seed_gives_dashes_not_an_exception():
     assert row.summary.n == 1 and math.isnan(row.summary.std) and math.isnan(row.diff.p)
     cells = dict(((r[0], r[1]), r) for r in cmp.cells(c))[("test/accuracy", "sam")]
     assert cells[2:] == ["1/1", "0.93", "-", "+0.03", "-", "-", "-", "-", "-", "1:0:0"]
-    assert cmp.caption(c)[-len(c.notes) - 1] == "No paired test: every arm has fewer than 2 seeds matched with sgd (or all its differences are equal)."
+    assert (
+        cmp.caption(c)[-len(c.notes) - 1]
+        == "No paired test: every arm has fewer than 2 seeds matched with sgd (or all its differences are equal)."
+    )
 
 
 NUMBER = r"[+-]?\d+(?:\.\d+)?(?:e[+-]?\d+)?"
@@ -288,12 +352,38 @@ def grid_frame():
     spec = [("sam", 0.05, {0: 0.90, 1: 0.94}), ("sam", 0.1, {0: 0.93, 1: 0.93}), ("sgd", None, {0: 0.91, 1: 0.89})]
     for arm, rho, vals in spec:
         for seed, v in vals.items():
-            rows.append({"arm": arm, "seed": seed, "outcome": "completed", "stage": "search", "best/val/accuracy": v,
-                         "val/accuracy": v, "test/accuracy": v - 0.01, "param.rho": rho, "param.lr": 0.1,
-                         "epochs": 10, "run_id": f"{arm}{rho}{seed}", "start_time": 100 + len(rows)})
+            rows.append(
+                {
+                    "arm": arm,
+                    "seed": seed,
+                    "outcome": "completed",
+                    "stage": "search",
+                    "best/val/accuracy": v,
+                    "val/accuracy": v,
+                    "test/accuracy": v - 0.01,
+                    "param.rho": rho,
+                    "param.lr": 0.1,
+                    "epochs": 10,
+                    "run_id": f"{arm}{rho}{seed}",
+                    "start_time": 100 + len(rows),
+                }
+            )
     # rho 0.2: its one completed seed is the best single trial, the other diverged -> mean over completed 0.96
-    rows.append({"arm": "sam", "seed": 0, "outcome": "diverged", "stage": "search", "best/val/accuracy": 0.2,
-                 "val/accuracy": None, "param.rho": 0.2, "param.lr": 0.1, "epochs": 3, "run_id": "d", "start_time": 1})
+    rows.append(
+        {
+            "arm": "sam",
+            "seed": 0,
+            "outcome": "diverged",
+            "stage": "search",
+            "best/val/accuracy": 0.2,
+            "val/accuracy": None,
+            "param.rho": 0.2,
+            "param.lr": 0.1,
+            "epochs": 3,
+            "run_id": "d",
+            "start_time": 1,
+        }
+    )
     df = pd.DataFrame(rows)
     df.attrs["metric"], df.attrs["mode"] = "val/accuracy", "max"
     return df
@@ -320,11 +410,37 @@ def test_plot_metric_against_flatness_writes_a_png(comparison, tmp_path):
 
 def search_frame():
     """Search trials listed out of start order: B(start 50) C(100, pruned, best value) A(200) D(300)."""
-    rows = [("A", 200, 10, "completed", 0.937), ("B", 50, 10, "completed", 0.90), ("C", 100, 2, "pruned", 0.97),
-            ("D", 300, 10, "completed", 0.96), ("E", 400, 10, "completed", 0.99), ("F", 500, 5, "completed", 0.99)]
-    df = pd.DataFrame([{"arm": "sam", "trial_id": t, "start_time": s, "epochs": e, "outcome": o, "best/val/accuracy": v,
-                        "stage": "search"} for t, s, e, o, v in rows])
-    final = {"arm": "sam", "trial_id": "Z", "start_time": 10, "epochs": 10, "outcome": "completed", "best/val/accuracy": 1.0, "stage": "final"}
+    rows = [
+        ("A", 200, 10, "completed", 0.937),
+        ("B", 50, 10, "completed", 0.90),
+        ("C", 100, 2, "pruned", 0.97),
+        ("D", 300, 10, "completed", 0.96),
+        ("E", 400, 10, "completed", 0.99),
+        ("F", 500, 5, "completed", 0.99),
+    ]
+    df = pd.DataFrame(
+        [
+            {
+                "arm": "sam",
+                "trial_id": t,
+                "start_time": s,
+                "epochs": e,
+                "outcome": o,
+                "best/val/accuracy": v,
+                "stage": "search",
+            }
+            for t, s, e, o, v in rows
+        ]
+    )
+    final = {
+        "arm": "sam",
+        "trial_id": "Z",
+        "start_time": 10,
+        "epochs": 10,
+        "outcome": "completed",
+        "best/val/accuracy": 1.0,
+        "stage": "final",
+    }
     return pd.concat([df, pd.DataFrame([final])], ignore_index=True)
 
 
@@ -337,15 +453,27 @@ def test_hpo_efficiency_sums_trial_epochs_in_start_order_until_the_grids_best():
     assert out["fraction"] == pytest.approx(22 / 43) and out["search_trials"] == 6  # the final-stage trial is left out
     strict = cmp.hpo_efficiency(grid, search_frame(), metric="val/accuracy", mode="max", tolerance=0.0)
     assert (strict["trial_id"], strict["search_epochs"]) == ("D", 32)
-    never = cmp.hpo_efficiency(grid, search_frame()[lambda d: d["trial_id"].isin(["A", "B", "C"])], metric="val/accuracy",
-                               mode="max", tolerance=0.0)
+    never = cmp.hpo_efficiency(
+        grid,
+        search_frame()[lambda d: d["trial_id"].isin(["A", "B", "C"])],
+        metric="val/accuracy",
+        mode="max",
+        tolerance=0.0,
+    )
     assert never["reached"] is False and never["fraction"] is None and never["search_total_epochs"] == 22
 
 
 def test_hpo_efficiency_minimising_and_bad_input():
     grid = pd.DataFrame({"arm": ["a"] * 2, "outcome": ["completed"] * 2, "epochs": [5, 5], "best/val/loss": [0.5, 0.4]})
-    search = pd.DataFrame({"arm": ["a"] * 3, "outcome": ["completed"] * 3, "epochs": [1, 2, 3], "start_time": [3, 2, 1],
-                           "best/val/loss": [0.42, 0.6, 0.9]})
+    search = pd.DataFrame(
+        {
+            "arm": ["a"] * 3,
+            "outcome": ["completed"] * 3,
+            "epochs": [1, 2, 3],
+            "start_time": [3, 2, 1],
+            "best/val/loss": [0.42, 0.6, 0.9],
+        }
+    )
     out = cmp.hpo_efficiency(grid, search, metric="val/loss", mode="min", tolerance=0.05)
     assert (out["target"], out["search_epochs"], out["fraction"]) == pytest.approx((0.45, 6, 0.6))
     with pytest.raises(ConfigError, match="mode='up'; expected 'max' or 'min'"):
@@ -377,20 +505,47 @@ def store(tmp_path_factory):
     now = int(time.time() * 1000)
     for arm, seeds in FINAL.items():
         for seed, (outcome, acc, fisher, epochs) in seeds.items():
-            tags = {runs.PARENT: parent, runs.TAG_ROLE: "trial", runs.TAG_ARM: arm, runs.TAG_SEED: str(seed),
-                    runs.TAG_OUTCOME: outcome, "flatlab.stage": "final", runs.TAG_TRIAL: f"{arm}_{seed}"}
+            tags = {
+                runs.PARENT: parent,
+                runs.TAG_ROLE: "trial",
+                runs.TAG_ARM: arm,
+                runs.TAG_SEED: str(seed),
+                runs.TAG_OUTCOME: outcome,
+                "flatlab.stage": "final",
+                runs.TAG_TRIAL: f"{arm}_{seed}",
+            }
             run_id = c.create_run(exp, tags=tags, start_time=now + seed).info.run_id
             metrics = {"epoch": 20.0, "best/val/accuracy": 0.9}
             if outcome == "completed":
-                metrics.update({"test/accuracy": acc, "flat/fisher_trace": fisher, "train/target_reached": float(epochs is not None)})
+                metrics.update(
+                    {
+                        "test/accuracy": acc,
+                        "flat/fisher_trace": fisher,
+                        "train/target_reached": float(epochs is not None),
+                    }
+                )
                 if epochs is not None:
                     metrics["train/epochs_to_target"] = float(epochs)
             c.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
             c.set_terminated(run_id, status="FINISHED" if outcome == "completed" else "FAILED")
-    search = c.create_run(exp, tags={runs.PARENT: parent, runs.TAG_ROLE: "trial", runs.TAG_ARM: "sgd", runs.TAG_SEED: "0",
-                                     runs.TAG_OUTCOME: "completed"}).info.run_id  # no stage tag: a search trial
-    c.log_batch(search, metrics=[Metric("test/accuracy", 0.99, now, 0), Metric("epoch", 5.0, now, 0),
-                                 Metric("best/val/accuracy", 0.95, now, 0)])
+    search = c.create_run(
+        exp,
+        tags={
+            runs.PARENT: parent,
+            runs.TAG_ROLE: "trial",
+            runs.TAG_ARM: "sgd",
+            runs.TAG_SEED: "0",
+            runs.TAG_OUTCOME: "completed",
+        },
+    ).info.run_id  # no stage tag: a search trial
+    c.log_batch(
+        search,
+        metrics=[
+            Metric("test/accuracy", 0.99, now, 0),
+            Metric("epoch", 5.0, now, 0),
+            Metric("best/val/accuracy", 0.95, now, 0),
+        ],
+    )
     return uri, parent
 
 
@@ -425,8 +580,12 @@ def test_log_comparison_puts_the_table_and_plot_on_the_parent_run(store):
 
     uri, parent = store
     logged = cmp.log_comparison(uri, parent, trials_frame(uri, "toy"), study="toy")
-    assert logged == ["compare/comparison.md", "compare/comparison.csv", "compare/comparison.json",
-                      "compare/metric_vs_flatness.png"]
+    assert logged == [
+        "compare/comparison.md",
+        "compare/comparison.csv",
+        "compare/comparison.json",
+        "compare/metric_vs_flatness.png",
+    ]
     c = runs.client(uri)
     assert sorted(a.path for a in c.list_artifacts(parent, "compare")) == sorted(logged)
     md = open(c.download_artifacts(parent, "compare/comparison.md")).read()
@@ -460,18 +619,24 @@ def test_cli_compare(store, tmp_path):
     assert res.exit_code == 0, res.output
     parsed = parse_markdown(res.output.replace("vs sam", "vs sgd").replace("arm:sam:tie", "arm:sgd:tie"))
     assert parsed[("test/accuracy", "sgd")]["diff"] == pytest.approx(-0.025)  # against the recorded reference, sam
-    res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--reference", "sgd", "--plot", str(tmp_path / "p.png")])
+    res = runner.invoke(
+        app, ["compare", "toy", "--tracking-uri", uri, "--reference", "sgd", "--plot", str(tmp_path / "p.png")]
+    )
     assert res.exit_code == 0, res.output
     assert "0.93 ± 0.008165" in res.output and "4:0:0" in res.output and (tmp_path / "p.png").exists()
     res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--reference", "adam"])
-    assert res.exit_code == 2 and "reference arm 'adam' is not in the compared trials; arms: ire, sam, sgd" in res.output
+    assert (
+        res.exit_code == 2 and "reference arm 'adam' is not in the compared trials; arms: ire, sam, sgd" in res.output
+    )
     res = runner.invoke(app, ["compare", "nope", "--tracking-uri", uri])
     assert res.exit_code == 2 and "no study 'nope'" in res.output and "toy" in res.output
     res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--metric", "test/loss"])
     assert res.exit_code == 2 and "metrics there:" in res.output and "test/accuracy" in res.output
     res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--format", "html"])
     assert res.exit_code == 2 and "expected one of table, markdown, latex, csv" in res.output
-    res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--format", "csv", "--against", "toy", "--tolerance", "0.01"])
+    res = runner.invoke(
+        app, ["compare", "toy", "--tracking-uri", uri, "--format", "csv", "--against", "toy", "--tolerance", "0.01"]
+    )
     assert res.exit_code == 0, res.output
     table, efficiency = res.output.split("\n\n", 1)  # two CSV blocks
     assert len(pd.read_csv(io.StringIO(table))) == 12
@@ -481,13 +646,20 @@ def test_cli_compare(store, tmp_path):
     res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--against", "toy"])
     assert res.exit_code == 0, res.output
     assert "HPO efficiency: toy (search) against toy (grid)" in res.output and "fraction of grid compute" in res.output
-    full = pd.read_csv(io.StringIO(runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--format", "csv"]).output))
+    full = pd.read_csv(
+        io.StringIO(runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--format", "csv"]).output)
+    )
     assert "flat/fisher_trace" in set(full["quantity"])  # which measures it keeps: test_compare_at_target.py
     for given in ("flat/fisher_trace", "fisher_trace"):  # --measure keeps it and the test metric
         res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--format", "csv", "--measure", given])
         assert res.exit_code == 0, res.output
         assert set(pd.read_csv(io.StringIO(res.output))["quantity"]) == set(full["quantity"]) & {
-            "test/accuracy", "flat/fisher_trace", "flat_at_target/fisher_trace", "train/epochs_to_target", "train/steps_to_target"}
+            "test/accuracy",
+            "flat/fisher_trace",
+            "flat_at_target/fisher_trace",
+            "train/epochs_to_target",
+            "train/steps_to_target",
+        }
     res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--measure", "flat/nope"])
     assert res.exit_code == 2 and "measures flat/nope not recorded in the compared trials" in res.output
 
@@ -510,7 +682,9 @@ def test_holm_caps_at_one_skips_missing_tests_and_follows_the_input_order():
     p = [0.01, 0.04, 0.03, 0.005, 0.5]
     perm = [3, 0, 4, 2, 1]
     assert cmp.holm([p[i] for i in perm]) == [cmp.holm(p)[i] for i in perm]  # invariant to the order
-    assert all(h <= min(1.0, len(p) * x) + 1e-15 and h >= x for h, x in zip(cmp.holm(p), p))  # between raw and Bonferroni
+    assert all(
+        h <= min(1.0, len(p) * x) + 1e-15 and h >= x for h, x in zip(cmp.holm(p), p)
+    )  # between raw and Bonferroni
     with pytest.raises(ValueError, match=r"p-values must lie in \[0, 1\]; got 1.5"):
         cmp.holm([0.1, 1.5])
 
@@ -551,7 +725,6 @@ def test_paired_power_against_a_simulation():
 
 # ---------------------------------------------------------------------------------------------------
 # In the table
-
 
 
 def test_holm_is_applied_within_each_quantity(comparison):
@@ -597,13 +770,17 @@ def test_every_renderer_carries_the_new_columns(comparison, tmp_path):
 
 def test_the_caption_counts_the_tests_and_names_what_survives_the_adjustment(comparison):
     text = "\n".join(cmp.caption(comparison))
-    assert ("each quantity is one family of tests, the arms' paired tests against sgd (test/accuracy: 2, "
-            "flat/fisher_trace: 2, flat_at_target/fisher_trace: 1, train/epochs_to_target: 1)") in text
+    assert (
+        "each quantity is one family of tests, the arms' paired tests against sgd (test/accuracy: 2, "
+        "flat/fisher_trace: 2, flat_at_target/fisher_trace: 1, train/epochs_to_target: 1)"
+    ) in text
     assert "Holm's (1979) step-down method within its quantity" in text and "4 quantities, 6 tests in all" in text
     # the final models' flat/*: sam's seeds 1-4 differ by -2, -3, -4, -5 (t = -5.42, p = 0.0123, Holm x2
     # = 0.0246), ire's seeds 1, 3, 4 by -5, -5, -9 (p = 0.0416); at the target sam's p is 0.0634
-    assert ("Significant after Holm's adjustment (adjusted p < 0.05), against sgd: test/accuracy: none; "
-            "flat/fisher_trace: ire, sam; flat_at_target/fisher_trace: none; train/epochs_to_target: sam.") in text
+    assert (
+        "Significant after Holm's adjustment (adjusted p < 0.05), against sgd: test/accuracy: none; "
+        "flat/fisher_trace: ire, sam; flat_at_target/fisher_trace: none; train/epochs_to_target: sam."
+    ) in text
     assert "d_z: Cohen's d_z effect size, mean(Δ) / std(Δ)" in text
     # the paired tests are over 3 (sam's flatness, target) to 4 seeds (sam's accuracy)
     few = next(line for line in cmp.caption(comparison) if line.startswith("Few seeds"))
@@ -619,9 +796,18 @@ def many_arms_frame(seeds=(1, 2, 3)):
     for k, arm in enumerate(arms):
         shift = [0.0] * len(seeds) if k == 0 else [0.01, -0.01, 0.005 * k] + [0.0] * (len(seeds) - 3)
         for seed, s in zip(seeds, shift):
-            rows.append({"arm": arm, "seed": seed, "outcome": "completed", "stage": "final",
-                         "test/accuracy": 0.9 + 0.001 * seed + s, "flat/a": 10 + seed + 100 * s,
-                         "flat/b": 1 + 0.1 * seed + 10 * s, "flat/c": 5 + seed - 100 * s})
+            rows.append(
+                {
+                    "arm": arm,
+                    "seed": seed,
+                    "outcome": "completed",
+                    "stage": "final",
+                    "test/accuracy": 0.9 + 0.001 * seed + s,
+                    "flat/a": 10 + seed + 100 * s,
+                    "flat/b": 1 + 0.1 * seed + 10 * s,
+                    "flat/c": 5 + seed - 100 * s,
+                }
+            )
     df = pd.DataFrame(rows)
     df.attrs["metric"], df.attrs["mode"] = "val/accuracy", "max"
     return df
@@ -635,7 +821,9 @@ def test_eight_arms_by_four_quantities_do_not_read_as_28_discoveries():
     text = "\n".join(lines)
     assert "each quantity is one family of 7 tests, the arms' paired tests against sgd;" in text
     assert "4 quantities, 28 tests in all, each quantity adjusted on its own" in text
-    assert "No difference from sgd is significant after Holm's adjustment: every adjusted p >= 0.05 (28 tests)." in lines
+    assert (
+        "No difference from sgd is significant after Holm's adjustment: every adjusted p >= 0.05 (28 tests)." in lines
+    )
     assert "n = 3 seeds" in text and "probability 0.18" in text
     assert {r[10] for r in cmp.cells(c) if r[1] != "sgd"} == {"ns"}
 
@@ -644,7 +832,6 @@ def test_no_few_seeds_note_from_five_seeds_on():
     c = cmp.compare_table(many_arms_frame(seeds=(1, 2, 3, 4, 5)), reference="sgd")
     assert all(r.diff.estimate.n == 5 for r in c.rows if r.tested)
     assert not any(line.startswith("Few seeds") for line in cmp.caption(c))
-
 
 
 @pytest.mark.parametrize("width", [80, 200])
@@ -661,8 +848,10 @@ def test_rich_table_never_splits_a_number_or_an_arm_name(width):
     assert {cell for row in body for cell in row[1:]} <= shown and "[+0.004457, +0.04554]" in shown
     notes = [line for line in lines if line.startswith("the table is ")]
     if width == 80:  # one line under each of the 4 tables, with the columns it needs
-        assert notes == [f"the table is {n} columns wide; this terminal has 80: widen it, or use --format markdown"
-                         for n in (138, 129, 130, 136)]  # flat_at_target: ire's CI clipped to [0, 11.85]
+        assert notes == [
+            f"the table is {n} columns wide; this terminal has 80: widen it, or use --format markdown"
+            for n in (138, 129, 130, 136)
+        ]  # flat_at_target: ire's CI clipped to [0, 11.85]
         assert max(len(line) for line in lines if line.startswith("│")) == 138
     else:
         assert notes == [] and max(len(line) for line in lines if line.startswith("│")) <= 200
@@ -672,7 +861,9 @@ def test_rich_table_never_splits_a_number_or_an_arm_name(width):
 def test_the_title_says_flatness_only_when_the_table_has_some(comparison):
     assert cmp.to_markdown(comparison).splitlines()[0] == "### toy: test/accuracy and flatness vs sgd"
     df = final_frame()
-    bare = cmp.compare_table(df.drop(columns=[c for c in df.columns if c.startswith("flat")]), reference="sgd", study="toy")
+    bare = cmp.compare_table(
+        df.drop(columns=[c for c in df.columns if c.startswith("flat")]), reference="sgd", study="toy"
+    )
     assert not any(q.startswith("flat") for q in bare.quantities)
     assert cmp.to_markdown(bare).splitlines()[0] == "### toy: test/accuracy vs sgd"
 

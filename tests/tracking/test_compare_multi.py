@@ -19,7 +19,10 @@ METRIC = {
     ("toy", "test/loss", False): {"sgd": 0.5, "sam": 0.4},
 }
 FLAT = {
-    "digits": {"flat/fisher_trace": {"sgd": 10.0, "sam": 5.0, "ire": 20.0}, "flat/extra": {"sgd": 1.0, "sam": 1.0, "ire": 1.0}},
+    "digits": {
+        "flat/fisher_trace": {"sgd": 10.0, "sam": 5.0, "ire": 20.0},
+        "flat/extra": {"sgd": 1.0, "sam": 1.0, "ire": 1.0},
+    },
     "fmnist": {"flat/fisher_trace": {"sgd": 4.0, "sam": 2.0, "ire": 1.0}},
     "toy": {"flat/fisher_trace": {"sgd": 2.0, "sam": 3.0}},
 }
@@ -28,10 +31,15 @@ FLAT = {
 def fixed_table():
     rows = []
     for (w, q, higher), means in METRIC.items():
-        rows += [dict(workload=w, arm=a, quantity=q, mean=m, higher_is_better=higher, test_metric=True) for a, m in means.items()]
+        rows += [
+            dict(workload=w, arm=a, quantity=q, mean=m, higher_is_better=higher, test_metric=True)
+            for a, m in means.items()
+        ]
         for f, values in FLAT[w].items():
-            rows += [dict(workload=w, arm=a, quantity=f, mean=m, higher_is_better=False, test_metric=False)
-                     for a, m in values.items()]
+            rows += [
+                dict(workload=w, arm=a, quantity=f, mean=m, higher_is_better=False, test_metric=False)
+                for a, m in values.items()
+            ]
     return pd.DataFrame(rows)
 
 
@@ -50,9 +58,14 @@ def test_ranks_by_each_workloads_metric_and_direction(summary):
     assert summary.workloads == ("digits", "fmnist", "toy") and summary.metrics["toy"] == "test/loss"
     ranks = {(a, w): cell(summary, a, w, "rank") for a in summary.arms for w in summary.workloads}
     assert {k: v for k, v in ranks.items() if not pd.isna(v)} == {
-        ("sam", "digits"): 1, ("sgd", "digits"): 2, ("ire", "digits"): 3,
-        ("sgd", "fmnist"): 1, ("ire", "fmnist"): 1, ("sam", "fmnist"): 3,  # sgd and ire tie at 0.90: both 1
-        ("sam", "toy"): 1, ("sgd", "toy"): 2,  # the lower loss ranks first
+        ("sam", "digits"): 1,
+        ("sgd", "digits"): 2,
+        ("ire", "digits"): 3,
+        ("sgd", "fmnist"): 1,
+        ("ire", "fmnist"): 1,
+        ("sam", "fmnist"): 3,  # sgd and ire tie at 0.90: both 1
+        ("sam", "toy"): 1,
+        ("sgd", "toy"): 2,  # the lower loss ranks first
     }
     assert pd.isna(ranks[("ire", "toy")]) and cell(summary, "sgd", "toy", "ranked") == 2
 
@@ -63,9 +76,20 @@ def test_metric_and_flatness_relative_to_the_reference(summary):
     assert cell(summary, "sam", "fmnist", "diff") == pytest.approx(-0.02)
     assert (cell(summary, "sam", "toy", "diff"), cell(summary, "sam", "toy", "ratio")) == pytest.approx((-0.1, 0.8))
     assert summary.measures == ("flat/fisher_trace",)  # flat/extra is on digits only
-    fisher = {(a, w): cell(summary, a, w, "flat/fisher_trace ratio") for a in ("ire", "sam") for w in ("digits", "fmnist", "toy")}
+    fisher = {
+        (a, w): cell(summary, a, w, "flat/fisher_trace ratio")
+        for a in ("ire", "sam")
+        for w in ("digits", "fmnist", "toy")
+    }
     assert {k: v for k, v in fisher.items() if not math.isnan(v)} == pytest.approx(
-        {("ire", "digits"): 2.0, ("ire", "fmnist"): 0.25, ("sam", "digits"): 0.5, ("sam", "fmnist"): 0.5, ("sam", "toy"): 1.5})
+        {
+            ("ire", "digits"): 2.0,
+            ("ire", "fmnist"): 0.25,
+            ("sam", "digits"): 0.5,
+            ("sam", "fmnist"): 0.5,
+            ("sam", "toy"): 1.5,
+        }
+    )
     assert math.isnan(fisher[("ire", "toy")])
     assert "not in every study, so not summarized: flat/extra (only digits)." in summary.notes
     assert "ire: not in toy ('-'; counted as not solved, r = inf, in the profiles)." in summary.notes
@@ -77,7 +101,9 @@ def test_performance_ratios_and_profiles_by_hand(summary):
     expected = {"sgd": [1.5, 1.0, 1.25], "ire": [2.0, 1.0, math.inf], "sam": [1.0, 1.2, 1.0]}
     for arm, values in expected.items():
         assert list(r.loc[arm]) == pytest.approx(values), arm
-    assert cell(summary, "sgd", "digits", "error") == pytest.approx(0.03) and cell(summary, "sgd", "toy", "error") == 0.5
+    assert (
+        cell(summary, "sgd", "digits", "error") == pytest.approx(0.03) and cell(summary, "sgd", "toy", "error") == 0.5
+    )
     # rho_a(tau) = share of the 3 workloads with r <= tau
     third = 1 / 3
     at = profiles.profile(r, [1.0, 1.22, 1.25, 1.6, 2.5, 100.0])
@@ -92,9 +118,13 @@ def test_performance_ratios_and_profiles_by_hand(summary):
 
 
 def test_error_from_metric_and_a_best_error_of_zero():
-    assert profiles.error_from_metric(0.97, True) == pytest.approx(0.03) and profiles.error_from_metric(0.5, False) == 0.5
+    assert (
+        profiles.error_from_metric(0.97, True) == pytest.approx(0.03) and profiles.error_from_metric(0.5, False) == 0.5
+    )
     assert math.isnan(profiles.error_from_metric(float("nan"), True))
-    with pytest.raises(ConfigError, match=r"test/bleu of glue has mean 35 > 1: a performance profile needs an accuracy-like"):
+    with pytest.raises(
+        ConfigError, match=r"test/bleu of glue has mean 35 > 1: a performance profile needs an accuracy-like"
+    ):
         profiles.error_from_metric(35.0, True, what="test/bleu of glue")
     with pytest.raises(ConfigError, match=r"mean -0.1 < 0"):
         profiles.error_from_metric(-0.1, False)
@@ -105,10 +135,31 @@ def test_error_from_metric_and_a_best_error_of_zero():
 
 def test_the_summary_in_every_format(summary):
     head = multi_text.headers(summary)
-    assert head == ["arm", "workload", "test metric", "mean", "rank", "Δ vs sgd", "ratio vs sgd", "test error",
-                    "r (error / best)", "flat/fisher_trace / sgd"]
+    assert head == [
+        "arm",
+        "workload",
+        "test metric",
+        "mean",
+        "rank",
+        "Δ vs sgd",
+        "ratio vs sgd",
+        "test error",
+        "r (error / best)",
+        "flat/fisher_trace / sgd",
+    ]
     body = {(c[0], c[1]): c for c in multi_text.cells(summary)}
-    assert body[("sam", "fmnist")] == ["sam", "fmnist", "test/accuracy", "0.88", "3/3", "-0.02", "0.9778", "0.12", "1.2", "0.5"]
+    assert body[("sam", "fmnist")] == [
+        "sam",
+        "fmnist",
+        "test/accuracy",
+        "0.88",
+        "3/3",
+        "-0.02",
+        "0.9778",
+        "0.12",
+        "1.2",
+        "0.5",
+    ]
     assert body[("ire", "toy")] == ["ire", "toy", "test/loss"] + ["-"] * 7
     assert body[("sgd", "digits")][4:] == ["2/3", "-", "-", "0.03", "1.5", "-"]  # the reference's own ratios
     md = multi_text.to_markdown(summary)
@@ -140,14 +191,18 @@ def test_reference_and_bad_tables():
         multi.summarize(t.drop(columns="test_metric"))
     two = t.copy()
     two.loc[two["quantity"] == "flat/extra", "test_metric"] = True
-    with pytest.raises(ConfigError, match=r"workload 'digits' has 2 test metrics \(test/accuracy, flat/extra\); expected one"):
+    with pytest.raises(
+        ConfigError, match=r"workload 'digits' has 2 test metrics \(test/accuracy, flat/extra\); expected one"
+    ):
         multi.summarize(two)
     apart = t.copy()
     apart.loc[apart["workload"] == "toy", "arm"] = "adam"
     with pytest.raises(ConfigError, match=r"the studies share no arm.*toy: adam"):
         multi.summarize(apart)
     neg = t.copy()
-    neg.loc[(neg["arm"] == "sgd") & (neg["quantity"] == "flat/fisher_trace") & (neg["workload"] == "toy"), "mean"] = -1.0
+    neg.loc[
+        (neg["arm"] == "sgd") & (neg["quantity"] == "flat/fisher_trace") & (neg["workload"] == "toy"), "mean"
+    ] = -1.0
     assert math.isnan(cell(multi.summarize(neg), "sam", "toy", "flat/fisher_trace ratio"))  # no ratio across a sign
 
 
@@ -155,8 +210,11 @@ def test_reference_and_bad_tables():
 # Through a real SQLite MLflow store and the command line
 
 STUDIES = {  # study: {arm: {seed: (test/accuracy, flat/fisher_trace)}}
-    "wa": {"sgd": {1: (0.96, 9.0), 2: (0.98, 11.0)}, "sam": {1: (0.975, 4.0), 2: (0.985, 6.0)},
-           "ire": {1: (0.95, 19.0), 2: (0.97, 21.0)}},
+    "wa": {
+        "sgd": {1: (0.96, 9.0), 2: (0.98, 11.0)},
+        "sam": {1: (0.975, 4.0), 2: (0.985, 6.0)},
+        "ire": {1: (0.95, 19.0), 2: (0.97, 21.0)},
+    },
     "wb": {"sgd": {1: (0.89, 3.0), 2: (0.91, 5.0)}, "sam": {1: (0.87, 1.0), 2: (0.89, 3.0)}},
     "wc": {"adam": {1: (0.5, 1.0), 2: (0.6, 1.0)}},
 }
@@ -178,8 +236,15 @@ def store(tmp_path_factory):
         c.log_batch(parent, params=[Param("metric", "val/accuracy"), Param("mode", "max")])
         for arm, seeds in arms.items():
             for seed, (acc, fisher) in seeds.items():
-                tags = {runs.PARENT: parent, runs.TAG_ROLE: "trial", runs.TAG_ARM: arm, runs.TAG_SEED: str(seed),
-                        runs.TAG_OUTCOME: "completed", "flatlab.stage": "final", runs.TAG_TRIAL: f"{arm}_{seed}"}
+                tags = {
+                    runs.PARENT: parent,
+                    runs.TAG_ROLE: "trial",
+                    runs.TAG_ARM: arm,
+                    runs.TAG_SEED: str(seed),
+                    runs.TAG_OUTCOME: "completed",
+                    "flatlab.stage": "final",
+                    runs.TAG_TRIAL: f"{arm}_{seed}",
+                }
                 run_id = c.create_run(exp, tags=tags, start_time=now + seed).info.run_id
                 metrics = {"epoch": 5.0, "test/accuracy": acc, "flat/fisher_trace": fisher, "best/val/accuracy": acc}
                 c.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
@@ -198,7 +263,11 @@ def test_cli_compare_several_studies(store, tmp_path):
     res = runner.invoke(app, ["compare", "wa", "wb", "--tracking-uri", uri, "--format", "csv", "--plot", str(plot)])
     assert res.exit_code == 0, res.output
     table = pd.read_csv(io.StringIO(res.stdout)).set_index(["arm", "workload"])
-    assert table.loc[("sam", "wa"), "rank"] == 1 and table.loc[("sgd", "wa"), "rank"] == 2 and table.loc[("ire", "wa"), "rank"] == 3
+    assert (
+        table.loc[("sam", "wa"), "rank"] == 1
+        and table.loc[("sgd", "wa"), "rank"] == 2
+        and table.loc[("ire", "wa"), "rank"] == 3
+    )
     assert table.loc[("sam", "wb"), "rank"] == 2 and table.loc[("sam", "wb"), "diff"] == pytest.approx(-0.02)
     assert table.loc[("sam", "wa"), "flat/fisher_trace ratio"] == pytest.approx(0.5)
     assert table.loc[("sam", "wb"), "flat/fisher_trace ratio"] == pytest.approx(0.5)
@@ -206,8 +275,22 @@ def test_cli_compare_several_studies(store, tmp_path):
     assert table.loc[("ire", "wb"), "r"] == math.inf and pd.isna(table.loc[("ire", "wb"), "mean"])
     assert plot.read_bytes()[:4] == b"\x89PNG" and f"wrote the performance profiles to {plot}" in res.stderr
 
-    res = runner.invoke(app, ["compare", "wa", "wb", "--tracking-uri", uri, "--root", str(tmp_path), "--format", "markdown",
-                              "--reference", "sam"])
+    res = runner.invoke(
+        app,
+        [
+            "compare",
+            "wa",
+            "wb",
+            "--tracking-uri",
+            uri,
+            "--root",
+            str(tmp_path),
+            "--format",
+            "markdown",
+            "--reference",
+            "sam",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "| sgd | wb | test/accuracy | 0.9 | 1/2 | +0.02 | 1.023 | 0.1 | 1 | 2 |" in res.stdout
     default = tmp_path / "compare" / "profiles_wa+wb.png"
@@ -215,7 +298,10 @@ def test_cli_compare_several_studies(store, tmp_path):
 
     res = runner.invoke(app, ["compare", "wa", "wb", "--tracking-uri", uri, "--plot", str(plot)])
     assert res.exit_code == 0, res.output
-    assert "2 workloads (wa, wb): test metric and flatness relative to sgd" in res.output and "ire: not in wb" in res.output
+    assert (
+        "2 workloads (wa, wb): test metric and flatness relative to sgd" in res.output
+        and "ire: not in wb" in res.output
+    )
 
 
 def test_cli_compare_several_studies_bad_input(store, tmp_path):
@@ -226,7 +312,10 @@ def test_cli_compare_several_studies_bad_input(store, tmp_path):
     uri, _ = store
     runner = CliRunner()
     cases = [
-        (["wa", "wb", "--reference", "ire"], "reference arm 'ire' is not in every study; arms in all of them: sam, sgd"),
+        (
+            ["wa", "wb", "--reference", "ire"],
+            "reference arm 'ire' is not in every study; arms in all of them: sam, sgd",
+        ),
         (["wa", "wc"], "the studies share no arm"),
         (["wa", "wb", "--against", "wa"], "--against compares one grid study with a search study"),
         (["wa", "wa"], "study wa given twice"),
@@ -245,13 +334,43 @@ def test_flatness_is_compared_at_the_matched_training_loss_where_a_study_measure
     from flatlab.tracking.compare.multi import COLUMNS, summarize
 
     rows = []
-    for w, arm, acc, end, at in (("a", "sgd", 0.9, 4.0, None), ("a", "sam", 0.91, 2.0, None),
-                                 ("b", "sgd", 0.8, 10.0, 6.0), ("b", "sam", 0.82, 30.0, 3.0)):
-        rows.append({"workload": w, "arm": arm, "quantity": "test/accuracy", "mean": acc, "higher_is_better": True, "test_metric": True})
-        rows.append({"workload": w, "arm": arm, "quantity": "flat/fisher_trace", "mean": end, "higher_is_better": False, "test_metric": False})
+    for w, arm, acc, end, at in (
+        ("a", "sgd", 0.9, 4.0, None),
+        ("a", "sam", 0.91, 2.0, None),
+        ("b", "sgd", 0.8, 10.0, 6.0),
+        ("b", "sam", 0.82, 30.0, 3.0),
+    ):
+        rows.append(
+            {
+                "workload": w,
+                "arm": arm,
+                "quantity": "test/accuracy",
+                "mean": acc,
+                "higher_is_better": True,
+                "test_metric": True,
+            }
+        )
+        rows.append(
+            {
+                "workload": w,
+                "arm": arm,
+                "quantity": "flat/fisher_trace",
+                "mean": end,
+                "higher_is_better": False,
+                "test_metric": False,
+            }
+        )
         if at is not None:
-            rows.append({"workload": w, "arm": arm, "quantity": "flat_at_target/fisher_trace", "mean": at,
-                         "higher_is_better": False, "test_metric": False})
+            rows.append(
+                {
+                    "workload": w,
+                    "arm": arm,
+                    "quantity": "flat_at_target/fisher_trace",
+                    "mean": at,
+                    "higher_is_better": False,
+                    "test_metric": False,
+                }
+            )
     table = pd.DataFrame(rows)[[c for c in COLUMNS if c in pd.DataFrame(rows).columns]]
     s = summarize(table, reference="sgd")
     ratio = s.frame.set_index(["arm", "workload"])["flat/fisher_trace ratio"]

@@ -23,10 +23,24 @@ SEEDS = {
 
 
 def frame(workload="digits"):
-    rows = [{"arm": arm, "seed": seed, "outcome": "completed", "stage": "final", "test/accuracy": acc, "test/loss": loss,
-             "flat/fisher_trace": fisher, "flat/hessian_trace": hessian, "best/val/accuracy": acc, "epochs": 5,
-             "run_id": f"{arm}{seed}", "start_time": seed}
-            for arm, seeds in SEEDS.items() for seed, (acc, loss, fisher, hessian) in seeds.items()]
+    rows = [
+        {
+            "arm": arm,
+            "seed": seed,
+            "outcome": "completed",
+            "stage": "final",
+            "test/accuracy": acc,
+            "test/loss": loss,
+            "flat/fisher_trace": fisher,
+            "flat/hessian_trace": hessian,
+            "best/val/accuracy": acc,
+            "epochs": 5,
+            "run_id": f"{arm}{seed}",
+            "start_time": seed,
+        }
+        for arm, seeds in SEEDS.items()
+        for seed, (acc, loss, fisher, hessian) in seeds.items()
+    ]
     df = pd.DataFrame(rows)
     df.attrs.update(metric="val/accuracy", mode="max", workload=workload)
     return df
@@ -40,7 +54,9 @@ def test_clip_by_hand():
     assert clipped.low == 0.0 and clipped.high == pytest.approx(0.5 + T975_1 / 2, rel=1e-12)
     acc = t_estimate([0.99, 1.0, 1.0])  # mean 0.99667, std 0.01 / sqrt(3), half-width t_2 * 0.01 / 3
     assert acc.high == pytest.approx(2.99 / 3 + T975_2 * 0.01 / 3, rel=1e-12) and acc.high > 1
-    assert (clip(acc, (0.0, 1.0)).low, clip(acc, (0.0, 1.0)).high) == pytest.approx((2.99 / 3 - T975_2 * 0.01 / 3, 1.0), rel=1e-12)
+    assert (clip(acc, (0.0, 1.0)).low, clip(acc, (0.0, 1.0)).high) == pytest.approx(
+        (2.99 / 3 - T975_2 * 0.01 / 3, 1.0), rel=1e-12
+    )
     assert clip(acc, None) is acc and clip(acc, (0.0, 2.0)) is acc  # unbounded, or already inside: unchanged
     one = t_estimate([5.0])
     assert clip(one, NONNEGATIVE) is one  # no interval to clip (NaN stays NaN)
@@ -89,9 +105,11 @@ def test_arm_intervals_are_clipped_and_differences_tests_are_not():
     md = cmp.to_markdown(c)
     assert "| [0, 15.71] |" in md and "| [0, 6.853] |" in md  # 3 + t_1, 0.5 + t_1 / 2 at 4 digits
     notes = [line for line in cmp.caption(c) if "clipped" in line]
-    assert notes == ["CI of a mean clipped to the quantity's range where the t interval reaches outside it "
-                     "(test/accuracy in [0, 1]; flat/fisher_trace ≥ 0): the true mean lies in it too, so the coverage "
-                     "is unchanged; Δ intervals are not clipped."]
+    assert notes == [
+        "CI of a mean clipped to the quantity's range where the t interval reaches outside it "
+        "(test/accuracy in [0, 1]; flat/fisher_trace ≥ 0): the true mean lies in it too, so the coverage "
+        "is unchanged; Δ intervals are not clipped."
+    ]
     assert r"flat/fisher\_trace $\geq$ 0" in cmp.to_latex(c)
 
 

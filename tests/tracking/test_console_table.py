@@ -19,8 +19,10 @@ def _print(table, width, hint=None):
 
 
 def test_a_table_wider_than_the_console_keeps_every_cell_whole_and_names_both_widths():
-    rows = [["82dc6947", "FINISHED", "completed", "2024-05-01 12:34:56", "0.9123"],
-            ["6947aa01", "TERMINATED", "pruned", "2024-05-01 12:35:07", "0.8912"]]
+    rows = [
+        ["82dc6947", "FINISHED", "completed", "2024-05-01 12:34:56", "0.9123"],
+        ["6947aa01", "TERMINATED", "pruned", "2024-05-01 12:35:07", "0.8912"],
+    ]
     table = make_table(["trial_id", "status", "outcome", "start_time", "val/accuracy"], rows)
     lines = _print(table, 40, "use --format csv")
     cells = [c.strip() for line in lines if line.startswith("│") for c in line.strip("│").split("│")]
@@ -32,8 +34,10 @@ def test_a_table_wider_than_the_console_keeps_every_cell_whole_and_names_both_wi
 
 
 def test_prose_wraps_at_spaces_and_a_borderless_table_measures_right():
-    rows = [["rho", "0.05", "SAM neighbourhood radius (L2, global); 0.05 CIFAR-10"],
-            ["ascent", "'global'", "data parallel: rank-averaged gradient"]]
+    rows = [
+        ["rho", "0.05", "SAM neighbourhood radius (L2, global); 0.05 CIFAR-10"],
+        ["ascent", "'global'", "data parallel: rank-averaged gradient"],
+    ]
     table = make_table(["name", "default", "meaning"], rows, prose=(2,), box=None, pad_edge=False)
     assert needed_width(table) == 6 + 8 + len("rank-averaged") + 2 * 2  # inner padding only, no edges
     lines = _print(table, 30)
@@ -63,13 +67,18 @@ def test_cli_listings_keep_names_and_ranges_whole_on_a_narrow_terminal(command, 
     monkeypatch.setattr(cli, "console", console)
     assert CliRunner().invoke(cli.app, [command]).exit_code == 0
     text = console.export_text()
-    for phrase in ("weight_decay", "float in [0, inf)") if command == "optimizers" else ("one of 'per_example', 'batch'",):
+    for phrase in (
+        ("weight_decay", "float in [0, inf)") if command == "optimizers" else ("one of 'per_example', 'batch'",)
+    ):
         assert phrase in text
     assert re.search(r"the table is \d+ columns wide; this terminal has 60: widen it", text)
 
 
 def test_every_cli_table_goes_through_the_helper():
     root = Path(__import__("flatlab").__file__).parent
-    direct = [str(p.relative_to(root)) for p in root.rglob("*.py")
-              if p.name != "console_table.py" and re.search(r"rich\.table|Table\(", p.read_text())]
+    direct = [
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if p.name != "console_table.py" and re.search(r"rich\.table|Table\(", p.read_text())
+    ]
     assert direct == []

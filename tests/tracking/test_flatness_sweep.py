@@ -17,10 +17,20 @@ def _frame():
         ("tsam", 0, "search", "completed", 0.5, 0.9, 0.01, 0.02),
         ("tsam", 1, "search", "error", 99.0, 99.0, 9.0, 9.0),  # failed: left out
     ):
-        rows.append({"arm": arm, "seed": seed, "stage": stage, "outcome": outcome,
-                     "flat/neighbourhood_loss/sigma_0.01": m1, "flat/neighbourhood_loss/sigma_0.1": m2,
-                     "flat/neighbourhood_loss/sigma_0.01_var": v1, "flat/neighbourhood_loss/sigma_0.1_var": v2,
-                     "flat/neighbourhood_loss/sigma_0.01_stderr": 0.0, "flat/neighbourhood_loss/sigma_1e-05_var": 1.0})
+        rows.append(
+            {
+                "arm": arm,
+                "seed": seed,
+                "stage": stage,
+                "outcome": outcome,
+                "flat/neighbourhood_loss/sigma_0.01": m1,
+                "flat/neighbourhood_loss/sigma_0.1": m2,
+                "flat/neighbourhood_loss/sigma_0.01_var": v1,
+                "flat/neighbourhood_loss/sigma_0.1_var": v2,
+                "flat/neighbourhood_loss/sigma_0.01_stderr": 0.0,
+                "flat/neighbourhood_loss/sigma_1e-05_var": 1.0,
+            }
+        )
     return pd.DataFrame(rows)
 
 

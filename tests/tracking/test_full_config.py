@@ -3,7 +3,6 @@
 import json
 import os
 
-import pytest
 import torch
 
 from flatlab import Arm, Study
@@ -82,8 +81,16 @@ def test_child_run_params_hold_the_full_config_and_results_show_only_the_searche
     from flatlab.tracking.results import trials_frame
 
     uri, exp, parent, c = _store(tmp_path)
-    cb = MLflowTrialLogger(uri, exp, parent, tags={"flatlab.env.torch": "x"}, arm_optimizer={"sgd": "sgd"},
-                           metric="val/accuracy", mode="max", study=STUDY)
+    cb = MLflowTrialLogger(
+        uri,
+        exp,
+        parent,
+        tags={"flatlab.env.torch": "x"},
+        arm_optimizer={"sgd": "sgd"},
+        metric="val/accuracy",
+        mode="max",
+        study=STUDY,
+    )
     config = {"arm": "sgd", "seed": 0, "lr": 0.2}
     cb._start_run(c, "t1", config)
     run = c.get_run(cb._run_ids["t1"])
@@ -91,8 +98,7 @@ def test_child_run_params_hold_the_full_config_and_results_show_only_the_searche
     assert run.data.params == expected
     assert run.data.params["train.batch_size"] == "64" and run.data.params["opt.momentum"] == "0.9"
     # a resumed trial: the run is found again; logging the same values again is what MLflow accepts
-    cb2 = MLflowTrialLogger(uri, exp, parent, tags={}, arm_optimizer={}, metric="val/accuracy", mode="max",
-                            study=STUDY)
+    cb2 = MLflowTrialLogger(uri, exp, parent, tags={}, arm_optimizer={}, metric="val/accuracy", mode="max", study=STUDY)
     cb2._start_run(c, "t1", dict(config))
     assert cb2._run_ids["t1"] == run.info.run_id
     from mlflow.entities import Param
@@ -108,8 +114,9 @@ def test_pickled_callback_keeps_its_study_and_an_old_state_has_none(tmp_path):
 
     from flatlab.tracking.callback import MLflowTrialLogger
 
-    cb = MLflowTrialLogger("sqlite:///x.db", "1", "p", tags={}, arm_optimizer={}, metric="m", mode="max",
-                           study=STUDY, out=tmp_path / "s")
+    cb = MLflowTrialLogger(
+        "sqlite:///x.db", "1", "p", tags={}, arm_optimizer={}, metric="m", mode="max", study=STUDY, out=tmp_path / "s"
+    )
     back = pickle.loads(pickle.dumps(cb))
     assert back.study == STUDY and back.out == str(tmp_path / "s")
     old = cb.__getstate__()
@@ -127,8 +134,9 @@ def test_trial_json_holds_the_resolved_config(tmp_path):
     c.create_run(exp, tags={runs.PARENT: parent, runs.TAG_TRIAL: "t9"})
     config = {"arm": "sgd", "seed": 2, "lr": 0.2}
     spec = STUDY.trial_spec(config)
-    run_id = log_trial_artifacts(WorkerTracking(uri, exp, parent, log_models=False), "t9", torch.nn.Linear(1, 1), spec,
-                                 {"val/accuracy": 0.5})
+    run_id = log_trial_artifacts(
+        WorkerTracking(uri, exp, parent, log_models=False), "t9", torch.nn.Linear(1, 1), spec, {"val/accuracy": 0.5}
+    )
     path = c.download_artifacts(run_id, "trial.json", str(tmp_path))
     info = json.loads(open(path).read())
     assert info["spec"]["optimizer_params"] == {"lr": 0.2}  # what the study set

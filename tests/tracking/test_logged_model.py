@@ -23,9 +23,11 @@ def logged(tmp_path):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     exp = runs.get_or_create_experiment(uri, "models", (tmp_path / "art").as_uri())
     c = runs.client(uri)
-    run = c.create_run(exp, run_name="sam · a1b2c3d4",
-                       tags={runs.TAG_ARM: "sam", runs.TAG_TRIAL: "a1b2c3d4", runs.TAG_STAGE: "search",
-                             "flatlab.env.python": "3"}).info.run_id
+    run = c.create_run(
+        exp,
+        run_name="sam · a1b2c3d4",
+        tags={runs.TAG_ARM: "sam", runs.TAG_TRIAL: "a1b2c3d4", runs.TAG_STAGE: "search", "flatlab.env.python": "3"},
+    ).info.run_id
     c.log_param(run, "lr", "0.1")
     torch.manual_seed(0)
     model = build_workload("digits", model="mlp", width=16).build_model()
@@ -52,7 +54,9 @@ def test_the_model_loads_through_mlflow_with_the_trained_outputs(logged):
         assert isinstance(net, torch.nn.Module) and not net.training
         for (k, a), (_, b) in zip(net.state_dict().items(), model.state_dict().items()):
             assert torch.equal(a, b), k
-        assert torch.equal(lm.load_torch_model(f"models:/{model_id}")(torch.from_numpy(x)).detach(), torch.from_numpy(expected))
+        assert torch.equal(
+            lm.load_torch_model(f"models:/{model_id}")(torch.from_numpy(x)).detach(), torch.from_numpy(expected)
+        )
     finally:
         mlflow.set_tracking_uri(None)
 
@@ -62,7 +66,12 @@ def test_flavours_and_stored_files_hold_no_pickle_and_no_code(logged):
 
     uri, c, exp, run, model, model_id = logged
     info = c.get_logged_model(model_id)
-    assert (info.name, info.source_run_id, info.model_type, str(info.status)) == ("sam-a1b2c3d4", run, "flatlab", "READY")
+    assert (info.name, info.source_run_id, info.model_type, str(info.status)) == (
+        "sam-a1b2c3d4",
+        run,
+        "flatlab",
+        "READY",
+    )
     folder = Path(info.artifact_location.replace("file://", ""))
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     assert "data/flatlab/model.safetensors" in files and "data/flatlab/model.json" in files

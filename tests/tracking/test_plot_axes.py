@@ -48,8 +48,14 @@ def test_the_data_would_show_an_offset_by_default():
 def test_learning_curves_have_integer_epoch_ticks_and_no_offset(monkeypatch, tmp_path):
     from flatlab.tracking.study_report import plot_learning_curves
 
-    df = pd.DataFrame({"run_id": ["r1", "r2"], "arm": ["sgd", "tsam"], "outcome": ["completed", "pruned"],
-                       "stage": ["search", "search"]})
+    df = pd.DataFrame(
+        {
+            "run_id": ["r1", "r2"],
+            "arm": ["sgd", "tsam"],
+            "outcome": ["completed", "pruned"],
+            "stage": ["search", "search"],
+        }
+    )
     (fig,) = _drawn(monkeypatch, lambda: plot_learning_curves(FakeClient(), df, "val/accuracy", tmp_path / "c.png"))
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in panels] == ["sgd (1 trials)", "tsam (1 trials)"]
@@ -69,12 +75,16 @@ def test_learning_curves_have_integer_epoch_ticks_and_no_offset(monkeypatch, tmp
 def test_metric_vs_flatness_has_no_offset_and_keeps_its_log_axis(monkeypatch, tmp_path):
     from flatlab.tracking.compare import plot_metric_vs_flatness
 
-    df = pd.DataFrame({
-        "arm": ["sgd", "sgd", "sam", "sam"], "seed": [0, 1, 0, 1], "outcome": ["completed"] * 4,
-        "test/accuracy": [0.91231, 0.91233, 0.91235, 0.91237],
-        "flat/fisher_trace": [1_000_001.0, 1_000_002.0, 1_000_003.0, 1_000_004.0],  # linear: "+1e6" by default
-        "flat/sharpness": [1e-4, 1e-3, 1e-2, 1e-1],  # four decades: log x
-    })
+    df = pd.DataFrame(
+        {
+            "arm": ["sgd", "sgd", "sam", "sam"],
+            "seed": [0, 1, 0, 1],
+            "outcome": ["completed"] * 4,
+            "test/accuracy": [0.91231, 0.91233, 0.91235, 0.91237],
+            "flat/fisher_trace": [1_000_001.0, 1_000_002.0, 1_000_003.0, 1_000_004.0],  # linear: "+1e6" by default
+            "flat/sharpness": [1e-4, 1e-3, 1e-2, 1e-1],  # four decades: log x
+        }
+    )
     (fig,) = _drawn(monkeypatch, lambda: plot_metric_vs_flatness(df, tmp_path / "f.png", all_trials=True))
     fisher, sharp = [ax for ax in fig.axes if ax.get_visible()]
     assert fisher.get_xlabel().startswith("flat/fisher_trace") and fisher.get_xscale() == "linear"
@@ -105,15 +115,19 @@ def test_parallel_coordinates_are_readable(monkeypatch, tmp_path):
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     st = optuna.create_study(direction="maximize")
-    dists = {"lr": optuna.distributions.FloatDistribution(0.07, 0.08, log=True),
-             "rho": optuna.distributions.FloatDistribution(0.11, 0.12, log=True)}
+    dists = {
+        "lr": optuna.distributions.FloatDistribution(0.07, 0.08, log=True),
+        "rho": optuna.distributions.FloatDistribution(0.11, 0.12, log=True),
+    }
     for lr, rho, acc in ((0.071, 0.111, 0.5), (0.075, 0.115, 0.7), (0.079, 0.119, 0.9)):
         st.add_trial(optuna.trial.create_trial(params={"lr": lr, "rho": rho}, distributions=dists, value=acc))
 
     def draw():
         return optuna.visualization.matplotlib.plot_parallel_coordinate(st, target_name="val/accuracy")
 
-    (fig,) = _drawn(monkeypatch, lambda: _optuna_png(draw, tmp_path / "p.png", "sam: val/accuracy", tidy=tidy_parallel_coordinate))
+    (fig,) = _drawn(
+        monkeypatch, lambda: _optuna_png(draw, tmp_path / "p.png", "sam: val/accuracy", tidy=tidy_parallel_coordinate)
+    )
     main = fig.axes[0]
     assert main.get_title() == "" and fig.get_suptitle() == "sam: val/accuracy"
     cbar = next(ax for ax in fig.axes if getattr(ax, "_colorbar", None) is not None)

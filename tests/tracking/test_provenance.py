@@ -18,8 +18,16 @@ def package(root, files):
 
 
 def test_source_digest_is_sha256_of_paths_and_bytes_in_path_order(tmp_path):
-    pkg = package(tmp_path / "pkg", {"b.py": "x = 2\n", "a/__init__.py": "", "a/m.py": "y = 1\n",
-                                     "a/__pycache__/m.cpython-311.py": "ignored", "notes.txt": "ignored"})
+    pkg = package(
+        tmp_path / "pkg",
+        {
+            "b.py": "x = 2\n",
+            "a/__init__.py": "",
+            "a/m.py": "y = 1\n",
+            "a/__pycache__/m.cpython-311.py": "ignored",
+            "notes.txt": "ignored",
+        },
+    )
     h = hashlib.sha256()
     for rel, data in (("a/__init__.py", b""), ("a/m.py", b"y = 1\n"), ("b.py", b"x = 2\n")):  # by hand
         h.update(len(rel).to_bytes(8, "big") + rel.encode() + len(data).to_bytes(8, "big") + data)

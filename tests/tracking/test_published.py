@@ -24,15 +24,29 @@ T975_2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)  # Student t_{0.975, 2}, closed for
 # Published ranges: accuracy [0.80, 0.82] / [0.85, 0.87] / [0.90, 0.92] after epochs 1 / 2 / 3,
 # loss [0.50, 0.60] / [0.40, 0.45] / [0.30, 0.35].
 TOY = {
-    "format": "flatlab-published-curves", "version": 1, "title": "toy curves", "citation": "A. Author, Toy, 2024",
-    "source": "hand-made", "first_epoch": 0,
+    "format": "flatlab-published-curves",
+    "version": 1,
+    "title": "toy curves",
+    "citation": "A. Author, Toy, 2024",
+    "source": "hand-made",
+    "first_epoch": 0,
     "metrics": {"acc": "test/accuracy", "loss": "test/loss", "train_eval": None},
     "curves": {
-        "c": {"settings": {"lr": 0.1}, "runs": [
-            {"seed": 1, "path": "runs/1.json", "values": {"acc": [0.1, 0.80, 0.85, 0.90], "loss": [2.3, 0.50, 0.40, 0.30],
-                                                        "train_eval": [9.0, 9.0, 9.0, 9.0]}},
-            {"seed": 2, "values": {"acc": [0.1, 0.82, 0.87, 0.92], "loss": [2.3, 0.60, 0.45, 0.35]}},
-        ]},
+        "c": {
+            "settings": {"lr": 0.1},
+            "runs": [
+                {
+                    "seed": 1,
+                    "path": "runs/1.json",
+                    "values": {
+                        "acc": [0.1, 0.80, 0.85, 0.90],
+                        "loss": [2.3, 0.50, 0.40, 0.30],
+                        "train_eval": [9.0, 9.0, 9.0, 9.0],
+                    },
+                },
+                {"seed": 2, "values": {"acc": [0.1, 0.82, 0.87, 0.92], "loss": [2.3, 0.60, 0.45, 0.35]}},
+            ],
+        },
         "d": {"runs": [{"seed": 1, "values": {"acc": [0.1, None, 0.5]}}]},
     },
 }
@@ -54,8 +68,13 @@ def write(path, doc):
 
 
 def flatlab_frame(arm="a"):
-    return pd.DataFrame([{"arm": arm, "seed": s, "metric": m, "epoch": e, "value": v}
-                         for (m, e), vals in FLATLAB.items() for s, v in enumerate(vals)])
+    return pd.DataFrame(
+        [
+            {"arm": arm, "seed": s, "metric": m, "epoch": e, "value": v}
+            for (m, e), vals in FLATLAB.items()
+            for s, v in enumerate(vals)
+        ]
+    )
 
 
 @pytest.fixture
@@ -74,11 +93,22 @@ def hand_ci(values):
 def test_inside_and_outside_the_published_range_per_epoch(toy):
     c = pub.compare_curves(toy, flatlab_frame(), {"a": "c"})
     rows = c.rows.set_index(["metric", "epoch"])
-    assert sorted(rows.index) == [("test/accuracy", 1), ("test/accuracy", 2), ("test/accuracy", 3),
-                                  ("test/loss", 1), ("test/loss", 2), ("test/loss", 3)]  # epochs both sides have
-    expect = {("test/accuracy", 1): ("inside", True), ("test/accuracy", 2): ("above", True),
-              ("test/accuracy", 3): ("below", False), ("test/loss", 1): ("inside", True),
-              ("test/loss", 2): ("below", True), ("test/loss", 3): ("inside", None)}
+    assert sorted(rows.index) == [
+        ("test/accuracy", 1),
+        ("test/accuracy", 2),
+        ("test/accuracy", 3),
+        ("test/loss", 1),
+        ("test/loss", 2),
+        ("test/loss", 3),
+    ]  # epochs both sides have
+    expect = {
+        ("test/accuracy", 1): ("inside", True),
+        ("test/accuracy", 2): ("above", True),
+        ("test/accuracy", 3): ("below", False),
+        ("test/loss", 1): ("inside", True),
+        ("test/loss", 2): ("below", True),
+        ("test/loss", 3): ("inside", None),
+    }
     for key, (where, overlap) in expect.items():
         assert rows.loc[key, "where"] == where, key
         assert rows.loc[key, "overlap"] == overlap, key
@@ -96,9 +126,13 @@ def test_the_interval_stays_inside_the_values_the_metric_can_take(toy):
     # t-interval reaches 1.011 -> clipped at 1 (as `flatlab compare` does); loss [0.01, 0.2, 0.4]: mean
     # 0.203333, half-width 4.30265·0.195021/√3 = 0.484461 -> [−0.281, 0.688], clipped at 0 for a registered
     # workload whose loss is ≥ 0 and left as it is with no workload (a loss may then be negative)
-    frame = pd.DataFrame([{"arm": "a", "seed": i, "metric": m, "epoch": 3, "value": v}
-                          for m, vals in (("test/accuracy", [0.99, 1.0, 1.0]), ("test/loss", [0.01, 0.2, 0.4]))
-                          for i, v in enumerate(vals)])
+    frame = pd.DataFrame(
+        [
+            {"arm": "a", "seed": i, "metric": m, "epoch": 3, "value": v}
+            for m, vals in (("test/accuracy", [0.99, 1.0, 1.0]), ("test/loss", [0.01, 0.2, 0.4]))
+            for i, v in enumerate(vals)
+        ]
+    )
     mean, low, high = hand_ci([0.99, 1.0, 1.0])
     assert high == pytest.approx(1.0110088, abs=1e-6)
     _, loss_low, loss_high = hand_ci([0.01, 0.2, 0.4])
@@ -114,13 +148,29 @@ def test_the_interval_stays_inside_the_values_the_metric_can_take(toy):
 def test_the_summary_counts_epochs_and_names_where_flatlab_falls_outside(toy):
     c = pub.compare_curves(toy, flatlab_frame(), {"a": "c"})
     s = c.summary.set_index("metric")
-    assert s.loc["test/accuracy", ["epochs", "inside", "above", "below", "overlap", "with_interval"]].tolist() == [3, 1, 1, 1, 2, 3]
+    assert s.loc["test/accuracy", ["epochs", "inside", "above", "below", "overlap", "with_interval"]].tolist() == [
+        3,
+        1,
+        1,
+        1,
+        2,
+        3,
+    ]
     assert s.loc["test/accuracy", "outside_epochs"] == "below at 3; above at 2"
-    assert s.loc["test/loss", ["epochs", "inside", "above", "below", "overlap", "with_interval"]].tolist() == [3, 2, 0, 1, 2, 2]
+    assert s.loc["test/loss", ["epochs", "inside", "above", "below", "overlap", "with_interval"]].tolist() == [
+        3,
+        2,
+        0,
+        1,
+        2,
+        2,
+    ]
     assert s.loc["test/loss", "outside_epochs"] == "below at 2"
     lines = pub.summary_lines(c)
-    assert lines[0] == ("a vs c, test/accuracy: inside the published range at 1 of 3 epochs; outside: below at 3; "
-                        "above at 2; flatlab's interval overlaps it at 2 of 3.")
+    assert lines[0] == (
+        "a vs c, test/accuracy: inside the published range at 1 of 3 epochs; outside: below at 3; "
+        "above at 2; flatlab's interval overlaps it at 2 of 3."
+    )
     assert any("as few as 2 run(s)" in n for n in c.notes) and any("single flatlab seed" in n for n in c.notes)
 
 
@@ -136,7 +186,9 @@ def test_epoch_and_metric_selection_and_arms_without_values(toy):
 
 
 def test_bad_comparison_arguments_name_the_valid_values(toy):
-    with pytest.raises(ConfigError, match=r"metric\(s\) test/perplexity not in .*toy.json; it maps test/accuracy, test/loss"):
+    with pytest.raises(
+        ConfigError, match=r"metric\(s\) test/perplexity not in .*toy.json; it maps test/accuracy, test/loss"
+    ):
         pub.compare_curves(toy, flatlab_frame(), {"a": "c"}, metrics=["test/perplexity"])
     with pytest.raises(ConfigError, match=r"arm 'a' -> curve 'zz': not in .*; curves: c, d"):
         pub.compare_curves(toy, flatlab_frame(), {"a": "zz"})
@@ -151,7 +203,9 @@ def test_text_outputs_carry_the_values_the_summary_and_the_citation(toy):
 
     c = pub.compare_curves(toy, flatlab_frame(), {"a": "c"})
     md = pub.to_markdown(c)
-    assert "| a (c) | test/accuracy | 2 | 0.8900 | [0.8652, 0.9148] | 3 | 0.8600 | 0.8500-0.8700 | 2 | ABOVE | yes |" in md
+    assert (
+        "| a (c) | test/accuracy | 2 | 0.8900 | [0.8652, 0.9148] | 3 | 0.8600 | 0.8500-0.8700 | 2 | ABOVE | yes |" in md
+    )
     assert "| a (c) | test/loss | 3 | 0.3300 | - | 1 | 0.3250 | 0.3000-0.3500 | 2 | inside | - |" in md
     assert "Published: A. Author, Toy, 2024" in md and "below at 3; above at 2" in md
     out = io.StringIO()
@@ -187,7 +241,11 @@ def test_the_markdown_shows_the_file_as_found_in_a_checkout_never_absolute(tmp_p
 
 
 def test_the_loader_reads_runs_metadata_and_nulls(toy):
-    assert (toy.title, toy.first_epoch, toy.compared()) == ("toy curves", 0, {"test/accuracy": "acc", "test/loss": "loss"})
+    assert (toy.title, toy.first_epoch, toy.compared()) == (
+        "toy curves",
+        0,
+        {"test/accuracy": "acc", "test/loss": "loss"},
+    )
     run = toy.curves["c"].runs[0]
     assert (run.seed, run.path, run.commit, run.values["acc"]) == (1, "runs/1.json", "", (0.1, 0.80, 0.85, 0.90))
     assert toy.curves["c"].meta == {"settings": {"lr": 0.1}}
@@ -223,15 +281,21 @@ def test_the_loader_rejects_a_malformed_file_naming_every_field(tmp_path):
     assert "curves['d'].runs: seeds [1, 1] repeat a seed" in msg
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d.update(format="deepobs"), r"format='deepobs'; expected 'flatlab-published-curves'"),
-    (lambda d: d.update(metrics={"acc": None}), r"metrics: no list is mapped to a flatlab metric"),
-    (lambda d: d.update(first_epoch=-1), r"first_epoch=-1; expected an int >= 0"),
-    (lambda d: d.update(curves={}), r"curves=\{\}; expected a non-empty object"),
-    (lambda d: d["curves"]["c"].update(runs=[]), r"curves\['c'\].runs=\[\]; expected a non-empty list of runs"),
-    (lambda d: d["curves"]["c"]["runs"][0].pop("seed"), r"curves\['c'\].runs\[0\].seed=None; expected an int"),
-    (lambda d: d["curves"]["c"]["runs"][0].update(values=[1]), r"curves\['c'\].runs\[0\].values=\[1\]; expected an object"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.update(format="deepobs"), r"format='deepobs'; expected 'flatlab-published-curves'"),
+        (lambda d: d.update(metrics={"acc": None}), r"metrics: no list is mapped to a flatlab metric"),
+        (lambda d: d.update(first_epoch=-1), r"first_epoch=-1; expected an int >= 0"),
+        (lambda d: d.update(curves={}), r"curves=\{\}; expected a non-empty object"),
+        (lambda d: d["curves"]["c"].update(runs=[]), r"curves\['c'\].runs=\[\]; expected a non-empty list of runs"),
+        (lambda d: d["curves"]["c"]["runs"][0].pop("seed"), r"curves\['c'\].runs\[0\].seed=None; expected an int"),
+        (
+            lambda d: d["curves"]["c"]["runs"][0].update(values=[1]),
+            r"curves\['c'\].runs\[0\].values=\[1\]; expected an object",
+        ),
+    ],
+)
 def test_each_format_rule_has_its_message(tmp_path, change, message):
     doc = json.loads(json.dumps(TOY))
     change(doc)
@@ -255,10 +319,14 @@ def test_missing_and_non_json_files(tmp_path):
 
 
 SGD = "deepobs/baselines/fmnist_2c2d/GradientDescentOptimizer/num_epochs__100__batch_size__128__lr__1.5848931925e-01"
-MOM = ("deepobs/baselines/fmnist_2c2d/MomentumOptimizer/num_epochs__100__batch_size__128__momentum__9.9e-01__"
-       "use_nesterov__False__lr__2.5118864315e-03")
-ADAM = ("deepobs/baselines/fmnist_2c2d/AdamOptimizer/num_epochs__100__batch_size__128__beta1__9.e-01__beta2__9.99e-01__"
-        "epsilon__1.e-08__lr__2.5118864315e-04")
+MOM = (
+    "deepobs/baselines/fmnist_2c2d/MomentumOptimizer/num_epochs__100__batch_size__128__momentum__9.9e-01__"
+    "use_nesterov__False__lr__2.5118864315e-03"
+)
+ADAM = (
+    "deepobs/baselines/fmnist_2c2d/AdamOptimizer/num_epochs__100__batch_size__128__beta1__9.e-01__beta2__9.99e-01__"
+    "epsilon__1.e-08__lr__2.5118864315e-04"
+)
 
 
 @pytest.fixture(scope="module")
@@ -272,9 +340,20 @@ def run_of(curves, curve, seed):
 
 def test_deepobs_reference_holds_the_tuned_settings_with_their_seeds(deepobs):
     assert "Schneider, Lukas Balles and Philipp Hennig" in deepobs.citation and "ICLR" in deepobs.citation
-    assert deepobs.first_epoch == 0 and deepobs.compared() == {"test/accuracy": "test_accuracies", "test/loss": "test_losses"}
-    assert set(deepobs.curves) == {"fmnist_2c2d/sgd", "fmnist_2c2d/momentum", "fmnist_2c2d/adam"}  # DeepOBS has no fmnist_mlp baseline
-    folders = {"fmnist_2c2d/sgd": (SGD, (45, 47)), "fmnist_2c2d/momentum": (MOM, (45, 50)), "fmnist_2c2d/adam": (ADAM, (45, 47))}
+    assert deepobs.first_epoch == 0 and deepobs.compared() == {
+        "test/accuracy": "test_accuracies",
+        "test/loss": "test_losses",
+    }
+    assert set(deepobs.curves) == {
+        "fmnist_2c2d/sgd",
+        "fmnist_2c2d/momentum",
+        "fmnist_2c2d/adam",
+    }  # DeepOBS has no fmnist_mlp baseline
+    folders = {
+        "fmnist_2c2d/sgd": (SGD, (45, 47)),
+        "fmnist_2c2d/momentum": (MOM, (45, 50)),
+        "fmnist_2c2d/adam": (ADAM, (45, 47)),
+    }
     for name, (folder, seeds) in folders.items():
         curve = deepobs.curves[name]
         assert curve.meta["settings_folder"] == folder
@@ -282,12 +361,21 @@ def test_deepobs_reference_holds_the_tuned_settings_with_their_seeds(deepobs):
         for r in curve.runs:
             assert r.path.startswith(folder + f"/random_seed__{r.seed}__") and r.path.endswith(".json")
             assert re.fullmatch(r"[0-9a-f]{40}", r.commit)
-            assert all(len(r.values[k]) == 101 for k in ("test_accuracies", "test_losses", "train_losses", "train_accuracies"))
+            assert all(
+                len(r.values[k]) == 101 for k in ("test_accuracies", "test_losses", "train_losses", "train_accuracies")
+            )
         s = curve.meta["settings"]
         assert (s["batch_size"], s["num_epochs"], s["weight_decay"], s["lr_sched_epochs"]) == (128, 100, None, None)
     assert deepobs.curves["fmnist_2c2d/sgd"].meta["settings"]["learning_rate"] == 0.15848931925
-    assert deepobs.curves["fmnist_2c2d/momentum"].meta["settings"]["hyperparams"] == {"momentum": 0.99, "use_nesterov": False}
-    assert deepobs.curves["fmnist_2c2d/adam"].meta["settings"]["hyperparams"] == {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-08}
+    assert deepobs.curves["fmnist_2c2d/momentum"].meta["settings"]["hyperparams"] == {
+        "momentum": 0.99,
+        "use_nesterov": False,
+    }
+    assert deepobs.curves["fmnist_2c2d/adam"].meta["settings"]["hyperparams"] == {
+        "beta1": 0.9,
+        "beta2": 0.999,
+        "epsilon": 1e-08,
+    }
 
 
 def test_deepobs_reference_values_equal_the_cited_files(deepobs):
@@ -295,16 +383,28 @@ def test_deepobs_reference_values_equal_the_cited_files(deepobs):
     #   random_seed__45__2019-02-15-16-58-34.json (commit af662ac6): test_accuracies[1], [3], [100]; test_losses[1]
     sgd45 = run_of(deepobs, "fmnist_2c2d/sgd", 45).values
     assert (sgd45["test_accuracies"][1], sgd45["test_accuracies"][3], sgd45["test_accuracies"][100]) == (
-        0.8336338141025641, 0.8830128205128205, 0.9263822115384616)
+        0.8336338141025641,
+        0.8830128205128205,
+        0.9263822115384616,
+    )
     assert sgd45["test_losses"][1] == 0.4263836451065846 and sgd45["train_losses"][100] == 4.843073132248649e-05
     #   random_seed__47__2019-02-15-16-59-04.json (commit 26c0ff7c)
     sgd47 = run_of(deepobs, "fmnist_2c2d/sgd", 47).values
     assert (sgd47["test_accuracies"][1], sgd47["test_accuracies"][3], sgd47["test_accuracies"][100]) == (
-        0.8616786858974359, 0.891426282051282, 0.9202724358974359)
+        0.8616786858974359,
+        0.891426282051282,
+        0.9202724358974359,
+    )
     assert sgd47["test_losses"][100] == 0.6960880295970501
     # the rounded figures: 0.834 / 0.862 after epoch 1, 0.883 / 0.891 after epoch 3, 0.926 / 0.920 at the end
     assert [round(v["test_accuracies"][e], 3) for e in (1, 3, 100) for v in (sgd45, sgd47)] == [
-        0.834, 0.862, 0.883, 0.891, 0.926, 0.920]
+        0.834,
+        0.862,
+        0.883,
+        0.891,
+        0.926,
+        0.920,
+    ]
     # .../MomentumOptimizer/num_epochs__100__batch_size__128__momentum__9.9e-01__use_nesterov__False__lr__2.5118864315e-03/
     #   random_seed__50__2019-02-15-17-00-22.json (commit 26c0ff7c)
     mom50 = run_of(deepobs, "fmnist_2c2d/momentum", 50).values
@@ -320,8 +420,12 @@ def test_deepobs_reference_values_equal_the_cited_files(deepobs):
     starts = {run_of(deepobs, c, 45).values["test_accuracies"][0] for c in deepobs.curves}
     assert starts == {0.16296073717948717}
     # DeepOBS evaluates 78 batches of 128 = 9,984 test images: every accuracy is k / 9984
-    assert all(abs(v * 9984 - round(v * 9984)) < 1e-6 for c in deepobs.curves.values() for r in c.runs
-               for v in r.values["test_accuracies"])
+    assert all(
+        abs(v * 9984 - round(v * 9984)) < 1e-6
+        for c in deepobs.curves.values()
+        for r in c.runs
+        for v in r.values["test_accuracies"]
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -360,7 +464,10 @@ def test_a_bad_declaration_lists_every_problem_with_the_file(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_studies(path)
     msg = str(info.value)
-    assert f"{path}: study 's': published.arms['sgd']='zz' is not a curve of {tmp_path / 'curves.json'}; curves: c, d" in msg
+    assert (
+        f"{path}: study 's': published.arms['sgd']='zz' is not a curve of {tmp_path / 'curves.json'}; curves: c, d"
+        in msg
+    )
     assert f"{path}: study 's': published.arms: 'sam' is not an arm of the study; arms: sgd, adam" in msg
     path = study_file(tmp_path, "Published('missing.json', arms={'sgd': 'c'})")
     with pytest.raises(ConfigError, match=r"study 's': published.path: .*missing.json: no such curve-set file"):
@@ -398,8 +505,14 @@ def launched_store(root, curves):
     c.log_batch(parent, params=[Param("metric", "val/accuracy"), Param("mode", "max"), Param("published", declared)])
     now = int(time.time() * 1000)
     for seed in range(3):
-        tags = {runs.PARENT: parent, runs.TAG_ROLE: "trial", runs.TAG_ARM: "a", runs.TAG_SEED: str(seed),
-                runs.TAG_OUTCOME: "completed", runs.TAG_TRIAL: f"a_{seed}"}
+        tags = {
+            runs.PARENT: parent,
+            runs.TAG_ROLE: "trial",
+            runs.TAG_ARM: "a",
+            runs.TAG_SEED: str(seed),
+            runs.TAG_OUTCOME: "completed",
+            runs.TAG_TRIAL: f"a_{seed}",
+        }
         run_id = c.create_run(exp, tags=tags, start_time=now + seed).info.run_id
         metrics = [Metric(m, vals[seed], now + e, e) for (m, e), vals in FLATLAB.items() if seed < len(vals)]
         metrics += [Metric("val/accuracy", 0.9, now, 4), Metric("epoch", 4.0, now, 4)]
@@ -407,7 +520,13 @@ def launched_store(root, curves):
             metrics += [Metric("test/accuracy", 0.5, now - 10, 2)]
         c.log_batch(run_id, metrics=metrics)
         c.set_terminated(run_id, status="FINISHED")
-    tags = {runs.PARENT: parent, runs.TAG_ROLE: "trial", runs.TAG_ARM: "x", runs.TAG_SEED: "0", runs.TAG_OUTCOME: "diverged"}
+    tags = {
+        runs.PARENT: parent,
+        runs.TAG_ROLE: "trial",
+        runs.TAG_ARM: "x",
+        runs.TAG_SEED: "0",
+        runs.TAG_OUTCOME: "diverged",
+    }
     run_id = c.create_run(exp, tags=tags, start_time=now).info.run_id
     c.log_batch(run_id, metrics=[Metric("test/accuracy", 0.1, now, 1), Metric("epoch", 1.0, now, 1)])
     c.set_terminated(run_id, status="FAILED")
@@ -440,7 +559,10 @@ def test_log_curves_puts_the_comparison_on_the_launch_run_and_never_raises(store
     uri, curves, parent = store
     out = io.StringIO()
     study = Study(name="toy", workload="digits", arms=(Arm("sgd", name="a"),))
-    assert log_curves(uri, parent, study, Console(file=out, width=200)) == ["published/curves.md", "published/curves.csv"]
+    assert log_curves(uri, parent, study, Console(file=out, width=200)) == [
+        "published/curves.md",
+        "published/curves.csv",
+    ]
     c = runs.client(uri)
     md = open(c.download_artifacts(parent, "published/curves.md")).read()
     assert "| a (c) | test/accuracy | 3 | 0.7100 |" in md and "Published: A. Author, Toy, 2024" in md
@@ -461,13 +583,19 @@ def test_cli_curves(store):
     assert res.exit_code == 0, res.output
     rows = pd.read_csv(io.StringIO(res.output))
     assert rows[["metric", "epoch", "where"]].values.tolist() == [
-        ["test/accuracy", 1, "inside"], ["test/accuracy", 2, "above"], ["test/accuracy", 3, "below"],
-        ["test/loss", 1, "inside"], ["test/loss", 2, "below"], ["test/loss", 3, "inside"]]
+        ["test/accuracy", 1, "inside"],
+        ["test/accuracy", 2, "above"],
+        ["test/accuracy", 3, "below"],
+        ["test/loss", 1, "inside"],
+        ["test/loss", 2, "below"],
+        ["test/loss", 3, "inside"],
+    ]
     res = runner.invoke(app, ["curves", "toy", "--tracking-uri", uri, "--epochs", "1-2", "--metric", "test/accuracy"])
     assert res.exit_code == 0, res.output
     assert "ABOVE" in res.output and "inside the published range at 1 of 2 epochs; outside: above at 2" in res.output
-    res = runner.invoke(app, ["curves", "toy", "--tracking-uri", uri, "--format", "markdown", "--published", curves,
-                              "--map", "a=d"])
+    res = runner.invoke(
+        app, ["curves", "toy", "--tracking-uri", uri, "--format", "markdown", "--published", curves, "--map", "a=d"]
+    )
     assert res.exit_code == 0, res.output
     assert "| a (d) | test/accuracy | 2 | 0.8900 |" in res.output
     for args, message in (
@@ -497,7 +625,11 @@ def test_a_study_without_a_declared_reference_asks_for_a_file(tmp_path):
     parent = c.create_run(exp, tags={runs.TAG_ROLE: "study"}).info.run_id
     c.log_batch(parent, params=[Param("metric", "val/accuracy")])
     res = CliRunner().invoke(app, ["curves", "plain", "--tracking-uri", uri])
-    assert res.exit_code == 2 and "study 'plain' declares no published reference" in res.output and "--published FILE" in res.output
+    assert (
+        res.exit_code == 2
+        and "study 'plain' declares no published reference" in res.output
+        and "--published FILE" in res.output
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -549,16 +681,27 @@ def test_curves_names_the_recorded_file_and_the_one_tried_when_neither_exists(mo
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    message = (f"study 'toy': the curve-set file its launch recorded, {gone}, does not exist, nor does "
-               f"{elsewhere / 'studies' / 'published' / 'toy.json'} (the same file under the working directory); "
-               "give the file with --published FILE")
+    message = (
+        f"study 'toy': the curve-set file its launch recorded, {gone}, does not exist, nor does "
+        f"{elsewhere / 'studies' / 'published' / 'toy.json'} (the same file under the working directory); "
+        "give the file with --published FILE"
+    )
     with pytest.raises(ConfigError, match=re.escape(message)):
         compare_study(uri, "toy")
     res = CliRunner().invoke(app, ["curves", "toy", "--tracking-uri", uri])
     assert res.exit_code == 2 and res.stderr == f"error: {message}\n", res.output
-    res = CliRunner().invoke(app, ["curves", "toy", "--tracking-uri", uri, "--published", str(found), "--format", "csv"])
+    res = CliRunner().invoke(
+        app, ["curves", "toy", "--tracking-uri", uri, "--published", str(found), "--format", "csv"]
+    )
     assert res.exit_code == 0 and res.stderr == "", res.output  # the file given: no look-up, no note
-    assert pd.read_csv(io.StringIO(res.stdout))["where"].tolist() == ["inside", "above", "below", "inside", "below", "inside"]
+    assert pd.read_csv(io.StringIO(res.stdout))["where"].tolist() == [
+        "inside",
+        "above",
+        "below",
+        "inside",
+        "below",
+        "inside",
+    ]
 
 
 def test_a_moved_file_is_replaced_only_by_the_same_reference(tmp_path):
@@ -570,16 +713,22 @@ def test_a_moved_file_is_replaced_only_by_the_same_reference(tmp_path):
     gone = tmp_path / "gone" / "studies" / "published" / "toy.json"
     record = {"path": str(gone), "arms": {"a": "c", "b": "d"}, "citation": "A. Author, Toy, 2024"}
     write(found, {**TOY, "citation": "B. Other, Another, 2025"})
-    with pytest.raises(ConfigError, match=re.escape(
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
             f"study 's': the curve-set file its launch recorded, {gone}, does not exist, and {found} is another "
-            "reference: it cites 'B. Other, Another, 2025', the launch's file 'A. Author, Toy, 2024'; give the file with --published FILE")):
+            "reference: it cites 'B. Other, Another, 2025', the launch's file 'A. Author, Toy, 2024'; give the file with --published FILE"
+        ),
+    ):
         reference_curves(record, "s", cwd=checkout)
     # a launch recorded before the citation was: the curves alone are checked
     curves, note = reference_curves({**record, "citation": None}, "s", cwd=checkout)
     assert (curves.path, curves.citation) == (str(found), "B. Other, Another, 2025")
     assert note == f"note: the curve-set file recorded at launch, {gone}, is missing; using {found} instead"
     write(found, {**TOY, "curves": {"c": TOY["curves"]["c"]}})
-    with pytest.raises(ConfigError, match=re.escape(f"{found} is another reference: it has no curve d (curves: c); give")):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"{found} is another reference: it has no curve d (curves: c); give")
+    ):
         reference_curves(record, "s", cwd=checkout)
     # the recorded file, while it exists, whatever the checkout holds
     gone.parent.mkdir(parents=True)

@@ -14,8 +14,17 @@ from flatlab.tracking.reports import REPORTS, StudyReport, resolve_reports, run_
 
 
 def toy_study(**reports_):
-    return Study(name="toy", workload="toy/ire_fig1", arms=(Arm("sgd", space={"lr": 0.1}),), metric="val/loss", mode="min", searcher="grid",
-                 scheduler="fifo", max_epochs=1, reports=reports_)
+    return Study(
+        name="toy",
+        workload="toy/ire_fig1",
+        arms=(Arm("sgd", space={"lr": 0.1}),),
+        metric="val/loss",
+        mode="min",
+        searcher="grid",
+        scheduler="fifo",
+        max_epochs=1,
+        reports=reports_,
+    )
 
 
 def test_the_declaration_is_resolved_with_its_defaults():
@@ -30,9 +39,15 @@ def test_every_problem_is_named_before_anything_runs():
         toy_study(toy_figur={}, toy_figure={"end": "val/abs_u"}, interpolation={"split": 3, "alpha": 1}).validate()
     lines = str(err.value).splitlines()
     assert lines[0] == "invalid study:"
-    assert "  study 'toy': reports: unknown report 'toy_figur' (did you mean 'toy_figure'?); valid reports: " in "\n".join(lines)
+    assert (
+        "  study 'toy': reports: unknown report 'toy_figur' (did you mean 'toy_figure'?); valid reports: "
+        in "\n".join(lines)
+    )
     assert "  study 'toy': reports: toy_figure needs flatness (the flatness metric, e.g. val/trace_hessian)" in lines
-    assert any(line.startswith("  study 'toy': reports: interpolation: unknown parameter(s) alpha; accepted: split") for line in lines)
+    assert any(
+        line.startswith("  study 'toy': reports: interpolation: unknown parameter(s) alpha; accepted: split")
+        for line in lines
+    )
     assert "  study 'toy': reports: interpolation: split=3 is not allowed; expected any str" in lines
     with pytest.raises(ConfigError, match=r"s: reports must be a mapping \{report name: \{param: value\}\}"):
         resolve_reports(["toy_figure"], "s")
@@ -62,7 +77,12 @@ def test_run_reports_runs_each_declared_report_and_survives_a_failing_one(monkey
     study = toy_study(broken={}, ok={"n": 2})
     assert run_reports(study, "sqlite:///x.db", tmp_path / "report", console) == ["ok: 2 in report"]
     assert calls == [("sqlite:///x.db", "toy", tmp_path / "report", {"n": 2})]
-    assert console.lines == ["[yellow]warning:[/yellow] report 'broken' of study 'toy' failed: no trials", "ok: 2 in report"]
+    assert console.lines == [
+        "[yellow]warning:[/yellow] report 'broken' of study 'toy' failed: no trials",
+        "ok: 2 in report",
+    ]
     assert run_reports(toy_study(), "sqlite:///x.db", Path(tmp_path), console) == []
     assert run_reports(toy_study(oops={}), "sqlite:///x.db", Path(tmp_path), console) == []  # never validated
-    assert console.lines[-1].startswith("[yellow]warning:[/yellow] no reports run: study 'toy': reports: unknown report 'oops'")
+    assert console.lines[-1].startswith(
+        "[yellow]warning:[/yellow] no reports run: study 'toy': reports: unknown report 'oops'"
+    )

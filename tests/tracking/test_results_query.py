@@ -47,8 +47,14 @@ def store(tmp_path_factory):
         parent = c.create_run(exp, start_time=start, tags={runs.TAG_ROLE: "study"}).info.run_id
         c.log_batch(parent, params=[Param("metric", "val/accuracy"), Param("mode", "max")])
         for i, (arm, opt, outcome, epochs, acc, fisher, params) in enumerate(trials):
-            tags = {runs.PARENT: parent, runs.TAG_ARM: arm, runs.TAG_OPT: opt, runs.TAG_OUTCOME: outcome,
-                    runs.TAG_SEED: "0", runs.TAG_TRIAL: f"t{i}"}
+            tags = {
+                runs.PARENT: parent,
+                runs.TAG_ARM: arm,
+                runs.TAG_OPT: opt,
+                runs.TAG_OUTCOME: outcome,
+                runs.TAG_SEED: "0",
+                runs.TAG_TRIAL: f"t{i}",
+            }
             run = c.create_run(exp, start_time=start + 1000 * (i + 1), tags=tags).info.run_id
             metrics = [Metric("epoch", epochs, 0, epochs)]
             for key, value in (("val/accuracy", acc), ("best/val/accuracy", acc), ("flat/fisher_trace", fisher)):
@@ -108,7 +114,9 @@ def test_filter_is_the_pandas_query(store):
     assert list(got["run_id"]) == list(expected["run_id"]) and len(got) == 4
     expected = df[(df["val/accuracy"] > 0.9) & (df["param.lr"] < 0.1)]
     got = frame(store, filter="`val/accuracy` > 0.9 and `param.lr` < 0.1")
-    assert list(got["run_id"]) == list(expected["run_id"]) and len(got) == 3  # t0, t6 and the pruned t2; not t3 (lr 0.1)
+    assert (
+        list(got["run_id"]) == list(expected["run_id"]) and len(got) == 3
+    )  # t0, t6 and the pruned t2; not t3 (lr 0.1)
     assert got.attrs["metric"] == "val/accuracy"
     csv = cli_csv(store, "--filter", "`param.s` == 3")
     assert sorted(csv["trial_id"]) == sorted(df.loc[df["param.s"] == 3, "trial_id"]) == ["t3", "t5"]
@@ -119,8 +127,12 @@ def test_a_bad_filter_is_one_clear_line(store):
         frame(store, filter="val/accuracy > 0.9")
     with pytest.raises(ConfigError, match=r"--filter 'epochs \+ 1': not a condition"):
         frame(store, filter="epochs + 1")
-    cli_fails(store, r"error: --filter \"outcome == 'completed' and\": SyntaxError: .*need backticks, e.g. \"`val/accuracy` > 0.9",
-              "--filter", "outcome == 'completed' and")
+    cli_fails(
+        store,
+        r"error: --filter \"outcome == 'completed' and\": SyntaxError: .*need backticks, e.g. \"`val/accuracy` > 0.9",
+        "--filter",
+        "outcome == 'completed' and",
+    )
     cli_fails(store, r"--filter 'epochs = 1': not a condition", "--filter", "epochs = 1")  # an assignment, not ==
     cli_fails(store, r"--filter 'param.lr < 1'.*need backticks", "--filter", "param.lr < 1")
 
@@ -139,7 +151,9 @@ def rank_by_hand(df, metric, ascending):
     """Completed first, then pruned, ..., each by the metric, NaN last (the documented ranking)."""
     rank = {"completed": 0, "pruned": 1, "interrupted": 2, "diverged": 3, "error": 4}
     keyed = df.assign(_r=df["outcome"].map(rank))
-    return list(keyed.sort_values(["_r", metric], ascending=[True, ascending], na_position="last", kind="stable")["trial_id"])
+    return list(
+        keyed.sort_values(["_r", metric], ascending=[True, ascending], na_position="last", kind="stable")["trial_id"]
+    )
 
 
 def test_metric_ranks_with_the_inferred_or_given_mode(store):
@@ -155,14 +169,32 @@ def test_metric_ranks_with_the_inferred_or_given_mode(store):
     assert list(cli_csv(store, "--metric", "flat/fisher_trace", "--best")["trial_id"]) == ["t6", "t4", "t1"]
     with pytest.raises(ConfigError, match=r"--metric 'flat/fisher' is not a metric.*did you mean 'flat/fisher_trace'"):
         frame(store, metric="flat/fisher")
-    cli_fails(store, r"--mode 'lowest' is not supported; expected one of min, max", "--metric", "flat/fisher_trace", "--mode", "lowest")
+    cli_fails(
+        store,
+        r"--mode 'lowest' is not supported; expected one of min, max",
+        "--metric",
+        "flat/fisher_trace",
+        "--mode",
+        "lowest",
+    )
 
 
-@pytest.mark.parametrize("metric, mode", [
-    ("val/loss", "min"), ("train/loss_smoothed", "min"), ("test/perplexity", "min"), ("flat/neighbourhood_loss_var", "min"),
-    ("flat/avg_sharpness", "min"), ("time/epoch_s", "min"), ("train/steps_to_target", "min"), ("val/accuracy", "max"),
-    ("test/f1", "max"), ("train/speedup", "max"), ("val/pearson", "max"),
-])
+@pytest.mark.parametrize(
+    "metric, mode",
+    [
+        ("val/loss", "min"),
+        ("train/loss_smoothed", "min"),
+        ("test/perplexity", "min"),
+        ("flat/neighbourhood_loss_var", "min"),
+        ("flat/avg_sharpness", "min"),
+        ("time/epoch_s", "min"),
+        ("train/steps_to_target", "min"),
+        ("val/accuracy", "max"),
+        ("test/f1", "max"),
+        ("train/speedup", "max"),
+        ("val/pearson", "max"),
+    ],
+)
 def test_inferred_modes(metric, mode):
     assert infer_mode(metric) == mode
 
@@ -172,11 +204,17 @@ def test_sort_and_columns(store):
     got = frame(store, sort="-param.lr")
     assert list(got["trial_id"]) == list(df.sort_values("param.lr", ascending=False, kind="stable")["trial_id"])
     got = frame(store, sort=["arm", "-epochs"])
-    assert list(got["trial_id"]) == list(df.sort_values(["arm", "epochs"], ascending=[True, False], kind="stable")["trial_id"])
+    assert list(got["trial_id"]) == list(
+        df.sort_values(["arm", "epochs"], ascending=[True, False], kind="stable")["trial_id"]
+    )
     csv = cli_csv(store, "--sort", "-epochs", "--sort", "trial_id", "--columns", "trial_id,epochs,param.lr")
     assert list(csv.columns) == ["trial_id", "epochs", "param.lr"]
-    assert list(csv["trial_id"]) == list(df.sort_values(["epochs", "trial_id"], ascending=[False, True], kind="stable")["trial_id"])
-    with pytest.raises(ConfigError, match=r"--columns s, nope: no such column \(did you mean 'param.s'\?\); available columns: arm, "):
+    assert list(csv["trial_id"]) == list(
+        df.sort_values(["epochs", "trial_id"], ascending=[False, True], kind="stable")["trial_id"]
+    )
+    with pytest.raises(
+        ConfigError, match=r"--columns s, nope: no such column \(did you mean 'param.s'\?\); available columns: arm, "
+    ):
         frame(store, columns="arm,s,nope")
     cli_fails(store, r"--sort nope: no such column; available columns: arm, optimizer", "--sort", "-nope")
     table = " ".join(cli(store, "--columns", "trial_id,val/accuracy,param.s").output.split())
@@ -191,15 +229,32 @@ def test_table_shows_a_short_launch_and_a_readable_start(store):
     when = datetime.datetime.fromtimestamp(first_start / 1000).strftime("%Y-%m-%d %H:%M:%S")
     assert latest[:8] in res.output and latest not in res.output and when in res.output
     csv = cli_csv(store)
-    assert set(csv["launch"]) == {latest} and sorted(csv["start_time"]) == [T0 + 1000 * (i + 1) for i in range(len(TRIALS))]
+    assert set(csv["launch"]) == {latest} and sorted(csv["start_time"]) == [
+        T0 + 1000 * (i + 1) for i in range(len(TRIALS))
+    ]
     every = cli_csv(store, "--all")
     assert len(every) == len(TRIALS) + 1 and every["launch"].nunique() == 2
 
 
 def test_cli_and_python_api_give_the_same_frame(store):
-    api = frame(store, arms="tsam", filter="outcome == 'completed'", metric="flat/fisher_trace", columns=["trial_id", "flat/fisher_trace"])
-    csv = cli_csv(store, "--arm", "tsam", "--filter", "outcome == 'completed'", "--metric", "flat/fisher_trace",
-                  "--columns", "trial_id,flat/fisher_trace")
+    api = frame(
+        store,
+        arms="tsam",
+        filter="outcome == 'completed'",
+        metric="flat/fisher_trace",
+        columns=["trial_id", "flat/fisher_trace"],
+    )
+    csv = cli_csv(
+        store,
+        "--arm",
+        "tsam",
+        "--filter",
+        "outcome == 'completed'",
+        "--metric",
+        "flat/fisher_trace",
+        "--columns",
+        "trial_id,flat/fisher_trace",
+    )
     assert list(api["trial_id"]) == list(csv["trial_id"]) == ["t4", "t3"]
     assert list(api["flat/fisher_trace"]) == list(csv["flat/fisher_trace"]) == [5.0, 7.0]
 

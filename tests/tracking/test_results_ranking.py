@@ -14,7 +14,14 @@ def frame():
         # arm sgd: a pruned trial whose partial value beats the completed one; a diverged one
         {"arm": "sgd", "trial_id": "p", "outcome": "pruned", "epochs": 1, "val/accuracy": 0.99, "stage": "search"},
         {"arm": "sgd", "trial_id": "c", "outcome": "completed", "epochs": 9, "val/accuracy": 0.90, "stage": "search"},
-        {"arm": "sgd", "trial_id": "d", "outcome": "diverged", "epochs": 2, "val/accuracy": float("nan"), "stage": "search"},
+        {
+            "arm": "sgd",
+            "trial_id": "d",
+            "outcome": "diverged",
+            "epochs": 2,
+            "val/accuracy": float("nan"),
+            "stage": "search",
+        },
         {"arm": "sgd", "trial_id": "f", "outcome": "completed", "epochs": 9, "val/accuracy": 0.999, "stage": "final"},
         # arm tsam: nothing completed, one errored with the best value, one pruned
         {"arm": "tsam", "trial_id": "e", "outcome": "error", "epochs": 1, "val/accuracy": 0.95, "stage": "search"},
@@ -34,10 +41,23 @@ def test_sort_ranks_outcomes_before_values():
 
 
 def test_exact_ties_are_ordered_by_start_time_then_run_id_whatever_order_mlflow_returned():
-    rows = [{"arm": "sgd", "trial_id": t, "run_id": r, "start_time": pd.Timestamp(s), "outcome": "completed",
-             "epochs": 9, "val/accuracy": 0.9, "best/val/accuracy": 0.9}
-            for t, r, s in (("late", "r1", "2026-12-05 10:00"), ("early_b", "r3", "2026-12-05 09:00"),
-                            ("early_a", "r2", "2026-12-05 09:00"))]
+    rows = [
+        {
+            "arm": "sgd",
+            "trial_id": t,
+            "run_id": r,
+            "start_time": pd.Timestamp(s),
+            "outcome": "completed",
+            "epochs": 9,
+            "val/accuracy": 0.9,
+            "best/val/accuracy": 0.9,
+        }
+        for t, r, s in (
+            ("late", "r1", "2026-12-05 10:00"),
+            ("early_b", "r3", "2026-12-05 09:00"),
+            ("early_a", "r2", "2026-12-05 09:00"),
+        )
+    ]
     df = pd.DataFrame(rows)
     for shuffled in (df, df.iloc[::-1], df.iloc[[1, 2, 0]]):
         assert list(sort_trials(shuffled, "val/accuracy", "max")["trial_id"]) == ["early_a", "early_b", "late"]
@@ -51,9 +71,18 @@ def test_the_best_trial_is_a_completed_search_trial_never_a_pruned_failed_or_fin
 def test_by_config_counts_target_misses():
     rows = []
     for seed, steps in enumerate([100.0, None, 140.0]):
-        rows.append({"arm": "sgd_ire", "seed": seed, "outcome": "completed", "val/accuracy": 0.9,
-                     "best/val/accuracy": 0.9, "train/steps_to_target": steps,
-                     "train/speedup": None if steps is None else 200.0 / steps, "param.kappa": 2.0})
+        rows.append(
+            {
+                "arm": "sgd_ire",
+                "seed": seed,
+                "outcome": "completed",
+                "val/accuracy": 0.9,
+                "best/val/accuracy": 0.9,
+                "train/steps_to_target": steps,
+                "train/speedup": None if steps is None else 200.0 / steps,
+                "param.kappa": 2.0,
+            }
+        )
     df = pd.DataFrame(rows)
     df.attrs.update(metric="val/accuracy", mode="max")
     out = by_config(df)
@@ -83,10 +112,23 @@ def test_trials_frame_masks_sentinels(tmp_path):
 
 def test_by_config_best_is_the_final_stage_row_where_an_arm_has_one():
     rows = []
-    for stage, lr, seeds, acc in (("search", 0.1, [0], [0.95]), ("search", 0.2, [0], [0.97]), ("final", 0.1, [1, 2, 3], [0.93, 0.94, 0.95])):
+    for stage, lr, seeds, acc in (
+        ("search", 0.1, [0], [0.95]),
+        ("search", 0.2, [0], [0.97]),
+        ("final", 0.1, [1, 2, 3], [0.93, 0.94, 0.95]),
+    ):
         for seed, a in zip(seeds, acc):
-            rows.append({"arm": "sgd", "stage": stage, "seed": seed, "outcome": "completed", "val/accuracy": a,
-                         "best/val/accuracy": a, "param.lr": lr})
+            rows.append(
+                {
+                    "arm": "sgd",
+                    "stage": stage,
+                    "seed": seed,
+                    "outcome": "completed",
+                    "val/accuracy": a,
+                    "best/val/accuracy": a,
+                    "param.lr": lr,
+                }
+            )
     df = pd.DataFrame(rows)
     df.attrs.update(metric="val/accuracy", mode="max")
     pooled = by_config(df)
@@ -100,12 +142,27 @@ def grid_with_a_final_stage():
     """Two arms, 2 seeds per configuration, each arm's chosen configuration re-run on 2 final seeds:
     sgd wins the search (mean 0.92 against 0.91), tsam's final seeds do better (0.96 against 0.90)."""
     rows = []
-    for arm, stage, lr, values in (("tsam", "search", 0.1, [0.90, 0.92]), ("tsam", "search", 0.2, [0.95, 0.80]),
-                                   ("tsam", "final", 0.1, [0.96, 0.96]),
-                                   ("sgd", "search", 0.1, [0.93, 0.91]), ("sgd", "final", 0.1, [0.90, 0.90])):
+    for arm, stage, lr, values in (
+        ("tsam", "search", 0.1, [0.90, 0.92]),
+        ("tsam", "search", 0.2, [0.95, 0.80]),
+        ("tsam", "final", 0.1, [0.96, 0.96]),
+        ("sgd", "search", 0.1, [0.93, 0.91]),
+        ("sgd", "final", 0.1, [0.90, 0.90]),
+    ):
         for seed, v in enumerate(values, start=0 if stage == "search" else 5):
-            rows.append({"arm": arm, "stage": stage, "seed": seed, "trial_id": f"{arm}{lr}{seed}", "outcome": "completed",
-                         "epochs": 9, "val/accuracy": v, "best/val/accuracy": v, "param.lr": lr})
+            rows.append(
+                {
+                    "arm": arm,
+                    "stage": stage,
+                    "seed": seed,
+                    "trial_id": f"{arm}{lr}{seed}",
+                    "outcome": "completed",
+                    "epochs": 9,
+                    "val/accuracy": v,
+                    "best/val/accuracy": v,
+                    "param.lr": lr,
+                }
+            )
     df = sort_trials(pd.DataFrame(rows), "val/accuracy", "max")
     df.attrs.update(metric="val/accuracy", mode="max")
     return df
@@ -124,15 +181,31 @@ def test_by_config_best_takes_the_final_rows_of_the_chosen_configuration_across_
     # --all: an earlier launch chose tsam's lr 0.2 and re-ran it on final seeds; over both launches' search
     # trials lr 0.1 is chosen (mean 0.91 against 0.875), so its final rows are the answer, not lr 0.2's
     df = grid_with_a_final_stage()
-    rows = [{"arm": "tsam", "stage": "final", "seed": 7 + i, "trial_id": f"old{i}", "outcome": "completed", "epochs": 9,
-             "val/accuracy": 0.99, "best/val/accuracy": 0.99, "param.lr": 0.2} for i in range(2)]
+    rows = [
+        {
+            "arm": "tsam",
+            "stage": "final",
+            "seed": 7 + i,
+            "trial_id": f"old{i}",
+            "outcome": "completed",
+            "epochs": 9,
+            "val/accuracy": 0.99,
+            "best/val/accuracy": 0.99,
+            "param.lr": 0.2,
+        }
+        for i in range(2)
+    ]
     both = sort_trials(pd.concat([pd.DataFrame(rows), df], ignore_index=True), "val/accuracy", "max")
     both.attrs.update(df.attrs)
     pooled = by_config(both)
-    assert pooled[(pooled["arm"] == "tsam") & (pooled["stage"] == "final")]["param.lr"].tolist()[0] == 0.2  # listed first
+    assert (
+        pooled[(pooled["arm"] == "tsam") & (pooled["stage"] == "final")]["param.lr"].tolist()[0] == 0.2
+    )  # listed first
     best = chosen_configurations(pooled, both)
     assert best["arm"].tolist() == ["sgd", "tsam"] and best["param.lr"].tolist() == [0.1, 0.1]
-    assert best["stage"].tolist() == ["final", "final"] and best["val/accuracy mean"].tolist() == pytest.approx([0.90, 0.96])
+    assert best["stage"].tolist() == ["final", "final"] and best["val/accuracy mean"].tolist() == pytest.approx(
+        [0.90, 0.96]
+    )
 
 
 def test_best_tables_show_the_score_and_say_which_trials_chose():
@@ -146,13 +219,18 @@ def test_best_tables_show_the_score_and_say_which_trials_chose():
     assert "search val/accuracy mean" in header and "search seeds" in header  # several seeds: the mean is shown
     assert [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")] == ["sgd", "tsam"]
     caption = " ".join(text.split())
-    assert ("each arm's best trial of its best configuration, chosen on completed search trials by the mean "
-            "final-epoch val/accuracy over seeds (higher is better); arms best first by that mean. Final-stage "
-            "trials are not candidates: `flatlab results --by-config --best` and `flatlab compare` report them") in caption
+    assert (
+        "each arm's best trial of its best configuration, chosen on completed search trials by the mean "
+        "final-epoch val/accuracy over seeds (higher is better); arms best first by that mean. Final-stage "
+        "trials are not candidates: `flatlab results --by-config --best` and `flatlab compare` report them"
+    ) in caption
     one = df[df["seed"] != 1].reset_index(drop=True)  # one search seed (an Optuna search): the mean is the value
     one.attrs.update(df.attrs)
     console = Console(record=True, width=250)
     render(best_trial_rows(one), console)
     text = console.export_text()
     assert "search" not in text.splitlines()[1] and "chosen on completed search trials" in text
-    assert [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")] == ["tsam", "sgd"]  # 0.95, 0.93
+    assert [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")] == [
+        "tsam",
+        "sgd",
+    ]  # 0.95, 0.93

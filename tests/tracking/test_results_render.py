@@ -15,8 +15,17 @@ def _table(df) -> str:
 
 def test_ids_stay_text_and_float_params_are_shortened():
     df = pd.DataFrame(
-        {"arm": ["sgd"], "trial_id": ["11879e00"], "status": ["FINISHED"], "outcome": ["completed"], "epochs": [3],
-         "val/accuracy": [0.912345], "best/val/accuracy": [0.93], "test/accuracy": [0.9], "param.lr": ["0.08560000001"]}
+        {
+            "arm": ["sgd"],
+            "trial_id": ["11879e00"],
+            "status": ["FINISHED"],
+            "outcome": ["completed"],
+            "epochs": [3],
+            "val/accuracy": [0.912345],
+            "best/val/accuracy": [0.93],
+            "test/accuracy": [0.9],
+            "param.lr": ["0.08560000001"],
+        }
     )
     df.attrs["metric"] = "val/accuracy"
     text = _table(df)
@@ -26,9 +35,19 @@ def test_ids_stay_text_and_float_params_are_shortened():
 
 def test_language_model_and_speedup_columns_appear_when_recorded():
     df = pd.DataFrame(
-        {"arm": ["adamw", "adamw_ire"], "trial_id": ["a1", "b2"], "status": ["FINISHED"] * 2, "outcome": ["completed"] * 2,
-         "epochs": [1, 1], "val/loss": [5.6, 5.5], "best/val/loss": [5.6, 5.5], "test/accuracy": [0.21, 0.22],
-         "test/perplexity": [270.4, 244.7], "train/steps_to_target": [24576.0, 12352.0], "train/speedup": [1.0, 1.9896]}
+        {
+            "arm": ["adamw", "adamw_ire"],
+            "trial_id": ["a1", "b2"],
+            "status": ["FINISHED"] * 2,
+            "outcome": ["completed"] * 2,
+            "epochs": [1, 1],
+            "val/loss": [5.6, 5.5],
+            "best/val/loss": [5.6, 5.5],
+            "test/accuracy": [0.21, 0.22],
+            "test/perplexity": [270.4, 244.7],
+            "train/steps_to_target": [24576.0, 12352.0],
+            "train/speedup": [1.0, 1.9896],
+        }
     )
     df.attrs["metric"] = "val/loss"
     header = _table(df).splitlines()[1]
@@ -46,12 +65,33 @@ def _seeded_trials():
     rows = []
     for rho, accs in ((0.05, [0.90, 0.92, 0.94]), (0.1, [0.95, 0.97, None])):
         for seed, acc in enumerate(accs):
-            rows.append({"arm": "sam", "seed": seed, "outcome": "completed" if acc else "diverged",
-                         "val/accuracy": acc, "best/val/accuracy": acc, "test/accuracy": acc and acc - 0.01,
-                         "param.lr": 0.1, "param.rho": rho, "trial_id": f"s{rho}{seed}"})
+            rows.append(
+                {
+                    "arm": "sam",
+                    "seed": seed,
+                    "outcome": "completed" if acc else "diverged",
+                    "val/accuracy": acc,
+                    "best/val/accuracy": acc,
+                    "test/accuracy": acc and acc - 0.01,
+                    "param.lr": 0.1,
+                    "param.rho": rho,
+                    "trial_id": f"s{rho}{seed}",
+                }
+            )
     for seed, acc in enumerate([0.91, 0.89, 0.90]):
-        rows.append({"arm": "sgd", "seed": seed, "outcome": "completed", "val/accuracy": acc, "best/val/accuracy": acc,
-                     "test/accuracy": acc - 0.02, "param.lr": 0.1, "param.rho": None, "trial_id": f"g{seed}"})
+        rows.append(
+            {
+                "arm": "sgd",
+                "seed": seed,
+                "outcome": "completed",
+                "val/accuracy": acc,
+                "best/val/accuracy": acc,
+                "test/accuracy": acc - 0.02,
+                "param.lr": 0.1,
+                "param.rho": None,
+                "trial_id": f"g{seed}",
+            }
+        )
     df = pd.DataFrame(rows)
     df.attrs["metric"], df.attrs["mode"] = "val/accuracy", "max"
     return df
@@ -86,11 +126,25 @@ def test_by_config_of_one_seed_has_no_std():
 
 def _wide_trials():
     """Three trials with the columns of `flatlab results`, four params each (MLflow keeps params as text)."""
-    rows = [{"arm": arm, "trial_id": f"11879e0{i}", "status": "FINISHED", "outcome": "completed", "epochs": 30,
-             "val/accuracy": acc, "best/val/accuracy": acc + 0.001, "test/accuracy": acc - 0.01,
-             "launch": "abcdef0123456789", "start_time": 1.7e12, "param.lr": "0.08560000001", "param.momentum": "0.9",
-             "param.weight_decay": "0.000512345", "param.rho": "0.05"}
-            for i, (arm, acc) in enumerate([("sgd", 0.91234), ("sam", 0.93456), ("adamw_ire_long", 0.90125)])]
+    rows = [
+        {
+            "arm": arm,
+            "trial_id": f"11879e0{i}",
+            "status": "FINISHED",
+            "outcome": "completed",
+            "epochs": 30,
+            "val/accuracy": acc,
+            "best/val/accuracy": acc + 0.001,
+            "test/accuracy": acc - 0.01,
+            "launch": "abcdef0123456789",
+            "start_time": 1.7e12,
+            "param.lr": "0.08560000001",
+            "param.momentum": "0.9",
+            "param.weight_decay": "0.000512345",
+            "param.rho": "0.05",
+        }
+        for i, (arm, acc) in enumerate([("sgd", 0.91234), ("sam", 0.93456), ("adamw_ire_long", 0.90125)])
+    ]
     df = pd.DataFrame(rows)
     df.attrs["metric"] = "val/accuracy"
     return df

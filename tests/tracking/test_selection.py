@@ -16,9 +16,14 @@ def T(arm, value, seed=0, ref=None, **params):
 
 
 def test_the_best_configuration_is_the_best_mean_over_seeds():
-    trials = [T("sam", 0.90, 0, rho=0.05), T("sam", 0.80, 1, rho=0.05),  # mean 0.85, best single trial
-              T("sam", 0.88, 0, rho=0.1), T("sam", 0.86, 1, rho=0.1),  # mean 0.87
-              T("sam", None, 2, rho=0.1), T("sam", None, 0, rho=0.2)]  # not completed: no part, rho 0.2 absent
+    trials = [
+        T("sam", 0.90, 0, rho=0.05),
+        T("sam", 0.80, 1, rho=0.05),  # mean 0.85, best single trial
+        T("sam", 0.88, 0, rho=0.1),
+        T("sam", 0.86, 1, rho=0.1),  # mean 0.87
+        T("sam", None, 2, rho=0.1),
+        T("sam", None, 0, rho=0.2),
+    ]  # not completed: no part, rho 0.2 absent
     ranked = sel.rank_configurations(trials, "max")["sam"]
     assert [dict(c.config)["rho"] for c in ranked] == [(0, 0.1), (0, 0.05)]
     assert ranked[0].mean == pytest.approx(0.87) and ranked[0].seeds == 2 and ranked[1].mean == pytest.approx(0.85)
@@ -41,22 +46,39 @@ def test_ties_go_to_more_seeds_then_the_smaller_configuration_whatever_the_order
 def test_a_configuration_is_the_same_from_tune_mlflow_and_a_table():
     tune = sel.config_key({"lr": 0.1, "depth": 3, "opt": "sgd", "nesterov": True, "wd": None})
     mlflow = sel.config_key({"lr": "0.1", "depth": "3", "opt": "sgd", "nesterov": "True", "wd": "None"})
-    table = sel.config_key({"lr": 0.1, "depth": pd.array([3], dtype="Int64")[0], "opt": "sgd", "nesterov": "True",
-                            "wd": "None", "rho": float("nan"), "s": pd.NA})  # NaN/NA: a param this trial has not
+    table = sel.config_key(
+        {
+            "lr": 0.1,
+            "depth": pd.array([3], dtype="Int64")[0],
+            "opt": "sgd",
+            "nesterov": "True",
+            "wd": "None",
+            "rho": float("nan"),
+            "s": pd.NA,
+        }
+    )  # NaN/NA: a param this trial has not
     assert tune == mlflow == table
 
 
 def test_the_trial_for_a_seed_comes_from_the_best_ranked_configuration_that_has_it():
-    trials = [T("r", 0.9, 0, ref="a0", lr=1), T("r", 0.9, 1, ref="a1", lr=1), T("r", 0.7, 2, ref="b2", lr=2),
-              T("r", 0.6, "1", ref="b1", lr=2)]
+    trials = [
+        T("r", 0.9, 0, ref="a0", lr=1),
+        T("r", 0.9, 1, ref="a1", lr=1),
+        T("r", 0.7, 2, ref="b2", lr=2),
+        T("r", 0.6, "1", ref="b1", lr=2),
+    ]
     ranked = sel.rank_configurations(trials, "max")["r"]
     assert sel.trial_for_seed(ranked, 1).ref == "a1" and sel.trial_for_seed(ranked, "0").ref == "a0"
     assert sel.trial_for_seed(ranked, 2).ref == "b2" and sel.trial_for_seed(ranked, 3) is None
 
 
 def test_completed_and_the_outcome_rule():
-    df = pd.DataFrame({"outcome": ["completed", "pruned", None, None, "", "diverged"],
-                       "status": ["FINISHED", "KILLED", "FINISHED", "RUNNING", "FINISHED", "FAILED"]})
+    df = pd.DataFrame(
+        {
+            "outcome": ["completed", "pruned", None, None, "", "diverged"],
+            "status": ["FINISHED", "KILLED", "FINISHED", "RUNNING", "FINISHED", "FAILED"],
+        }
+    )
     assert sel.completed(df).tolist() == [True, False, True, False, True, False]  # untagged FINISHED counts
     assert sel.trial_outcome({"completed": 1, "val/loss": 0.3}, False, "val/loss") == "completed"
     assert sel.trial_outcome({"completed": 1, "val/loss": math.inf}, False, "val/loss") == "diverged"
@@ -76,12 +98,16 @@ def test_reference_arm_and_ranking_names():
 
 def frame():
     rows = [  # arm, stage, seed, outcome, lr, final, best
-        ("sgd", "search", 0, "completed", 0.1, 0.80, 0.95), ("sgd", "search", 1, "completed", 0.1, 0.84, 0.96),
-        ("sgd", "search", 0, "completed", 0.2, 0.83, 0.83), ("sgd", "search", 1, "diverged", 0.2, None, 0.5),
+        ("sgd", "search", 0, "completed", 0.1, 0.80, 0.95),
+        ("sgd", "search", 1, "completed", 0.1, 0.84, 0.96),
+        ("sgd", "search", 0, "completed", 0.2, 0.83, 0.83),
+        ("sgd", "search", 1, "diverged", 0.2, None, 0.5),
         ("sgd", "final", 5, "completed", 0.2, 0.99, 0.99),  # a re-run: never a candidate
         ("tsam", "search", 0, "pruned", 0.1, 0.99, 0.99),
     ]
-    df = pd.DataFrame(rows, columns=["arm", "stage", "seed", "outcome", "param.lr", "val/accuracy", "best/val/accuracy"])
+    df = pd.DataFrame(
+        rows, columns=["arm", "stage", "seed", "outcome", "param.lr", "val/accuracy", "best/val/accuracy"]
+    )
     df.attrs.update(metric="val/accuracy", mode="max")
     return df
 
@@ -102,10 +128,16 @@ def reported():
     """The demo's report: each arm's search trials (one seed each, as Optuna runs them) and its final-stage
     re-runs of the chosen configuration, whose values differ from the search trial's."""
     rows = [  # arm, stage, seed, lr, final value
-        ("sam", "search", 0, 0.1, 0.9526), ("sam", "search", 0, 0.3, 0.9400), ("sam", "final", 1, 0.1, 0.9700),
-        ("sgd_ire", "search", 0, 0.1, 0.9582), ("sgd_ire", "final", 1, 0.1, 0.9500),
-        ("tsam", "search", 0, 0.1, 0.9499), ("tsam", "final", 1, 0.1, 0.9554), ("tsam", "final", 2, 0.1, 0.9560),
-        ("sgd", "search", 0, 0.1, 0.9554), ("sgd", "final", 1, 0.1, 0.9300),
+        ("sam", "search", 0, 0.1, 0.9526),
+        ("sam", "search", 0, 0.3, 0.9400),
+        ("sam", "final", 1, 0.1, 0.9700),
+        ("sgd_ire", "search", 0, 0.1, 0.9582),
+        ("sgd_ire", "final", 1, 0.1, 0.9500),
+        ("tsam", "search", 0, 0.1, 0.9499),
+        ("tsam", "final", 1, 0.1, 0.9554),
+        ("tsam", "final", 2, 0.1, 0.9560),
+        ("sgd", "search", 0, 0.1, 0.9554),
+        ("sgd", "final", 1, 0.1, 0.9300),
     ]
     df = pd.DataFrame(rows, columns=["arm", "stage", "seed", "param.lr", "val/accuracy"])
     df["outcome"], df["best/val/accuracy"] = "completed", df["val/accuracy"]
@@ -113,8 +145,9 @@ def reported():
     return df
 
 
-@pytest.mark.parametrize("mode, arms", [("max", ["sgd_ire", "sgd", "sam", "tsam"]),
-                                        ("min", ["sam", "tsam", "sgd", "sgd_ire"])])  # sam: lr 0.3
+@pytest.mark.parametrize(
+    "mode, arms", [("max", ["sgd_ire", "sgd", "sam", "tsam"]), ("min", ["sam", "tsam", "sgd", "sgd_ire"])]
+)  # sam: lr 0.3
 def test_best_trial_rows_list_arms_best_first_by_the_rule_whatever_the_final_stage_and_row_order(mode, arms):
     from flatlab.tracking.results import sort_trials
 
@@ -131,11 +164,17 @@ def test_best_trial_rows_list_arms_best_first_by_the_rule_whatever_the_final_sta
 
 
 def test_arms_rank_by_the_mean_then_more_seeds_then_the_best_trial_then_the_name():
-    trials = [T("b", 0.9, 0, lr=1), T("b", 0.7, 1, lr=1),  # mean 0.8 over 2 seeds, best trial 0.9
-              T("a", 0.8, 0, lr=1),  # mean 0.8 over 1 seed
-              T("d", 0.85, 0, lr=1), T("d", 0.75, 1, lr=1),  # mean 0.8 over 2 seeds, best trial 0.85
-              T("c", 0.8, 0, lr=1),  # as a: the name decides
-              T("e", 0.81, 0, lr=2), T("e", 0.99, 0, lr=3), T("e", 0.1, 1, lr=3)]  # chosen lr 2 by its mean 0.81
+    trials = [
+        T("b", 0.9, 0, lr=1),
+        T("b", 0.7, 1, lr=1),  # mean 0.8 over 2 seeds, best trial 0.9
+        T("a", 0.8, 0, lr=1),  # mean 0.8 over 1 seed
+        T("d", 0.85, 0, lr=1),
+        T("d", 0.75, 1, lr=1),  # mean 0.8 over 2 seeds, best trial 0.85
+        T("c", 0.8, 0, lr=1),  # as a: the name decides
+        T("e", 0.81, 0, lr=2),
+        T("e", 0.99, 0, lr=3),
+        T("e", 0.1, 1, lr=3),
+    ]  # chosen lr 2 by its mean 0.81
     for order in (trials, trials[::-1]):
         best = sel.best_configurations(order, "max")
         assert sel.rank_arms(best, "max") == ["e", "b", "d", "a", "c"]

@@ -40,20 +40,31 @@ def child(uri, exp, parent, arm, seed, curve, val_loss=None, status="FINISHED"):
 
 
 def study(**kw):
-    return Study(name="s", workload="digits", arms=(Arm("adamw"), Arm("sgd", name="fast"), Arm("sgd", name="slow")),
-                 metric="val/loss", mode="min", seeds=(0, 1, 2), **kw)
+    return Study(
+        name="s",
+        workload="digits",
+        arms=(Arm("adamw"), Arm("sgd", name="fast"), Arm("sgd", name="slow")),
+        metric="val/loss",
+        mode="min",
+        seeds=(0, 1, 2),
+        **kw,
+    )
 
 
 def logged(uri, run_id):
     r = runs.client(uri).get_run(run_id)
-    return {k: v for k, v in r.data.metrics.items() if k in (su.STEPS_METRIC, su.SPEEDUP_METRIC)}, r.data.tags.get(su.TAG_REACHED)
+    return {k: v for k, v in r.data.metrics.items() if k in (su.STEPS_METRIC, su.SPEEDUP_METRIC)}, r.data.tags.get(
+        su.TAG_REACHED
+    )
 
 
 def test_speedup_against_the_best_reference_trial_of_each_seed(store):
     uri, exp, parent = new_launch(store, "ref")
     # seed 0: two reference trials; the best by val/loss (min) is A, whose final smoothed loss is 1.1 over 10 steps
     ref_a = child(uri, exp, parent, "adamw", 0, [(1, 3.0), (2, 2.0), (4, 1.5), (8, 1.2), (10, 1.1)], val_loss=0.5)
-    ref_b = child(uri, exp, parent, "adamw", 0, [(1, 3.0), (5, 1.05), (10, 0.9)], val_loss=0.7)  # lower loss, worse metric
+    ref_b = child(
+        uri, exp, parent, "adamw", 0, [(1, 3.0), (5, 1.05), (10, 0.9)], val_loss=0.7
+    )  # lower loss, worse metric
     fast = child(uri, exp, parent, "fast", 0, [(2, 2.5), (4, 1.1), (6, 1.0)], val_loss=0.4)
     slow = child(uri, exp, parent, "slow", 0, [(5, 2.0), (10, 1.5)], val_loss=0.9)
     killed = child(uri, exp, parent, "fast", 0, [(1, 0.1)], val_loss=0.1, status="KILLED")
@@ -68,8 +79,10 @@ def test_speedup_against_the_best_reference_trial_of_each_seed(store):
     out = su.log_steps_to_target(uri, exp, parent, study(reference_arm="adamw"))
 
     assert out["errors"] == []
-    assert out["targets"] == {0: {"target": 1.1, "reference_run": ref_a, "reference_steps": 10},
-                              1: {"target": 1.0, "reference_run": ref_c, "reference_steps": 3}}
+    assert out["targets"] == {
+        0: {"target": 1.1, "reference_run": ref_a, "reference_steps": 10},
+        1: {"target": 1.0, "reference_run": ref_c, "reference_steps": 3},
+    }
     assert logged(uri, fast) == ({"train/steps_to_target": 4.0, "train/speedup": 2.5}, "true")
     assert logged(uri, ref_a) == ({"train/steps_to_target": 10.0, "train/speedup": 1.0}, "true")
     assert logged(uri, ref_b) == ({"train/steps_to_target": 5.0, "train/speedup": 2.0}, "true")
@@ -91,8 +104,10 @@ def test_fixed_target_logs_steps_only(store):
     out = su.log_steps_to_target(uri, exp, parent, study(target_loss=1.5))
     assert logged(uri, a) == ({"train/steps_to_target": 4.0}, "true")
     assert logged(uri, b) == ({"train/steps_to_target": 4.0}, "true")
-    assert out["targets"] == {0: {"target": 1.5, "reference_run": None, "reference_steps": None},
-                              1: {"target": 1.5, "reference_run": None, "reference_steps": None}}
+    assert out["targets"] == {
+        0: {"target": 1.5, "reference_run": None, "reference_steps": None},
+        1: {"target": 1.5, "reference_run": None, "reference_steps": None},
+    }
     history = runs.client(uri).get_metric_history(parent, su.TARGET_METRIC)
     assert sorted((m.step, m.value) for m in history) == [(0, 1.5), (1, 1.5)]
     assert su.log_steps_to_target(uri, exp, parent, study()) == {"targets": {}, "runs": {}, "skipped": {}, "errors": []}
@@ -122,7 +137,8 @@ def test_an_mlflow_failure_on_one_run_does_not_stop_the_others(store, monkeypatc
     assert out["runs"][ref]["steps_to_target"] == 2 and bad not in out["runs"]
     monkeypatch.setattr(su.runs, "client", lambda u: (_ for _ in ()).throw(ConnectionError("down")))
     assert su.log_steps_to_target(uri, exp, parent, study(reference_arm="adamw"))["errors"] == [
-        f"listing the child runs of {parent}: down"]
+        f"listing the child runs of {parent}: down"
+    ]
 
 
 def test_log_curve_sends_batches_of_at_most_1000():
@@ -146,7 +162,9 @@ def test_trial_artifacts_log_the_curve_as_a_metric_history(store):
     import torch
 
     curve = [(4 * i, 3.0 - i / 1000) for i in range(1, 1202)]
-    got = log_trial_artifacts(WorkerTracking(uri, exp, parent, log_models=False), "t1", torch.nn.Linear(1, 1), spec, {}, curve=curve)
+    got = log_trial_artifacts(
+        WorkerTracking(uri, exp, parent, log_models=False), "t1", torch.nn.Linear(1, 1), spec, {}, curve=curve
+    )
     assert got == run_id
     history = sorted((m.step, m.value) for m in c.get_metric_history(run_id, CURVE_METRIC))
     assert history == curve

@@ -45,8 +45,10 @@ def store(tmp_path):
     (out / "launch.json").write_text(json.dumps({"experiment_name": LAUNCH, "parent_run_id": parent}))
     storage = f"sqlite:///{out / 'optuna.db'}"
     st = optuna.create_study(study_name=f"{LAUNCH}.sgd", storage=storage, direction="maximize")
-    dists = {"lr": optuna.distributions.FloatDistribution(0.01, 0.5, log=True),
-             "momentum": optuna.distributions.FloatDistribution(0.5, 0.95)}
+    dists = {
+        "lr": optuna.distributions.FloatDistribution(0.01, 0.5, log=True),
+        "momentum": optuna.distributions.FloatDistribution(0.5, 0.95),
+    }
     for arm, tid, outcome, curve, test, flat, lr, mom in TRIALS:
         tags = {runs.PARENT: parent, runs.TAG_ARM: arm, runs.TAG_TRIAL: tid, runs.TAG_OUTCOME: outcome}
         run = c.create_run(exp, tags=tags).info.run_id
@@ -57,15 +59,21 @@ def store(tmp_path):
         c.set_terminated(run, "FINISHED" if outcome == "completed" else "KILLED" if outcome == "pruned" else "FAILED")
         if arm == "sgd":
             state = optuna.trial.TrialState.COMPLETE if outcome == "completed" else optuna.trial.TrialState.PRUNED
-            st.add_trial(optuna.trial.create_trial(params={"lr": lr, "momentum": mom}, distributions=dists,
-                                                   value=curve[-1] if outcome == "completed" else None, state=state))
+            st.add_trial(
+                optuna.trial.create_trial(
+                    params={"lr": lr, "momentum": mom},
+                    distributions=dists,
+                    value=curve[-1] if outcome == "completed" else None,
+                    state=state,
+                )
+            )
     return uri, c, parent, out
 
 
 def test_report_logs_best_per_arm_and_every_plot(store, caplog):
-    from flatlab.tracking.study_report import log_study_report
-
     import matplotlib
+
+    from flatlab.tracking.study_report import log_study_report
 
     uri, c, parent, out = store
     style = dict(matplotlib.rcParams)
@@ -75,24 +83,42 @@ def test_report_logs_best_per_arm_and_every_plot(store, caplog):
     assert c.get_run(parent).data.metrics == {}  # one table, no per-arm metrics crowding the trials' charts
     table = json.loads(open(c.download_artifacts(parent, "report/best_per_arm.json", str(out))).read())
     # the best COMPLETED search trial of each arm (s3's 0.95 was pruned; adamw's a2 diverged)
-    assert table["columns"] == ["arm", "trial", "epochs", "val/accuracy", "test/accuracy", "flat/fisher_trace",
-                                "search val/accuracy mean", "search seeds", "params", "run_id"]
+    assert table["columns"] == [
+        "arm",
+        "trial",
+        "epochs",
+        "val/accuracy",
+        "test/accuracy",
+        "flat/fisher_trace",
+        "search val/accuracy mean",
+        "search seeds",
+        "params",
+        "run_id",
+    ]
     # each configuration ran one seed here, so the score is that trial's final val/accuracy
-    assert [row[:8] for row in table["data"]] == [["sgd", "sgd · s2", 3, 0.90, 0.88, 2.0, 0.90, 1],
-                                                  ["adamw", "adamw · a1", 3, 0.70, 0.69, 4.0, 0.70, 1]]
+    assert [row[:8] for row in table["data"]] == [
+        ["sgd", "sgd · s2", 3, 0.90, 0.88, 2.0, 0.90, 1],
+        ["adamw", "adamw · a1", 3, 0.70, 0.69, 4.0, 0.70, 1],
+    ]
     assert [row[8] for row in table["data"]] == ["lr=0.2", "lr=0.003"]
     assert c.get_run(parent).data.tags["mlflow.loggedArtifacts"]  # MLflow's mark of a table its UI renders
     arts = {a.path for a in c.list_artifacts(parent, "report")}
-    assert arts == {"report/learning_curves.png", "report/parallel_coordinate_sgd.png", "report/best_per_arm.json",
-                    "report/param_importances_sgd.png", "report/metric_vs_flatness.png"}
+    assert arts == {
+        "report/learning_curves.png",
+        "report/parallel_coordinate_sgd.png",
+        "report/best_per_arm.json",
+        "report/param_importances_sgd.png",
+        "report/metric_vs_flatness.png",
+    }
     assert set(logged) >= arts
     for path in arts - {"report/best_per_arm.json"}:  # real PNGs
         local = c.download_artifacts(parent, path, str(out))
         assert open(local, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert "arm 'adamw': it searches no parameter" in caplog.text  # the reason it has no Optuna plots
     summary = [r.getMessage() for r in caplog.records if r.getMessage().startswith("study report: ")][-1]
-    assert summary == (f"study report: 4 plots on the parent run (report/); 1 skipped "
-                       f"(reasons in {out / 'logs' / 'flatlab.log'})")  # which log: the study's
+    assert summary == (
+        f"study report: 4 plots on the parent run (report/); 1 skipped (reasons in {out / 'logs' / 'flatlab.log'})"
+    )  # which log: the study's
 
 
 def test_learning_curves_draw_one_line_per_trial_and_panel_per_arm(store, tmp_path):
@@ -106,16 +132,28 @@ def test_learning_curves_draw_one_line_per_trial_and_panel_per_arm(store, tmp_pa
     real = Figure.savefig
 
     def capture(fig, path, **kw):
-        drawn.update({ax.get_title(): [line.get_xydata().tolist() for line in ax.get_lines()] for ax in fig.axes if ax.get_visible()})
+        drawn.update(
+            {
+                ax.get_title(): [line.get_xydata().tolist() for line in ax.get_lines()]
+                for ax in fig.axes
+                if ax.get_visible()
+            }
+        )
         return real(fig, path, **kw)
 
     Figure.savefig = capture
     try:
-        plot_learning_curves(c, trials_frame(uri, STUDY.name), "val/accuracy", tmp_path / "c.png", arms=["sgd", "adamw"])
+        plot_learning_curves(
+            c, trials_frame(uri, STUDY.name), "val/accuracy", tmp_path / "c.png", arms=["sgd", "adamw"]
+        )
     finally:
         Figure.savefig = real
     assert set(drawn) == {"sgd (3 trials)", "adamw (2 trials)"}
-    assert sorted(drawn["sgd (3 trials)"]) == [[[1, 0.5], [2, 0.7], [3, 0.8]], [[1, 0.6], [2, 0.8], [3, 0.9]], [[1, 0.95]]]
+    assert sorted(drawn["sgd (3 trials)"]) == [
+        [[1, 0.5], [2, 0.7], [3, 0.8]],
+        [[1, 0.6], [2, 0.8], [3, 0.9]],
+        [[1, 0.95]],
+    ]
 
 
 def test_skips_are_logged_never_raised(store, caplog):
@@ -127,8 +165,11 @@ def test_skips_are_logged_never_raised(store, caplog):
         log_study_report(STUDY, uri, parent, out)
         assert log_study_report(STUDY, "sqlite:///" + str(out / "missing.db"), parent, out) == []  # no store: no raise
     assert "no Optuna studies" in caplog.text
-    assert {a.path for a in c.list_artifacts(parent, "report")} == {"report/learning_curves.png", "report/metric_vs_flatness.png",
-                                                                      "report/best_per_arm.json"}
+    assert {a.path for a in c.list_artifacts(parent, "report")} == {
+        "report/learning_curves.png",
+        "report/metric_vs_flatness.png",
+        "report/best_per_arm.json",
+    }
 
 
 def test_best_per_arm_params_one_per_line():
@@ -136,9 +177,23 @@ def test_best_per_arm_params_one_per_line():
 
     from flatlab.tracking.study_report import best_per_arm_table
 
-    df = pd.DataFrame([{"arm": "sam", "outcome": "completed", "stage": "search", "epochs": 3, "run_id": "r1",
-                        "trial_id": "t1", "seed": 0, "val/accuracy": 0.9, "param.lr": "0.1",
-                        "param.weight_decay": "0.000512345", "param.rho": None}])
+    df = pd.DataFrame(
+        [
+            {
+                "arm": "sam",
+                "outcome": "completed",
+                "stage": "search",
+                "epochs": 3,
+                "run_id": "r1",
+                "trial_id": "t1",
+                "seed": 0,
+                "val/accuracy": 0.9,
+                "param.lr": "0.1",
+                "param.weight_decay": "0.000512345",
+                "param.rho": None,
+            }
+        ]
+    )
     df.attrs["metric"], df.attrs["mode"] = "val/accuracy", "max"
     assert best_per_arm_table(df, "val/accuracy")["params"].tolist() == ["lr=0.1\nweight_decay=0.0005123"]
 
@@ -150,8 +205,22 @@ def test_best_per_arm_score_is_the_configurations_mean_over_its_seeds():
 
     from flatlab.tracking.study_report import best_per_arm_table
 
-    df = pd.DataFrame([{"arm": "sgd", "outcome": "completed", "stage": "search", "epochs": 3, "run_id": f"r{i}",
-                        "trial_id": f"t{i}", "seed": i, "val/loss": v, "param.lr": "0.1"} for i, v in enumerate((0.4, 0.2))])
+    df = pd.DataFrame(
+        [
+            {
+                "arm": "sgd",
+                "outcome": "completed",
+                "stage": "search",
+                "epochs": 3,
+                "run_id": f"r{i}",
+                "trial_id": f"t{i}",
+                "seed": i,
+                "val/loss": v,
+                "param.lr": "0.1",
+            }
+            for i, v in enumerate((0.4, 0.2))
+        ]
+    )
     df.attrs["metric"], df.attrs["mode"] = "val/loss", "min"
     table = best_per_arm_table(df, "val/loss")
     assert table[["val/loss", "search val/loss mean", "search seeds"]].values.tolist() == [[0.2, 0.3, 2]]

@@ -13,8 +13,16 @@ import pytest
 import torch
 
 from flatlab.optim import OPTIMIZERS
-from flatlab.train.checkpoint import (CHECKPOINT_FILES, STATE_FILE, TENSORS_FILE, CheckpointError, load_state, save_state,
-                                     snapshot_state, written)
+from flatlab.train.checkpoint import (
+    CHECKPOINT_FILES,
+    STATE_FILE,
+    TENSORS_FILE,
+    CheckpointError,
+    load_state,
+    save_state,
+    snapshot_state,
+    written,
+)
 from flatlab.train.trainer import Trainer, TrialSpec
 from flatlab.workloads import build_workload
 
@@ -25,9 +33,15 @@ def digits():
 
 
 def spec(optimizer="sgd", epochs=3, **optimizer_params):
-    return TrialSpec(workload="digits", optimizer=optimizer, epochs=epochs, seed=3,
-                     workload_params={"model": "cnn", "width": 4}, optimizer_params=optimizer_params,
-                     trainer_params={"batch_size": 256})
+    return TrialSpec(
+        workload="digits",
+        optimizer=optimizer,
+        epochs=epochs,
+        seed=3,
+        workload_params={"model": "cnn", "width": 4},
+        optimizer_params=optimizer_params,
+        trainer_params={"batch_size": 256},
+    )
 
 
 def assert_same_tree(a, b, path="state"):
@@ -154,7 +168,11 @@ def test_crafted_pickle_checkpoint_is_refused_and_never_runs(form, digits, tmp_p
         good.save(str(ckpt))
         target = STATE_FILE if form == "pickle as trainer.json" else TENSORS_FILE
         (ckpt / target).write_bytes(pickle.dumps(_Payload(str(marker))))
-        expected = r"trainer\.json: not a JSON trainer state" if target == STATE_FILE else r"trainer\.safetensors: not a valid safetensors"
+        expected = (
+            r"trainer\.json: not a JSON trainer state"
+            if target == STATE_FILE
+            else r"trainer\.safetensors: not a valid safetensors"
+        )
     with pytest.raises(CheckpointError, match=expected):
         Trainer(spec(), digits).load(str(ckpt))
     assert not marker.exists()
@@ -184,7 +202,9 @@ def test_tampered_json_is_refused_naming_the_file(digits, tmp_path):
     bad = json.loads(json.dumps(doc))
     del bad["state"]["rng"]
     write(bad)
-    with pytest.raises(CheckpointError, match=r"trainer\.json: the checkpoint does not fit this trial \(KeyError: 'rng'\)"):
+    with pytest.raises(
+        CheckpointError, match=r"trainer\.json: the checkpoint does not fit this trial \(KeyError: 'rng'\)"
+    ):
         t.load(str(tmp_path))
     write(doc)
     t.load(str(tmp_path))  # the untouched file still loads
@@ -209,8 +229,14 @@ def test_trial_with_a_crafted_checkpoint_fails_before_training(digits, tmp_path,
     monkeypatch.setattr(trainable.tune, "get_checkpoint", lambda: tune.Checkpoint.from_directory(str(ckpt)))
     reported = []
     monkeypatch.setattr(trainable.tune, "report", lambda *a, **k: reported.append(a))
-    study = Study(name="c", workload="digits", workload_params={"model": "cnn", "width": 4},
-                  arms=(Arm("sgd", space={"lr": 0.05}),), num_trials=1, max_epochs=2).validate()
+    study = Study(
+        name="c",
+        workload="digits",
+        workload_params={"model": "cnn", "width": 4},
+        arms=(Arm("sgd", space={"lr": 0.05}),),
+        num_trials=1,
+        max_epochs=2,
+    ).validate()
     with pytest.raises(CheckpointError, match=r"checkpoint_000001.*trainer\.pt, a pickle"):
         trainable.run_trial({"arm": "sgd", "seed": 0, "lr": 0.05}, study=study, data=digits)
     assert not marker.exists() and reported == []

@@ -20,7 +20,12 @@ from flatlab.train.trainer import Trainer, TrialSpec
 from flatlab.workloads import build_workload
 
 NO_CC = shutil.which("cc") is None and shutil.which("gcc") is None
-EXTRA = {"tsam": {"s": 2, "noise_radius": 0.05}, "sgd_ire": {"kappa": 1.0}, "adamw_ire": {"kappa": 1.0}, "sam_ire": {"kappa": 1.0}}
+EXTRA = {
+    "tsam": {"s": 2, "noise_radius": 0.05},
+    "sgd_ire": {"kappa": 1.0},
+    "adamw_ire": {"kappa": 1.0},
+    "sam_ire": {"kappa": 1.0},
+}
 
 
 def test_compile_keeps_the_state_dict_keys_and_the_default_is_off():
@@ -63,7 +68,9 @@ def test_every_optimizer_step_on_a_compiled_model_matches_the_eager_one(one_torc
             assert float(agree.float().mean()) >= 0.95, name
             for n, m in masks[0].items():
                 same = m == masks[1][n]
-                torch.testing.assert_close(comp[n][same], eager[n][same], rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{name}: {n}: {m}")
+                torch.testing.assert_close(
+                    comp[n][same], eager[n][same], rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{name}: {n}: {m}"
+                )
             continue
         for k in eager:
             torch.testing.assert_close(comp[k], eager[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{name}: {k}: {m}")

@@ -66,7 +66,9 @@ def _flush_supported() -> bool:
     return subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
-needs_flush = pytest.mark.skipif(not _flush_supported(), reason="this CPU has no flush-to-zero mode (torch.set_flush_denormal)")
+needs_flush = pytest.mark.skipif(
+    not _flush_supported(), reason="this CPU has no flush-to-zero mode (torch.set_flush_denormal)"
+)
 
 
 @needs_flush

@@ -112,8 +112,15 @@ def digits():
 
 
 def spec(**trainer):
-    return TrialSpec(workload="digits", optimizer="sgd", epochs=2, seed=3, workload_params={"model": "mlp", "width": 16},
-                     optimizer_params={"lr": 0.1, "momentum": 0.9}, trainer_params={"batch_size": 128, **trainer})
+    return TrialSpec(
+        workload="digits",
+        optimizer="sgd",
+        epochs=2,
+        seed=3,
+        workload_params={"model": "mlp", "width": 16},
+        optimizer_params={"lr": 0.1, "momentum": 0.9},
+        trainer_params={"batch_size": 128, **trainer},
+    )
 
 
 def test_trainer_updates_the_curve_once_per_step_with_the_batch_loss(digits, one_torch_thread):

@@ -67,7 +67,9 @@ def _train_with(opt_name: str, hp: dict, parallel=None, micro=None) -> torch.Ten
             shard = parallel.shard_of(B)
             rows = parallel.shard(B)
             x, y = x[rows], y[rows]
-        closure = BatchClosure(net, nn.functional.cross_entropy, x, y, micro_batch=micro, parallel=parallel, shard=shard)
+        closure = BatchClosure(
+            net, nn.functional.cross_entropy, x, y, micro_batch=micro, parallel=parallel, shard=shard
+        )
         opt.step(closure)
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 

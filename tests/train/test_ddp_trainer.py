@@ -26,9 +26,13 @@ def _spec(optimizer: str, batch_size: int = 64, cnn: bool = False):
     from flatlab.train.trainer import TrialSpec
 
     return TrialSpec(
-        workload="digits", optimizer=optimizer, epochs=2, seed=3,
+        workload="digits",
+        optimizer=optimizer,
+        epochs=2,
+        seed=3,
         workload_params={"width": 8, "model": "cnn"} if cnn else {"width": 16},
-        optimizer_params=OPTIMIZERS[optimizer], trainer_params={"batch_size": batch_size, "sync_batchnorm": cnn},
+        optimizer_params=OPTIMIZERS[optimizer],
+        trainer_params={"batch_size": batch_size, "sync_batchnorm": cnn},
     )
 
 

@@ -33,11 +33,23 @@ def test_random_crop_flip_matches_a_per_image_reference():
 
 
 def cifar_trainer(on_device: bool) -> Trainer:
-    wl = build_workload("cifar10", data_path="synthetic", synthetic_size=32, val_size=8, model="resnet18", width_mult=1 / 16)
+    wl = build_workload(
+        "cifar10", data_path="synthetic", synthetic_size=32, val_size=8, model="resnet18", width_mult=1 / 16
+    )
     spec = TrialSpec(
-        workload="cifar10", optimizer="sgd", epochs=1, seed=5,
-        workload_params={"data_path": "synthetic", "synthetic_size": 32, "val_size": 8, "model": "resnet18", "width_mult": 1 / 16},
-        optimizer_params={"lr": 0.05}, trainer_params={"batch_size": 16},
+        workload="cifar10",
+        optimizer="sgd",
+        epochs=1,
+        seed=5,
+        workload_params={
+            "data_path": "synthetic",
+            "synthetic_size": 32,
+            "val_size": 8,
+            "model": "resnet18",
+            "width_mult": 1 / 16,
+        },
+        optimizer_params={"lr": 0.05},
+        trainer_params={"batch_size": 16},
     )
     t = Trainer(spec, wl.load_data(0), workload=wl)
     assert t._augment_on_device is False  # never on CPU
@@ -78,7 +90,14 @@ def test_streamed_inputs_are_decoded_one_batch_ahead_of_the_step():
     data = build_workload("digits").load_data(0)
     log: list = []
     streamed = Data(train=Split(LoggedInputs(data.train.inputs[:100], log), data.train.targets[:100]), val=data.val)
-    spec = TrialSpec(workload="digits", optimizer="sgd", epochs=1, seed=1, optimizer_params={"lr": 0.1}, trainer_params={"batch_size": 32})
+    spec = TrialSpec(
+        workload="digits",
+        optimizer="sgd",
+        epochs=1,
+        seed=1,
+        optimizer_params={"lr": 0.1},
+        trainer_params={"batch_size": 32},
+    )
     t = Trainer(spec, streamed)
     t.model.register_forward_pre_hook(lambda m, i: log.append(("step",)) if m.training else None)
     t.run_epoch()

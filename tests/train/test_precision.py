@@ -274,8 +274,13 @@ def digits():
 
 def spec(**trainer):
     return TrialSpec(
-        workload="digits", optimizer="sam", epochs=1, seed=3, workload_params={"model": "cnn", "width": 4},
-        optimizer_params={"lr": 0.05}, trainer_params={"batch_size": 256, **trainer},
+        workload="digits",
+        optimizer="sam",
+        epochs=1,
+        seed=3,
+        workload_params={"model": "cnn", "width": 4},
+        optimizer_params={"lr": 0.05},
+        trainer_params={"batch_size": 256, **trainer},
     )
 
 
@@ -285,7 +290,9 @@ def test_trainer_precision_parameter(digits, tmp_path):
     fp32 = Trainer(spec(), digits).run_epoch()
     assert "train/skipped_steps" not in fp32
     bf16 = Trainer(spec(precision="bf16"), digits).run_epoch()
-    assert bf16["train/loss"] == pytest.approx(fp32["train/loss"], rel=0.05) and bf16["train/loss"] != fp32["train/loss"]
+    assert (
+        bf16["train/loss"] == pytest.approx(fp32["train/loss"], rel=0.05) and bf16["train/loss"] != fp32["train/loss"]
+    )
     t = Trainer(spec(precision="fp16"), digits)
     t.precision.scaler.scale = 2.0**60  # overflows: halved after every skipped step until it fits
     m = t.run_epoch()

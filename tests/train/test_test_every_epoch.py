@@ -17,8 +17,15 @@ def digits():
 
 
 def spec(**trainer):
-    return TrialSpec(workload="digits", optimizer="sgd", epochs=2, seed=3, workload_params={"model": "mlp", "width": 16},
-                     optimizer_params={"lr": 0.1}, trainer_params={"batch_size": 64, **trainer})
+    return TrialSpec(
+        workload="digits",
+        optimizer="sgd",
+        epochs=2,
+        seed=3,
+        workload_params={"model": "mlp", "width": 16},
+        optimizer_params={"lr": 0.1},
+        trainer_params={"batch_size": 64, **trainer},
+    )
 
 
 def test_off_by_default_and_recorded_as_a_trainer_param():
@@ -52,6 +59,8 @@ def test_a_validation_split_that_is_the_test_split_is_not_evaluated_twice(digits
 def test_a_study_may_not_select_on_the_test_split():
     from flatlab import Arm, Study
 
-    study = Study(name="s", workload="digits", arms=(Arm("sgd"),), train={"test_every_epoch": True}, metric="test/accuracy")
+    study = Study(
+        name="s", workload="digits", arms=(Arm("sgd"),), train={"test_every_epoch": True}, metric="test/accuracy"
+    )
     with pytest.raises(ConfigError, match=r"metric='test/accuracy' is reported only after the last epoch"):
         study.validate()

@@ -1,4 +1,5 @@
 import math
+
 import numpy as np
 import pytest
 import torch
@@ -16,8 +17,15 @@ def digits():
 
 
 def spec(**kw):
-    args = dict(workload="digits", optimizer="sgd", epochs=4, seed=7, workload_params={"model": "cnn", "width": 4},
-                optimizer_params={"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4}, trainer_params={"batch_size": 128})
+    args = dict(
+        workload="digits",
+        optimizer="sgd",
+        epochs=4,
+        seed=7,
+        workload_params={"model": "cnn", "width": 4},
+        optimizer_params={"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4},
+        trainer_params={"batch_size": 128},
+    )
     args.update(kw)
     return TrialSpec(**args)
 
@@ -159,7 +167,9 @@ def test_sampled_label_logit_grad_is_the_cross_entropy_gradient_of_the_same_draw
     (direct,) = torch.autograd.grad(loss, logits)
     assert grad.shape == logits.shape and grad.dtype == logits.dtype
     assert torch.allclose(grad, direct, atol=1e-6)  # softmax in float32 inside: float32 accuracy
-    assert torch.allclose(grad.sum(-1), torch.zeros(6, 5, dtype=torch.float64), atol=1e-7)  # rows of p - onehot sum to 0
+    assert torch.allclose(
+        grad.sum(-1), torch.zeros(6, 5, dtype=torch.float64), atol=1e-7
+    )  # rows of p - onehot sum to 0
 
 
 def test_a_deferred_divergence_check_reports_the_exact_first_bad_step(digits):
@@ -180,11 +190,14 @@ def test_a_deferred_divergence_check_reports_the_exact_first_bad_step(digits):
     assert now.step <= steps_later <= now.step + 7  # ... or at the next check (every 7 steps, or the epoch's end)
 
 
-@pytest.mark.parametrize("name, params", [
-    ("sgd", {"lr": 0.1, "momentum": 0.9}),
-    ("sam", {"lr": 0.1, "momentum": 0.9, "rho": 0.05}),
-    ("sgd_ire", {"lr": 0.1, "momentum": 0.9, "kappa": 2.0, "gamma": 0.5, "mask_interval": 1}),
-])
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("sgd", {"lr": 0.1, "momentum": 0.9}),
+        ("sam", {"lr": 0.1, "momentum": 0.9, "rho": 0.05}),
+        ("sgd_ire", {"lr": 0.1, "momentum": 0.9, "kappa": 2.0, "gamma": 0.5, "mask_interval": 1}),
+    ],
+)
 def test_micro_batches_give_the_full_batch_step(digits, name, params):
     """Gradient accumulation over chunks of 24 (the last one 16) = one pass over 64, for every closure pass
     (SAM's extra pass and IRE's sampled-label gradient included). The MLP has no BatchNorm, so the chunks
@@ -198,8 +211,14 @@ def test_micro_batches_give_the_full_batch_step(digits, name, params):
         model = build_workload("digits", model="mlp").build_model()
         opt = get_optimizer(name).create(model.parameters(), **params)
         seen = []
-        closure = BatchClosure(model, torch.nn.functional.cross_entropy, x, y, micro_batch=micro,
-                               on_outputs=lambda out, t: seen.append(len(t)))
+        closure = BatchClosure(
+            model,
+            torch.nn.functional.cross_entropy,
+            x,
+            y,
+            micro_batch=micro,
+            on_outputs=lambda out, t: seen.append(len(t)),
+        )
         torch.manual_seed(1)  # the same label draws for IRE's curvature pass
         opt.step(closure)
         assert sum(seen) == 64 and len(seen) == (1 if micro is None else 3)
@@ -216,7 +235,9 @@ def test_micro_batched_sampled_gradients_sum_to_the_full_batch_ones(digits):
     grads = []
     for micro in (None, 16):
         torch.manual_seed(5)
-        loss, sampled = BatchClosure(model, torch.nn.functional.cross_entropy, x, y, micro_batch=micro).with_sampled_grads(params)
+        loss, sampled = BatchClosure(
+            model, torch.nn.functional.cross_entropy, x, y, micro_batch=micro
+        ).with_sampled_grads(params)
         grads.append((loss, sampled, [p.grad.clone() for p in params]))
     (l0, s0, g0), (l1, s1, g1) = grads
     assert torch.allclose(l0, l1, atol=1e-6)

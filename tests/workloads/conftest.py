@@ -53,13 +53,25 @@ def glue_dirs(tmp_path_factory):
         splits = {}
         for split, n in (("train", n_train), ("validation", n_dev)):
             if task == "cola":
-                cols = {"sentence": _sentences(rng, n), "label": [int(x) for x in rng.integers(0, 2, n)], "idx": list(range(n))}
+                cols = {
+                    "sentence": _sentences(rng, n),
+                    "label": [int(x) for x in rng.integers(0, 2, n)],
+                    "idx": list(range(n)),
+                }
             elif task == "mrpc":
-                cols = {"sentence1": _sentences(rng, n), "sentence2": _sentences(rng, n),
-                        "label": [int(x) for x in rng.integers(0, 2, n)], "idx": list(range(n))}
+                cols = {
+                    "sentence1": _sentences(rng, n),
+                    "sentence2": _sentences(rng, n),
+                    "label": [int(x) for x in rng.integers(0, 2, n)],
+                    "idx": list(range(n)),
+                }
             else:
-                cols = {"sentence1": _sentences(rng, n), "sentence2": _sentences(rng, n),
-                        "label": [float(x) for x in rng.uniform(0, 5, n)], "idx": list(range(n))}
+                cols = {
+                    "sentence1": _sentences(rng, n),
+                    "sentence2": _sentences(rng, n),
+                    "label": [float(x) for x in rng.uniform(0, 5, n)],
+                    "idx": list(range(n)),
+                }
             splits[split] = datasets.Dataset.from_dict(cols)
         path = tmp_path_factory.mktemp(f"glue_{task}")
         datasets.DatasetDict(splits).save_to_disk(str(path))
@@ -86,8 +98,11 @@ def cifar_dirs(tmp_path_factory):
             if name == "cifar100":
                 cols["coarse_label"] = (labels // 5).tolist()
             features = datasets.Features(
-                {"img": datasets.Array3D(shape=(32, 32, 3), dtype="uint8"), label_col: datasets.Value("int64"),
-                 **({"coarse_label": datasets.Value("int64")} if name == "cifar100" else {})}
+                {
+                    "img": datasets.Array3D(shape=(32, 32, 3), dtype="uint8"),
+                    label_col: datasets.Value("int64"),
+                    **({"coarse_label": datasets.Value("int64")} if name == "cifar100" else {}),
+                }
             )
             splits[split] = datasets.Dataset.from_dict(cols, features=features)
         path = tmp_path_factory.mktemp(name)
@@ -102,7 +117,10 @@ def text_corpus_dir(tmp_path_factory):
     import datasets
 
     rng = np.random.default_rng(2)
-    splits = {s: datasets.Dataset.from_dict({"text": _sentences(rng, n, 5, 30)}) for s, n in (("train", 120), ("validation", 30), ("test", 30))}
+    splits = {
+        s: datasets.Dataset.from_dict({"text": _sentences(rng, n, 5, 30)})
+        for s, n in (("train", 120), ("validation", 30), ("test", 30))
+    }
     path = tmp_path_factory.mktemp("corpus")
     datasets.DatasetDict(splits).save_to_disk(str(path))
     return str(path)

@@ -37,11 +37,18 @@ def test_every_closure_pass_clips_the_true_gradient():
     assert torch.sqrt(sum((g**2).sum() for g in sampled)).item() > 0.01  # the ranking gradient is left alone
 
 
-@pytest.mark.parametrize("name, params, bound", [
-    ("sgd", {"lr": 1.0, "momentum": 0.0}, 1.0),
-    ("sam", {"lr": 1.0, "momentum": 0.0, "rho": 0.5}, 1.0),
-    ("sgd_ire", {"lr": 1.0, "momentum": 0.0, "kappa": 2.0, "gamma": 0.5}, 3.0),  # flat coordinates move (1 + kappa)x
-])
+@pytest.mark.parametrize(
+    "name, params, bound",
+    [
+        ("sgd", {"lr": 1.0, "momentum": 0.0}, 1.0),
+        ("sam", {"lr": 1.0, "momentum": 0.0, "rho": 0.5}, 1.0),
+        (
+            "sgd_ire",
+            {"lr": 1.0, "momentum": 0.0, "kappa": 2.0, "gamma": 0.5},
+            3.0,
+        ),  # flat coordinates move (1 + kappa)x
+    ],
+)
 def test_each_optimizer_steps_with_the_clipped_gradient(name, params, bound):
     model, x, y = _setup()
     opt = get_optimizer(name).create(model.parameters(), **params)
@@ -52,13 +59,28 @@ def test_each_optimizer_steps_with_the_clipped_gradient(name, params, bound):
 
 
 def test_trainer_reads_clip_norm_and_validates_it():
-    params = {"data_path": "synthetic", "synthetic_tokens": 512, "n_layers": 1, "width": 16, "n_heads": 2, "context": 16}
+    params = {
+        "data_path": "synthetic",
+        "synthetic_tokens": 512,
+        "n_layers": 1,
+        "width": 16,
+        "n_heads": 2,
+        "context": 16,
+    }
     data = build_workload("lm/wikitext2", **params).load_data(0)
-    spec = TrialSpec(workload="lm/wikitext2", optimizer="adamw", epochs=1, workload_params=params,
-                     optimizer_params={"lr": 1e-3}, trainer_params={"batch_size": 8, "clip_norm": 1.0})
+    spec = TrialSpec(
+        workload="lm/wikitext2",
+        optimizer="adamw",
+        epochs=1,
+        workload_params=params,
+        optimizer_params={"lr": 1e-3},
+        trainer_params={"batch_size": 8, "clip_norm": 1.0},
+    )
     t = Trainer(spec, data)
     assert t.hp["clip_norm"] == 1.0
     t.run_epoch()
-    bad = TrialSpec(workload="lm/wikitext2", optimizer="adamw", epochs=1, workload_params=params, trainer_params={"clip_norm": 0.0})
+    bad = TrialSpec(
+        workload="lm/wikitext2", optimizer="adamw", epochs=1, workload_params=params, trainer_params={"clip_norm": 0.0}
+    )
     with pytest.raises(ConfigError, match=r"clip_norm=0.0 is not allowed; expected float in \(0, inf\) or None"):
         Trainer(bad, data)

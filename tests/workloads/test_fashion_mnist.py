@@ -100,7 +100,10 @@ def _corrupt(tmp_path, kind):
         return img, r"wrong magic number 0x3C68746D"
     if kind == "truncated_body":
         img.write_bytes(img.read_bytes()[:-100])
-        return img, rf"truncated, {7 * 784 - 100} bytes of data after the header, {7 * 784} announced by its sizes 7x28x28"
+        return (
+            img,
+            rf"truncated, {7 * 784 - 100} bytes of data after the header, {7 * 784} announced by its sizes 7x28x28",
+        )
     if kind == "too_long":
         lab.write_bytes(lab.read_bytes() + b"\0")
         return lab, r"too long, 8 bytes of data after the header, 7 announced"
@@ -122,8 +125,18 @@ def _corrupt(tmp_path, kind):
     raise AssertionError(kind)
 
 
-CORRUPTIONS = ("magic", "labels_as_images", "not_idx", "truncated_body", "too_long", "truncated_header", "truncated_gzip",
-               "counts", "dims", "label_range")
+CORRUPTIONS = (
+    "magic",
+    "labels_as_images",
+    "not_idx",
+    "truncated_body",
+    "too_long",
+    "truncated_header",
+    "truncated_gzip",
+    "counts",
+    "dims",
+    "label_range",
+)
 
 
 @pytest.mark.parametrize("kind", CORRUPTIONS)
@@ -132,7 +145,9 @@ def test_a_corrupt_file_is_one_error_naming_it(tmp_path, kind):
     with pytest.raises(IdxFormatError, match=re.escape(str(bad))) as info:
         read_idx_pair(tmp_path / "train-images-idx3-ubyte", tmp_path / "train-labels-idx1-ubyte", (28, 28), 10)
     assert re.search(msg, str(info.value)), str(info.value)
-    assert isinstance(info.value, DataUnavailable) and isinstance(info.value, ConfigError)  # flatlab run prints it in one line
+    assert isinstance(info.value, DataUnavailable) and isinstance(
+        info.value, ConfigError
+    )  # flatlab run prints it in one line
 
 
 def test_a_corrupt_file_in_a_folder_fails_load_data_naming_it(tmp_path):
@@ -173,7 +188,9 @@ def test_a_folder_missing_some_idx_files_names_them(tmp_path):
     write_folder(tmp_path / "f")
     (tmp_path / "f" / "t10k-images-idx3-ubyte.gz").unlink()
     wl = build_workload("fashion_mnist", data_path=str(tmp_path / "f"))
-    with pytest.raises(DataUnavailable, match=r"holds 3 of the 4 IDX files; missing t10k-images-idx3-ubyte \(.gz or not\)"):
+    with pytest.raises(
+        DataUnavailable, match=r"holds 3 of the 4 IDX files; missing t10k-images-idx3-ubyte \(.gz or not\)"
+    ):
         wl.check_data()
 
 
@@ -186,9 +203,12 @@ def test_a_save_to_disk_folder(tmp_path):
         x, y = synthetic_split(n, seed)
         features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)})
         splits[split] = datasets.Dataset.from_dict(
-            {"image": [Image.fromarray(im, mode="L") for im in x], "label": y.tolist()}, features=features)
+            {"image": [Image.fromarray(im, mode="L") for im in x], "label": y.tolist()}, features=features
+        )
         splits[split + "_arrays"] = (x, y)
-    datasets.DatasetDict({k: v for k, v in splits.items() if not k.endswith("_arrays")}).save_to_disk(str(tmp_path / "hf"))
+    datasets.DatasetDict({k: v for k, v in splits.items() if not k.endswith("_arrays")}).save_to_disk(
+        str(tmp_path / "hf")
+    )
     wl = build_workload("fashion_mnist", data_path=str(tmp_path / "hf"), val_size=10)
     wl.check_data()
     data = wl.load_data(0)
@@ -197,8 +217,13 @@ def test_a_save_to_disk_folder(tmp_path):
     assert np.array_equal(data.test.inputs[:, 0].numpy(), x_te) and data.test.targets.tolist() == y_te.tolist()
 
 
-HOW_TO = (r"sudo apt-get update && sudo apt-get install -y dataset-fashion-mnist", "zalando-datasets/fashion_mnist",
-          "save_to_disk(DIR)", "workload_params={'data_path': DIR}", "t10k-labels-idx1-ubyte")
+HOW_TO = (
+    r"sudo apt-get update && sudo apt-get install -y dataset-fashion-mnist",
+    "zalando-datasets/fashion_mnist",
+    "save_to_disk(DIR)",
+    "workload_params={'data_path': DIR}",
+    "t10k-labels-idx1-ubyte",
+)
 
 
 def test_an_empty_folder_or_one_without_data_says_how_to_get_the_data(tmp_path):
@@ -214,9 +239,15 @@ def test_an_empty_folder_or_one_without_data_says_how_to_get_the_data(tmp_path):
     with pytest.raises(DataUnavailable) as info:
         build_workload("fashion_mnist", data_path=str(tmp_path / "other")).check_data()
     msg = str(info.value)
-    assert f"could not read data_path='{tmp_path / 'other'}'" in msg and f"{tmp_path / 'other'} holds none of the four IDX files either" in msg
+    assert (
+        f"could not read data_path='{tmp_path / 'other'}'" in msg
+        and f"{tmp_path / 'other'} holds none of the four IDX files either" in msg
+    )
     assert all(h in msg for h in HOW_TO), msg
-    with pytest.raises(DataUnavailable, match=r"data_path='/nonexistent/fmnist' does not exist\. Get Fashion-MNIST in one of three ways"):
+    with pytest.raises(
+        DataUnavailable,
+        match=r"data_path='/nonexistent/fmnist' does not exist\. Get Fashion-MNIST in one of three ways",
+    ):
         build_workload("fashion_mnist", data_path="/nonexistent/fmnist").check_data()
 
 
@@ -232,7 +263,10 @@ def test_no_debian_folder_and_no_hub_says_how_to_get_the_data(tmp_path, monkeypa
     with pytest.raises(DataUnavailable) as info:
         wl.check_data()
     msg = str(info.value)
-    assert "data_path is not set and the hub dataset 'zalando-datasets/fashion_mnist' could not be loaded (ConnectionError" in msg
+    assert (
+        "data_path is not set and the hub dataset 'zalando-datasets/fashion_mnist' could not be loaded (ConnectionError"
+        in msg
+    )
     assert f"Debian's folder {tmp_path / 'absent'} does not exist either" in msg
     assert all(h in msg for h in HOW_TO), msg
     with pytest.raises(DataUnavailable, match="does not exist either"):  # load_data fails the same way
@@ -260,13 +294,18 @@ def test_flatlab_run_with_missing_data_fails_in_one_line_before_ray_starts(tmp_p
     (tmp_path / "empty").mkdir()
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(runner, "run_study", not_reached)
-    res = CliRunner().invoke(app, ["run", str(_tiny_study(tmp_path, str(tmp_path / "empty"))), "--root", str(tmp_path / "runs")])
+    res = CliRunner().invoke(
+        app, ["run", str(_tiny_study(tmp_path, str(tmp_path / "empty"))), "--root", str(tmp_path / "runs")]
+    )
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: workload 'fashion_mnist'"), res.output
     assert "apt-get install -y dataset-fashion-mnist" in lines[0] and "Traceback" not in res.output
     assert "ray" not in sys.modules or not __import__("ray").is_initialized()
-    assert not (tmp_path / "runs" / "mlflow.db").exists() and not (tmp_path / "runs" / "fm_missing" / "launch.json").exists()
+    assert (
+        not (tmp_path / "runs" / "mlflow.db").exists()
+        and not (tmp_path / "runs" / "fm_missing" / "launch.json").exists()
+    )
 
 
 def test_run_study_with_missing_data_fails_before_ray_and_mlflow_start(tmp_path):
@@ -278,7 +317,10 @@ def test_run_study_with_missing_data_fails_before_ray_and_mlflow_start(tmp_path)
     with pytest.raises(DataUnavailable, match=r"is an empty folder\. Get Fashion-MNIST in one of three ways"):
         run_study(study, RunOptions(root=tmp_path / "runs", num_cpus=1))
     assert "ray" not in sys.modules or not __import__("ray").is_initialized()
-    assert not (tmp_path / "runs" / "mlflow.db").exists() and not (tmp_path / "runs" / "fm_missing" / "launch.json").exists()
+    assert (
+        not (tmp_path / "runs" / "mlflow.db").exists()
+        and not (tmp_path / "runs" / "fm_missing" / "launch.json").exists()
+    )
 
 
 def test_the_cli_lists_the_models():
@@ -401,7 +443,12 @@ def real_folder():
 
 def test_real_files_have_6000_and_1000_images_per_class(real_folder):
     x, y, x_te, y_te = fm.read_idx_folder(real_folder)
-    assert x.shape == (60_000, 28, 28) and x.dtype == np.uint8 and x_te.shape == (10_000, 28, 28) and x_te.dtype == np.uint8
+    assert (
+        x.shape == (60_000, 28, 28)
+        and x.dtype == np.uint8
+        and x_te.shape == (10_000, 28, 28)
+        and x_te.dtype == np.uint8
+    )
     assert np.bincount(y).tolist() == [6_000] * 10 and np.bincount(y_te).tolist() == [1_000] * 10
     assert y[:10].tolist() == [9, 0, 0, 3, 0, 2, 7, 2, 5, 5]  # the first labels as Zalando's files hold them
     assert x.mean() / 255 == pytest.approx(0.2860, abs=5e-5)  # the widely used training-set mean

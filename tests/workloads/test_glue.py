@@ -33,7 +33,10 @@ def test_every_glue_task_is_registered_with_its_metrics():
         for m in spec.metrics:
             assert f"val/{m}" in cls.metrics and f"test/{m}" in cls.metrics
     assert get_workload("glue/cola").primary_metric == "val/matthews"
-    assert get_workload("glue/stsb").primary_metric == "val/pearson" and "train/accuracy" not in get_workload("glue/stsb").metrics
+    assert (
+        get_workload("glue/stsb").primary_metric == "val/pearson"
+        and "train/accuracy" not in get_workload("glue/stsb").metrics
+    )
     assert get_workload("glue/mrpc").primary_metric == "val/f1"
 
 
@@ -41,8 +44,18 @@ def test_every_glue_task_is_registered_with_its_metrics():
 def test_local_glue_data_is_tokenised_offline(task, glue_dirs, tiny_tokenizer_dir):
     from transformers import AutoTokenizer
 
-    wl = build_workload(f"glue/{task}", data_path=glue_dirs[task], tokenizer=tiny_tokenizer_dir, pretrained=False,
-                        dim=16, n_layers=1, n_heads=2, hidden_dim=32, max_length=24, val_fraction=0.25)
+    wl = build_workload(
+        f"glue/{task}",
+        data_path=glue_dirs[task],
+        tokenizer=tiny_tokenizer_dir,
+        pretrained=False,
+        dim=16,
+        n_layers=1,
+        n_heads=2,
+        hidden_dim=32,
+        max_length=24,
+        val_fraction=0.25,
+    )
     d = wl.load_data(0)
     n_train, n_dev = (40, 12) if task == "cola" else (30, 10)
     assert len(d.train) + len(d.val) == n_train and len(d.val) == round(0.25 * n_train) and len(d.test) == n_dev
@@ -65,15 +78,25 @@ def test_local_glue_data_is_tokenised_offline(task, glue_dirs, tiny_tokenizer_di
 
 
 def test_stsb_is_a_regression(glue_dirs, tiny_tokenizer_dir):
-    wl = build_workload("glue/stsb", data_path=glue_dirs["stsb"], tokenizer=tiny_tokenizer_dir, pretrained=False,
-                        dim=16, n_layers=1, n_heads=2, hidden_dim=32)
+    wl = build_workload(
+        "glue/stsb",
+        data_path=glue_dirs["stsb"],
+        tokenizer=tiny_tokenizer_dir,
+        pretrained=False,
+        dim=16,
+        n_layers=1,
+        n_heads=2,
+        hidden_dim=32,
+    )
     d = wl.load_data(0)
     assert d.train.targets.dtype == torch.float32
     torch.manual_seed(0)
     model = wl.build_model().eval()
     out = model(d.test.inputs)
     assert out.shape == (len(d.test),)
-    assert wl.loss(out, d.test.targets).item() == pytest.approx(torch.mean((out - d.test.targets) ** 2).item(), rel=1e-6)
+    assert wl.loss(out, d.test.targets).item() == pytest.approx(
+        torch.mean((out - d.test.targets) ** 2).item(), rel=1e-6
+    )
     assert wl.batch_stats(out, d.test.targets) == (0, 0)
     m = wl.evaluate(model, d.test)
     assert set(m) == {"loss", "pearson", "spearman"}
@@ -83,5 +106,8 @@ def test_stsb_is_a_regression(glue_dirs, tiny_tokenizer_dir):
 def test_pretrained_model_offline_error_says_how_to_provide_it():
     from flatlab.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"could not load pretrained model='distilbert/distilbert-base-uncased'.*save_pretrained\(DIR\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"could not load pretrained model='distilbert/distilbert-base-uncased'.*save_pretrained\(DIR\)",
+    ):
         build_workload("glue/rte").build_model()

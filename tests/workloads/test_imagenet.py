@@ -48,7 +48,9 @@ def test_crop_params_stay_in_the_image_and_follow_the_scale_and_ratio_ranges():
 
     torch.manual_seed(0)
     img = torch.zeros(3, 256, 256)
-    ref = torch.tensor([RandomResizedCrop.get_params(img, [0.08, 1.0], [3 / 4, 4 / 3])[2:] for _ in range(2000)]).double()
+    ref = torch.tensor(
+        [RandomResizedCrop.get_params(img, [0.08, 1.0], [3 / 4, 4 / 3])[2:] for _ in range(2000)]
+    ).double()
     ref_frac = ref.prod(dim=1) / 256**2
     assert frac.mean() == pytest.approx(float(ref_frac.mean()), abs=0.025)  # 3 standard errors of the difference
     assert (frac > 0.5).double().mean() == pytest.approx(float((ref_frac > 0.5).double().mean()), abs=0.05)
@@ -74,7 +76,9 @@ def test_random_resized_crop_is_determined_by_the_generator():
     assert torch.equal(a, b) and not torch.equal(a, c)
     wl = build_workload("imagenet", **SMOKE)
     assert torch.equal(wl.augment(x, torch.Generator().manual_seed(3)), a)
-    assert torch.equal(build_workload("imagenet", **{**SMOKE, "augment": "none"}).augment(x, torch.Generator()), x[:, :, 2:34, 2:34])
+    assert torch.equal(
+        build_workload("imagenet", **{**SMOKE, "augment": "none"}).augment(x, torch.Generator()), x[:, :, 2:34, 2:34]
+    )
 
 
 def test_full_box_crop_is_the_resized_image_or_its_mirror():
@@ -113,7 +117,9 @@ def _write_folder(root, split, classes, n, size):
     for c in classes:
         (root / split / c).mkdir(parents=True)
         for i in range(n):
-            Image.fromarray(np.full((size[1], size[0], 3), colours[c], dtype=np.uint8)).save(root / split / c / f"{i}.png")
+            Image.fromarray(np.full((size[1], size[0], 3), colours[c], dtype=np.uint8)).save(
+                root / split / c / f"{i}.png"
+            )
 
 
 def test_image_folder_source(tmp_path):
@@ -142,7 +148,9 @@ def test_bad_sources_and_sizes_are_config_errors(tmp_path):
     _write_folder(folder, "train", ["n01_red", "n02_blue", "n03_green"], 1, (8, 8))
     _write_folder(folder, "val", ["n01_red"], 1, (8, 8))
     with pytest.raises(ConfigError, match=r"train labels must lie in \[0, num_classes=2\), got \[0, 2\]"):
-        build_workload("imagenet", data_path=str(folder), num_classes=2, val_size=0, crop_size=8, resize_size=8).load_data(0)
+        build_workload(
+            "imagenet", data_path=str(folder), num_classes=2, val_size=0, crop_size=8, resize_size=8
+        ).load_data(0)
 
 
 def test_resnet50_is_torchvisions_with_1000_classes_and_normalises_inside():

@@ -131,9 +131,15 @@ def test_cifar_loads_a_local_save_to_disk_folder(name, cifar_dirs):
 
 
 def test_missing_data_names_the_parameter_and_the_offline_fix(tmp_path):
-    with pytest.raises(DataUnavailable, match=r"data_path='.*nope' does not exist\. To run offline.*save_to_disk\(DIR\).*'data_path': DIR"):
+    with pytest.raises(
+        DataUnavailable,
+        match=r"data_path='.*nope' does not exist\. To run offline.*save_to_disk\(DIR\).*'data_path': DIR",
+    ):
         build_workload("cifar10", data_path=str(tmp_path / "nope")).load_data(0)
-    with pytest.raises(DataUnavailable, match=r"data_path is not set and the hub dataset 'flatlab-test/no-such-dataset' could not be loaded.*synthetic"):
+    with pytest.raises(
+        DataUnavailable,
+        match=r"data_path is not set and the hub dataset 'flatlab-test/no-such-dataset' could not be loaded.*synthetic",
+    ):
         build_workload("cifar100", hub_name="flatlab-test/no-such-dataset").load_data(0)
 
 
@@ -143,14 +149,27 @@ def test_dtd_resizes_mixed_size_images_and_builds_a_timm_vit(tmp_path):
     rng = np.random.default_rng(0)
     imgs = [rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8) for h, w in ((40, 50), (36, 36), (64, 48))] * 16
     labels = [i % 47 for i in range(len(imgs))]
-    ds = datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"image": [datasets.Image().encode_example(i) for i in imgs], "label": labels},
-                                            features=datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})),
-        "test": datasets.Dataset.from_dict({"image": [datasets.Image().encode_example(i) for i in imgs[:6]], "label": labels[:6]},
-                                           features=datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})),
-    })
+    ds = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict(
+                {"image": [datasets.Image().encode_example(i) for i in imgs], "label": labels},
+                features=datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")}),
+            ),
+            "test": datasets.Dataset.from_dict(
+                {"image": [datasets.Image().encode_example(i) for i in imgs[:6]], "label": labels[:6]},
+                features=datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")}),
+            ),
+        }
+    )
     ds.save_to_disk(str(tmp_path / "dtd"))
-    wl = build_workload("dtd", data_path=str(tmp_path / "dtd"), image_size=32, val_size=8, model="vit_tiny_patch16_224", pretrained=False)
+    wl = build_workload(
+        "dtd",
+        data_path=str(tmp_path / "dtd"),
+        image_size=32,
+        val_size=8,
+        model="vit_tiny_patch16_224",
+        pretrained=False,
+    )
     d = wl.load_data(0)
     assert d.train.inputs.shape == (40, 3, 32, 32) and len(d.val) == 8 and d.test.inputs.shape == (6, 3, 32, 32)
     torch.manual_seed(0)
@@ -162,7 +181,9 @@ def test_dtd_pretrained_without_weights_offline_says_how_to_provide_them():
     from flatlab.errors import ConfigError
 
     wl = build_workload("dtd", model="vit_tiny_patch16_224", pretrained=True, image_size=32)
-    with pytest.raises(ConfigError, match=r"could not load pretrained weights for model='vit_tiny_patch16_224'.*weights_path"):
+    with pytest.raises(
+        ConfigError, match=r"could not load pretrained weights for model='vit_tiny_patch16_224'.*weights_path"
+    ):
         wl.build_model()
 
 

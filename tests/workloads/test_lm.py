@@ -43,7 +43,9 @@ def test_file_backed_windows_pickle_as_their_path(tmp_path):
 
 
 def test_perplexity_is_exp_of_the_reported_loss():
-    wl = build_workload("lm/wikitext2", data_path="synthetic", synthetic_tokens=600, n_layers=1, width=16, n_heads=2, context=16)
+    wl = build_workload(
+        "lm/wikitext2", data_path="synthetic", synthetic_tokens=600, n_layers=1, width=16, n_heads=2, context=16
+    )
     d = wl.load_data(0)
     torch.manual_seed(0)
     model = wl.build_model()
@@ -51,7 +53,9 @@ def test_perplexity_is_exp_of_the_reported_loss():
     assert m["perplexity"] == pytest.approx(math.exp(m["loss"]), rel=1e-12)
     with torch.no_grad():
         logits = model.eval()(d.val.inputs[0 : len(d.val)])
-    ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), d.val.targets[0:len(d.val)].reshape(-1))
+    ref = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), d.val.targets[0 : len(d.val)].reshape(-1)
+    )
     assert m["loss"] == pytest.approx(float(ref), rel=1e-5)
     assert perplexity(1e4) == math.inf
 
@@ -73,7 +77,9 @@ def test_lm_presets_have_the_documented_size(model, vocab, low, high, shape):
     assert low <= n_params(m) <= high
 
 
-@pytest.mark.parametrize("model, width, heads", [("transformer_2l", 16, 2), ("llama_60m", 30, 2), ("llama_119m", 16, 2)])
+@pytest.mark.parametrize(
+    "model, width, heads", [("transformer_2l", 16, 2), ("llama_60m", 30, 2), ("llama_119m", 16, 2)]
+)
 def test_lm_output_shape(model, width, heads):
     wl = build_workload("lm/minipile", model=model, n_layers=1, width=width, n_heads=heads, context=8, vocab_size=50)
     torch.manual_seed(0)
@@ -82,8 +88,15 @@ def test_lm_output_shape(model, width, heads):
 
 
 def test_local_corpus_is_tokenised_once_and_cached(text_corpus_dir, tiny_tokenizer_dir, tmp_path, monkeypatch):
-    params = dict(data_path=text_corpus_dir, tokenizer=tiny_tokenizer_dir, cache_dir=str(tmp_path / "cache"),
-                  n_layers=1, width=16, n_heads=2, context=8)
+    params = dict(
+        data_path=text_corpus_dir,
+        tokenizer=tiny_tokenizer_dir,
+        cache_dir=str(tmp_path / "cache"),
+        n_layers=1,
+        width=16,
+        n_heads=2,
+        context=8,
+    )
     d = build_workload("lm/wikitext2", **params).load_data(0)
     files = sorted((tmp_path / "cache" / "lm").glob("*.npy"))
     assert len(files) == 3  # train, validation, test
@@ -107,8 +120,17 @@ def test_corpus_without_validation_holds_out_the_end_of_the_stream(text_corpus_d
 
     train_only = tmp_path / "owt"
     datasets.DatasetDict({"train": datasets.load_from_disk(text_corpus_dir)["train"]}).save_to_disk(str(train_only))
-    wl = build_workload("lm/openwebtext", data_path=str(train_only), tokenizer=tiny_tokenizer_dir, cache_dir=str(tmp_path / "c"),
-                        n_layers=1, width=16, n_heads=2, context=8, val_fraction=0.1)
+    wl = build_workload(
+        "lm/openwebtext",
+        data_path=str(train_only),
+        tokenizer=tiny_tokenizer_dir,
+        cache_dir=str(tmp_path / "c"),
+        n_layers=1,
+        width=16,
+        n_heads=2,
+        context=8,
+        val_fraction=0.1,
+    )
     d = wl.load_data(0)
     total = d.meta["tokens"]["train"] + d.meta["tokens"]["val"]
     assert d.meta["tokens"]["val"] == int(total * 0.1) and d.test is None
@@ -117,8 +139,14 @@ def test_corpus_without_validation_holds_out_the_end_of_the_stream(text_corpus_d
 
 def _lm_spec(**wp):
     params = dict(data_path="synthetic", synthetic_tokens=640, n_layers=1, width=16, n_heads=2, context=16, **wp)
-    return TrialSpec(workload="lm/wikitext2", optimizer="adamw", epochs=2, workload_params=params,
-                     optimizer_params={"lr": 3e-3}, trainer_params={"batch_size": 8, "clip_norm": 1.0})
+    return TrialSpec(
+        workload="lm/wikitext2",
+        optimizer="adamw",
+        epochs=2,
+        workload_params=params,
+        optimizer_params={"lr": 3e-3},
+        trainer_params={"batch_size": 8, "clip_norm": 1.0},
+    )
 
 
 def test_lm_training_curve_comes_from_the_trainer():

@@ -17,7 +17,11 @@ from rich.console import Console
 # before any command imports it. A user's explicit setting wins.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Hyperparameter studies of sharpness-aware and flat-minima training.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Hyperparameter studies of sharpness-aware and flat-minima training.",
+)
 # Piped output: 160 columns unless COLUMNS says otherwise (rich would assume 80).
 console = Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 err = Console(stderr=True, highlight=False)

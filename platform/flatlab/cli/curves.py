@@ -58,10 +58,16 @@ def curves(
         None, help="a curve-set JSON file (default: the one the study declares, Study(published=...))"
     ),
     map_: Optional[List[str]] = typer.Option(
-        None, "--map", help="ARM=CURVE: compare this arm with this curve of the file (repeat; default: the study's mapping)"
+        None,
+        "--map",
+        help="ARM=CURVE: compare this arm with this curve of the file (repeat; default: the study's mapping)",
     ),
-    metric: Optional[List[str]] = typer.Option(None, "--metric", help="only this flatlab metric, e.g. test/accuracy (repeat)"),
-    epochs: Optional[str] = typer.Option(None, help="only these epochs, e.g. 1-3,10,100 (default: every epoch both sides have)"),
+    metric: Optional[List[str]] = typer.Option(
+        None, "--metric", help="only this flatlab metric, e.g. test/accuracy (repeat)"
+    ),
+    epochs: Optional[str] = typer.Option(
+        None, help="only these epochs, e.g. 1-3,10,100 (default: every epoch both sides have)"
+    ),
     confidence: float = typer.Option(0.95, help="of flatlab's t-interval over seeds"),
     fmt: str = typer.Option("table", "--format", help="table, markdown or csv (text formats go to stdout)"),
     tracking_uri: Optional[str] = typer.Option(None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI"),
@@ -79,8 +85,15 @@ def curves(
         check_confidence(confidence)
         if fmt not in FORMATS:
             raise FlatlabError(f"--format {fmt!r} is not supported; expected one of {', '.join(FORMATS)}")
-        comparison = compare_study(uri, study, path=str(published) if published else None, arms=parse_map(map_) or None,
-                                   metrics=metric or None, epochs=parse_epochs(epochs), confidence=confidence)
+        comparison = compare_study(
+            uri,
+            study,
+            path=str(published) if published else None,
+            arms=parse_map(map_) or None,
+            metrics=metric or None,
+            epochs=parse_epochs(epochs),
+            confidence=confidence,
+        )
         if fmt == "table":
             pub.render(comparison, console)
         elif fmt == "markdown":

@@ -25,19 +25,25 @@ def run(
         None, "--final-seeds", min=0, help="run only the first N of the study's final seeds (0: no final stage)"
     ),
     address: Optional[str] = typer.Option(None, help="address of an existing Ray cluster (default: start a local one)"),
-    tracking_uri: Optional[str] = typer.Option(None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI (default: SQLite under the root)"),
+    tracking_uri: Optional[str] = typer.Option(
+        None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI (default: SQLite under the root)"
+    ),
     storage: Optional[str] = typer.Option(None, help="Ray Tune storage path (shared storage on a multi-node cluster)"),
     root: Optional[Path] = typer.Option(None, help=ROOT_HELP),
-    resume: bool = typer.Option(False, "--resume", help="finish the latest launch at its budget (finished trials are not re-run)"),
+    resume: bool = typer.Option(
+        False, "--resume", help="finish the latest launch at its budget (finished trials are not re-run)"
+    ),
     continue_: bool = typer.Option(
         False, "--continue", help="a new launch whose arms add trials to the previous launch's Optuna studies"
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate and print the trial plan; start nothing"),
     num_cpus: Optional[int] = typer.Option(None, help="CPUs of the local Ray instance (default: all)"),
     checkpoint_every: Optional[int] = typer.Option(
-        None, "--checkpoint-every", min=1,
+        None,
+        "--checkpoint-every",
+        min=1,
         help="epochs between trial checkpoints, Tune's checkpoint frequency (overrides the study; the last epoch is always "
-             "checkpointed; --resume keeps the launch's unless given)",
+        "checkpointed; --resume keeps the launch's unless given)",
     ),
 ) -> None:
     """Run the studies of STUDY_FILE on Ray Tune (Optuna searcher, ASHA, MLflow tracking).
@@ -50,8 +56,13 @@ def run(
     from flatlab.study.plan import render as render_plan
     from flatlab.study.prepare import prepare
 
-    given = {"trials": trials, "epochs": epochs, "final_seeds": final_seeds, "scale": scale,
-             "checkpoint_every": checkpoint_every}
+    given = {
+        "trials": trials,
+        "epochs": epochs,
+        "final_seeds": final_seeds,
+        "scale": scale,
+        "checkpoint_every": checkpoint_every,
+    }
     try:  # --resume: the launch's scale, budget and checkpoint cadence (study/prepare.py, as flatlab.run)
         prepared = prepare(str(study_file), given, _root(root), resume=resume, continue_=continue_, only=study or ())
     except (FlatlabError, ValueError) as exc:
@@ -69,7 +80,9 @@ def run(
             for line in describe_chained(s, tracking_uri or default_tracking_uri(_root(root).resolve())):
                 console.print(line, soft_wrap=True)
         return
-    if not resume:  # missing data: one line within seconds, before Ray and MLflow are even imported (run_study checks again)
+    if (
+        not resume
+    ):  # missing data: one line within seconds, before Ray and MLflow are even imported (run_study checks again)
         from flatlab.workloads.registry import build_workload
 
         try:
@@ -89,8 +102,15 @@ def run(
     from flatlab.tracking.results import render, trials_frame
     from flatlab.tracking.ui import where_to_look
 
-    opts = RunOptions(root=_root(root), address=address, tracking_uri=tracking_uri, storage=storage, resume=resume,
-                      source=str(study_file), num_cpus=num_cpus)
+    opts = RunOptions(
+        root=_root(root),
+        address=address,
+        tracking_uri=tracking_uri,
+        storage=storage,
+        resume=resume,
+        source=str(study_file),
+        num_cpus=num_cpus,
+    )
     interrupted = all_failed = False
     for s, budget in ((p.study, p.budget) for p in prepared):
         try:
@@ -100,25 +120,35 @@ def run(
         except ConnectionError as exc:  # Ray's, e.g. a head that wants a token we do not have
             if not address:
                 raise
-            _fail(FlatlabError(
-                f"--address {address}: {exc}; a head with token authentication needs its token here "
-                "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
-            ))
+            _fail(
+                FlatlabError(
+                    f"--address {address}: {exc}; a head with token authentication needs its token here "
+                    "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
+                )
+            )
         interrupted |= outcome.interrupted
         df = trials_frame(outcome.tracking_uri, s.name)
         pooled = s.searcher == "grid" and len(s.seeds) > 1  # every grid point ran with every seed
         console.print(
             f"\n[bold]{s.name}[/bold] ran {outcome.wall_s:.0f} s (wall, Ray and MLflow start-up included); "
-            + (f"best configuration per arm, mean and std over {len(s.seeds)} seeds" if pooled else "best trial per arm")
+            + (
+                f"best configuration per arm, mean and std over {len(s.seeds)} seeds"
+                if pooled
+                else "best trial per arm"
+            )
             + " (from MLflow):"
         )
         best = select(df, best=True, by_config=pooled)
-        render(best, console, hint=f"use flatlab results {s.name} --best{' --by-config' if pooled else ''} --format csv")
+        render(
+            best, console, hint=f"use flatlab results {s.name} --best{' --by-config' if pooled else ''} --format csv"
+        )
         _say_arms_without_answer(df, best, [a.name for a in s.arms])
         if not outcome.interrupted and (pooled or s.final_seeds):
             _print_comparison(df, s, console)
         console.print(where_to_look(outcome.tracking_uri, outcome.experiment_id), soft_wrap=True)  # the training view
-        line = failure_line(s.name, outcome.num_errors, len(df), str(study_file), log_file(_root(root).resolve() / s.name))
+        line = failure_line(
+            s.name, outcome.num_errors, len(df), str(study_file), log_file(_root(root).resolve() / s.name)
+        )
         if line:  # the last line: how many trials failed
             console.print(line, soft_wrap=True)
         all_failed |= outcome.num_errors > 0 and outcome.num_errors >= len(df)
@@ -140,8 +170,10 @@ def failure_line(study: str, errors: int, trials: int, source: str, log: Path) -
     n = max(trials, errors)
     if errors >= n:
         return f"every trial of {study} failed ({errors} of {n}); see {log} and `flatlab results {study}`"
-    return (f"{errors} of {n} trials of {study} failed; `flatlab results {study}` shows their errors, "
-            f"`flatlab run {source} --resume` retries them")
+    return (
+        f"{errors} of {n} trials of {study} failed; `flatlab results {study}` shows their errors, "
+        f"`flatlab run {source} --resume` retries them"
+    )
 
 
 def _say_arms_without_answer(trials, best, arms: Sequence[str] = ()) -> None:
@@ -156,8 +188,10 @@ def _say_arms_without_answer(trials, best, arms: Sequence[str] = ()) -> None:
     have = set() if best.empty else set(best["arm"])
     missing = [a for a in dict.fromkeys([*arms, *seen]) if a not in have]
     if missing:
-        console.print(f"no completed trial (pruned, diverged, failed or unfinished), so no best for: {', '.join(missing)}",
-                      soft_wrap=True)
+        console.print(
+            f"no completed trial (pruned, diverged, failed or unfinished), so no best for: {', '.join(missing)}",
+            soft_wrap=True,
+        )
 
 
 def _print_comparison(df, study, out) -> None:
@@ -190,7 +224,9 @@ def export_format(fmt: Optional[str], output: Optional[Path]) -> str:
         if output is None:
             return "table"
         if suffix not in ("csv", "parquet"):
-            raise FlatlabError(f"--output {output}: cannot tell the format from its suffix; add --format csv or --format parquet")
+            raise FlatlabError(
+                f"--output {output}: cannot tell the format from its suffix; add --format csv or --format parquet"
+            )
         return suffix
     if fmt == "table" and output is not None:
         raise FlatlabError("--format table prints to the terminal; use --format csv or parquet with --output")
@@ -207,17 +243,23 @@ def results(
     tracking_uri: Optional[str] = typer.Option(None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI"),
     root: Optional[Path] = typer.Option(None, help=ROOT_HELP),
     fmt: Optional[str] = typer.Option(
-        None, "--format", help="table, csv or parquet (default: from --output's suffix, else table); csv without --output goes to stdout"
+        None,
+        "--format",
+        help="table, csv or parquet (default: from --output's suffix, else table); csv without --output goes to stdout",
     ),
     output: Optional[Path] = typer.Option(None, help="file for csv/parquet (.csv or .parquet)"),
     all_launches: bool = typer.Option(False, "--all", help="trials of every launch, not only the latest"),
     best: bool = typer.Option(
-        False, "--best", help="only each arm's best trial (or, with --by-config, configuration): the best mean over seeds of "
-        "the final validation metric"
+        False,
+        "--best",
+        help="only each arm's best trial (or, with --by-config, configuration): the best mean over seeds of "
+        "the final validation metric",
     ),
     rank_by: str = typer.Option(
-        "final", "--rank-by", help="what --best and --by-config rank by: final (each trial's final-epoch value, the rule) "
-        "or best-epoch (its best epoch's)"
+        "final",
+        "--rank-by",
+        help="what --best and --by-config rank by: final (each trial's final-epoch value, the rule) "
+        "or best-epoch (its best epoch's)",
     ),
     per_config: bool = typer.Option(
         False, "--by-config", help="one row per configuration: mean and std over seeds of the completed trials"
@@ -227,16 +269,23 @@ def results(
         None, help="rank by this metric instead of the study's, e.g. flat/fisher_trace (completed trials still first)"
     ),
     mode: Optional[str] = typer.Option(
-        None, help="min or max for --metric (default: the study's for its metric; min for flat/*, time/*, losses, perplexity, *_to_target; else max)"
+        None,
+        help="min or max for --metric (default: the study's for its metric; min for flat/*, time/*, losses, perplexity, *_to_target; else max)",
     ),
     filter_: Optional[str] = typer.Option(
-        None, "--filter", help="pandas query over the trials, e.g. \"outcome == 'completed' and epochs > 5\"; "
-        "names with '/' or '.' in backticks: \"`val/accuracy` > 0.9 and `param.lr` < 0.1\""
+        None,
+        "--filter",
+        help="pandas query over the trials, e.g. \"outcome == 'completed' and epochs > 5\"; "
+        "names with '/' or '.' in backticks: \"`val/accuracy` > 0.9 and `param.lr` < 0.1\"",
     ),
     sort: Optional[List[str]] = typer.Option(
-        None, "--sort", help="sort the table by COLUMN (ascending) or -COLUMN (descending); repeat for ties, e.g. --sort arm --sort -param.lr"
+        None,
+        "--sort",
+        help="sort the table by COLUMN (ascending) or -COLUMN (descending); repeat for ties, e.g. --sort arm --sort -param.lr",
     ),
-    columns: Optional[str] = typer.Option(None, help="comma list of the columns to show or export, e.g. arm,val/accuracy,param.lr"),
+    columns: Optional[str] = typer.Option(
+        None, help="comma list of the columns to show or export, e.g. arm,val/accuracy,param.lr"
+    ),
 ) -> None:
     """Print a study's trials from MLflow (params, final and best metrics, status), best first.
 
@@ -255,8 +304,18 @@ def results(
         rows = "configurations" if per_config else "trials"
         shown = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
         trials = df
-        df = select(df, arms=arm, metric=metric, mode=mode, filter=filter_, best=best, by_config=per_config, sort=sort,
-                    columns=shown, rank_by=rank_by)
+        df = select(
+            df,
+            arms=arm,
+            metric=metric,
+            mode=mode,
+            filter=filter_,
+            best=best,
+            by_config=per_config,
+            sort=sort,
+            columns=shown,
+            rank_by=rank_by,
+        )
         if fmt == "table":
             hidden = 0
             if per_config and "seeds" in df.columns:  # configurations no seed completed (pruned, diverged, failed)
@@ -265,7 +324,13 @@ def results(
             if df.empty and (filter_ or arm):
                 console.print(f"no {rows} of {study} match the given --arm/--filter")
             else:
-                render(df, console, columns=shown, title=f"{study} ({len(df)} {rows})", hint="use --columns or --format csv")
+                render(
+                    df,
+                    console,
+                    columns=shown,
+                    title=f"{study} ({len(df)} {rows})",
+                    hint="use --columns or --format csv",
+                )
             if best and not filter_:  # arms --best has no row for (none of their trials completed)
                 _say_arms_without_answer(trials[trials["arm"].isin(arm)] if arm and not trials.empty else trials, df)
             if hidden:
@@ -288,30 +353,43 @@ def compare(
         ..., metavar="STUDY", help="study name (the MLflow experiment); several: one summary over them, each a workload"
     ),
     reference: Optional[str] = typer.Option(
-        None, help="arm every other arm is paired against (default: the study's reference_arm, else sgd, else the first arm "
-        "alphabetically); with several studies, an arm in all of them"
+        None,
+        help="arm every other arm is paired against (default: the study's reference_arm, else sgd, else the first arm "
+        "alphabetically); with several studies, an arm in all of them",
     ),
     rank_by: str = typer.Option(
-        "final", "--rank-by", help="without a final stage, how each arm's best configuration is chosen: final (mean over seeds "
-        "of the final-epoch validation metric, the rule) or best-epoch (of the best epoch's)"
+        "final",
+        "--rank-by",
+        help="without a final stage, how each arm's best configuration is chosen: final (mean over seeds "
+        "of the final-epoch validation metric, the rule) or best-epoch (of the best epoch's)",
     ),
-    metric: Optional[str] = typer.Option(None, help="test metric (default: test/perplexity, test/accuracy or test/loss, the first recorded)"),
+    metric: Optional[str] = typer.Option(
+        None, help="test metric (default: test/perplexity, test/accuracy or test/loss, the first recorded)"
+    ),
     fmt: str = typer.Option("table", "--format", help="table, markdown, latex or csv (text formats go to stdout)"),
     against: Optional[str] = typer.Option(
-        None, help="a search study (Optuna + ASHA) of the same arms: the share of this grid study's trial-epochs it needed to reach the grid's best validation metric"
+        None,
+        help="a search study (Optuna + ASHA) of the same arms: the share of this grid study's trial-epochs it needed to reach the grid's best validation metric",
     ),
-    tolerance: float = typer.Option(0.0, help="with --against: reaching within this of the grid's best counts (absolute, the metric's units)"),
+    tolerance: float = typer.Option(
+        0.0, help="with --against: reaching within this of the grid's best counts (absolute, the metric's units)"
+    ),
     confidence: float = typer.Option(0.95, help="of the t intervals"),
     measure: Optional[List[str]] = typer.Option(
-        None, "--measure", help="only this flatness quantity (repeatable): flat/<m>, flat_at_target/<m> or a bare measure "
-        "<m> (its flat/ and flat_at_target/ rows); default every measure recorded"
+        None,
+        "--measure",
+        help="only this flatness quantity (repeatable): flat/<m>, flat_at_target/<m> or a bare measure "
+        "<m> (its flat/ and flat_at_target/ rows); default every measure recorded",
     ),
     plot: Optional[Path] = typer.Option(
-        None, help="also save a figure (PNG) here: the test metric against flatness; with several studies, the performance "
-        "profiles (default <root>/compare/profiles_<studies>.png)"
+        None,
+        help="also save a figure (PNG) here: the test metric against flatness; with several studies, the performance "
+        "profiles (default <root>/compare/profiles_<studies>.png)",
     ),
     tau_max: Optional[float] = typer.Option(
-        None, "--tau-max", help="with several studies: the right end of the profiles' tau axis (default just above the largest ratio)"
+        None,
+        "--tau-max",
+        help="with several studies: the right end of the profiles' tau axis (default just above the largest ratio)",
     ),
     tracking_uri: Optional[str] = typer.Option(None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI"),
     root: Optional[Path] = typer.Option(None, help=ROOT_HELP),
@@ -337,16 +415,34 @@ def compare(
             if against is not None:
                 raise FlatlabError("--against compares one grid study with a search study; give one STUDY with it")
             if measure:
-                raise FlatlabError("--measure selects rows of one study's table; the summary of several shows every shared measure")
-            _compare_workloads(studies, uri, reference=reference, metric=metric, rank_by=rank_by, fmt=fmt,
-                               plot=plot, tau_max=tau_max, root=_root(root))
+                raise FlatlabError(
+                    "--measure selects rows of one study's table; the summary of several shows every shared measure"
+                )
+            _compare_workloads(
+                studies,
+                uri,
+                reference=reference,
+                metric=metric,
+                rank_by=rank_by,
+                fmt=fmt,
+                plot=plot,
+                tau_max=tau_max,
+                root=_root(root),
+            )
             return
         if tau_max is not None:
             raise FlatlabError("--tau-max is for the performance profiles of several studies; give two or more")
         study = studies[0]
         df = trials_frame(uri, study)
-        comparison = cmp.compare_table(df, metric=metric, reference=reference, confidence=confidence, study=study,
-                                       rank_by=rank_by, measures=measure or None)
+        comparison = cmp.compare_table(
+            df,
+            metric=metric,
+            reference=reference,
+            confidence=confidence,
+            study=study,
+            rank_by=rank_by,
+            measures=measure or None,
+        )
         efficiency = None
         if against is not None:
             other = trials_frame(uri, against)
@@ -358,7 +454,9 @@ def compare(
                     f"{', '.join(sorted(searched[0])) or '(none)'}; of {against}: {', '.join(sorted(searched[1])) or '(none)'}"
                 )
             m, mode = df.attrs.get("metric", "val/accuracy"), df.attrs.get("mode", "max")
-            efficiency = {a: cmp.hpo_efficiency(df, other, metric=m, mode=mode, tolerance=tolerance, arm=a) for a in common}
+            efficiency = {
+                a: cmp.hpo_efficiency(df, other, metric=m, mode=mode, tolerance=tolerance, arm=a) for a in common
+            }
         if fmt == "table":
             cmp.render(comparison, console)
         else:
@@ -372,8 +470,18 @@ def compare(
         _fail(exc)
 
 
-def _compare_workloads(studies: List[str], uri: str, *, reference, metric, rank_by: str, fmt: str, plot: Optional[Path],
-                       tau_max: Optional[float], root: Path) -> None:
+def _compare_workloads(
+    studies: List[str],
+    uri: str,
+    *,
+    reference,
+    metric,
+    rank_by: str,
+    fmt: str,
+    plot: Optional[Path],
+    tau_max: Optional[float],
+    root: Path,
+) -> None:
     """``flatlab compare A B ...``: the summary over the studies (:mod:`flatlab.tracking.compare.multi`)
     in ``fmt``, and the performance profiles saved to ``plot`` (default under ``root``; the path goes to
     stderr)."""
@@ -440,18 +548,27 @@ def interpolation_report(
     console.print(f"logged under report/ on run {rep.parent_run_id}")
 
 
-STUDIES_LEGEND = ("scales: the values of `flatlab run FILE --scale NAME`, the first the default; -: no --scale (one setting); "
-                  "(module): not a study file, a module the study files next to it import")
+STUDIES_LEGEND = (
+    "scales: the values of `flatlab run FILE --scale NAME`, the first the default; -: no --scale (one setting); "
+    "(module): not a study file, a module the study files next to it import"
+)
 
 
 def _study_folders(directory: Path) -> List[Tuple[Path, List[Path]]]:
     """``directory`` and each of its subfolders (``examples/``), with their ``*.py`` files; names that
     start with ``_`` or ``.`` are skipped (shared code such as ``_flatness_arms.py``, ``__pycache__``)."""
+
     def listed(folder: Path) -> List[Path]:
         return sorted(p for p in folder.glob("*.py") if not p.name.startswith(("_", ".")))
 
-    subs = sorted(d for d in directory.iterdir() if d.is_dir() and not d.name.startswith(("_", "."))) if directory.is_dir() else []
-    return [(folder, files) for folder, files in [(directory, listed(directory))] + [(d, listed(d)) for d in subs] if files]
+    subs = (
+        sorted(d for d in directory.iterdir() if d.is_dir() and not d.name.startswith(("_", ".")))
+        if directory.is_dir()
+        else []
+    )
+    return [
+        (folder, files) for folder, files in [(directory, listed(directory))] + [(d, listed(d)) for d in subs] if files
+    ]
 
 
 @app.command()
@@ -465,8 +582,10 @@ def studies(directory: Path = typer.Argument(Path("studies"), help="folder of st
     if not folders:
         _fail(FlatlabError(f"no study files in {directory} or its subfolders"))
     described = {p: describe_file(str(p)) for _, files in folders for p in files}
-    scales = {p: "(module)" if not d.is_study else "(computed)" if d.scales is None else ", ".join(d.scales) or "-"
-              for p, d in described.items()}
+    scales = {
+        p: "(module)" if not d.is_study else "(computed)" if d.scales is None else ", ".join(d.scales) or "-"
+        for p, d in described.items()
+    }
     width = max(len(str(p)) for p in described)
     sw = max(len("scales"), *map(len, scales.values()))
     console.print(f"{'file':{width}s}  {'scales':{sw}s}  about", style="bold", markup=False)
@@ -501,7 +620,9 @@ def _entries(registry, name: Optional[str], study_file: Optional[Path] = None) -
     return [name]
 
 
-_STUDY_FILE_HELP = "also the workloads, optimizers and measures this study file registers (it is run, as `flatlab run` runs it)"
+_STUDY_FILE_HELP = (
+    "also the workloads, optimizers and measures this study file registers (it is run, as `flatlab run` runs it)"
+)
 
 
 def _load_extensions(study_file: Optional[Path]) -> None:
@@ -537,7 +658,8 @@ def optimizers(
 @app.command()
 def workloads(
     name: Optional[str] = typer.Argument(
-        None, help="show only this workload (e.g. cifar10), a family (glue, lm), or 'trainer' for the trainer's parameters"
+        None,
+        help="show only this workload (e.g. cifar10), a family (glue, lm), or 'trainer' for the trainer's parameters",
     ),
     study_file: Optional[Path] = typer.Option(None, "--study-file", help=_STUDY_FILE_HELP),
 ) -> None:
@@ -557,7 +679,9 @@ def workloads(
         console.print("[bold]trainer[/bold] (any study or arm may set these)")
         _hparam_table(TRAINER_HPARAMS)
     else:
-        console.print("the trainer's parameters (batch_size, schedule, ...; any study or arm may set them): `flatlab workloads trainer`")
+        console.print(
+            "the trainer's parameters (batch_size, schedule, ...; any study or arm may set them): `flatlab workloads trainer`"
+        )
 
 
 @app.command()
@@ -588,7 +712,9 @@ def _hparam_table(hparams) -> None:
     from flatlab.tracking.console_table import make_table, print_table
 
     rows = [(h.name, repr(h.default), h.allowed(), h.doc) for h in hparams]
-    print_table(console, make_table(("name", "default", "allowed", "meaning"), rows, prose=(3,), box=None, pad_edge=False))
+    print_table(
+        console, make_table(("name", "default", "allowed", "meaning"), rows, prose=(3,), box=None, pad_edge=False)
+    )
 
 
 @app.command()
@@ -596,7 +722,9 @@ def submit(
     study_file: Path = typer.Argument(..., help="study file, relative to the working directory that is uploaded"),
     address: str = typer.Option(..., help="Ray dashboard address of the cluster, e.g. http://HEAD:8265"),
     follow: bool = typer.Option(False, "--follow", help="stream the job's logs until it ends"),
-    args: Optional[List[str]] = typer.Option(None, "--arg", help="extra `flatlab run` arguments, e.g. --arg=--trials=4"),
+    args: Optional[List[str]] = typer.Option(
+        None, "--arg", help="extra `flatlab run` arguments, e.g. --arg=--trials=4"
+    ),
     working_dir: Path = typer.Option(Path("."), help="folder uploaded as the job's working directory"),
 ) -> None:
     """Submit `flatlab run STUDY_FILE` as a Ray Job to a cluster and print the job id."""

@@ -16,7 +16,14 @@ from flatlab.interpolation.along_path import SharpnessPath, sharpness_along_path
 from flatlab.interpolation.state import check_compatible, interpolate, interpolate_keys
 from flatlab.interpolation.stragglers import find_stragglers, prune_stragglers, pruned_interpolation
 from flatlab.interpolation.sweep import (
-    DEFAULT_ALPHAS, SweepResult, alpha_grid, alpha_sweep, barrier, gain, instability, is_failure_mode,
+    DEFAULT_ALPHAS,
+    SweepResult,
+    alpha_grid,
+    alpha_sweep,
+    barrier,
+    gain,
+    instability,
+    is_failure_mode,
     layerwise_alpha_sweep,
 )
 

@@ -114,7 +114,7 @@ def label_of(ref: str) -> str:
             return ref
         return ", ".join(f"{k}={v}" for k, v in params.items()) or arm
     if ref.startswith(RUN_PREFIX):
-        return f"run {ref[len(RUN_PREFIX):][:8]}"
+        return f"run {ref[len(RUN_PREFIX) :][:8]}"
     return Path(ref).name or ref
 
 
@@ -140,12 +140,16 @@ def collect_curves(df, split: str = "ood", sources: Optional[Dict[str, str]] = N
     alpha_col = "interp/alpha" if "interp/alpha" in df.columns else "param.alpha"
     for col in (alpha_col, f"{split}/accuracy", f"{split}/loss"):
         if col not in df.columns:
-            raise ConfigError(f"the study's trials report no {col!r}; is it an alpha study (workload clip_interpolate)?")
+            raise ConfigError(
+                f"the study's trials report no {col!r}; is it an alpha study (workload clip_interpolate)?"
+            )
     if df.empty:
         raise ConfigError("the study has no FINISHED trials")
     df = df.assign(_alpha=df[alpha_col].astype(float))
     sources = dict(sources or {})
-    splits = sorted({c[: -len("/accuracy")] for c in df.columns if c.endswith("/accuracy") and f"{c[:-9]}/loss" in df.columns})
+    splits = sorted(
+        {c[: -len("/accuracy")] for c in df.columns if c.endswith("/accuracy") and f"{c[:-9]}/loss" in df.columns}
+    )
     splits = [s for s in splits if s not in ("train", "test", "best")]
     df = df.assign(_key=df["param.finetuned"] if "param.finetuned" in df.columns else df["arm"])
     df = df.assign(_pruned=df["param.prune"].map(_truthy) if "param.prune" in df.columns else False)
@@ -168,7 +172,11 @@ def collect_curves(df, split: str = "ood", sources: Optional[Dict[str, str]] = N
                     curves.layerwise[col[len(_LAYER) :]] = tuple(float(v) for v in plain[col])
         if len(pruned):
             curves.pruned = _sweep(pruned, splits)
-            found = [c[len(_STRAGGLER) :] for c in pruned.columns if c.startswith(_STRAGGLER) and pruned[c].map(_finite).any()]
+            found = [
+                c[len(_STRAGGLER) :]
+                for c in pruned.columns
+                if c.startswith(_STRAGGLER) and pruned[c].map(_finite).any()
+            ]
             curves.stragglers = tuple(found)
         out.append(curves)
     return out
@@ -201,26 +209,40 @@ def write_report(curves: List[ModelCurves], out_dir: Path, split: str = "ood") -
     plain = [c for c in curves if c.unpruned is not None]
     if not plain:
         raise ConfigError("no fine-tuned model has unpruned interpolation trials; nothing to plot")
-    figures = [plots.plot_sweeps({c.label: c.unpruned for c in plain}, out_dir / f"fig1_{split}_vs_alpha.png", split=split)]
+    figures = [
+        plots.plot_sweeps({c.label: c.unpruned for c in plain}, out_dir / f"fig1_{split}_vs_alpha.png", split=split)
+    ]
     with_sharpness = [c for c in plain if c.sharpness]
     grids = {c.unpruned.alphas for c in with_sharpness}
     if len(grids) == 1:
         figures.append(
             plots.plot_sharpness_vs_alpha(
-                next(iter(grids)), {c.label: c.sharpness for c in with_sharpness}, out_dir / "fig3_sharpness_vs_alpha.png"
+                next(iter(grids)),
+                {c.label: c.sharpness for c in with_sharpness},
+                out_dir / "fig3_sharpness_vs_alpha.png",
             )
         )
     else:  # different alpha grids: one figure per model
         for i, c in enumerate(with_sharpness):
             figures.append(
-                plots.plot_sharpness_vs_alpha(c.unpruned.alphas, {c.label: c.sharpness}, out_dir / f"fig3_sharpness_vs_alpha_{i}_{_slug(c.label)}.png")
+                plots.plot_sharpness_vs_alpha(
+                    c.unpruned.alphas,
+                    {c.label: c.sharpness},
+                    out_dir / f"fig3_sharpness_vs_alpha_{i}_{_slug(c.label)}.png",
+                )
             )
     for i, c in enumerate(curves):
         if c.unpruned is not None and c.layerwise:
-            figures.append(plots.plot_layerwise_heatmap(c.unpruned.alphas, c.layerwise, out_dir / f"fig4_layerwise_{i}_{_slug(c.label)}.png"))
+            figures.append(
+                plots.plot_layerwise_heatmap(
+                    c.unpruned.alphas, c.layerwise, out_dir / f"fig4_layerwise_{i}_{_slug(c.label)}.png"
+                )
+            )
         if c.unpruned is not None and c.pruned is not None:
             figures.append(
-                plots.plot_pruned_vs_unpruned(c.unpruned, c.pruned, out_dir / f"fig5_pruned_vs_unpruned_{i}_{_slug(c.label)}.png", split=split)
+                plots.plot_pruned_vs_unpruned(
+                    c.unpruned, c.pruned, out_dir / f"fig5_pruned_vs_unpruned_{i}_{_slug(c.label)}.png", split=split
+                )
             )
     summary = {
         "split": split,
@@ -262,7 +284,9 @@ def interpolation_report(
     parents = parent_runs(tracking_uri, study)
     if not parents:
         raise ConfigError(f"study {study!r} has no launches recorded in {tracking_uri}")
-    curves = collect_curves(trials_frame(tracking_uri, study), split=split, sources=launch_sources(parents[0].data.params))
+    curves = collect_curves(
+        trials_frame(tracking_uri, study), split=split, sources=launch_sources(parents[0].data.params)
+    )
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"flatlab-report-{study}-"))
     figures, summary_path = write_report(curves, out, split=split)
     parent_id = None
@@ -278,4 +302,6 @@ def launch_sources(params: Dict[str, str]) -> Dict[str, str]:
     """Resolved value -> its reference, from a launch run's params of chained values
     (:func:`flatlab.study.chain.chained_params`: ``<name>`` beside ``<name>.source``)."""
     suffix = ".source"
-    return {params[k[: -len(suffix)]]: v for k, v in params.items() if k.endswith(suffix) and k[: -len(suffix)] in params}
+    return {
+        params[k[: -len(suffix)]]: v for k, v in params.items() if k.endswith(suffix) and k[: -len(suffix)] in params
+    }

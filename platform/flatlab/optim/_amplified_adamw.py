@@ -78,10 +78,14 @@ def applies(base: torch.optim.Optimizer) -> bool:
     for group in base.param_groups:
         if any(group.get(flag) for flag in _PLAIN_FLAGS) or not group.get("decoupled_weight_decay", True):
             return False
-        if any(isinstance(v, torch.Tensor) for v in (group["lr"], group["weight_decay"], group["eps"], *group["betas"])):
+        if any(
+            isinstance(v, torch.Tensor) for v in (group["lr"], group["weight_decay"], group["eps"], *group["betas"])
+        ):
             return False
         params = [p for p in group["params"] if p.grad is not None]
-        if group.get("foreach") is True or (group.get("foreach") is None and any(p.device.type != "cpu" for p in params)):
+        if group.get("foreach") is True or (
+            group.get("foreach") is None and any(p.device.type != "cpu" for p in params)
+        ):
             return False
         for p in params:
             if p.is_complex() or p.grad.is_sparse:
@@ -132,8 +136,10 @@ def amplified_adamw_step(base: torch.optim.Optimizer, scales: Mapping[torch.Tens
             exp_avg, exp_avg_sq, step_t = state["exp_avg"], state["exp_avg_sq"], state["step"]
             s = scales.get(p)
             if s is not None and (s.shape != p.shape or s.dtype != p.dtype):
-                raise ValueError(f"amplified_adamw_step: scale {tuple(s.shape)} {s.dtype} for a parameter "
-                                 f"{tuple(p.shape)} {p.dtype}; expected the parameter's shape and dtype")
+                raise ValueError(
+                    f"amplified_adamw_step: scale {tuple(s.shape)} {s.dtype} for a parameter "
+                    f"{tuple(p.shape)} {p.dtype}; expected the parameter's shape and dtype"
+                )
             step_t += 1
             if wd != 0:
                 if s is None:

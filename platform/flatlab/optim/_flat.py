@@ -124,8 +124,12 @@ def _batches(pieces: Sequence[torch.Tensor]) -> List[List[torch.Tensor]]:
     return out
 
 
-def _binned(batch: Sequence[torch.Tensor], scratch: torch.Tensor, spare: torch.Tensor,
-            fill: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]) -> torch.Tensor:
+def _binned(
+    batch: Sequence[torch.Tensor],
+    scratch: torch.Tensor,
+    spare: torch.Tensor,
+    fill: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any],
+) -> torch.Tensor:
     # the run's pieces laid end to end from the scratch's start, each written by fill(piece, its slice, the
     # same slice of the spare scratch); returns the filled part of the scratch (the run's bins, counted by
     # one bincount)
@@ -141,7 +145,9 @@ def _add_counts(hist: Optional[torch.Tensor], bins: torch.Tensor, size: int) -> 
     return counts if hist is None else hist.add_(counts)
 
 
-def _checked(values: Union[torch.Tensor, Sequence[torch.Tensor]], k: int) -> Tuple[List[torch.Tensor], int, torch.device]:
+def _checked(
+    values: Union[torch.Tensor, Sequence[torch.Tensor]], k: int
+) -> Tuple[List[torch.Tensor], int, torch.device]:
     # the values as flat contiguous views, their number and device, after the checks both selects share
     tensors = [values] if isinstance(values, torch.Tensor) else list(values)
     if not tensors or any(t.dtype not in (torch.float32, torch.int32) for t in tensors):
@@ -205,7 +211,9 @@ def kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]],
     return _radix_select(flats, k, n)
 
 
-def radix_kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]], k: int) -> Tuple[torch.Tensor, int]:
+def radix_kth_smallest_with_count(
+    values: Union[torch.Tensor, Sequence[torch.Tensor]], k: int
+) -> Tuple[torch.Tensor, int]:
     """:func:`kth_smallest_with_count` by the radix select alone, on any device (the answer is the same).
 
     Two-pass radix select on the bit patterns: a histogram of the upper 16 bits finds the bucket holding
@@ -235,8 +243,12 @@ def _radix_select(flats: Sequence[torch.Tensor], k: int, n: int) -> Tuple[torch.
     # First pass: histogram of the upper 16 bits (0 .. 0x7FFF).
     hist: Optional[torch.Tensor] = None
     for batch in batches:
-        bins = _binned(batch, scratch, spare,
-                       lambda part, out, _: torch.bitwise_right_shift(_magnitude_bits(part, out), 16, out=out))
+        bins = _binned(
+            batch,
+            scratch,
+            spare,
+            lambda part, out, _: torch.bitwise_right_shift(_magnitude_bits(part, out), 16, out=out),
+        )
         hist = _add_counts(hist, bins, 1 << 15)
     assert hist is not None
     cum = hist.cumsum_(0)
@@ -396,7 +408,9 @@ def at_most(values: torch.Tensor, bound: Number, out: torch.Tensor) -> int:
         ValueError: ``out`` is not a bool tensor with ``values``' number of entries.
     """
     if out.dtype != torch.bool or out.numel() != values.numel():
-        raise ValueError(f"at_most: out must be a bool tensor of {values.numel()} entries, got {out.numel()} {out.dtype}")
+        raise ValueError(
+            f"at_most: out must be a bool tensor of {values.numel()} entries, got {out.numel()} {out.dtype}"
+        )
     src, dst = values.reshape(-1), out.view(-1)
     if src.numel() == 0:
         return 0
@@ -451,7 +465,9 @@ def square_tie_ceiling(value: torch.Tensor) -> int:
         ValueError: ``value`` is not a non-negative float32 number or +inf (NaN, negative, other dtype).
     """
     if value.dtype != torch.float32 or value.numel() != 1:
-        raise ValueError(f"square_tie_ceiling: value must be one float32 number, got {tuple(value.shape)} {value.dtype}")
+        raise ValueError(
+            f"square_tie_ceiling: value must be one float32 number, got {tuple(value.shape)} {value.dtype}"
+        )
     lo = int(value.reshape(()).view(torch.int32))
     if not 0 <= lo <= F32_INF_BITS:
         raise ValueError(f"square_tie_ceiling: value must be >= 0 and not NaN, got {float(value)}")

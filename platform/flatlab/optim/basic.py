@@ -19,7 +19,9 @@ EPS = HParam("eps", 1e-8, float, low=0.0, low_open=True, doc="Adam denominator e
 ADAMW_HPARAMS = common(BETA1, BETA2, EPS, lr_default=1e-3)
 
 
-def build_sgd(params: Iterable[Any], *, lr: float, weight_decay: float, momentum: float, nesterov: bool) -> torch.optim.SGD:
+def build_sgd(
+    params: Iterable[Any], *, lr: float, weight_decay: float, momentum: float, nesterov: bool
+) -> torch.optim.SGD:
     """``torch.optim.SGD``; Nesterov with zero momentum is rejected by torch with a ValueError."""
     if nesterov and momentum <= 0:
         from flatlab.errors import ConfigError
@@ -28,7 +30,9 @@ def build_sgd(params: Iterable[Any], *, lr: float, weight_decay: float, momentum
     return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
 
 
-def build_adamw(params: Iterable[Any], *, lr: float, weight_decay: float, beta1: float, beta2: float, eps: float) -> torch.optim.AdamW:
+def build_adamw(
+    params: Iterable[Any], *, lr: float, weight_decay: float, beta1: float, beta2: float, eps: float
+) -> torch.optim.AdamW:
     """``torch.optim.AdamW`` (decoupled weight decay, Loshchilov & Hutter 2019)."""
     return torch.optim.AdamW(params, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
 
@@ -36,4 +40,6 @@ def build_adamw(params: Iterable[Any], *, lr: float, weight_decay: float, beta1:
 # Module-level names so that wrappers (sam.py, tsam.py, ire.py) compose these entries without a registry
 # lookup at import time.
 SGD_SPEC = register_optimizer(OptimizerSpec("sgd", SGD_HPARAMS, build_sgd, doc="SGD with momentum / Nesterov (torch)"))
-ADAMW_SPEC = register_optimizer(OptimizerSpec("adamw", ADAMW_HPARAMS, build_adamw, doc="AdamW, decoupled weight decay (torch)"))
+ADAMW_SPEC = register_optimizer(
+    OptimizerSpec("adamw", ADAMW_HPARAMS, build_adamw, doc="AdamW, decoupled weight decay (torch)")
+)

@@ -93,16 +93,18 @@ import torch
 
 from flatlab.hparams import HParam
 from flatlab.optim import _amplified_adamw
+from flatlab.optim._flat import SELECT_CHUNK, at_most, kth_smallest_nonnegative, persistent_buffers, square_tie_ceiling
 from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
 from flatlab.optim.protocol import Closure, as_closure, local_pass, ranks_mean, step_may_be_skipped, step_skipped
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.sam import SAM_ADAMW_SPEC, SAM_SPEC
-from flatlab.optim._flat import SELECT_CHUNK, at_most, kth_smallest_nonnegative, persistent_buffers, square_tie_ceiling
 from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
 
 __all__ = ["IRE", "IRE_HPARAMS", "flat_count", "SGD_IRE_SPEC", "ADAMW_IRE_SPEC", "SAM_IRE_SPEC", "SAM_ADAMW_IRE_SPEC"]
 
-KAPPA = HParam("kappa", 2.0, float, low=0.0, doc="κ: flat coordinates move (1+κ)× the base step; paper: 1-2 CNN, 20-50 ViT")
+KAPPA = HParam(
+    "kappa", 2.0, float, low=0.0, doc="κ: flat coordinates move (1+κ)× the base step; paper: 1-2 CNN, 20-50 ViT"
+)
 GAMMA = HParam(
     "gamma",
     0.8,
@@ -119,14 +121,28 @@ SWITCH_EPOCH = HParam("switch_epoch", None, int, low=0, nullable=True, doc="swit
 SWITCH_STEP = HParam("switch_step", None, int, low=0, nullable=True, doc="switch on from this 0-based step")
 SWITCH_AT_WARMUP_END = HParam("switch_at_warmup_end", False, bool, doc="switch on when LR warm-up ends (LLMs)")
 SWITCH_LOSS = HParam(
-    "switch_loss", None, float, low=0.0, low_open=True, nullable=True, doc="switch on once last epoch's train loss < this"
+    "switch_loss",
+    None,
+    float,
+    low=0.0,
+    low_open=True,
+    nullable=True,
+    doc="switch on once last epoch's train loss < this",
 )
 KAPPA_DECAY = HParam("kappa_decay", False, bool, doc="κ_t = κ·lr_t/lr_max (decays with the LR schedule)")
 LOG_FLAT_FRACTION = HParam(
     "log_flat_fraction", False, bool, doc="also report opt/flat_fraction/<parameter name> (per tensor, active steps)"
 )
 IRE_HPARAMS = (
-    KAPPA, GAMMA, MASK_INTERVAL, CURVATURE_BETA, SWITCH_EPOCH, SWITCH_STEP, SWITCH_AT_WARMUP_END, SWITCH_LOSS, KAPPA_DECAY,
+    KAPPA,
+    GAMMA,
+    MASK_INTERVAL,
+    CURVATURE_BETA,
+    SWITCH_EPOCH,
+    SWITCH_STEP,
+    SWITCH_AT_WARMUP_END,
+    SWITCH_LOSS,
+    KAPPA_DECAY,
     LOG_FLAT_FRACTION,
 )
 
@@ -144,7 +160,9 @@ def flat_count(gamma: float, numel: int) -> int:
 class _CurvatureClosure:
     """The closure handed to the base on refresh steps: its first primary call is the curvature pass."""
 
-    def __init__(self, inner: Closure, params: Sequence[torch.Tensor], on_sampled: Callable[[List[Optional[torch.Tensor]]], None]):
+    def __init__(
+        self, inner: Closure, params: Sequence[torch.Tensor], on_sampled: Callable[[List[Optional[torch.Tensor]]], None]
+    ):
         self.inner = inner
         self.params = list(params)
         self.on_sampled = on_sampled
@@ -273,14 +291,23 @@ class IRE(WrappedOptimizer):
         step = p.step if p is not None else self._steps
         due = self.switch_step is not None and step >= self.switch_step
         if p is None:
-            if not due and not self._warned and (self.switch_epoch is not None or self.switch_loss is not None or self.switch_at_warmup_end):
-                warnings.warn("IRE: switch criteria need on_progress(Progress); only switch_step is evaluated without it", stacklevel=3)
+            if (
+                not due
+                and not self._warned
+                and (self.switch_epoch is not None or self.switch_loss is not None or self.switch_at_warmup_end)
+            ):
+                warnings.warn(
+                    "IRE: switch criteria need on_progress(Progress); only switch_step is evaluated without it",
+                    stacklevel=3,
+                )
                 self._warned = True
         else:
             due = due or (self.switch_epoch is not None and p.epoch >= self.switch_epoch)
             due = due or (self.switch_at_warmup_end and p.step >= p.warmup_steps)
             due = due or (
-                self.switch_loss is not None and p.last_epoch_train_loss is not None and p.last_epoch_train_loss < self.switch_loss
+                self.switch_loss is not None
+                and p.last_epoch_train_loss is not None
+                and p.last_epoch_train_loss < self.switch_loss
             )
         self._active = due
 
@@ -393,8 +420,9 @@ class IRE(WrappedOptimizer):
         self._flat_fraction = count / total
 
     @torch.no_grad()
-    def _from_masks(self, params: Sequence[torch.Tensor], kappas: Sequence[float], key: str, offset: float,
-                    slope: float) -> Dict[torch.Tensor, torch.Tensor]:
+    def _from_masks(
+        self, params: Sequence[torch.Tensor], kappas: Sequence[float], key: str, offset: float, slope: float
+    ) -> Dict[torch.Tensor, torch.Tensor]:
         # offset + slope·κ_t·n for each parameter of ``params`` that has a mask, in its dtype, in the scratch
         # buffer state[p][key]; rebuilt when the masks or its group's κ_t change. Groups with κ_t = 0 have none.
         chosen, out = set(params), {}
@@ -495,7 +523,11 @@ class IRE(WrappedOptimizer):
             run_closure = wrapped
         # what a refresh replaces (references, no copies), put back if the step is skipped; held only when
         # a skip is possible (fp16), as the old masks then stay alive until the step ends (+1/4 copy)
-        kept = [(p, self.state[p].get("mask"), self.state[p].get("curvature")) for p in params] if refresh and step_may_be_skipped(closure) else []
+        kept = (
+            [(p, self.state[p].get("mask"), self.state[p].get("curvature")) for p in params]
+            if refresh and step_may_be_skipped(closure)
+            else []
+        )
         kept_fraction = self._flat_fraction
         if type(self.base) is torch.optim.AdamW:
             loss, blend = self._adamw_step(run_closure, params, kappas)
@@ -575,7 +607,9 @@ ADAMW_IRE_SPEC = register_optimizer(
     )
 )
 SAM_IRE_SPEC = register_optimizer(
-    wrapped_spec("sam_ire", SAM_SPEC, IRE_HPARAMS, _wrap_ire, doc="SAM-IRE: mask from the gradient at θ (Wang et al. 2024)")
+    wrapped_spec(
+        "sam_ire", SAM_SPEC, IRE_HPARAMS, _wrap_ire, doc="SAM-IRE: mask from the gradient at θ (Wang et al. 2024)"
+    )
 )
 SAM_ADAMW_IRE_SPEC = register_optimizer(
     wrapped_spec(

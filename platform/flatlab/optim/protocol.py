@@ -127,6 +127,7 @@ def step_skipped(closure: object) -> bool:
     pass with a non-finite gradient under fp16 loss scaling); False for closures without the flag."""
     return bool(getattr(closure, "overflowed", False))
 
+
 def local_pass(closure: object) -> ContextManager[None]:
     """Context in which ``closure``'s passes are not all-reduced across data-parallel ranks (DDP
     ``no_sync`` around forward and backward); a no-op for closures without ``no_sync()``."""

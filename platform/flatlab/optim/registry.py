@@ -66,8 +66,14 @@ def _load_builtins() -> None:
 OPTIMIZERS: Registry[OptimizerSpec] = Registry("optimizer", loader=_load_builtins)
 
 
-def register_optimizer(spec: Optional[OptimizerSpec] = None, *, name: str = "", hparams: Iterable[HParam] = (),
-                       doc: str = "", base: Optional[str] = None) -> Any:
+def register_optimizer(
+    spec: Optional[OptimizerSpec] = None,
+    *,
+    name: str = "",
+    hparams: Iterable[HParam] = (),
+    doc: str = "",
+    base: Optional[str] = None,
+) -> Any:
     """Add an optimizer to :data:`OPTIMIZERS`: ``register_optimizer(OptimizerSpec(...))`` returns the
     spec; as a decorator of a builder function, ``@register_optimizer(name="lion", hparams=common(...),
     doc="...")`` registers ``OptimizerSpec(name, hparams, build=<the function>, doc, base)`` and returns
@@ -78,8 +84,11 @@ def register_optimizer(spec: Optional[OptimizerSpec] = None, *, name: str = "", 
             file loaded twice); a decorator without ``name``.
     """
     return OPTIMIZERS.register_or_decorate(
-        spec, name, lambda build: OptimizerSpec(name, tuple(hparams), build, doc=doc, base=base),
-        "register_optimizer(name=..., hparams=..., doc=...)")
+        spec,
+        name,
+        lambda build: OptimizerSpec(name, tuple(hparams), build, doc=doc, base=base),
+        "register_optimizer(name=..., hparams=..., doc=...)",
+    )
 
 
 def get_optimizer(name: str) -> OptimizerSpec:
@@ -96,4 +105,3 @@ def common(*extra: HParam, lr_default: float = 0.1) -> Tuple[HParam, ...]:
     """``lr`` (with the given default) and ``weight_decay`` followed by ``extra``."""
     lr = HParam("lr", lr_default, float, low=0.0, low_open=True, doc=LR.doc)
     return (lr, WEIGHT_DECAY) + tuple(extra)
-

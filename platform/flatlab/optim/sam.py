@@ -31,7 +31,20 @@ from flatlab.optim.protocol import as_closure, local_pass, step_skipped
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
 
-__all__ = ["SAM", "RHO", "ASCENT", "ASAM_RHO", "ETA", "ASAM_SCOPE", "SAM_HPARAMS", "ASAM_HPARAMS", "asam_scaled", "SAM_SPEC", "ASAM_SPEC", "SAM_ADAMW_SPEC"]
+__all__ = [
+    "SAM",
+    "RHO",
+    "ASCENT",
+    "ASAM_RHO",
+    "ETA",
+    "ASAM_SCOPE",
+    "SAM_HPARAMS",
+    "ASAM_HPARAMS",
+    "asam_scaled",
+    "SAM_SPEC",
+    "ASAM_SPEC",
+    "SAM_ADAMW_SPEC",
+]
 
 RHO = HParam("rho", 0.05, float, low=0.0, doc="SAM neighbourhood radius (L2, global); 0.05 CIFAR-10, 0.1 CIFAR-100")
 ASAM_RHO = HParam(
@@ -230,7 +243,7 @@ class SAM(WrappedOptimizer):
             ValueError: ``closure`` is None.
         """
         c = as_closure(require_closure(closure, "SAM"))
-        with torch.enable_grad(), (local_pass(c) if self.ascent == "local" else contextlib.nullcontext()):
+        with torch.enable_grad(), local_pass(c) if self.ascent == "local" else contextlib.nullcontext():
             loss = c()  # 'local' ascent: this rank's gradient at θ, not all-reduced
         self.first_step(zero_grad=True)
         with torch.enable_grad():
@@ -257,6 +270,10 @@ ASAM_SPEC = register_optimizer(
 )
 SAM_ADAMW_SPEC = register_optimizer(
     wrapped_spec(
-        "sam_adamw", ADAMW_SPEC, SAM_HPARAMS, _wrap_sam, doc="SAM over AdamW (Foret et al. 2021; IRE paper Table 3 ViT arms)"
+        "sam_adamw",
+        ADAMW_SPEC,
+        SAM_HPARAMS,
+        _wrap_sam,
+        doc="SAM over AdamW (Foret et al. 2021; IRE paper Table 3 ViT arms)",
     )
 )

@@ -63,14 +63,29 @@ from flatlab.optim.registry import register_optimizer
 from flatlab.optim.sam import RHO
 from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
 
-__all__ = ["TSAM", "TiltedAccumulator", "sample_noise", "noise_scale", "tilt_at", "TSAM_HPARAMS", "TSAM_SPEC", "TSAM_ADAMW_SPEC"]
+__all__ = [
+    "TSAM",
+    "TiltedAccumulator",
+    "sample_noise",
+    "noise_scale",
+    "tilt_at",
+    "TSAM_HPARAMS",
+    "TSAM_SPEC",
+    "TSAM_ADAMW_SPEC",
+]
 
 S = HParam("s", 3, int, low=1, doc="perturbations sampled per step (2s forward/backward passes); paper: 3, 5")
 T = HParam("t", 1.0, float, low=0.0, high=1e6, doc="tilt t >= 0 (0: mean over samples, large: max); paper: 0-100")
 NOISE_RADIUS = HParam("noise_radius", 1.0, float, low=0.0, doc="radius r of the random part δ (global L2 norm)")
-NOISE = HParam("noise", "gaussian", str, choices=("gaussian", "uniform"), doc="δ: clipped Gaussian or uniform in the r-ball")
+NOISE = HParam(
+    "noise", "gaussian", str, choices=("gaussian", "uniform"), doc="δ: clipped Gaussian or uniform in the r-ball"
+)
 T_SCHEDULE = HParam(
-    "t_schedule", "constant", str, choices=("constant", "increase", "decrease"), doc="t over training: linear 0→t or t→0"
+    "t_schedule",
+    "constant",
+    str,
+    choices=("constant", "increase", "decrease"),
+    doc="t over training: linear 0→t or t→0",
 )
 PRIMARY_PASS = HParam(
     "primary_pass",
@@ -348,5 +363,7 @@ TSAM_SPEC = register_optimizer(
     wrapped_spec("tsam", SGD_SPEC, TSAM_HPARAMS, _wrap_tsam, doc="Tilted SAM over SGD (TSAM, Alg. 1 + 2, Lemma 1)")
 )
 TSAM_ADAMW_SPEC = register_optimizer(
-    wrapped_spec("tsam_adamw", ADAMW_SPEC, TSAM_HPARAMS, _wrap_tsam, doc="Tilted SAM over AdamW (TSAM, Alg. 1 + 2, Lemma 1)")
+    wrapped_spec(
+        "tsam_adamw", ADAMW_SPEC, TSAM_HPARAMS, _wrap_tsam, doc="Tilted SAM over AdamW (TSAM, Alg. 1 + 2, Lemma 1)"
+    )
 )

@@ -22,16 +22,34 @@ from flatlab.sharpness.batched import average_sharpness_batched
 from flatlab.sharpness.data import EvalSubset, as_subset
 from flatlab.sharpness.fisher import fisher_trace
 from flatlab.sharpness.grouping import (
-    GROUPINGS, GroupRule, Grouping, clip_grouping, get_grouping, group_parameters, keys_of, module_grouping,
-    select_group, vit_grouping,
+    GROUPINGS,
+    Grouping,
+    GroupRule,
+    clip_grouping,
+    get_grouping,
+    group_parameters,
+    keys_of,
+    module_grouping,
+    select_group,
+    vit_grouping,
 )
 from flatlab.sharpness.hessian import hessian_trace, hessian_vector_product, top_hessian_eigenvalue
 from flatlab.sharpness.measures import (
-    MEASURES, Measure, compute_measures, get_measure, list_measures, measure_subset, register_measure,
+    MEASURES,
+    Measure,
+    compute_measures,
+    get_measure,
+    list_measures,
+    measure_subset,
+    register_measure,
     resolve_measures,
 )
 from flatlab.sharpness.results import (
-    EigenEstimate, Estimate, NeighbourhoodLoss, SharpnessEstimate, WorstCaseSharpness,
+    EigenEstimate,
+    Estimate,
+    NeighbourhoodLoss,
+    SharpnessEstimate,
+    WorstCaseSharpness,
 )
 from flatlab.sharpness.worst_case import worst_case_sharpness
 

@@ -111,8 +111,16 @@ def average_sharpness(
         UnknownNameError: a name in ``params`` that is not a parameter of ``model``.
     """
     clean, losses = _perturbed_losses(
-        model, data, scale=rho, scale_name="rho", adaptive=adaptive, n_draws=n_draws, params=params,
-        seed=seed, loss_fn=loss_fn, batch_size=batch_size,
+        model,
+        data,
+        scale=rho,
+        scale_name="rho",
+        adaptive=adaptive,
+        n_draws=n_draws,
+        params=params,
+        seed=seed,
+        loss_fn=loss_fn,
+        batch_size=batch_size,
     )
     diffs = [v - clean for v in losses]
     value, err = mean_and_stderr(diffs)
@@ -143,8 +151,16 @@ def neighbourhood_loss(
         ConfigError / UnknownNameError: as :func:`average_sharpness`.
     """
     clean, losses = _perturbed_losses(
-        model, data, scale=sigma, scale_name="sigma", adaptive=False, n_draws=n_draws, params=params,
-        seed=seed, loss_fn=loss_fn, batch_size=batch_size,
+        model,
+        data,
+        scale=sigma,
+        scale_name="sigma",
+        adaptive=False,
+        n_draws=n_draws,
+        params=params,
+        seed=seed,
+        loss_fn=loss_fn,
+        batch_size=batch_size,
     )
     mean, err = mean_and_stderr(losses)
     var = math.fsum((v - mean) ** 2 for v in losses) / (n_draws - 1) if n_draws > 1 else float("nan")

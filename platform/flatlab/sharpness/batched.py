@@ -22,7 +22,13 @@ from torch.func import vmap
 from flatlab.sharpness import _state
 from flatlab.sharpness.average import DEFAULT_DRAWS, DEFAULT_RHO
 from flatlab.sharpness.data import (
-    DEFAULT_BATCH_SIZE, EvalData, LossFn, as_subset, functional_forward, subset_loss, weighted_batches,
+    DEFAULT_BATCH_SIZE,
+    EvalData,
+    LossFn,
+    as_subset,
+    functional_forward,
+    subset_loss,
+    weighted_batches,
 )
 from flatlab.sharpness.results import SharpnessEstimate, mean_and_stderr
 
@@ -97,4 +103,3 @@ def average_sharpness_batched(
     diffs = [v - clean for v in losses]
     value, err = mean_and_stderr(diffs)
     return SharpnessEstimate(value, err, n_draws, tuple(diffs), clean, rho, bool(adaptive))
-

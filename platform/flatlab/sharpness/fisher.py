@@ -27,7 +27,12 @@ from torch.func import grad, vmap
 from flatlab.errors import ConfigError
 from flatlab.sharpness import _state
 from flatlab.sharpness.data import (
-    DEFAULT_BATCH_SIZE, EvalData, as_subset, call_model, functional_forward, weighted_batches,
+    DEFAULT_BATCH_SIZE,
+    EvalData,
+    as_subset,
+    call_model,
+    functional_forward,
+    weighted_batches,
 )
 from flatlab.sharpness.results import Estimate
 from flatlab.train.closure import sample_labels

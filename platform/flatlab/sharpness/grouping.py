@@ -127,7 +127,7 @@ class Grouping:
             if not isinstance(pattern, str):
                 raise ConfigError(f"grouping rule {i}: the pattern must be a string; got {pattern!r}")
             regex = pattern.startswith(REGEX_PREFIX)
-            rules.append(GroupRule(pattern[len(REGEX_PREFIX):] if regex else pattern, group or None, regex))
+            rules.append(GroupRule(pattern[len(REGEX_PREFIX) :] if regex else pattern, group or None, regex))
         return cls(tuple(rules), unmatched=unmatched, name=name)
 
     def assign(self, param_names: Iterable[str]) -> Groups:

@@ -81,8 +81,11 @@ class _HVP:
             if used:
                 with torch.enable_grad(), _state.math_attention():
                     hv = torch.autograd.grad(
-                        [grads[i] for i in used], leaves, grad_outputs=[v[i] for i in used],
-                        retain_graph=True, allow_unused=True,
+                        [grads[i] for i in used],
+                        leaves,
+                        grad_outputs=[v[i] for i in used],
+                        retain_graph=True,
+                        allow_unused=True,
                     )
                 out = [torch.zeros_like(b) if h is None else h.detach() for b, h in zip(self.base, hv)]
             return out

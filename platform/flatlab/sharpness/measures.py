@@ -44,8 +44,8 @@ the same draws (paired comparisons between optimizers).
 from __future__ import annotations
 
 import math
-import time
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
@@ -107,7 +107,9 @@ class Measure:
             if key not in self.metrics:
                 raise ValueError(f"measure {self.name!r}: support names {key!r}, not one of its metrics {self.metrics}")
             if rng != LOSS and not (isinstance(rng, tuple) and len(rng) == 2 and rng[0] <= rng[1]):
-                raise ValueError(f"measure {self.name!r}: support of {key!r} must be (low, high) with low <= high or LOSS; got {rng!r}")
+                raise ValueError(
+                    f"measure {self.name!r}: support of {key!r} must be (low, high) with low <= high or LOSS; got {rng!r}"
+                )
 
     def resolve(self, given: Mapping[str, Any], where: str = "") -> Dict[str, Any]:
         """Defaults filled in and values validated; raises ``ConfigError`` naming every bad field."""
@@ -117,9 +119,16 @@ class Measure:
 MEASURES: Registry[Measure] = Registry("measure")
 
 
-def register_measure(measure: Optional[Measure] = None, *, name: str = "", doc: str = "", source: str = "",
-                     hparams: Tuple[HParam, ...] = (), metrics: Tuple[str, ...] = (),
-                     support: Optional[Mapping[str, Union[Support, str]]] = None) -> Any:
+def register_measure(
+    measure: Optional[Measure] = None,
+    *,
+    name: str = "",
+    doc: str = "",
+    source: str = "",
+    hparams: Tuple[HParam, ...] = (),
+    metrics: Tuple[str, ...] = (),
+    support: Optional[Mapping[str, Union[Support, str]]] = None,
+) -> Any:
     """Add a measure to :data:`MEASURES`: ``register_measure(Measure(...))`` returns the measure; as a
     decorator of a :data:`Compute` function, ``@register_measure(name=..., doc=..., source=...,
     hparams=..., metrics=(...), support={...})`` registers ``Measure(name, doc, source, hparams, <the
@@ -130,9 +139,11 @@ def register_measure(measure: Optional[Measure] = None, *, name: str = "", doc: 
             file loaded twice); a decorator without ``name``.
     """
     return MEASURES.register_or_decorate(
-        measure, name,
+        measure,
+        name,
         lambda compute: Measure(name, doc, source, tuple(hparams), compute, tuple(metrics), dict(support or {})),
-        "register_measure(name=..., doc=..., source=...)")
+        "register_measure(name=..., doc=..., source=...)",
+    )
 
 
 def get_measure(name: str) -> Measure:
@@ -177,7 +188,9 @@ def _fisher(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[st
     return _with_stderr("flat/fisher_trace", est.value, est.stderr)
 
 
-def _hessian(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int) -> Dict[str, float]:
+def _hessian(
+    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
+) -> Dict[str, float]:
     est = hessian_trace(model, subset, n_probes=p["probes"], seed=seed, loss_fn=loss_fn)
     return _with_stderr("flat/hessian_trace", est.value, est.stderr)
 
@@ -190,7 +203,9 @@ def sigma_key(sigma: Union[float, str], stat: str = "") -> str:
     return f"flat/neighbourhood_loss/sigma_{sigma if isinstance(sigma, str) else format(sigma, 'g')}{stat}"
 
 
-def _neighbourhood(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int) -> Dict[str, float]:
+def _neighbourhood(
+    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
+) -> Dict[str, float]:
     est = neighbourhood_loss(model, subset, sigma=p["sigma"], n_draws=p["draws"], seed=seed, loss_fn=loss_fn)
     out = _with_stderr("flat/neighbourhood_loss", est.mean, est.stderr)
     out["flat/neighbourhood_loss_var"] = float(est.variance)
@@ -216,7 +231,9 @@ class _FloatList(HParam):
     def validate(self, value: Any, where: str = "") -> Any:
         if value is None:
             return None
-        bad = ConfigError(f"{where + ': ' if where else ''}{self.name}={value!r} is not allowed; expected {self.allowed()}")
+        bad = ConfigError(
+            f"{where + ': ' if where else ''}{self.name}={value!r} is not allowed; expected {self.allowed()}"
+        )
         if not isinstance(value, (list, tuple)) or not value:
             raise bad
         out = tuple(self._element(f"{self.name}[{i}]").validate(v, where) for i, v in enumerate(value))
@@ -225,7 +242,9 @@ class _FloatList(HParam):
         return out
 
 
-def _avg_sharpness(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int) -> Dict[str, float]:
+def _avg_sharpness(
+    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
+) -> Dict[str, float]:
     est = average_sharpness(
         model, subset, rho=p["rho"], n_draws=p["draws"], adaptive=p["adaptive"], seed=seed, loss_fn=loss_fn
     )
@@ -234,64 +253,108 @@ def _avg_sharpness(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Map
     return out
 
 
-register_measure(Measure(
-    name="fisher_trace",
-    doc="Tr(F), Fisher with labels sampled from the model's softmax; needs (B, C) logits (nats per parameter unit^2)",
-    source="IRE paper (Improving Generalization and Convergence by Enhancing Implicit Regularization), flatness measure Tr(F) ~ Tr(H)",
-    hparams=(
-        HParam("samples", 1, int, low=1, doc="independent label draws per example (the estimate averages them)"),
-        HParam("estimator", "per_example", str, choices=FISHER_ESTIMATORS,
-               doc="per_example: per-example gradients (tensor inputs); batch: Sophia/IRE's batch-gradient estimator"),
-    ),
-    compute=_fisher,
-    metrics=("flat/fisher_trace", "flat/fisher_trace_stderr"),
-    support={"flat/fisher_trace": NONNEGATIVE, "flat/fisher_trace_stderr": NONNEGATIVE},
-))
+register_measure(
+    Measure(
+        name="fisher_trace",
+        doc="Tr(F), Fisher with labels sampled from the model's softmax; needs (B, C) logits (nats per parameter unit^2)",
+        source="IRE paper (Improving Generalization and Convergence by Enhancing Implicit Regularization), flatness measure Tr(F) ~ Tr(H)",
+        hparams=(
+            HParam("samples", 1, int, low=1, doc="independent label draws per example (the estimate averages them)"),
+            HParam(
+                "estimator",
+                "per_example",
+                str,
+                choices=FISHER_ESTIMATORS,
+                doc="per_example: per-example gradients (tensor inputs); batch: Sophia/IRE's batch-gradient estimator",
+            ),
+        ),
+        compute=_fisher,
+        metrics=("flat/fisher_trace", "flat/fisher_trace_stderr"),
+        support={"flat/fisher_trace": NONNEGATIVE, "flat/fisher_trace_stderr": NONNEGATIVE},
+    )
+)
 
-register_measure(Measure(
-    name="hessian_trace",
-    doc="Hutchinson estimate of Tr(H) of the loss, Rademacher probes (loss units per parameter unit^2)",
-    source="Hutchinson 1989; IRE paper's Tr(nabla^2 L)",
-    hparams=(HParam("probes", 30, int, low=1, doc="Rademacher probes v, each giving v^T H v"),),
-    compute=_hessian,
-    metrics=("flat/hessian_trace", "flat/hessian_trace_stderr"),
-    support={"flat/hessian_trace_stderr": NONNEGATIVE},  # the trace itself: unbounded (module docstring)
-))
+register_measure(
+    Measure(
+        name="hessian_trace",
+        doc="Hutchinson estimate of Tr(H) of the loss, Rademacher probes (loss units per parameter unit^2)",
+        source="Hutchinson 1989; IRE paper's Tr(nabla^2 L)",
+        hparams=(HParam("probes", 30, int, low=1, doc="Rademacher probes v, each giving v^T H v"),),
+        compute=_hessian,
+        metrics=("flat/hessian_trace", "flat/hessian_trace_stderr"),
+        support={"flat/hessian_trace_stderr": NONNEGATIVE},  # the trace itself: unbounded (module docstring)
+    )
+)
 
-register_measure(Measure(
-    name="neighbourhood_loss",
-    doc="mean and variance of L(theta + eps), eps ~ N(0, sigma^2 I) (loss units; _var in loss units^2)",
-    source="TSAM paper (Reweighting Local Minima with Tilted SAM), Fig. 2",
-    hparams=(
-        HParam("sigma", 0.03, float, low=0.0, low_open=True,
-               doc="noise standard deviation per coordinate, parameter units (default 0.03: ours; the TSAM paper plots a range of scales)"),
-        HParam("draws", 40, int, low=2, doc="noise draws (>= 2 for the variance)"),
-        _FloatList("sigmas", None, float, low=0.0, low_open=True,
-                   doc="optional further noise scales (a sweep, TSAM Fig. 2): per sigma s, the keys "
-                       "flat/neighbourhood_loss/sigma_<s>, .../sigma_<s>_var, .../sigma_<s>_stderr"),
-    ),
-    compute=_neighbourhood,
-    metrics=("flat/neighbourhood_loss", "flat/neighbourhood_loss_var", "flat/neighbourhood_loss_stderr",
-             "flat/neighbourhood_loss_clean", sigma_key("<s>"), sigma_key("<s>", "_var"), sigma_key("<s>", "_stderr")),
-    support={"flat/neighbourhood_loss": LOSS, "flat/neighbourhood_loss_var": NONNEGATIVE,
-             "flat/neighbourhood_loss_stderr": NONNEGATIVE, "flat/neighbourhood_loss_clean": LOSS,
-             sigma_key("<s>"): LOSS, sigma_key("<s>", "_var"): NONNEGATIVE, sigma_key("<s>", "_stderr"): NONNEGATIVE},
-))
+register_measure(
+    Measure(
+        name="neighbourhood_loss",
+        doc="mean and variance of L(theta + eps), eps ~ N(0, sigma^2 I) (loss units; _var in loss units^2)",
+        source="TSAM paper (Reweighting Local Minima with Tilted SAM), Fig. 2",
+        hparams=(
+            HParam(
+                "sigma",
+                0.03,
+                float,
+                low=0.0,
+                low_open=True,
+                doc="noise standard deviation per coordinate, parameter units (default 0.03: ours; the TSAM paper plots a range of scales)",
+            ),
+            HParam("draws", 40, int, low=2, doc="noise draws (>= 2 for the variance)"),
+            _FloatList(
+                "sigmas",
+                None,
+                float,
+                low=0.0,
+                low_open=True,
+                doc="optional further noise scales (a sweep, TSAM Fig. 2): per sigma s, the keys "
+                "flat/neighbourhood_loss/sigma_<s>, .../sigma_<s>_var, .../sigma_<s>_stderr",
+            ),
+        ),
+        compute=_neighbourhood,
+        metrics=(
+            "flat/neighbourhood_loss",
+            "flat/neighbourhood_loss_var",
+            "flat/neighbourhood_loss_stderr",
+            "flat/neighbourhood_loss_clean",
+            sigma_key("<s>"),
+            sigma_key("<s>", "_var"),
+            sigma_key("<s>", "_stderr"),
+        ),
+        support={
+            "flat/neighbourhood_loss": LOSS,
+            "flat/neighbourhood_loss_var": NONNEGATIVE,
+            "flat/neighbourhood_loss_stderr": NONNEGATIVE,
+            "flat/neighbourhood_loss_clean": LOSS,
+            sigma_key("<s>"): LOSS,
+            sigma_key("<s>", "_var"): NONNEGATIVE,
+            sigma_key("<s>", "_stderr"): NONNEGATIVE,
+        },
+    )
+)
 
-register_measure(Measure(
-    name="avg_sharpness",
-    doc="adaptive average sharpness E[L(theta + delta)] - L(theta), delta ~ N(0, rho^2 diag(|theta|^2)) (loss units)",
-    source="'In Search of the Successful Interpolation' (robust fine-tuning of CLIP), App. A; Andriushchenko et al. 2023",
-    hparams=(
-        HParam("rho", 1.0, float, low=0.0, low_open=True,
-               doc="noise scale, relative to |theta| when adaptive (seed paper App. A: 1.0)"),
-        HParam("draws", 20, int, low=1, doc="noise draws (seed paper: 20)"),
-        HParam("adaptive", True, bool, doc="c = |theta| elementwise (True) or c = 1 (False)"),
-    ),
-    compute=_avg_sharpness,
-    metrics=("flat/avg_sharpness", "flat/avg_sharpness_stderr", "flat/avg_sharpness_clean"),
-    support={"flat/avg_sharpness_stderr": NONNEGATIVE, "flat/avg_sharpness_clean": LOSS},  # the value: unbounded
-))
+register_measure(
+    Measure(
+        name="avg_sharpness",
+        doc="adaptive average sharpness E[L(theta + delta)] - L(theta), delta ~ N(0, rho^2 diag(|theta|^2)) (loss units)",
+        source="'In Search of the Successful Interpolation' (robust fine-tuning of CLIP), App. A; Andriushchenko et al. 2023",
+        hparams=(
+            HParam(
+                "rho",
+                1.0,
+                float,
+                low=0.0,
+                low_open=True,
+                doc="noise scale, relative to |theta| when adaptive (seed paper App. A: 1.0)",
+            ),
+            HParam("draws", 20, int, low=1, doc="noise draws (seed paper: 20)"),
+            HParam("adaptive", True, bool, doc="c = |theta| elementwise (True) or c = 1 (False)"),
+        ),
+        compute=_avg_sharpness,
+        metrics=("flat/avg_sharpness", "flat/avg_sharpness_stderr", "flat/avg_sharpness_clean"),
+        support={"flat/avg_sharpness_stderr": NONNEGATIVE, "flat/avg_sharpness_clean": LOSS},  # the value: unbounded
+    )
+)
 
 
 # ---- validation ------------------------------------------------------------------------------------
@@ -378,7 +441,9 @@ def compute_measures(
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"compute_measures: seed must be an int; got {seed!r}")
     if not isinstance(subset, EvalSubset):
-        raise ConfigError(f"compute_measures: subset must be an EvalSubset (see measure_subset); got {type(subset).__name__}")
+        raise ConfigError(
+            f"compute_measures: subset must be an EvalSubset (see measure_subset); got {type(subset).__name__}"
+        )
     loss_fn = loss_fn or F.cross_entropy
     out: Dict[str, float] = {}
     start = time.perf_counter()

@@ -28,7 +28,14 @@ from torch import nn
 from flatlab.errors import ConfigError
 from flatlab.sharpness import _state
 from flatlab.sharpness.data import (
-    DEFAULT_BATCH_SIZE, EvalData, EvalSubset, LossFn, as_subset, functional_forward, subset_loss, weighted_batches,
+    DEFAULT_BATCH_SIZE,
+    EvalData,
+    EvalSubset,
+    LossFn,
+    as_subset,
+    functional_forward,
+    subset_loss,
+    weighted_batches,
 )
 from flatlab.sharpness.results import WorstCaseSharpness
 
@@ -87,7 +94,7 @@ def worst_case_sharpness(
         raise ConfigError(f"norm={norm!r} is not allowed; expected one of {', '.join(map(repr, NORMS))}")
     rho = _state.check_positive("rho", rho)
     _state.check_count("steps", steps)
-    eta = 2.0 * rho / steps ** 0.5 if step_size is None else _state.check_positive("step_size", step_size)
+    eta = 2.0 * rho / steps**0.5 if step_size is None else _state.check_positive("step_size", step_size)
     if not isinstance(init_radius, (int, float)) or not 0.0 <= init_radius <= 1.0:
         raise ConfigError(f"init_radius must be in [0, 1]; got {init_radius!r}")
     subset = as_subset(data, batch_size)

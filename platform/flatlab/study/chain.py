@@ -66,7 +66,9 @@ def finished_launch(tracking_uri: str, study: str) -> Any:
     )
 
 
-def best_trial(tracking_uri: str, study: str, arm: str, where: Tuple[Tuple[str, Any], ...] = ()) -> Tuple[str, str, float]:
+def best_trial(
+    tracking_uri: str, study: str, arm: str, where: Tuple[Tuple[str, Any], ...] = ()
+) -> Tuple[str, str, float]:
     """``(run_id, metric, value)`` of the best trial of ``arm`` in ``study``'s latest finished launch
     (:func:`flatlab.tracking.selection.best_trial_rows`, by that study's metric and mode), among the
     trials whose params equal ``where``'s values (numbers compared as numbers).
@@ -97,7 +99,9 @@ def best_trial(tracking_uri: str, study: str, arm: str, where: Tuple[Tuple[str, 
         raise ConfigError(f"{launch}: no trial of arm {arm!r}{condition}")
     row = best_trial_rows(df)
     if row.empty:
-        raise ConfigError(f"{launch}: no trial of arm {arm!r}{condition} completed (pruned, diverged or failed); nothing to chain from")
+        raise ConfigError(
+            f"{launch}: no trial of arm {arm!r}{condition} completed (pruned, diverged or failed); nothing to chain from"
+        )
     value = row.iloc[0][metric]
     return str(row.iloc[0]["run_id"]), metric, float(value) if value is not None else math.nan
 
@@ -129,11 +133,15 @@ def find_trial_run(tracking_uri: str, study: str, arm: str, params: Dict[str, st
         max_results=50000,
     )
     finished = [r for r in candidates if r.info.status == "FINISHED"]
-    matches = [r for r in finished if all(k in r.data.params and same_value(r.data.params[k], v) for k, v in params.items())]
+    matches = [
+        r for r in finished if all(k in r.data.params and same_value(r.data.params[k], v) for k, v in params.items())
+    ]
     wanted = "&".join(f"{k}={v}" for k, v in params.items()) or "(no params)"
     if not matches:
         shown = "; ".join(
-            ", ".join(f"{k}={v}" for k, v in sorted(r.data.params.items()) if k != "arm" and not runs.is_resolved_param(k))
+            ", ".join(
+                f"{k}={v}" for k, v in sorted(r.data.params.items()) if k != "arm" and not runs.is_resolved_param(k)
+            )
             for r in finished[:8]
         )
         raise ConfigError(
@@ -204,8 +212,11 @@ def _with_runs(dim: Dim, runs_of: Dict[str, str]) -> Dim:
         return Resolved(runs_of[dim.value], source=dim.value)
     if isinstance(dim, Choice) and any(is_reference(v) and v in runs_of for v in dim.values):
         found = [is_reference(v) and v in runs_of for v in dim.values]
-        return ResolvedChoice(tuple(runs_of[v] if f else v for v, f in zip(dim.values, found)), dim.is_grid,
-                              sources=tuple(v if f else "" for v, f in zip(dim.values, found)))
+        return ResolvedChoice(
+            tuple(runs_of[v] if f else v for v, f in zip(dim.values, found)),
+            dim.is_grid,
+            sources=tuple(v if f else "" for v, f in zip(dim.values, found)),
+        )
     return dim
 
 
@@ -253,7 +264,9 @@ def resolve_one(dim: BestOf, tracking_uri: str, hp: Optional[HParam] = None, whe
     params = runs.client(tracking_uri).get_run(run_id).data.params
     if dim.param not in params:
         shown = ", ".join(sorted(k for k in params if k not in ("arm", "seed")))
-        raise ConfigError(f"{where}: {dim.describe()}: the best trial {source} has no param {dim.param!r}; its params: {shown}")
+        raise ConfigError(
+            f"{where}: {dim.describe()}: the best trial {source} has no param {dim.param!r}; its params: {shown}"
+        )
     return Resolved(parse_param(params[dim.param], hp, where), source=source)
 
 
@@ -275,7 +288,9 @@ def resolve_chained(study: Study, tracking_uri: str) -> Study:
     errors: List[str] = []
     runs_of: Dict[str, str] = {}  # reference -> run:<run_id>, each looked up once
     for arm, key, ref in references:
-        where = f"study {study.name!r}, " + (f"arm {arm.name!r}, field {key!r}" if arm is not None else f"workload_params {key!r}")
+        where = f"study {study.name!r}, " + (
+            f"arm {arm.name!r}, field {key!r}" if arm is not None else f"workload_params {key!r}"
+        )
         if ref in runs_of:
             continue
         try:

@@ -31,8 +31,14 @@ from flatlab.workloads.base import Data
 TRAIN_RUN_NAME = "ddp"
 
 
-def run_ddp_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Optional[WorkerTracking] = None,
-                  extensions: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
+def run_ddp_trial(
+    config: Dict[str, Any],
+    *,
+    study: Study,
+    data: Data,
+    tracking: Optional[WorkerTracking] = None,
+    extensions: Optional[Dict[str, Dict[str, Any]]] = None,
+) -> None:
     """Run the trial ``config`` as a ``TorchTrainer`` with ``study.resources.workers`` workers; returns
     when it ends. Called by :func:`flatlab.study.trainable.run_trial` inside the Tune trial.
 
@@ -126,9 +132,19 @@ def _worker_loop(loop_config: Dict[str, Any]) -> None:
         tracking=loop_config["tracking"],
         trial_id=loop_config["trial_id"],
         main=parallel.is_main,
-        extra={"world_size": parallel.world, PLACEMENT_KEY: encode(placement(
-            device, study.resources, world_size=parallel.world, start_epoch=trainer.epoch, fallback=fallback,
-            denormals=denormals))},
+        extra={
+            "world_size": parallel.world,
+            PLACEMENT_KEY: encode(
+                placement(
+                    device,
+                    study.resources,
+                    world_size=parallel.world,
+                    start_epoch=trainer.epoch,
+                    fallback=fallback,
+                    denormals=denormals,
+                )
+            ),
+        },
     )
 
 

@@ -98,7 +98,9 @@ class Float(Dim):
     def check(self, hp: HParam, where: str) -> None:
         self.valid(where)
         if hp.kind is builtins.int and hp.choices is None:
-            raise ConfigError(f"{where}: {hp.name} takes {hp.allowed()}, not a float range; use space.int({self.low:g}, {self.high:g})")
+            raise ConfigError(
+                f"{where}: {hp.name} takes {hp.allowed()}, not a float range; use space.int({self.low:g}, {self.high:g})"
+            )
         if hp.kind is not float or hp.choices is not None:
             raise ConfigError(f"{where}: {hp.name} takes {hp.allowed()}, not a float range")
         hp.validate(self.low, where)
@@ -249,8 +251,13 @@ class BestOf(Dim):
         if not (isinstance(self.arm, str) and self.arm):
             return f"best_of(study, arm, param): arm={self.arm!r}; expected the name of an arm of study {self.study!r}"
         if self.param is not None and not (isinstance(self.param, str) and self.param):
-            return f"best_of(study, arm, param): param={self.param!r}; expected a field name, or None for the run itself"
-        if not (isinstance(self.where, tuple) and all(isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str) for kv in self.where)):
+            return (
+                f"best_of(study, arm, param): param={self.param!r}; expected a field name, or None for the run itself"
+            )
+        if not (
+            isinstance(self.where, tuple)
+            and all(isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str) for kv in self.where)
+        ):
             return f"best_of(..., where=...): where={self.where!r}; expected a dict of field -> value, e.g. where={{'t': 20.0}}"
         return None
 
@@ -372,9 +379,7 @@ class Conditional(Dim):
 
     def condition_text(self) -> str:
         """E.g. ``schedule == 'step'``, ``model in ['cnn', 'mlp'] and width == 64``."""
-        return " and ".join(
-            f"{p} == {v[0]!r}" if len(v) == 1 else f"{p} in {list(v)!r}" for p, v in self.conditions
-        )
+        return " and ".join(f"{p} == {v[0]!r}" if len(v) == 1 else f"{p} in {list(v)!r}" for p, v in self.conditions)
 
     def describe(self) -> str:
         return f"{self.dim.describe()} if {self.condition_text()}"

@@ -163,8 +163,10 @@ def resume_checkpoint_every(recorded: Optional[Launch], study_value: Optional[in
         return study_value
     value = recorded.checkpoint_every
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigError(f"--resume{f' of study {where!r}' if where else ''}: its launch record has "
-                          f"checkpoint_every={value!r}; expected null or an int >= 1 (pass --checkpoint-every N)")
+        raise ConfigError(
+            f"--resume{f' of study {where!r}' if where else ''}: its launch record has "
+            f"checkpoint_every={value!r}; expected null or an int >= 1 (pass --checkpoint-every N)"
+        )
     return value
 
 
@@ -185,7 +187,9 @@ def continued_studies(previous: Optional[Launch], study: Any, where: str) -> Tup
     from flatlab.study.searchers import optuna_study_name
 
     if study.searcher == "grid":
-        raise ConfigError(f"--continue: study {study.name!r} uses searcher='grid', which has no Optuna study to add trials to")
+        raise ConfigError(
+            f"--continue: study {study.name!r} uses searcher='grid', which has no Optuna study to add trials to"
+        )
     if previous is None:
         raise ConfigError(f"--continue: study {study.name!r} has no previous launch to continue (missing {where})")
     prefix = previous.optuna_prefix or previous.experiment_name
@@ -236,4 +240,3 @@ def _seen_distributions(storage: str, name: str) -> Optional[Dict[str, Any]]:
     for trial in st.get_trials(deepcopy=False):
         seen.update(trial.distributions)
     return seen or None
-

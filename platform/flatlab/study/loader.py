@@ -25,7 +25,9 @@ def load_module(path: str):
     """
     p = Path(path)
     if p.is_dir():
-        raise ConfigError(f"{path!r} is a directory; give a study file, e.g. studies/digits_demo.py (`flatlab studies` lists them)")
+        raise ConfigError(
+            f"{path!r} is a directory; give a study file, e.g. studies/digits_demo.py (`flatlab studies` lists them)"
+        )
     if not p.is_file():
         raise ConfigError(f"study file {path!r} does not exist{_missing_file_hint(p)}")
     mod_name = f"flatlab_study_{p.stem}"
@@ -44,8 +46,11 @@ def load_module(path: str):
     from flatlab.extensions import USER_MODULES
 
     USER_MODULES.add(mod_name)
-    USER_MODULES.update(name for name in set(sys.modules) - before
-                        if not (name == "flatlab" or name.startswith("flatlab.")) and _defined_in(sys.modules[name], folder))
+    USER_MODULES.update(
+        name
+        for name in set(sys.modules) - before
+        if not (name == "flatlab" or name.startswith("flatlab.")) and _defined_in(sys.modules[name], folder)
+    )
     return module
 
 
@@ -68,8 +73,17 @@ def _missing_file_hint(p: Path) -> str:
     project = Path(__file__).resolve().parents[3]  # platform/flatlab/study/loader.py -> the checkout
     where = f" (a relative path is read from the working directory {cwd})"
     if not p.is_absolute():
-        tries = [cwd / p.with_suffix(".py"), project / p, project / p.with_suffix(".py"), project / "studies" / p.name,
-                 project / "studies" / p.with_suffix(".py").name] if p.suffix in ("", ".py") else [project / p]
+        tries = (
+            [
+                cwd / p.with_suffix(".py"),
+                project / p,
+                project / p.with_suffix(".py"),
+                project / "studies" / p.name,
+                project / "studies" / p.with_suffix(".py").name,
+            ]
+            if p.suffix in ("", ".py")
+            else [project / p]
+        )
         found = next((t for t in tries if t.is_file()), None)
         if found:
             return f"{where}; did you mean {found}?"
@@ -188,8 +202,10 @@ def load_studies(path: str, scale: Optional[str] = None) -> List[Study]:
     if len(set(map(repr, names))) != len(names):
         raise ConfigError(f"{path}: study names must be unique within a file, got {names}")
     folder = Path(path).resolve().parent  # a published reference's relative path is relative to the study file
-    studies = [dataclasses.replace(s, published=s.published.relative_to(folder)) if isinstance(s.published, Published) else s
-               for s in studies]
+    studies = [
+        dataclasses.replace(s, published=s.published.relative_to(folder)) if isinstance(s.published, Published) else s
+        for s in studies
+    ]
     problems = []
     for s in studies:  # every study's problems at once
         try:
@@ -211,7 +227,9 @@ def _scales(path: str, module: Any) -> Tuple[str, ...]:
     """
     scales = getattr(module, "SCALES", ())
     if not isinstance(scales, (list, tuple)) or not all(isinstance(x, str) for x in scales):
-        raise ConfigError(f"{path}: SCALES={scales!r}; expected a tuple of scale names, the first the default, e.g. SCALES = ('paper', 'smoke')")
+        raise ConfigError(
+            f"{path}: SCALES={scales!r}; expected a tuple of scale names, the first the default, e.g. SCALES = ('paper', 'smoke')"
+        )
     return tuple(scales)
 
 

@@ -21,8 +21,18 @@ PLACEMENT_KEY = "flatlab/placement"
 
 TAG_PREFIX = "flatlab."
 #: The placement fields, tagged ``flatlab.<field>`` on the trial's run.
-FIELDS = ("device", "gpu_name", "world_size", "workers", "resources", "node", "gpu_ids", "start_epoch", "cpu_fallback",
-          "cpu_denormals")
+FIELDS = (
+    "device",
+    "gpu_name",
+    "world_size",
+    "workers",
+    "resources",
+    "node",
+    "gpu_ids",
+    "start_epoch",
+    "cpu_fallback",
+    "cpu_denormals",
+)
 
 
 class DeviceUnavailableError(FlatlabError, RuntimeError):
@@ -36,8 +46,9 @@ def cuda_status() -> Tuple[bool, str]:
 
     if not torch.cuda.is_available():
         built = torch.version.cuda
-        return False, "torch.cuda.is_available() is False; " + (f"torch built with CUDA {built}" if built
-                                                                 else "torch built without CUDA")
+        return False, "torch.cuda.is_available() is False; " + (
+            f"torch built with CUDA {built}" if built else "torch built without CUDA"
+        )
     try:
         torch.zeros(1, device="cuda").add_(1)
     except Exception as exc:  # noqa: BLE001 - a broken driver raises many kinds
@@ -45,8 +56,9 @@ def cuda_status() -> Tuple[bool, str]:
     return True, ""
 
 
-def choose_device(resources: Any, *, where: str = "this node",
-                  status: Callable[[], Tuple[bool, str]] = cuda_status) -> Tuple[str, Optional[str]]:
+def choose_device(
+    resources: Any, *, where: str = "this node", status: Callable[[], Tuple[bool, str]] = cuda_status
+) -> Tuple[str, Optional[str]]:
     """The device of a trial with ``resources`` (:class:`~flatlab.study.spec.Resources`):
     ``("cpu", None)`` without a GPU reservation, ``("cuda", None)`` with one and usable CUDA, and
     ``("cpu", warning)`` when CUDA is not usable and ``resources.cpu_fallback`` is set.
@@ -65,8 +77,10 @@ def choose_device(resources: Any, *, where: str = "this node",
     if usable:
         return "cuda", None
     if getattr(resources, "cpu_fallback", False):
-        return "cpu", (f"the trial reserved gpu={resources.gpu:g} but CUDA is not usable on {where} ({reason}); "
-                       "it trains on CPU (Resources(cpu_fallback=True))")
+        return "cpu", (
+            f"the trial reserved gpu={resources.gpu:g} but CUDA is not usable on {where} ({reason}); "
+            "it trains on CPU (Resources(cpu_fallback=True))"
+        )
     raise DeviceUnavailableError(
         f"the trial reserved gpu={resources.gpu:g} but CUDA is not usable on {where} ({reason}); fix the node's "
         f"CUDA (driver, CUDA_VISIBLE_DEVICES, a CUDA build of torch), or train on CPU: Resources(..., gpu=0), or "
@@ -89,8 +103,15 @@ def describe_resources(resources: Any) -> str:
     return text + " per worker" if resources.workers > 1 else text
 
 
-def placement(device: str, resources: Any, *, world_size: int = 1, start_epoch: int = 0,
-              fallback: Optional[str] = None, denormals: Optional[str] = None) -> Dict[str, str]:
+def placement(
+    device: str,
+    resources: Any,
+    *,
+    world_size: int = 1,
+    start_epoch: int = 0,
+    fallback: Optional[str] = None,
+    denormals: Optional[str] = None,
+) -> Dict[str, str]:
     """The placement of the calling trial process: ``device`` (``cuda`` made ``cuda:<index>``), the
     GPU's name, ``world_size``, the workers and resources the trial reserved, its Ray node id and the
     GPU ids Ray gave it, the epoch it (re)started at, the CPU-fallback warning if any, and what its CPU
@@ -98,8 +119,13 @@ def placement(device: str, resources: Any, *, world_size: int = 1, start_epoch: 
     import ray
     import torch
 
-    out: Dict[str, str] = {"device": device, "world_size": str(world_size), "workers": str(resources.workers),
-                           "resources": describe_resources(resources), "start_epoch": str(start_epoch)}
+    out: Dict[str, str] = {
+        "device": device,
+        "world_size": str(world_size),
+        "workers": str(resources.workers),
+        "resources": describe_resources(resources),
+        "start_epoch": str(start_epoch),
+    }
     if device.startswith("cuda"):
         index = torch.cuda.current_device() if device == "cuda" else torch.device(device).index or 0
         out["device"] = f"cuda:{index}"
@@ -122,7 +148,9 @@ def missing_resources(need: Mapping[str, float], have: Mapping[str, float]) -> D
     return {k: (v, float(have.get(k, 0.0))) for k, v in need.items() if float(have.get(k, 0.0)) + 1e-9 < v}
 
 
-def local_shortfall(study_name: str, resources: Any, cluster: Mapping[str, float], scales: Sequence[str] = ()) -> Optional[str]:
+def local_shortfall(
+    study_name: str, resources: Any, cluster: Mapping[str, float], scales: Sequence[str] = ()
+) -> Optional[str]:
     """The error of a local launch whose trials cannot run on the local Ray instance (``cluster``:
     its ``ray.cluster_resources()``): which resource, how much one trial needs, how much there is, and
     the ways out (the CPUs a suggested ``Resources`` asks for capped at what the instance has; ``scales``:
@@ -133,8 +161,10 @@ def local_shortfall(study_name: str, resources: Any, cluster: Mapping[str, float
     parts = ", ".join(f"{k} {need:g} (the local Ray instance has {have:g})" for k, (need, have) in missing.items())
     cpu = min(float(resources.cpu), float(cluster.get("CPU", 0.0)) / resources.workers)  # each worker's share
     if "GPU" in missing:
-        way = (f"run it on a Ray cluster that has GPUs (--address HOST:PORT), or train on CPU with "
-               f"Resources(cpu={cpu:g}, gpu=0)")
+        way = (
+            f"run it on a Ray cluster that has GPUs (--address HOST:PORT), or train on CPU with "
+            f"Resources(cpu={cpu:g}, gpu=0)"
+        )
     else:
         way = "give the local instance more CPUs (--num-cpus), ask for fewer per trial (Resources(cpu=...)), or run it on a cluster (--address HOST:PORT)"
     if scales:
@@ -146,8 +176,10 @@ def waiting_for(request: Mapping[str, float], available: Mapping[str, float], to
     """``"GPU (each needs 0.5; 0 of 0 free)"``: what a pending trial with ``request`` waits for on a
     cluster with ``available`` of ``total`` resources; ``""`` when it fits."""
     missing = missing_resources(request, available)
-    return ", ".join(f"{k} (each needs {need:g}; {have:g} of {float(total.get(k, 0.0)):g} free)"
-                     for k, (need, have) in missing.items())
+    return ", ".join(
+        f"{k} (each needs {need:g}; {have:g} of {float(total.get(k, 0.0)):g} free)"
+        for k, (need, have) in missing.items()
+    )
 
 
 def encode(record: Mapping[str, str]) -> str:

@@ -33,22 +33,34 @@ def plan(study: Study) -> Dict[str, Any]:
         "mode": study.mode,
         "searcher": study.searcher,
         "scheduler": study.scheduler
-        + (f" (grace_period={study.grace_period}, reduction_factor={study.reduction_factor})" if study.scheduler == "asha" else ""),
+        + (
+            f" (grace_period={study.grace_period}, reduction_factor={study.reduction_factor})"
+            if study.scheduler == "asha"
+            else ""
+        ),
         "max_epochs": study.max_epochs,
         "seeds": list(study.seeds),
         "total_trials": study.num_total_trials(),
         "max_trial_epochs": study.num_total_trials() * study.max_epochs,
         "resources_per_trial": (
-            study.resources.as_dict() if study.resources.workers == 1
+            study.resources.as_dict()
+            if study.resources.workers == 1
             else {"workers": study.resources.workers, "per_worker": study.resources.worker_dict()}
         ),
         "max_concurrent": study.max_concurrent,
         "steps_to_target": (
-            f"reference arm {study.reference_arm!r}" if study.reference_arm is not None
-            else f"target loss {study.target_loss}" if study.target_loss is not None else None
+            f"reference arm {study.reference_arm!r}"
+            if study.reference_arm is not None
+            else f"target loss {study.target_loss}"
+            if study.target_loss is not None
+            else None
         ),
         "measures": {k: dict(v) for k, v in study.measures.items()},
-        "measure_subset": {"split": study.measure_split, "examples": study.measure_examples, "seed": study.measure_seed},
+        "measure_subset": {
+            "split": study.measure_split,
+            "examples": study.measure_examples,
+            "seed": study.measure_seed,
+        },
         "final_seeds": list(study.final_seeds),
         "published": study.published.as_dict() if study.published is not None else None,
         "reports": {k: dict(v) for k, v in study.reports.items()},
@@ -93,11 +105,16 @@ def render(study: Study, console: Any) -> None:
         sub = p["measure_subset"]
         console.print(
             f"{flatness_when(study)}: {', '.join(f'{k} {v}' if v else k for k, v in p['measures'].items())}"
-            + (f" on {sub['examples']} {sub['split']} examples (all of them if the split is smaller; seed {sub['seed']})"
-               if sub["examples"] else f" on all {sub['split']} examples")
+            + (
+                f" on {sub['examples']} {sub['split']} examples (all of them if the split is smaller; seed {sub['seed']})"
+                if sub["examples"]
+                else f" on all {sub['split']} examples"
+            )
         )
     if p["final_seeds"]:
-        console.print(f"then each arm's best configuration (by {p['metric']}) over final seeds {p['final_seeds']}, no early stopping")
+        console.print(
+            f"then each arm's best configuration (by {p['metric']}) over final seeds {p['final_seeds']}, no early stopping"
+        )
     if p["steps_to_target"]:
         console.print(f"after the study: train/steps_to_target against the {p['steps_to_target']}")
     if p["published"]:
@@ -108,12 +125,17 @@ def render(study: Study, console: Any) -> None:
     rows = []
     for arm, a in zip(study.arms, p["arms"]):
         dims = arm.dims
-        rows.append((
-            a["arm"],
-            a["optimizer"],
-            str(a["trials"]),
-            # a conditional constant reads "k = v if <condition>", a searched field "k ~ dimension [if ...]"
-            "\n".join(f"{k} {'=' if isinstance(inner(dims[k]), Fixed) else '~'} {v}" for k, v in a["searched"].items()) or "-",
-            "\n".join(f"{k} = {v!r}" for k, v in a["fixed"].items()) or "-",
-        ))
+        rows.append(
+            (
+                a["arm"],
+                a["optimizer"],
+                str(a["trials"]),
+                # a conditional constant reads "k = v if <condition>", a searched field "k ~ dimension [if ...]"
+                "\n".join(
+                    f"{k} {'=' if isinstance(inner(dims[k]), Fixed) else '~'} {v}" for k, v in a["searched"].items()
+                )
+                or "-",
+                "\n".join(f"{k} = {v!r}" for k, v in a["fixed"].items()) or "-",
+            )
+        )
     print_table(console, make_table(("arm", "optimizer", "trials", "searched", "fixed"), rows))

@@ -35,8 +35,15 @@ class Prepared:
     budget: Dict[str, Any]
 
 
-def prepare(source: Union[Study, str, os.PathLike], given: Mapping[str, Any], root: Path, *, resume: bool = False,
-            continue_: bool = False, only: Sequence[str] = ()) -> List[Prepared]:
+def prepare(
+    source: Union[Study, str, os.PathLike],
+    given: Mapping[str, Any],
+    root: Path,
+    *,
+    resume: bool = False,
+    continue_: bool = False,
+    only: Sequence[str] = (),
+) -> List[Prepared]:
     """The studies a launch runs, in the file's order.
 
     A new launch (and ``continue_``) runs at ``given``'s budget, the file's default scale made explicit.
@@ -61,13 +68,17 @@ def prepare(source: Union[Study, str, os.PathLike], given: Mapping[str, Any], ro
     if unknown:
         raise ConfigError(f"unknown launch option(s) {', '.join(unknown)}; expected {', '.join(GIVEN_KEYS)}")
     if resume and continue_:
-        raise ConfigError("--resume and --continue exclude each other: --resume finishes the latest launch, "
-                          "--continue starts a new one that adds trials to its Optuna studies")
+        raise ConfigError(
+            "--resume and --continue exclude each other: --resume finishes the latest launch, "
+            "--continue starts a new one that adds trials to its Optuna studies"
+        )
     scale, every = given.get("scale"), given.get("checkpoint_every")
     if isinstance(source, Study):
         if scale is not None or only:
-            raise ConfigError("a scale and a choice of studies (--scale/--study, scale=/studies=) choose among a study "
-                              "file's studies; this is a Study")
+            raise ConfigError(
+                "a scale and a choice of studies (--scale/--study, scale=/studies=) choose among a study "
+                "file's studies; this is a Study"
+            )
         path, studies, scales = "", [source], ()
     else:
         from flatlab.study.loader import load_studies
@@ -79,8 +90,9 @@ def prepare(source: Union[Study, str, os.PathLike], given: Mapping[str, Any], ro
             known = [s.name for s in studies]
             missing = [n for n in only if n not in known]
             if missing:
-                raise ConfigError(f"study {', '.join(map(repr, missing))} is not in {path}; studies there: "
-                                  f"{', '.join(sorted(known))}")
+                raise ConfigError(
+                    f"study {', '.join(map(repr, missing))} is not in {path}; studies there: {', '.join(sorted(known))}"
+                )
             studies = [s for s in studies if s.name in only]
     budget = {k: given.get(k) for k in BUDGET_KEYS}
     budget["scale"] = scale or (scales[0] if scales else None)  # a new launch records the scale it ran at
@@ -111,8 +123,12 @@ def scales_that_fit(path: str, current: Optional[str], cluster: Mapping[str, flo
     try:
         scales = file_scales(path)
         current = current or (scales[0] if scales else None)
-        return [scale for scale in scales if scale != current
-                and not any(missing_resources(s.resources.request(), cluster) for s in load_studies(path, scale=scale))]
+        return [
+            scale
+            for scale in scales
+            if scale != current
+            and not any(missing_resources(s.resources.request(), cluster) for s in load_studies(path, scale=scale))
+        ]
     except (ConfigError, OSError):
         return []
 

@@ -55,9 +55,9 @@ class ProgressPrinter(Callback):
         self._init()
 
     def _init(self) -> None:
-        from rich.console import Console
-
         import sys
+
+        from rich.console import Console
 
         self.console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
         self._running: set = set()
@@ -150,7 +150,9 @@ class ProgressPrinter(Callback):
         recorded = self._recorded_id(trial.trial_id)
         if recorded != trial.trial_id:  # it took over a killed driver's run
             note += f" (in MLflow: trial {recorded})"
-        self._print(f"  {outcome:9s} {trial.config.get('arm', ''):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}  {self.metric} {shown}{note}")
+        self._print(
+            f"  {outcome:9s} {trial.config.get('arm', ''):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}  {self.metric} {shown}{note}"
+        )
         if time.monotonic() - self._last_status > 5.0 or not self._running:
             self._print(self.status())
             self._last_status = time.monotonic()
@@ -169,8 +171,10 @@ class ProgressPrinter(Callback):
     def on_trial_recover(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
         # Tune retries the trial (FailureConfig.max_failures): it stays running
         last = getattr(trial, "last_result", {}) or {}
-        self._print(f"  {'failed':9s} {trial.config.get('arm', ''):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}"
-                    f"  will resume from its last checkpoint{_error_line(trial)}")
+        self._print(
+            f"  {'failed':9s} {trial.config.get('arm', ''):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}"
+            f"  will resume from its last checkpoint{_error_line(trial)}"
+        )
 
     def _print(self, line: str) -> None:
         self._last_print = time.monotonic()

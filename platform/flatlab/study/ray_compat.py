@@ -145,8 +145,9 @@ def gcs_requires_token(address: str, timeout: float = 3.0) -> Optional[bool]:
 
     channel = grpc.insecure_channel(address)
     try:
-        gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(gcs_service_pb2.GetClusterIdRequest(),
-                                                                           timeout=timeout)
+        gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+            gcs_service_pb2.GetClusterIdRequest(), timeout=timeout
+        )
         return False
     except grpc.RpcError as exc:
         return True if exc.code() == grpc.StatusCode.UNAUTHENTICATED else None
@@ -330,9 +331,14 @@ def buffered_trainable(fn: Any, decide_at: FrozenSet[int], buffer_s: float, max_
                     self._held_result = result
                     return results
                 results.append(result)
-                if (result.get(DONE) or result.get(SHOULD_CHECKPOINT) or result.get(RESULT_DUPLICATE)
-                        or result.get(TRAINING_ITERATION) in decide_at or len(results) >= max_batch
-                        or time.time() >= send_at):
+                if (
+                    result.get(DONE)
+                    or result.get(SHOULD_CHECKPOINT)
+                    or result.get(RESULT_DUPLICATE)
+                    or result.get(TRAINING_ITERATION) in decide_at
+                    or len(results) >= max_batch
+                    or time.time() >= send_at
+                ):
                     return results
 
         def reset_config(self, new_config: Dict[str, Any]) -> bool:

@@ -24,8 +24,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Set
 
-from flatlab.tracking.selection import COMPLETED_KEY, DIVERGED_KEY
 from flatlab.tracking import runs
+from flatlab.tracking.selection import COMPLETED_KEY, DIVERGED_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ class LaunchRecords:
         self.tracking_uri = tracking_uri
         client = runs.client(tracking_uri)
         found = client.search_runs(
-            [experiment_id], filter_string=f"tags.`{runs.PARENT}` = '{parent_run_id}' and tags.`{runs.TAG_ROLE}` = 'trial'",
+            [experiment_id],
+            filter_string=f"tags.`{runs.PARENT}` = '{parent_run_id}' and tags.`{runs.TAG_ROLE}` = 'trial'",
             max_results=50000,
         )
         self._runs: Dict[str, Any] = {r.data.tags.get(runs.TAG_TRIAL, ""): r for r in found}
@@ -59,8 +60,12 @@ class LaunchRecords:
             if run is not None:
                 self._claimed[trial_id] = run
                 self._taken.add(run.info.run_id)
-                logger.info("resume: trial %s takes over the run %s of trial %s (started after Tune's last save)",
-                            trial_id, run.info.run_id, run.data.tags.get(runs.TAG_TRIAL))
+                logger.info(
+                    "resume: trial %s takes over the run %s of trial %s (started after Tune's last save)",
+                    trial_id,
+                    run.info.run_id,
+                    run.data.tags.get(runs.TAG_TRIAL),
+                )
         if run is None or run.info.status == "RUNNING" or run.data.tags.get(runs.TAG_OUTCOME) not in ENDED:
             return None
         return recorded_result(run)

@@ -76,7 +76,11 @@ def _setup_file_logging(out: Path) -> None:
     log = log_file(out)
     log.parent.mkdir(parents=True, exist_ok=True)
     path = str(log.resolve())
-    existing = [h for h in logging.getLogger("flatlab").handlers if getattr(h, "flatlab_study_log", False) and h.baseFilename == path]
+    existing = [
+        h
+        for h in logging.getLogger("flatlab").handlers
+        if getattr(h, "flatlab_study_log", False) and h.baseFilename == path
+    ]
     handler = existing[0] if existing else logging.FileHandler(path)
     handler.flatlab_study_log = True  # type: ignore[attr-defined]
     # Tune's per-result JSON/CSV files are off (the results live in MLflow), so its end-of-run analysis
@@ -155,7 +159,9 @@ def _check_local_resources(study: Study, opts: RunOptions) -> None:
         raise ConfigError(local_shortfall(study.name, study.resources, cluster, scales))
 
 
-def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_id: str, out: Path, console: Any) -> None:
+def _post_study(
+    study: Study, tracking_uri: str, experiment_id: str, parent_run_id: str, out: Path, console: Any
+) -> None:
     """What runs after a launch whose trials all ended: steps-to-target, the comparison table and plot
     (artifacts of the parent run, as ``flatlab compare`` shows them), the published-curve comparison
     (``flatlab curves``, when the study declares a reference), then the study's own reports."""
@@ -179,17 +185,26 @@ def _post_study(study: Study, tracking_uri: str, experiment_id: str, parent_run_
         log_comparison(tracking_uri, parent_run_id, trials_frame(tracking_uri, study.name), study=study.name)
     if study.published is not None:  # flatlab's per-epoch curves beside the declared published ones
         from flatlab.tracking.published_runs import log_curves
+
         log_curves(tracking_uri, parent_run_id, study, console)
     from flatlab.tracking.flatness_sweep import log_flatness_sweep  # TSAM Fig. 2, when the study's measures sweep sigma
+
     log_flatness_sweep(tracking_uri, parent_run_id, study, console)
     from flatlab.tracking.study_report import log_study_report  # best per arm and plots on the parent run
+
     log_study_report(study, tracking_uri, parent_run_id, out, console)
     from flatlab.tracking.reports import run_reports  # the reports the study asks for (Study.reports)
+
     run_reports(study, tracking_uri, out / "report", console)
 
 
 def _open_launch(
-    study: Study, opts: RunOptions, tracking_uri: str, root: Path, tags: Dict[str, str], resumed: Optional[Launch],
+    study: Study,
+    opts: RunOptions,
+    tracking_uri: str,
+    root: Path,
+    tags: Dict[str, str],
+    resumed: Optional[Launch],
     launch_tags: Dict[str, str],
 ) -> Tuple[str, str, str]:
     """Experiment and parent run of this launch: ``(experiment_id, parent_run_id, tune_experiment_name)``.
@@ -215,11 +230,14 @@ def _open_launch(
         return experiment_id, resumed.parent_run_id, resumed.experiment_name
     exp_name = f"{study.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     parent = client.create_run(
-        experiment_id, run_name=f"{study.name} {time.strftime('%Y-%m-%d %H:%M')}",
+        experiment_id,
+        run_name=f"{study.name} {time.strftime('%Y-%m-%d %H:%M')}",
         tags={**tags, **launch_tags, runs.TAG_ROLE: "study"},
     )
     p = plan(study)
-    params = {k: p[k] for k in ("workload", "metric", "mode", "searcher", "scheduler", "max_epochs", "total_trials", "seeds")}
+    params = {
+        k: p[k] for k in ("workload", "metric", "mode", "searcher", "scheduler", "max_epochs", "total_trials", "seeds")
+    }
     params.update(final_seeds=p["final_seeds"], measures=p["measures"] or "none")
     params.update(chained_params(study))  # <arm>.<field> and <arm>.<field>.source of chained values
     if study.reference_arm is not None:
@@ -250,8 +268,16 @@ def _concurrency(study: Study) -> int:
     return study.resources.concurrent_trials(ray.cluster_resources())
 
 
-def _new_tuner(study: Study, trainable: Any, searcher: Any, scheduler: Any, name: str, storage_path: str,
-               callbacks: List[Any], num_samples: int) -> Any:
+def _new_tuner(
+    study: Study,
+    trainable: Any,
+    searcher: Any,
+    scheduler: Any,
+    name: str,
+    storage_path: str,
+    callbacks: List[Any],
+    num_samples: int,
+) -> Any:
     from ray import tune
 
     return tune.Tuner(
@@ -334,7 +360,9 @@ def final_configs(study: Study, grid: Any) -> List[Dict[str, Any]]:
         if arm.name not in best:
             logger.warning("final stage: arm %s has no completed search trial; it gets no final trials", arm.name)
             continue
-        chosen = {k: v for k, v in selection.best_trial(best[arm.name]).ref.items() if k not in ("seed", runs.STAGE_KEY)}
+        chosen = {
+            k: v for k, v in selection.best_trial(best[arm.name]).ref.items() if k not in ("seed", runs.STAGE_KEY)
+        }
         configs += [{**chosen, "seed": seed, runs.STAGE_KEY: runs.STAGE_FINAL} for seed in study.final_seeds]
     return configs
 
@@ -374,7 +402,9 @@ def run_study(study: Study, opts: RunOptions, console: Any = None) -> StudyOutco
     tracking_uri = _tracking_uri(opts, previous, root)
     if opts.resume and previous is not None and previous.done:
         return _already_finished(study, previous, tracking_uri, out, console, t0)
-    study = study if opts.resume else resolve_chained(study, tracking_uri)  # best_of(...) values, before anything starts
+    study = (
+        study if opts.resume else resolve_chained(study, tracking_uri)
+    )  # best_of(...) values, before anything starts
     workload = build_workload(study.workload, **dict(study.workload_params))
     workload.check_data()  # missing data: one error (DataUnavailable) before Ray, MLflow or a trial starts
     out.mkdir(parents=True, exist_ok=True)
@@ -414,8 +444,10 @@ def _tracking_uri(opts: RunOptions, previous: Optional[Launch], root: Path) -> s
     """
     recorded = previous.tracking_uri if previous is not None else ""
     if opts.resume and recorded and opts.tracking_uri and opts.tracking_uri != recorded:
-        raise ConfigError(f"--resume: --tracking-uri {opts.tracking_uri} is not the store of the launch it "
-                          f"finishes ({recorded}); leave --tracking-uri out to use the launch's")
+        raise ConfigError(
+            f"--resume: --tracking-uri {opts.tracking_uri} is not the store of the launch it "
+            f"finishes ({recorded}); leave --tracking-uri out to use the launch's"
+        )
     return opts.tracking_uri or recorded or runs.default_tracking_uri(root)
 
 
@@ -423,8 +455,11 @@ def _quiet_libraries() -> None:
     """The driver's environment for Tune, Optuna and MLflow: no per-result loggers, Tune's legacy
     reporter (our own progress lines only), Optuna's messages to the log file, result buffering."""
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no CSV/JSON/TBX loggers per result
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")  # frequent checkpoints (checkpoint_every=1) are a choice, not a misconfiguration
+    os.environ.setdefault(
+        "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0"
+    )  # frequent checkpoints (checkpoint_every=1) are a choice, not a misconfiguration
     import mlflow  # noqa: F401  (imported before the log set-up, which then moves its handlers to the log file)
+
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the legacy reporter honours verbose=0: our own progress only
     import optuna
 
@@ -447,8 +482,10 @@ def _previous_launch(study: Study, opts: RunOptions, root: Path) -> Optional[Lau
             previous launch's Optuna studies.
     """
     if opts.resume and opts.continue_:
-        raise ConfigError("--resume and --continue exclude each other: --resume finishes the latest launch, "
-                          "--continue starts a new one that adds trials to its Optuna studies")
+        raise ConfigError(
+            "--resume and --continue exclude each other: --resume finishes the latest launch, "
+            "--continue starts a new one that adds trials to its Optuna studies"
+        )
     if not (opts.resume or opts.continue_):
         return None
     previous = Launch.read(root, study.name)
@@ -456,11 +493,15 @@ def _previous_launch(study: Study, opts: RunOptions, root: Path) -> Optional[Lau
     if opts.continue_:
         return previous  # what it grows is checked by _grown_studies, before anything starts
     if previous is None:
-        raise ConfigError(f"--resume: no earlier launch of study {study.name!r} under {where.parent} (missing {where.name})")
+        raise ConfigError(
+            f"--resume: no earlier launch of study {study.name!r} under {where.parent} (missing {where.name})"
+        )
     return previous
 
 
-def _already_finished(study: Study, launch: Launch, tracking_uri: str, out: Path, console: Any, t0: float) -> StudyOutcome:
+def _already_finished(
+    study: Study, launch: Launch, tracking_uri: str, out: Path, console: Any, t0: float
+) -> StudyOutcome:
     """``--resume`` of a launch whose trials all completed: nothing to continue and no Ray to start. The
     post-study steps are re-done (they are idempotent), in case they were cut short the first time."""
     if console is not None:
@@ -468,9 +509,15 @@ def _already_finished(study: Study, launch: Launch, tracking_uri: str, out: Path
     _setup_file_logging(out)
     _post_study(study, tracking_uri, launch.experiment_id, launch.parent_run_id, out, console)
     return StudyOutcome(
-        study=study.name, tracking_uri=tracking_uri, experiment_id=launch.experiment_id,
-        parent_run_id=launch.parent_run_id, experiment_path=launch.experiment_path, interrupted=False,
-        num_trials=study.num_total_trials(), num_errors=0, wall_s=time.monotonic() - t0,
+        study=study.name,
+        tracking_uri=tracking_uri,
+        experiment_id=launch.experiment_id,
+        parent_run_id=launch.parent_run_id,
+        experiment_path=launch.experiment_path,
+        interrupted=False,
+        num_trials=study.num_total_trials(),
+        num_errors=0,
+        wall_s=time.monotonic() - t0,
     )
 
 
@@ -489,8 +536,16 @@ class _Started:
     records: Any = None  # a resume's LaunchRecords (flatlab.study.recovery)
 
 
-def _open(study: Study, workload: Any, opts: RunOptions, previous: Optional[Launch], root: Path, tracking_uri: str,
-          console: Any, t0: float) -> _Started:
+def _open(
+    study: Study,
+    workload: Any,
+    opts: RunOptions,
+    previous: Optional[Launch],
+    root: Path,
+    tracking_uri: str,
+    console: Any,
+    t0: float,
+) -> _Started:
     """Open the launch and build its Tuner: the MLflow parent run (in a thread, overlapping Ray's start-up
     and the data loading), launch.json (``running``), the trainable, the MLflow and progress callbacks,
     and the Tuner (new, or restored for ``--resume``). Any failure here ends the launch FAILED (KILLED on
@@ -501,8 +556,14 @@ def _open(study: Study, workload: Any, opts: RunOptions, previous: Optional[Laun
     storage_path = opts.storage or str(out / "ray")
     resumed = previous if opts.resume else None
     grown = _grown_studies(study, previous, root) if opts.continue_ else None
-    launch_tags = {"flatlab.continues": grown["parent_run_id"],
-                   "flatlab.optuna_studies": ",".join(grown["optuna_studies"][a.name] for a in study.arms)} if grown else {}
+    launch_tags = (
+        {
+            "flatlab.continues": grown["parent_run_id"],
+            "flatlab.optuna_studies": ",".join(grown["optuna_studies"][a.name] for a in study.arms),
+        }
+        if grown
+        else {}
+    )
     tags = _common_tags(study, opts)
     launch: Optional[Launch] = None
     with ThreadPoolExecutor(max_workers=1) as pool:  # MLflow set-up (seconds on a fresh SQLite store)
@@ -515,8 +576,9 @@ def _open(study: Study, workload: Any, opts: RunOptions, previous: Optional[Laun
             data = workload.load_data(study.seed)  # once per study; reaches trials through the object store
             experiment_id, parent_run_id, exp_name = opened.result()
             logger.info("MLflow ready, data loaded (%.1f s)", time.monotonic() - t0)
-            launch = _record_launch(study, opts, resumed, grown, root, storage_path, tracking_uri, experiment_id,
-                                    parent_run_id, exp_name)
+            launch = _record_launch(
+                study, opts, resumed, grown, root, storage_path, tracking_uri, experiment_id, parent_run_id, exp_name
+            )
             started = _build_tuner(study, opts, launch, storage_path, data, tags)
         except BaseException as exc:
             _end_unstarted(launch, opened, exc, root / study.name, storage_path, tracking_uri)
@@ -558,12 +620,26 @@ def _grown_studies(study: Study, previous: Optional[Launch], root: Path) -> Dict
     """
     prefix, names = continued_studies(previous, study, str(launch_file(root, study.name)))
     assert previous is not None  # continued_studies raised otherwise
-    return {"experiment_name": previous.experiment_name, "parent_run_id": previous.parent_run_id,
-            "optuna_studies": names, "optuna_prefix": prefix}
+    return {
+        "experiment_name": previous.experiment_name,
+        "parent_run_id": previous.parent_run_id,
+        "optuna_studies": names,
+        "optuna_prefix": prefix,
+    }
 
 
-def _record_launch(study: Study, opts: RunOptions, resumed: Optional[Launch], grown: Optional[Dict[str, Any]], root: Path,
-                   storage_path: str, tracking_uri: str, experiment_id: str, parent_run_id: str, exp_name: str) -> Launch:
+def _record_launch(
+    study: Study,
+    opts: RunOptions,
+    resumed: Optional[Launch],
+    grown: Optional[Dict[str, Any]],
+    root: Path,
+    storage_path: str,
+    tracking_uri: str,
+    experiment_id: str,
+    parent_run_id: str,
+    exp_name: str,
+) -> Launch:
     """launch.json of this launch, written ``running``. A resume keeps what the launch recorded (its
     budget, Optuna studies, what it continues, its final stage), with this run's checkpoint cadence."""
     from flatlab.study.searchers import optuna_study_name
@@ -573,21 +649,32 @@ def _record_launch(study: Study, opts: RunOptions, resumed: Optional[Launch], gr
         launch, prefix = resumed, resumed.optuna_prefix or exp_name
         overrides = resumed.overrides if resumed.overrides is not None else dict(opts.overrides)
     else:
-        launch = Launch(path=launch_file(root, study.name), experiment_name=exp_name,
-                        experiment_path=_experiment_path(storage_path, exp_name), parent_run_id=parent_run_id)
+        launch = Launch(
+            path=launch_file(root, study.name),
+            experiment_name=exp_name,
+            experiment_path=_experiment_path(storage_path, exp_name),
+            parent_run_id=parent_run_id,
+        )
         prefix, overrides = (grown or {}).get("optuna_prefix") or exp_name, dict(opts.overrides)
         if grown:
             launch.continues = {k: grown[k] for k in ("experiment_name", "parent_run_id", "optuna_studies")}
     return launch.write(
-        tracking_uri=tracking_uri, experiment_id=experiment_id, status="running", overrides=overrides,
+        tracking_uri=tracking_uri,
+        experiment_id=experiment_id,
+        status="running",
+        overrides=overrides,
         checkpoint_every=study.checkpoint_every,  # --resume keeps it (launches.resume_checkpoint_every)
-        optuna_storage=f"sqlite:///{out / 'optuna.db'}", optuna_prefix=prefix,
-        optuna_studies={a.name: optuna_study_name(prefix, a.name) for a in study.arms} if study.searcher != "grid" else {},
+        optuna_storage=f"sqlite:///{out / 'optuna.db'}",
+        optuna_prefix=prefix,
+        optuna_studies={a.name: optuna_study_name(prefix, a.name) for a in study.arms}
+        if study.searcher != "grid"
+        else {},
     )
 
 
-def _build_tuner(study: Study, opts: RunOptions, launch: Launch, storage_path: str, data: Any,
-                 tags: Dict[str, str]) -> _Started:
+def _build_tuner(
+    study: Study, opts: RunOptions, launch: Launch, storage_path: str, data: Any, tags: Dict[str, str]
+) -> _Started:
     """The trainable, the MLflow and progress callbacks and the Tuner of ``launch`` (restored for
     ``--resume``, once Tune saved it), with the searcher pointed at the MLflow runs."""
     from flatlab.study.progress import ProgressPrinter
@@ -598,7 +685,9 @@ def _build_tuner(study: Study, opts: RunOptions, launch: Launch, storage_path: s
     from flatlab.tracking.artifacts import WorkerTracking
     from flatlab.tracking.callback import MLflowTrialLogger
 
-    tracking = WorkerTracking(launch.tracking_uri, launch.experiment_id, launch.parent_run_id, log_models=opts.log_models)
+    tracking = WorkerTracking(
+        launch.tracking_uri, launch.experiment_id, launch.parent_run_id, log_models=opts.log_models
+    )
     trainable = make_trainable(study, data, tracking)
     mlflow_cb = MLflowTrialLogger(
         launch.tracking_uri,
@@ -624,10 +713,19 @@ def _build_tuner(study: Study, opts: RunOptions, launch: Launch, storage_path: s
     else:
         if opts.resume:  # killed before Tune saved its experiment: it starts again, in the same launch
             logger.warning("resume: the launch ended before Tune saved its experiment; starting it again")
-        searcher = ArmSearcher(study, optuna_storage=launch.optuna_storage, launch=launch.optuna_prefix,
-                               experiment=launch.experiment_name)
-        tuner = _new_tuner(study, trainable, searcher, _scheduler(study, records), launch.experiment_name, storage_path,
-                           callbacks, study.num_total_trials())
+        searcher = ArmSearcher(
+            study, optuna_storage=launch.optuna_storage, launch=launch.optuna_prefix, experiment=launch.experiment_name
+        )
+        tuner = _new_tuner(
+            study,
+            trainable,
+            searcher,
+            _scheduler(study, records),
+            launch.experiment_name,
+            storage_path,
+            callbacks,
+            study.num_total_trials(),
+        )
     searcher = _searcher_of(tuner)
     searcher.run_id_of = mlflow_cb.run_id_of
     # the search's real budget: a restored experiment keeps the one it was launched with
@@ -636,8 +734,9 @@ def _build_tuner(study: Study, opts: RunOptions, launch: Launch, storage_path: s
     return _Started(launch, storage_path, tuner, trainable, callbacks, mlflow_cb, total, records)
 
 
-def _end_unstarted(launch: Optional[Launch], opened: Any, exc: BaseException, out: Path, storage_path: str,
-                   tracking_uri: str) -> None:
+def _end_unstarted(
+    launch: Optional[Launch], opened: Any, exc: BaseException, out: Path, storage_path: str, tracking_uri: str
+) -> None:
     """End a launch that failed before Tune started (``exc``): its parent run FAILED (KILLED on Ctrl-C)
     and launch.json ``failed`` (``killed``), never RUNNING/``running``. Nothing to end where MLflow itself
     failed (no parent run). Never raises: ``exc`` is what the caller sees."""
@@ -650,9 +749,14 @@ def _end_unstarted(launch: Optional[Launch], opened: Any, exc: BaseException, ou
     try:
         runs.client(tracking_uri).set_terminated(parent_run_id, status=status)
         if launch is None:
-            launch = Launch(path=out / "launch.json", experiment_name=exp_name,
-                            experiment_path=_experiment_path(storage_path, exp_name), parent_run_id=parent_run_id,
-                            experiment_id=experiment_id, tracking_uri=tracking_uri)
+            launch = Launch(
+                path=out / "launch.json",
+                experiment_name=exp_name,
+                experiment_path=_experiment_path(storage_path, exp_name),
+                parent_run_id=parent_run_id,
+                experiment_id=experiment_id,
+                tracking_uri=tracking_uri,
+            )
         launch.write(status=status.lower())
     except Exception:  # noqa: BLE001 - report the original error, not this one
         logger.exception("could not record the failed launch in MLflow / %s", out / "launch.json")
@@ -689,9 +793,15 @@ def _tune(study: Study, opts: RunOptions, started: _Started, t0: float) -> Study
         for err in mlflow_cb.errors:
             logger.warning("MLflow: %s", err)
     return StudyOutcome(
-        study=study.name, tracking_uri=launch.tracking_uri, experiment_id=launch.experiment_id,
-        parent_run_id=launch.parent_run_id, experiment_path=launch.experiment_path, interrupted=interrupted,
-        num_trials=started.total, num_errors=num_errors, wall_s=time.monotonic() - t0,
+        study=study.name,
+        tracking_uri=launch.tracking_uri,
+        experiment_id=launch.experiment_id,
+        parent_run_id=launch.parent_run_id,
+        experiment_path=launch.experiment_path,
+        interrupted=interrupted,
+        num_trials=started.total,
+        num_errors=num_errors,
+        wall_s=time.monotonic() - t0,
     )
 
 
@@ -708,6 +818,13 @@ def _final_stage(study: Study, opts: RunOptions, started: _Started, grid: Any) -
         return _restore_tuner(path, started.trainable, started.callbacks, started.records)
     configs = final_configs(study, grid)
     logger.info("final stage: %d trials (%s)", len(configs), ", ".join(sorted({c["arm"] for c in configs})))
-    return _new_tuner(study, started.trainable, FixedSearcher(configs, study.metric, study.mode),
-                      _scheduler(study, started.records, fifo=True), name, started.storage_path, started.callbacks,
-                      len(configs))
+    return _new_tuner(
+        study,
+        started.trainable,
+        FixedSearcher(configs, study.metric, study.mode),
+        _scheduler(study, started.records, fifo=True),
+        name,
+        started.storage_path,
+        started.callbacks,
+        len(configs),
+    )

@@ -108,8 +108,9 @@ def build_scheduler(study: Study, fifo: bool = False) -> ArmScheduler:
     epochs, up to ``max_epochs``); ``fifo`` (or ``fifo=True``, the final stage) -> Tune's FIFO per arm:
     every trial runs its whole budget."""
     if study.scheduler != "asha" or fifo:
-        return ArmScheduler([a.name for a in study.arms], lambda _arm: FIFOScheduler(), metric=study.metric,
-                            mode=study.mode)
+        return ArmScheduler(
+            [a.name for a in study.arms], lambda _arm: FIFOScheduler(), metric=study.metric, mode=study.mode
+        )
 
     def asha(_arm: str) -> TrialScheduler:
         return ASHAScheduler(
@@ -135,4 +136,4 @@ def decision_epochs(study: Study) -> FrozenSet[int]:
 
     rf = study.reduction_factor
     rungs = asha_rung_count(study.max_epochs, study.grace_period, rf)
-    return frozenset(int(math.ceil(study.grace_period * rf ** k)) for k in range(rungs))
+    return frozenset(int(math.ceil(study.grace_period * rf**k)) for k in range(rungs))

@@ -72,7 +72,9 @@ class ArmSearcher(Searcher):
             fresh searches, ``--resume`` continues them).
     """
 
-    def __init__(self, study: Study, optuna_storage: Optional[str] = None, launch: str = "", experiment: str = "") -> None:
+    def __init__(
+        self, study: Study, optuna_storage: Optional[str] = None, launch: str = "", experiment: str = ""
+    ) -> None:
         super().__init__(metric=study.metric, mode=study.mode)
         self._experiment = experiment  # the Tune experiment (launch) this searcher asks for: a user attr of its trials
         self._orphans: Dict[str, List[Any]] = {}  # arm -> its launch's Optuna trials no Tune trial holds
@@ -137,9 +139,15 @@ class ArmSearcher(Searcher):
             return
         held = {record[0] for record in self._optuna.values()}
         for arm, st in self._studies.items():
-            mine = [t for t in st.get_trials(deepcopy=False)
-                    if t._trial_id not in held and (t.user_attrs.get(LAUNCH_ATTR) == self._experiment or (
-                        LAUNCH_ATTR not in t.user_attrs and t.state == optuna.trial.TrialState.RUNNING))]
+            mine = [
+                t
+                for t in st.get_trials(deepcopy=False)
+                if t._trial_id not in held
+                and (
+                    t.user_attrs.get(LAUNCH_ATTR) == self._experiment
+                    or (LAUNCH_ATTR not in t.user_attrs and t.state == optuna.trial.TrialState.RUNNING)
+                )
+            ]
             self._orphans[arm] = sorted(mine, key=lambda t: t.number)
 
     def set_search_properties(self, metric: Optional[str], mode: Optional[str], config: Dict, **spec: Any) -> bool:
@@ -220,7 +228,8 @@ class ArmSearcher(Searcher):
             self.on_trial_result(trial_id, result)
         outcome = trial_outcome(result, error, self.metric)
         state = {"completed": optuna.trial.TrialState.COMPLETE, "pruned": optuna.trial.TrialState.PRUNED}.get(
-            outcome, optuna.trial.TrialState.FAIL)
+            outcome, optuna.trial.TrialState.FAIL
+        )
         value = float(result[self.metric]) if outcome == "completed" else None
         pending = self._pending.pop(trial_id, [])
         try:
@@ -234,11 +243,21 @@ class ArmSearcher(Searcher):
             if frozen.state.is_finished():
                 # a trial told before (it errored) that Tune resumed and that ended again: this attempt is
                 # a new Optuna trial with the same params, so the first attempt's record stays as it was
-                attrs = {**frozen.user_attrs, "retry_of": frozen.number, **({"mlflow_run_id": run_id} if run_id else {})}
-                st.add_trial(optuna.trial.create_trial(
-                    state=state, value=value, params=frozen.params, distributions=frozen.distributions,
-                    user_attrs=attrs, intermediate_values={int(k): v for k, v in pending},
-                ))
+                attrs = {
+                    **frozen.user_attrs,
+                    "retry_of": frozen.number,
+                    **({"mlflow_run_id": run_id} if run_id else {}),
+                }
+                st.add_trial(
+                    optuna.trial.create_trial(
+                        state=state,
+                        value=value,
+                        params=frozen.params,
+                        distributions=frozen.distributions,
+                        user_attrs=attrs,
+                        intermediate_values={int(k): v for k, v in pending},
+                    )
+                )
                 return
             for step, v in pending:
                 trial.report(v, int(step))
@@ -249,8 +268,21 @@ class ArmSearcher(Searcher):
             logger.exception("could not tell Optuna the outcome of trial %s", trial_id)
 
     # ---- state: JSON only ---------------------------------------------------------------------
-    _STATE = ("_arms", "_seeds", "_count", "_trial_arm", "_points", "_storage_url", "_launch", "_optuna", "_budget",
-              "_study_seed", "_kind", "_pending", "_experiment")
+    _STATE = (
+        "_arms",
+        "_seeds",
+        "_count",
+        "_trial_arm",
+        "_points",
+        "_storage_url",
+        "_launch",
+        "_optuna",
+        "_budget",
+        "_study_seed",
+        "_kind",
+        "_pending",
+        "_experiment",
+    )
 
     def save(self, checkpoint_path: str) -> None:
         _write_state(checkpoint_path, "flatlab.ArmSearcher/1", {k: getattr(self, k) for k in self._STATE})

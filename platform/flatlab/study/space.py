@@ -17,8 +17,21 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from flatlab.errors import ConfigError
 from flatlab.study.dims import (  # noqa: F401  (re-exported: flatlab.space and study code import them from here)
-    MAX_INT_RANGE, SOURCE_SUFFIX, BestOf, Choice, Condition, Conditional, Dim, Fixed, Float, Int, Resolved, ResolvedChoice,
-    Unsupported, _among, _is_int,
+    MAX_INT_RANGE,
+    SOURCE_SUFFIX,
+    BestOf,
+    Choice,
+    Condition,
+    Conditional,
+    Dim,
+    Fixed,
+    Float,
+    Int,
+    Resolved,
+    ResolvedChoice,
+    Unsupported,
+    _among,
+    _is_int,
 )
 from flatlab.study.foreign import from_foreign
 
@@ -28,7 +41,9 @@ def best_of(study: str, arm: str, param: Optional[str] = None, where: Optional[D
     resolved at launch (:class:`BestOf`); ``param=None`` gives that trial's run as ``run:<run_id>``.
     ``where``: only trials whose params have these values compete (numbers compared as numbers), e.g.
     ``where={"t": 20.0}``: the best learning rate at the tilt this study fixes."""
-    return BestOf(study, arm, param, tuple(where.items()) if isinstance(where, dict) else where if where is not None else ())
+    return BestOf(
+        study, arm, param, tuple(where.items()) if isinstance(where, dict) else where if where is not None else ()
+    )
 
 
 def loguniform(low: float, high: float) -> Float:
@@ -123,8 +138,10 @@ def ordered(space: "dict[str, Dim]") -> List[str]:
     Raises:
         ConfigError: the conditions form a cycle (``a`` needs ``b`` which needs ``a``).
     """
-    parents = {k: {p for p, _ in d.conditions if p in space and p != k} if isinstance(d, Conditional) else set()
-               for k, d in space.items()}
+    parents = {
+        k: {p for p, _ in d.conditions if p in space and p != k} if isinstance(d, Conditional) else set()
+        for k, d in space.items()
+    }
     out: List[str] = []
     placed: set = set()
     while len(out) < len(space):
@@ -217,20 +234,35 @@ def condition_problems(space: "dict[str, Dim]") -> List[Tuple[str, str]]:
                 out.append((name, f"when({parent!r}, ...) makes the field depend on itself"))
                 continue
             if parent not in space:
-                out.append((name, f"when({parent!r}, ...): condition on unknown field {parent!r}; the arm's fields: "
-                                  f"{', '.join(k for k in space if k != name)}"))
+                out.append(
+                    (
+                        name,
+                        f"when({parent!r}, ...): condition on unknown field {parent!r}; the arm's fields: "
+                        f"{', '.join(k for k in space if k != name)}",
+                    )
+                )
                 continue
             pdim = inner(space[parent])
             if pdim.problem():
                 continue  # reported on the parent's own field
             takes = _takes(pdim)
             if takes is None:
-                out.append((name, f"when({parent!r}, ...): {parent!r} is {pdim.describe()}, continuous; a condition "
-                                  f"needs a discrete parent: choice([...]), grid([...]), int(low, high) or a fixed value"))
+                out.append(
+                    (
+                        name,
+                        f"when({parent!r}, ...): {parent!r} is {pdim.describe()}, continuous; a condition "
+                        f"needs a discrete parent: choice([...]), grid([...]), int(low, high) or a fixed value",
+                    )
+                )
                 continue
             for v in values:
                 if not takes(v):
-                    out.append((name, f"when({parent!r}, {v!r}, ...): {parent!r} never takes {v!r}; it takes {pdim.describe()}"))
+                    out.append(
+                        (
+                            name,
+                            f"when({parent!r}, {v!r}, ...): {parent!r} never takes {v!r}; it takes {pdim.describe()}",
+                        )
+                    )
     if not out:
         try:
             ordered(space)

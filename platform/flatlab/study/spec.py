@@ -17,7 +17,17 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from flatlab.errors import ConfigError, UnknownNameError, did_you_mean
 from flatlab.hparams import HParam, resolve
-from flatlab.study.space import SOURCE_SUFFIX, BestOf, Dim, as_dim, condition_problems, grid_points, inner, is_searched, representatives
+from flatlab.study.space import (
+    SOURCE_SUFFIX,
+    BestOf,
+    Dim,
+    as_dim,
+    condition_problems,
+    grid_points,
+    inner,
+    is_searched,
+    representatives,
+)
 from flatlab.tracking.published import Published
 from flatlab.train.config import TARGET_HPARAMS, TRAINER_HPARAMS, recipe_problems
 from flatlab.train.trainer import TrialSpec
@@ -230,7 +240,9 @@ class Study:
         if isinstance(arms, Arm):  # arms=(Arm(...)) without its trailing comma is one Arm, not a tuple
             arms = (arms,)
         if isinstance(arms, (str, bytes)) or not hasattr(arms, "__iter__"):
-            raise ConfigError(f"study {self.name!r}: arms={arms!r}; expected a tuple of Arm(...), e.g. arms=(Arm('sgd'),)")
+            raise ConfigError(
+                f"study {self.name!r}: arms={arms!r}; expected a tuple of Arm(...), e.g. arms=(Arm('sgd'),)"
+            )
         arms = tuple(arms)
         for a in arms:
             if not isinstance(a, Arm):
@@ -267,7 +279,9 @@ class Study:
         for a in self.arms:
             if a.name == name:
                 return a
-        raise UnknownNameError(f"unknown arm {name!r}; arms of study {self.name!r}: {', '.join(a.name for a in self.arms)}")
+        raise UnknownNameError(
+            f"unknown arm {name!r}; arms of study {self.name!r}: {', '.join(a.name for a in self.arms)}"
+        )
 
     def route(self, arm: Arm) -> Dict[str, str]:
         """field -> ``optimizer`` | ``trainer`` | ``workload``: where each space field of ``arm`` goes."""
@@ -335,11 +349,7 @@ class Study:
     def grid(self, arm: Arm) -> List[Dict[str, Any]]:
         """Grid searcher: every point of ``arm``'s grid x every seed, as trial configs."""
         where = f"study {self.name!r}, arm {arm.name!r}"
-        return [
-            {"arm": arm.name, "seed": s, **point}
-            for point in grid_points(arm.dims, where)
-            for s in self.seeds
-        ]
+        return [{"arm": arm.name, "seed": s, **point} for point in grid_points(arm.dims, where) for s in self.seeds]
 
     def warnings(self) -> List[str]:
         """Settings that are valid but probably not what was meant (printed by ``flatlab run``)."""
@@ -347,13 +357,17 @@ class Study:
 
         def long_warmup(who: str, value: Any) -> None:
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= self.max_epochs:
-                out.append(f"{who} warmup_epochs={value} >= max_epochs={self.max_epochs}: the LR never leaves its warm-up")
+                out.append(
+                    f"{who} warmup_epochs={value} >= max_epochs={self.max_epochs}: the LR never leaves its warm-up"
+                )
 
         long_warmup("train", self.train.get("warmup_epochs") if isinstance(self.train, Mapping) else None)
         reused = sorted(set(self.final_seeds) & set(self.seeds)) if isinstance(self.final_seeds, tuple) else []
         if reused:
-            out.append(f"final_seeds {reused} also seed the search trials: the final stage then re-runs seeds the "
-                       f"configuration was selected on; fresh seeds give an unbiased estimate")
+            out.append(
+                f"final_seeds {reused} also seed the search trials: the final stage then re-runs seeds the "
+                f"configuration was selected on; fresh seeds give an unbiased estimate"
+            )
         for arm in self.arms:
             grids = [k for k, d in arm.dims.items() if getattr(inner(d), "is_grid", False)]
             if grids and self.searcher != "grid":
@@ -387,7 +401,10 @@ class Study:
             if not cond:
                 errors.append(f"{where}: {msg}")
 
-        check(isinstance(self.name, str) and bool(_NAME.match(self.name or "")), f"name={self.name!r}: use letters, digits, '_', '.', '-'")
+        check(
+            isinstance(self.name, str) and bool(_NAME.match(self.name or "")),
+            f"name={self.name!r}: use letters, digits, '_', '.', '-'",
+        )
         workload_cls = None
         try:
             workload_cls = get_workload(self.workload)
@@ -400,8 +417,11 @@ class Study:
                 errors.extend(str(exc).splitlines())
             per_epoch = [m for m in workload_cls.metrics if not m.startswith("test/")]
             if self.metric in workload_cls.metrics and self.metric not in per_epoch:
-                check(False, f"metric={self.metric!r} is reported only after the last epoch (the test split is kept out of "
-                      f"model selection); the searcher and scheduler need one reported every epoch: {', '.join(per_epoch)}")
+                check(
+                    False,
+                    f"metric={self.metric!r} is reported only after the last epoch (the test split is kept out of "
+                    f"model selection); the searcher and scheduler need one reported every epoch: {', '.join(per_epoch)}",
+                )
             else:
                 check(
                     self.metric in workload_cls.metrics,
@@ -418,11 +438,15 @@ class Study:
         check(self.scheduler in SCHEDULERS, f"scheduler={self.scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
         if self.scheduler == "asha":  # ASHA's first rung must lie within the budget; FIFO ignores it
             check(
-                _is_int(self.grace_period) and 1 <= self.grace_period <= (self.max_epochs if _is_int(self.max_epochs) else 1),
+                _is_int(self.grace_period)
+                and 1 <= self.grace_period <= (self.max_epochs if _is_int(self.max_epochs) else 1),
                 f"grace_period={self.grace_period!r}; expected an int in [1, max_epochs={self.max_epochs!r}] (scheduler='asha')",
             )
         else:
-            check(_is_int(self.grace_period) and 1 <= self.grace_period <= MAX_COUNT, f"grace_period={self.grace_period!r}; expected an int in [1, {MAX_COUNT}]")
+            check(
+                _is_int(self.grace_period) and 1 <= self.grace_period <= MAX_COUNT,
+                f"grace_period={self.grace_period!r}; expected an int in [1, {MAX_COUNT}]",
+            )
         check(len(self.arms) > 0, "arms is empty; give at least one Arm(optimizer=..., space={...})")
         names = [a.name for a in self.arms]
         check(len(set(map(repr, names))) == len(names), f"arm names must be unique, got {names}")
@@ -434,7 +458,11 @@ class Study:
         )
         check(
             self.target_loss is None
-            or (isinstance(self.target_loss, (int, float)) and not isinstance(self.target_loss, bool) and 0 < self.target_loss < float("inf")),
+            or (
+                isinstance(self.target_loss, (int, float))
+                and not isinstance(self.target_loss, bool)
+                and 0 < self.target_loss < float("inf")
+            ),
             f"target_loss={self.target_loss!r}; expected None or a finite float > 0 (the training loss to reach)",
         )
         check(
@@ -483,28 +511,38 @@ class Study:
 
         errors: List[str] = []
         if not isinstance(self.measures, Mapping):
-            errors.append(f"{where}: measures={self.measures!r}; expected a dict of measure name -> parameters, "
-                          f"e.g. measures={{'fisher_trace': {{}}}} (see `flatlab measures`)")
+            errors.append(
+                f"{where}: measures={self.measures!r}; expected a dict of measure name -> parameters, "
+                f"e.g. measures={{'fisher_trace': {{}}}} (see `flatlab measures`)"
+            )
         else:
             try:
                 resolve_measures(self.measures, f"{where}: measures")
             except ConfigError as exc:
                 errors.extend(str(exc).splitlines())
         if not (_is_int(self.measure_examples) and 0 <= self.measure_examples <= 10**7):
-            errors.append(f"{where}: measure_examples={self.measure_examples!r}; expected an int in [0, 10**7] (0 = the whole split)")
+            errors.append(
+                f"{where}: measure_examples={self.measure_examples!r}; expected an int in [0, 10**7] (0 = the whole split)"
+            )
         if not (_is_int(self.measure_seed) and 0 <= self.measure_seed < 2**32):
             errors.append(f"{where}: measure_seed={self.measure_seed!r}; expected an int in [0, 2**32)")
         splits = ("train", "val")
         if self.measure_split not in splits:
-            errors.append(f"{where}: measure_split={self.measure_split!r}; expected one of {', '.join(map(repr, splits))}")
+            errors.append(
+                f"{where}: measure_split={self.measure_split!r}; expected one of {', '.join(map(repr, splits))}"
+            )
         fs = self.final_seeds
         if not (isinstance(fs, tuple) and all(_is_int(x) and 0 <= x < 2**32 for x in fs)):
-            errors.append(f"{where}: final_seeds={fs!r}; expected a tuple of ints in [0, 2**32), e.g. final_seeds=(1, 2, 3)")
+            errors.append(
+                f"{where}: final_seeds={fs!r}; expected a tuple of ints in [0, 2**32), e.g. final_seeds=(1, 2, 3)"
+            )
         elif len(set(fs)) != len(fs):
             errors.append(f"{where}: final_seeds={fs!r} repeats a seed")
         elif fs and self.searcher == "grid":
-            errors.append(f"{where}: final_seeds={fs!r} with searcher='grid': a grid already runs every point with every "
-                          f"seed in seeds=...; put the seeds there and leave final_seeds empty")
+            errors.append(
+                f"{where}: final_seeds={fs!r} with searcher='grid': a grid already runs every point with every "
+                f"seed in seeds=...; put the seeds there and leave final_seeds empty"
+            )
         return errors
 
     def _validate_reports(self, where: str) -> List[str]:
@@ -523,7 +561,9 @@ class Study:
 
         aw = f"{where}, arm {arm.name!r}"
         if not isinstance(arm.optimizer, str):
-            return [f"{aw}: field 'optimizer'={arm.optimizer!r}; expected a registered optimizer name (`flatlab optimizers` lists them)"]
+            return [
+                f"{aw}: field 'optimizer'={arm.optimizer!r}; expected a registered optimizer name (`flatlab optimizers` lists them)"
+            ]
         try:
             get_optimizer(arm.optimizer)
         except UnknownNameError as exc:
@@ -579,8 +619,11 @@ def _probe_optimizer(arm: Arm, where: str, route: Mapping[str, str]) -> List[str
     from flatlab.optim.registry import get_optimizer
 
     for config in representatives(arm.dims):  # one per branch of the conditional fields
-        values = {k: v for k, v in config.items()  # a chained value (best_of) is known only at launch
-                  if route.get(k) == "optimizer" and not isinstance(inner(arm.dims.get(k)), BestOf)}
+        values = {
+            k: v
+            for k, v in config.items()  # a chained value (best_of) is known only at launch
+            if route.get(k) == "optimizer" and not isinstance(inner(arm.dims.get(k)), BestOf)
+        }
         try:
             get_optimizer(arm.optimizer).create([torch.zeros(1, requires_grad=True)], **values)
         except (ConfigError, ValueError) as exc:
@@ -620,7 +663,9 @@ def _scalar_problems(study: "Study") -> List[str]:
         )
     res = study.resources
     if not isinstance(res, Resources):
-        out.append(f"resources={res!r} ({type(res).__name__}); expected Resources(cpu=..., gpu=...), e.g. Resources(cpu=2, gpu=0.5)")
+        out.append(
+            f"resources={res!r} ({type(res).__name__}); expected Resources(cpu=..., gpu=...), e.g. Resources(cpu=2, gpu=0.5)"
+        )
     else:
         cpu_ok = _is_number(res.cpu) and 0 < res.cpu <= MAX_RESOURCE
         gpu_ok = _is_number(res.gpu) and 0 <= res.gpu <= MAX_RESOURCE and (res.gpu <= 1 or float(res.gpu).is_integer())
@@ -632,11 +677,15 @@ def _scalar_problems(study: "Study") -> List[str]:
         if not isinstance(getattr(res, "cpu_fallback", False), bool):
             out.append(f"resources=Resources(cpu_fallback={res.cpu_fallback!r}); expected True or False")
         if not isinstance(getattr(res, "flush_denormal", True), bool):
-            out.append(f"resources=Resources(flush_denormal={res.flush_denormal!r}); expected True (subnormal floats "
-                       "read and written as 0 on the trial's CPU threads) or False (IEEE subnormals kept)")
+            out.append(
+                f"resources=Resources(flush_denormal={res.flush_denormal!r}); expected True (subnormal floats "
+                "read and written as 0 on the trial's CPU threads) or False (IEEE subnormals kept)"
+            )
         workers = getattr(res, "workers", 1)
         if not (_is_int(workers) and 1 <= workers <= MAX_RESOURCE):
-            out.append(f"resources=Resources(workers={workers!r}); expected an int in [1, {MAX_RESOURCE}] (data-parallel workers per trial)")
+            out.append(
+                f"resources=Resources(workers={workers!r}); expected an int in [1, {MAX_RESOURCE}] (data-parallel workers per trial)"
+            )
         elif workers > 1 and gpu_ok and not float(res.gpu).is_integer():
             out.append(
                 f"resources=Resources(workers={workers}, gpu={res.gpu!r}); with workers > 1 each worker (DDP rank) needs "

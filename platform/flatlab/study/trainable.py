@@ -18,6 +18,7 @@ A checkpoint costs the trial a copy of its state in memory (:meth:`~flatlab.trai
 writing it (safetensors + JSON), Tune's copy into the trial's storage and the round trips happen in the
 reporting thread.
 """
+
 from __future__ import annotations
 
 import os
@@ -48,8 +49,13 @@ def tune_env(buffer_s: float = RESULT_BUFFER_S) -> Dict[str, str]:
     return {"TUNE_RESULT_BUFFER_LENGTH": "1000" if buffer_s > 0 else "1"}
 
 
-def make_trainable(study: Study, data: Data, tracking: Optional[WorkerTracking] = None,
-                   buffer_s: float = RESULT_BUFFER_S, max_batch: int = 1000) -> type:
+def make_trainable(
+    study: Study,
+    data: Data,
+    tracking: Optional[WorkerTracking] = None,
+    buffer_s: float = RESULT_BUFFER_S,
+    max_batch: int = 1000,
+) -> type:
     """The Tune trainable of ``study``'s trials: :func:`run_trial` with ``study``, ``data`` (through Ray's
     object store, ``tune.with_parameters``) and ``tracking`` bound, the study's resources attached, as a
     function-trainable class whose reports travel in batches of up to ``buffer_s`` seconds and
@@ -72,16 +78,23 @@ def make_trainable(study: Study, data: Data, tracking: Optional[WorkerTracking] 
     from flatlab.study.schedulers import decision_epochs
 
     # the study's own workloads, optimizers and measures reach the trials' processes by value
-    fn = tune.with_resources(tune.with_parameters(run_trial, study=study, data=data, tracking=tracking,
-                                                  extensions=capture()),
-                             study.resources.as_dict())
+    fn = tune.with_resources(
+        tune.with_parameters(run_trial, study=study, data=data, tracking=tracking, extensions=capture()),
+        study.resources.as_dict(),
+    )
     BatchedTrial = buffered_trainable(fn, decision_epochs(study), buffer_s, max_batch)
     BatchedTrial.__name__ = BatchedTrial.__qualname__ = "run_trial"
     return BatchedTrial
 
 
-def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Optional[WorkerTracking] = None,
-              extensions: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
+def run_trial(
+    config: Dict[str, Any],
+    *,
+    study: Study,
+    data: Data,
+    tracking: Optional[WorkerTracking] = None,
+    extensions: Optional[Dict[str, Dict[str, Any]]] = None,
+) -> None:
     """Train the trial described by ``config`` (``{"arm", "seed", field: value ...}``) under Tune: one
     ``tune.report`` per epoch, a checkpoint where :func:`~flatlab.study.trial_loop.checkpoint_due` says so; a checkpoint from
     ``tune.get_checkpoint()`` (a restarted trial) is loaded first.
@@ -117,8 +130,15 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
     # a reserved GPU without usable CUDA fails the trial here, unless Resources(cpu_fallback=True)
     device, fallback = choose_device(study.resources, where=node_label())
     if not get_workload(study.workload).trains:  # evaluation-only: one evaluation, one report
-        evaluation_trial(config, study, data, lambda metrics, _: tune.report(metrics), device=device, tracking=tracking,
-                         trial_id=tune.get_context().get_trial_id())
+        evaluation_trial(
+            config,
+            study,
+            data,
+            lambda metrics, _: tune.report(metrics),
+            device=device,
+            tracking=tracking,
+            trial_id=tune.get_context().get_trial_id(),
+        )
         return
     spec = study.trial_spec(config, device=device)
     trainer = Trainer(spec, data)
@@ -127,8 +147,11 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
         with checkpoint.as_directory() as d:
             trainer.load(d)  # safetensors + JSON only; anything else raises CheckpointError: the trial fails
     # where this (re)start runs, in every report: the driver tags the trial's run with it
-    placed = {PLACEMENT_KEY: encode(placement(device, study.resources, start_epoch=trainer.epoch, fallback=fallback,
-                                              denormals=denormals))}
+    placed = {
+        PLACEMENT_KEY: encode(
+            placement(device, study.resources, start_epoch=trainer.epoch, fallback=fallback, denormals=denormals)
+        )
+    }
 
     def send(metrics: Dict[str, Any], checkpoint_dir: Optional[str]) -> None:
         if checkpoint_dir is None:
@@ -142,6 +165,8 @@ def run_trial(config: Dict[str, Any], *, study: Study, data: Data, tracking: Opt
     # training goes on while the reports travel; it waits at its scheduler's decision epochs
     reporter = BackgroundReporter(send, wait_at=decision_epochs(study))
     try:
-        trial_loop(trainer, study, reporter, tracking=tracking, trial_id=tune.get_context().get_trial_id(), extra=placed)
+        trial_loop(
+            trainer, study, reporter, tracking=tracking, trial_id=tune.get_context().get_trial_id(), extra=placed
+        )
     finally:
         reporter.close()  # every report goes out (in order) before the trial returns or raises

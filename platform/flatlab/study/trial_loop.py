@@ -36,7 +36,6 @@ from flatlab.train.checkpoint import StateSnapshot
 from flatlab.train.trainer import Diverged, Trainer
 from flatlab.workloads.base import Data
 
-
 #: With ``Study.checkpoint_every=None`` (the default), a trial checkpoints at the first epoch that ends at
 #: least this many seconds after its previous checkpoint (or its start), and at its last epoch: a
 #: restarted trial loses at most this much work plus one epoch, and short epochs do not each pay for a
@@ -101,8 +100,17 @@ def trial_loop(
         try:
             metrics = trainer.run_epoch()
         except Diverged as exc:
-            report({"epoch": trainer.epoch + 1, study.metric: _worst(study), DIVERGED_KEY: 1, "diverged_step": exc.step,
-                    EPOCH_END_KEY: time.time(), **extra}, None)
+            report(
+                {
+                    "epoch": trainer.epoch + 1,
+                    study.metric: _worst(study),
+                    DIVERGED_KEY: 1,
+                    "diverged_step": exc.step,
+                    EPOCH_END_KEY: time.time(),
+                    **extra,
+                },
+                None,
+            )
             return
         metrics.update(extra)
         metrics[EPOCH_END_KEY] = time.time()  # the epoch's metrics are timed when it ended, not when sent
@@ -121,9 +129,18 @@ def trial_loop(
             # what only this report holds, about the final model: summary values, at step 0 in MLflow
             metrics[SUMMARY_KEY] = ",".join(sorted(k for k in final if k != COMPLETED_KEY))
             if tracking is not None and trial_id:
-                log_trial_artifacts(tracking, trial_id, trainer.model, trainer.spec, metrics, curve=trainer.curve.points(),
-                                    curve_times=curve_times)
-        if measured is not None or checkpoint_due(study.checkpoint_every, trainer.epoch, last, time.monotonic() - saved_at):
+                log_trial_artifacts(
+                    tracking,
+                    trial_id,
+                    trainer.model,
+                    trainer.spec,
+                    metrics,
+                    curve=trainer.curve.points(),
+                    curve_times=curve_times,
+                )
+        if measured is not None or checkpoint_due(
+            study.checkpoint_every, trainer.epoch, last, time.monotonic() - saved_at
+        ):
             report(metrics, trainer.snapshot() if main else None)  # written and sent by the report
             saved_at = time.monotonic()
         else:

@@ -40,8 +40,9 @@ class WorkerTracking:
     log_models: bool = True
 
 
-def log_curve(client: Any, run_id: str, curve: Sequence[Tuple[int, float]],
-              times: Sequence[Tuple[int, float]] = ()) -> None:
+def log_curve(
+    client: Any, run_id: str, curve: Sequence[Tuple[int, float]], times: Sequence[Tuple[int, float]] = ()
+) -> None:
     """Log ``curve`` (``(optimizer step, smoothed training loss)`` pairs) as the history of
     :data:`CURVE_METRIC` (step = optimizer step), with ``log_batch`` calls of at most 1000 metrics.
 
@@ -90,7 +91,9 @@ def log_trial_artifacts(
     Returns the run id, or ``None`` if the run could not be found within 60 s (logged, not raised:
     artifacts must never fail a trial; neither does a failure to log the curve, which is logged).
     """
-    run_id = runs.find_trial_run(tracking.tracking_uri, tracking.experiment_id, trial_id, tracking.parent_run_id, wait_s=60)
+    run_id = runs.find_trial_run(
+        tracking.tracking_uri, tracking.experiment_id, trial_id, tracking.parent_run_id, wait_s=60
+    )
     if run_id is None:
         logger.warning("no MLflow run found for trial %s; artifacts not logged", trial_id)
         return None
@@ -110,9 +113,15 @@ def log_trial_artifacts(
         client.log_artifact(run_id, os.path.join(tmp, "trial.json"))
     if tracking.log_models:
         tags = client.get_run(run_id).data.tags
-        name = ui.model_name(tags.get(runs.TAG_ARM, "model"), tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH),
-                             tags.get(runs.TAG_SEED, ""), trial_id)
-        metrics[runs.MODEL_ID_KEY] = log_trial_model(client, run_id, name, model, spec, step=int(metrics.get("epoch", 0)))
+        name = ui.model_name(
+            tags.get(runs.TAG_ARM, "model"),
+            tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH),
+            tags.get(runs.TAG_SEED, ""),
+            trial_id,
+        )
+        metrics[runs.MODEL_ID_KEY] = log_trial_model(
+            client, run_id, name, model, spec, step=int(metrics.get("epoch", 0))
+        )
     return run_id
 
 

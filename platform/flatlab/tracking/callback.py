@@ -64,7 +64,17 @@ class MLflowTrialLogger(Callback):
     an older flatlab that still holds ``max_epochs`` unpickles (the key is dropped).
     """
 
-    _STATE = ("tracking_uri", "experiment_id", "parent_run_id", "tags", "arm_optimizer", "metric", "mode", "study", "out")
+    _STATE = (
+        "tracking_uri",
+        "experiment_id",
+        "parent_run_id",
+        "tags",
+        "arm_optimizer",
+        "metric",
+        "mode",
+        "study",
+        "out",
+    )
 
     def __init__(
         self,
@@ -140,8 +150,13 @@ class MLflowTrialLogger(Callback):
         ended = result.get(runs.EPOCH_END_KEY)  # seconds since 1970 (the worker's clock); older reports lack it
         timestamp = int(1000 * ended) if isinstance(ended, (int, float)) and math.isfinite(ended) else None
         model_id = result.get(runs.MODEL_ID_KEY)  # the final report: its metrics belong to the trial's model too
-        self._queue.put(("metrics", trial.trial_id, (metrics, step, timestamp, runs.summary_keys(result),
-                                                     model_id if isinstance(model_id, str) else None)))
+        self._queue.put(
+            (
+                "metrics",
+                trial.trial_id,
+                (metrics, step, timestamp, runs.summary_keys(result), model_id if isinstance(model_id, str) else None),
+            )
+        )
         placed = result.get(PLACEMENT_KEY)
         if placed is not None and placed != self._placed.get(trial.trial_id):  # a (re)start's device, node ...
             self._placed[trial.trial_id] = placed
@@ -204,7 +219,9 @@ class MLflowTrialLogger(Callback):
             try:
                 if kind == "metrics":
                     pending.setdefault(trial_id, []).append(payload)
-                if kind in ("start", "end", "flush", "stop", "tags") or (pending and time.monotonic() - last_flush > _FLUSH_S):
+                if kind in ("start", "end", "flush", "stop", "tags") or (
+                    pending and time.monotonic() - last_flush > _FLUSH_S
+                ):
                     self._send_metrics(client, pending)
                     last_flush = time.monotonic()
                 if kind == "start":
@@ -296,8 +313,10 @@ class MLflowTrialLogger(Callback):
                         self._best[trial_id] = best = value
                     metrics = {**metrics, f"best/{self.metric}": best}
                 # the final model's summary values (test/*, flat/* ...) at step 0: a bar per run in MLflow's charts
-                batch += [Metric(k, v, timestamp or now, runs.metric_step(k, step, summary), model_id=model_id)
-                          for k, v in metrics.items()]
+                batch += [
+                    Metric(k, v, timestamp or now, runs.metric_step(k, step, summary), model_id=model_id)
+                    for k, v in metrics.items()
+                ]
             runs.log_metrics(client, run_id, batch)
 
     def _seed_logged(self, client: Any, trial_id: str, run_id: str, metrics: Dict[str, float]) -> None:

@@ -39,7 +39,7 @@ def parse_reference(ref: str) -> Tuple[str, str, Dict[str, str]]:
     text = ref.strip() if isinstance(ref, str) else ""
     if not text.startswith(REFERENCE_PREFIX):
         raise ConfigError(f"{ref!r} is not a reference; expected mlflow:<study>/<arm>[?param=value&...]")
-    body, _, query = text[len(REFERENCE_PREFIX):].partition("?")
+    body, _, query = text[len(REFERENCE_PREFIX) :].partition("?")
     study, sep, arm = body.partition("/")
     if not sep or not study or not arm or "/" in arm:
         raise ConfigError(f"{ref!r}: expected mlflow:<study>/<arm>[?param=value&...]")
@@ -80,8 +80,10 @@ def fetch_run(tracking_uri: str, run_id: str) -> Path:
         try:
             local = download_weights(client, run_id, str(tmp))
         except Exception as exc:  # MlflowException, OSError ...
-            raise ConfigError(f"MLflow run {run_id} has no logged model nor artifact {MODEL_ARTIFACT} ({exc}); "
-                              "was it logged with log_models?") from None
+            raise ConfigError(
+                f"MLflow run {run_id} has no logged model nor artifact {MODEL_ARTIFACT} ({exc}); "
+                "was it logged with log_models?"
+            ) from None
         try:
             os.replace(client.download_artifacts(run_id, TRIAL_ARTIFACT, str(tmp)), target / TRIAL_ARTIFACT)
         except Exception:  # noqa: BLE001 - trial.json is optional
@@ -115,7 +117,7 @@ def local_params(params: Mapping[str, Any], names: Iterable[str], tracking_uri: 
                 f"flatlab.study.chain.resolve_chained); a trial takes run:<run_id> or a checkpoint file"
             )
         if value.startswith(RUN_PREFIX):
-            run_id = value[len(RUN_PREFIX):]
+            run_id = value[len(RUN_PREFIX) :]
             if not run_id:
                 raise ConfigError(f"{name}={value!r}: expected run:<run_id>")
             uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")

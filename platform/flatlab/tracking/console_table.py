@@ -57,8 +57,9 @@ def print_table(console: Any, table: Any, hint: Optional[str] = None) -> None:
     headers go on several lines and the prose columns narrow (:func:`needed_width`); if it still does not
     fit, it is printed at the width it needs (nothing cut; the terminal wraps its lines) with, under it,
     ``the table is N columns wide; this terminal has M: widen it, or <hint>``."""
-    natural = sum(max([_longest_line(column.header)] + [_longest_line(c) for c in column.cells])
-                  for column in table.columns) + _frame(table)
+    natural = sum(
+        max([_longest_line(column.header)] + [_longest_line(c) for c in column.cells]) for column in table.columns
+    ) + _frame(table)
     if natural <= console.width:
         console.print(table)
         return
@@ -72,7 +73,9 @@ def print_table(console: Any, table: Any, hint: Optional[str] = None) -> None:
     table.width = need
     console.print(table, crop=False)
     more = f", or {hint}" if hint else ""
-    console.print(f"the table is {need} columns wide; this terminal has {console.width}: widen it{more}", soft_wrap=True)
+    console.print(
+        f"the table is {need} columns wide; this terminal has {console.width}: widen it{more}", soft_wrap=True
+    )
 
 
 def _least(column: Any) -> int:

@@ -70,11 +70,17 @@ def sweep_table(df):
             vars_ = part[var_col].dropna().astype(float) if var_col in part else pd.Series(dtype=float)
             if means.empty:
                 continue
-            out.append({
-                "arm": arm, "sigma": sigma, "mean": means.mean(), "mean_std": means.std(ddof=1),
-                "var": vars_.mean() if len(vars_) else float("nan"), "var_std": vars_.std(ddof=1) if len(vars_) else float("nan"),
-                "seeds": int(len(means)),
-            })
+            out.append(
+                {
+                    "arm": arm,
+                    "sigma": sigma,
+                    "mean": means.mean(),
+                    "mean_std": means.std(ddof=1),
+                    "var": vars_.mean() if len(vars_) else float("nan"),
+                    "var_std": vars_.std(ddof=1) if len(vars_) else float("nan"),
+                    "seeds": int(len(means)),
+                }
+            )
     return pd.DataFrame(out, columns=cols)
 
 
@@ -99,7 +105,9 @@ def plot_sweep(table, path: Path, title: str = "") -> Path:
         n = int(t["seeds"].max())
         for ax, key in zip(axes, ("mean", "var")):
             err = t[f"{key}_std"].fillna(0.0)
-            ax.errorbar(t["sigma"], t[key], yerr=err, marker="o", capsize=3, label=f"{arm} ({n} seed{'s' if n != 1 else ''})")
+            ax.errorbar(
+                t["sigma"], t[key], yerr=err, marker="o", capsize=3, label=f"{arm} ({n} seed{'s' if n != 1 else ''})"
+            )
     for ax, label in zip(axes, ("mean of L(θ*+ε)", "variance of L(θ*+ε)")):
         ax.set_xscale("log")
         ax.set_xlabel("σ (ε ~ N(0, σ² I))")
@@ -139,7 +147,9 @@ def log_flatness_sweep(tracking_uri: str, parent_run_id: str, study: Any, consol
         client.log_text(parent_run_id, table.to_csv(index=False), f"{ARTIFACT_DIR}/{STEM}.csv")
         logged.append(f"{ARTIFACT_DIR}/{STEM}.csv")
         with tempfile.TemporaryDirectory() as tmp:
-            png = plot_sweep(table, Path(tmp) / f"{STEM}.png", title=f"{study.name}: loss around the solution (TSAM Fig. 2)")
+            png = plot_sweep(
+                table, Path(tmp) / f"{STEM}.png", title=f"{study.name}: loss around the solution (TSAM Fig. 2)"
+            )
             client.log_artifact(parent_run_id, str(png), ARTIFACT_DIR)
         logged.append(f"{ARTIFACT_DIR}/{STEM}.png")
     except Exception as exc:  # noqa: BLE001 - the study's results stand

@@ -41,16 +41,22 @@ WEIGHTS = "model.safetensors"
 DESCRIPTION = "model.json"
 MODEL_TYPE = "flatlab"
 LEGACY_ARTIFACT = "model/model.safetensors"  # where runs logged before logged models kept the weights
-_IDENTITY_TAGS = ("flatlab.study", "flatlab.arm", "flatlab.optimizer", "flatlab.stage", "flatlab.seed",
-                  "flatlab.trial_id", "flatlab.workload")
+_IDENTITY_TAGS = (
+    "flatlab.study",
+    "flatlab.arm",
+    "flatlab.optimizer",
+    "flatlab.stage",
+    "flatlab.seed",
+    "flatlab.trial_id",
+    "flatlab.workload",
+)
 
 
 def describe(spec: Any) -> Dict[str, Any]:
     """``model.json`` of a :class:`~flatlab.train.config.TrialSpec`: what rebuilds its network."""
     from flatlab._version import __version__
 
-    return {"workload": spec.workload, "workload_params": dict(spec.workload_params),
-            "flatlab_version": __version__}
+    return {"workload": spec.workload, "workload_params": dict(spec.workload_params), "flatlab_version": __version__}
 
 
 def requirements() -> List[str]:
@@ -83,10 +89,20 @@ def _save(path: Path, model: torch.nn.Module, spec: Any, mlflow_model: Any) -> A
         info = describe(spec)
         (data / DESCRIPTION).write_text(json.dumps(info, indent=2, default=str))
         mlflow_model = mlflow_model or Model()
-        mlflow_model.add_flavor(FLAVOR, weights=f"{DATA_DIR}/{WEIGHTS}", description=f"{DATA_DIR}/{DESCRIPTION}",
-                                workload=info["workload"], flatlab_version=info["flatlab_version"])
-        mlflow.pyfunc.save_model(str(path), loader_module=__name__, data_path=str(data), mlflow_model=mlflow_model,
-                                 pip_requirements=requirements())
+        mlflow_model.add_flavor(
+            FLAVOR,
+            weights=f"{DATA_DIR}/{WEIGHTS}",
+            description=f"{DATA_DIR}/{DESCRIPTION}",
+            workload=info["workload"],
+            flatlab_version=info["flatlab_version"],
+        )
+        mlflow.pyfunc.save_model(
+            str(path),
+            loader_module=__name__,
+            data_path=str(data),
+            mlflow_model=mlflow_model,
+            pip_requirements=requirements(),
+        )
     return mlflow_model
 
 
@@ -104,12 +120,22 @@ def log_trial_model(client: Any, run_id: str, name: str, model: torch.nn.Module,
 
     run = client.get_run(run_id)
     tags = {k: v for k, v in run.data.tags.items() if k in _IDENTITY_TAGS}
-    logged = client.create_logged_model(run.info.experiment_id, name=name, source_run_id=run_id,
-                                        params=dict(run.data.params), tags=tags, model_type=MODEL_TYPE)
+    logged = client.create_logged_model(
+        run.info.experiment_id,
+        name=name,
+        source_run_id=run_id,
+        params=dict(run.data.params),
+        tags=tags,
+        model_type=MODEL_TYPE,
+    )
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            mlflow_model = Model(artifact_path=logged.artifact_location, model_uuid=logged.model_id, run_id=run_id,
-                                 model_id=logged.model_id)
+            mlflow_model = Model(
+                artifact_path=logged.artifact_location,
+                model_uuid=logged.model_id,
+                run_id=run_id,
+                model_id=logged.model_id,
+            )
             _save(Path(tmp) / "model", model, spec, mlflow_model)
             client.log_model_artifacts(logged.model_id, str(Path(tmp) / "model"))
         client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=step)])
@@ -148,8 +174,9 @@ def download_weights(client: Any, run_id: str, dst: str) -> str:
     import mlflow.artifacts
 
     location = client.get_logged_model(model_id).artifact_location.rstrip("/")
-    return mlflow.artifacts.download_artifacts(artifact_uri=f"{location}/{DATA_DIR}/{WEIGHTS}", dst_path=dst,
-                                               tracking_uri=client.tracking_uri)
+    return mlflow.artifacts.download_artifacts(
+        artifact_uri=f"{location}/{DATA_DIR}/{WEIGHTS}", dst_path=dst, tracking_uri=client.tracking_uri
+    )
 
 
 def load_torch_model(model_uri: str, tracking_uri: Optional[str] = None) -> torch.nn.Module:

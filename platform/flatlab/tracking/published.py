@@ -96,7 +96,9 @@ class Published:
         if not isinstance(self.path, str) or not self.path:
             return [f"published.path={self.path!r}; expected the path of a curve-set JSON file"]
         if not isinstance(self.arms, Mapping) or not self.arms:
-            return [f"published.arms={self.arms!r}; expected a dict of arm name -> curve name, e.g. {{'sgd': 'fmnist_2c2d/sgd'}}"]
+            return [
+                f"published.arms={self.arms!r}; expected a dict of arm name -> curve name, e.g. {{'sgd': 'fmnist_2c2d/sgd'}}"
+            ]
         try:
             curves = load_curves(self.path)
         except ConfigError as exc:
@@ -106,7 +108,9 @@ class Published:
             if arm not in arm_names:
                 out.append(f"published.arms: {arm!r} is not an arm of the study; arms: {', '.join(arm_names)}")
             if curve not in curves.curves:
-                out.append(f"published.arms[{arm!r}]={curve!r} is not a curve of {self.path}; curves: {', '.join(curves.curves)}")
+                out.append(
+                    f"published.arms[{arm!r}]={curve!r} is not a curve of {self.path}; curves: {', '.join(curves.curves)}"
+                )
         return out
 
     def as_dict(self) -> Dict[str, Any]:
@@ -195,14 +199,25 @@ def load_curves(path: str) -> CurveSet:
     curves = {}
     for name, c in doc["curves"].items():
         runs = tuple(
-            PublishedRun(seed=r["seed"], path=str(r.get("path", "")), commit=str(r.get("commit", "")),
-                         values={k: tuple(math.nan if v is None else float(v) for v in vals) for k, vals in r["values"].items()})
+            PublishedRun(
+                seed=r["seed"],
+                path=str(r.get("path", "")),
+                commit=str(r.get("commit", "")),
+                values={k: tuple(math.nan if v is None else float(v) for v in vals) for k, vals in r["values"].items()},
+            )
             for r in c["runs"]
         )
         curves[name] = Curve(name, runs, {k: v for k, v in c.items() if k != "runs"})
-    return CurveSet(path=str(path), title=doc["title"], citation=doc["citation"], source=doc["source"],
-                    first_epoch=int(doc.get("first_epoch", 0)), metrics=dict(doc["metrics"]), curves=curves,
-                    notes=tuple(doc.get("notes", ())))
+    return CurveSet(
+        path=str(path),
+        title=doc["title"],
+        citation=doc["citation"],
+        source=doc["source"],
+        first_epoch=int(doc.get("first_epoch", 0)),
+        metrics=dict(doc["metrics"]),
+        curves=curves,
+        notes=tuple(doc.get("notes", ())),
+    )
 
 
 def _format_problems(doc: Any) -> List[str]:
@@ -219,15 +234,22 @@ def _format_problems(doc: Any) -> List[str]:
             errors.append(f"{key}={doc.get(key)!r}; expected a non-empty string")
     first = doc.get("first_epoch", 0)
     if not (isinstance(first, int) and not isinstance(first, bool) and first >= 0):
-        errors.append(f"first_epoch={first!r}; expected an int >= 0 (the epoch of each list's entry 0; 0 = before training)")
+        errors.append(
+            f"first_epoch={first!r}; expected an int >= 0 (the epoch of each list's entry 0; 0 = before training)"
+        )
     notes = doc.get("notes", [])
     if not (isinstance(notes, list) and all(isinstance(n, str) for n in notes)):
         errors.append("notes: expected a list of strings")
     metrics = doc.get("metrics")
-    if not (isinstance(metrics, dict) and metrics
-            and all(isinstance(k, str) and (v is None or (isinstance(v, str) and v)) for k, v in metrics.items())):
-        errors.append(f"metrics={metrics!r}; expected an object of list name -> flatlab metric (e.g. "
-                      f"'test/accuracy') or null, e.g. {{\"test_accuracies\": \"test/accuracy\"}}")
+    if not (
+        isinstance(metrics, dict)
+        and metrics
+        and all(isinstance(k, str) and (v is None or (isinstance(v, str) and v)) for k, v in metrics.items())
+    ):
+        errors.append(
+            f"metrics={metrics!r}; expected an object of list name -> flatlab metric (e.g. "
+            f'\'test/accuracy\') or null, e.g. {{"test_accuracies": "test/accuracy"}}'
+        )
         metrics = {}
     elif not any(metrics.values()):
         errors.append("metrics: no list is mapped to a flatlab metric; nothing could be compared")
@@ -268,12 +290,20 @@ def _curve_problems(where: str, curve: Any, metrics: Mapping[str, Any]) -> List[
             if name not in metrics:
                 errors.append(f"{w}.values.{name}: not declared in metrics (declared: {', '.join(metrics) or 'none'})")
             elif not isinstance(vals, list):
-                errors.append(f"{w}.values.{name}={_short(vals)}; expected a list of numbers (null for a missing epoch)")
+                errors.append(
+                    f"{w}.values.{name}={_short(vals)}; expected a list of numbers (null for a missing epoch)"
+                )
             else:
-                bad = [j for j, v in enumerate(vals) if not (v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)))]
+                bad = [
+                    j
+                    for j, v in enumerate(vals)
+                    if not (v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)))
+                ]
                 if bad:
-                    errors.append(f"{w}.values.{name}[{bad[0]}]={_short(vals[bad[0]])}; expected a number or null"
-                                  + (f" ({len(bad)} such entries)" if len(bad) > 1 else ""))
+                    errors.append(
+                        f"{w}.values.{name}[{bad[0]}]={_short(vals[bad[0]])}; expected a number or null"
+                        + (f" ({len(bad)} such entries)" if len(bad) > 1 else "")
+                    )
     if len(set(map(repr, seeds))) != len(seeds):
         errors.append(f"{where}.runs: seeds {seeds} repeat a seed")
     return errors
@@ -313,15 +343,47 @@ class CurveComparison:
     confidence: float
 
 
-ROW_COLUMNS = ["arm", "curve", "metric", "epoch", "n", "mean", "std", "ci_low", "ci_high",
-               "pub_n", "pub_mean", "pub_min", "pub_max", "where", "overlap"]
-SUMMARY_COLUMNS = ["arm", "curve", "metric", "epochs", "inside", "above", "below", "overlap", "with_interval",
-                   "outside_epochs"]
+ROW_COLUMNS = [
+    "arm",
+    "curve",
+    "metric",
+    "epoch",
+    "n",
+    "mean",
+    "std",
+    "ci_low",
+    "ci_high",
+    "pub_n",
+    "pub_mean",
+    "pub_min",
+    "pub_max",
+    "where",
+    "overlap",
+]
+SUMMARY_COLUMNS = [
+    "arm",
+    "curve",
+    "metric",
+    "epochs",
+    "inside",
+    "above",
+    "below",
+    "overlap",
+    "with_interval",
+    "outside_epochs",
+]
 
 
-def compare_curves(curves: CurveSet, flatlab, arms: Mapping[str, str], *, metrics: Optional[Sequence[str]] = None,
-                   epochs: Optional[Sequence[int]] = None, confidence: float = CONFIDENCE,
-                   workload: Optional[str] = None) -> CurveComparison:
+def compare_curves(
+    curves: CurveSet,
+    flatlab,
+    arms: Mapping[str, str],
+    *,
+    metrics: Optional[Sequence[str]] = None,
+    epochs: Optional[Sequence[int]] = None,
+    confidence: float = CONFIDENCE,
+    workload: Optional[str] = None,
+) -> CurveComparison:
     """flatlab's per-epoch mean and t-interval beside each mapped curve's published runs.
 
     The interval is intersected with the values the metric can take, as ``flatlab compare`` does
@@ -359,10 +421,14 @@ def compare_curves(curves: CurveSet, flatlab, arms: Mapping[str, str], *, metric
     metrics = list(metrics) if metrics else list(compared)
     unknown = [m for m in metrics if m not in compared]
     if unknown:
-        raise ConfigError(f"metric(s) {', '.join(unknown)} not in {curves.path}; it maps {', '.join(compared) or 'none'}")
+        raise ConfigError(
+            f"metric(s) {', '.join(unknown)} not in {curves.path}; it maps {', '.join(compared) or 'none'}"
+        )
     for arm, curve in arms.items():
         if curve not in curves.curves:
-            raise ConfigError(f"arm {arm!r} -> curve {curve!r}: not in {curves.path}; curves: {', '.join(curves.curves)}")
+            raise ConfigError(
+                f"arm {arm!r} -> curve {curve!r}: not in {curves.path}; curves: {', '.join(curves.curves)}"
+            )
     wanted = None if epochs is None else {int(e) for e in epochs}
     rows: List[Dict[str, Any]] = []
     notes: List[str] = []
@@ -381,24 +447,44 @@ def compare_curves(curves: CurveSet, flatlab, arms: Mapping[str, str], *, metric
             if not common:
                 notes.append(f"arm {arm!r}, {metric}: no epoch with values on both sides.")
             for e in common:
-                est = clip(t_estimate(ours.loc[ours["epoch"] == e, "value"].tolist(), confidence),
-                           quantity_support(metric, workload))
+                est = clip(
+                    t_estimate(ours.loc[ours["epoch"] == e, "value"].tolist(), confidence),
+                    quantity_support(metric, workload),
+                )
                 if est.n == 0:  # only non-finite values (a diverged seed): nothing to place
                     continue
                 p = theirs.loc[theirs["epoch"] == e, "value"].astype(float)
                 lo, hi = float(p.min()), float(p.max())
                 where = "inside" if lo <= est.mean <= hi else "above" if est.mean > hi else "below"
                 overlap = None if not math.isfinite(est.low) else bool(est.low <= hi and est.high >= lo)
-                rows.append({"arm": arm, "curve": curve, "metric": metric, "epoch": e, "n": est.n, "mean": est.mean,
-                             "std": est.std, "ci_low": est.low, "ci_high": est.high, "pub_n": int(p.size),
-                             "pub_mean": float(p.mean()), "pub_min": lo, "pub_max": hi, "where": where, "overlap": overlap})
+                rows.append(
+                    {
+                        "arm": arm,
+                        "curve": curve,
+                        "metric": metric,
+                        "epoch": e,
+                        "n": est.n,
+                        "mean": est.mean,
+                        "std": est.std,
+                        "ci_low": est.low,
+                        "ci_high": est.high,
+                        "pub_n": int(p.size),
+                        "pub_mean": float(p.mean()),
+                        "pub_min": lo,
+                        "pub_max": hi,
+                        "where": where,
+                        "overlap": overlap,
+                    }
+                )
     frame = pd.DataFrame(rows, columns=ROW_COLUMNS)
     summary = _summarise(frame)
     if not frame.empty:
         pub_n, ours_n = int(frame["pub_n"].min()), int(frame["n"].min())
         if pub_n < 3:
-            notes.append(f"the published range is over as few as {pub_n} run(s) per epoch: a flatlab mean outside it "
-                         f"is a reason to look, not by itself a difference.")
+            notes.append(
+                f"the published range is over as few as {pub_n} run(s) per epoch: a flatlab mean outside it "
+                f"is a reason to look, not by itself a difference."
+            )
         if ours_n < 2:
             notes.append("some epochs have a single flatlab seed: no interval there (overlap '-').")
     return CurveComparison(frame, summary, tuple(notes), curves, confidence)
@@ -416,10 +502,20 @@ def _summarise(frame):
             if at:
                 outside.append(f"{side} at {_epoch_list(at)}")
         has = g["overlap"].notna()
-        out.append({"arm": arm, "curve": curve, "metric": metric, "epochs": len(g),
-                    "inside": int((g["where"] == "inside").sum()), "above": int((g["where"] == "above").sum()),
-                    "below": int((g["where"] == "below").sum()), "overlap": int(g.loc[has, "overlap"].astype(bool).sum()),
-                    "with_interval": int(has.sum()), "outside_epochs": "; ".join(outside)})
+        out.append(
+            {
+                "arm": arm,
+                "curve": curve,
+                "metric": metric,
+                "epochs": len(g),
+                "inside": int((g["where"] == "inside").sum()),
+                "above": int((g["where"] == "above").sum()),
+                "below": int((g["where"] == "below").sum()),
+                "overlap": int(g.loc[has, "overlap"].astype(bool).sum()),
+                "with_interval": int(has.sum()),
+                "outside_epochs": "; ".join(outside),
+            }
+        )
     return pd.DataFrame(out, columns=SUMMARY_COLUMNS)
 
 
@@ -494,15 +590,38 @@ def _num(v: Any) -> str:
 def row_cells(comparison: CurveComparison) -> Tuple[List[str], List[List[str]]]:
     """Headers and text cells of the per-epoch rows."""
     pct = f"{comparison.confidence:.0%}"
-    head = ["arm (curve)", "metric", "epoch", "flatlab mean", f"flatlab {pct} CI", "n", "published mean",
-            "published min-max", "runs", "flatlab mean vs range", "CI overlaps"]
+    head = [
+        "arm (curve)",
+        "metric",
+        "epoch",
+        "flatlab mean",
+        f"flatlab {pct} CI",
+        "n",
+        "published mean",
+        "published min-max",
+        "runs",
+        "flatlab mean vs range",
+        "CI overlaps",
+    ]
     body = []
     for r in comparison.rows.itertuples(index=False):
         ci = "-" if not math.isfinite(r.ci_low) else f"[{_num(r.ci_low)}, {_num(r.ci_high)}]"
         overlap = "-" if r.overlap is None or r.overlap != r.overlap else ("yes" if r.overlap else "NO")
-        body.append([f"{r.arm} ({r.curve})", r.metric, str(r.epoch), _num(r.mean), ci, str(r.n), _num(r.pub_mean),
-                     f"{_num(r.pub_min)}-{_num(r.pub_max)}", str(r.pub_n), r.where if r.where == "inside" else r.where.upper(),
-                     overlap])
+        body.append(
+            [
+                f"{r.arm} ({r.curve})",
+                r.metric,
+                str(r.epoch),
+                _num(r.mean),
+                ci,
+                str(r.n),
+                _num(r.pub_mean),
+                f"{_num(r.pub_min)}-{_num(r.pub_max)}",
+                str(r.pub_n),
+                r.where if r.where == "inside" else r.where.upper(),
+                overlap,
+            ]
+        )
     return head, body
 
 

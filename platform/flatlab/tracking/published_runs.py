@@ -18,8 +18,15 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from flatlab.errors import ConfigError
-from flatlab.tracking.published import (CONFIDENCE, CurveComparison, CurveSet, Published, checkout_path, compare_curves,
-                                        load_curves)
+from flatlab.tracking.published import (
+    CONFIDENCE,
+    CurveComparison,
+    CurveSet,
+    Published,
+    checkout_path,
+    compare_curves,
+    load_curves,
+)
 
 PARAM = "published"
 
@@ -57,9 +64,15 @@ def launch_record(tracking_uri: str, study: str) -> Optional[Dict[str, Any]]:
     try:
         d = json.loads(raw)
         citation = d.get("citation")
-        return {"path": str(d["path"]), "arms": dict(d["arms"]), "citation": None if citation is None else str(citation)}
+        return {
+            "path": str(d["path"]),
+            "arms": dict(d["arms"]),
+            "citation": None if citation is None else str(citation),
+        }
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"study {study!r}: its launch's param {PARAM!r}={raw!r} is not a recorded reference ({exc})") from None
+        raise ConfigError(
+            f"study {study!r}: its launch's param {PARAM!r}={raw!r} is not a recorded reference ({exc})"
+        ) from None
 
 
 def declared_reference(tracking_uri: str, study: str) -> Optional[Published]:
@@ -95,8 +108,10 @@ def reference_curves(record: Mapping[str, Any], study: str, cwd: Any = None) -> 
     fallback = Path(cwd if cwd is not None else os.getcwd()).expanduser().resolve() / checkout_path(recorded)
     gone = f"study {study!r}: the curve-set file its launch recorded, {recorded}, does not exist"
     if not fallback.is_file():
-        raise ConfigError(f"{gone}, nor does {fallback} (the same file under the working directory); "
-                          "give the file with --published FILE")
+        raise ConfigError(
+            f"{gone}, nor does {fallback} (the same file under the working directory); "
+            "give the file with --published FILE"
+        )
     curves = load_curves(str(fallback))
     differs = []
     if record.get("citation") is not None and curves.citation != record["citation"]:
@@ -105,13 +120,15 @@ def reference_curves(record: Mapping[str, Any], study: str, cwd: Any = None) -> 
     if missing:
         differs.append(f"it has no curve {', '.join(missing)} (curves: {', '.join(curves.curves)})")
     if differs:
-        raise ConfigError(f"{gone}, and {fallback} is another reference: {'; '.join(differs)}; "
-                          "give the file with --published FILE")
+        raise ConfigError(
+            f"{gone}, and {fallback} is another reference: {'; '.join(differs)}; give the file with --published FILE"
+        )
     return curves, f"note: the curve-set file recorded at launch, {recorded}, is missing; using {fallback} instead"
 
 
-def epoch_values(tracking_uri: str, trials: Any, metrics: Sequence[str],
-                 arms: Optional[Sequence[str]] = None) -> Tuple[Any, List[str]]:
+def epoch_values(
+    tracking_uri: str, trials: Any, metrics: Sequence[str], arms: Optional[Sequence[str]] = None
+) -> Tuple[Any, List[str]]:
     """Per-epoch values of ``metrics`` of the compared runs among ``trials`` (a
     :func:`~flatlab.tracking.results.trials_frame` table of the runs in ``tracking_uri``).
 
@@ -134,8 +151,11 @@ def epoch_values(tracking_uri: str, trials: Any, metrics: Sequence[str],
     done = sample["outcome"] == "completed" if "outcome" in sample else pd.Series(True, index=sample.index)
     left = sample[~done]
     if len(left):
-        notes.append("not completed, left out: " + ", ".join(f"{a} seed {s} ({o})" for a, s, o in
-                                                             left[["arm", "seed", "outcome"]].itertuples(index=False)) + ".")
+        notes.append(
+            "not completed, left out: "
+            + ", ".join(f"{a} seed {s} ({o})" for a, s, o in left[["arm", "seed", "outcome"]].itertuples(index=False))
+            + "."
+        )
     client = runs.client(tracking_uri)
     rows = []
     for r in sample[done].itertuples(index=False):
@@ -144,14 +164,21 @@ def epoch_values(tracking_uri: str, trials: Any, metrics: Sequence[str],
             last = {m.step: m.value for m in history}  # a re-run epoch (resumed trial): its last value
             if set(last) == {0} and getattr(r, "epochs", 0):  # a summary value (step 0): the final model's
                 last = {int(r.epochs): last[0]}
-            rows += [{"arm": r.arm, "seed": r.seed, "metric": metric, "epoch": int(step), "value": float(v)}
-                     for step, v in sorted(last.items()) if math.isfinite(v)]
+            rows += [
+                {"arm": r.arm, "seed": r.seed, "metric": metric, "epoch": int(step), "value": float(v)}
+                for step, v in sorted(last.items())
+                if math.isfinite(v)
+            ]
     notes.insert(0, f"flatlab: the {source} runs of each arm ({int(done.sum())} completed).")
     return pd.DataFrame(rows, columns=["arm", "seed", "metric", "epoch", "value"]), notes
 
 
-def resolve_arms(published: Optional[Published], curve_names: Sequence[str], study_arms: Sequence[str],
-                 given: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+def resolve_arms(
+    published: Optional[Published],
+    curve_names: Sequence[str],
+    study_arms: Sequence[str],
+    given: Optional[Mapping[str, str]] = None,
+) -> Dict[str, str]:
     """The arm -> curve mapping to compare: ``given`` (``--map``), else the declared one (its arms that
     ran and whose curves the file holds), else every arm whose name is also a curve name.
 
@@ -172,9 +199,16 @@ def resolve_arms(published: Optional[Published], curve_names: Sequence[str], stu
     return mapping
 
 
-def compare_study(tracking_uri: str, study: str, *, path: Optional[str] = None, arms: Optional[Mapping[str, str]] = None,
-                  metrics: Optional[Sequence[str]] = None, epochs: Optional[Sequence[int]] = None,
-                  confidence: float = CONFIDENCE) -> CurveComparison:
+def compare_study(
+    tracking_uri: str,
+    study: str,
+    *,
+    path: Optional[str] = None,
+    arms: Optional[Mapping[str, str]] = None,
+    metrics: Optional[Sequence[str]] = None,
+    epochs: Optional[Sequence[int]] = None,
+    confidence: float = CONFIDENCE,
+) -> CurveComparison:
     """``flatlab curves``: the latest launch of ``study`` beside its published reference.
 
     Args:
@@ -194,7 +228,9 @@ def compare_study(tracking_uri: str, study: str, *, path: Optional[str] = None, 
     if path is not None:
         curves = load_curves(path)
     elif record is None:
-        raise ConfigError(f"study {study!r} declares no published reference (Study(published=...)); give one with --published FILE")
+        raise ConfigError(
+            f"study {study!r} declares no published reference (Study(published=...)); give one with --published FILE"
+        )
     else:
         curves, note = reference_curves(record, study)
         if note:
@@ -202,12 +238,21 @@ def compare_study(tracking_uri: str, study: str, *, path: Optional[str] = None, 
     compared = list(metrics) if metrics else list(curves.compared())
     unknown = [m for m in compared if m not in curves.compared()]
     if unknown:
-        raise ConfigError(f"metric(s) {', '.join(unknown)} not in {curves.path}; it maps {', '.join(curves.compared())}")
+        raise ConfigError(
+            f"metric(s) {', '.join(unknown)} not in {curves.path}; it maps {', '.join(curves.compared())}"
+        )
     trials = trials_frame(tracking_uri, study)
     mapping = resolve_arms(declared, list(curves.curves), sorted(set(trials["arm"])), arms)
     values, notes = epoch_values(tracking_uri, trials, compared, arms=list(mapping))
-    result = compare_curves(curves, values, mapping, metrics=compared, epochs=epochs, confidence=confidence,
-                            workload=trials.attrs.get("workload"))
+    result = compare_curves(
+        curves,
+        values,
+        mapping,
+        metrics=compared,
+        epochs=epochs,
+        confidence=confidence,
+        workload=trials.attrs.get("workload"),
+    )
     return CurveComparison(result.rows, result.summary, tuple(notes) + result.notes, result.curves, result.confidence)
 
 

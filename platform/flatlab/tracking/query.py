@@ -63,7 +63,9 @@ def select_arms(df, arms: Sequence[str]):
     missing = [a for a in arms if a not in known]
     if missing:
         hint = did_you_mean(missing[0], known)
-        raise ConfigError(f"--arm {', '.join(missing)}: no such arm{hint}; arms of this study: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"--arm {', '.join(missing)}: no such arm{hint}; arms of this study: {', '.join(sorted(known))}"
+        )
     return df[df["arm"].isin(arms)].reset_index(drop=True)
 
 
@@ -168,8 +170,14 @@ def _check_columns(df, names: Sequence[str], option: str) -> None:
     unknown = [n for n in names if n not in df.columns]
     if unknown:
         first = unknown[0]
-        hint = f" (did you mean 'param.{first}'?)" if f"param.{first}" in df.columns else did_you_mean(first, [str(c) for c in df.columns])
-        raise ConfigError(f"{option} {', '.join(unknown)}: no such column{hint}; available columns: {', '.join(map(str, df.columns))}")
+        hint = (
+            f" (did you mean 'param.{first}'?)"
+            if f"param.{first}" in df.columns
+            else did_you_mean(first, [str(c) for c in df.columns])
+        )
+        raise ConfigError(
+            f"{option} {', '.join(unknown)}: no such column{hint}; available columns: {', '.join(map(str, df.columns))}"
+        )
 
 
 def select(

@@ -70,14 +70,18 @@ def resolve_reports(spec: Mapping[str, Mapping[str, Any]], where: str) -> Dict[s
             error, one per line.
     """
     if not isinstance(spec, Mapping):
-        raise ConfigError(f"{where}: reports must be a mapping {{report name: {{param: value}}}}, e.g. "
-                          f"{{'interpolation': {{}}}}; got {type(spec).__name__} {spec!r}")
+        raise ConfigError(
+            f"{where}: reports must be a mapping {{report name: {{param: value}}}}, e.g. "
+            f"{{'interpolation': {{}}}}; got {type(spec).__name__} {spec!r}"
+        )
     valid = REPORTS.names()
     problems: List[str] = []
     out: Dict[str, Dict[str, Any]] = {}
     for name, given in spec.items():
         if not isinstance(name, str) or name not in valid:
-            problems.append(f"{where}: unknown report {name!r}{did_you_mean(name, valid)}; valid reports: {', '.join(valid)}")
+            problems.append(
+                f"{where}: unknown report {name!r}{did_you_mean(name, valid)}; valid reports: {', '.join(valid)}"
+            )
             continue
         report = REPORTS.get(name)
         try:
@@ -87,7 +91,9 @@ def resolve_reports(spec: Mapping[str, Mapping[str, Any]], where: str) -> Dict[s
             continue
         missing = [p for p in report.required if p not in given]
         if missing:
-            problems.append(f"{where}: {name} needs {', '.join(missing)} ({'; '.join(h.doc for h in report.hparams if h.name in missing)})")
+            problems.append(
+                f"{where}: {name} needs {', '.join(missing)} ({'; '.join(h.doc for h in report.hparams if h.name in missing)})"
+            )
     if problems:
         raise ConfigError("\n".join(problems))
     return out
@@ -149,7 +155,10 @@ def toy_figure(tracking_uri: str, study: str, out_dir: Path, end_metric: str, fl
         return [f"toy figure: no completed trial with kappa or t in study {study!r}"]
     summary: Dict[str, Dict[str, List[float]]] = {}
     for value, group in done.groupby(x):
-        summary[str(value)] = {"end": [float(v) for v in group[end_metric]], "flatness": [float(v) for v in group[flat_metric]]}
+        summary[str(value)] = {
+            "end": [float(v) for v in group[end_metric]],
+            "flatness": [float(v) for v in group[flat_metric]],
+        }
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     for ax, metric in zip(axes, (end_metric, flat_metric)):
         ax.scatter(done[x], done[metric], s=14, alpha=0.6, label="seeds")
@@ -164,8 +173,17 @@ def toy_figure(tracking_uri: str, study: str, out_dir: Path, end_metric: str, fl
     png, js = out_dir / "toy_figure.png", out_dir / "toy_summary.json"
     fig.savefig(png, dpi=120)
     plt.close(fig)
-    js.write_text(json.dumps({"x": x.removeprefix("param."), "end_metric": end_metric, "flatness_metric": flat_metric,
-                              "values": summary}, indent=2))
+    js.write_text(
+        json.dumps(
+            {
+                "x": x.removeprefix("param."),
+                "end_metric": end_metric,
+                "flatness_metric": flat_metric,
+                "values": summary,
+            },
+            indent=2,
+        )
+    )
     parent = parent_runs(tracking_uri, study)[0].info.run_id
     client = runs.client(tracking_uri)
     for f in (png, js):
@@ -177,21 +195,29 @@ def _interpolation(tracking_uri: str, study: str, out_dir: Path, params: Mapping
     from flatlab.interpolation.report import interpolation_report
 
     rep = interpolation_report(tracking_uri, study, out_dir=out_dir, split=params["split"])
-    return [f"report: {len(rep.figures)} figures and {rep.summary_path.name} in {rep.out_dir}, logged under report/ on run "
-            f"{rep.parent_run_id}"]
+    return [
+        f"report: {len(rep.figures)} figures and {rep.summary_path.name} in {rep.out_dir}, logged under report/ on run "
+        f"{rep.parent_run_id}"
+    ]
 
 
-register_report(StudyReport(
-    "toy_figure",
-    "end point and flatness of every completed trial against the searched kappa or t (the papers' toy losses)",
-    lambda uri, study, out, p: toy_figure(uri, study, out, p["end"], p["flatness"]),
-    hparams=(HParam("end", "", str, doc="the end-point metric, e.g. val/abs_u"),
-             HParam("flatness", "", str, doc="the flatness metric, e.g. val/trace_hessian")),
-    required=("end", "flatness"),
-))
-register_report(StudyReport(
-    "interpolation",
-    "an alpha study's figures (seed paper Figs. 1, 3, 4, 5) and summary.json",
-    _interpolation,
-    hparams=(HParam("split", "ood", str, doc="the OOD split of Figs. 1 and 5"),),
-))
+register_report(
+    StudyReport(
+        "toy_figure",
+        "end point and flatness of every completed trial against the searched kappa or t (the papers' toy losses)",
+        lambda uri, study, out, p: toy_figure(uri, study, out, p["end"], p["flatness"]),
+        hparams=(
+            HParam("end", "", str, doc="the end-point metric, e.g. val/abs_u"),
+            HParam("flatness", "", str, doc="the flatness metric, e.g. val/trace_hessian"),
+        ),
+        required=("end", "flatness"),
+    )
+)
+register_report(
+    StudyReport(
+        "interpolation",
+        "an alpha study's figures (seed paper Figs. 1, 3, 4, 5) and summary.json",
+        _interpolation,
+        hparams=(HParam("split", "ood", str, doc="the OOD split of Figs. 1 and 5"),),
+    )
+)

@@ -9,7 +9,6 @@ from flatlab.errors import ConfigError
 from flatlab.tracking import runs
 from flatlab.tracking.selection import SEARCH_SEEDS
 
-
 # Final metrics whose plain name reads like a hyperparameter: the scheduled learning rate of the last
 # epoch is ``last_lr``, next to the searched ``param.lr``.
 FINAL_NAMES = {"lr": "last_lr"}
@@ -38,7 +37,14 @@ def parent_runs(tracking_uri: str, study: str) -> List[Any]:
     )
 
 
-def trials_frame(tracking_uri: str, study: str, *, all_launches: bool = False, metric: Optional[str] = None, mode: Optional[str] = None):
+def trials_frame(
+    tracking_uri: str,
+    study: str,
+    *,
+    all_launches: bool = False,
+    metric: Optional[str] = None,
+    mode: Optional[str] = None,
+):
     """One row per trial (child run) of the latest launch (or all launches), best first.
 
     Columns: ``arm``, ``optimizer``, ``status``, ``outcome``, ``error`` (a failed trial's
@@ -121,8 +127,12 @@ def sort_trials(df, metric: str, mode: str):
     keys = df.assign(_rank=rank)
     by = ["_rank"] + [c for c in (metric, f"best/{metric}") if c in df.columns]
     tie_breaks = [c for c in ("start_time", "run_id") if c in df.columns]
-    order = keys.sort_values(by + tie_breaks, ascending=[True] + [ascending] * (len(by) - 1) + [True] * len(tie_breaks),
-                             na_position="last", kind="stable").index
+    order = keys.sort_values(
+        by + tie_breaks,
+        ascending=[True] + [ascending] * (len(by) - 1) + [True] * len(tie_breaks),
+        na_position="last",
+        kind="stable",
+    ).index
     return df.loc[order].reset_index(drop=True)
 
 
@@ -178,8 +188,11 @@ def chosen_configurations(pooled, trials, rank_by: str = "final"):
     arms = [a for a in selection.rank_arms(best, mode) if a in present]
 
     def of_chosen(rows, arm: str) -> List[Any]:  # the indices of ``rows`` in the arm's chosen configuration
-        return [i for i, row in rows.iterrows()
-                if selection.config_key({c[len("param."):]: row[c] for c in params}) == best[arm].config]
+        return [
+            i
+            for i, row in rows.iterrows()
+            if selection.config_key({c[len("param.") :]: row[c] for c in params}) == best[arm].config
+        ]
 
     for arm in arms + [a for a in dict.fromkeys(pooled["arm"]) if a not in best]:
         mine = pooled[pooled["arm"] == arm]
@@ -192,7 +205,8 @@ def chosen_configurations(pooled, trials, rank_by: str = "final"):
     out = pooled.loc[keep].reset_index(drop=True)
     configs = [best.get(arm) for arm in out["arm"]]
     out[selection.score_column(trials.attrs.get("metric", "val/accuracy"), rank_by)] = [
-        c.mean if c else float("nan") for c in configs]
+        c.mean if c else float("nan") for c in configs
+    ]
     out[selection.SEARCH_SEEDS] = pd.array([c.seeds if c else None for c in configs], dtype="Int64")
     out.attrs.update(pooled.attrs)
     out.attrs.update(best="config", rank_by=rank_by)
@@ -251,12 +265,13 @@ def by_config(df, rank_by: str = "final"):
             values = pd.to_numeric(ok[m], errors="coerce")
             row[f"{m} mean"] = values.mean() if len(values) else float("nan")
             row[f"{m} std"] = values.std(ddof=1) if len(values) > 1 else float("nan")
-        row.update(dict(zip(params, key[1 + len(stage):])))
+        row.update(dict(zip(params, key[1 + len(stage) :])))
         rows.append(row)
     out = pd.DataFrame(rows)
     if rank in out.columns:  # the selection's order: the mean that chooses a configuration, then more seeds
-        out = out.sort_values([rank, "seeds"], ascending=[mode == "min", False], na_position="last",
-                              kind="stable").reset_index(drop=True)
+        out = out.sort_values(
+            [rank, "seeds"], ascending=[mode == "min", False], na_position="last", kind="stable"
+        ).reset_index(drop=True)
     out.attrs.update(df.attrs)
     out.attrs["pooled"] = metrics  # render() shows each as one "mean ± std" column
     return out
@@ -286,7 +301,9 @@ def export(df, path: str, fmt: str) -> None:
         raise ConfigError(f"--format {fmt!r} is not supported; expected one of table, csv, parquet")
 
 
-def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "", hint: str = "use --format csv") -> None:
+def render(
+    df, console: Any, columns: Optional[List[str]] = None, title: str = "", hint: str = "use --format csv"
+) -> None:
     """Print ``df`` as a rich table: arm, status, outcome, epochs, the metric (final and best), test
     accuracy, the launch (first :data:`LAUNCH_LABEL` characters of its run id), the start time (local,
     ``YYYY-MM-DD HH:MM:SS``) and the trial's params in one column, one ``name=value`` per line
@@ -313,7 +330,9 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
             default[7:7] = _score(df)
         if "stage" in df.columns and (df["stage"] == "final").any():
             default.insert(1, "stage")  # search trials and the final stage's re-runs side by side
-        default += [c for c in ("train/steps_to_target", "train/speedup") if _has_values(df, c)]  # Study(reference_arm=...)
+        default += [
+            c for c in ("train/steps_to_target", "train/speedup") if _has_values(df, c)
+        ]  # Study(reference_arm=...)
         default += ["error"] if "error" in df.columns and df["error"].fillna("").astype(bool).any() else []
         default += ["launch", "start_time"]
         cols = [c for c in (columns or default) if c in df.columns]
@@ -331,7 +350,9 @@ def render(df, console: Any, columns: Optional[List[str]] = None, title: str = "
     captions = ["mean ± sample std over the seeds that completed"] if pooled else []
     captions += [answer_caption(df.attrs)] if df.attrs.get("best") else []
     caption = "\n".join(captions) or None
-    print_table(console, make_table(head, rows, prose, title=title or None, caption=caption, caption_justify="left"), hint)
+    print_table(
+        console, make_table(head, rows, prose, title=title or None, caption=caption, caption_justify="left"), hint
+    )
 
 
 def _score(df) -> List[str]:
@@ -354,11 +375,16 @@ def answer_caption(attrs: Any) -> str:
     epoch = "best-epoch" if attrs.get("rank_by") == "best-epoch" else "final-epoch"
     trial = attrs.get("best") == "trial"
     rows = "each arm's best trial of its best configuration" if trial else "each arm's best configuration"
-    final = ("`flatlab results --by-config --best` and `flatlab compare` report them" if trial
-             else "a final row is the chosen configuration over the final seeds")
+    final = (
+        "`flatlab results --by-config --best` and `flatlab compare` report them"
+        if trial
+        else "a final row is the chosen configuration over the final seeds"
+    )
     better = "higher" if mode == "max" else "lower"
-    return (f"{rows}, chosen on completed search trials by the mean {epoch} {metric} over seeds ({better} is "
-            f"better); arms best first by that mean. Final-stage trials are not candidates: {final}")
+    return (
+        f"{rows}, chosen on completed search trials by the mean {epoch} {metric} over seeds ({better} is "
+        f"better); arms best first by that mean. Final-stage trials are not candidates: {final}"
+    )
 
 
 def params_text(row: Any, params: List[str], sep: str) -> str:

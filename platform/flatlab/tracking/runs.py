@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-from flatlab.tracking.selection import STAGE_FINAL, STAGE_KEY
+from flatlab.tracking.selection import STAGE_FINAL, STAGE_KEY  # noqa: F401 - runs.STAGE_FINAL is read by callers
 
 TAG_ROLE = "flatlab.role"
 TAG_TRIAL = "flatlab.trial_id"
@@ -74,7 +74,7 @@ AT_TARGET_TIME_KEY = "time/measures_at_target_s"
 def at_target(measured: Mapping[str, float]) -> Dict[str, float]:
     """The measures of a model at the training-loss target under their at-target names: ``flat/<name>``
     -> ``flat_at_target/<name>``, ``time/measures_s`` -> :data:`AT_TARGET_TIME_KEY` (anything else dropped)."""
-    out = {AT_TARGET_PREFIX + k[len(FLAT_PREFIX):]: float(v) for k, v in measured.items() if k.startswith(FLAT_PREFIX)}
+    out = {AT_TARGET_PREFIX + k[len(FLAT_PREFIX) :]: float(v) for k, v in measured.items() if k.startswith(FLAT_PREFIX)}
     if "time/measures_s" in measured:
         out[AT_TARGET_TIME_KEY] = float(measured["time/measures_s"])
     return out
@@ -371,8 +371,15 @@ def _open_sqlite_store(tracking_uri: str, db: Path):
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-_CONCURRENT = ("already exists", "duplicate column", "database is locked", "unique constraint failed",
-               "out-of-date database schema", "no such table", "can't locate revision")
+_CONCURRENT = (
+    "already exists",
+    "duplicate column",
+    "database is locked",
+    "unique constraint failed",
+    "out-of-date database schema",
+    "no such table",
+    "can't locate revision",
+)
 
 
 def _concurrent_schema_error(exc: BaseException) -> bool:
@@ -451,7 +458,9 @@ def get_or_create_experiment(tracking_uri: str, name: str, artifact_root: Option
     return c.create_experiment(name, artifact_location=use_root, tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND})
 
 
-def find_trial_run(tracking_uri: str, experiment_id: str, trial_id: str, parent_run_id: str, wait_s: float = 0.0) -> Optional[str]:
+def find_trial_run(
+    tracking_uri: str, experiment_id: str, trial_id: str, parent_run_id: str, wait_s: float = 0.0
+) -> Optional[str]:
     """Run id of the child run for ``trial_id`` under ``parent_run_id``; polls up to ``wait_s`` seconds."""
     c = client(tracking_uri)
     deadline = time.monotonic() + wait_s
@@ -483,6 +492,10 @@ def numeric_metrics(result: Dict) -> Dict[str, float]:
     and ``world_size`` (multi-worker trials: the number of DDP ranks)."""
     out = {}
     for k, v in result.items():
-        if ("/" in k or k in ("epoch", "lr", "diverged", "world_size")) and isinstance(v, (int, float)) and not isinstance(v, bool):
+        if (
+            ("/" in k or k in ("epoch", "lr", "diverged", "world_size"))
+            and isinstance(v, (int, float))
+            and not isinstance(v, bool)
+        ):
             out[k] = float(v)
     return out

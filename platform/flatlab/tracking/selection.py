@@ -240,8 +240,9 @@ def rank_arms(best: Mapping[str, Configuration], mode: str) -> List[str]:
         ConfigError: ``mode`` not ``max``/``min``.
     """
     sign = _sign(mode)
-    return sorted(best, key=lambda arm: (-sign * best[arm].mean, -best[arm].seeds,
-                                         -sign * best_trial(best[arm]).value, arm))
+    return sorted(
+        best, key=lambda arm: (-sign * best[arm].mean, -best[arm].seeds, -sign * best_trial(best[arm]).value, arm)
+    )
 
 
 def best_trial(configuration: Configuration) -> Trial:
@@ -250,8 +251,9 @@ def best_trial(configuration: Configuration) -> Trial:
     return configuration.trials[0]
 
 
-def search_trial(config: Mapping[str, Any], result: Optional[Mapping[str, Any]], error: bool,
-                 metric: str) -> Optional[Trial]:
+def search_trial(
+    config: Mapping[str, Any], result: Optional[Mapping[str, Any]], error: bool, metric: str
+) -> Optional[Trial]:
     """A running study's trial as a :class:`Trial` (its Tune ``config`` and last ``result``): valued by
     its final result's ``metric`` when it completed (:func:`trial_outcome`), else ``None``-valued; and
     ``None`` for a final-stage re-run, which is never a candidate. ``ref`` is the config.
@@ -266,8 +268,13 @@ def search_trial(config: Mapping[str, Any], result: Optional[Mapping[str, Any]],
         return None
     done = trial_outcome(result, error, metric) == "completed"
     params = {k: v for k, v in config.items() if k not in ("arm", "seed", STAGE_KEY)}
-    return Trial(str(config.get("arm")), config_key(params), config.get("seed"),
-                 float(result[metric]) if done and result is not None else None, ref=config)
+    return Trial(
+        str(config.get("arm")),
+        config_key(params),
+        config.get("seed"),
+        float(result[metric]) if done and result is not None else None,
+        ref=config,
+    )
 
 
 def trial_for_seed(ranked: Sequence[Configuration], seed: Any) -> Optional[Trial]:
@@ -324,12 +331,19 @@ def frame_trials(df, rank_by: str = "final") -> List[Trial]:
     rows = df[df["stage"] != STAGE_FINAL] if "stage" in df.columns else df
     params = [c for c in rows.columns if c.startswith("param.")]
     done = completed(rows)
-    values = pd.to_numeric(rows[column], errors="coerce") if column in rows.columns else pd.Series(float("nan"), index=rows.index)
+    values = (
+        pd.to_numeric(rows[column], errors="coerce")
+        if column in rows.columns
+        else pd.Series(float("nan"), index=rows.index)
+    )
     out = []
     for label, row in rows.iterrows():
         value = float(values.loc[label]) if done.loc[label] and math.isfinite(float(values.loc[label])) else None
-        out.append(Trial(str(row["arm"]), config_key({c[len("param."):]: row[c] for c in params}),
-                         row.get("seed"), value, label))
+        out.append(
+            Trial(
+                str(row["arm"]), config_key({c[len("param.") :]: row[c] for c in params}), row.get("seed"), value, label
+            )
+        )
     return out
 
 

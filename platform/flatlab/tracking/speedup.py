@@ -97,8 +97,13 @@ def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: st
         value = run.data.metrics.get(study.metric)
         done = value is not None and math.isfinite(value)
         arm = tags.get(runs.TAG_ARM, "")
-        candidate = selection.Trial(arm, selection.config_key(runs.config_params(run.data.params)), seed,
-                                    float(value) if done else None, ref=run.info.run_id)
+        candidate = selection.Trial(
+            arm,
+            selection.config_key(runs.config_params(run.data.params)),
+            seed,
+            float(value) if done else None,
+            ref=run.info.run_id,
+        )
         trial = _Trial(run.info.run_id, arm, seed, tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH), candidate)
         try:
             trial.curve = _curve(client, trial.run_id)
@@ -113,7 +118,11 @@ def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: st
     goals: Dict[Tuple[str, int], Dict[str, Any]] = {}  # (stage, seed) -> target
     if study.target_loss is not None:
         for t in trials:
-            goals[(t.stage, t.seed)] = {"target": float(study.target_loss), "reference_run": None, "reference_steps": None}
+            goals[(t.stage, t.seed)] = {
+                "target": float(study.target_loss),
+                "reference_run": None,
+                "reference_steps": None,
+            }
     else:
         by_run = {t.run_id: t for t in trials}
         for stage in sorted({t.stage for t in trials}):
@@ -124,7 +133,11 @@ def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: st
                 pick = selection.trial_for_seed(ranked, seed)
                 if pick is not None:
                     last_step, last_value = by_run[pick.ref].curve[-1]
-                    goals[(stage, seed)] = {"target": last_value, "reference_run": pick.ref, "reference_steps": last_step}
+                    goals[(stage, seed)] = {
+                        "target": last_value,
+                        "reference_run": pick.ref,
+                        "reference_steps": last_step,
+                    }
     targets = summary["targets"]
     for (stage, seed), goal in sorted(goals.items(), key=lambda kv: (kv[0][0] == runs.STAGE_FINAL, kv[0][1])):
         targets[seed] = goal  # the final stage's where a seed ran in both
@@ -158,7 +171,10 @@ def _finished_children(client: Any, experiment_id: str, parent_run_id: str) -> L
     token = None
     while True:
         page = client.search_runs(
-            [experiment_id], filter_string=f"tags.`{runs.PARENT}` = '{parent_run_id}'", max_results=1000, page_token=token
+            [experiment_id],
+            filter_string=f"tags.`{runs.PARENT}` = '{parent_run_id}'",
+            max_results=1000,
+            page_token=token,
         )
         out.extend(r for r in page if selection.is_completed(r.data.tags.get(runs.TAG_OUTCOME), r.info.status))
         token = getattr(page, "token", None)
@@ -193,4 +209,6 @@ def _log_targets(client: Any, parent_run_id: str, targets: Dict[int, float]) -> 
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
-    client.log_batch(parent_run_id, metrics=[Metric(TARGET_METRIC, float(v), now, int(seed)) for seed, v in sorted(targets.items())])
+    client.log_batch(
+        parent_run_id, metrics=[Metric(TARGET_METRIC, float(v), now, int(seed)) for seed, v in sorted(targets.items())]
+    )

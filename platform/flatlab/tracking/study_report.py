@@ -82,8 +82,14 @@ def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Pat
     except Exception as exc:  # noqa: BLE001
         logger.warning("study report: best-per-arm table not logged to run %s: %s", parent_run_id, exc, exc_info=True)
     plots = (
-        ("learning curves", lambda tmp: [plot_learning_curves(client, df, study.metric, tmp / "learning_curves.png",
-                                                              arms=[a.name for a in study.arms])]),
+        (
+            "learning curves",
+            lambda tmp: [
+                plot_learning_curves(
+                    client, df, study.metric, tmp / "learning_curves.png", arms=[a.name for a in study.arms]
+                )
+            ],
+        ),
         ("Optuna plots", lambda tmp: optuna_plots(study, Path(out), tmp, skipped)),
         ("metric against flatness", lambda tmp: flatness_plot(study, df, tmp, skipped)),
     )
@@ -138,9 +144,13 @@ def best_per_arm_table(df: Any, metric: str) -> Any:
     params = [c for c in df.columns if c.startswith("param.")]
     rows = []
     for _, row in best.iterrows():
-        out = {"arm": row["arm"],
-               "trial": ui.trial_run_name(row["arm"], row.get("stage", "search"), row.get("seed", ""), row.get("trial_id", "")),
-               "epochs": int(row["epochs"])}
+        out = {
+            "arm": row["arm"],
+            "trial": ui.trial_run_name(
+                row["arm"], row.get("stage", "search"), row.get("seed", ""), row.get("trial_id", "")
+            ),
+            "epochs": int(row["epochs"]),
+        }
         for name in [metric] + ([test] if test else []) + flat:
             value = row.get(name)
             out[name] = float(f"{value:.4g}") if isinstance(value, (int, float)) and math.isfinite(value) else None
@@ -184,7 +194,9 @@ def plot_learning_curves(client: Any, df: Any, metric: str, path: Path, arms: Op
 
     curves: Dict[str, List[Any]] = {}
     for _, row in df.iterrows():
-        history = {m.step: m.value for m in sorted(client.get_metric_history(row["run_id"], metric), key=lambda m: m.timestamp)}
+        history = {
+            m.step: m.value for m in sorted(client.get_metric_history(row["run_id"], metric), key=lambda m: m.timestamp)
+        }
         points = [(s, v) for s, v in sorted(history.items()) if math.isfinite(v)]  # the last value of a re-run epoch
         if points:
             style = "--" if row.get("stage") == "final" else _STYLE.get(row.get("outcome"), ":")
@@ -206,7 +218,7 @@ def plot_learning_curves(client: Any, df: Any, metric: str, path: Path, arms: Op
         ax.grid(alpha=0.3)
         integer_ticks(ax.xaxis)
         plain_numbers(ax)
-    for ax in axes[len(order):]:
+    for ax in axes[len(order) :]:
         ax.set_visible(False)
     fig.suptitle(f"{metric} per epoch (solid: completed, dotted: stopped early, dashed: final stage)", fontsize="small")
     fig.savefig(path, dpi=110)
@@ -236,8 +248,9 @@ def optuna_plots(study: Any, out: Path, tmp: Path, skipped: List[str]) -> List[P
             skipped.append(f"parallel coordinates and importances of arm {arm.name!r}: it searches no parameter")
             continue
         try:
-            paths += _arm_plots(optuna.load_study(study_name=names[arm.name], storage=storage),
-                                arm.name, study.metric, tmp, skipped)
+            paths += _arm_plots(
+                optuna.load_study(study_name=names[arm.name], storage=storage), arm.name, study.metric, tmp, skipped
+            )
         except Exception as exc:  # noqa: BLE001 - one arm's plot must not cost the others theirs
             logger.warning("study report: Optuna plots of arm %s failed: %s", arm.name, exc, exc_info=True)
             skipped.append(f"parallel coordinates and importances of arm {arm.name!r} ({type(exc).__name__}: {exc})")
@@ -255,14 +268,25 @@ def _arm_plots(st: Any, arm: str, metric: str, tmp: Path, skipped: List[str]) ->
         return []
     from flatlab.tracking.plot_axes import tidy_parallel_coordinate
 
-    paths = [_optuna_png(lambda: plots.plot_parallel_coordinate(st, target_name=metric),
-                         tmp / f"parallel_coordinate_{arm}.png", f"{arm}: {metric}", tidy=tidy_parallel_coordinate)]
+    paths = [
+        _optuna_png(
+            lambda: plots.plot_parallel_coordinate(st, target_name=metric),
+            tmp / f"parallel_coordinate_{arm}.png",
+            f"{arm}: {metric}",
+            tidy=tidy_parallel_coordinate,
+        )
+    ]
     if len(done) < 2:
         skipped.append(f"importances of arm {arm!r}: {len(done)} completed trial (needs >= 2)")
         return paths
     evaluator = optuna.importance.FanovaImportanceEvaluator(seed=IMPORTANCE_SEED)
-    paths.append(_optuna_png(lambda: plots.plot_param_importances(st, evaluator=evaluator, target_name=metric),
-                             tmp / f"param_importances_{arm}.png", f"{arm}: importance for {metric}"))
+    paths.append(
+        _optuna_png(
+            lambda: plots.plot_param_importances(st, evaluator=evaluator, target_name=metric),
+            tmp / f"param_importances_{arm}.png",
+            f"{arm}: importance for {metric}",
+        )
+    )
     return paths
 
 

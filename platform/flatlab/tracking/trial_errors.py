@@ -44,7 +44,7 @@ def read_trial_error(trial: Any) -> str:
     if not text:
         return f"the trial raised, but Tune's error file could not be read ({path or 'no error file'})"
     starts = [m.end() for m in _BLOCK.finditer(text)]
-    return (text[starts[-1]:] if starts else text).strip()
+    return (text[starts[-1] :] if starts else text).strip()
 
 
 def one_line(text: str, limit: int = ONE_LINE_MAX) -> str:
@@ -57,7 +57,11 @@ def one_line(text: str, limit: int = ONE_LINE_MAX) -> str:
     lines = [l.rstrip() for l in text.strip().splitlines()]
     line = next((l for l in lines if l), "")
     for candidate in reversed(lines):
-        if not candidate or candidate[0].isspace() or candidate.startswith(("Traceback", "During handling", "The above")):
+        if (
+            not candidate
+            or candidate[0].isspace()
+            or candidate.startswith(("Traceback", "During handling", "The above"))
+        ):
             continue
         m = _EXC_LINE.match(candidate)
         if m and (m.group(2) is not None or m.group(1).endswith(("Error", "Exception", "Interrupt", "Exit"))):

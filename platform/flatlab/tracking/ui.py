@@ -129,8 +129,14 @@ def column(kind: str, name: str) -> str:
     return f"{kind}.`{name}`"
 
 
-def default_columns(metric: str, searched: Iterable[str], measures: Iterable[str] = (),
-                    test_metrics: Iterable[str] = TEST_METRICS, target: bool = False, at_target: bool = False) -> List[str]:
+def default_columns(
+    metric: str,
+    searched: Iterable[str],
+    measures: Iterable[str] = (),
+    test_metrics: Iterable[str] = TEST_METRICS,
+    target: bool = False,
+    at_target: bool = False,
+) -> List[str]:
     """The runs table's default columns (see the module docstring), as UI column ids, in the order they
     are shown after the run name: the study metric, the test metrics, the epochs run, the outcome, the
     searched parameters, then the logged model, the flatness measures and the epochs to the target.
@@ -147,8 +153,13 @@ def default_columns(metric: str, searched: Iterable[str], measures: Iterable[str
     first = [column("metrics", m) for m in dict.fromkeys([metric, *test_metrics, "epoch"])]
     flat = [f"flat/{m}" for m in measures] + ([f"{AT_TARGET_PREFIX}{m}" for m in measures] if at_target else [])
     later = [column("metrics", m) for m in flat + ([TARGET_EPOCHS] if target else [])]
-    return (first + [column("tags", "flatlab.outcome")] + [column("params", p) for p in dict.fromkeys(searched)]
-            + [column("attributes", "Models")] + [c for c in later if c not in first])
+    return (
+        first
+        + [column("tags", "flatlab.outcome")]
+        + [column("params", p) for p in dict.fromkeys(searched)]
+        + [column("attributes", "Models")]
+        + [c for c in later if c not in first]
+    )
 
 
 MODEL_METRICS, SYSTEM_METRICS = "Model metrics", "System metrics"  # MLflow's sections of unprefixed metrics
@@ -167,10 +178,23 @@ def chart_sections(metric: str) -> List[str]:
 
 def _line_chart(metric: str, section: str) -> Dict[str, Any]:
     """A line chart of ``metric`` against the step (MLflow's serialised ``RunsChartsLineCardConfig``)."""
-    return {"uuid": f"flatlab-chart-{metric}", "type": "LINE", "metricKey": metric, "metricSectionId": section,
-            "runsCountToCompare": 20, "deleted": False, "isGenerated": True, "lineSmoothness": 0,
-            "xAxisKey": "step", "xAxisScaleType": "linear", "scaleType": "linear", "selectedXAxisMetricKey": "",
-            "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True, "range": {}}
+    return {
+        "uuid": f"flatlab-chart-{metric}",
+        "type": "LINE",
+        "metricKey": metric,
+        "metricSectionId": section,
+        "runsCountToCompare": 20,
+        "deleted": False,
+        "isGenerated": True,
+        "lineSmoothness": 0,
+        "xAxisKey": "step",
+        "xAxisScaleType": "linear",
+        "scaleType": "linear",
+        "selectedXAxisMetricKey": "",
+        "useGlobalXaxisKey": True,
+        "useGlobalLineSmoothing": True,
+        "range": {},
+    }
 
 
 def default_view(columns: List[str], metric: str, mode: str, parent_run_id: str) -> Dict[str, Any]:
@@ -180,8 +204,17 @@ def default_view(columns: List[str], metric: str, mode: str, parent_run_id: str)
     which have none, last), the launch ``parent_run_id`` expanded when they are nested (sorted by time),
     the first 20 runs drawn in the charts, whose sections come in :func:`chart_sections`' order with the
     study metric's curves first, against the step (the epoch, for per-epoch metrics)."""
-    sections = [{"uuid": f"flatlab-section-{name}", "name": name, "display": True, "isReordered": False,
-                 "deleted": False, "isGenerated": True} for name in chart_sections(metric)]
+    sections = [
+        {
+            "uuid": f"flatlab-section-{name}",
+            "name": name,
+            "display": True,
+            "isReordered": False,
+            "deleted": False,
+            "isGenerated": True,
+        }
+        for name in chart_sections(metric)
+    ]
     ids = {s["name"]: s["uuid"] for s in sections}
     head = metric.rsplit("/", 1)[0] if "/" in metric else MODEL_METRICS
     charts = [_line_chart(metric, ids[head]), _line_chart(f"best/{metric}", ids[f"best/{head}"])]
@@ -226,8 +259,9 @@ def study_columns(study: Any, test_metrics: Iterable[str] = TEST_METRICS) -> Lis
     return default_columns(study.metric, searched, study.measures, test_metrics, target, at_target)
 
 
-def set_default_view(client: Any, experiment_id: str, study: Any, parent_run_id: str,
-                     test_metrics: Iterable[str] = TEST_METRICS) -> Dict[str, Any]:
+def set_default_view(
+    client: Any, experiment_id: str, study: Any, parent_run_id: str, test_metrics: Iterable[str] = TEST_METRICS
+) -> Dict[str, Any]:
     """Write flatlab's default view of ``study``'s runs (launch ``parent_run_id``) to the experiment tag
     :data:`VIEW_TAG`; returns the view. ``test_metrics``: the test metric columns (after a launch, the one
     its trials logged)."""

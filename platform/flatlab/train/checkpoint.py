@@ -99,7 +99,9 @@ class _Encoder:
         if isinstance(value, list):
             return [self.encode(v, f"{path}.{i}") for i, v in enumerate(value)]
         if isinstance(value, dict):
-            items = [(self.encode(k, path), self.encode(v, f"{path}.{k}" if path else str(k))) for k, v in value.items()]
+            items = [
+                (self.encode(k, path), self.encode(v, f"{path}.{k}" if path else str(k))) for k, v in value.items()
+            ]
             if all(isinstance(k, str) and not k.startswith("__") for k in value):
                 return dict(items)
             return {_DICT: [[k, v] for k, v in items]}
@@ -157,7 +159,9 @@ class StateSnapshot:
         from safetensors.torch import save_file
 
         os.makedirs(directory, exist_ok=True)
-        save_file(self.tensors, os.path.join(directory, TENSORS_FILE), metadata={"format": FORMAT, "version": str(VERSION)})
+        save_file(
+            self.tensors, os.path.join(directory, TENSORS_FILE), metadata={"format": FORMAT, "version": str(VERSION)}
+        )
         text = json.dumps({"format": FORMAT, "version": VERSION, "state": self.tree})  # one C-encoded string, one write
         with open(os.path.join(directory, STATE_FILE), "w", encoding="utf-8") as f:
             f.write(text)
@@ -248,5 +252,14 @@ def load_state(directory: str) -> Any:
     return _decode(doc["state"], tensors, state_path)
 
 
-__all__ = ["CHECKPOINT_FILES", "CheckpointError", "STATE_FILE", "StateSnapshot", "TENSORS_FILE", "load_state", "save_state",
-           "snapshot_state", "written"]
+__all__ = [
+    "CHECKPOINT_FILES",
+    "CheckpointError",
+    "STATE_FILE",
+    "StateSnapshot",
+    "TENSORS_FILE",
+    "load_state",
+    "save_state",
+    "snapshot_state",
+    "written",
+]

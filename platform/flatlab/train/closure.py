@@ -9,14 +9,16 @@ import torch
 from torch import nn
 
 from flatlab.optim.protocol import frozen_bn_stats
-from flatlab.train.precision import Precision
 from flatlab.train import parallel as dp  # data parallelism (DDP): see flatlab.train.parallel
+from flatlab.train.precision import Precision
 from flatlab.workloads.base import Inputs, take
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _draw(probs: torch.Tensor, generator: Optional[torch.Generator] = None, u: Optional[torch.Tensor] = None) -> torch.Tensor:
+def _draw(
+    probs: torch.Tensor, generator: Optional[torch.Generator] = None, u: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """One label per row of ``probs`` ``(N, C)`` by inverse-CDF sampling: ``(N,)`` int64 (``u``: the
     ``(N, 1)`` uniforms to use instead of drawing them)."""
     cdf = probs.cumsum(dim=-1)
@@ -44,7 +46,9 @@ def sample_labels(logits: torch.Tensor, generator: Optional[torch.Generator] = N
     return _draw(probs, generator).reshape(logits.shape[:-1])
 
 
-def sampled_label_logit_grad(logits: torch.Tensor, u: Optional[torch.Tensor] = None, scale: float = 1.0) -> torch.Tensor:
+def sampled_label_logit_grad(
+    logits: torch.Tensor, u: Optional[torch.Tensor] = None, scale: float = 1.0
+) -> torch.Tensor:
     """Gradient w.r.t. ``logits`` of the mean cross-entropy against labels sampled from their softmax.
 
     With p = softmax(logits) per row and ŷ ~ Categorical(p) (drawn exactly as :func:`sample_labels`
@@ -162,7 +166,9 @@ class BatchClosure:
             yield take(self.inputs, part), self.targets[part], (min(n, start + self.micro_batch) - start) / n
 
     @torch.enable_grad()
-    def _pass(self, primary: bool, sampled_for: Optional[Sequence[torch.Tensor]] = None) -> Tuple[torch.Tensor, List[Optional[torch.Tensor]]]:
+    def _pass(
+        self, primary: bool, sampled_for: Optional[Sequence[torch.Tensor]] = None
+    ) -> Tuple[torch.Tensor, List[Optional[torch.Tensor]]]:
         """Forward/backward over the batch (chunked if asked); returns the loss and, with ``sampled_for``,
         the sampled-label gradients of those tensors (IRE's curvature pass, from the same forward)."""
         self._zero_grad()
@@ -178,9 +184,14 @@ class BatchClosure:
         uniforms: Optional[torch.Tensor] = None  # data parallel: this rank's rows of the global draw
         done = 0
         if sampled_for is not None and self.parallel is not None:
-            n, per = int(self.targets.shape[0]), max(1, int(self.targets[0].numel()))  # per: label rows per example (LMs: T)
+            n, per = (
+                int(self.targets.shape[0]),
+                max(1, int(self.targets[0].numel())),
+            )  # per: label rows per example (LMs: T)
             shard = self.shard or dp.Shard(0, n)
-            uniforms = dp.sampled_uniforms(n * per, dp.Shard(shard.offset * per, shard.total * per), self.targets.device, torch.float32)
+            uniforms = dp.sampled_uniforms(
+                n * per, dp.Shard(shard.offset * per, shard.total * per), self.targets.device, torch.float32
+            )
         for x, y, weight in self._chunks():
             with autocast():
                 out = self.model(x)
@@ -193,8 +204,9 @@ class BatchClosure:
                 # ∂/∂θ of the mean sampled-label cross-entropy, backpropagated from its logit gradient
                 # through this forward's graph (kept for the true loss's backward below).
                 rows = int(y.numel())  # = rows of the logits
-                seed = sampled_label_logit_grad(out, None if uniforms is None else uniforms[done : done + rows],
-                                                1.0 if scale is None else scale)
+                seed = sampled_label_logit_grad(
+                    out, None if uniforms is None else uniforms[done : done + rows], 1.0 if scale is None else scale
+                )
                 done += rows
                 if weight is not None or self._share != 1.0:
                     seed.mul_((1.0 if weight is None else weight) * self._share)

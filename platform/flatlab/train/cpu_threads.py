@@ -54,7 +54,7 @@ def denormal_mode() -> str:
     threads = max(1, torch.get_num_threads())
     halves = _subnormals(_PER_THREAD * threads).mul_(0.5)
     a = torch.zeros(_GEMM_INNER, _GEMM, dtype=torch.float32)
-    a[0, :] = 2.0 ** 100
+    a[0, :] = 2.0**100
     b = torch.zeros(_GEMM_INNER, _GEMM, dtype=torch.float32)
     b[0, :] = _subnormals(_GEMM)
     results = (halves, a.t() @ b)  # a transposed operand, as in a backward pass's weight gradient

@@ -38,7 +38,9 @@ class LossCurve:
         ValueError: ``smoothing`` outside [0, 1) or ``max_points`` not an int >= 2.
     """
 
-    def __init__(self, smoothing: float = 0.9, max_points: int = 1024, device: Any = "cpu", start_step: int = 0) -> None:
+    def __init__(
+        self, smoothing: float = 0.9, max_points: int = 1024, device: Any = "cpu", start_step: int = 0
+    ) -> None:
         if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0.0 <= smoothing < 1.0:
             raise ValueError(f"LossCurve: smoothing={smoothing!r}; expected a float in [0, 1)")
         if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 2:

@@ -45,7 +45,9 @@ def evaluate_trial(spec: TrialSpec, data: Data, workload: Optional[Workload] = N
     """
     workload = workload or build_workload(spec.workload, **dict(spec.workload_params))
     if workload.trains:
-        raise ConfigError(f"workload {spec.workload!r} trains; an evaluation-only trial is for workloads with trains = False")
+        raise ConfigError(
+            f"workload {spec.workload!r} trains; an evaluation-only trial is for workloads with trains = False"
+        )
     if type(workload).evaluate_only is Workload.evaluate_only:
         raise ConfigError(f"workload {spec.workload!r} declares trains=False but has no evaluate_only(model, data)")
     hp = resolve_trainer(workload.train_defaults, spec.trainer_params)

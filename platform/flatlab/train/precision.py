@@ -63,7 +63,11 @@ class LossScaler:
     """
 
     def __init__(
-        self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5, growth_interval: int = 2000
+        self,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
     ) -> None:
         if not init_scale > 0 or not growth_factor > 1 or not 0 < backoff_factor < 1 or growth_interval < 1:
             raise ConfigError(
@@ -136,12 +140,18 @@ class Precision:
             use fp16 there).
     """
 
-    def __init__(self, kind: str = "fp32", device: torch.device | str = "cpu", scaler: Optional[LossScaler] = None) -> None:
+    def __init__(
+        self, kind: str = "fp32", device: torch.device | str = "cpu", scaler: Optional[LossScaler] = None
+    ) -> None:
         if kind not in PRECISIONS:
             raise ConfigError(f"precision={kind!r} is not allowed; expected one of {', '.join(PRECISIONS)}")
         self.kind = kind
         self.device_type = torch.device(device).type
-        if kind == "bf16" and self.device_type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        if (
+            kind == "bf16"
+            and self.device_type == "cuda"
+            and not torch.cuda.is_bf16_supported(including_emulation=False)
+        ):
             raise ConfigError("precision='bf16': this CUDA device has no native bfloat16; use precision='fp16'")
         self.dtype: Optional[torch.dtype] = _AUTOCAST_DTYPES.get(kind)
         self.scaler: Optional[LossScaler] = (scaler or LossScaler()) if kind == "fp16" else None

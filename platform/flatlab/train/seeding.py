@@ -26,8 +26,13 @@ def rng_state() -> Dict[str, Any]:
     name, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     state: Dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": {"bit_generator": str(name), "key": [int(k) for k in key], "pos": int(pos),
-                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "numpy": {
+            "bit_generator": str(name),
+            "key": [int(k) for k in key],
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():

@@ -104,7 +104,9 @@ class Trainer:
             that trains nothing (``trains = False``: :func:`flatlab.train.evaluation.evaluate_trial`).
     """
 
-    def __init__(self, spec: TrialSpec, data: Data, workload: Optional[Workload] = None, parallel: Optional[DataParallel] = None) -> None:
+    def __init__(
+        self, spec: TrialSpec, data: Data, workload: Optional[Workload] = None, parallel: Optional[DataParallel] = None
+    ) -> None:
         self.spec = spec
         self.workload = workload or build_workload(spec.workload, **dict(spec.workload_params))
         if not self.workload.trains:
@@ -136,7 +138,9 @@ class Trainer:
                     f"a row): choose another batch_size"
                 )
         # -- end data parallelism
-        self.optimizer = get_optimizer(spec.optimizer).create(self.model.named_parameters(), **dict(spec.optimizer_params))
+        self.optimizer = get_optimizer(spec.optimizer).create(
+            self.model.named_parameters(), **dict(spec.optimizer_params)
+        )
         n = len(data.train)
         self.steps_per_epoch = math.ceil(n / self.hp["batch_size"])
         self.schedule = Schedule(
@@ -221,8 +225,16 @@ class Trainer:
                     )
                 )
             closure = BatchClosure(
-                self.net, self._loss, x, y, clip_norm=self.hp["clip_norm"], micro_batch=self.hp["micro_batch_size"],
-                on_outputs=stats.add, precision=self.precision, parallel=dp, shard=shard,
+                self.net,
+                self._loss,
+                x,
+                y,
+                clip_norm=self.hp["clip_norm"],
+                micro_batch=self.hp["micro_batch_size"],
+                on_outputs=stats.add,
+                precision=self.precision,
+                parallel=dp,
+                shard=shard,
             )
             self.optimizer.step(closure)
             if self.precision.scaler is not None:
@@ -247,7 +259,9 @@ class Trainer:
             self.step += 1
         self._raise_if_diverged(first_bad, bad_loss)
         if dp is not None:  # -- data parallelism: training accuracy over every rank's rows
-            both = dp.sum(torch.tensor([float(stats.correct), float(stats.counted)], dtype=torch.float64, device=self.device))
+            both = dp.sum(
+                torch.tensor([float(stats.correct), float(stats.counted)], dtype=torch.float64, device=self.device)
+            )
             stats.correct, stats.counted = int(round(float(both[0]))), int(round(float(both[1])))
         self.epoch += 1
         self.last_train_loss = float(loss_sum) / len(train)
@@ -293,7 +307,7 @@ class Trainer:
         if self.data.test is None:
             return {}
         if self.data.val is self.data.test:
-            return {f"test/{k[len('val/'):]}": v for k, v in metrics.items() if k.startswith("val/")}
+            return {f"test/{k[len('val/') :]}": v for k, v in metrics.items() if k.startswith("val/")}
         return self.evaluate_test()
 
     def evaluate_test(self) -> Dict[str, float]:

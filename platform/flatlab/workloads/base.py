@@ -236,7 +236,9 @@ class Workload(ABC):
             x = to_device(take(split.inputs, slice(start, start + batch_size)), device)
             y = split.targets[start : start + batch_size].to(device)
             out = model(x)
-            total_loss += float(nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="sum"))
+            total_loss += float(
+                nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="sum")
+            )
             c, n = self.batch_stats(out, y)
             correct, count = correct + c, count + n
         model.train(was_training)

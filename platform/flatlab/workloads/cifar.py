@@ -87,30 +87,65 @@ class _Cifar(Workload):
     data_hparams = ("data_path", "hub_name", "synthetic_size", "val_size", "label_noise")
     train_defaults = TrainDefaults(batch_size=128, schedule="cosine", label_smoothing=0.1)
     #: tiny offline parameters (synthetic data, 1/16-width ResNet-18): for tests over the registry
-    smoke_params: ClassVar[Dict[str, Any]] = {"data_path": "synthetic", "synthetic_size": 40, "model": "resnet18", "width_mult": 1 / 16}
+    smoke_params: ClassVar[Dict[str, Any]] = {
+        "data_path": "synthetic",
+        "synthetic_size": 40,
+        "model": "resnet18",
+        "width_mult": 1 / 16,
+    }
 
     @classmethod
     def _hparams(cls, hub: str) -> Tuple[HParam, ...]:
         return (
             HParam("model", "resnet18", str, choices=CIFAR_MODELS, doc="network (flatlab.workloads.cifar_nets)"),
-            HParam("width_mult", 1.0, float, low=0.0, low_open=True, doc="channel / embedding width multiplier (1 = paper size)"),
+            HParam(
+                "width_mult",
+                1.0,
+                float,
+                low=0.0,
+                low_open=True,
+                doc="channel / embedding width multiplier (1 = paper size)",
+            ),
             HParam("data_path", None, str, nullable=True, doc="None: hub; a save_to_disk folder; or 'synthetic'"),
             HParam("hub_name", hub, str, doc="Hugging Face dataset used when data_path is None"),
-            HParam("synthetic_size", 512, int, low=8, doc="data_path='synthetic': training images (val, test: a quarter each)"),
-            HParam("val_size", 5000, int, low=0, doc="training images held out for validation (stratified; 0: val = test)"),
-            HParam("label_noise", 0.0, float, low=0.0, high=1.0, high_open=True, doc="share of training labels replaced by another class (TSAM: 0.2)"),
+            HParam(
+                "synthetic_size",
+                512,
+                int,
+                low=8,
+                doc="data_path='synthetic': training images (val, test: a quarter each)",
+            ),
+            HParam(
+                "val_size", 5000, int, low=0, doc="training images held out for validation (stratified; 0: val = test)"
+            ),
+            HParam(
+                "label_noise",
+                0.0,
+                float,
+                low=0.0,
+                high=1.0,
+                high_open=True,
+                doc="share of training labels replaced by another class (TSAM: 0.2)",
+            ),
             HParam("augment", "crop_flip", str, choices=AUGMENTATIONS, doc="training augmentation"),
         )
 
     def load_data(self, seed: int) -> Data:
         p = self.params
         return load_labelled_images(
-            self.name, p, self.num_classes, seed, image_columns=("img", "image"), label_columns=self.label_columns,
+            self.name,
+            p,
+            self.num_classes,
+            seed,
+            image_columns=("img", "image"),
+            label_columns=self.label_columns,
             label_noise=p["label_noise"],
         )
 
     def build_model(self) -> nn.Module:
-        return ImageClassifier(build_cifar_net(self.params["model"], self.num_classes, self.params["width_mult"]), CIFAR_MEAN, CIFAR_STD)
+        return ImageClassifier(
+            build_cifar_net(self.params["model"], self.num_classes, self.params["width_mult"]), CIFAR_MEAN, CIFAR_STD
+        )
 
     @property
     def augments_on_device(self) -> bool:  # type: ignore[override]
@@ -190,7 +225,9 @@ def load_labelled_images(
         val_size = min(p["val_size"], len(y) // 2)
         source = p["data_path"] or p["hub_name"]
     if y.size and (y.min() < 0 or y.max() >= num_classes):
-        raise ValueError(f"workload {name!r}: labels must lie in [0, {num_classes}), got [{y.min()}, {y.max()}] from {source}")
+        raise ValueError(
+            f"workload {name!r}: labels must lie in [0, {num_classes}), got [{y.min()}, {y.max()}] from {source}"
+        )
     if val_size == 0 and x_te is None:
         raise ValueError(f"workload {name!r}: val_size=0 needs a test split to validate on; the data has none")
     train, val, meta = split_and_noise(x, y, val_size, label_noise, num_classes, seed)

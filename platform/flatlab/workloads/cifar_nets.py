@@ -134,7 +134,9 @@ class WideResNet(nn.Module):
         ValueError: ``depth - 4`` not divisible by 6.
     """
 
-    def __init__(self, depth: int, widen: float, num_classes: int, width_mult: float = 1.0, dropout: float = 0.0) -> None:
+    def __init__(
+        self, depth: int, widen: float, num_classes: int, width_mult: float = 1.0, dropout: float = 0.0
+    ) -> None:
         super().__init__()
         if (depth - 4) % 6:
             raise ValueError(f"WRN depth must satisfy (depth - 4) % 6 == 0, got depth={depth}")
@@ -169,7 +171,13 @@ def cifar_vit(size: str, num_classes: int, width_mult: float = 1.0, img_size: in
     width, heads = {"t": (192, 3), "s": (384, 6)}[size]
     width = max(heads, int(round(width * width_mult / heads)) * heads)
     return VisionTransformer(
-        img_size=img_size, patch_size=4, num_classes=num_classes, embed_dim=width, depth=12, num_heads=heads, mlp_ratio=4.0
+        img_size=img_size,
+        patch_size=4,
+        num_classes=num_classes,
+        embed_dim=width,
+        depth=12,
+        num_heads=heads,
+        mlp_ratio=4.0,
     )
 
 

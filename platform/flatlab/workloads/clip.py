@@ -43,31 +43,83 @@ from flatlab.hparams import HParam, resolve
 from flatlab.workloads.base import Data, Inputs, Split, TrainDefaults, Workload, take, to_device
 from flatlab.workloads.clip_augment import AUGMENTATIONS, augment_batch
 from flatlab.workloads.clip_data import (
-    into_label_space, label_indices, label_names, lazy_images, load_images, parse_index_list, parse_ood_sources,
-    parse_source, pixel_transform,
+    into_label_space,
+    label_indices,
+    label_names,
+    lazy_images,
+    load_images,
+    parse_index_list,
+    parse_ood_sources,
+    parse_source,
+    pixel_transform,
 )
 from flatlab.workloads.clip_model import (
-    TEMPLATE_SETS, TINY_MODEL, ClipSpec, build_zero_shot_classifier, classnames_from_labels, load_clip, load_state_file,
+    TEMPLATE_SETS,
+    TINY_MODEL,
+    ClipSpec,
+    build_zero_shot_classifier,
+    classnames_from_labels,
+    load_clip,
+    load_state_file,
 )
 from flatlab.workloads.registry import register_workload
 
 _MODEL_HPARAMS = (
-    HParam("model_name", TINY_MODEL, str, doc="open_clip architecture (e.g. ViT-B-32); default: a tiny offline test config"),
-    HParam("pretrained", "", str, doc="open_clip tag (internet, or HF cache + HF_HUB_OFFLINE=1), checkpoint path, or '' = random weights"),
+    HParam(
+        "model_name", TINY_MODEL, str, doc="open_clip architecture (e.g. ViT-B-32); default: a tiny offline test config"
+    ),
+    HParam(
+        "pretrained",
+        "",
+        str,
+        doc="open_clip tag (internet, or HF cache + HF_HUB_OFFLINE=1), checkpoint path, or '' = random weights",
+    ),
     HParam("quick_gelu", False, bool, doc="quick-GELU activations: True for OpenAI's CLIP weights"),
     HParam("init_seed", 0, int, low=0, doc="seed of the random weights when pretrained=''"),
     HParam("model_config", "", str, doc="path of an open_clip JSON architecture config, registered as model_name"),
-    HParam("classnames", "labels", str, doc="prompt names: 'labels' (ID label names), 'imagenet' (open_clip's 1,000) or 'a,b,c'"),
-    HParam("templates", "openai", str, choices=TEMPLATE_SETS, doc="prompt templates: open_clip's 80 OpenAI ImageNet ones or its 7 simple ones"),
+    HParam(
+        "classnames",
+        "labels",
+        str,
+        doc="prompt names: 'labels' (ID label names), 'imagenet' (open_clip's 1,000) or 'a,b,c'",
+    ),
+    HParam(
+        "templates",
+        "openai",
+        str,
+        choices=TEMPLATE_SETS,
+        doc="prompt templates: open_clip's 80 OpenAI ImageNet ones or its 7 simple ones",
+    ),
 )
 _EVAL_HPARAMS = (
-    HParam("id_data", "synthetic:val", str, doc="ID evaluation images (val/*); folder path, hf:<name>[@split] or synthetic:<variant>"),
+    HParam(
+        "id_data",
+        "synthetic:val",
+        str,
+        doc="ID evaluation images (val/*); folder path, hf:<name>[@split] or synthetic:<variant>",
+    ),
     HParam("id_per_class", 0, int, low=0, doc="ID images kept per class, a seeded random choice (0 = all)"),
-    HParam("ood_data", "synthetic:ood", str, doc="OOD images: 'source' or 'src1;name=src2' (first -> ood/*, others -> ood_<name>/*); '' = none"),
+    HParam(
+        "ood_data",
+        "synthetic:ood",
+        str,
+        doc="OOD images: 'source' or 'src1;name=src2' (first -> ood/*, others -> ood_<name>/*); '' = none",
+    ),
     HParam("ood_per_class", 0, int, low=0, doc="OOD images kept per class (0 = all)"),
-    HParam("ood_classes", "auto", str, doc="logit columns of the first OOD set's labels: 'auto' (by label name) or 'i,j,...'"),
+    HParam(
+        "ood_classes",
+        "auto",
+        str,
+        doc="logit columns of the first OOD set's labels: 'auto' (by label name) or 'i,j,...'",
+    ),
     HParam("eval_batch_size", 256, int, low=1, doc="evaluation batch size (images)"),
-    HParam("load_workers", 0, int, low=0, doc="image decoding threads when loading, and in each trial when streaming (0 = min(8, the process's CPU share: a trial's CPUs))"),
+    HParam(
+        "load_workers",
+        0,
+        int,
+        low=0,
+        doc="image decoding threads when loading, and in each trial when streaming (0 = min(8, the process's CPU share: a trial's CPUs))",
+    ),
 )
 _ZERO_SHOT_KEYS = ["model_name", "pretrained", "quick_gelu", "init_seed", "model_config", "classnames", "templates"]
 _EVAL_METRICS = ("ood/loss", "ood/accuracy")
@@ -86,8 +138,16 @@ class _SubsetCrossEntropy:
 
 
 class _ClipWorkload(Workload):
-    data_hparams = ("id_data", "id_per_class", "ood_data", "ood_per_class", "ood_classes", "train_data", "train_per_class",
-                    "train_in_memory")
+    data_hparams = (
+        "id_data",
+        "id_per_class",
+        "ood_data",
+        "ood_per_class",
+        "ood_classes",
+        "train_data",
+        "train_per_class",
+        "train_in_memory",
+    )
     """What both CLIP workloads share: the zero-shot model, the ID/OOD evaluation sets, evaluation."""
 
     def clip_spec(self) -> ClipSpec:
@@ -129,7 +189,9 @@ class _ClipWorkload(Workload):
         return pixel_transform(preprocess)
 
     def _load(self, source: str, transform, per_class: int, seed: int):
-        return load_images(parse_source(source), transform, per_class=per_class, seed=seed, workers=self.params["load_workers"])
+        return load_images(
+            parse_source(source), transform, per_class=per_class, seed=seed, workers=self.params["load_workers"]
+        )
 
     def _load_eval(self, seed: int, transform) -> Tuple[Split, Dict[str, Split], Dict[str, Any]]:
         """``(id split, {ood key: split}, meta)``; the ID labels define the label space."""
@@ -142,8 +204,12 @@ class _ClipWorkload(Workload):
             raise ConfigError("ood_classes with explicit indices needs a single OOD set in ood_data")
         extra: Dict[str, Split] = {}
         for i, (key, src) in enumerate(sources):
-            opix, oy, onames = load_images(src, transform, per_class=p["ood_per_class"], seed=seed + 2 + i, workers=p["load_workers"])
-            extra[key] = into_label_space(opix, oy, onames, space, f"ood_data {src}", classes=explicit if i == 0 else None)
+            opix, oy, onames = load_images(
+                src, transform, per_class=p["ood_per_class"], seed=seed + 2 + i, workers=p["load_workers"]
+            )
+            extra[key] = into_label_space(
+                opix, oy, onames, space, f"ood_data {src}", classes=explicit if i == 0 else None
+            )
         meta = {"labels": space, "n_id": len(val), **{f"n_{k}": len(s) for k, s in extra.items()}}
         return val, extra, meta
 
@@ -178,16 +244,44 @@ class ClipFinetune(_ClipWorkload):
 
     name = "clip_finetune"
     doc = "fine-tune CLIP (open_clip) from its zero-shot classifier; ID val/* and OOD ood/* evaluation"
-    hparams = _MODEL_HPARAMS + (
-        HParam("train_data", "synthetic:train", str, doc="training images; folder path, hf:<name>[@split] or synthetic:train"),
-        HParam("train_per_class", 0, int, low=0, doc="training images kept per class (0 = all)"),
-        HParam("train_in_memory", True, bool, doc="False = decode training images on the fly from train_data (one mini-batch "
-               "ahead), for datasets larger than memory; the files must be on a filesystem every node sees; eval splits stay in memory"),
-        HParam("augment", "none", str, choices=AUGMENTATIONS, doc="training augmentation: none, flip-crop, or randaug (flip-crop + RandAugment)"),
-        HParam("randaug_ops", 2, int, low=0, doc="RandAugment: operations per image"),
-        HParam("randaug_magnitude", 9, int, low=0, high=30, doc="RandAugment: magnitude on its 0..30 scale"),
-        HParam("crop_scale_min", 0.35, float, low=0.0, high=1.0, low_open=True, doc="random resized crop: smallest area fraction"),
-    ) + _EVAL_HPARAMS
+    hparams = (
+        _MODEL_HPARAMS
+        + (
+            HParam(
+                "train_data",
+                "synthetic:train",
+                str,
+                doc="training images; folder path, hf:<name>[@split] or synthetic:train",
+            ),
+            HParam("train_per_class", 0, int, low=0, doc="training images kept per class (0 = all)"),
+            HParam(
+                "train_in_memory",
+                True,
+                bool,
+                doc="False = decode training images on the fly from train_data (one mini-batch "
+                "ahead), for datasets larger than memory; the files must be on a filesystem every node sees; eval splits stay in memory",
+            ),
+            HParam(
+                "augment",
+                "none",
+                str,
+                choices=AUGMENTATIONS,
+                doc="training augmentation: none, flip-crop, or randaug (flip-crop + RandAugment)",
+            ),
+            HParam("randaug_ops", 2, int, low=0, doc="RandAugment: operations per image"),
+            HParam("randaug_magnitude", 9, int, low=0, high=30, doc="RandAugment: magnitude on its 0..30 scale"),
+            HParam(
+                "crop_scale_min",
+                0.35,
+                float,
+                low=0.0,
+                high=1.0,
+                low_open=True,
+                doc="random resized crop: smallest area fraction",
+            ),
+        )
+        + _EVAL_HPARAMS
+    )
     train_defaults = TrainDefaults(batch_size=64, schedule="cosine", warmup_epochs=0.1, label_smoothing=0.0)
     metrics = Workload.metrics + _EVAL_METRICS
 
@@ -208,7 +302,11 @@ class ClipFinetune(_ClipWorkload):
             pix, y, names = self._load(p["train_data"], transform, p["train_per_class"], seed)
         else:
             pix, y, names = lazy_images(
-                parse_source(p["train_data"]), transform, per_class=p["train_per_class"], seed=seed, workers=p["load_workers"]
+                parse_source(p["train_data"]),
+                transform,
+                per_class=p["train_per_class"],
+                seed=seed,
+                workers=p["load_workers"],
             )
         space = meta["labels"]
         if list(names) != list(space):
@@ -219,7 +317,12 @@ class ClipFinetune(_ClipWorkload):
         """``augment`` applied to a uint8 mini-batch, drawing from ``generator`` only."""
         p = self.params
         return augment_batch(
-            inputs, p["augment"], generator, n_ops=p["randaug_ops"], magnitude=p["randaug_magnitude"], scale_min=p["crop_scale_min"]
+            inputs,
+            p["augment"],
+            generator,
+            n_ops=p["randaug_ops"],
+            magnitude=p["randaug_magnitude"],
+            scale_min=p["crop_scale_min"],
         )
 
 
@@ -235,22 +338,87 @@ class ClipInterpolate(_ClipWorkload):
     doc = "WiSE-FT interpolation of a fine-tuned CLIP with its zero-shot model at alpha (no training)"
     trains = False
     checkpoint_params = ("finetuned",)
-    hparams = _MODEL_HPARAMS + _EVAL_HPARAMS + (
-        HParam("finetuned", "", str, doc="fine-tuned checkpoint: a file; in a study also mlflow:<study>/<arm>?param=value&... "
-               "(resolved at launch) or run:<run_id>"),
-        HParam("alpha", 0.5, float, low=0.0, high=1.0, doc="weight on the fine-tuned model (WiSE-FT; the seed paper's 1 - alpha)"),
-        HParam("prune", False, bool, doc="zero a random half of each straggler layer of the fine-tuned model first (seed Algorithm 1)"),
-        HParam("straggler_draws", 5, int, low=1, doc="draws of the layer-wise sharpness that finds stragglers (seed: 5)"),
-        HParam("straggler_threshold", 1e-3, float, doc="straggler: layer-wise sharpness of the fine-tuned model below this (nats)"),
-        HParam("prune_seed", 0, int, low=0, doc="seed of the Bernoulli(0.5) pruning masks"),
-        HParam("sharpness_draws", 0, int, low=0, doc="adaptive average sharpness draws on the OOD subset (0 = off; seed: 20)"),
-        HParam("sharpness_rho", 1.0, float, low=0.0, low_open=True, doc="sharpness noise scale rho, relative to |w| (seed: 1.0)"),
-        HParam("sharpness_layerwise", True, bool, doc="also per layer (clip grouping), as sharpness/layer/<group>"),
-        HParam("sharpness_examples", 1000, int, low=0, doc="size m of the fixed OOD subset for sharpness and stragglers (0 = all)"),
-        HParam("sharpness_seed", 0, int, low=0, doc="seed of the subset choice and of the noise (the same for every alpha)"),
+    hparams = (
+        _MODEL_HPARAMS
+        + _EVAL_HPARAMS
+        + (
+            HParam(
+                "finetuned",
+                "",
+                str,
+                doc="fine-tuned checkpoint: a file; in a study also mlflow:<study>/<arm>?param=value&... "
+                "(resolved at launch) or run:<run_id>",
+            ),
+            HParam(
+                "alpha",
+                0.5,
+                float,
+                low=0.0,
+                high=1.0,
+                doc="weight on the fine-tuned model (WiSE-FT; the seed paper's 1 - alpha)",
+            ),
+            HParam(
+                "prune",
+                False,
+                bool,
+                doc="zero a random half of each straggler layer of the fine-tuned model first (seed Algorithm 1)",
+            ),
+            HParam(
+                "straggler_draws",
+                5,
+                int,
+                low=1,
+                doc="draws of the layer-wise sharpness that finds stragglers (seed: 5)",
+            ),
+            HParam(
+                "straggler_threshold",
+                1e-3,
+                float,
+                doc="straggler: layer-wise sharpness of the fine-tuned model below this (nats)",
+            ),
+            HParam("prune_seed", 0, int, low=0, doc="seed of the Bernoulli(0.5) pruning masks"),
+            HParam(
+                "sharpness_draws",
+                0,
+                int,
+                low=0,
+                doc="adaptive average sharpness draws on the OOD subset (0 = off; seed: 20)",
+            ),
+            HParam(
+                "sharpness_rho",
+                1.0,
+                float,
+                low=0.0,
+                low_open=True,
+                doc="sharpness noise scale rho, relative to |w| (seed: 1.0)",
+            ),
+            HParam("sharpness_layerwise", True, bool, doc="also per layer (clip grouping), as sharpness/layer/<group>"),
+            HParam(
+                "sharpness_examples",
+                1000,
+                int,
+                low=0,
+                doc="size m of the fixed OOD subset for sharpness and stragglers (0 = all)",
+            ),
+            HParam(
+                "sharpness_seed",
+                0,
+                int,
+                low=0,
+                doc="seed of the subset choice and of the noise (the same for every alpha)",
+            ),
+        )
     )
-    metrics = Workload.metrics + _EVAL_METRICS + (
-        "interp/alpha", "sharpness/general", "sharpness/general_stderr", "sharpness/clean_loss", "prune/n_stragglers",
+    metrics = (
+        Workload.metrics
+        + _EVAL_METRICS
+        + (
+            "interp/alpha",
+            "sharpness/general",
+            "sharpness/general_stderr",
+            "sharpness/clean_loss",
+            "prune/n_stragglers",
+        )
     )
 
     def load_data(self, seed: int) -> Data:
@@ -339,8 +507,11 @@ class ClipInterpolate(_ClipWorkload):
         if spec.get("workload") != ClipFinetune.name:
             return  # a plain file or a foreign run: only keys and shapes are checked
         theirs = resolve(ClipFinetune.hparams, spec.get("workload_params", {}), "fine-tuned trial", allow_extra=True)
-        diff = [f"{k}: fine-tuned={theirs.get(k)!r}, here={self.params.get(k)!r}" for k in _ZERO_SHOT_KEYS
-                if theirs.get(k) != self.params.get(k)]
+        diff = [
+            f"{k}: fine-tuned={theirs.get(k)!r}, here={self.params.get(k)!r}"
+            for k in _ZERO_SHOT_KEYS
+            if theirs.get(k) != self.params.get(k)
+        ]
         if diff:
             raise ConfigError(
                 "the fine-tuned checkpoint started from another zero-shot model; interpolating would mix unrelated "
@@ -364,8 +535,15 @@ class ClipInterpolate(_ClipWorkload):
         from flatlab.sharpness import layerwise_sharpness
 
         p = self.params
-        key = (str(path.resolve()), p["straggler_draws"], p["sharpness_rho"], p["straggler_threshold"],
-               p["sharpness_seed"], subset.m, self.clip_spec().cache_key())
+        key = (
+            str(path.resolve()),
+            p["straggler_draws"],
+            p["sharpness_rho"],
+            p["straggler_threshold"],
+            p["sharpness_seed"],
+            subset.m,
+            self.clip_spec().cache_key(),
+        )
         with _STRAGGLER_LOCK:
             if key in _STRAGGLERS:
                 return _STRAGGLERS[key]
@@ -373,7 +551,13 @@ class ClipInterpolate(_ClipWorkload):
         try:
             model.load_state_dict(ft)
             values = layerwise_sharpness(
-                model, subset, groups, rho=p["sharpness_rho"], n_draws=p["straggler_draws"], seed=p["sharpness_seed"], loss_fn=loss_fn
+                model,
+                subset,
+                groups,
+                rho=p["sharpness_rho"],
+                n_draws=p["straggler_draws"],
+                seed=p["sharpness_seed"],
+                loss_fn=loss_fn,
             )
         finally:
             model.load_state_dict(original)

@@ -26,8 +26,20 @@ from flatlab.errors import ConfigError
 
 AUGMENTATIONS = ("none", "flip-crop", "randaug")
 RANDAUG_OPS = (
-    "identity", "shear_x", "shear_y", "translate_x", "translate_y", "rotate", "brightness", "color",
-    "contrast", "sharpness", "posterize", "solarize", "autocontrast", "equalize",
+    "identity",
+    "shear_x",
+    "shear_y",
+    "translate_x",
+    "translate_y",
+    "rotate",
+    "brightness",
+    "color",
+    "contrast",
+    "sharpness",
+    "posterize",
+    "solarize",
+    "autocontrast",
+    "equalize",
 )
 _GEOMETRIC = {"shear_x", "shear_y", "translate_x", "translate_y", "rotate"}
 _GREY = (0.299, 0.587, 0.114)  # ITU-R 601 luma weights
@@ -116,7 +128,9 @@ def _equalize(x: torch.Tensor) -> torch.Tensor:
     step = torch.div(h * w - last_count, 255, rounding_mode="floor")  # (b*c,)
     cdf = hist.cumsum(dim=1) - hist  # counts strictly below each value
     safe = step.clamp(min=1).unsqueeze(1)
-    lut = torch.div(cdf + torch.div(step, 2, rounding_mode="floor").unsqueeze(1), safe, rounding_mode="floor").clamp(0, 255)
+    lut = torch.div(cdf + torch.div(step, 2, rounding_mode="floor").unsqueeze(1), safe, rounding_mode="floor").clamp(
+        0, 255
+    )
     lut = torch.where((step > 0).unsqueeze(1), lut, torch.arange(256).expand_as(lut))  # flat channels: identity
     return lut.gather(1, flat).reshape(b, c, h, w).to(torch.uint8)
 
@@ -198,7 +212,13 @@ def rand_augment(x: torch.Tensor, generator: torch.Generator, *, n_ops: int = 2,
 
 
 def augment_batch(
-    x: torch.Tensor, kind: str, generator: torch.Generator, *, n_ops: int = 2, magnitude: int = 9, scale_min: float = 0.35
+    x: torch.Tensor,
+    kind: str,
+    generator: torch.Generator,
+    *,
+    n_ops: int = 2,
+    magnitude: int = 9,
+    scale_min: float = 0.35,
 ) -> torch.Tensor:
     """``none`` (``x`` itself), ``flip-crop`` or ``randaug`` (flip-crop, then RandAugment).
 
@@ -212,4 +232,3 @@ def augment_batch(
     if kind == "randaug":
         return rand_augment(flip_crop(x, generator, scale_min=scale_min), generator, n_ops=n_ops, magnitude=magnitude)
     raise ConfigError(f"augment={kind!r} is not allowed; expected one of {', '.join(AUGMENTATIONS)}")
-

@@ -79,7 +79,9 @@ def parse_source(text: str) -> Source:
         ConfigError: an empty string, an empty location, or an unknown synthetic variant.
     """
     if not isinstance(text, str) or not text.strip():
-        raise ConfigError(f"an image source must be a non-empty string (folder path, hf:<name>, synthetic:<variant>); got {text!r}")
+        raise ConfigError(
+            f"an image source must be a non-empty string (folder path, hf:<name>, synthetic:<variant>); got {text!r}"
+        )
     text = text.strip()
     if text.startswith("synthetic:"):
         variant = text[len("synthetic:") :]
@@ -94,7 +96,9 @@ def parse_source(text: str) -> Source:
         if not name or not split:
             raise ConfigError(f"hf source {text!r}: expected hf:<name or path>[@<split>]")
         local = os.path.expanduser(name)
-        if os.path.isdir(local):  # a save_to_disk folder: absolute, so trials (Tune moves each into its own dir) find it
+        if os.path.isdir(
+            local
+        ):  # a save_to_disk folder: absolute, so trials (Tune moves each into its own dir) find it
             name = os.path.abspath(local)
         return Source("hf", name, split)
     path = text[len("folder:") :] if text.startswith("folder:") else text
@@ -141,7 +145,8 @@ def _hf_dataset(source: Source):
     loc = source.location
     try:
         if os.path.isdir(loc) and (
-            os.path.exists(os.path.join(loc, "dataset_info.json")) or os.path.exists(os.path.join(loc, "dataset_dict.json"))
+            os.path.exists(os.path.join(loc, "dataset_info.json"))
+            or os.path.exists(os.path.join(loc, "dataset_dict.json"))
         ):
             ds = datasets.load_from_disk(loc)
             if isinstance(ds, datasets.DatasetDict):
@@ -197,7 +202,11 @@ def synthetic_images(variant: str, n_per_class: Optional[int] = None, seed: int 
             img = base + rng.normal(0, 35 if variant == "ood" else 15, size=(s, s, 3))
             r = int(rng.integers(8, 14))
             cy, cx = (int(v) for v in rng.integers(r, s - r, size=2))
-            mask = (yy - cy) ** 2 + (xx - cx) ** 2 <= r * r if variant == "ood" else (abs(yy - cy) <= r) & (abs(xx - cx) <= r)
+            mask = (
+                (yy - cy) ** 2 + (xx - cx) ** 2 <= r * r
+                if variant == "ood"
+                else (abs(yy - cy) <= r) & (abs(xx - cx) <= r)
+            )
             img[mask] = colours[c] + rng.normal(0, 10, size=3)
             images.append(Image.fromarray(np.clip(img, 0, 255).astype(np.uint8), mode="RGB"))
             labels.append(c)
@@ -273,7 +282,9 @@ def pixel_transform(preprocess: Any) -> PixelTransform:
     ``Normalize`` are dropped (the classifier normalises). The result pickles (as its steps do)."""
     from torchvision.transforms import Normalize, ToTensor
 
-    return _PixelTransform(t for t in getattr(preprocess, "transforms", [preprocess]) if not isinstance(t, (ToTensor, Normalize)))
+    return _PixelTransform(
+        t for t in getattr(preprocess, "transforms", [preprocess]) if not isinstance(t, (ToTensor, Normalize))
+    )
 
 
 def _choose(labels: np.ndarray, per_class: int, seed: int) -> np.ndarray:
@@ -350,8 +361,9 @@ class ImageReader:
             raise ConfigError(f"cannot read image {self.describe(item)}: {exc}") from None
 
 
-def select_items(source: Source, transform: PixelTransform, *, per_class: int = 0, seed: int = 0
-                 ) -> Tuple[ImageReader, np.ndarray, torch.Tensor, List[str]]:
+def select_items(
+    source: Source, transform: PixelTransform, *, per_class: int = 0, seed: int = 0
+) -> Tuple[ImageReader, np.ndarray, torch.Tensor, List[str]]:
     """The items of ``source`` that :func:`load_images` keeps, without decoding any image.
 
     Returns:
@@ -373,7 +385,9 @@ def select_items(source: Source, transform: PixelTransform, *, per_class: int = 
         names, entries = _folder_index(source.location)
         labels = np.asarray([y for _, y in entries], dtype=np.int64)
         idx = _choose(labels, per_class, seed)
-        items = np.asarray([os.fsencode(entries[i][0]) for i in idx], dtype=bytes) if len(idx) else np.zeros(0, dtype="S1")
+        items = (
+            np.asarray([os.fsencode(entries[i][0]) for i in idx], dtype=bytes) if len(idx) else np.zeros(0, dtype="S1")
+        )
     else:
         ds, image_col, label_col = _hf_dataset(source)
         reader._opened = (ds.select_columns([image_col]), image_col)
@@ -451,7 +465,11 @@ def label_indices(names: Sequence[str], label_space: Sequence[str], where: str) 
 
 
 def into_label_space(
-    pixels: torch.Tensor, targets: torch.Tensor, names: Sequence[str], label_space: Sequence[str], where: str,
+    pixels: torch.Tensor,
+    targets: torch.Tensor,
+    names: Sequence[str],
+    label_space: Sequence[str],
+    where: str,
     classes: Optional[Sequence[int]] = None,
 ) -> Split:
     """A split in the model's label space.
@@ -470,7 +488,9 @@ def into_label_space(
         if len(cls) != len(names):
             raise ConfigError(f"{where}: {len(cls)} class indices given for {len(names)} labels")
         if len(cls) and (int(cls.min()) < 0 or int(cls.max()) >= len(label_space)):
-            raise ConfigError(f"{where}: class indices must lie in [0, {len(label_space)}); got {int(cls.min())}..{int(cls.max())}")
+            raise ConfigError(
+                f"{where}: class indices must lie in [0, {len(label_space)}); got {int(cls.min())}..{int(cls.max())}"
+            )
     else:
         cls = label_indices(names, label_space, where)
     return SubsetSplit(pixels, targets, classes=cls)

@@ -163,7 +163,9 @@ def load_clip(spec: ClipSpec) -> Tuple[nn.Module, Callable[[Any], torch.Tensor]]
     kwargs: Dict[str, Any] = {"force_quick_gelu": spec.quick_gelu}
     try:
         if spec.pretrained:
-            model, _, preprocess = open_clip.create_model_and_transforms(spec.model_name, pretrained=spec.pretrained, **kwargs)
+            model, _, preprocess = open_clip.create_model_and_transforms(
+                spec.model_name, pretrained=spec.pretrained, **kwargs
+            )
         else:
             with torch.random.fork_rng(devices=[]):
                 torch.default_generator.manual_seed(spec.init_seed)
@@ -192,7 +194,9 @@ def templates_for(name: str) -> Sequence[Callable[[str], str]]:
     raise ConfigError(f"templates={name!r} is not allowed; expected one of {', '.join(TEMPLATE_SETS)}")
 
 
-def zero_shot_head(clip: nn.Module, spec: ClipSpec, classnames: Sequence[str], templates: str = "openai") -> torch.Tensor:
+def zero_shot_head(
+    clip: nn.Module, spec: ClipSpec, classnames: Sequence[str], templates: str = "openai"
+) -> torch.Tensor:
     """The zero-shot head of ``clip`` for ``classnames`` (open_clip's ``build_zero_shot_classifier``).
 
     Text embeddings are computed on CUDA when it is available (then moved back), in batches of 10
@@ -263,9 +267,15 @@ class ClipClassifier(nn.Module):
             raise ConfigError(f"head must be (embed_dim, n_classes); got shape {tuple(head.shape)}")
         self.visual = visual
         self.head = nn.Parameter(head.detach().clone().float())
-        self.register_buffer("logit_scale", torch.as_tensor(logit_scale, dtype=torch.float32).detach().clone().reshape(()))
-        self.register_buffer("pixel_mean", torch.tensor(list(mean), dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("pixel_std", torch.tensor(list(std), dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer(
+            "logit_scale", torch.as_tensor(logit_scale, dtype=torch.float32).detach().clone().reshape(())
+        )
+        self.register_buffer(
+            "pixel_mean", torch.tensor(list(mean), dtype=torch.float32).view(1, 3, 1, 1), persistent=False
+        )
+        self.register_buffer(
+            "pixel_std", torch.tensor(list(std), dtype=torch.float32).view(1, 3, 1, 1), persistent=False
+        )
 
     @classmethod
     def from_clip(cls, clip: nn.Module, head: torch.Tensor) -> "ClipClassifier":
@@ -327,14 +337,18 @@ def export_open_clip_checkpoint(
     full = OrderedDict((k, v.detach().clone()) for k, v in clip.state_dict().items())
     missing = [k for k in full if k.startswith("visual.") and k not in classifier_state]
     if missing:
-        raise ConfigError(f"classifier state lacks image-tower key {missing[0]!r} of {spec.model_name!r} ({len(missing)} missing)")
+        raise ConfigError(
+            f"classifier state lacks image-tower key {missing[0]!r} of {spec.model_name!r} ({len(missing)} missing)"
+        )
     for k in full:
         if k.startswith("visual.") or k == "logit_scale":
             v = classifier_state[k].detach().cpu()
             if k == "logit_scale":
                 v = v.reshape(full[k].shape)
             if v.shape != full[k].shape:
-                raise ConfigError(f"classifier state {k!r} has shape {tuple(v.shape)}; {spec.model_name!r} expects {tuple(full[k].shape)}")
+                raise ConfigError(
+                    f"classifier state {k!r} has shape {tuple(v.shape)}; {spec.model_name!r} expects {tuple(full[k].shape)}"
+                )
             full[k] = v.to(full[k].dtype)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -60,8 +60,12 @@ class DigitsCNN(nn.Module):
     def __init__(self, width: int = 32) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),  # (N, w, 8, 8)
-            nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
+            nn.Conv2d(1, width, 3, padding=1),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),  # (N, w, 8, 8)
+            nn.Conv2d(width, 2 * width, 3, padding=1),
+            nn.BatchNorm2d(2 * width),
+            nn.ReLU(),
             nn.MaxPool2d(2),  # (N, 2w, 4, 4)
         )
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(2 * width * 16, 10))
@@ -80,8 +84,18 @@ class Digits(Workload):
         HParam("model", "mlp", str, choices=("mlp", "cnn"), doc="network: MLP or small CNN with BatchNorm"),
         HParam("width", 128, int, low=1, doc="hidden units (MLP) or base channels (CNN)"),
         HParam("depth", 2, int, low=1, doc="hidden layers of the MLP"),
-        HParam("val_fraction", 0.2, float, low=0.0, high=0.5, low_open=True, doc="share of each class held out for validation"),
-        HParam("test_fraction", 0.2, float, low=0.0, high=0.5, low_open=True, doc="share of each class held out for test"),
+        HParam(
+            "val_fraction",
+            0.2,
+            float,
+            low=0.0,
+            high=0.5,
+            low_open=True,
+            doc="share of each class held out for validation",
+        ),
+        HParam(
+            "test_fraction", 0.2, float, low=0.0, high=0.5, low_open=True, doc="share of each class held out for test"
+        ),
     )
     train_defaults = TrainDefaults(batch_size=64, schedule="cosine")
     data_hparams = ("val_fraction", "test_fraction")

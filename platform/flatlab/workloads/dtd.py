@@ -45,23 +45,37 @@ class DTD(Workload):
         HParam("model", "vit_small_patch16_224.augreg_in21k_ft_in1k", str, doc="timm model name (with pretrained tag)"),
         HParam("pretrained", True, bool, doc="load ImageNet weights (from the hub/cache, or weights_path)"),
         HParam("weights_path", None, str, nullable=True, doc="local weights file for pretrained=True (offline)"),
-        HParam("image_size", 224, int, low=8, doc="images are resized/cropped to this (pixels); the ViT is built for it"),
+        HParam(
+            "image_size", 224, int, low=8, doc="images are resized/cropped to this (pixels); the ViT is built for it"
+        ),
         HParam("data_path", None, str, nullable=True, doc="None: hub; a save_to_disk folder; or 'synthetic'"),
         HParam("hub_name", "tanganke/dtd", str, doc="Hugging Face dataset used when data_path is None"),
-        HParam("synthetic_size", 188, int, low=47, doc="data_path='synthetic': training images (val, test: a quarter each)"),
+        HParam(
+            "synthetic_size", 188, int, low=47, doc="data_path='synthetic': training images (val, test: a quarter each)"
+        ),
         HParam("val_size", 376, int, low=0, doc="training images held out for validation (stratified; 0: val = test)"),
         HParam("augment", "crop_flip", str, choices=("crop_flip", "none"), doc="training augmentation"),
     )
     train_defaults = TrainDefaults(batch_size=64, schedule="constant", label_smoothing=0.1)
     #: tiny offline parameters (synthetic 32x32 data, random-weight ViT-Ti/16): for tests over the registry
     smoke_params: ClassVar[Dict[str, Any]] = {
-        "data_path": "synthetic", "synthetic_size": 47, "model": "vit_tiny_patch16_224", "pretrained": False, "image_size": 32,
+        "data_path": "synthetic",
+        "synthetic_size": 47,
+        "model": "vit_tiny_patch16_224",
+        "pretrained": False,
+        "image_size": 32,
     }
 
     def load_data(self, seed: int) -> Data:
         p = self.params
         data = load_labelled_images(
-            self.name, p, NUM_CLASSES, seed, image_columns=("image", "img"), label_columns=("label",), size=p["image_size"]
+            self.name,
+            p,
+            NUM_CLASSES,
+            seed,
+            image_columns=("image", "img"),
+            label_columns=("label",),
+            size=p["image_size"],
         )
         data.meta["image_size"] = p["image_size"]
         return data
@@ -77,7 +91,9 @@ class DTD(Workload):
             net = timm.create_model(p["model"], pretrained=p["pretrained"], **kwargs)
         except RuntimeError as exc:
             if "Unknown model" in str(exc):
-                raise ConfigError(f"workload 'dtd': model={p['model']!r} is not a timm model ({describe_error(exc)})") from exc
+                raise ConfigError(
+                    f"workload 'dtd': model={p['model']!r} is not a timm model ({describe_error(exc)})"
+                ) from exc
             raise
         except Exception as exc:  # noqa: BLE001 - weights not reachable: no network, no cache, bad file
             if not p["pretrained"]:

@@ -61,7 +61,15 @@ from flatlab.workloads.fmnist_nets import FMNIST_MODELS, NUM_CLASSES, build_fmni
 from flatlab.workloads.idx import read_idx_pair
 from flatlab.workloads.images import ImageClassifier, holdout_split, synthetic_images
 from flatlab.workloads.registry import register_workload
-from flatlab.workloads.sources import DataUnavailable, describe_error, get_split, is_synthetic, load_hf, require_columns, require_split
+from flatlab.workloads.sources import (
+    DataUnavailable,
+    describe_error,
+    get_split,
+    is_synthetic,
+    load_hf,
+    require_columns,
+    require_split,
+)
 
 #: where Debian's package ``dataset-fashion-mnist`` installs the four gzipped IDX files
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -112,7 +120,9 @@ def read_idx_folder(folder: Path) -> Arrays:
     """
     found, missing = find_idx_files(folder)
     if missing:
-        raise DataUnavailable(f"workload 'fashion_mnist': {folder} lacks {', '.join(missing)} (.gz or not). {how_to_get()}")
+        raise DataUnavailable(
+            f"workload 'fashion_mnist': {folder} lacks {', '.join(missing)} (.gz or not). {how_to_get()}"
+        )
     out = []
     for images, labels in IDX_FILES.values():
         out += read_idx_pair(found[images], found[labels], image_shape=IMAGE_SHAPE, num_classes=NUM_CLASSES)
@@ -131,7 +141,9 @@ def _grey_uint8(images: List[Any], source: str) -> np.ndarray:
         if arr.ndim == 3 and arr.shape[-1] == 1:
             arr = arr[..., 0]
         if arr.shape != IMAGE_SHAPE:
-            raise DataUnavailable(f"workload 'fashion_mnist': an image of shape {arr.shape} in {source}; expected 28x28 grey")
+            raise DataUnavailable(
+                f"workload 'fashion_mnist': an image of shape {arr.shape} in {source}; expected 28x28 grey"
+            )
         out.append(arr)
     return np.stack(out) if out else np.zeros((0, *IMAGE_SHAPE), np.uint8)
 
@@ -143,7 +155,10 @@ def _hf_arrays(dsets: Any, source: str, data_path: Optional[str]) -> Arrays:
     lab = require_columns(train_ds, ("label",), "label", "fashion_mnist")
 
     def arrays(ds: Any) -> Tuple[np.ndarray, np.ndarray]:
-        x = np.concatenate([_grey_uint8(ds[s : s + 4096][img], source) for s in range(0, len(ds), 4096)] or [np.zeros((0, 28, 28), np.uint8)])
+        x = np.concatenate(
+            [_grey_uint8(ds[s : s + 4096][img], source) for s in range(0, len(ds), 4096)]
+            or [np.zeros((0, 28, 28), np.uint8)]
+        )
         return x, np.asarray(list(ds[lab]), dtype=np.int64)
 
     x, y = arrays(train_ds)
@@ -166,13 +181,17 @@ def split_train(y: np.ndarray, val_size: int, train_size: Optional[int], seed: i
     """
     n = len(y)
     if val_size >= n:
-        raise ConfigError(f"workload 'fashion_mnist': val_size={val_size} leaves no training image of the {n}; expected < {n}")
+        raise ConfigError(
+            f"workload 'fashion_mnist': val_size={val_size} leaves no training image of the {n}; expected < {n}"
+        )
     rest, va = holdout_split(y, val_size, seed)
     if train_size is None:
         return rest, va
     if train_size > len(rest):
-        raise ConfigError(f"workload 'fashion_mnist': train_size={train_size} exceeds the {len(rest)} training images "
-                          f"left after val_size={val_size}; expected <= {len(rest)} or None (all)")
+        raise ConfigError(
+            f"workload 'fashion_mnist': train_size={train_size} exceeds the {len(rest)} training images "
+            f"left after val_size={val_size}; expected <= {len(rest)} or None (all)"
+        )
     _, keep = holdout_split(y[rest], train_size, seed, stream=0x5B5)  # stratified subset, independent of the hold-out
     return rest[keep], va
 
@@ -182,28 +201,62 @@ class FashionMNIST(Workload):
     """Fashion-MNIST classification, 10 classes; metric ``val/accuracy`` (max). See the module docstring."""
 
     name = "fashion_mnist"
-    doc = ("Fashion-MNIST, 28x28 grey, 10 classes; models: DeepOBS 2c2d and mlp, small_cnn "
-           "(Debian's IDX files, an IDX folder, the hub zalando-datasets/fashion_mnist, or synthetic)")
+    doc = (
+        "Fashion-MNIST, 28x28 grey, 10 classes; models: DeepOBS 2c2d and mlp, small_cnn "
+        "(Debian's IDX files, an IDX folder, the hub zalando-datasets/fashion_mnist, or synthetic)"
+    )
     hparams = (
-        HParam("model", "small_cnn", str, choices=FMNIST_MODELS,
-               doc="network: '2c2d' DeepOBS fmnist_2c2d (3,274,634 params), 'mlp' DeepOBS fmnist_mlp (1,336,610), "
-                   "'small_cnn' 2 strided conv + 1 dense, for CPUs (20,746 at width 16)"),
+        HParam(
+            "model",
+            "small_cnn",
+            str,
+            choices=FMNIST_MODELS,
+            doc="network: '2c2d' DeepOBS fmnist_2c2d (3,274,634 params), 'mlp' DeepOBS fmnist_mlp (1,336,610), "
+            "'small_cnn' 2 strided conv + 1 dense, for CPUs (20,746 at width 16)",
+        ),
         HParam("width", 16, int, low=1, doc="small_cnn only: channels of the first conv (the second has 2 x width)"),
         HParam("batchnorm", False, bool, doc="small_cnn only: BatchNorm after each conv"),
-        HParam("data_path", None, str, nullable=True,
-               doc=f"None: {DEBIAN_DIR}/ if present, else the hub; a folder of the 4 IDX files (.gz or not); "
-                   "a save_to_disk folder; or 'synthetic'"),
-        HParam("hub_name", HUB_NAME, str, doc="Hugging Face dataset used when data_path is None and Debian's folder is absent"),
+        HParam(
+            "data_path",
+            None,
+            str,
+            nullable=True,
+            doc=f"None: {DEBIAN_DIR}/ if present, else the hub; a folder of the 4 IDX files (.gz or not); "
+            "a save_to_disk folder; or 'synthetic'",
+        ),
+        HParam(
+            "hub_name",
+            HUB_NAME,
+            str,
+            doc="Hugging Face dataset used when data_path is None and Debian's folder is absent",
+        ),
         HParam("synthetic_size", 600, int, low=20, doc="data_path='synthetic': training images (test: a quarter)"),
-        HParam("val_size", 10000, int, low=0,
-               doc="training images held out for validation (stratified, study seed; DeepOBS's PyTorch split: 10,000); "
-                   "0: train on all 60,000, val = test (DeepOBS 1.1's published baselines)"),
-        HParam("train_size", None, int, low=1, nullable=True, doc="a stratified subset of the remaining training images (None: all)"),
+        HParam(
+            "val_size",
+            10000,
+            int,
+            low=0,
+            doc="training images held out for validation (stratified, study seed; DeepOBS's PyTorch split: 10,000); "
+            "0: train on all 60,000, val = test (DeepOBS 1.1's published baselines)",
+        ),
+        HParam(
+            "train_size",
+            None,
+            int,
+            low=1,
+            nullable=True,
+            doc="a stratified subset of the remaining training images (None: all)",
+        ),
     )
     data_hparams = ("data_path", "hub_name", "synthetic_size", "val_size", "train_size")
     train_defaults = TrainDefaults(batch_size=128, schedule="constant")
     #: tiny offline parameters (synthetic data, a 4-channel small_cnn): for tests over the registry
-    smoke_params: ClassVar[Dict[str, Any]] = {"data_path": "synthetic", "synthetic_size": 200, "model": "small_cnn", "width": 4}
+    smoke_params: ClassVar[Dict[str, Any]] = {
+        "data_path": "synthetic",
+        "synthetic_size": 200,
+        "model": "small_cnn",
+        "width": 4,
+    }
 
     def _source(self) -> Tuple[str, Optional[Path]]:
         """``("synthetic" | "idx" | "hf", folder)``: where :meth:`load_data` reads from (files are not opened).
@@ -218,13 +271,19 @@ class FashionMNIST(Workload):
             return ("idx", DEBIAN_DIR) if not find_idx_files(DEBIAN_DIR)[1] else ("hf", None)
         folder = Path(path).expanduser()
         if not folder.exists():
-            raise DataUnavailable(f"workload 'fashion_mnist': data_path={path!r} does not exist. {how_to_get(self.params['hub_name'])}")
+            raise DataUnavailable(
+                f"workload 'fashion_mnist': data_path={path!r} does not exist. {how_to_get(self.params['hub_name'])}"
+            )
         if folder.is_dir() and not any(folder.iterdir()):
-            raise DataUnavailable(f"workload 'fashion_mnist': data_path={path!r} is an empty folder. {how_to_get(self.params['hub_name'])}")
+            raise DataUnavailable(
+                f"workload 'fashion_mnist': data_path={path!r} is an empty folder. {how_to_get(self.params['hub_name'])}"
+            )
         found, missing = find_idx_files(folder) if folder.is_dir() else ({}, [])
         if found and missing:
-            raise DataUnavailable(f"workload 'fashion_mnist': data_path={path!r} holds {len(found)} of the 4 IDX files; "
-                                  f"missing {', '.join(missing)} (.gz or not). {how_to_get(self.params['hub_name'])}")
+            raise DataUnavailable(
+                f"workload 'fashion_mnist': data_path={path!r} holds {len(found)} of the 4 IDX files; "
+                f"missing {', '.join(missing)} (.gz or not). {how_to_get(self.params['hub_name'])}"
+            )
         return ("idx", folder) if found else ("hf", folder)
 
     def _load_hf(self, folder: Optional[Path]) -> Any:
@@ -242,8 +301,10 @@ class FashionMNIST(Workload):
         try:
             import datasets  # noqa: F401
         except ImportError as exc:
-            raise DataUnavailable(f"workload 'fashion_mnist': reading {folder or 'the hub'} needs the `datasets` package "
-                                  f"({describe_error(exc)}); {hint}") from exc
+            raise DataUnavailable(
+                f"workload 'fashion_mnist': reading {folder or 'the hub'} needs the `datasets` package "
+                f"({describe_error(exc)}); {hint}"
+            ) from exc
         return load_hf("fashion_mnist", hub, None, str(folder) if folder is not None else None, hint=hint)
 
     def check_data(self) -> None:
@@ -282,20 +343,32 @@ class FashionMNIST(Workload):
         (x, y, x_te, y_te), source = self._arrays()
         for labels in (y, y_te):
             if labels is not None and labels.size and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
-                raise DataUnavailable(f"workload 'fashion_mnist': labels must lie in [0, {NUM_CLASSES}), got "
-                                      f"[{labels.min()}, {labels.max()}] from {source}")
+                raise DataUnavailable(
+                    f"workload 'fashion_mnist': labels must lie in [0, {NUM_CLASSES}), got "
+                    f"[{labels.min()}, {labels.max()}] from {source}"
+                )
         val_size = min(p["val_size"], len(y) // 4) if source == "synthetic" else p["val_size"]
         if val_size == 0 and x_te is None:
-            raise ConfigError(f"workload 'fashion_mnist': val_size=0 validates on the test split, but {source} has none")
+            raise ConfigError(
+                f"workload 'fashion_mnist': val_size=0 validates on the test split, but {source} has none"
+            )
         tr, va = split_train(y, val_size, p["train_size"], seed)
 
         def split(xs: np.ndarray, ys: np.ndarray) -> Split:
-            return Split(torch.from_numpy(np.ascontiguousarray(xs[:, None])), torch.from_numpy(np.ascontiguousarray(ys)))
+            return Split(
+                torch.from_numpy(np.ascontiguousarray(xs[:, None])), torch.from_numpy(np.ascontiguousarray(ys))
+            )
 
         test = split(x_te, y_te) if x_te is not None and y_te is not None else None
         val = split(x[va], y[va]) if val_size else test
-        meta = {"source": source, "split_seed": seed, "num_classes": NUM_CLASSES, "val_size": val_size,
-                "train_size": len(tr), "train_pool": len(y)}
+        meta = {
+            "source": source,
+            "split_seed": seed,
+            "num_classes": NUM_CLASSES,
+            "val_size": val_size,
+            "train_size": len(tr),
+            "train_pool": len(y),
+        }
         return Data(train=split(x[tr], y[tr]), val=val, test=test, meta=meta)  # type: ignore[arg-type]
 
     def build_model(self) -> nn.Module:

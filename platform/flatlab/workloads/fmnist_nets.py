@@ -57,8 +57,12 @@ class DeepOBS2C2D(nn.Module):
     def __init__(self, num_classes: int = NUM_CLASSES) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2, 2),  # (N, 32, 14, 14)
-            nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2, 2),  # (N, 64, 7, 7)
+            nn.Conv2d(1, 32, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2, 2),  # (N, 32, 14, 14)
+            nn.Conv2d(32, 64, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2, 2),  # (N, 64, 7, 7)
         )
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(7 * 7 * 64, 1024), nn.ReLU(), nn.Linear(1024, num_classes))
         deepobs_init(self, std=0.05, bias=0.05)
@@ -95,7 +99,9 @@ class SmallCNN(nn.Module):
             norm = [nn.BatchNorm2d(c_out)] if batchnorm else []
             return [nn.Conv2d(c_in, c_out, k, stride=2, padding=k // 2), *norm, nn.ReLU()]
 
-        self.features = nn.Sequential(*block(1, width, 5), *block(width, 2 * width, 3))  # (N, w, 14, 14) -> (N, 2w, 7, 7)
+        self.features = nn.Sequential(
+            *block(1, width, 5), *block(width, 2 * width, 3)
+        )  # (N, w, 14, 14) -> (N, 2w, 7, 7)
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(2 * width * 49, num_classes))
 
     def forward(self, x):

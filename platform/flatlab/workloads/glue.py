@@ -163,7 +163,15 @@ def _random_holdout(n: int, n_val: int, seed: int) -> Tuple[np.ndarray, np.ndarr
 
 
 class GlueWorkload(Workload):
-    data_hparams = ("tokenizer", "max_length", "data_path", "hub_name", "synthetic_size", "val_fraction", "max_val_size")
+    data_hparams = (
+        "tokenizer",
+        "max_length",
+        "data_path",
+        "hub_name",
+        "synthetic_size",
+        "val_fraction",
+        "max_val_size",
+    )
     """Base of the ``glue/<task>`` workloads (see the module docstring)."""
 
     task_name: ClassVar[str]
@@ -174,12 +182,23 @@ class GlueWorkload(Workload):
         HParam("pretrained", True, bool, doc="load the checkpoint's weights (False: random init of the sizes below)"),
         HParam("tokenizer", None, str, nullable=True, doc="hub name or local folder (None: the model's)"),
         HParam("max_length", 128, int, low=8, doc="tokens per example after truncation"),
-        HParam("data_path", None, str, nullable=True, doc="None: hub nyu-mll/glue; a save_to_disk folder; or 'synthetic'"),
+        HParam(
+            "data_path", None, str, nullable=True, doc="None: hub nyu-mll/glue; a save_to_disk folder; or 'synthetic'"
+        ),
         HParam("hub_name", "nyu-mll/glue", str, doc="Hugging Face dataset used when data_path is None"),
         HParam("synthetic_size", 256, int, low=8, doc="data_path='synthetic': training examples (dev: a quarter)"),
-        HParam("val_fraction", 0.1, float, low=0.0, high=0.5, low_open=True, doc="share of train held out for validation"),
+        HParam(
+            "val_fraction", 0.1, float, low=0.0, high=0.5, low_open=True, doc="share of train held out for validation"
+        ),
         HParam("max_val_size", 5000, int, low=1, doc="cap on the validation hold-out (examples)"),
-        HParam("vocab_size", None, int, low=16, nullable=True, doc="pretrained=False: vocabulary (None: the tokenizer's; synthetic: 30522)"),
+        HParam(
+            "vocab_size",
+            None,
+            int,
+            low=16,
+            nullable=True,
+            doc="pretrained=False: vocabulary (None: the tokenizer's; synthetic: 30522)",
+        ),
         HParam("dim", 768, int, low=8, doc="pretrained=False: hidden width"),
         HParam("n_layers", 6, int, low=1, doc="pretrained=False: transformer layers"),
         HParam("n_heads", 12, int, low=1, doc="pretrained=False: attention heads"),
@@ -189,8 +208,15 @@ class GlueWorkload(Workload):
     train_defaults = TrainDefaults(batch_size=32, schedule="constant", label_smoothing=0.0)
     #: tiny offline parameters (synthetic token ids, a 1-layer width-16 DistilBERT): for tests over the registry
     smoke_params: ClassVar[Dict[str, Any]] = {
-        "data_path": "synthetic", "synthetic_size": 40, "pretrained": False, "vocab_size": 300,
-        "dim": 16, "n_layers": 1, "n_heads": 2, "hidden_dim": 32, "max_length": 16,
+        "data_path": "synthetic",
+        "synthetic_size": 40,
+        "pretrained": False,
+        "vocab_size": 300,
+        "dim": 16,
+        "n_layers": 1,
+        "n_heads": 2,
+        "hidden_dim": 32,
+        "max_length": 16,
     }
 
     # ---------------------------------------------------------------------------------------------- data
@@ -239,9 +265,19 @@ class GlueWorkload(Workload):
         a = require_columns(ds, (a,), "text", self.name)
         lab = require_columns(ds, ("label",), "label", self.name)
         texts_b = list(ds[require_columns(ds, (b,), "second text", self.name)]) if b else None
-        enc = tok(list(ds[a]), texts_b, truncation=True, max_length=self.params["max_length"], padding="max_length", return_tensors="np")
+        enc = tok(
+            list(ds[a]),
+            texts_b,
+            truncation=True,
+            max_length=self.params["max_length"],
+            padding="max_length",
+            return_tensors="np",
+        )
         y = np.asarray(list(ds[lab]), dtype=np.float32 if self.task.regression else np.int64)
-        return {"input_ids": enc["input_ids"].astype(np.int64), "attention_mask": enc["attention_mask"].astype(np.int64)}, y
+        return {
+            "input_ids": enc["input_ids"].astype(np.int64),
+            "attention_mask": enc["attention_mask"].astype(np.int64),
+        }, y
 
     def load_data(self, seed: int) -> Data:
         p = self.params
@@ -255,14 +291,21 @@ class GlueWorkload(Workload):
             dsets = load_hf(self.name, p["hub_name"], self.task_name, p["data_path"])
             tok = self._tokenizer()
             x, y = self._tokenize(tok, require_split(dsets, ("train",), self.name, p["data_path"]))
-            x_dev, y_dev = self._tokenize(tok, require_split(dsets, (self.task.dev_split, "validation"), self.name, p["data_path"]))
+            x_dev, y_dev = self._tokenize(
+                tok, require_split(dsets, (self.task.dev_split, "validation"), self.name, p["data_path"])
+            )
             source = p["data_path"] or f"{p['hub_name']}/{self.task_name}"
         if not self.task.regression and (y.min() < 0 or y.max() >= self.task.num_labels):
-            raise ValueError(f"workload {self.name!r}: labels must lie in [0, {self.task.num_labels}), got [{y.min()}, {y.max()}]")
+            raise ValueError(
+                f"workload {self.name!r}: labels must lie in [0, {self.task.num_labels}), got [{y.min()}, {y.max()}]"
+            )
         width = int(max(x["attention_mask"].sum(1).max(), x_dev["attention_mask"].sum(1).max()))  # longest example
 
         def split(inputs: Dict[str, np.ndarray], targets: np.ndarray, idx: Any = slice(None)) -> Split:
-            return Split({k: torch.from_numpy(np.ascontiguousarray(v[idx, :width])) for k, v in inputs.items()}, torch.from_numpy(targets[idx]))
+            return Split(
+                {k: torch.from_numpy(np.ascontiguousarray(v[idx, :width])) for k, v in inputs.items()},
+                torch.from_numpy(targets[idx]),
+            )
 
         n_val = max(1, min(p["max_val_size"], int(round(p["val_fraction"] * len(y)))))
         tr, va = _random_holdout(len(y), n_val, seed)
@@ -275,7 +318,11 @@ class GlueWorkload(Workload):
 
     # ---------------------------------------------------------------------------------------------- model
     def build_model(self) -> nn.Module:
-        from transformers import AutoModelForSequenceClassification, DistilBertConfig, DistilBertForSequenceClassification
+        from transformers import (
+            AutoModelForSequenceClassification,
+            DistilBertConfig,
+            DistilBertForSequenceClassification,
+        )
 
         p = self.params
         k = self.task.num_labels

@@ -22,8 +22,14 @@ import numpy as np
 from flatlab.workloads.sources import DataUnavailable
 
 #: IDX element type codes -> numpy dtypes (big-endian where it matters)
-IDX_TYPES = {0x08: np.dtype("u1"), 0x09: np.dtype("i1"), 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
-             0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+IDX_TYPES = {
+    0x08: np.dtype("u1"),
+    0x09: np.dtype("i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
 UBYTE = 0x08
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -44,7 +50,9 @@ def _raw_bytes(path: Path) -> bytes:
     try:
         return gzip.decompress(raw)
     except (EOFError, OSError, zlib.error) as exc:  # truncated stream, bad CRC, not gzip after all
-        raise IdxFormatError(f"IDX file {path}: broken gzip stream ({type(exc).__name__}: {exc}); is the download complete?") from exc
+        raise IdxFormatError(
+            f"IDX file {path}: broken gzip stream ({type(exc).__name__}: {exc}); is the download complete?"
+        ) from exc
 
 
 def read_idx(path: PathLike, ndim: Optional[int] = None, type_code: Optional[int] = UBYTE) -> np.ndarray:
@@ -70,11 +78,18 @@ def read_idx(path: PathLike, ndim: Optional[int] = None, type_code: Optional[int
     magic = int.from_bytes(raw[:4], "big")
     code, dims = raw[2], raw[3]
     expected = f"0x0000{type_code if type_code is not None else code:02X}{ndim if ndim is not None else dims:02X}"
-    if raw[0] or raw[1] or code not in IDX_TYPES or dims == 0 or (ndim is not None and dims != ndim) or (
-        type_code is not None and code != type_code
+    if (
+        raw[0]
+        or raw[1]
+        or code not in IDX_TYPES
+        or dims == 0
+        or (ndim is not None and dims != ndim)
+        or (type_code is not None and code != type_code)
     ):
-        raise IdxFormatError(f"IDX file {path}: wrong magic number 0x{magic:08X}, expected {expected} "
-                             f"(IDX, element type 0x{type_code or code:02X}, {ndim or dims} dimension(s))")
+        raise IdxFormatError(
+            f"IDX file {path}: wrong magic number 0x{magic:08X}, expected {expected} "
+            f"(IDX, element type 0x{type_code or code:02X}, {ndim or dims} dimension(s))"
+        )
     header = 4 + 4 * dims
     if len(raw) < header:
         raise IdxFormatError(f"IDX file {path}: truncated header, {len(raw)} bytes, {header} needed for {dims} sizes")
@@ -84,8 +99,10 @@ def read_idx(path: PathLike, ndim: Optional[int] = None, type_code: Optional[int
     have = len(raw) - header
     if have != need:
         what = "truncated" if have < need else "too long"
-        raise IdxFormatError(f"IDX file {path}: {what}, {have} bytes of data after the header, "
-                             f"{need} announced by its sizes {'x'.join(map(str, shape))}")
+        raise IdxFormatError(
+            f"IDX file {path}: {what}, {have} bytes of data after the header, "
+            f"{need} announced by its sizes {'x'.join(map(str, shape))}"
+        )
     arr = np.frombuffer(raw, dtype=dtype, count=need // dtype.itemsize, offset=header).reshape(shape)
     return arr.astype(dtype.newbyteorder("="), copy=True)  # writable, native byte order
 
@@ -108,10 +125,13 @@ def read_idx_pair(
     x = read_idx(images, ndim=3)
     y = read_idx(labels, ndim=1)
     if x.shape[0] != y.shape[0]:
-        raise IdxFormatError(f"IDX files disagree: {images} holds {x.shape[0]} images, {labels} holds {y.shape[0]} labels")
+        raise IdxFormatError(
+            f"IDX files disagree: {images} holds {x.shape[0]} images, {labels} holds {y.shape[0]} labels"
+        )
     if image_shape is not None and tuple(x.shape[1:]) != tuple(image_shape):
-        raise IdxFormatError(f"IDX file {images}: images of {x.shape[1]}x{x.shape[2]} pixels, expected "
-                             f"{'x'.join(map(str, image_shape))}")
+        raise IdxFormatError(
+            f"IDX file {images}: images of {x.shape[1]}x{x.shape[2]} pixels, expected {'x'.join(map(str, image_shape))}"
+        )
     if num_classes is not None and y.size and int(y.max()) >= num_classes:
         raise IdxFormatError(f"IDX file {labels}: label {int(y.max())} outside [0, {num_classes})")
     return x, y.astype(np.int64)

@@ -45,7 +45,7 @@ import math
 import os
 import threading
 from pathlib import Path
-from typing import Any, ClassVar, Dict, List, Optional, Tuple
+from typing import Any, ClassVar, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -120,8 +120,9 @@ def resized_crop_params(
     return out
 
 
-def random_resized_crop(x: torch.Tensor, generator: torch.Generator, size: int, flip: bool = True,
-                        scale=SCALE, ratio=RATIO) -> torch.Tensor:
+def random_resized_crop(
+    x: torch.Tensor, generator: torch.Generator, size: int, flip: bool = True, scale=SCALE, ratio=RATIO
+) -> torch.Tensor:
     """Inception-style RandomResizedCrop and horizontal flip of a batch (torchvision's ImageNet training
     augmentation), drawing only from ``generator``.
 
@@ -201,27 +202,73 @@ class ImageNet(Workload):
 
     name = "imagenet"
     doc = "ImageNet-1k, ResNet-50 (torchvision), streamed from disk (HF ILSVRC/imagenet-1k, ImageFolder, or synthetic)"
-    data_hparams = ("data_path", "hub_name", "val_size", "num_classes", "synthetic_size", "synthetic_image_size",
-                    "crop_size", "resize_size", "workers")
+    data_hparams = (
+        "data_path",
+        "hub_name",
+        "val_size",
+        "num_classes",
+        "synthetic_size",
+        "synthetic_image_size",
+        "crop_size",
+        "resize_size",
+        "workers",
+    )
     hparams = (
-        HParam("model", "resnet50", str, choices=MODELS, doc="torchvision network, weights=None (IRE Table 2: resnet50)"),
-        HParam("num_classes", 1000, int, low=2, doc="classes (ImageNet-1k: 1000; synthetic data: how many to generate)"),
-        HParam("data_path", None, str, nullable=True,
-               doc="None: hub; a folder with train/ and val/ ImageFolders, or a save_to_disk folder; or 'synthetic'"),
+        HParam(
+            "model", "resnet50", str, choices=MODELS, doc="torchvision network, weights=None (IRE Table 2: resnet50)"
+        ),
+        HParam(
+            "num_classes", 1000, int, low=2, doc="classes (ImageNet-1k: 1000; synthetic data: how many to generate)"
+        ),
+        HParam(
+            "data_path",
+            None,
+            str,
+            nullable=True,
+            doc="None: hub; a folder with train/ and val/ ImageFolders, or a save_to_disk folder; or 'synthetic'",
+        ),
         HParam("hub_name", "ILSVRC/imagenet-1k", str, doc="Hugging Face dataset used when data_path is None (gated)"),
-        HParam("val_size", 10000, int, low=0, doc="training images held out for validation (stratified; 0: val = official validation set)"),
-        HParam("crop_size", 224, int, low=8, doc="network input side, pixels (training crop and evaluation centre crop)"),
-        HParam("resize_size", 256, int, low=8, doc="shorter side before the centre crop, pixels (also the stored training image side)"),
-        HParam("augment", "standard", str, choices=AUGMENT, doc="standard: RandomResizedCrop + horizontal flip; none: centre crop"),
+        HParam(
+            "val_size",
+            10000,
+            int,
+            low=0,
+            doc="training images held out for validation (stratified; 0: val = official validation set)",
+        ),
+        HParam(
+            "crop_size", 224, int, low=8, doc="network input side, pixels (training crop and evaluation centre crop)"
+        ),
+        HParam(
+            "resize_size",
+            256,
+            int,
+            low=8,
+            doc="shorter side before the centre crop, pixels (also the stored training image side)",
+        ),
+        HParam(
+            "augment",
+            "standard",
+            str,
+            choices=AUGMENT,
+            doc="standard: RandomResizedCrop + horizontal flip; none: centre crop",
+        ),
         HParam("synthetic_size", 64, int, low=8, doc="data_path='synthetic': training images (test: a quarter)"),
-        HParam("synthetic_image_size", 40, int, low=8, doc="data_path='synthetic': side of the generated images, pixels"),
+        HParam(
+            "synthetic_image_size", 40, int, low=8, doc="data_path='synthetic': side of the generated images, pixels"
+        ),
         HParam("workers", 0, int, low=0, doc="decoding threads per process (0: min(8, the trial's CPUs))"),
     )
     # IRE Table 2 (as far as the paper states it) with the usual ResNet-50 recipe for the rest (see the study).
     train_defaults = TrainDefaults(batch_size=256, schedule="cosine", warmup_epochs=0.0, label_smoothing=0.0)
     smoke_params: ClassVar[Dict[str, Any]] = {
-        "data_path": "synthetic", "model": "resnet18", "num_classes": 4, "synthetic_size": 16, "val_size": 4,
-        "crop_size": 32, "resize_size": 36, "synthetic_image_size": 40,
+        "data_path": "synthetic",
+        "model": "resnet18",
+        "num_classes": 4,
+        "synthetic_size": 16,
+        "val_size": 4,
+        "crop_size": 32,
+        "resize_size": 36,
+        "synthetic_image_size": 40,
     }
 
     def __init__(self, **params: Any) -> None:
@@ -270,7 +317,9 @@ class ImageNet(Workload):
         tr, va = holdout_split(y, val_size, seed)
         w = p["workers"]
         train = Split(LazyImages(items[tr], store_r, workers=w), torch.from_numpy(y[tr]))
-        test = Split(LazyImages(test_src[1], test_src[0], workers=w), torch.as_tensor(np.asarray(test_src[2]), dtype=torch.int64))
+        test = Split(
+            LazyImages(test_src[1], test_src[0], workers=w), torch.as_tensor(np.asarray(test_src[2]), dtype=torch.int64)
+        )
         val = Split(LazyImages(items[va], eval_r, workers=w), torch.from_numpy(y[va])) if val_size else test
         meta = {"source": source, "split_seed": seed, "num_classes": p["num_classes"], "val_size": val_size}
         return Data(train=train, val=val, test=test, meta=meta)
@@ -329,4 +378,11 @@ class ImageNet(Workload):
         return super().evaluate(model, split, batch_size)
 
 
-__all__: List[str] = ["ImageNet", "SyntheticReader", "center_crop", "pixel_steps", "random_resized_crop", "resized_crop_params"]
+__all__: List[str] = [
+    "ImageNet",
+    "SyntheticReader",
+    "center_crop",
+    "pixel_steps",
+    "random_resized_crop",
+    "resized_crop_params",
+]

@@ -84,7 +84,9 @@ def auto_augment(x: torch.Tensor, generator: torch.Generator, policy: str = "cif
         return torch.stack([aa(img) for img in x])
 
 
-def augment_images(x: torch.Tensor, generator: torch.Generator, kind: str, pad: int, policy: str = "cifar10") -> torch.Tensor:
+def augment_images(
+    x: torch.Tensor, generator: torch.Generator, kind: str, pad: int, policy: str = "cifar10"
+) -> torch.Tensor:
     """``kind``: ``crop_flip`` (random crop with ``pad`` + flip), ``autoaugment`` (AutoAugment, then crop + flip)
     or ``none``. ``x``: ``(N, 3, H, W)`` uint8."""
     if kind == "none":
@@ -94,7 +96,9 @@ def augment_images(x: torch.Tensor, generator: torch.Generator, kind: str, pad: 
     return random_crop_flip(x, generator, pad=pad)
 
 
-def uniform_label_noise(targets: np.ndarray, num_classes: int, fraction: float, seed: int) -> Tuple[np.ndarray, np.ndarray]:
+def uniform_label_noise(
+    targets: np.ndarray, num_classes: int, fraction: float, seed: int
+) -> Tuple[np.ndarray, np.ndarray]:
     """Replace exactly ``round(fraction * N)`` labels by a DIFFERENT class drawn uniformly from the other C-1.
 
     Args:
@@ -182,7 +186,11 @@ def holdout_split(targets: np.ndarray, n_val: int, seed: int, stream: int = 0x7A
         raise ValueError(f"hold-out size must be in [0, {n}], got {n_val}")
     rng = np.random.default_rng([seed, stream])
     order = np.lexsort((rng.random(n), np.asarray(targets)))  # by class, random within a class
-    pos = np.floor((np.arange(n_val) + rng.random()) * n / max(1, n_val)).astype(np.int64) if n_val else np.zeros(0, np.int64)
+    pos = (
+        np.floor((np.arange(n_val) + rng.random()) * n / max(1, n_val)).astype(np.int64)
+        if n_val
+        else np.zeros(0, np.int64)
+    )
     va = np.sort(order[pos])
     mask = np.ones(n, dtype=bool)
     mask[va] = False

@@ -145,12 +145,16 @@ class LazyImages:
             return list(range(*idx.indices(n)))
         if isinstance(idx, torch.Tensor):
             if idx.dtype == torch.bool or idx.is_floating_point() or idx.is_complex() or idx.ndim != 1:
-                raise IndexError(f"LazyImages takes a 1-D integer index or a slice; got a {idx.dtype} tensor of shape {tuple(idx.shape)}")
+                raise IndexError(
+                    f"LazyImages takes a 1-D integer index or a slice; got a {idx.dtype} tensor of shape {tuple(idx.shape)}"
+                )
             rows = idx.tolist()
         else:
             arr = np.asarray(idx)
             if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-                raise IndexError(f"LazyImages takes a 1-D integer index or a slice; got {type(idx).__name__} of shape {arr.shape}")
+                raise IndexError(
+                    f"LazyImages takes a 1-D integer index or a slice; got {type(idx).__name__} of shape {arr.shape}"
+                )
             rows = arr.tolist()
         out = []
         for r in rows:
@@ -162,7 +166,9 @@ class LazyImages:
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=default_workers(self.workers), thread_name_prefix="lazy-images")
+                self._pool = ThreadPoolExecutor(
+                    max_workers=default_workers(self.workers), thread_name_prefix="lazy-images"
+                )
             return self._pool
 
     def _submit(self, rows: List[int]) -> List[Future]:

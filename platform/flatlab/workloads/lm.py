@@ -120,7 +120,13 @@ class TokenWindows:
     """
 
     def __init__(
-        self, tokens: np.ndarray, context: int, shift: int = 0, path: Optional[str] = None, start: int = 0, stop: Optional[int] = None
+        self,
+        tokens: np.ndarray,
+        context: int,
+        shift: int = 0,
+        path: Optional[str] = None,
+        start: int = 0,
+        stop: Optional[int] = None,
     ) -> None:
         if tokens.ndim != 1:
             raise ValueError(f"TokenWindows needs a 1-D token stream, got shape {tokens.shape}")
@@ -130,7 +136,9 @@ class TokenWindows:
         self.n = max(0, (self.stop - self.start - 1) // self.context)
 
     @classmethod
-    def from_file(cls, path: str, context: int, shift: int = 0, start: int = 0, stop: Optional[int] = None) -> "TokenWindows":
+    def from_file(
+        cls, path: str, context: int, shift: int = 0, start: int = 0, stop: Optional[int] = None
+    ) -> "TokenWindows":
         """Memory-map the ``.npy`` stream at ``path``."""
         return cls(np.load(path, mmap_mode="r"), context, shift, path, start, stop)
 
@@ -183,7 +191,9 @@ class Stream:
     def cut(self, n: int) -> Tuple["Stream", "Stream"]:
         """(the first ``n`` tokens, the rest)."""
         end = self.start + len(self)
-        return Stream(self.tokens, self.path, self.start, self.start + n), Stream(self.tokens, self.path, self.start + n, end)
+        return Stream(self.tokens, self.path, self.start, self.start + n), Stream(
+            self.tokens, self.path, self.start + n, end
+        )
 
     def windows(self, context: int) -> Split:
         """A :class:`Split` of next-token windows (inputs and targets shifted by one)."""
@@ -239,8 +249,17 @@ def _cache_root(cache_dir: Optional[str]) -> Path:
 
 
 class LMWorkload(Workload):
-    data_hparams = ("tokenizer", "data_path", "hub_name", "cache_dir", "synthetic_tokens", "val_fraction",
-                    "max_train_tokens", "max_eval_tokens", "context")
+    data_hparams = (
+        "tokenizer",
+        "data_path",
+        "hub_name",
+        "cache_dir",
+        "synthetic_tokens",
+        "val_fraction",
+        "max_train_tokens",
+        "max_eval_tokens",
+        "context",
+    )
     """Base of the ``lm/<corpus>`` workloads (see the module docstring). Metric ``val/loss`` (min)."""
 
     corpus_name: ClassVar[str]
@@ -261,7 +280,13 @@ class LMWorkload(Workload):
     train_defaults = TrainDefaults(batch_size=32, schedule="cosine", label_smoothing=0.0)
     #: tiny offline parameters (a synthetic token stream, a 1-layer width-16 model): for tests over the registry
     smoke_params: ClassVar[Dict[str, Any]] = {
-        "data_path": "synthetic", "synthetic_tokens": 1024, "n_layers": 1, "width": 16, "n_heads": 2, "intermediate": 32, "context": 16,
+        "data_path": "synthetic",
+        "synthetic_tokens": 1024,
+        "n_layers": 1,
+        "width": 16,
+        "n_heads": 2,
+        "intermediate": 32,
+        "context": 16,
     }
 
     @classmethod
@@ -275,15 +300,46 @@ class LMWorkload(Workload):
             HParam("context", None, int, low=2, nullable=True, doc="override the preset's context (tokens per window)"),
             HParam("dropout", 0.0, float, low=0.0, high=1.0, high_open=True, doc="dropout (pre-training: 0)"),
             HParam("tokenizer", DEFAULT_TOKENIZER, str, doc="hub name or local folder of the tokenizer"),
-            HParam("vocab_size", None, int, low=2, nullable=True, doc="model vocabulary (None: the tokenizer's; synthetic: 256)"),
+            HParam(
+                "vocab_size",
+                None,
+                int,
+                low=2,
+                nullable=True,
+                doc="model vocabulary (None: the tokenizer's; synthetic: 256)",
+            ),
             HParam("data_path", None, str, nullable=True, doc="None: hub; a save_to_disk folder; or 'synthetic'"),
             HParam("hub_name", corpus.hub, str, doc="Hugging Face dataset used when data_path is None"),
-            HParam("cache_dir", None, str, nullable=True, doc="packed token streams (None: $FLATLAB_CACHE or ~/.cache/flatlab)"),
+            HParam(
+                "cache_dir",
+                None,
+                str,
+                nullable=True,
+                doc="packed token streams (None: $FLATLAB_CACHE or ~/.cache/flatlab)",
+            ),
             HParam("tokenize_workers", 1, int, low=1, doc="processes for datasets.map tokenisation"),
-            HParam("synthetic_tokens", 8192, int, low=64, doc="data_path='synthetic': training tokens (val, test: a quarter)"),
-            HParam("val_fraction", 0.0005, float, low=0.0, high=0.5, low_open=True, doc="share of the stream held out when the corpus has no validation split"),
-            HParam("max_train_tokens", None, int, low=2, nullable=True, doc="use only the first this many training tokens"),
-            HParam("max_eval_tokens", None, int, low=2, nullable=True, doc="evaluate on at most this many tokens per split"),
+            HParam(
+                "synthetic_tokens",
+                8192,
+                int,
+                low=64,
+                doc="data_path='synthetic': training tokens (val, test: a quarter)",
+            ),
+            HParam(
+                "val_fraction",
+                0.0005,
+                float,
+                low=0.0,
+                high=0.5,
+                low_open=True,
+                doc="share of the stream held out when the corpus has no validation split",
+            ),
+            HParam(
+                "max_train_tokens", None, int, low=2, nullable=True, doc="use only the first this many training tokens"
+            ),
+            HParam(
+                "max_eval_tokens", None, int, low=2, nullable=True, doc="evaluate on at most this many tokens per split"
+            ),
             HParam("eval_batch_size", 16, int, low=1, doc="windows per evaluation batch"),
         )
 
@@ -299,7 +355,9 @@ class LMWorkload(Workload):
         }
         out["intermediate"] = self.params["intermediate"] or pre.intermediate or 4 * out["width"]
         if out["width"] % out["n_heads"]:
-            raise ConfigError(f"workload {self.name!r}: width={out['width']} must be divisible by n_heads={out['n_heads']}")
+            raise ConfigError(
+                f"workload {self.name!r}: width={out['width']} must be divisible by n_heads={out['n_heads']}"
+            )
         return out
 
     # ---------------------------------------------------------------------------------------------- data
@@ -319,7 +377,9 @@ class LMWorkload(Workload):
     def _packed(self, ds: Any, split: str, tok: Any) -> "Stream":
         """The split's token stream, from the cache or tokenised now (then cached); memory-mapped."""
         p = self.params
-        key = json.dumps([p["data_path"] or p["hub_name"], self.corpus.config, split, p["tokenizer"], self.corpus.doc_eos, len(tok)])
+        key = json.dumps(
+            [p["data_path"] or p["hub_name"], self.corpus.config, split, p["tokenizer"], self.corpus.doc_eos, len(tok)]
+        )
         root = _cache_root(p["cache_dir"])
         path = root / f"{self.corpus_name}-{split}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.npy"
         if not path.exists():
@@ -330,7 +390,13 @@ class LMWorkload(Workload):
                 ids = tok(batch[column], add_special_tokens=False)["input_ids"]
                 return {"ids": [x + eos for x in ids], "n": [len(x) + len(eos) for x in ids]}
 
-            enc = ds.map(encode, batched=True, remove_columns=ds.column_names, num_proc=p["tokenize_workers"] if p["tokenize_workers"] > 1 else None, desc=f"tokenising {split}")
+            enc = ds.map(
+                encode,
+                batched=True,
+                remove_columns=ds.column_names,
+                num_proc=p["tokenize_workers"] if p["tokenize_workers"] > 1 else None,
+                desc=f"tokenising {split}",
+            )
             total = int(np.sum(list(enc["n"])))
             dtype = np.uint16 if len(tok) <= np.iinfo(np.uint16).max else np.int32
             root.mkdir(parents=True, exist_ok=True)
@@ -366,7 +432,9 @@ class LMWorkload(Workload):
                 streams["val"] = self._packed(val_ds, "validation", tok)
             else:  # hold out the end of the training stream (openwebtext)
                 full = streams["train"]
-                streams["train"], streams["val"] = full.cut(len(full) - max(ctx + 1, int(len(full) * p["val_fraction"])))
+                streams["train"], streams["val"] = full.cut(
+                    len(full) - max(ctx + 1, int(len(full) * p["val_fraction"]))
+                )
             if test_ds is not None:
                 streams["test"] = self._packed(test_ds, "test", tok)
             source = p["data_path"] or p["hub_name"]
@@ -376,7 +444,9 @@ class LMWorkload(Workload):
             streams.update({k: v.head(p["max_eval_tokens"]) for k, v in streams.items() if k != "train"})
         for k, s in streams.items():
             if len(s) < ctx + 1:
-                raise ValueError(f"workload {self.name!r}: split {k!r} has {len(s)} tokens, fewer than context + 1 = {ctx + 1}")
+                raise ValueError(
+                    f"workload {self.name!r}: split {k!r} has {len(s)} tokens, fewer than context + 1 = {ctx + 1}"
+                )
         return Data(
             train=streams["train"].windows(ctx),
             val=streams["val"].windows(ctx),
@@ -400,8 +470,17 @@ class LMWorkload(Workload):
 
             eos = min(50256, vocab - 1)  # GPT-2's end-of-text id, inside small test vocabularies
             cfg = GPT2Config(
-                bos_token_id=eos, eos_token_id=eos, vocab_size=vocab, n_positions=s["context"], n_embd=s["width"], n_layer=s["n_layers"], n_head=s["n_heads"],
-                n_inner=s["intermediate"], resid_pdrop=p["dropout"], embd_pdrop=p["dropout"], attn_pdrop=p["dropout"],
+                bos_token_id=eos,
+                eos_token_id=eos,
+                vocab_size=vocab,
+                n_positions=s["context"],
+                n_embd=s["width"],
+                n_layer=s["n_layers"],
+                n_head=s["n_heads"],
+                n_inner=s["intermediate"],
+                resid_pdrop=p["dropout"],
+                embd_pdrop=p["dropout"],
+                attn_pdrop=p["dropout"],
             )
             hf = GPT2LMHeadModel(cfg)
         else:
@@ -412,9 +491,16 @@ class LMWorkload(Workload):
             if head_dim % 2:  # RoPE rotates pairs of dims: round an odd head dim down (llama_60m: 41 -> 40)
                 extra["head_dim"] = head_dim - 1
             cfg = LlamaConfig(
-                vocab_size=vocab, hidden_size=s["width"], intermediate_size=s["intermediate"], num_hidden_layers=s["n_layers"],
-                num_attention_heads=s["n_heads"], num_key_value_heads=s["n_heads"], max_position_embeddings=s["context"],
-                tie_word_embeddings=False, attention_dropout=p["dropout"], **extra,
+                vocab_size=vocab,
+                hidden_size=s["width"],
+                intermediate_size=s["intermediate"],
+                num_hidden_layers=s["n_layers"],
+                num_attention_heads=s["n_heads"],
+                num_key_value_heads=s["n_heads"],
+                max_position_embeddings=s["context"],
+                tie_word_embeddings=False,
+                attention_dropout=p["dropout"],
+                **extra,
             )
             hf = LlamaForCausalLM(cfg)
         return CausalLM(hf)

@@ -39,9 +39,11 @@ def register_workload(cls: Type[Workload]) -> Type[Workload]:
         raise ValueError(f"register_workload: {cls!r} is not a subclass of flatlab.workloads.Workload")
     missing = sorted(getattr(cls, "__abstractmethods__", ()))
     if missing:
-        raise ValueError(f"workload {getattr(cls, 'name', '?')!r}: {describe(cls)} does not define "
-                         f"{', '.join(missing)}; a workload implements load_data(seed) -> Data and "
-                         f"build_model() -> nn.Module (docs/extensions.md)")
+        raise ValueError(
+            f"workload {getattr(cls, 'name', '?')!r}: {describe(cls)} does not define "
+            f"{', '.join(missing)}; a workload implements load_data(seed) -> Data and "
+            f"build_model() -> nn.Module (docs/extensions.md)"
+        )
     WORKLOADS.register(cls.name, cls)
     return cls
 

@@ -82,7 +82,9 @@ def load_hf(
                 return datasets.load_from_disk(str(p))
             return datasets.load_dataset(str(p), config) if config else datasets.load_dataset(str(p))
         except Exception as exc:  # noqa: BLE001 - any reader failure becomes one clear message
-            raise DataUnavailable(f"workload {workload!r}: could not read {param}={data_path!r} ({describe_error(exc)}). {hint}") from exc
+            raise DataUnavailable(
+                f"workload {workload!r}: could not read {param}={data_path!r} ({describe_error(exc)}). {hint}"
+            ) from exc
     try:
         return datasets.load_dataset(hub_name, config)
     except Exception as exc:  # noqa: BLE001 - network / cache errors come in many types

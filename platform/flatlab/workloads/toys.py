@@ -114,7 +114,17 @@ class IREValley(_Toy):
         HParam("v0", 0.3, float, doc="start v (sharp coordinate); GD with lr 1 is stable while 1 + u^2 < 2"),
         HParam("steps_per_epoch", 10, int, low=1, high=100_000, doc="optimizer steps per reported epoch"),
     )
-    metrics = ("train/loss", "val/loss", "val/u", "val/v", "val/abs_u", "val/trace_hessian", "lr", "epoch", "time/epoch_s")
+    metrics = (
+        "train/loss",
+        "val/loss",
+        "val/u",
+        "val/v",
+        "val/abs_u",
+        "val/trace_hessian",
+        "lr",
+        "epoch",
+        "time/epoch_s",
+    )
 
     def start(self) -> Tuple[float, ...]:
         return (self.params["u0"], self.params["v0"])
@@ -131,13 +141,24 @@ class _TSAMToy(_Toy):
     """A 1-D TSAM toy: each epoch reports ``theta``, its running tail mean and the basin it lies in."""
 
     metrics = (
-        "train/loss", "val/loss", "val/theta", "val/theta_tail", "val/basin", "val/basin_loss", "val/basin_curvature",
-        "val/basin_sharpness", "lr", "epoch", "time/epoch_s",
+        "train/loss",
+        "val/loss",
+        "val/theta",
+        "val/theta_tail",
+        "val/basin",
+        "val/basin_loss",
+        "val/basin_curvature",
+        "val/basin_sharpness",
+        "lr",
+        "epoch",
+        "time/epoch_s",
     )
     common = (
         HParam("steps_per_epoch", 4, int, low=1, high=100_000, doc="optimizer steps per reported epoch"),
         HParam("tail", 25, int, low=1, high=100_000, doc="epochs whose end points the tail mean averages"),
-        HParam("sharpness_radius", 0.1, float, low=0.0, low_open=True, doc="r of basin_sharpness: mean L(m +- r) - L(m)"),
+        HParam(
+            "sharpness_radius", 0.1, float, low=0.0, low_open=True, doc="r of basin_sharpness: mean L(m +- r) - L(m)"
+        ),
     )
 
     def __init__(self, **params: object) -> None:
@@ -163,12 +184,16 @@ class _TSAMToy(_Toy):
         (L(m + r) + L(m - r)) / 2 - L(m), r = ``sharpness_radius``."""
         theta = float(self.point(model)[0])
         self._ends.append(theta)
-        tail = sum(self._ends[-self.params["tail"]:]) / len(self._ends[-self.params["tail"]:])
+        tail = sum(self._ends[-self.params["tail"] :]) / len(self._ends[-self.params["tail"] :])
         m = self.basin(tail)
         h, r = 1e-4, self.params["sharpness_radius"]
         lm = self._loss_at(m)
         return {
-            "loss": self._loss_at(theta), "theta": theta, "theta_tail": tail, "basin": m, "basin_loss": lm,
+            "loss": self._loss_at(theta),
+            "theta": theta,
+            "theta_tail": tail,
+            "basin": m,
+            "basin_loss": lm,
             "basin_curvature": (self._loss_at(m + h) - 2 * lm + self._loss_at(m - h)) / h**2,
             "basin_sharpness": 0.5 * (self._loss_at(m + r) + self._loss_at(m - r)) - lm,
         }

@@ -12,7 +12,9 @@ from flatlab.tracking.compare.text import number
 from flatlab.tracking.selection import completed
 
 
-def hpo_efficiency(grid_df, search_df, *, metric: str, mode: str, tolerance: float, arm: Optional[str] = None) -> Dict[str, Any]:
+def hpo_efficiency(
+    grid_df, search_df, *, metric: str, mode: str, tolerance: float, arm: Optional[str] = None
+) -> Dict[str, Any]:
     """The fraction of a paper grid's compute an Optuna + ASHA search of the same arm needed to reach
     the grid's best validation metric (issue 12, item 9).
 
@@ -77,29 +79,59 @@ def hpo_efficiency(grid_df, search_df, *, metric: str, mode: str, tolerance: flo
     hits = completed(search) & svals.map(finite) & ((svals >= target) if mode == "max" else (svals <= target))
     grid_epochs = int(pd.to_numeric(grid["epochs"], errors="coerce").fillna(0).sum())
     out: Dict[str, Any] = {
-        "metric": metric, "mode": mode, "tolerance": float(tolerance), "grid_best": best, "target": target,
-        "grid_trials": int(len(grid)), "grid_epochs": grid_epochs, "search_trials": int(len(search)),
-        "search_total_epochs": int(epochs.sum()), "reached": bool(hits.any()), "trials_used": None,
-        "search_epochs": None, "fraction": None, "run_id": None, "trial_id": None,
+        "metric": metric,
+        "mode": mode,
+        "tolerance": float(tolerance),
+        "grid_best": best,
+        "target": target,
+        "grid_trials": int(len(grid)),
+        "grid_epochs": grid_epochs,
+        "search_trials": int(len(search)),
+        "search_total_epochs": int(epochs.sum()),
+        "reached": bool(hits.any()),
+        "trials_used": None,
+        "search_epochs": None,
+        "fraction": None,
+        "run_id": None,
+        "trial_id": None,
     }
     if hits.any():
         pos = int(hits.to_numpy().argmax())  # first hit in start order
         used = int(epochs.iloc[: pos + 1].sum())
         first = search.iloc[pos]
-        out.update(trials_used=pos + 1, search_epochs=used, fraction=used / grid_epochs if grid_epochs else None,
-                   run_id=first.get("run_id"), trial_id=first.get("trial_id"))
+        out.update(
+            trials_used=pos + 1,
+            search_epochs=used,
+            fraction=used / grid_epochs if grid_epochs else None,
+            run_id=first.get("run_id"),
+            trial_id=first.get("trial_id"),
+        )
     return out
 
 
 def efficiency_cells(results: Mapping[str, Mapping[str, Any]]) -> Tuple[List[str], List[List[str]]]:
     """Headers and text cells of :func:`hpo_efficiency` results per arm (``{arm: result}``)."""
-    head = ["arm", "grid best", "target", "grid trial-epochs", "search trial-epochs to target", "trials used",
-            "fraction of grid compute"]
+    head = [
+        "arm",
+        "grid best",
+        "target",
+        "grid trial-epochs",
+        "search trial-epochs to target",
+        "trials used",
+        "fraction of grid compute",
+    ]
     body = []
     for a, r in results.items():
         reached = r["reached"]
-        body.append([a, number(r["grid_best"]), number(r["target"]), str(r["grid_epochs"]),
-                     f"{r['search_epochs']}" if reached else f"not reached ({r['search_total_epochs']} spent)",
-                     f"{r['trials_used']}/{r['search_trials']}" if reached else f"-/{r['search_trials']}",
-                     number(r["fraction"]) if reached and r["fraction"] is not None else "-"])
+        body.append(
+            [
+                a,
+                number(r["grid_best"]),
+                number(r["target"]),
+                str(r["grid_epochs"]),
+                f"{r['search_epochs']}" if reached else f"not reached ({r['search_total_epochs']} spent)",
+                f"{r['trials_used']}/{r['search_trials']}" if reached else f"-/{r['search_trials']}",
+                number(r["fraction"]) if reached and r["fraction"] is not None else "-",
+            ]
+        )
     return head, body

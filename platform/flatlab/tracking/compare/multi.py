@@ -69,9 +69,18 @@ def workload_table(comparisons: Mapping[str, Comparison]):
     direction and whether it is the workload's test metric (:data:`COLUMNS`)."""
     import pandas as pd
 
-    rows = [{"workload": w, "arm": r.arm, "quantity": r.quantity, "mean": r.summary.mean,
-             "higher_is_better": bool(c.higher_is_better[r.quantity]), "test_metric": r.quantity == c.metric}
-            for w, c in comparisons.items() for r in c.rows]
+    rows = [
+        {
+            "workload": w,
+            "arm": r.arm,
+            "quantity": r.quantity,
+            "mean": r.summary.mean,
+            "higher_is_better": bool(c.higher_is_better[r.quantity]),
+            "test_metric": r.quantity == c.metric,
+        }
+        for w, c in comparisons.items()
+        for r in c.rows
+    ]
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
@@ -103,7 +112,9 @@ def summarize(table, *, reference: Optional[str] = None, recorded: Optional[str]
     for w in workloads:
         named = list(dict.fromkeys(table.loc[(table["workload"] == w) & table["test_metric"].astype(bool), "quantity"]))
         if len(named) != 1:
-            raise ConfigError(f"workload {w!r} has {len(named)} test metrics ({', '.join(named) or 'none'}); expected one")
+            raise ConfigError(
+                f"workload {w!r} has {len(named)} test metrics ({', '.join(named) or 'none'}); expected one"
+            )
         metrics[w] = named[0]
     arms_in = {w: set(table.loc[table["workload"] == w, "arm"]) for w in workloads}
     common = sorted(set.intersection(*arms_in.values()))
@@ -111,7 +122,9 @@ def summarize(table, *, reference: Optional[str] = None, recorded: Optional[str]
         listed = "; ".join(f"{w}: {', '.join(sorted(a))}" for w, a in arms_in.items())
         raise ConfigError(f"the studies share no arm, so there is no reference to relate them to; arms of {listed}")
     if reference is not None and reference not in common:
-        raise ConfigError(f"reference arm {reference!r} is not in every study; arms in all of them: {', '.join(common)}")
+        raise ConfigError(
+            f"reference arm {reference!r} is not in every study; arms in all of them: {', '.join(common)}"
+        )
     reference = reference or reference_arm(common, recorded)
     others = sorted(set(table["arm"]) - {reference})
     arms = [reference] + others
@@ -121,19 +134,26 @@ def summarize(table, *, reference: Optional[str] = None, recorded: Optional[str]
     source: Dict[str, Dict[str, str]] = {}
     for w in workloads:
         recorded_w = set(table.loc[table["workload"] == w, "quantity"])
-        source[w] = {FLAT_PREFIX + q[len(FLAT_PREFIX):]: q for q in recorded_w if q.startswith(FLAT_PREFIX)}
-        source[w].update({FLAT_PREFIX + q[len(AT_TARGET_PREFIX):]: q for q in recorded_w if q.startswith(AT_TARGET_PREFIX)})
+        source[w] = {FLAT_PREFIX + q[len(FLAT_PREFIX) :]: q for q in recorded_w if q.startswith(FLAT_PREFIX)}
+        source[w].update(
+            {FLAT_PREFIX + q[len(AT_TARGET_PREFIX) :]: q for q in recorded_w if q.startswith(AT_TARGET_PREFIX)}
+        )
     flat = {w: set(source[w]) for w in workloads}
     measures = sorted(set.intersection(*flat.values()))
     notes: List[str] = []
     at_target = [w for w in workloads if any(source[w][m].startswith(AT_TARGET_PREFIX) for m in measures)]
     if at_target:
-        notes.append(f"flatness in {', '.join(at_target)}: at the matched training loss ({AT_TARGET_PREFIX}*), "
-                     "not at the end of training.")
+        notes.append(
+            f"flatness in {', '.join(at_target)}: at the matched training loss ({AT_TARGET_PREFIX}*), "
+            "not at the end of training."
+        )
     partial = sorted(set.union(*flat.values()) - set(measures))
     if partial:
-        notes.append("not in every study, so not summarized: " + "; ".join(
-            f"{m} (only {', '.join(w for w in workloads if m in flat[w])})" for m in partial) + ".")
+        notes.append(
+            "not in every study, so not summarized: "
+            + "; ".join(f"{m} (only {', '.join(w for w in workloads if m in flat[w])})" for m in partial)
+            + "."
+        )
 
     means = table.set_index(["workload", "arm", "quantity"])["mean"]
     means = means[~means.index.duplicated(keep="last")]
@@ -153,9 +173,18 @@ def summarize(table, *, reference: Optional[str] = None, recorded: Optional[str]
             ranked = {a: v for a, v in values.items() if finite(v)}
             m, ref = mean(w, arm, q), mean(w, reference, q)
             rank = (1 + sum((v > m) if higher else (v < m) for v in ranked.values())) if finite(m) else float("nan")
-            row = {"arm": arm, "workload": w, "metric": q, "mean": m, "rank": rank, "ranked": len(ranked),
-                   "diff": m - ref, "ratio": _ratio(m, ref), "error": float(errors.loc[arm, w]),
-                   "r": float(ratios.loc[arm, w])}
+            row = {
+                "arm": arm,
+                "workload": w,
+                "metric": q,
+                "mean": m,
+                "rank": rank,
+                "ranked": len(ranked),
+                "diff": m - ref,
+                "ratio": _ratio(m, ref),
+                "error": float(errors.loc[arm, w]),
+                "r": float(ratios.loc[arm, w]),
+            }
             for f in measures:
                 q_f = source[w][f]
                 row[f"{f} ratio"] = _ratio(mean(w, arm, q_f), mean(w, reference, q_f))
@@ -168,8 +197,7 @@ def summarize(table, *, reference: Optional[str] = None, recorded: Optional[str]
             notes.append(f"{arm}: no value of the test metric in {', '.join(novalue)} (counted as not solved).")
     frame = pd.DataFrame(rows)
     frame["rank"] = frame["rank"].astype("Int64")
-    return MultiSummary(reference, tuple(workloads), tuple(arms), metrics, tuple(measures), frame,
-                        ratios, tuple(notes))
+    return MultiSummary(reference, tuple(workloads), tuple(arms), metrics, tuple(measures), frame, ratios, tuple(notes))
 
 
 def _ratio(value: float, reference: float) -> float:
@@ -180,8 +208,9 @@ def _ratio(value: float, reference: float) -> float:
     return float("nan")
 
 
-def summary_from_frames(frames: Mapping[str, Any], *, reference: Optional[str] = None, metric: Optional[str] = None,
-                        rank_by: str = "final") -> MultiSummary:
+def summary_from_frames(
+    frames: Mapping[str, Any], *, reference: Optional[str] = None, metric: Optional[str] = None, rank_by: str = "final"
+) -> MultiSummary:
     """The summary of several studies' ``trials_frame`` tables (``{study: frame}``, each study one
     workload): each study's :func:`~flatlab.tracking.compare.table.compare_table` (its own default
     reference, ``metric`` and ``rank_by`` for all), then :func:`summarize`; by default the reference is

@@ -14,15 +14,26 @@ from flatlab.tracking.compare.text import FORMATS, latex_table, markdown_table, 
 
 def title(summary: MultiSummary) -> str:
     """The table's title: the workloads and the reference arm."""
-    return (f"{len(summary.workloads)} workloads ({', '.join(summary.workloads)}): test metric and flatness "
-            f"relative to {summary.reference}")
+    return (
+        f"{len(summary.workloads)} workloads ({', '.join(summary.workloads)}): test metric and flatness "
+        f"relative to {summary.reference}"
+    )
 
 
 def headers(summary: MultiSummary) -> List[str]:
     """Column headers of the text tables."""
     ref = summary.reference
-    return (["arm", "workload", "test metric", "mean", "rank", f"Δ vs {ref}", f"ratio vs {ref}", "test error",
-             "r (error / best)"] + [f"{m} / {ref}" for m in summary.measures])
+    return [
+        "arm",
+        "workload",
+        "test metric",
+        "mean",
+        "rank",
+        f"Δ vs {ref}",
+        f"ratio vs {ref}",
+        "test error",
+        "r (error / best)",
+    ] + [f"{m} / {ref}" for m in summary.measures]
 
 
 def cells(summary: MultiSummary) -> List[List[str]]:
@@ -36,9 +47,22 @@ def cells(summary: MultiSummary) -> List[List[str]]:
         if row["arm"] == summary.reference:
             relative = ["-", "-"] + ["-"] * len(summary.measures)
         else:
-            relative = [number(row["diff"], signed=True), number(row["ratio"])] + [number(row[f"{m} ratio"]) for m in summary.measures]
-        out.append([row["arm"], row["workload"], row["metric"], number(row["mean"]), rank, *relative[:2],
-                    number(row["error"]), number(row["r"]) if finite(row["r"]) else "-", *relative[2:]])
+            relative = [number(row["diff"], signed=True), number(row["ratio"])] + [
+                number(row[f"{m} ratio"]) for m in summary.measures
+            ]
+        out.append(
+            [
+                row["arm"],
+                row["workload"],
+                row["metric"],
+                number(row["mean"]),
+                rank,
+                *relative[:2],
+                number(row["error"]),
+                number(row["r"]) if finite(row["r"]) else "-",
+                *relative[2:],
+            ]
+        )
     return out
 
 
@@ -55,14 +79,17 @@ def caption(summary: MultiSummary) -> List[str]:
         "the workload's best arm's (1 = best), the performance ratio of the profiles (Dolan & Moré 2002, as AlgoPerf).",
     ]
     if summary.measures:
-        lines.append(f"flat/* / {ref}: the arm's mean flatness over {ref}'s, for the measures recorded in every study "
-                     f"(< 1: flatter than {ref}).")
+        lines.append(
+            f"flat/* / {ref}: the arm's mean flatness over {ref}'s, for the measures recorded in every study "
+            f"(< 1: flatter than {ref})."
+        )
     lines += [
         "A ratio needs both means > 0; '-': no value (the arm is not in that study, or none of its seeds gave one), "
         "counted as not solved (r = inf) in the profiles.",
         "These compare means, without tests: `flatlab compare STUDY` has each workload's paired tests, Holm-adjusted.",
         f"Share of the {len(summary.workloads)} workloads where the arm has the lowest test error (ρ(1)): "
-        + ", ".join(f"{a} {won[a]:.2g}" for a in summary.arms) + ".",
+        + ", ".join(f"{a} {won[a]:.2g}" for a in summary.arms)
+        + ".",
     ]
     return lines + list(summary.notes)
 
@@ -93,7 +120,9 @@ def render(summary: MultiSummary, console: Any) -> None:
     body = cells(summary)
     starts = [i for i, row in enumerate(body) if i == 0 or row[0] != body[i - 1][0]]
     rows = [[row[0] if i in starts else ""] + row[1:] for i, row in enumerate(body)]
-    print_table(console, make_table(headers(summary), rows, sections=starts, title=title(summary)), "use --format markdown")
+    print_table(
+        console, make_table(headers(summary), rows, sections=starts, title=title(summary)), "use --format markdown"
+    )
     for line in caption(summary):
         console.print(line, soft_wrap=True)
 

@@ -69,10 +69,12 @@ def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_tri
         if ax.get_xscale() == "linear":  # labels written out in full (1000001.5) need room: about 4 ticks
             ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
         plain_numbers(ax)
-    for ax in axes[len(measures):]:
+    for ax in axes[len(measures) :]:
         ax.set_visible(False)
     handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}  # every arm, once
-    fig.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize="small", title="arm")  # off the points
+    fig.legend(
+        handles.values(), handles.keys(), loc="outside right upper", fontsize="small", title="arm"
+    )  # off the points
     if title:
         fig.suptitle(f"{title}: {metric} against flatness\n(one point per seed)", fontsize="medium")
     path = Path(path)

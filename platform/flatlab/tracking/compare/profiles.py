@@ -54,8 +54,10 @@ def error_from_metric(mean: float, higher_is_better: bool, *, what: str = "the t
     mean = float(mean)
     if higher_is_better:
         if mean > 1:
-            raise ConfigError(f"{what} has mean {mean:g} > 1: a performance profile needs an accuracy-like metric in [0, 1] "
-                              "(error 1 − metric) or a lower-is-better one (a loss); choose one with --metric")
+            raise ConfigError(
+                f"{what} has mean {mean:g} > 1: a performance profile needs an accuracy-like metric in [0, 1] "
+                "(error 1 − metric) or a lower-is-better one (a loss); choose one with --metric"
+            )
         return 1.0 - mean
     if mean < 0:
         raise ConfigError(f"{what} has mean {mean:g} < 0: a lower-is-better metric used as an error must be >= 0")
@@ -78,7 +80,9 @@ def error_matrix(table):
     arms = sorted(set(table["arm"]))
     out = pd.DataFrame(float("nan"), index=pd.Index(arms, name="arm"), columns=workloads)
     for r in rows.itertuples(index=False):
-        out.loc[r.arm, r.workload] = error_from_metric(r.mean, bool(r.higher_is_better), what=f"{r.quantity} of {r.workload}")
+        out.loc[r.arm, r.workload] = error_from_metric(
+            r.mean, bool(r.higher_is_better), what=f"{r.quantity} of {r.workload}"
+        )
     return out
 
 
@@ -160,14 +164,24 @@ def plot_profiles(ratios, path, *, tau_max: Optional[float] = None, title: str =
     ax = fig.subplots()
     styles = ("-", "--", "-.", ":")
     for i, arm in enumerate(values.columns):
-        ax.step(taus, values[arm].to_numpy(), where="post", label=arm, color=f"C{i % 10}",
-                linestyle=styles[i % len(styles)], linewidth=1.8, alpha=0.9)
+        ax.step(
+            taus,
+            values[arm].to_numpy(),
+            where="post",
+            label=arm,
+            color=f"C{i % 10}",
+            linestyle=styles[i % len(styles)],
+            linewidth=1.8,
+            alpha=0.9,
+        )
     ax.set_xlim(1, tau_max)
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("τ (test error within a factor τ of the best arm's)")
     ax.set_ylabel("ρ(τ): share of workloads")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small", title="arm")  # beside the axes, under the title
+    ax.legend(
+        loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small", title="arm"
+    )  # beside the axes, under the title
     names = ", ".join(map(str, ratios.columns))
     text = title or f"Performance profiles over {ratios.shape[1]} workloads: {names}"
     ax.set_title(textwrap.fill(text, 60), fontsize="medium")  # long study names wrap instead of leaving the figure

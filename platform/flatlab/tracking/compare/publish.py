@@ -15,9 +15,17 @@ from flatlab.tracking.compare.text import cells, headers, to_csv, to_markdown
 logger = logging.getLogger(__name__)
 
 
-def log_comparison(tracking_uri: str, parent_run_id: str, df, reference: Optional[str] = None, *,
-                   metric: Optional[str] = None, confidence: float = CONFIDENCE, artifact_path: str = "compare",
-                   study: str = "") -> List[str]:
+def log_comparison(
+    tracking_uri: str,
+    parent_run_id: str,
+    df,
+    reference: Optional[str] = None,
+    *,
+    metric: Optional[str] = None,
+    confidence: float = CONFIDENCE,
+    artifact_path: str = "compare",
+    study: str = "",
+) -> List[str]:
     """Log the comparison of ``df`` to the launch's parent run: ``<artifact_path>/comparison.md``,
     ``comparison.csv``, ``comparison.json`` (the text table through ``log_table``, which MLflow's UI
     shows as a table) and, where flatness was measured, ``metric_vs_flatness.png``
@@ -48,8 +56,11 @@ def log_comparison(tracking_uri: str, parent_run_id: str, df, reference: Optiona
     try:  # the text table as an MLflow table artifact: the UI shows every column (its csv preview cuts them)
         import pandas as pd
 
-        client.log_table(parent_run_id, data=pd.DataFrame(cells(comparison), columns=headers(comparison)),
-                         artifact_file=f"{artifact_path}/comparison.json")
+        client.log_table(
+            parent_run_id,
+            data=pd.DataFrame(cells(comparison), columns=headers(comparison)),
+            artifact_file=f"{artifact_path}/comparison.json",
+        )
         logged.append(f"{artifact_path}/comparison.json")
     except Exception as exc:  # noqa: BLE001
         logger.warning("compare: logging comparison.json to run %s failed: %s", parent_run_id, exc)

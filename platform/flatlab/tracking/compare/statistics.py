@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 CONFIDENCE = 0.95
@@ -91,8 +90,9 @@ def clip(estimate: Estimate, support: Optional[Tuple[float, float]]) -> Estimate
     return replace(estimate, low=min(max(estimate.low, low), high), high=max(min(estimate.high, high), low))
 
 
-def paired_difference(arm: Mapping[Any, float], reference: Mapping[Any, float], *, higher_is_better: bool,
-                      confidence: float = CONFIDENCE) -> Paired:
+def paired_difference(
+    arm: Mapping[Any, float], reference: Mapping[Any, float], *, higher_is_better: bool, confidence: float = CONFIDENCE
+) -> Paired:
     """The paired comparison of two arms' per-seed values (``{seed: value}``), over the seeds where
     both have a finite value: differences ``arm − reference``, their :func:`t_estimate`, the paired
     t-test's two-sided p-value (``scipy.stats.ttest_rel``), the effect size :func:`cohen_dz` and the

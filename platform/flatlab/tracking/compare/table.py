@@ -41,12 +41,21 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from flatlab.errors import ConfigError
 from flatlab.tracking.compare.sample import has_values, select_sample
 from flatlab.tracking.compare.statistics import (
-    CONFIDENCE, Estimate, Paired, clip, finite, holm, paired_difference, t_estimate,
+    CONFIDENCE,
+    Estimate,
+    Paired,
+    clip,
+    finite,
+    holm,
+    paired_difference,
+    t_estimate,
 )
 from flatlab.tracking.runs import AT_TARGET_PREFIX, FLAT_PREFIX
 from flatlab.tracking.selection import completed, reference_arm, value_column
 
-MEASURE_AT_TARGET = "measure_at_train_loss"  # the frame's attrs key: the launch's trainer target, when it measured and trained on
+MEASURE_AT_TARGET = (
+    "measure_at_train_loss"  # the frame's attrs key: the launch's trainer target, when it measured and trained on
+)
 STOP_AT_TARGET = "stop_at_train_loss"  # the frame's attrs key: the launch's trainer target, when trials stopped there
 AUXILIARY = ("_stderr", "_clean")  # flat/<measure>_stderr, _clean: shown only when asked for by name
 EPOCHS_TO_TARGET = "train/epochs_to_target"
@@ -163,17 +172,35 @@ class Comparison:
         out = []
         for r in self.rows:
             s, d = r.summary, r.diff
-            row = {"quantity": r.quantity, "arm": r.arm, "higher_is_better": self.higher_is_better[r.quantity],
-                   "runs": r.runs, "n": s.n, "mean": s.mean, "std": s.std, "ci_low": s.low, "ci_high": s.high}
+            row = {
+                "quantity": r.quantity,
+                "arm": r.arm,
+                "higher_is_better": self.higher_is_better[r.quantity],
+                "runs": r.runs,
+                "n": s.n,
+                "mean": s.mean,
+                "std": s.std,
+                "ci_low": s.low,
+                "ci_high": s.high,
+            }
             nan = float("nan")
-            row.update({
-                "diff_n": d.estimate.n if d else nan, "diff_mean": d.estimate.mean if d else nan,
-                "diff_std": d.estimate.std if d else nan, "diff_low": d.estimate.low if d else nan,
-                "diff_high": d.estimate.high if d else nan, "d_z": d.d_z if d else nan, "p": d.p if d else nan,
-                "p_holm": r.p_holm, "tests": len(self.family(r.quantity)) if d else nan,
-                "significant": self.significant(r), "arm_better": d.arm_better if d else nan,
-                "ref_better": d.ref_better if d else nan, "ties": d.ties if d else nan,
-            })
+            row.update(
+                {
+                    "diff_n": d.estimate.n if d else nan,
+                    "diff_mean": d.estimate.mean if d else nan,
+                    "diff_std": d.estimate.std if d else nan,
+                    "diff_low": d.estimate.low if d else nan,
+                    "diff_high": d.estimate.high if d else nan,
+                    "d_z": d.d_z if d else nan,
+                    "p": d.p if d else nan,
+                    "p_holm": r.p_holm,
+                    "tests": len(self.family(r.quantity)) if d else nan,
+                    "significant": self.significant(r),
+                    "arm_better": d.arm_better if d else nan,
+                    "ref_better": d.ref_better if d else nan,
+                    "ties": d.ties if d else nan,
+                }
+            )
             out.append(row)
         return pd.DataFrame(out)
 
@@ -216,15 +243,22 @@ def quantity_support(quantity: str, workload: Optional[str] = None) -> Optional[
         except UnknownNameError:  # an extension's workload not loaded here: its loss may be negative
             loss = None
     if quantity.startswith(AT_TARGET_PREFIX):
-        quantity = FLAT_PREFIX + quantity[len(AT_TARGET_PREFIX):]
+        quantity = FLAT_PREFIX + quantity[len(AT_TARGET_PREFIX) :]
     if quantity.startswith(FLAT_PREFIX):
         return measure_support(quantity, loss)
     return None if quantity in TARGETS else metric_support(quantity, loss)
 
 
-def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] = None,
-                  measures: Optional[Sequence[str]] = None, confidence: float = CONFIDENCE, study: str = "",
-                  rank_by: str = "final") -> Comparison:
+def compare_table(
+    df,
+    *,
+    metric: Optional[str] = None,
+    reference: Optional[str] = None,
+    measures: Optional[Sequence[str]] = None,
+    confidence: float = CONFIDENCE,
+    study: str = "",
+    rank_by: str = "final",
+) -> Comparison:
     """The paper table of a study's trials (see the module docstring for the statistics).
 
     Args:
@@ -260,25 +294,39 @@ def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] 
     sample = at_target_view(sample)
     metric = metric or _test_metric(df) or "test/accuracy"
     if not has_values(sample, metric):
-        valid = sorted(c for c in sample.columns if "/" in c and not c.startswith(("param.", "best/")) and has_values(sample, c))
-        raise ConfigError(f"metric {metric!r} has no values in the compared trials; metrics there: {', '.join(valid) or '(none)'}")
+        valid = sorted(
+            c for c in sample.columns if "/" in c and not c.startswith(("param.", "best/")) and has_values(sample, c)
+        )
+        raise ConfigError(
+            f"metric {metric!r} has no values in the compared trials; metrics there: {', '.join(valid) or '(none)'}"
+        )
     arms = sorted(sample["arm"].unique())
     if reference is None:
         reference = reference_arm(arms, df.attrs.get("reference_arm"))
     if reference not in arms:
         raise ConfigError(f"reference arm {reference!r} is not in the compared trials; arms: {', '.join(arms)}")
-    recorded = [c for prefix in (FLAT_PREFIX, AT_TARGET_PREFIX)
-                for c in sorted(sample.columns) if c.startswith(prefix) and has_values(sample, c)]
+    recorded = [
+        c
+        for prefix in (FLAT_PREFIX, AT_TARGET_PREFIX)
+        for c in sorted(sample.columns)
+        if c.startswith(prefix) and has_values(sample, c)
+    ]
     if measures is None:  # by default the measures' values, not their Monte-Carlo errors or clean losses
         flat = [c for c in recorded if not c.endswith(AUXILIARY)]
     else:
         wanted = [m if m.startswith((FLAT_PREFIX, AT_TARGET_PREFIX)) else FLAT_PREFIX + m for m in measures]
         unknown = [m for m in wanted if m not in recorded]
         if unknown:
-            raise ConfigError(f"measures {', '.join(unknown)} not recorded in the compared trials; measures there: {', '.join(recorded) or '(none)'}")
-        also = [AT_TARGET_PREFIX + m[len(FLAT_PREFIX):] for m in wanted if m.startswith(FLAT_PREFIX)]
+            raise ConfigError(
+                f"measures {', '.join(unknown)} not recorded in the compared trials; measures there: {', '.join(recorded) or '(none)'}"
+            )
+        also = [AT_TARGET_PREFIX + m[len(FLAT_PREFIX) :] for m in wanted if m.startswith(FLAT_PREFIX)]
         flat = list(dict.fromkeys([*wanted, *(c for c in also if c in recorded)]))
-    targets = [q for q in TARGETS if q in df.columns and (has_values(df, q) or (q == EPOCHS_TO_TARGET and has_values(df, TARGET_REACHED)))]
+    targets = [
+        q
+        for q in TARGETS
+        if q in df.columns and (has_values(df, q) or (q == EPOCHS_TO_TARGET and has_values(df, TARGET_REACHED)))
+    ]
     quantities = (metric, *flat, *targets)
     mode = df.attrs.get("mode", "max")
     better = {q: higher_is_better(q, df.attrs.get("metric", ""), mode) for q in quantities}
@@ -292,44 +340,73 @@ def compare_table(df, *, metric: Optional[str] = None, reference: Optional[str] 
         mine = seeds[seeds["arm"] == arm]
         failed = mine[~done.loc[mine.index]]
         if len(failed):
-            what = ", ".join(f"seed {s} {o or 'unfinished'}" for s, o in failed[["seed", "outcome"]].itertuples(index=False))
-            notes.append(f"{arm}: {what}; counted in the seeds run, no values from {'it' if len(failed) == 1 else 'them'}.")
+            what = ", ".join(
+                f"seed {s} {o or 'unfinished'}" for s, o in failed[["seed", "outcome"]].itertuples(index=False)
+            )
+            notes.append(
+                f"{arm}: {what}; counted in the seeds run, no values from {'it' if len(failed) == 1 else 'them'}."
+            )
         for q in targets:
             missed = mine[done.loc[mine.index] & mine[q].isna()]
             if len(missed):
                 which = ", ".join(map(str, missed["seed"]))
-                notes.append(f"{arm}: seed{'s' if len(missed) > 1 else ''} {which} completed without reaching the target ({q}).")
+                notes.append(
+                    f"{arm}: seed{'s' if len(missed) > 1 else ''} {which} completed without reaching the target ({q})."
+                )
 
     measured_at = df.attrs.get(MEASURE_AT_TARGET)
     stopped_at = df.attrs.get(STOP_AT_TARGET)
     if measured_at is not None and any(q.startswith(AT_TARGET_PREFIX) for q in flat):
-        notes.append(f"flat_at_target/* rows: measured at the first epoch whose mean training loss was <= {measured_at} "
-                     "(measure_at_train_loss); seeds that missed it are counted in the seeds run and give no value. "
-                     "flat/* rows: the final models, after the last epoch.")
+        notes.append(
+            f"flat_at_target/* rows: measured at the first epoch whose mean training loss was <= {measured_at} "
+            "(measure_at_train_loss); seeds that missed it are counted in the seeds run and give no value. "
+            "flat/* rows: the final models, after the last epoch."
+        )
     elif flat and _stopped_at_target(sample):  # sample.attrs: df's (select_sample and at_target_view keep them)
         loss = f"mean training loss <= {stopped_at}" if stopped_at is not None else "the training-loss target"
         if any(q.startswith(AT_TARGET_PREFIX) for q in flat):
-            notes.append(f"flat_at_target/* rows: the flat/* of the seeds that reached {loss}, where stop_at_train_loss "
-                         "ended them; seeds that missed it are counted in the seeds run and give no value. flat/* rows: "
-                         "every completed seed's final model (a seed that missed the target trained to its last epoch).")
+            notes.append(
+                f"flat_at_target/* rows: the flat/* of the seeds that reached {loss}, where stop_at_train_loss "
+                "ended them; seeds that missed it are counted in the seeds run and give no value. flat/* rows: "
+                "every completed seed's final model (a seed that missed the target trained to its last epoch)."
+            )
         else:
-            notes.append(f"flat/* rows: measured at {loss} (stop_at_train_loss), where every completed seed "
-                         "stopped: flatness at a matched training loss.")
+            notes.append(
+                f"flat/* rows: measured at {loss} (stop_at_train_loss), where every completed seed "
+                "stopped: flatness at a matched training loss."
+            )
     rows = []
     for q in quantities:
         ref = _by_seed(seeds, reference, q)
         block = []
         for arm in ordered:
             mine = _by_seed(seeds, arm, q)
-            diff = None if arm == reference else paired_difference(mine, ref, higher_is_better=better[q], confidence=confidence)
+            diff = (
+                None
+                if arm == reference
+                else paired_difference(mine, ref, higher_is_better=better[q], confidence=confidence)
+            )
             runs = int((seeds["arm"] == arm).sum())
             raw = t_estimate(list(mine.values()), confidence)
             summary = clip(raw, support[q])
             block.append(Row(q, arm, runs, summary, diff, clipped=summary is not raw))
         adjusted = holm([r.diff.p if r.diff is not None else float("nan") for r in block])  # the quantity's family
         rows += [replace(r, p_holm=p) for r, p in zip(block, adjusted)]
-    return Comparison(metric, reference, float(confidence), source, quantities, better, tuple(rows), seeds.reset_index(drop=True),
-                      tuple(notes), study, rank_by, tuple(target_misses(sample, ordered)), support)
+    return Comparison(
+        metric,
+        reference,
+        float(confidence),
+        source,
+        quantities,
+        better,
+        tuple(rows),
+        seeds.reset_index(drop=True),
+        tuple(notes),
+        study,
+        rank_by,
+        tuple(target_misses(sample, ordered)),
+        support,
+    )
 
 
 def _stopped_at_target(sample) -> bool:
@@ -364,9 +441,17 @@ def at_target_view(sample):
     if not (_stopped_at_target(sample) and _missed(sample).any()):
         return sample
     reached = pd.to_numeric(sample[TARGET_REACHED], errors="coerce") == 1.0
-    flat = [c for c in sample.columns if c.startswith(FLAT_PREFIX) and AT_TARGET_PREFIX + c[len(FLAT_PREFIX):] not in sample]
-    out = sample.assign(**{AT_TARGET_PREFIX + c[len(FLAT_PREFIX):]: pd.to_numeric(sample[c], errors="coerce").where(reached)
-                           for c in flat})
+    flat = [
+        c
+        for c in sample.columns
+        if c.startswith(FLAT_PREFIX) and AT_TARGET_PREFIX + c[len(FLAT_PREFIX) :] not in sample
+    ]
+    out = sample.assign(
+        **{
+            AT_TARGET_PREFIX + c[len(FLAT_PREFIX) :]: pd.to_numeric(sample[c], errors="coerce").where(reached)
+            for c in flat
+        }
+    )
     out.attrs.update(sample.attrs)
     return out
 
@@ -387,13 +472,21 @@ def target_misses(sample, arms: Optional[Sequence[str]] = None) -> List[str]:
         return []
     done = completed(sample) & pd.to_numeric(sample[TARGET_REACHED], errors="coerce").notna()
     arms = [a for a in (arms or sorted(sample["arm"].unique())) if missed[sample["arm"] == a].any()]
-    counts = ", ".join(f"{a} {int(missed[sample['arm'] == a].sum())} of {int(done[sample['arm'] == a].sum())}" for a in arms)
+    counts = ", ".join(
+        f"{a} {int(missed[sample['arm'] == a].sum())} of {int(done[sample['arm'] == a].sum())}" for a in arms
+    )
     measured_at = sample.attrs.get(MEASURE_AT_TARGET)
-    kind, value = (MEASURE_AT_TARGET, measured_at) if measured_at is not None else (STOP_AT_TARGET, sample.attrs.get(STOP_AT_TARGET))
+    kind, value = (
+        (MEASURE_AT_TARGET, measured_at)
+        if measured_at is not None
+        else (STOP_AT_TARGET, sample.attrs.get(STOP_AT_TARGET))
+    )
     target = f"{kind}: mean training loss <= {value}" if value is not None else kind
-    return [f"Training-loss target missed ({target}): {counts} completed seeds. Those seeds have no flat_at_target/* "
-            "value; their flat/* values are of the model after their last epoch, at a higher training loss than the "
-            "target."]
+    return [
+        f"Training-loss target missed ({target}): {counts} completed seeds. Those seeds have no flat_at_target/* "
+        "value; their flat/* values are of the model after their last epoch, at a higher training loss than the "
+        "target."
+    ]
 
 
 def seed_values(sample, quantities: Sequence[str]):
@@ -408,7 +501,9 @@ def seed_values(sample, quantities: Sequence[str]):
     done = completed(sample)
     seeds = sample[[c for c in ("arm", "seed", "outcome", "run_id") if c in sample.columns]].copy()
     for q in quantities:
-        values = pd.to_numeric(sample[q], errors="coerce") if q in sample else pd.Series(float("nan"), index=sample.index)
+        values = (
+            pd.to_numeric(sample[q], errors="coerce") if q in sample else pd.Series(float("nan"), index=sample.index)
+        )
         keep = done & values.map(finite)
         at_target = q == EPOCHS_TO_TARGET or q.startswith(AT_TARGET_PREFIX)
         if at_target and has_values(sample, TARGET_REACHED):

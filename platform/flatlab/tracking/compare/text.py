@@ -31,8 +31,20 @@ def headers(comparison: Comparison) -> List[str]:
     """Column headers of the text tables (the markdown, LaTeX and rich outputs share them)."""
     pct = f"{comparison.confidence * 100:g}%"
     ref = comparison.reference
-    return ["quantity", "arm", "seeds", "mean ± std", f"{pct} CI", f"Δ vs {ref}", f"Δ {pct} CI", "d_z", "p (paired t)",
-            "p Holm", SIGNIFICANCE, f"seeds better arm:{ref}:tie"]
+    return [
+        "quantity",
+        "arm",
+        "seeds",
+        "mean ± std",
+        f"{pct} CI",
+        f"Δ vs {ref}",
+        f"Δ {pct} CI",
+        "d_z",
+        "p (paired t)",
+        "p Holm",
+        SIGNIFICANCE,
+        f"seeds better arm:{ref}:tie",
+    ]
 
 
 SIGNIFICANCE = "sig."
@@ -67,9 +79,14 @@ def caption(comparison: Comparison) -> List[str]:
     c = comparison
     pct = f"{c.confidence * 100:g}%"
     value = "final-epoch" if c.rank_by == "final" else "best-epoch"
-    over = "final-stage trials (each arm's best configuration over fresh seeds)" if c.source == "final" else (
-        f"each arm's best configuration (the best mean over its completed seeds of the {value} validation metric), "
-        "all its seeds")
+    over = (
+        "final-stage trials (each arm's best configuration over fresh seeds)"
+        if c.source == "final"
+        else (
+            f"each arm's best configuration (the best mean over its completed seeds of the {value} validation metric), "
+            "all its seeds"
+        )
+    )
     higher = [q for q in c.quantities if c.higher_is_better[q]]
     lower = [q for q in c.quantities if not c.higher_is_better[q]]
     lines = [
@@ -79,18 +96,27 @@ def caption(comparison: Comparison) -> List[str]:
         f"d_z: Cohen's d_z effect size, mean(Δ) / std(Δ) over the matched seeds (sign of arm − {c.reference}); "
         f"p: two-sided paired t-test; seeds better: seeds where the arm beats {c.reference} : where {c.reference} "
         "beats the arm : ties.",
-        "Better is " + "; ".join(x for x in (f"higher {', '.join(higher)}" if higher else "",
-                                            f"lower {', '.join(lower)}" if lower else "") if x) + " (flat/*, flat_at_target/*: lower = flatter).",
+        "Better is "
+        + "; ".join(
+            x
+            for x in (f"higher {', '.join(higher)}" if higher else "", f"lower {', '.join(lower)}" if lower else "")
+            if x
+        )
+        + " (flat/*, flat_at_target/*: lower = flatter).",
         "Only completed trials give values; '-': no value, or fewer than 2 seeds (no std, CI or p).",
     ]
     clipped = list(dict.fromkeys(r.quantity for r in c.rows if r.clipped))
     if clipped:
         ranges = "; ".join(f"{q} {_range(c.support[q])}" for q in clipped)
-        lines.append(f"CI of a mean clipped to the quantity's range where the t interval reaches outside it ({ranges}): "
-                     "the true mean lies in it too, so the coverage is unchanged; Δ intervals are not clipped.")
+        lines.append(
+            f"CI of a mean clipped to the quantity's range where the t interval reaches outside it ({ranges}): "
+            "the true mean lies in it too, so the coverage is unchanged; Δ intervals are not clipped."
+        )
     if any(q in TARGETS for q in c.quantities):
-        lines.append("To-target rows: k/n reached counts every seed run (failed seeds did not reach it); "
-                     "their statistics and differences are over the seeds that reached it.")
+        lines.append(
+            "To-target rows: k/n reached counts every seed run (failed seeds did not reach it); "
+            "their statistics and differences are over the seeds that reached it."
+        )
     return lines + multiplicity(c) + list(c.notes)
 
 
@@ -112,13 +138,19 @@ def multiplicity(comparison: Comparison) -> List[str]:
     families = {q: c.family(q) for q in c.quantities}
     tested = {q: rows for q, rows in families.items() if rows}
     if not tested:
-        return ["No paired test: every arm has fewer than 2 seeds matched with " + c.reference
-                + " (or all its differences are equal)."]
+        return [
+            "No paired test: every arm has fewer than 2 seeds matched with "
+            + c.reference
+            + " (or all its differences are equal)."
+        ]
     sizes = sorted({len(rows) for rows in tested.values()})
-    per_family = (f"{sizes[0]} test{'s' if sizes[0] > 1 else ''}, the arms' paired tests against {c.reference}"
-                  if len(sizes) == 1 else
-                  f"tests, the arms' paired tests against {c.reference} ("
-                  + ", ".join(f"{q}: {len(rows)}" for q, rows in tested.items()) + ")")
+    per_family = (
+        f"{sizes[0]} test{'s' if sizes[0] > 1 else ''}, the arms' paired tests against {c.reference}"
+        if len(sizes) == 1
+        else f"tests, the arms' paired tests against {c.reference} ("
+        + ", ".join(f"{q}: {len(rows)}" for q, rows in tested.items())
+        + ")"
+    )
     total = sum(len(rows) for rows in tested.values())
     lines = [
         f"Multiple comparisons: each quantity is one family of {per_family}; p Holm is p adjusted by Holm's (1979) "
@@ -129,11 +161,16 @@ def multiplicity(comparison: Comparison) -> List[str]:
     ]
     hits = {q: [r.arm for r in rows if c.significant(r)] for q, rows in tested.items()}
     if not any(hits.values()):
-        lines.append(f"No difference from {c.reference} is significant after Holm's adjustment: every adjusted p >= "
-                     f"{alpha} ({total} test{'s' if total != 1 else ''}).")
+        lines.append(
+            f"No difference from {c.reference} is significant after Holm's adjustment: every adjusted p >= "
+            f"{alpha} ({total} test{'s' if total != 1 else ''})."
+        )
     else:
-        lines.append(f"Significant after Holm's adjustment (adjusted p < {alpha}), against {c.reference}: "
-                     + "; ".join(f"{q}: {', '.join(arms) or 'none'}" for q, arms in hits.items()) + ".")
+        lines.append(
+            f"Significant after Holm's adjustment (adjusted p < {alpha}), against {c.reference}: "
+            + "; ".join(f"{q}: {', '.join(arms) or 'none'}" for q, arms in hits.items())
+            + "."
+        )
     ns = sorted({r.diff.estimate.n for rows in tested.values() for r in rows})
     if ns[0] < FEW_SEEDS:
         n = ns[0]
@@ -166,6 +203,7 @@ def to_markdown(comparison: Comparison) -> str:
 
 def markdown_table(head: Sequence[str], body: Sequence[Sequence[str]], left: int = 1) -> str:
     """A pipe table, the first ``left`` columns left-aligned and the rest right; ``|`` in a cell is escaped."""
+
     def line(cells_: Sequence[str]) -> str:
         return "| " + " | ".join(str(x).replace("|", "\\|") for x in cells_) + " |"
 
@@ -173,8 +211,22 @@ def markdown_table(head: Sequence[str], body: Sequence[Sequence[str]], left: int
     return "\n".join([line(head), rule] + [line(r) for r in body])
 
 
-_LATEX = {"\\": r"\textbackslash{}", "_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "$": r"\$", "{": r"\{",
-          "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "≥": r"$\geq$", "Δ": r"$\Delta$", "−": "-"}
+_LATEX = {
+    "\\": r"\textbackslash{}",
+    "_": r"\_",
+    "%": r"\%",
+    "&": r"\&",
+    "#": r"\#",
+    "$": r"\$",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "≥": r"$\geq$",
+    "Δ": r"$\Delta$",
+    "−": "-",
+}
 
 
 def latex_escape(text: str) -> str:
@@ -182,11 +234,19 @@ def latex_escape(text: str) -> str:
     return "".join(_LATEX.get(ch, ch) for ch in str(text))
 
 
-def latex_table(head: Sequence[str], body: Sequence[Sequence[str]], caption_text: str = "", groups: Sequence[int] = ()) -> str:
+def latex_table(
+    head: Sequence[str], body: Sequence[Sequence[str]], caption_text: str = "", groups: Sequence[int] = ()
+) -> str:
     """A booktabs ``table`` environment (``\\usepackage{booktabs}``); ``groups``: row indices
     before which a ``\\midrule`` goes."""
-    lines = [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{ll" + "r" * (len(head) - 2) + "}", r"\toprule",
-             " & ".join(latex_escape(h) for h in head) + r" \\", r"\midrule"]
+    lines = [
+        r"\begin{table}[t]",
+        r"\centering",
+        r"\begin{tabular}{ll" + "r" * (len(head) - 2) + "}",
+        r"\toprule",
+        " & ".join(latex_escape(h) for h in head) + r" \\",
+        r"\midrule",
+    ]
     for i, r in enumerate(body):
         if i in groups and i:
             lines.append(r"\midrule")
@@ -225,7 +285,11 @@ def render(comparison: Comparison, console: Any) -> None:
     head = headers(c)[1:]
     body = cells(c)
     for q in c.quantities:
-        better = "higher is better" if c.higher_is_better[q] else ("lower = flatter" if q.startswith((FLAT_PREFIX, AT_TARGET_PREFIX)) else "lower is better")
+        better = (
+            "higher is better"
+            if c.higher_is_better[q]
+            else ("lower = flatter" if q.startswith((FLAT_PREFIX, AT_TARGET_PREFIX)) else "lower is better")
+        )
         tests = len(c.family(q))
         rows = [row[1:] for r, row in zip(c.rows, body) if r.quantity == q]
         tested = f"{tests} test{'s' if tests != 1 else ''}, Holm-adjusted" if tests else "no paired test"
