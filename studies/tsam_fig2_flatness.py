@@ -9,7 +9,7 @@ Every trial measures ``neighbourhood_loss`` on its final model with a sweep over
 ``flat/neighbourhood_loss/sigma_<s>`` (mean over noise draws) and ``flat/neighbourhood_loss/sigma_<s>_var``
 (variance over draws), on the same 1,024 training examples and the same standard-normal draws for every
 trial and every sigma (``eps = s * z``: paired across arms, seeds and scales). After the study the runner
-logs the figure on the launch's parent run (:mod:`flatlab.tracking.flatness_sweep`):
+logs the figure on the launch's parent run (:mod:`flatlab.analysis.flatness_sweep`):
 ``flatness_sweep/neighbourhood_loss_vs_sigma.png`` (mean and variance against sigma, one line per
 arm, error bars over seeds) and its data as ``.csv``; the usual comparison table comes with it.
 

@@ -158,6 +158,47 @@ def test_the_optimizers_and_measures_import_no_platform():
     assert len([n for n in modules() if n.startswith("flatlab.optim.")]) > 5 and bad == []
 
 
+LAYERS = {
+    # analysis computes from a typed sample: it reads and writes no store and knows no launch
+    "flatlab.analysis": ("mlflow", "ray", "optuna", "flatlab.tracking", "flatlab.study", "flatlab.cli"),
+    # tracking is MLflow's input and output: what it needs of a launch is passed in
+    "flatlab.tracking": ("flatlab.study", "flatlab.cli"),
+}
+
+
+def _layer_violations(layers=LAYERS, root: Path = PACKAGE) -> List[str]:
+    return [
+        f"{path.relative_to(root.parent)}:{line}: {imported}"
+        for name, path in modules(root).items()
+        for layer, forbidden in layers.items()
+        if name == layer or name.startswith(layer + ".")
+        for imported, line in imports(path, name)
+        if any(imported == f or imported.startswith(f + ".") for f in forbidden)
+    ]
+
+
+def test_analysis_and_tracking_import_nothing_above_them():
+    assert {"flatlab.analysis.sample", "flatlab.tracking.trials"} <= set(modules())  # the layers are there
+    assert _layer_violations() == []
+
+
+def test_the_layer_check_finds_an_import_inside_a_function(tmp_path):
+    pkg = _write(
+        tmp_path,
+        {
+            "flatlab/__init__.py": "",
+            "flatlab/analysis/__init__.py": "",
+            "flatlab/analysis/t.py": "def f():\n    from flatlab.tracking import runs\n    import mlflow\n",
+            "flatlab/tracking/__init__.py": "",
+            "flatlab/tracking/runs.py": "from flatlab.analysis import t\n",
+        },
+    )
+    assert _layer_violations(root=pkg) == [
+        "flatlab/analysis/t.py:2: flatlab.tracking.runs",
+        "flatlab/analysis/t.py:3: mlflow",
+    ]
+
+
 def test_no_import_cycles_among_flatlab_modules():
     edges = graph()
     assert len(edges) > 80 and "flatlab.study.spec" in edges["flatlab"]  # the graph is read

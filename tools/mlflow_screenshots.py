@@ -135,7 +135,7 @@ def pages(tracking_uri: str, study: str, base: str) -> List[Tuple[str, str, List
     study's latest launch."""
     sys.path.insert(0, str(ROOT / "platform"))
     from flatlab.tracking import logged_model, runs, ui
-    from flatlab.tracking.results import parent_runs, trials_frame
+    from flatlab.tracking.trials import parent_runs, trials_frame
 
     client = runs.client(tracking_uri)
     parent = parent_runs(tracking_uri, study)[0]

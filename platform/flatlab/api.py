@@ -115,7 +115,7 @@ def results(
     ``start_time``/``end_time`` are timezone-aware UTC timestamps (``datetime64[ns, UTC]``; ``NaT``
     where MLflow has none, e.g. ``end_time`` of a running trial), params are ``param.<name>`` (integers
     as pandas' nullable ``Int64``). The filters are those of the CLI, applied in its order (arms,
-    metric, filter, by_config, best, sort, columns; see :mod:`flatlab.tracking.query`), to this
+    metric, filter, by_config, best, sort, columns; see :mod:`flatlab.analysis.query`), to this
     table, so ``filter`` and ``sort`` see the timestamps too:
 
     Args:
@@ -128,7 +128,7 @@ def results(
             ``"outcome == 'completed' and `param.lr` < 0.1"`` (backticks around names with '/' or '.');
             times compare with a UTC time: ``"start_time > '2026-12-01 08:00+00:00'"``.
         best, by_config: ``--best``, ``--by-config``: each arm's best trial or configuration by the rules of
-            :mod:`flatlab.tracking.selection` (arms none of whose trials completed have no row).
+            :mod:`flatlab.analysis.selection` (arms none of whose trials completed have no row).
         rank_by: ``--rank-by``: ``final`` (each trial's final-epoch value, the rule) or ``best-epoch``.
         sort: ``"col"`` / ``"-col"`` or a list of them (``--sort``).
         columns: a list or comma list of the columns to keep (``--columns``).
@@ -136,9 +136,9 @@ def results(
     Raises:
         ConfigError: an unknown study or store, and every filter error of ``flatlab results``.
     """
+    from flatlab.analysis.query import select
     from flatlab.tracking import runs
-    from flatlab.tracking.query import select
-    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.trials import trials_frame
 
     base = Path(root) if root is not None else Path(os.environ.get("FLATLAB_ROOT", "flatlab-runs"))
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or runs.default_tracking_uri(base.resolve())

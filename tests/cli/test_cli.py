@@ -206,7 +206,7 @@ def test_run_ends_with_seed_means_when_every_grid_point_ran_with_every_seed(
     import pandas as pd
 
     import flatlab.study.runner as runner_mod
-    import flatlab.tracking.results as results_mod
+    import flatlab.tracking.trials as results_mod
 
     space = "sp.grid([0.1])" if searcher == "grid" else "sp.loguniform(0.01, 0.1)"
     study = tmp_path / "seeds.py"

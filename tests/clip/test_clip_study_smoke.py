@@ -45,7 +45,7 @@ def smoke(tmp_path_factory):
 def _report_listing(root):
     """Names of the files under report/ on the alpha study's launch run, one per line."""
     from flatlab.tracking import runs
-    from flatlab.tracking.results import parent_runs
+    from flatlab.tracking.trials import parent_runs
 
     uri = f"sqlite:///{(root / 'mlflow.db').resolve()}"
     parents = parent_runs(uri, ALPHA)
@@ -56,7 +56,7 @@ def _report_listing(root):
 
 def _children(client, uri, study):
     from flatlab.tracking import runs
-    from flatlab.tracking.results import parent_runs
+    from flatlab.tracking.trials import parent_runs
 
     parent = parent_runs(uri, study)[0]
     kids = client.search_runs(

@@ -14,7 +14,7 @@ def test_conditional_grid_runs_only_active_points_and_logs_only_active_params(tm
     import ray
 
     from flatlab.study.runner import RunOptions, run_study
-    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.trials import trials_frame
 
     study = Study(
         name="cond",

@@ -10,10 +10,10 @@ from safetensors.torch import load_file
 
 from flatlab import Arm, Study
 from flatlab import space as sp
+from flatlab.analysis.selection import best_trial_rows
 from flatlab.tracking import runs
 from flatlab.tracking.logged_model import download_weights
-from flatlab.tracking.results import trials_frame
-from flatlab.tracking.selection import best_trial_rows
+from flatlab.tracking.trials import trials_frame
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -96,7 +96,7 @@ def test_results_cli_and_parquet_round_trip(study_run, tmp_path):
     res = cli.invoke(app, ["results", "it4", "--root", str(root), "--format", "parquet", "--output", str(out)])
     assert res.exit_code == 0, res.output
     back = pq.read_table(out).to_pandas()
-    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.trials import trials_frame
 
     df = trials_frame(outcome.tracking_uri, "it4")
     pd.testing.assert_frame_equal(back.reset_index(drop=True), df.reset_index(drop=True), check_dtype=False)
@@ -147,13 +147,14 @@ def test_pruned_and_errored_trials_get_terminal_statuses():
 
 @pytest.mark.parametrize("failed, expected", [(False, ("KILLED", "interrupted")), (True, ("FAILED", "error"))])
 def test_runs_left_open_end_as_interrupted_or_failed_with_the_launch(tmp_path, failed, expected):
+    from flatlab.study.launches import log_file
     from flatlab.tracking.callback import MLflowTrialLogger
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     exp = runs.get_or_create_experiment(uri, "open")
     parent = runs.client(uri).create_run(exp).info.run_id
     out = tmp_path / "root" / "open"  # the study's output folder
-    cb = MLflowTrialLogger(uri, exp, parent, {}, {"sgd": "sgd"}, metric="val/accuracy", mode="max", out=out)
+    cb = MLflowTrialLogger(uri, exp, parent, {}, {"sgd": "sgd"}, metric="val/accuracy", mode="max", log=log_file(out))
 
     class T:
         trial_id, config = "t1", {"arm": "sgd", "seed": 0}

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from flatlab.analysis.published import load_curves
 from flatlab.errors import ConfigError
 from flatlab.study.loader import load_studies
 from flatlab.study.plan import plan
-from flatlab.tracking.published import load_curves
 from flatlab.workloads.registry import WORKLOADS
 
 pytestmark = pytest.mark.skipif("fashion_mnist" not in WORKLOADS, reason="the fashion_mnist workload is not registered")

@@ -102,10 +102,10 @@ def test_smoke_scale_runs_and_compare_reports_both_flatness_sets(scales, smoke_r
     """Ray Tune end to end: 4 search and 4 final trials; each completed trial's ``flat/*`` (final model) and,
     where it reached the target, ``flat_at_target/*`` at the first epoch whose logged training loss was
     below it; ``compare_table`` reports the at-target rows with the misses counted as seeds run."""
+    from flatlab.analysis.compare import compare_table
     from flatlab.study.runner import RunOptions, run_study
     from flatlab.tracking import runs
-    from flatlab.tracking.compare import compare_table
-    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.trials import trials_frame
 
     study = scales["smoke"]
     target = study.train["measure_at_train_loss"]

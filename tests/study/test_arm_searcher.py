@@ -9,9 +9,9 @@ import pytest
 
 from flatlab import Arm, Study
 from flatlab import space as sp
+from flatlab.analysis.selection import trial_outcome
 from flatlab.errors import ConfigError
 from flatlab.study.searchers import ArmSearcher, FixedSearcher
-from flatlab.tracking.selection import trial_outcome
 
 METRIC = "val/accuracy"
 

@@ -8,16 +8,14 @@ import pytest
 
 from flatlab import Resources
 from flatlab.study.placement import (
-    PLACEMENT_KEY,
     DeviceUnavailableError,
     choose_device,
     describe_resources,
-    encode,
     local_shortfall,
     placement,
-    placement_tags,
     waiting_for,
 )
+from flatlab.tracking.placement_tags import PLACEMENT_KEY, encode, placement_tags
 
 BROKEN = lambda: (False, "torch.cuda.is_available() is False; torch built with CUDA 13.0")  # noqa: E731
 WORKS = lambda: (True, "")  # noqa: E731

@@ -3,9 +3,9 @@ by the trial with their configuration, and the rest end KILLED."""
 
 from mlflow.entities import Metric, Param
 
+from flatlab.analysis.selection import trial_outcome
 from flatlab.study.recovery import LaunchRecords, recorded_result
 from flatlab.tracking import runs
-from flatlab.tracking.selection import trial_outcome
 
 
 def _store(tmp_path):

@@ -1,5 +1,5 @@
 """Tune pickles its callbacks into the experiment state: a state written before ``max_epochs`` was dropped
-(flatlab.tracking.selection.trial_outcome decides outcomes now) must still unpickle on ``flatlab run --resume``."""
+(flatlab.analysis.selection.trial_outcome decides outcomes now) must still unpickle on ``flatlab run --resume``."""
 
 import pickle
 
@@ -38,8 +38,8 @@ def test_old_state_with_max_epochs_unpickles(cls, state, monkeypatch):
     direct.__setstate__(dict(state))
     loaded = pickle.loads(_old_pickle(cls, state, monkeypatch))
     expected = {k: v for k, v in state.items() if k != "max_epochs"}
-    if cls is MLflowTrialLogger:  # nor did it hold the study's output folder
-        expected["out"] = None
+    if cls is MLflowTrialLogger:  # nor did it hold the study's log file
+        expected["log"] = None
     for obj in (direct, loaded):
         assert not hasattr(obj, "max_epochs")
         new = obj.__getstate__()
@@ -59,7 +59,7 @@ def test_new_pickled_state_has_no_max_epochs():
         "metric",
         "mode",
         "study",
-        "out",
+        "log",
     }
     assert p.__getstate__() == {"total": 5, "metric": "val/accuracy", "mode": "max", "every_s": 2.0}
     back = pickle.loads(pickle.dumps(p))

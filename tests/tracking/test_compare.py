@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
+from flatlab.analysis import compare as cmp
 from flatlab.errors import ConfigError
-from flatlab.tracking import compare as cmp
+from flatlab.tracking.publish import log_comparison
 
 # Student t quantiles t_{0.975, nu}: nu = 2 in closed form, nu = 3 checked against the closed-form CDF below.
 T975_2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)
@@ -333,7 +334,7 @@ def test_unknown_reference_metric_and_measure_list_the_valid_values():
 
 
 def test_default_reference():
-    from flatlab.tracking.selection import reference_arm
+    from flatlab.analysis.selection import reference_arm
 
     assert reference_arm(["sam", "sgd", "adamw"]) == "sgd"
     assert reference_arm(["sam", "sgd", "adamw"], "adamw") == "adamw"
@@ -550,7 +551,7 @@ def store(tmp_path_factory):
 
 
 def test_trials_frame_records_stage_launch_and_times(store):
-    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.trials import trials_frame
 
     uri, parent = store
     df = trials_frame(uri, "toy")
@@ -561,7 +562,7 @@ def test_trials_frame_records_stage_launch_and_times(store):
 
 
 def test_compare_from_mlflow_matches_the_hand_made_frame(store, comparison):
-    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.trials import trials_frame
 
     uri, _ = store
     c = cmp.compare_table(trials_frame(uri, "toy"), reference="sgd")
@@ -576,10 +577,10 @@ def test_compare_from_mlflow_matches_the_hand_made_frame(store, comparison):
 
 def test_log_comparison_puts_the_table_and_plot_on_the_parent_run(store):
     from flatlab.tracking import runs
-    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.trials import trials_frame
 
     uri, parent = store
-    logged = cmp.log_comparison(uri, parent, trials_frame(uri, "toy"), study="toy")
+    logged = log_comparison(uri, parent, trials_frame(uri, "toy"), study="toy")
     assert logged == [
         "compare/comparison.md",
         "compare/comparison.csv",
@@ -599,12 +600,12 @@ def test_log_comparison_puts_the_table_and_plot_on_the_parent_run(store):
     assert table["columns"][7:11] == ["d_z", "p (paired t)", "p Holm", "sig."]  # effect size and Holm's adjustment
     csv = pd.read_csv(c.download_artifacts(parent, "compare/comparison.csv"))
     assert {"d_z", "p_holm", "tests", "significant"} <= set(csv.columns)
-    assert cmp.log_comparison(uri, parent, trials_frame(uri, "toy"), reference="nope") == []  # warns, never raises
+    assert log_comparison(uri, parent, trials_frame(uri, "toy"), reference="nope") == []  # warns, never raises
 
 
 def test_log_comparison_never_creates_a_store(tmp_path, caplog):
     db = tmp_path / "none.db"
-    assert cmp.log_comparison(f"sqlite:///{db}", "p", final_frame(), reference="sgd") == []
+    assert log_comparison(f"sqlite:///{db}", "p", final_frame(), reference="sgd") == []
     assert not db.exists() and "no comparison table for run p" in caplog.text
 
 

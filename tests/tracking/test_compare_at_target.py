@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 
 from flatlab import Arm, Study
+from flatlab.analysis import compare as cmp
+from flatlab.analysis.compare import multi
+from flatlab.analysis.compare.table import MEASURE_AT_TARGET, STOP_AT_TARGET
 from flatlab.errors import ConfigError
-from flatlab.tracking import compare as cmp
-from flatlab.tracking.compare import multi
-from flatlab.tracking.compare.table import MEASURE_AT_TARGET, STOP_AT_TARGET
 
 # seed: (test/accuracy, flat/fisher_trace at the end, flat_at_target/fisher_trace or None = missed, epochs_to_target)
 TRIALS = {
@@ -275,7 +275,7 @@ def _launch(tmp_path, study: str, train: dict, trials):
 
 
 def test_trials_frame_reads_the_launchs_target(tmp_path):
-    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.trials import trials_frame
 
     trials = []
     for arm, seeds in TRIALS.items():
@@ -321,7 +321,7 @@ def test_compare_from_mlflow_shows_the_final_flatness_of_a_stop_at_train_loss_ar
     from typer.testing import CliRunner
 
     from flatlab.cli.main import app
-    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.trials import trials_frame
 
     trials = []
     for arm, seeds in STOPPED.items():

@@ -8,8 +8,8 @@ import time
 import pandas as pd
 import pytest
 
+from flatlab.analysis.compare import multi, multi_text, profiles
 from flatlab.errors import ConfigError
-from flatlab.tracking.compare import multi, multi_text, profiles
 
 # Three workloads. digits and fmnist: test accuracy (higher is better); toy: test loss (lower is
 # better). ire is not in toy; flat/extra is recorded on digits only.
@@ -331,7 +331,7 @@ def test_cli_compare_several_studies_bad_input(store, tmp_path):
 def test_flatness_is_compared_at_the_matched_training_loss_where_a_study_measured_there():
     import pandas as pd
 
-    from flatlab.tracking.compare.multi import COLUMNS, summarize
+    from flatlab.analysis.compare.multi import COLUMNS, summarize
 
     rows = []
     for w, arm, acc, end, at in (

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
+from flatlab.analysis import compare as cmp
+from flatlab.analysis.compare.statistics import clip, t_estimate
+from flatlab.analysis.compare.table import quantity_support
 from flatlab.sharpness.measures import LOSS, NONNEGATIVE, Measure, measure_support
-from flatlab.tracking import compare as cmp
-from flatlab.tracking.compare.statistics import clip, t_estimate
-from flatlab.tracking.compare.table import quantity_support
 
 T975_1 = math.tan(math.pi * 0.475)  # t_{0.975, 1} in closed form: 12.7062...
 T975_2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)  # t_{0.975, 2}: 4.3027...

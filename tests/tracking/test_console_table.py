@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from flatlab.tracking.console_table import make_table, needed_width, print_table
+from flatlab.analysis.console_table import make_table, needed_width, print_table
 
 NOTE = r"the table is (\d+) columns wide; this terminal has (\d+): widen it(, or use --format csv)?"
 

@@ -1,4 +1,4 @@
-"""TSAM Fig. 2's data and figure from a trials frame (flatlab.tracking.flatness_sweep)."""
+"""TSAM Fig. 2's data and figure from a trials frame (flatlab.analysis.flatness_sweep)."""
 
 import math
 from types import SimpleNamespace
@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from flatlab.tracking.flatness_sweep import log_flatness_sweep, plot_sweep, sweep_table, wants_sweep
+from flatlab.analysis.flatness_sweep import plot_sweep, sweep_table, wants_sweep
+from flatlab.tracking.publish import log_flatness_sweep
 
 
 def _frame():

@@ -78,7 +78,7 @@ def _store(tmp_path):
 
 def test_child_run_params_hold_the_full_config_and_results_show_only_the_searched_ones(tmp_path):
     from flatlab.tracking.callback import MLflowTrialLogger
-    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.trials import trials_frame
 
     uri, exp, parent, c = _store(tmp_path)
     cb = MLflowTrialLogger(
@@ -115,16 +115,16 @@ def test_pickled_callback_keeps_its_study_and_an_old_state_has_none(tmp_path):
     from flatlab.tracking.callback import MLflowTrialLogger
 
     cb = MLflowTrialLogger(
-        "sqlite:///x.db", "1", "p", tags={}, arm_optimizer={}, metric="m", mode="max", study=STUDY, out=tmp_path / "s"
+        "sqlite:///x.db", "1", "p", tags={}, arm_optimizer={}, metric="m", mode="max", study=STUDY, log=tmp_path / "s" / "flatlab.log"
     )
     back = pickle.loads(pickle.dumps(cb))
-    assert back.study == STUDY and back.out == str(tmp_path / "s")
+    assert back.study == STUDY and back.log == str(tmp_path / "s" / "flatlab.log")
     old = cb.__getstate__()
-    del old["study"], old["out"]
+    del old["study"], old["log"]
     fresh = MLflowTrialLogger.__new__(MLflowTrialLogger)
     fresh.__setstate__(old)
     assert fresh.study is None and fresh._params({"arm": "sgd", "lr": 1}) == {"arm": "sgd", "lr": "1"}
-    assert fresh.out is None
+    assert fresh.log is None
 
 
 def test_trial_json_holds_the_resolved_config(tmp_path):

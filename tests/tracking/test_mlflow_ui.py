@@ -231,7 +231,7 @@ def test_published_curves_place_a_summary_value_at_the_last_epoch(tmp_path):
     from mlflow.entities import Metric, Param
 
     from flatlab.tracking.published_runs import epoch_values
-    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.trials import trials_frame
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     exp = runs.get_or_create_experiment(uri, "pub", (tmp_path / "art").as_uri())

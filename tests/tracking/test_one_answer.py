@@ -87,8 +87,8 @@ def store(tmp_path_factory):
 
 
 def test_compare_chooses_by_the_mean_final_value(store):
-    from flatlab.tracking import compare as cmp
-    from flatlab.tracking.results import trials_frame
+    from flatlab.analysis import compare as cmp
+    from flatlab.tracking.trials import trials_frame
 
     uri, _, _, ids = store
     res = CliRunner().invoke(app, ["compare", STUDY, "--tracking-uri", uri, "--format", "csv"])

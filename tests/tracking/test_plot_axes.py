@@ -8,7 +8,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter, MaxNLocator
 
-from flatlab.tracking.plot_axes import plain_numbers
+from flatlab.analysis.plot_axes import plain_numbers
 
 # accuracies that differ in the 5th decimal: matplotlib's default labels them as an offset (+9.123e-1)
 CURVES = {"r1": [0.91231, 0.91234, 0.91236], "r2": [0.91232, 0.91235]}
@@ -46,7 +46,7 @@ def test_the_data_would_show_an_offset_by_default():
 
 
 def test_learning_curves_have_integer_epoch_ticks_and_no_offset(monkeypatch, tmp_path):
-    from flatlab.tracking.study_report import plot_learning_curves
+    from flatlab.study.report import plot_learning_curves
 
     df = pd.DataFrame(
         {
@@ -73,7 +73,7 @@ def test_learning_curves_have_integer_epoch_ticks_and_no_offset(monkeypatch, tmp
 
 
 def test_metric_vs_flatness_has_no_offset_and_keeps_its_log_axis(monkeypatch, tmp_path):
-    from flatlab.tracking.compare import plot_metric_vs_flatness
+    from flatlab.analysis.compare import plot_metric_vs_flatness
 
     df = pd.DataFrame(
         {
@@ -110,8 +110,8 @@ def test_parallel_coordinates_are_readable(monkeypatch, tmp_path):
     import numpy as np
     import optuna
 
-    from flatlab.tracking.plot_axes import tidy_parallel_coordinate
-    from flatlab.tracking.study_report import _optuna_png
+    from flatlab.analysis.plot_axes import tidy_parallel_coordinate
+    from flatlab.study.report import _optuna_png
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     st = optuna.create_study(direction="maximize")
@@ -152,7 +152,7 @@ def test_optuna_pngs_have_no_offset(monkeypatch, tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from flatlab.tracking.study_report import _optuna_png
+    from flatlab.study.report import _optuna_png
 
     def draw():
         fig, ax = plt.subplots()

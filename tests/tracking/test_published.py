@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from flatlab.analysis import published as pub
 from flatlab.errors import ConfigError
-from flatlab.tracking import published as pub
 
 REPO = Path(__file__).resolve().parents[2]
 DEEPOBS = REPO / "studies" / "published" / "deepobs_fmnist_2c2d.json"

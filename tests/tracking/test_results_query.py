@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 import flatlab
+from flatlab.analysis.query import infer_mode
 from flatlab.cli.main import app
 from flatlab.errors import ConfigError
-from flatlab.tracking.query import infer_mode
 
 runner = CliRunner()
 T0 = 1_780_000_000_000  # ms since the epoch: 2026-05-28

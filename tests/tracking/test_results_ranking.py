@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from flatlab.tracking.results import by_config, chosen_configurations, render, sort_trials
-from flatlab.tracking.selection import best_trial_rows
+from flatlab.analysis.results import by_config, chosen_configurations, render, sort_trials
+from flatlab.analysis.selection import best_trial_rows
 
 
 def frame():
@@ -97,7 +97,7 @@ def test_trials_frame_masks_sentinels(tmp_path):
     from mlflow.entities import Metric
 
     from flatlab.tracking import runs
-    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.trials import trials_frame
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     c = runs.client(uri)

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from flatlab.tracking.results import render
+from flatlab.analysis.results import render
 
 
 def _table(df) -> str:
@@ -98,7 +98,7 @@ def _seeded_trials():
 
 
 def test_by_config_pools_seeds_of_completed_trials_best_first():
-    from flatlab.tracking.results import by_config, chosen_configurations
+    from flatlab.analysis.results import by_config, chosen_configurations
 
     out = by_config(_seeded_trials())
     assert list(out["arm"]) == ["sam", "sam", "sgd"] and list(out["param.rho"][:2]) == [0.1, 0.05]
@@ -115,7 +115,7 @@ def test_by_config_pools_seeds_of_completed_trials_best_first():
 
 
 def test_by_config_of_one_seed_has_no_std():
-    from flatlab.tracking.results import by_config
+    from flatlab.analysis.results import by_config
 
     df = _seeded_trials()
     one = df[df["seed"] == 0].reset_index(drop=True)
@@ -208,7 +208,7 @@ def test_a_wide_enough_console_keeps_headers_on_one_line():
 def test_cli_by_config_table_leaves_out_configurations_no_seed_completed(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    import flatlab.tracking.results as results_mod
+    import flatlab.tracking.trials as results_mod
     from flatlab.cli.main import app
 
     df = _seeded_trials()

@@ -1,4 +1,4 @@
-"""The selection rules (flatlab.tracking.selection) on hand-made trials: completed, the best configuration
+"""The selection rules (flatlab.analysis.selection) on hand-made trials: completed, the best configuration
 (mean final value over seeds, ties to more seeds then the smaller configuration), the best trial, the
 trial for a seed, the reference arm, and tables as trials_frame gives them."""
 
@@ -7,8 +7,8 @@ import math
 import pandas as pd
 import pytest
 
+from flatlab.analysis import selection as sel
 from flatlab.errors import ConfigError
-from flatlab.tracking import selection as sel
 
 
 def T(arm, value, seed=0, ref=None, **params):
@@ -149,7 +149,7 @@ def reported():
     "mode, arms", [("max", ["sgd_ire", "sgd", "sam", "tsam"]), ("min", ["sam", "tsam", "sgd", "sgd_ire"])]
 )  # sam: lr 0.3
 def test_best_trial_rows_list_arms_best_first_by_the_rule_whatever_the_final_stage_and_row_order(mode, arms):
-    from flatlab.tracking.results import sort_trials
+    from flatlab.analysis.results import sort_trials
 
     for order in (sort_trials(reported(), "val/accuracy", mode), reported().iloc[::-1]):
         df = order.reset_index(drop=True)

@@ -73,11 +73,11 @@ def store(tmp_path):
 def test_report_logs_best_per_arm_and_every_plot(store, caplog):
     import matplotlib
 
-    from flatlab.tracking.study_report import log_study_report
+    from flatlab.study.report import log_study_report
 
     uri, c, parent, out = store
     style = dict(matplotlib.rcParams)
-    with caplog.at_level(logging.INFO, logger="flatlab.tracking.study_report"):
+    with caplog.at_level(logging.INFO, logger="flatlab.study.report"):
         logged = log_study_report(STUDY, uri, parent, out)
     assert dict(matplotlib.rcParams) == style  # Optuna's ggplot style does not leak into the caller's plots
     assert c.get_run(parent).data.metrics == {}  # one table, no per-arm metrics crowding the trials' charts
@@ -124,8 +124,8 @@ def test_report_logs_best_per_arm_and_every_plot(store, caplog):
 def test_learning_curves_draw_one_line_per_trial_and_panel_per_arm(store, tmp_path):
     from matplotlib.figure import Figure
 
-    from flatlab.tracking.results import trials_frame
-    from flatlab.tracking.study_report import plot_learning_curves
+    from flatlab.study.report import plot_learning_curves
+    from flatlab.tracking.trials import trials_frame
 
     uri, c, parent, out = store
     drawn = {}
@@ -157,11 +157,11 @@ def test_learning_curves_draw_one_line_per_trial_and_panel_per_arm(store, tmp_pa
 
 
 def test_skips_are_logged_never_raised(store, caplog):
-    from flatlab.tracking.study_report import log_study_report
+    from flatlab.study.report import log_study_report
 
     uri, c, parent, out = store
     (out / "optuna.db").unlink()  # e.g. a grid study: no Optuna studies
-    with caplog.at_level(logging.INFO, logger="flatlab.tracking.study_report"):
+    with caplog.at_level(logging.INFO, logger="flatlab.study.report"):
         log_study_report(STUDY, uri, parent, out)
         assert log_study_report(STUDY, "sqlite:///" + str(out / "missing.db"), parent, out) == []  # no store: no raise
     assert "no Optuna studies" in caplog.text
@@ -175,7 +175,7 @@ def test_skips_are_logged_never_raised(store, caplog):
 def test_best_per_arm_params_one_per_line():
     import pandas as pd
 
-    from flatlab.tracking.study_report import best_per_arm_table
+    from flatlab.analysis.report import best_per_arm_table
 
     df = pd.DataFrame(
         [
@@ -203,7 +203,7 @@ def test_best_per_arm_score_is_the_configurations_mean_over_its_seeds():
     # (0.2) and the score is the mean the rule chose it by, 0.3 over 2 seeds
     import pandas as pd
 
-    from flatlab.tracking.study_report import best_per_arm_table
+    from flatlab.analysis.report import best_per_arm_table
 
     df = pd.DataFrame(
         [

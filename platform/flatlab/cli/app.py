@@ -34,14 +34,14 @@ def _root(root: Optional[Path]) -> Path:
 
 
 def check_rank_by(rank_by: str) -> None:
-    """``--rank-by`` is one of :data:`flatlab.tracking.selection.RANKINGS`, checked before any store is read
+    """``--rank-by`` is one of :data:`flatlab.analysis.selection.RANKINGS`, checked before any store is read
     (a study whose table does not use it still refuses a misspelt value).
 
     Raises:
         FlatlabError: naming the option and the allowed values.
     """
+    from flatlab.analysis.selection import RANKINGS
     from flatlab.errors import FlatlabError
-    from flatlab.tracking.selection import RANKINGS
 
     if rank_by not in RANKINGS:
         raise FlatlabError(f"--rank-by {rank_by!r} is not supported; expected one of {', '.join(RANKINGS)}")

@@ -1,5 +1,5 @@
 """``flatlab curves STUDY``: a study's per-epoch curves beside a published reference
-(:mod:`flatlab.tracking.published`). Registered on the ``flatlab`` app (:mod:`flatlab.cli.app`) when :mod:`flatlab.cli.main` imports it."""
+(:mod:`flatlab.analysis.published`). Registered on the ``flatlab`` app (:mod:`flatlab.cli.app`) when :mod:`flatlab.cli.main` imports it."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def curves(
     """flatlab's per-epoch mean and t-interval over seeds beside published runs (mean, min-max), per
     arm, metric and epoch: whether flatlab's mean falls inside the published range, whether the
     intervals overlap, and where it falls outside."""
-    from flatlab.tracking import published as pub
+    from flatlab.analysis import published as pub
     from flatlab.tracking import runs
     from flatlab.tracking.published_runs import compare_study
 

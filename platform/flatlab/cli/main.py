@@ -97,9 +97,10 @@ def run(
             check_address(address)
         except FlatlabError as exc:
             _fail(exc)
+    from flatlab.analysis.query import select
+    from flatlab.analysis.results import render
     from flatlab.study.runner import RunOptions, run_study
-    from flatlab.tracking.query import select
-    from flatlab.tracking.results import render, trials_frame
+    from flatlab.tracking.trials import trials_frame
     from flatlab.tracking.ui import where_to_look
 
     opts = RunOptions(
@@ -196,7 +197,7 @@ def _say_arms_without_answer(trials, best, arms: Sequence[str] = ()) -> None:
 
 def _print_comparison(df, study, out) -> None:
     """The ``flatlab compare`` table of a launch that just ended (a failure here is one warning line)."""
-    from flatlab.tracking import compare as cmp
+    from flatlab.analysis import compare as cmp
 
     try:
         comparison = cmp.compare_table(df, study=study.name)  # the launch's reference arm (selection.reference_arm)
@@ -292,9 +293,10 @@ def results(
     Filters apply in this order: --arm, --metric (ranking), --filter (on the trial rows), --by-config,
     --best, --sort, --columns.
     """
+    from flatlab.analysis.query import select
+    from flatlab.analysis.results import export, render
     from flatlab.tracking import runs
-    from flatlab.tracking.query import select
-    from flatlab.tracking.results import export, render, trials_frame
+    from flatlab.tracking.trials import trials_frame
 
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
@@ -401,9 +403,9 @@ def compare(
     With several studies (one workload each): one summary over them, per arm and workload the rank by
     the test metric, the test metric and each shared flatness measure relative to the reference arm,
     and the arms' performance profiles (a PNG)."""
-    from flatlab.tracking import compare as cmp
+    from flatlab.analysis import compare as cmp
     from flatlab.tracking import runs
-    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.trials import trials_frame
 
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
@@ -482,13 +484,13 @@ def _compare_workloads(
     tau_max: Optional[float],
     root: Path,
 ) -> None:
-    """``flatlab compare A B ...``: the summary over the studies (:mod:`flatlab.tracking.compare.multi`)
+    """``flatlab compare A B ...``: the summary over the studies (:mod:`flatlab.analysis.compare.multi`)
     in ``fmt``, and the performance profiles saved to ``plot`` (default under ``root``; the path goes to
     stderr)."""
     import re
 
-    from flatlab.tracking.compare import multi, multi_text, profiles
-    from flatlab.tracking.results import trials_frame
+    from flatlab.analysis.compare import multi, multi_text, profiles
+    from flatlab.tracking.trials import trials_frame
 
     repeated = sorted({s for s in studies if studies.count(s) > 1})
     if repeated:
@@ -509,12 +511,12 @@ def _print_efficiency(efficiency, fmt: str, grid: str, search: str) -> None:
     """The ``--against`` table in ``fmt`` (csv: a second CSV block after one empty line)."""
     import pandas as pd
 
-    from flatlab.tracking import compare as cmp
+    from flatlab.analysis import compare as cmp
 
     head, body = cmp.efficiency_cells(efficiency)
     title = f"HPO efficiency: {search} (search) against {grid} (grid), trial-epochs to reach the grid's best"
     if fmt == "table":
-        from flatlab.tracking.console_table import make_table, print_table
+        from flatlab.analysis.console_table import make_table, print_table
 
         print_table(console, make_table(head, body, title=title), "use --format markdown")
     elif fmt == "markdown":
@@ -709,7 +711,7 @@ def measures(
 
 
 def _hparam_table(hparams) -> None:
-    from flatlab.tracking.console_table import make_table, print_table
+    from flatlab.analysis.console_table import make_table, print_table
 
     rows = [(h.name, repr(h.default), h.allowed(), h.doc) for h in hparams]
     print_table(

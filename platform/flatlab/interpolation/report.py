@@ -2,7 +2,7 @@
 
 An alpha study runs the ``clip_interpolate`` workload (or any workload whose trials report ``interp/alpha``,
 ``<split>/loss`` and ``<split>/accuracy``), one trial per (fine-tuned model, alpha[, pruned]). This
-module reads the LATEST launch of such a study (:func:`flatlab.tracking.results.trials_frame`), groups
+module reads the LATEST launch of such a study (:func:`flatlab.tracking.trials.trials_frame`), groups
 its FINISHED trials by fine-tuned model (the ``finetuned`` param, else the arm) and by the ``prune``
 param, and writes, with :mod:`flatlab.interpolation.plots` (seed paper "In Search of the Successful
 Interpolation"; alpha = weight on the FINE-TUNED model, the paper's ``1 - alpha``):
@@ -119,7 +119,7 @@ def label_of(ref: str) -> str:
 
 
 def collect_curves(df, split: str = "ood", sources: Optional[Dict[str, str]] = None) -> List[ModelCurves]:
-    """Group a :func:`~flatlab.tracking.results.trials_frame` of an alpha study into per-model curves.
+    """Group a :func:`~flatlab.tracking.trials.trials_frame` of an alpha study into per-model curves.
 
     Args:
         df: one row per trial; needs alpha (the ``interp/alpha`` metric, else the ``alpha`` param) and
@@ -279,7 +279,7 @@ def interpolation_report(
         ConfigError: unknown study, no launch, no finished alpha trials (see :func:`collect_curves`).
     """
     from flatlab.tracking import runs
-    from flatlab.tracking.results import parent_runs, trials_frame
+    from flatlab.tracking.trials import parent_runs, trials_frame
 
     parents = parent_runs(tracking_uri, study)
     if not parents:

@@ -7,7 +7,7 @@ go (:class:`~flatlab.study.space.BestOf`). At launch, :func:`resolve_chained` (c
 * the source study's latest FINISHED launch (parent run with status ``FINISHED``; running, failed and
   killed launches are skipped);
 * in it, the arm's best trial by the SOURCE study's own metric and mode (logged on its launch run):
-  the best trial of its best configuration (:mod:`flatlab.tracking.selection`: the best mean over seeds
+  the best trial of its best configuration (:mod:`flatlab.analysis.selection`: the best mean over seeds
   of the final validation value among completed search trials; pruned, diverged and failed trials
   never count, nor final-stage re-runs);
 * that trial's logged param, parsed as the field's declared type and checked against its range; with
@@ -53,7 +53,7 @@ def finished_launch(tracking_uri: str, study: str) -> Any:
         ConfigError: no MLflow store at a SQLite URI, no study of that name, or no finished launch (the
             message lists the statuses of the launches there are).
     """
-    from flatlab.tracking.results import parent_runs
+    from flatlab.tracking.trials import parent_runs
 
     parents = parent_runs(tracking_uri, study)
     for parent in parents:
@@ -70,15 +70,15 @@ def best_trial(
     tracking_uri: str, study: str, arm: str, where: Tuple[Tuple[str, Any], ...] = ()
 ) -> Tuple[str, str, float]:
     """``(run_id, metric, value)`` of the best trial of ``arm`` in ``study``'s latest finished launch
-    (:func:`flatlab.tracking.selection.best_trial_rows`, by that study's metric and mode), among the
+    (:func:`flatlab.analysis.selection.best_trial_rows`, by that study's metric and mode), among the
     trials whose params equal ``where``'s values (numbers compared as numbers).
 
     Raises:
         ConfigError: as :func:`finished_launch`; the arm has no trial in that launch (the arms it has
             are listed), none matching ``where``, or none of them completed.
     """
-    from flatlab.tracking.results import trials_frame
-    from flatlab.tracking.selection import best_trial_rows
+    from flatlab.analysis.selection import best_trial_rows
+    from flatlab.tracking.trials import trials_frame
 
     parent = finished_launch(tracking_uri, study)
     metric = parent.data.params.get("metric", "val/accuracy")

@@ -92,8 +92,9 @@ def _worker_loop(loop_config: Dict[str, Any]) -> None:
     import ray.train.torch
 
     from flatlab.extensions import install
-    from flatlab.study.placement import PLACEMENT_KEY, choose_device, encode, node_label, placement
+    from flatlab.study.placement import choose_device, node_label, placement
     from flatlab.study.trial_loop import trial_loop
+    from flatlab.tracking.placement_tags import PLACEMENT_KEY, encode
     from flatlab.train.checkpoint import StateSnapshot, written
     from flatlab.train.cpu_threads import configure as configure_cpu
     from flatlab.train.parallel import DataParallel

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple
 
+from flatlab.analysis.published import Published
 from flatlab.errors import ConfigError, did_you_mean
 from flatlab.study.spec import Study
-from flatlab.tracking.published import Published
 
 
 def load_module(path: str):

@@ -11,28 +11,9 @@ what its CPU threads do with subnormal floats.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from flatlab.errors import FlatlabError
-
-#: The report key that carries a trial's placement (a JSON object as a string; Tune keeps strings as they are).
-PLACEMENT_KEY = "flatlab/placement"
-
-TAG_PREFIX = "flatlab."
-#: The placement fields, tagged ``flatlab.<field>`` on the trial's run.
-FIELDS = (
-    "device",
-    "gpu_name",
-    "world_size",
-    "workers",
-    "resources",
-    "node",
-    "gpu_ids",
-    "start_epoch",
-    "cpu_fallback",
-    "cpu_denormals",
-)
 
 
 class DeviceUnavailableError(FlatlabError, RuntimeError):
@@ -180,20 +161,3 @@ def waiting_for(request: Mapping[str, float], available: Mapping[str, float], to
         f"{k} (each needs {need:g}; {have:g} of {float(total.get(k, 0.0)):g} free)"
         for k, (need, have) in missing.items()
     )
-
-
-def encode(record: Mapping[str, str]) -> str:
-    """``record`` as the :data:`PLACEMENT_KEY` value of a report."""
-    return json.dumps(dict(record), sort_keys=True)
-
-
-def placement_tags(value: Any) -> Dict[str, str]:
-    """The run tags (``flatlab.<field>``) of a report's :data:`PLACEMENT_KEY` value (``{}`` for anything
-    that is not such a JSON object)."""
-    try:
-        record = json.loads(value) if isinstance(value, str) else None
-    except ValueError:
-        return {}
-    if not isinstance(record, dict):
-        return {}
-    return {f"{TAG_PREFIX}{k}": str(v)[:5000] for k, v in record.items() if k in FIELDS}

@@ -87,8 +87,8 @@ def flatness_when(study: Study) -> str:
 
 
 def render(study: Study, console: Any) -> None:
-    """Print :func:`plan` as a rich table to ``console`` (no cell split: :mod:`flatlab.tracking.console_table`)."""
-    from flatlab.tracking.console_table import make_table, print_table
+    """Print :func:`plan` as a rich table to ``console`` (no cell split: :mod:`flatlab.analysis.console_table`)."""
+    from flatlab.analysis.console_table import make_table, print_table
 
     p = plan(study)
     console.print(

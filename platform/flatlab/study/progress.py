@@ -1,6 +1,6 @@
 """Concise terminal progress for a running study: trials done / running / pending and the best so far.
 
-"Best so far" is the study's one answer (:mod:`flatlab.tracking.selection`) over the search trials that
+"Best so far" is the study's one answer (:mod:`flatlab.analysis.selection`) over the search trials that
 have completed: the best configuration's score (its final-epoch value of the study metric, the mean
 over its seeds where it has several), never a pruned trial's, a running trial's or an epoch before the
 last, and never a final-stage re-run's.
@@ -72,7 +72,7 @@ class ProgressPrinter(Callback):
         self.took_over: Optional[Callable[[str], Optional[str]]] = None
 
     def _ended(self, trial: Any, error: bool) -> None:
-        from flatlab.tracking.selection import search_trial
+        from flatlab.analysis.selection import search_trial
 
         t = search_trial(trial.config or {}, getattr(trial, "last_result", {}) or {}, error, self.metric)
         if t is not None:
@@ -81,7 +81,7 @@ class ProgressPrinter(Callback):
     def best(self) -> str:
         """The best configuration so far, as the status line shows it: ``"0.9582 (sgd_ire 3364efad)"``
         (``", mean of 3 seeds"`` added when it has several), or ``"-"`` before any search trial completed."""
-        from flatlab.tracking.selection import best_configurations, best_trial, rank_arms
+        from flatlab.analysis.selection import best_configurations, best_trial, rank_arms
 
         best = best_configurations(self._trials.values(), self.mode)
         if not best:
@@ -107,7 +107,7 @@ class ProgressPrinter(Callback):
         if len(trials) == self._seen:
             return
         self._seen = len(trials)
-        from flatlab.tracking.selection import trial_outcome
+        from flatlab.analysis.selection import trial_outcome
 
         for trial in trials:  # a restored experiment: trials that ended before the resume are done
             if trial.trial_id in self._done or trial.status not in ("TERMINATED", "ERROR"):
@@ -130,7 +130,7 @@ class ProgressPrinter(Callback):
         self._running.add(trial.trial_id)
 
     def on_trial_result(self, iteration: int, trials: List, trial: Any, result: Dict, **info: Any) -> None:
-        from flatlab.study.placement import PLACEMENT_KEY, placement_tags
+        from flatlab.tracking.placement_tags import PLACEMENT_KEY, placement_tags
 
         placed = result.get(PLACEMENT_KEY)
         if placed is not None and placed != self._placed.get(trial.trial_id):
@@ -158,7 +158,7 @@ class ProgressPrinter(Callback):
             self._last_status = time.monotonic()
 
     def on_trial_complete(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
-        from flatlab.tracking.selection import trial_outcome
+        from flatlab.analysis.selection import trial_outcome
 
         outcome = trial_outcome(getattr(trial, "last_result", {}) or {}, False, self.metric)
         self._ended(trial, False)

@@ -24,8 +24,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Set
 
+from flatlab.analysis.selection import COMPLETED_KEY, DIVERGED_KEY
 from flatlab.tracking import runs
-from flatlab.tracking.selection import COMPLETED_KEY, DIVERGED_KEY
 
 logger = logging.getLogger(__name__)
 

@@ -179,18 +179,18 @@ def _post_study(
         if console is not None:
             console.print(line)
     if study.final_seeds or (study.searcher == "grid" and len(study.seeds) > 1):
-        from flatlab.tracking.compare.publish import log_comparison
-        from flatlab.tracking.results import trials_frame
+        from flatlab.tracking.publish import log_comparison
+        from flatlab.tracking.trials import trials_frame
 
         log_comparison(tracking_uri, parent_run_id, trials_frame(tracking_uri, study.name), study=study.name)
     if study.published is not None:  # flatlab's per-epoch curves beside the declared published ones
         from flatlab.tracking.published_runs import log_curves
 
         log_curves(tracking_uri, parent_run_id, study, console)
-    from flatlab.tracking.flatness_sweep import log_flatness_sweep  # TSAM Fig. 2, when the study's measures sweep sigma
+    from flatlab.tracking.publish import log_flatness_sweep  # TSAM Fig. 2, when the study's measures sweep sigma
 
     log_flatness_sweep(tracking_uri, parent_run_id, study, console)
-    from flatlab.tracking.study_report import log_study_report  # best per arm and plots on the parent run
+    from flatlab.study.report import log_study_report  # best per arm and plots on the parent run
 
     log_study_report(study, tracking_uri, parent_run_id, out, console)
     from flatlab.tracking.reports import run_reports  # the reports the study asks for (Study.reports)
@@ -343,7 +343,7 @@ def _searcher_of(tuner: Any) -> Any:
 
 def final_configs(study: Study, grid: Any) -> List[Dict[str, Any]]:
     """The final stage's trial configs: for each arm, its best configuration
-    (:func:`flatlab.tracking.selection.best_configurations`: the best mean over seeds of the study
+    (:func:`flatlab.analysis.selection.best_configurations`: the best mean over seeds of the study
     metric's final value among its completed search trials) once per seed of ``study.final_seeds``,
     with ``stage = final``. An arm with no completed trial gets none (logged).
 
@@ -351,7 +351,7 @@ def final_configs(study: Study, grid: Any) -> List[Dict[str, Any]]:
         grid: the search's Tune results (``ResultGrid``: each result's ``config``, last ``metrics`` and
             ``error``).
     """
-    from flatlab.tracking import selection
+    from flatlab.analysis import selection
 
     trials = [selection.search_trial(r.config or {}, r.metrics or {}, r.error is not None, study.metric) for r in grid]
     best = selection.best_configurations([t for t in trials if t is not None], study.mode)
@@ -698,7 +698,7 @@ def _build_tuner(
         metric=study.metric,
         mode=study.mode,
         study=study,  # child runs' params: the resolved configuration too
-        out=launch.path.parent,  # <root>/<study>: a failed launch's runs name its log file
+        log=log_file(launch.path.parent),  # a failed launch's runs name the log file
     )
     finals = len(study.arms) * len(study.final_seeds)
     progress = ProgressPrinter(study.num_total_trials() + finals, study.metric, study.mode)

@@ -38,10 +38,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ray.tune.search import Searcher
 
+from flatlab.analysis.selection import trial_outcome
 from flatlab.errors import ConfigError
 from flatlab.study.space import Dim, inner, is_searched, sample
 from flatlab.study.spec import Study
-from flatlab.tracking.selection import trial_outcome
 
 logger = logging.getLogger(__name__)
 

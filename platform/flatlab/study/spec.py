@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from flatlab.analysis.published import Published
 from flatlab.errors import ConfigError, UnknownNameError, did_you_mean
 from flatlab.hparams import HParam, resolve
 from flatlab.study.space import (
@@ -28,7 +29,6 @@ from flatlab.study.space import (
     is_searched,
     representatives,
 )
-from flatlab.tracking.published import Published
 from flatlab.train.config import TARGET_HPARAMS, TRAINER_HPARAMS, recipe_problems
 from flatlab.train.trainer import TrialSpec
 
@@ -197,9 +197,9 @@ class Study:
             trials) is re-run once per seed here, with no early stopping, as trials tagged
             ``flatlab.stage=final`` in the same MLflow parent run; ``flatlab compare`` reports them.
             Empty: no final stage (grid studies pool their seeds instead).
-        published: a published reference, :class:`~flatlab.tracking.published.Published`: a curve-set
+        published: a published reference, :class:`~flatlab.analysis.published.Published`: a curve-set
             file (path relative to the study file) and arm -> curve; ``flatlab curves STUDY`` sets each
-            arm's per-epoch values beside that curve's published runs (:mod:`flatlab.tracking.published`).
+            arm's per-epoch values beside that curve's published runs (:mod:`flatlab.analysis.published`).
         reports: reports over all of the study's trials after a launch, report name -> parameters
             (:mod:`flatlab.tracking.reports`), e.g. ``{"interpolation": {}}`` or ``{"toy_figure": {"end":
             "val/abs_u", "flatness": "val/trace_hessian"}}``; written to ``<root>/<study>/report`` and

@@ -105,7 +105,7 @@ def run_trial(
     :func:`~flatlab.study.trial_loop.evaluation_trial`, in this process.
 
     The trial's device follows :func:`flatlab.study.placement.choose_device`; every report carries its
-    placement (:data:`flatlab.study.placement.PLACEMENT_KEY`), which the driver tags on its run.
+    placement (:data:`flatlab.tracking.placement_tags.PLACEMENT_KEY`), which the driver tags on its run.
     ``extensions``: the study's own registered entries (:func:`flatlab.extensions.capture`), registered
     in this process first.
 
@@ -115,7 +115,8 @@ def run_trial(
             no ``Resources(cpu_fallback=True)`` (the trial fails at once).
     """
     from flatlab.extensions import install
-    from flatlab.study.placement import PLACEMENT_KEY, choose_device, encode, node_label, placement
+    from flatlab.study.placement import choose_device, node_label, placement
+    from flatlab.tracking.placement_tags import PLACEMENT_KEY, encode
     from flatlab.workloads.registry import get_workload
 
     install(extensions or {})

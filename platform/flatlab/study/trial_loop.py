@@ -28,10 +28,10 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
 
+from flatlab.analysis.selection import COMPLETED_KEY, DIVERGED_KEY
 from flatlab.study.spec import Study
 from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
 from flatlab.tracking.runs import EPOCH_END_KEY, SUMMARY_KEY, at_target
-from flatlab.tracking.selection import COMPLETED_KEY, DIVERGED_KEY
 from flatlab.train.checkpoint import StateSnapshot
 from flatlab.train.trainer import Diverged, Trainer
 from flatlab.workloads.base import Data
@@ -89,7 +89,7 @@ def trial_loop(
             and uploads it (DDP: rank 0 only; every rank still runs every epoch and calls ``report``, with
             ``None`` as the folder and without the final metrics on the others).
         extra: added to every report (DDP: ``world_size``; the trial's placement,
-            :data:`flatlab.study.placement.PLACEMENT_KEY`).
+            :data:`flatlab.tracking.placement_tags.PLACEMENT_KEY`).
     """
     stops = trainer.hp.get("stop_at_train_loss") is not None  # the trial ends at its training-loss target
     measures_at_target = trainer.hp.get("measure_at_train_loss") is not None and bool(study.measures)

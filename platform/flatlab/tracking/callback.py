@@ -13,7 +13,7 @@ summary values (``test/*``, ``flat/*`` ..., named by the last report: :data:`fla
 step 0. A failed trial's exception and traceback go to its ``error.txt``
 artifact and ``Type: message`` to its ``flatlab.error`` tag, which a restart removes. Where each (re)start
 of a trial ran (device, GPU, world size, workers, resources, node: the reports'
-:data:`~flatlab.study.placement.PLACEMENT_KEY`) becomes ``flatlab.<field>`` tags. :meth:`close`
+:data:`~flatlab.tracking.placement_tags.PLACEMENT_KEY`) becomes ``flatlab.<field>`` tags. :meth:`close`
 marks anything still open KILLED, so no run is left RUNNING. The callback pickles without its
 thread (Tune stores it in the experiment state for resume).
 
@@ -36,9 +36,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ray.tune import Callback
 
-from flatlab.study.launches import log_file
-from flatlab.study.placement import PLACEMENT_KEY, placement_tags
 from flatlab.tracking import runs, ui
+from flatlab.tracking.placement_tags import PLACEMENT_KEY, placement_tags
 from flatlab.tracking.trial_errors import one_line, read_trial_error
 
 logger = logging.getLogger(__name__)
@@ -56,10 +55,9 @@ class MLflowTrialLogger(Callback):
         metric, mode: the study metric; ``best/<metric>`` is logged alongside it.
         study: the :class:`~flatlab.study.spec.Study`; when given, each child run's params hold the
             trial's resolved configuration too (:func:`flatlab.tracking.runs.trial_params`).
-        out: the study's output folder (``<root>/<study>``, kept absolute); the runs a failed launch ends
-            name its log file (:func:`flatlab.study.launches.log_file`).
+        log: the study's driver log file (kept absolute); the runs a failed launch ends name it.
 
-    A trial's outcome comes from its last report (:func:`flatlab.tracking.selection.trial_outcome`).
+    A trial's outcome comes from its last report (:func:`flatlab.analysis.selection.trial_outcome`).
     Pickled (Tune keeps callbacks in its experiment state) as its configuration only; a state pickled by
     an older flatlab that still holds ``max_epochs`` unpickles (the key is dropped).
     """
@@ -73,7 +71,7 @@ class MLflowTrialLogger(Callback):
         "metric",
         "mode",
         "study",
-        "out",
+        "log",
     )
 
     def __init__(
@@ -86,7 +84,7 @@ class MLflowTrialLogger(Callback):
         metric: str,
         mode: str,
         study: Any = None,
-        out: Optional[Path] = None,
+        log: Optional[Path] = None,
     ) -> None:
         self.tracking_uri = tracking_uri
         self.experiment_id = experiment_id
@@ -96,7 +94,7 @@ class MLflowTrialLogger(Callback):
         self.metric = metric
         self.mode = mode
         self.study = study
-        self.out = None if out is None else str(Path(out).resolve())
+        self.log = None if log is None else str(Path(log).resolve())
         self._init_runtime()
         #: A resume's :meth:`flatlab.study.recovery.LaunchRecords.claimed`: trial id -> the run of a trial
         #: started before the driver was killed that it takes over (not pickled).
@@ -107,7 +105,7 @@ class MLflowTrialLogger(Callback):
         return {k: self.__dict__[k] for k in self._STATE}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.study = self.out = None  # state pickled before the callback held its study, its output folder
+        self.study = self.log = None  # state pickled before the callback held its study, its log file
         self.__dict__.update({k: v for k, v in state.items() if k in self._STATE})  # drops an old max_epochs
         self.claimed = None
         self._init_runtime()
@@ -163,7 +161,7 @@ class MLflowTrialLogger(Callback):
             self._queue.put(("tags", trial.trial_id, placement_tags(placed)))
 
     def on_trial_complete(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
-        from flatlab.tracking.selection import trial_outcome
+        from flatlab.analysis.selection import trial_outcome
 
         last = self._last.get(trial.trial_id) or getattr(trial, "last_result", {}) or {}
         outcome = trial_outcome(last, False, self.metric)
@@ -198,7 +196,7 @@ class MLflowTrialLogger(Callback):
         log file) when Tune itself raised."""
         self.flush()
         status, outcome = ("FAILED", "error") if failed else ("KILLED", "interrupted")
-        log = log_file(Path(self.out)) if self.out is not None else "the driver's log"
+        log = self.log if self.log is not None else "the driver's log"
         for trial_id in list(self._open):
             self._queue.put(("end", trial_id, (status, outcome, f"the launch failed; see {log}" if failed else None)))
         self.flush()

@@ -1,8 +1,8 @@
 """flatlab's side of a published-curve comparison, read from MLflow (``flatlab curves``).
 
-Per arm, the runs ``flatlab compare`` is over (:func:`flatlab.tracking.compare.select_sample`: the
+Per arm, the runs ``flatlab compare`` is over (:func:`flatlab.analysis.compare.select_sample`: the
 final-stage trials, else each arm's best configuration with all its seeds), their per-epoch history of
-each compared metric (MLflow step = epoch), as the long table :func:`flatlab.tracking.published.compare_curves`
+each compared metric (MLflow step = epoch), as the long table :func:`flatlab.analysis.published.compare_curves`
 takes. The study's declared reference (``Study(published=...)``) is recorded on its launch run as the
 param ``published`` (:func:`launch_param`), so ``flatlab curves STUDY`` finds it without the study file,
 also once the recorded file has moved (:func:`reference_curves`).
@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from flatlab.errors import ConfigError
-from flatlab.tracking.published import (
+from flatlab.analysis.published import (
     CONFIDENCE,
     CurveComparison,
     CurveSet,
@@ -27,6 +26,7 @@ from flatlab.tracking.published import (
     compare_curves,
     load_curves,
 )
+from flatlab.errors import ConfigError
 
 PARAM = "published"
 
@@ -55,7 +55,7 @@ def launch_record(tracking_uri: str, study: str) -> Optional[Dict[str, Any]]:
     Raises:
         ConfigError: unknown study; a recorded value that is not the JSON :func:`launch_param` writes.
     """
-    from flatlab.tracking.results import parent_runs
+    from flatlab.tracking.trials import parent_runs
 
     parents = parent_runs(tracking_uri, study)
     raw = parents[0].data.params.get(PARAM) if parents else None
@@ -91,7 +91,7 @@ def reference_curves(record: Mapping[str, Any], study: str, cwd: Any = None) -> 
     The recorded path is absolute, a folder of the checkout the study ran from, which may since be gone.
     If it does not exist, the same file is looked for in the checkout at the working directory ``cwd``
     (default: the current one): ``cwd / checkout_path(recorded)``, e.g.
-    ``studies/published/deepobs_fmnist_2c2d.json`` (:func:`flatlab.tracking.published.checkout_path`).
+    ``studies/published/deepobs_fmnist_2c2d.json`` (:func:`flatlab.analysis.published.checkout_path`).
     That file is used only if it is the same reference: it holds every curve the launch's arms were
     mapped to and, where the launch recorded the citation, cites the same work.
 
@@ -100,7 +100,7 @@ def reference_curves(record: Mapping[str, Any], study: str, cwd: Any = None) -> 
         naming both paths.
     Raises:
         ConfigError: neither file exists (naming both and ``--published FILE``); the fallback is another
-            reference (naming what differs); the file is invalid (:func:`~flatlab.tracking.published.load_curves`).
+            reference (naming what differs); the file is invalid (:func:`~flatlab.analysis.published.load_curves`).
     """
     recorded = Path(record["path"]).expanduser()
     if recorded.is_file():
@@ -130,20 +130,20 @@ def epoch_values(
     tracking_uri: str, trials: Any, metrics: Sequence[str], arms: Optional[Sequence[str]] = None
 ) -> Tuple[Any, List[str]]:
     """Per-epoch values of ``metrics`` of the compared runs among ``trials`` (a
-    :func:`~flatlab.tracking.results.trials_frame` table of the runs in ``tracking_uri``).
+    :func:`~flatlab.tracking.trials.trials_frame` table of the runs in ``tracking_uri``).
 
     Returns:
         ``(frame, notes)``: a DataFrame with columns ``arm``, ``seed``, ``metric``, ``epoch``, ``value``
         (the last value logged at each step, finite values only; a summary value, which MLflow holds at
         step 0, at the run's last epoch) over the completed runs of
-        :func:`~flatlab.tracking.compare.select_sample` (only ``arms`` if given), and notes on runs left out.
+        :func:`~flatlab.analysis.compare.select_sample` (only ``arms`` if given), and notes on runs left out.
     Raises:
         ConfigError: no trials.
     """
     import pandas as pd
 
+    from flatlab.analysis.compare import select_sample
     from flatlab.tracking import runs
-    from flatlab.tracking.compare import select_sample
 
     sample, source, notes = select_sample(trials)
     if arms is not None:
@@ -215,13 +215,13 @@ def compare_study(
         path: a curve-set file (default: the one the study's launch recorded, :func:`reference_curves`;
             its note, when the recorded file has moved, goes to stderr).
         arms: arm -> curve (default: :func:`resolve_arms`).
-        metrics, epochs, confidence: as :func:`~flatlab.tracking.published.compare_curves`.
+        metrics, epochs, confidence: as :func:`~flatlab.analysis.published.compare_curves`.
     Raises:
         ConfigError: no reference declared and no ``path``; the recorded file gone and no same one under
             the working directory; an invalid file; no arm that maps to a curve; an unknown metric;
             unknown study.
     """
-    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.trials import trials_frame
 
     record = launch_record(tracking_uri, study)
     declared = None if record is None else Published(record["path"], record["arms"])
@@ -266,8 +266,8 @@ def log_curves(tracking_uri: str, parent_run_id: str, study: Any, console: Any =
     """
     import logging
 
+    from flatlab.analysis.published import summary_lines, to_markdown
     from flatlab.tracking import runs
-    from flatlab.tracking.published import summary_lines, to_markdown
 
     logger = logging.getLogger(__name__)
     logged: List[str] = []

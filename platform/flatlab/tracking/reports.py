@@ -146,7 +146,7 @@ def toy_figure(tracking_uri: str, study: str, out_dir: Path, end_metric: str, fl
     import matplotlib.pyplot as plt
 
     from flatlab.tracking import runs
-    from flatlab.tracking.results import parent_runs, trials_frame
+    from flatlab.tracking.trials import parent_runs, trials_frame
 
     df = trials_frame(tracking_uri, study)
     done = df[df["outcome"] == "completed"] if not df.empty else df

@@ -13,7 +13,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-from flatlab.tracking.selection import STAGE_FINAL, STAGE_KEY  # noqa: F401 - runs.STAGE_FINAL is read by callers
+from flatlab.analysis.sample import (  # noqa: F401 - the names of a trial record, read as runs.<name> too
+    AT_TARGET_PREFIX,
+    FLAT_PREFIX,
+    STAGE_FINAL,
+    STAGE_KEY,
+    STAGE_SEARCH,
+    TUNING_KEY,
+)
 
 TAG_ROLE = "flatlab.role"
 TAG_TRIAL = "flatlab.trial_id"
@@ -31,9 +38,8 @@ TAG_STAGE = "flatlab.stage"  # search (tuning trials) | final (each arm's best c
 TAG_ERROR = "flatlab.error"  # a failed trial's "Type: message" (full traceback: its error.txt artifact)
 TAG_CONFIG = "flatlab.config_digest"  # config_digest of the trial's configuration, set as its run is created
 PARENT = "mlflow.parentRunId"
-# STAGE_KEY: the trial config key that carries the stage (not a hyperparameter; never logged as a param);
-# its values STAGE_SEARCH and STAGE_FINAL (these two defined with the selection rules)
-STAGE_SEARCH = "search"
+# STAGE_KEY and TUNING_KEY: trial config keys (not hyperparameters; never logged as params), defined with
+# the record they name (flatlab.analysis.sample)
 # A trial's last report names the metrics it holds about the final model only (test/* unless the
 # trainer tests every epoch, flat/*, time/measures_s, train/target_reached, train/epochs_to_target:
 # what study/trainable.py's _final_metrics adds), comma-separated under this key (not a metric: no "/").
@@ -66,8 +72,6 @@ MODEL_ID_KEY = "logged_model_id"
 # (``flat_at_target/fisher_trace``; MLflow allows letters, digits, ``_ - . /``, space and colon), their time
 # as ``time/measures_at_target_s``. Summary values of the last report (step 0), like ``flat/*``; the epoch
 # they were measured at is ``train/epochs_to_target``.
-AT_TARGET_PREFIX = "flat_at_target/"
-FLAT_PREFIX = "flat/"
 AT_TARGET_TIME_KEY = "time/measures_at_target_s"
 
 

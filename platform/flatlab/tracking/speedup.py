@@ -1,19 +1,14 @@
-"""After a study: optimizer steps to reach a target training loss, and the speed-up over a reference arm.
+"""Steps to a target training loss and the speed-up over a reference arm, read from and logged to MLflow
+(computed by :mod:`flatlab.analysis.speedup`).
 
-IRE paper, Fig. 4 ("AdmIRE reaches AdamW's final loss in about half the steps"). Each finished trial
-has its smoothed training-loss curve in MLflow (metric history ``train_step/loss_smoothed``, step =
-optimizer step, logged by the worker at the trial's last epoch; ``train/loss_smoothed`` in runs logged
-before it had a section of its own). With ``Study.reference_arm`` the
-target of a seed is the final smoothed loss of the reference arm's trial with that seed in its
-best-ranked configuration that completed the seed (:func:`flatlab.tracking.selection.trial_for_seed`:
-configurations ranked by the mean over seeds of the study metric's final value; search and final-stage
-trials ranked apart, each stage's trials measured against its own reference); with
-``Study.target_loss`` it is that number. Logged here, on each completed child run:
+Each finished trial has its smoothed training-loss curve in MLflow (metric history
+``train_step/loss_smoothed``, step = optimizer step, logged by the worker at the trial's last epoch;
+``train/loss_smoothed`` in runs logged before it had a section of its own). Logged here, on each
+completed child run:
 
-* ``train/steps_to_target``: the first recorded step whose smoothed loss is <= the target (an upper
-  bound within one curve stride of the exact step), and the tag ``flatlab.target_reached``
-  (``true``/``false``; when false, no steps_to_target is logged);
-* ``train/speedup`` (reference arm only): the reference trial's total optimizer steps /
+* ``train/steps_to_target`` and the tag ``flatlab.target_reached`` (``true``/``false``; when false, no
+  steps_to_target is logged);
+* ``train/speedup`` (with a reference arm): the reference trial's total optimizer steps /
   ``train/steps_to_target`` (> 1: faster than the reference);
 
 and on the parent run, ``reference/train_loss_smoothed`` (the target, step = seed).
@@ -24,15 +19,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from flatlab.tracking import runs, selection
+from flatlab.analysis import selection
+from flatlab.analysis.sample import is_completed
+from flatlab.analysis.speedup import CurveTrial, goals, seed_targets, steps_and_speedup
+from flatlab.tracking import runs
 from flatlab.tracking.artifacts import CURVE_METRIC, LEGACY_CURVE_METRIC
-from flatlab.train.curve import Point, first_step_at_or_below
-
-if TYPE_CHECKING:
-    from flatlab.study.spec import Study
+from flatlab.train.curve import Point
 
 logger = logging.getLogger(__name__)
 
@@ -42,17 +36,7 @@ TARGET_METRIC = "reference/train_loss_smoothed"
 TAG_REACHED = "flatlab.target_reached"
 
 
-@dataclass
-class _Trial:
-    run_id: str
-    arm: str
-    seed: int
-    stage: str
-    candidate: selection.Trial  # as the selection rules see it (config, final value)
-    curve: List[Point] = field(default_factory=list)
-
-
-def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: str, study: Study) -> Dict[str, Any]:
+def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: str, study: Any) -> Dict[str, Any]:
     """Compute and log steps-to-target (and speed-up) for the completed child runs of ``parent_run_id``.
 
     Args:
@@ -86,7 +70,7 @@ def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: st
         fail(f"listing the child runs of {parent_run_id}", exc)
         return summary
 
-    trials: List[_Trial] = []
+    trials: List[CurveTrial] = []
     for run in children:
         tags = run.data.tags
         try:
@@ -104,7 +88,7 @@ def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: st
             float(value) if done else None,
             ref=run.info.run_id,
         )
-        trial = _Trial(run.info.run_id, arm, seed, tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH), candidate)
+        trial = CurveTrial(run.info.run_id, arm, seed, tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH), candidate)
         try:
             trial.curve = _curve(client, trial.run_id)
         except Exception as exc:  # noqa: BLE001
@@ -115,40 +99,14 @@ def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: st
             continue
         trials.append(trial)
 
-    goals: Dict[Tuple[str, int], Dict[str, Any]] = {}  # (stage, seed) -> target
-    if study.target_loss is not None:
-        for t in trials:
-            goals[(t.stage, t.seed)] = {
-                "target": float(study.target_loss),
-                "reference_run": None,
-                "reference_steps": None,
-            }
-    else:
-        by_run = {t.run_id: t for t in trials}
-        for stage in sorted({t.stage for t in trials}):
-            ranked = selection.rank_configurations(
-                [t.candidate for t in trials if t.stage == stage and t.arm == study.reference_arm], study.mode
-            ).get(study.reference_arm, [])
-            for seed in sorted({t.seed for t in trials if t.stage == stage}):
-                pick = selection.trial_for_seed(ranked, seed)
-                if pick is not None:
-                    last_step, last_value = by_run[pick.ref].curve[-1]
-                    goals[(stage, seed)] = {
-                        "target": last_value,
-                        "reference_run": pick.ref,
-                        "reference_steps": last_step,
-                    }
-    targets = summary["targets"]
-    for (stage, seed), goal in sorted(goals.items(), key=lambda kv: (kv[0][0] == runs.STAGE_FINAL, kv[0][1])):
-        targets[seed] = goal  # the final stage's where a seed ran in both
-
+    by_stage = goals(trials, study.reference_arm, study.target_loss, study.mode)
+    targets = summary["targets"] = seed_targets(by_stage)
     for t in trials:
-        goal = goals.get((t.stage, t.seed))
+        goal = by_stage.get((t.stage, t.seed))
         if goal is None:
             summary["skipped"][t.run_id] = f"no completed {study.reference_arm!r} {t.stage} trial with seed {t.seed}"
             continue
-        steps = first_step_at_or_below(t.curve, goal["target"])
-        speedup = goal["reference_steps"] / steps if (steps and goal["reference_steps"]) else None
+        steps, speedup = steps_and_speedup(t, goal)
         try:
             _log_trial(client, t.run_id, steps, speedup)
         except Exception as exc:  # noqa: BLE001
@@ -165,7 +123,7 @@ def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: st
 
 
 def _finished_children(client: Any, experiment_id: str, parent_run_id: str) -> List[Any]:
-    """Every completed child run of ``parent_run_id`` (:func:`flatlab.tracking.selection.is_completed`;
+    """Every completed child run of ``parent_run_id`` (:func:`flatlab.analysis.sample.is_completed`;
     all result pages)."""
     out: List[Any] = []
     token = None
@@ -176,7 +134,7 @@ def _finished_children(client: Any, experiment_id: str, parent_run_id: str) -> L
             max_results=1000,
             page_token=token,
         )
-        out.extend(r for r in page if selection.is_completed(r.data.tags.get(runs.TAG_OUTCOME), r.info.status))
+        out.extend(r for r in page if is_completed(r.data.tags.get(runs.TAG_OUTCOME), r.info.status))
         token = getattr(page, "token", None)
         if not token:
             return out

@@ -55,7 +55,7 @@ VIEW_KEY = "flatlab"  # the shared view flatlab writes: experiment tag mlflow.sh
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 VIEW_TAG = VIEW_TAG_PREFIX + VIEW_KEY
 WORKFLOW = {"workflowType": "machine_learning"}  # MLflow 3's training view (not the GenAI overview)
-TEST_METRICS = ("test/accuracy", "test/perplexity", "test/loss")  # as flatlab.tracking.results shows them
+TEST_METRICS = ("test/accuracy", "test/perplexity", "test/loss")  # as flatlab.analysis.results shows them
 TARGET_EPOCHS = "train/epochs_to_target"
 
 

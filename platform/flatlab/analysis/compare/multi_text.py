@@ -1,15 +1,15 @@
-"""Text outputs of a :class:`~flatlab.tracking.compare.multi.MultiSummary`: markdown, LaTeX, CSV and a
-rich table, with one set of headers, cells and caption (as :mod:`~flatlab.tracking.compare.text` for a
+"""Text outputs of a :class:`~flatlab.analysis.compare.multi.MultiSummary`: markdown, LaTeX, CSV and a
+rich table, with one set of headers, cells and caption (as :mod:`~flatlab.analysis.compare.text` for a
 single study)."""
 
 from __future__ import annotations
 
 from typing import Any, List
 
+from flatlab.analysis.compare.multi import MultiSummary, wins
+from flatlab.analysis.compare.statistics import finite
+from flatlab.analysis.compare.text import FORMATS, latex_table, markdown_table, number
 from flatlab.errors import ConfigError
-from flatlab.tracking.compare.multi import MultiSummary, wins
-from flatlab.tracking.compare.statistics import finite
-from flatlab.tracking.compare.text import FORMATS, latex_table, markdown_table, number
 
 
 def title(summary: MultiSummary) -> str:
@@ -114,8 +114,8 @@ def to_csv(summary: MultiSummary) -> str:
 
 def render(summary: MultiSummary, console: Any) -> None:
     """Print the table with rich, one section per arm, the caption under it; no cell is split
-    (:mod:`flatlab.tracking.console_table`)."""
-    from flatlab.tracking.console_table import make_table, print_table
+    (:mod:`flatlab.analysis.console_table`)."""
+    from flatlab.analysis.console_table import make_table, print_table
 
     body = cells(summary)
     starts = [i for i, row in enumerate(body) if i == 0 or row[0] != body[i - 1][0]]

@@ -1,120 +1,15 @@
-"""Querying a study's results from MLflow as a table (``flatlab results``)."""
+"""A study's trials as tables (``flatlab results``): ranked, pooled per configuration, each arm's answer,
+rendered in the terminal or exported."""
 
 from __future__ import annotations
 
-import re
 from typing import Any, List, Optional
 
+from flatlab.analysis.selection import SEARCH_SEEDS
 from flatlab.errors import ConfigError
-from flatlab.tracking import runs
-from flatlab.tracking.selection import SEARCH_SEEDS
-
-# Final metrics whose plain name reads like a hyperparameter: the scheduled learning rate of the last
-# epoch is ``last_lr``, next to the searched ``param.lr``.
-FINAL_NAMES = {"lr": "last_lr"}
-
-# Magnitudes MLflow gives back for an infinite metric (it stores +-inf as +-1.797e308): never a real value.
-SENTINEL = 1e300
 
 # How trials rank in every table: a completed trial before a pruned one, failures last.
 OUTCOME_RANK = {"completed": 0, "pruned": 1, "interrupted": 2, "diverged": 3, "error": 4}
-
-
-def parent_runs(tracking_uri: str, study: str) -> List[Any]:
-    """Parent (launch) runs of ``study``, newest first.
-
-    Raises:
-        ConfigError: the study is unknown, or the tracking URI names a SQLite file that does not exist
-            (nothing is created).
-    """
-    c = runs.client(runs.existing_store(tracking_uri))
-    exp = c.get_experiment_by_name(study)
-    if exp is None:
-        names = sorted(e.name for e in c.search_experiments() if e.name != "Default")
-        raise ConfigError(f"no study {study!r} in {tracking_uri}; studies there: {', '.join(names) or '(none)'}")
-    return c.search_runs(
-        [exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'study'", order_by=["attributes.start_time DESC"]
-    )
-
-
-def trials_frame(
-    tracking_uri: str,
-    study: str,
-    *,
-    all_launches: bool = False,
-    metric: Optional[str] = None,
-    mode: Optional[str] = None,
-):
-    """One row per trial (child run) of the latest launch (or all launches), best first.
-
-    Columns: ``arm``, ``optimizer``, ``status``, ``outcome``, ``error`` (a failed trial's
-    ``Type: message``, else empty), ``epochs``, ``seed``, the final
-    ``<metric>`` and ``best/<metric>``, ``test/accuracy``/``test/loss`` when present, then every
-    other final metric (the last epoch's scheduled learning rate as ``last_lr``) and the trial's
-    params as ``param.<name>`` (numbers where every value is one; integers as nullable ``Int64``), ``run_id``, ``trial_id``, ``stage`` (tag ``flatlab.stage``, default
-    ``search``), ``launch`` (the parent run id), ``start_time`` and ``end_time`` (ms since the epoch;
-    NaN while running).
-    ``metric``/``mode`` default to the study's, read from the launch run; ``attrs`` hold ``metric``,
-    ``mode``, the study's ``reference_arm`` and ``workload`` and its trainer's training-loss target (``measure_at_train_loss``,
-    ``stop_at_train_loss``) as the launch recorded them (text; ``None`` when not set).
-    """
-    import pandas as pd
-
-    parents = parent_runs(tracking_uri, study)
-    if not parents:
-        raise ConfigError(f"study {study!r} has no launches recorded in {tracking_uri}")
-    metric = metric or parents[0].data.params.get("metric", "val/accuracy")
-    mode = mode or parents[0].data.params.get("mode", "max")
-    chosen = parents if all_launches else parents[:1]
-    c = runs.client(tracking_uri)
-    rows = []
-    for parent in chosen:
-        children = c.search_runs(
-            [parent.info.experiment_id],
-            filter_string=f"tags.`{runs.PARENT}` = '{parent.info.run_id}'",
-            max_results=50000,
-        )
-        for r in children:
-            m = r.data.metrics
-            row = {
-                "arm": r.data.tags.get(runs.TAG_ARM, ""),
-                "optimizer": r.data.tags.get(runs.TAG_OPT, ""),
-                "status": r.info.status,
-                "outcome": r.data.tags.get(runs.TAG_OUTCOME, ""),
-                "error": r.data.tags.get(runs.TAG_ERROR, ""),  # "Type: message" of a failed trial
-                "epochs": int(m.get("epoch", 0)),
-                "seed": r.data.tags.get(runs.TAG_SEED, ""),
-                "stage": r.data.tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH),
-                metric: m.get(metric),
-                f"best/{metric}": m.get(f"best/{metric}"),
-            }
-            for k in sorted(m):
-                if k not in row and k not in ("epoch",):
-                    row[FINAL_NAMES.get(k, k)] = m[k]
-            for k, v in sorted(runs.config_params(r.data.params).items()):  # not opt.*, train.*, wl.*
-                row[f"param.{k}"] = v
-            row["run_id"] = r.info.run_id
-            row["trial_id"] = r.data.tags.get(runs.TAG_TRIAL, "")
-            row["launch"] = parent.info.run_id
-            row["start_time"] = r.info.start_time  # ms since the epoch (MLflow's unit)
-            row["end_time"] = r.info.end_time  # None while the run is still running
-            rows.append(row)
-    df = pd.DataFrame(rows)
-    if df.empty:
-        return df
-    for col in [c for c in df.columns if c.startswith("param.")] + ["seed"]:
-        df[col] = _numeric_if_possible(df[col])
-    numeric = df.select_dtypes("number").columns
-    df[numeric] = df[numeric].mask(df[numeric].abs() >= SENTINEL)  # +-inf as older MLflow stores kept it
-    df = sort_trials(df, metric, mode)
-    df.attrs["metric"], df.attrs["mode"] = metric, mode
-    df.attrs["reference_arm"] = parents[0].data.params.get("reference_arm")
-    df.attrs["workload"] = parents[0].data.params.get("workload")  # the range of its loss (compare tables)
-    # the launch's training-loss target: measured there and trained on (flat_at_target/*; flat/* at the end), or
-    # stopped there (flat/* at the target where reached)
-    for key in ("measure_at_train_loss", "stop_at_train_loss"):
-        df.attrs[key] = parents[0].data.params.get(f"train.{key}")
-    return df
 
 
 def sort_trials(df, metric: str, mode: str):
@@ -136,46 +31,22 @@ def sort_trials(df, metric: str, mode: str):
     return df.loc[order].reset_index(drop=True)
 
 
-_INTEGER = re.compile(r"[+-]?\d+")
-
-
-def _numeric_if_possible(col):
-    """MLflow stores params as strings: give back numbers where every value parses as one.
-
-    A column whose every present value is an integer literal (``"3"``, ``"-10"``) becomes pandas'
-    nullable ``Int64``, so that an arm without the param (a missing value) does not turn it into
-    floats (``s = 3.0``); other numeric columns become ``float64``; anything else stays text.
-    """
-    import pandas as pd
-
-    present = col.dropna()
-    if len(present) and all(isinstance(v, str) and _INTEGER.fullmatch(v.strip()) for v in present):
-        try:
-            return pd.array([None if pd.isna(v) else int(v) for v in col], dtype="Int64")
-        except (OverflowError, TypeError, ValueError):  # beyond int64: as floats below
-            pass
-    try:
-        return pd.to_numeric(col)
-    except (ValueError, TypeError):
-        return col
-
-
 def chosen_configurations(pooled, trials, rank_by: str = "final"):
     """The row of each arm's answer in a :func:`by_config` table (``flatlab results --by-config --best``):
     the final-stage row of its chosen configuration (pooled over the final seeds: the paper-table row),
     else its first final-stage row (the configuration its launch re-ran), else the chosen
     configuration's search row; the chosen configuration is its best
-    (:func:`flatlab.tracking.selection.best_configurations` over ``trials``, the :func:`trials_frame`
+    (:func:`flatlab.analysis.selection.best_configurations` over ``trials``, the :func:`trials_frame`
     table ``pooled`` was made from). Arms best first by the score their configuration was chosen by
-    (:func:`flatlab.tracking.selection.rank_arms`: the search trials' mean, not the final stage's);
+    (:func:`flatlab.analysis.selection.rank_arms`: the search trials' mean, not the final stage's);
     an arm with only final-stage rows left (``--filter``) comes last. Arms none of whose search trials
     completed have no row. Each row has the score its configuration was chosen by
-    (:func:`flatlab.tracking.selection.score_column` and ``SEARCH_SEEDS``). ``attrs`` are kept, with
+    (:func:`flatlab.analysis.selection.score_column` and ``SEARCH_SEEDS``). ``attrs`` are kept, with
     ``best`` set to ``"config"`` and ``rank_by``.
     """
     import pandas as pd
 
-    from flatlab.tracking import selection
+    from flatlab.analysis import selection
 
     if pooled.empty:
         return pooled
@@ -218,7 +89,7 @@ def by_config(df, rank_by: str = "final"):
     over 3 seeds).
 
     A configuration is an arm plus its trial params (``param.*``; the seed is not one). For each, from
-    the trials that completed (:func:`flatlab.tracking.selection.completed`: not pruned, diverged or
+    the trials that completed (:func:`flatlab.analysis.selection.completed`: not pruned, diverged or
     failed), the mean
     and sample standard deviation (ddof = 1; NaN with one seed) over seeds of: the study metric, its
     best value, the test metric (``test/perplexity``, ``test/accuracy`` or ``test/loss``, the first
@@ -226,20 +97,20 @@ def by_config(df, rank_by: str = "final"):
     ``train/epochs_to_target`` and every flatness measure ``flat/*``. A target's statistics are over the
     seeds that reached it, so ``reached`` says how many did: ``"k/n"`` of the ``n`` completed seeds
     (a miss is counted, never hidden in the mean). Ordered best first by the mean of ``<metric>`` (the
-    rule of :mod:`flatlab.tracking.selection`; ``rank_by="best-epoch"``: of ``best/<metric>``), more
+    rule of :mod:`flatlab.analysis.selection`; ``rank_by="best-epoch"``: of ``best/<metric>``), more
     seeds first among equal means; configurations with no completed trial come last. Search and
     final-stage trials of one configuration are separate rows (``stage``).
 
     Args:
         df: a :func:`trials_frame` table (its ``attrs`` give the metric and mode).
-        rank_by: ``final`` or ``best-epoch`` (:data:`flatlab.tracking.selection.RANKINGS`).
+        rank_by: ``final`` or ``best-epoch`` (:data:`flatlab.analysis.selection.RANKINGS`).
     Returns:
         Columns ``arm``, ``seeds`` (completed trials), ``trials`` (all of them), ``<m> mean`` and
         ``<m> std`` for each metric above, then the ``param.*`` columns.
     """
     import pandas as pd
 
-    from flatlab.tracking import selection
+    from flatlab.analysis import selection
 
     if df.empty:
         return df
@@ -310,10 +181,10 @@ def render(
     (``columns`` overrides the choice). A :func:`by_config` summary shows its seed counts and one
     ``mean ± std`` column per pooled metric.
 
-    No cell line is split or cut (:mod:`flatlab.tracking.console_table`; error messages wrap at spaces): a
+    No cell line is split or cut (:mod:`flatlab.analysis.console_table`; error messages wrap at spaces): a
     table that cannot fit is printed whole with a line under it naming ``hint`` (the way to get it
     otherwise)."""
-    from flatlab.tracking.console_table import make_table, print_table
+    from flatlab.analysis.console_table import make_table, print_table
 
     if df.empty:
         console.print("no trials recorded")
@@ -357,8 +228,8 @@ def render(
 
 def _score(df) -> List[str]:
     """The columns of a one-row-per-arm table with the score that chose each arm's configuration
-    (:func:`flatlab.tracking.selection.score_column`, ``SEARCH_SEEDS``); none for another table."""
-    from flatlab.tracking.selection import score_column
+    (:func:`flatlab.analysis.selection.score_column`, ``SEARCH_SEEDS``); none for another table."""
+    from flatlab.analysis.selection import score_column
 
     if not df.attrs.get("best"):
         return []
@@ -368,7 +239,7 @@ def _score(df) -> List[str]:
 
 def answer_caption(attrs: Any) -> str:
     """The line under a one-row-per-arm table (``attrs["best"]``: ``"trial"`` from
-    :func:`flatlab.tracking.selection.best_trial_rows`, ``"config"`` from
+    :func:`flatlab.analysis.selection.best_trial_rows`, ``"config"`` from
     :func:`chosen_configurations`): which trials the rule chose on, by which metric and direction, the
     order of the rows, and where the final stage's trials are."""
     metric, mode = attrs.get("metric", "val/accuracy"), attrs.get("mode", "max")

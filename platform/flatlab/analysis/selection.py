@@ -43,6 +43,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from flatlab.analysis.sample import STAGE_FINAL, STAGE_KEY, is_completed
 from flatlab.errors import ConfigError
 
 COMPLETED_KEY = "completed"
@@ -54,7 +55,6 @@ RANKINGS = ("final", "best-epoch")
 """How a trial is scored: its final epoch's value of the study metric (the rule), or its best epoch's
 (``best/<metric>``, an explicit option)."""
 
-STAGE_KEY, STAGE_FINAL = "stage", "final"  # a trial config's stage key and final-stage value (flatlab.tracking.runs)
 
 Key = Tuple[Tuple[str, Tuple[int, Any]], ...]
 
@@ -79,17 +79,12 @@ def trial_outcome(result: Optional[Mapping[str, Any]], error: bool, metric: str)
     return "pruned"
 
 
-def is_completed(outcome: Any, status: Any = None) -> bool:
-    """Whether a recorded trial completed: its MLflow outcome tag (written from :func:`trial_outcome`)
-    is ``completed``; a run without the tag counts when its MLflow status is ``FINISHED``."""
-    text = "" if outcome is None or outcome != outcome else str(outcome)  # NaN: no tag
-    return text == "completed" or (text == "" and status == "FINISHED")
-
-
 def completed(df):
     """:func:`is_completed` for each row of a ``trials_frame`` table (a boolean Series)."""
     import pandas as pd
 
+    if "completed" in df.columns:  # a Sample's table: derived once when it was built
+        return df["completed"].astype(bool)
     if "outcome" not in df.columns and "status" not in df.columns:
         return pd.Series(True, index=df.index)
     outcome = df["outcome"] if "outcome" in df.columns else pd.Series(None, index=df.index, dtype=object)

@@ -1,7 +1,7 @@
 """One summary over several studies that share arms (``flatlab compare STUDY_A STUDY_B ...``).
 
-Each study is one workload. From each study's paper table (:func:`~flatlab.tracking.compare.table.compare_table`:
-its final seeds, or each arm's best configuration, by the rules of :mod:`flatlab.tracking.selection`)
+Each study is one workload. From each study's paper table (:func:`~flatlab.analysis.compare.table.compare_table`:
+its final seeds, or each arm's best configuration, by the rules of :mod:`flatlab.analysis.selection`)
 only the means over seeds are kept, in a plain table (:func:`workload_table`: one row per workload,
 arm and quantity). :func:`summarize` then gives, per arm and workload:
 
@@ -12,7 +12,7 @@ arm and quantity). :func:`summarize` then gives, per arm and workload:
   reference arm's (< 1: flatter than the reference); in a workload whose study measured at a matched
   training loss, its ``flat_at_target/m`` (the IRE paper's comparison), else its ``flat/m``;
 * ``error`` and ``r``: the test error and its performance ratio to the workload's best arm
-  (:mod:`~flatlab.tracking.compare.profiles`).
+  (:mod:`~flatlab.analysis.compare.profiles`).
 
 A ratio is defined where both means are positive (else NaN, shown ``-``). An arm absent from a study
 (or without a value there) shows NaN/``-`` for that workload and counts as not solved (``r = inf``) in
@@ -25,11 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from flatlab.analysis.compare.profiles import error_matrix, performance_ratios, rho
+from flatlab.analysis.compare.statistics import finite
+from flatlab.analysis.compare.table import AT_TARGET_PREFIX, FLAT_PREFIX, Comparison, compare_table
+from flatlab.analysis.selection import reference_arm
 from flatlab.errors import ConfigError
-from flatlab.tracking.compare.profiles import error_matrix, performance_ratios, rho
-from flatlab.tracking.compare.statistics import finite
-from flatlab.tracking.compare.table import AT_TARGET_PREFIX, FLAT_PREFIX, Comparison, compare_table
-from flatlab.tracking.selection import reference_arm
 
 COLUMNS = ("workload", "arm", "quantity", "mean", "higher_is_better", "test_metric")
 """The plain table's columns: one row per (workload, arm, quantity); ``test_metric`` marks the rows of
@@ -92,13 +92,13 @@ def summarize(table, *, reference: Optional[str] = None, recorded: Optional[str]
             test-metric quantity.
         reference: the arm to relate every other to; must be in every workload.
         recorded: the studies' own reference arm, used by default where every workload has it
-            (:func:`flatlab.tracking.selection.reference_arm` of the arms in every workload).
+            (:func:`flatlab.analysis.selection.reference_arm` of the arms in every workload).
     Returns:
         A :class:`MultiSummary`.
     Raises:
         ConfigError: missing columns; a workload without (or with two) test metrics; no arm in
             every workload; ``reference`` not in every workload; a metric that gives no error
-            (:func:`~flatlab.tracking.compare.profiles.error_from_metric`).
+            (:func:`~flatlab.analysis.compare.profiles.error_from_metric`).
     """
     import pandas as pd
 
@@ -212,10 +212,10 @@ def summary_from_frames(
     frames: Mapping[str, Any], *, reference: Optional[str] = None, metric: Optional[str] = None, rank_by: str = "final"
 ) -> MultiSummary:
     """The summary of several studies' ``trials_frame`` tables (``{study: frame}``, each study one
-    workload): each study's :func:`~flatlab.tracking.compare.table.compare_table` (its own default
+    workload): each study's :func:`~flatlab.analysis.compare.table.compare_table` (its own default
     reference, ``metric`` and ``rank_by`` for all), then :func:`summarize`; by default the reference is
     the studies' own where they all record the same one. Each study's
-    :attr:`~flatlab.tracking.compare.table.Comparison.warnings` (seeds that missed its training-loss
+    :attr:`~flatlab.analysis.compare.table.Comparison.warnings` (seeds that missed its training-loss
     target) come first in the notes, prefixed with the study's name.
 
     Raises:

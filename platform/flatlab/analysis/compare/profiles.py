@@ -22,7 +22,7 @@ better). As in both papers, an arm that did not solve a workload gets ``r = inf`
 ``tau``): here, an arm absent from a study, or without a value of its test metric there.
 A workload whose best error is 0 gives ``r = 1`` to every arm with error 0 and ``inf`` to the rest.
 
-The functions work on a plain table (:func:`flatlab.tracking.compare.multi.workload_table`), so they
+The functions work on a plain table (:func:`flatlab.analysis.compare.multi.workload_table`), so they
 need no MLflow.
 """
 
@@ -33,8 +33,8 @@ import textwrap
 from pathlib import Path
 from typing import Optional, Sequence
 
+from flatlab.analysis.compare.statistics import finite
 from flatlab.errors import ConfigError
-from flatlab.tracking.compare.statistics import finite
 
 TAU_MARGIN = 1.05
 """The default tau_max is this factor above the largest finite ratio, so every step is visible."""

@@ -1,4 +1,4 @@
-"""Text outputs of a :class:`~flatlab.tracking.compare.table.Comparison`: markdown, LaTeX (booktabs),
+"""Text outputs of a :class:`~flatlab.analysis.compare.table.Comparison`: markdown, LaTeX (booktabs),
 CSV and a rich table, with one set of headers, cells and caption."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 from typing import Any, List, Sequence
 
+from flatlab.analysis.compare.statistics import finite
+from flatlab.analysis.compare.table import FEW_SEEDS, TARGETS, Comparison
+from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX
 from flatlab.errors import ConfigError
-from flatlab.tracking.compare.statistics import finite
-from flatlab.tracking.compare.table import FEW_SEEDS, TARGETS, Comparison
-from flatlab.tracking.runs import AT_TARGET_PREFIX, FLAT_PREFIX
 
 FORMATS = ("table", "markdown", "latex", "csv")
 
@@ -130,8 +130,8 @@ def multiplicity(comparison: Comparison) -> List[str]:
     """The caption lines on multiple testing and on few seeds: how many tests each quantity's family
     holds and that p is Holm-adjusted within it; which arms differ from the reference after the
     adjustment (or that none does); and, where the paired tests are over fewer than
-    :data:`~flatlab.tracking.compare.table.FEW_SEEDS` seeds, their degrees of freedom and power."""
-    from flatlab.tracking.compare.statistics import paired_power
+    :data:`~flatlab.analysis.compare.table.FEW_SEEDS` seeds, their degrees of freedom and power."""
+    from flatlab.analysis.compare.statistics import paired_power
 
     c = comparison
     alpha = f"{c.alpha:g}"
@@ -274,9 +274,9 @@ def to_csv(comparison: Comparison) -> str:
 def render(comparison: Comparison, console: Any) -> None:
     """Print the table with rich: a title, the :attr:`~Comparison.warnings` (bold), one table per
     quantity (one family of tests; the quantity's name as its title), the caption under them. Numbers,
-    intervals and arm names are never split (:mod:`flatlab.tracking.console_table`); a table wider than
+    intervals and arm names are never split (:mod:`flatlab.analysis.console_table`); a table wider than
     the console says so and points to ``--format markdown``."""
-    from flatlab.tracking.console_table import make_table, print_table
+    from flatlab.analysis.console_table import make_table, print_table
 
     c = comparison
     console.print(f"[bold]{heading(c)}[/bold]")

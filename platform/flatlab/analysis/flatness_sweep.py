@@ -3,8 +3,9 @@ scale ``sigma``, one line per arm, from a study's MLflow trials.
 
 A study asks for the sweep with ``measures={"neighbourhood_loss": {"sigmas": [...], ...}}``; every trial
 then logs ``flat/neighbourhood_loss/sigma_<s>`` and ``flat/neighbourhood_loss/sigma_<s>_var``
-(:mod:`flatlab.sharpness.measures`). After the study, :func:`log_flatness_sweep` (called by the runner's
-post-study step) averages them over seeds per arm and logs, on the launch's parent run:
+(:mod:`flatlab.sharpness.measures`). After the study, :func:`sweep_table` averages them over seeds per arm
+and :func:`plot_sweep` draws them; :func:`flatlab.tracking.publish.log_flatness_sweep` logs, on the launch's
+parent run:
 
 * ``flatness_sweep/neighbourhood_loss_vs_sigma.csv``: one row per (arm, sigma): ``mean`` (the seeds'
   average of the mean perturbed loss), ``mean_std`` (its standard deviation over seeds), ``var`` and
@@ -18,13 +19,9 @@ trial of the latest launch (a grid study's seeds).
 
 from __future__ import annotations
 
-import logging
 import re
-import tempfile
 from pathlib import Path
-from typing import Any, List, Optional
-
-logger = logging.getLogger(__name__)
+from typing import Any
 
 MEAN_PREFIX = "flat/neighbourhood_loss/sigma_"
 ARTIFACT_DIR = "flatness_sweep"
@@ -39,7 +36,7 @@ def wants_sweep(measures: Any) -> bool:
 
 
 def sweep_table(df):
-    """Per (arm, sigma) statistics over seeds from a trials frame (:func:`flatlab.tracking.results.trials_frame`).
+    """Per (arm, sigma) statistics over seeds from a trials frame (:func:`flatlab.tracking.trials.trials_frame`).
 
     Args:
         df: one row per trial with ``arm``, ``stage``, ``outcome`` and the ``flat/neighbourhood_loss/sigma_<s>``
@@ -95,7 +92,7 @@ def plot_sweep(table, path: Path, title: str = "") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from flatlab.tracking.plot_axes import plain_figure
+    from flatlab.analysis.plot_axes import plain_figure
 
     if table is None or len(table) == 0:
         raise ValueError("no neighbourhood-loss sweep to plot (no trial logged flat/neighbourhood_loss/sigma_*)")
@@ -121,42 +118,3 @@ def plot_sweep(table, path: Path, title: str = "") -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-def log_flatness_sweep(tracking_uri: str, parent_run_id: str, study: Any, console: Optional[Any] = None) -> List[str]:
-    """After a study: log the sweep's CSV and figure (module docstring) on ``parent_run_id``, if the study
-    asked for a sweep (:func:`wants_sweep`); otherwise do nothing.
-
-    Never raises: a failure is logged as a warning (the trials are already recorded).
-
-    Returns:
-        The artifact paths logged.
-    """
-    if not wants_sweep(getattr(study, "measures", None)):
-        return []
-    from flatlab.tracking import runs
-    from flatlab.tracking.results import trials_frame
-
-    logged: List[str] = []
-    try:
-        table = sweep_table(trials_frame(tracking_uri, study.name))
-        if table.empty:
-            logger.warning("flatness sweep: no trial of %s logged %s*", study.name, MEAN_PREFIX)
-            return logged
-        client = runs.client(runs.existing_store(tracking_uri))
-        client.log_text(parent_run_id, table.to_csv(index=False), f"{ARTIFACT_DIR}/{STEM}.csv")
-        logged.append(f"{ARTIFACT_DIR}/{STEM}.csv")
-        with tempfile.TemporaryDirectory() as tmp:
-            png = plot_sweep(
-                table, Path(tmp) / f"{STEM}.png", title=f"{study.name}: loss around the solution (TSAM Fig. 2)"
-            )
-            client.log_artifact(parent_run_id, str(png), ARTIFACT_DIR)
-        logged.append(f"{ARTIFACT_DIR}/{STEM}.png")
-    except Exception as exc:  # noqa: BLE001 - the study's results stand
-        logger.warning("flatness sweep: not logged for run %s: %s", parent_run_id, exc)
-    if console is not None and logged:
-        console.print(f"flatness sweep (TSAM Fig. 2): {', '.join(logged)} on run {parent_run_id}")
-    return logged
-
-
-__all__ = ["log_flatness_sweep", "plot_sweep", "sweep_table", "wants_sweep"]

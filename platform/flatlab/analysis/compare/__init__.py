@@ -1,31 +1,30 @@
 """The paper table of a study (``flatlab compare``), one module per job:
 
-* :mod:`~flatlab.tracking.compare.statistics`: the t-interval of a mean over seeds, the paired
+* :mod:`~flatlab.analysis.compare.statistics`: the t-interval of a mean over seeds, the paired
   per-seed test with its effect size, and Holm's adjustment over a family of tests
   (:func:`t_estimate`, :func:`paired_difference`, :func:`cohen_dz`, :func:`holm`, :func:`paired_power`);
-* :mod:`~flatlab.tracking.compare.sample`: which trials the table is over (:func:`select_sample`, by
-  the rules of :mod:`flatlab.tracking.selection`, which also names the default reference arm);
-* :mod:`~flatlab.tracking.compare.table`: the comparison table itself (:func:`compare_table`,
+* :mod:`~flatlab.analysis.compare.select`: which trials the table is over (:func:`select_sample`, by
+  the rules of :mod:`flatlab.analysis.selection`, which also names the default reference arm);
+* :mod:`~flatlab.analysis.compare.table`: the comparison table itself (:func:`compare_table`,
   :class:`Comparison`);
-* :mod:`~flatlab.tracking.compare.text`: its markdown, LaTeX, CSV and rich renderings;
-* :mod:`~flatlab.tracking.compare.plot`: the test metric against flatness (:func:`plot_metric_vs_flatness`);
-* :mod:`~flatlab.tracking.compare.publish`: the table and plot as artifacts of a launch's MLflow run
-  (:func:`log_comparison`);
-* :mod:`~flatlab.tracking.compare.efficiency`: HPO efficiency, a search's share of a grid's compute
+* :mod:`~flatlab.analysis.compare.text`: its markdown, LaTeX, CSV and rich renderings;
+* :mod:`~flatlab.analysis.compare.plot`: the test metric against flatness (:func:`plot_metric_vs_flatness`);
+* :mod:`~flatlab.analysis.compare.efficiency`: HPO efficiency, a search's share of a grid's compute
   (:func:`hpo_efficiency`);
-* :mod:`~flatlab.tracking.compare.multi`: one summary over several studies that share arms, each a
+* :mod:`~flatlab.analysis.compare.multi`: one summary over several studies that share arms, each a
   workload (:func:`summarize` over a plain :func:`workload_table`; :func:`summary_from_frames`), with
-  its text outputs in :mod:`~flatlab.tracking.compare.multi_text`;
-* :mod:`~flatlab.tracking.compare.profiles`: performance profiles of the arms over the workloads
+  its text outputs in :mod:`~flatlab.analysis.compare.multi_text`;
+* :mod:`~flatlab.analysis.compare.profiles`: performance profiles of the arms over the workloads
   (:func:`performance_ratios`, :func:`rho`, :func:`plot_profiles`).
 
-The names below are the package's public surface (``from flatlab.tracking import compare as cmp``).
+Logging the table and plot to a launch's MLflow run is :func:`flatlab.tracking.publish.log_comparison`.
+The names below are the package's public surface (``from flatlab.analysis import compare as cmp``).
 """
 
-from flatlab.tracking.compare.efficiency import efficiency_cells, hpo_efficiency
-from flatlab.tracking.compare.multi import MultiSummary, summarize, summary_from_frames, workload_table
-from flatlab.tracking.compare.plot import plot_metric_vs_flatness
-from flatlab.tracking.compare.profiles import (
+from flatlab.analysis.compare.efficiency import efficiency_cells, hpo_efficiency
+from flatlab.analysis.compare.multi import MultiSummary, summarize, summary_from_frames, workload_table
+from flatlab.analysis.compare.plot import plot_metric_vs_flatness
+from flatlab.analysis.compare.profiles import (
     error_from_metric,
     error_matrix,
     performance_ratios,
@@ -33,9 +32,8 @@ from flatlab.tracking.compare.profiles import (
     profile,
     rho,
 )
-from flatlab.tracking.compare.publish import log_comparison
-from flatlab.tracking.compare.sample import select_sample
-from flatlab.tracking.compare.statistics import (
+from flatlab.analysis.compare.select import select_sample
+from flatlab.analysis.compare.statistics import (
     CONFIDENCE,
     Estimate,
     Paired,
@@ -45,7 +43,7 @@ from flatlab.tracking.compare.statistics import (
     paired_power,
     t_estimate,
 )
-from flatlab.tracking.compare.table import (
+from flatlab.analysis.compare.table import (
     EPOCHS_TO_TARGET,
     FEW_SEEDS,
     FLAT_PREFIX,
@@ -58,7 +56,7 @@ from flatlab.tracking.compare.table import (
     higher_is_better,
     seed_values,
 )
-from flatlab.tracking.compare.text import (
+from flatlab.analysis.compare.text import (
     FORMATS,
     SIGNIFICANCE,
     caption,
@@ -104,7 +102,6 @@ __all__ = [
     "hpo_efficiency",
     "latex_escape",
     "latex_table",
-    "log_comparison",
     "markdown_table",
     "multiplicity",
     "paired_difference",

@@ -5,12 +5,12 @@ The order of operations (one rule for the CLI and the Python API):
 
 1. ``arms``: keep the trials of these arms;
 2. ``metric``/``mode``: rank by this metric instead of the study's (completed trials still first,
-   :func:`flatlab.tracking.results.sort_trials`);
+   :func:`flatlab.analysis.results.sort_trials`);
 3. ``filter``: a pandas :meth:`DataFrame.query` expression over the trial rows;
-4. ``by_config`` then ``best`` on what is left: :func:`~flatlab.tracking.results.by_config`, and each
-   arm's answer by the rules of :mod:`flatlab.tracking.selection`: its best trial
-   (:func:`~flatlab.tracking.selection.best_trial_rows`) or, with ``by_config``, its best
-   configuration's row (:func:`~flatlab.tracking.results.chosen_configurations`); ``rank_by`` chooses
+4. ``by_config`` then ``best`` on what is left: :func:`~flatlab.analysis.results.by_config`, and each
+   arm's answer by the rules of :mod:`flatlab.analysis.selection`: its best trial
+   (:func:`~flatlab.analysis.selection.best_trial_rows`) or, with ``by_config``, its best
+   configuration's row (:func:`~flatlab.analysis.results.chosen_configurations`); ``rank_by`` chooses
    how a trial scores (``final``, the rule, or ``best-epoch``);
 5. ``sort`` then ``columns`` on the final table.
 """
@@ -81,7 +81,7 @@ def rank_by_metric(df, metric: Optional[str], mode: Optional[str]):
         ConfigError: ``mode`` not ``min``/``max``; ``metric`` not a column of the table (the message
             lists the metric columns).
     """
-    from flatlab.tracking.results import sort_trials
+    from flatlab.analysis.results import sort_trials
 
     if mode is not None and mode not in MODES:
         raise ConfigError(f"--mode {mode!r} is not supported; expected one of {', '.join(MODES)}")
@@ -193,7 +193,7 @@ def select(
     columns: Union[None, str, Iterable[str]] = None,
     rank_by: str = "final",
 ):
-    """A :func:`~flatlab.tracking.results.trials_frame` table with the filters of ``flatlab results``
+    """A :func:`~flatlab.tracking.trials.trials_frame` table with the filters of ``flatlab results``
     applied in the module's order (arms, metric, filter, by_config, best, sort, columns).
 
     ``arms``, ``sort`` and ``columns`` take a list or one string (``columns`` also a comma list). With
@@ -203,8 +203,8 @@ def select(
         ConfigError: as :func:`select_arms`, :func:`rank_by_metric`, :func:`apply_filter`, :func:`sort_by` and
             :func:`select_columns` do; an unknown ``rank_by`` (``--rank-by``).
     """
-    from flatlab.tracking import results as res
-    from flatlab.tracking import selection
+    from flatlab.analysis import results as res
+    from flatlab.analysis import selection
 
     selection.value_column("", rank_by)  # an unknown --rank-by fails before anything else
     df = select_arms(df, as_list(arms, split_commas=True))

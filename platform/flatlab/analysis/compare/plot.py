@@ -6,18 +6,19 @@ import math
 from pathlib import Path
 from typing import Optional
 
+from flatlab.analysis.compare.select import select_sample
+from flatlab.analysis.compare.statistics import finite
+from flatlab.analysis.compare.table import FLAT_PREFIX, Comparison, seed_values
+from flatlab.analysis.sample import has_values
+from flatlab.analysis.selection import completed
 from flatlab.errors import ConfigError
-from flatlab.tracking.compare.sample import has_values, select_sample
-from flatlab.tracking.compare.statistics import finite
-from flatlab.tracking.compare.table import FLAT_PREFIX, Comparison, seed_values
-from flatlab.tracking.selection import completed
 
 
 def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_trials: bool = False) -> Path:
     """Save a PNG: the test metric against each flatness measure, one point per seed (completed
     trials), one colour per arm (the legend right of the panels, off the points); one panel per
     ``flat/*`` measure (log x where a measure is positive and spans more than two decades). Linear axes' tick labels carry no offset text
-    (:func:`flatlab.tracking.plot_axes.plain_numbers`).
+    (:func:`flatlab.analysis.plot_axes.plain_numbers`).
 
     Args:
         data: a :class:`Comparison`, or a ``trials_frame`` table (its :func:`select_sample` is plotted).
@@ -35,8 +36,8 @@ def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_tri
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    from flatlab.tracking.plot_axes import plain_numbers
-    from flatlab.tracking.results import _test_metric
+    from flatlab.analysis.plot_axes import plain_numbers
+    from flatlab.analysis.results import _test_metric
 
     if isinstance(data, Comparison):
         seeds, metric, title = data.seeds, data.metric, data.study

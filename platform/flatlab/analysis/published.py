@@ -4,7 +4,7 @@ A paper or benchmark that publishes per-epoch curves (DeepOBS's baselines, a pap
 becomes a *curve-set file*: plain JSON, read without executing anything. A study declares the file and
 which of its arms reproduces which curve (``Study(published=Published(path, arms={arm: curve}))``);
 :func:`compare_curves` then sets flatlab's per-epoch mean over seeds, with its t-interval
-(:func:`flatlab.tracking.compare.t_estimate`), beside the published runs' mean and range, and says per
+(:func:`flatlab.analysis.compare.t_estimate`), beside the published runs' mean and range, and says per
 epoch and metric whether flatlab's mean lies inside the published range ``[min, max]`` and whether its
 interval overlaps that range. Everything here works on plain values and DataFrames;
 :mod:`flatlab.tracking.published_runs` reads flatlab's side from MLflow.
@@ -387,7 +387,7 @@ def compare_curves(
     """flatlab's per-epoch mean and t-interval beside each mapped curve's published runs.
 
     The interval is intersected with the values the metric can take, as ``flatlab compare`` does
-    (:func:`flatlab.tracking.compare.table.quantity_support`: accuracy in [0, 1], a loss in ``workload``'s
+    (:func:`flatlab.analysis.compare.table.quantity_support`: accuracy in [0, 1], a loss in ``workload``'s
     loss range): the same coverage, no impossible values such as an accuracy of 1.0001.
 
     Args:
@@ -408,9 +408,9 @@ def compare_curves(
     """
     import pandas as pd
 
-    from flatlab.tracking.compare import t_estimate
-    from flatlab.tracking.compare.statistics import clip
-    from flatlab.tracking.compare.table import quantity_support
+    from flatlab.analysis.compare import t_estimate
+    from flatlab.analysis.compare.statistics import clip
+    from flatlab.analysis.compare.table import quantity_support
 
     if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
         raise ConfigError(f"confidence={confidence!r}; expected a number in (0, 1), e.g. 0.95")
@@ -640,7 +640,7 @@ def summary_lines(comparison: CurveComparison) -> List[str]:
 def to_markdown(comparison: CurveComparison) -> str:
     """The per-epoch table as a pipe table, then the summary, the notes and the citation with the file's
     path as :func:`shown_path` shows it (machine-independent: the text is pasted into docs)."""
-    from flatlab.tracking.compare import markdown_table
+    from flatlab.analysis.compare import markdown_table
 
     head, body = row_cells(comparison)
     text = [f"### flatlab beside {comparison.curves.title}", "", markdown_table(head, body, left=2), ""]
@@ -650,9 +650,9 @@ def to_markdown(comparison: CurveComparison) -> str:
 
 
 def render(comparison: CurveComparison, console: Any) -> None:
-    """Print the per-epoch table (no cell split: :mod:`flatlab.tracking.console_table`), the summary, the
+    """Print the per-epoch table (no cell split: :mod:`flatlab.analysis.console_table`), the summary, the
     notes and the citation with rich."""
-    from flatlab.tracking.console_table import make_table, print_table
+    from flatlab.analysis.console_table import make_table, print_table
 
     head, body = row_cells(comparison)
     keys = [(r.arm, r.metric) for r in comparison.rows.itertuples(index=False)]

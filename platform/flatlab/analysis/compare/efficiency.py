@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from flatlab.analysis.compare.statistics import finite
+from flatlab.analysis.compare.text import number
+from flatlab.analysis.sample import has_values
+from flatlab.analysis.selection import completed
 from flatlab.errors import ConfigError
-from flatlab.tracking.compare.sample import has_values
-from flatlab.tracking.compare.statistics import finite
-from flatlab.tracking.compare.text import number
-from flatlab.tracking.selection import completed
 
 
 def hpo_efficiency(

@@ -1,14 +1,14 @@
 """The paper table of a study (``flatlab compare``): each arm over seeds, and paired against a reference arm.
 
-Over the trials :func:`~flatlab.tracking.compare.sample.select_sample` chooses. For each arm and each
+Over the trials :func:`~flatlab.analysis.compare.select.select_sample` chooses. For each arm and each
 quantity (the test metric, every ``flat/<measure>`` and ``flat_at_target/<measure>``, epochs or steps to a
 target): the
-:func:`~flatlab.tracking.compare.statistics.t_estimate` over seeds and, against the reference arm, the
-:func:`~flatlab.tracking.compare.statistics.paired_difference` (with its effect size d_z).
+:func:`~flatlab.analysis.compare.statistics.t_estimate` over seeds and, against the reference arm, the
+:func:`~flatlab.analysis.compare.statistics.paired_difference` (with its effect size d_z).
 
 Many arms make many tests. Each quantity is one family: its tests are the non-reference arms' paired
 tests against the reference, and their p-values are Holm-adjusted within it
-(:func:`~flatlab.tracking.compare.statistics.holm`), controlling the family-wise error rate of each
+(:func:`~flatlab.analysis.compare.statistics.holm`), controlling the family-wise error rate of each
 quantity at ``alpha = 1 − confidence``. Quantities are not adjusted against each other (each answers
 its own question: the test metric, each flatness measure, the speed to a target).
 
@@ -38,9 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from flatlab.errors import ConfigError
-from flatlab.tracking.compare.sample import has_values, select_sample
-from flatlab.tracking.compare.statistics import (
+from flatlab.analysis.compare.select import select_sample
+from flatlab.analysis.compare.statistics import (
     CONFIDENCE,
     Estimate,
     Paired,
@@ -50,8 +49,9 @@ from flatlab.tracking.compare.statistics import (
     paired_difference,
     t_estimate,
 )
-from flatlab.tracking.runs import AT_TARGET_PREFIX, FLAT_PREFIX
-from flatlab.tracking.selection import completed, reference_arm, value_column
+from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX, has_values
+from flatlab.analysis.selection import completed, reference_arm, value_column
+from flatlab.errors import ConfigError
 
 MEASURE_AT_TARGET = (
     "measure_at_train_loss"  # the frame's attrs key: the launch's trainer target, when it measured and trained on
@@ -262,12 +262,12 @@ def compare_table(
     """The paper table of a study's trials (see the module docstring for the statistics).
 
     Args:
-        df: a :func:`flatlab.tracking.results.trials_frame` table (``attrs`` metric, mode and workload,
+        df: a :func:`flatlab.tracking.trials.trials_frame` table (``attrs`` metric, mode and workload,
             the last for the range of a loss: :func:`quantity_support`).
         metric: the test metric (default ``test/perplexity``, ``test/accuracy`` or ``test/loss``, the
             first recorded).
         reference: the arm every other arm is paired against (default
-            :func:`flatlab.tracking.selection.reference_arm` of the compared arms and the study's
+            :func:`flatlab.analysis.selection.reference_arm` of the compared arms and the study's
             ``reference_arm``, which ``trials_frame`` reads from the launch into ``attrs``).
         measures: the ``flat/*`` measures to include (``fisher_trace`` or ``flat/fisher_trace``, each with
             its ``flat_at_target/*`` where recorded; or ``flat_at_target/fisher_trace`` alone; default every
@@ -285,7 +285,7 @@ def compare_table(
             ``confidence`` outside (0, 1); ``rank_by`` not one of ``selection.RANKINGS`` (also where a
             final stage makes it unused).
     """
-    from flatlab.tracking.results import _test_metric
+    from flatlab.analysis.results import _test_metric
 
     if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
         raise ConfigError(f"confidence={confidence!r}; expected a number in (0, 1), e.g. 0.95")

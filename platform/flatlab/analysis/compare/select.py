@@ -1,27 +1,26 @@
 """Which trials a paper table is over: the final stage's, else each arm's best configuration with all
-its seeds (the rule of :mod:`flatlab.tracking.selection`)."""
+its seeds (the rule of :mod:`flatlab.analysis.selection`)."""
 
 from __future__ import annotations
 
 from typing import Any, List, Tuple
 
+from flatlab.analysis import selection
 from flatlab.errors import ConfigError
-from flatlab.tracking import selection
-from flatlab.tracking.compare.statistics import finite
 
 
 def select_sample(df, rank_by: str = "final") -> Tuple[Any, str, List[str]]:
     """The trials a paper table is over, one per (arm, seed).
 
     The final-stage trials (``stage == "final"``) where the frame has any; otherwise each arm's best
-    configuration (:func:`flatlab.tracking.selection.best_configuration_rows`: the best mean over its
+    configuration (:func:`flatlab.analysis.selection.best_configuration_rows`: the best mean over its
     seeds of the final validation value, by the frame's ``attrs`` metric and mode) with all its seeds,
     failed ones included. An arm none of whose search trials completed has no best configuration and
     is left out (noted). Where an (arm, seed) appears twice, the latest started trial is kept (noted).
 
     Args:
-        df: a :func:`flatlab.tracking.results.trials_frame` table.
-        rank_by: ``final`` (the rule) or ``best-epoch`` (:data:`flatlab.tracking.selection.RANKINGS`);
+        df: a :func:`flatlab.tracking.trials.trials_frame` table.
+        rank_by: ``final`` (the rule) or ``best-epoch`` (:data:`flatlab.analysis.selection.RANKINGS`);
             no effect on a final stage's trials.
     Returns:
         ``(sample, source, notes)``: the chosen rows, ``"final"`` or ``"best configuration"``, and notes.
@@ -53,10 +52,3 @@ def select_sample(df, rank_by: str = "final") -> Tuple[Any, str, List[str]]:
     sample = sample.sort_values(["arm", "seed"], kind="stable").reset_index(drop=True)
     sample.attrs.update(df.attrs)
     return sample, source, notes
-
-
-def has_values(df, column: str) -> bool:
-    """Whether ``df`` has a column ``column`` with at least one finite number."""
-    import pandas as pd
-
-    return column in df.columns and bool(pd.to_numeric(df[column], errors="coerce").map(finite).any())

@@ -3,7 +3,7 @@
 After a launch (``study/runner.py`` ``_post_study``), :func:`log_study_report` logs to the parent run:
 
 * ``report/best_per_arm.json``, a table (``mlflow.log_table``) with one row per arm: its best completed
-  trial (:func:`flatlab.tracking.selection.best_trial_rows`: the best trial of its best
+  trial (:func:`flatlab.analysis.selection.best_trial_rows`: the best trial of its best
   configuration, by the study metric), its epochs, the
   study metric, the test metric (``test/accuracy``, or ``test/perplexity``/``test/loss`` where the
   workload reports that instead), its flatness measures and its params. The parent run holds no
@@ -13,11 +13,11 @@ After a launch (``study/runner.py`` ``_post_study``), :func:`log_study_report` l
 * ``report/parallel_coordinate_<arm>.png`` and ``report/param_importances_<arm>.png``: Optuna's
   matplotlib visualisations over the arm's Optuna study (``<root>/<study>/optuna.db``, study
   ``<launch>.<arm>``; parallel coordinates tidied by
-  :func:`flatlab.tracking.plot_axes.tidy_parallel_coordinate`; fANOVA importances with a fixed seed,
+  :func:`flatlab.analysis.plot_axes.tidy_parallel_coordinate`; fANOVA importances with a fixed seed,
   which need >= 2 completed trials and a searched parameter);
-* ``report/metric_vs_flatness.png`` (:func:`flatlab.tracking.compare.plot.plot_metric_vs_flatness`) over the
+* ``report/metric_vs_flatness.png`` (:func:`flatlab.analysis.compare.plot.plot_metric_vs_flatness`) over the
   completed trials, for studies without a final stage whose trials measured flatness (``flat/*``); with a
-  final stage, :func:`flatlab.tracking.compare.publish.log_comparison` logs it under ``compare/``;
+  final stage, :func:`flatlab.tracking.publish.log_comparison` logs it under ``compare/``;
 
 and it points the experiment's default view in MLflow's UI (:func:`flatlab.tracking.ui.set_default_view`)
 at this launch, with the test metric its trials logged.
@@ -35,6 +35,8 @@ import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+
+from flatlab.analysis.report import best_per_arm_table
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Pat
     """
     from flatlab.study.launches import log_file
     from flatlab.tracking import runs
-    from flatlab.tracking.results import trials_frame
+    from flatlab.tracking.trials import trials_frame
 
     logged: List[str] = []
     skipped: List[str] = []
@@ -69,8 +71,8 @@ def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Pat
         logger.warning("study report: no trials read for run %s: %s", parent_run_id, exc)
         return logged
     try:  # the default runs view names the test metric the trials logged (flatlab.tracking.ui)
+        from flatlab.analysis.results import _test_metric
         from flatlab.tracking import ui
-        from flatlab.tracking.results import _test_metric
 
         test = _test_metric(df) if not df.empty else None
         experiment_id = client.get_run(parent_run_id).info.experiment_id
@@ -115,63 +117,24 @@ def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Pat
 
 
 BEST_TABLE = f"{ARTIFACT_DIR}/best_per_arm.json"
-_AUXILIARY = ("_stderr", "_clean")  # flat/<measure>_stderr, _clean: details of a measure, left out of the table
-
-
-def best_per_arm_table(df: Any, metric: str) -> Any:
-    """One row per arm: the best trial of its best configuration
-    (:func:`flatlab.tracking.selection.best_trial_rows`; ``df``: a
-    :func:`~flatlab.tracking.results.trials_frame` table, best first): ``arm``, ``trial`` (the run's
-    name), ``epochs``, ``metric``, the test metric, each flatness measure ``flat/*``, the score the
-    rule chose the arm's configuration by (``search <metric> mean`` over ``search seeds``, the
-    configuration's completed search trials; rows are in its order, best first, as ``flatlab results
-    --best`` shows them), the trial's ``params`` (``name=value`` of its logged params, one per line) and
-    ``run_id``. Numbers are rounded to 4 significant digits (the runs hold the exact values). Arms
-    without a completed trial get no row."""
-    import pandas as pd
-
-    from flatlab.tracking import ui
-    from flatlab.tracking.results import _test_metric, params_text
-    from flatlab.tracking.selection import SEARCH_SEEDS, best_trial_rows, score_column
-
-    if df.empty or "outcome" not in df.columns:
-        return pd.DataFrame()
-    best = best_trial_rows(df)
-    test = _test_metric(df)
-    # the column best_trial_rows wrote its score to (named from the frame's metric, as it names it)
-    score = score_column(best.attrs.get("metric", "val/accuracy"), best.attrs.get("rank_by", "final"))
-    flat = sorted(c for c in df.columns if c.startswith("flat/") and not c.endswith(_AUXILIARY) and df[c].notna().any())
-    params = [c for c in df.columns if c.startswith("param.")]
-    rows = []
-    for _, row in best.iterrows():
-        out = {
-            "arm": row["arm"],
-            "trial": ui.trial_run_name(
-                row["arm"], row.get("stage", "search"), row.get("seed", ""), row.get("trial_id", "")
-            ),
-            "epochs": int(row["epochs"]),
-        }
-        for name in [metric] + ([test] if test else []) + flat:
-            value = row.get(name)
-            out[name] = float(f"{value:.4g}") if isinstance(value, (int, float)) and math.isfinite(value) else None
-        for name in (score, SEARCH_SEEDS):  # what the rule chose the configuration (and ordered the arms) by
-            value = row.get(name)
-            out[name] = (int(value) if name == SEARCH_SEEDS else float(f"{value:.4g}")) if pd.notna(value) else None
-        out["params"] = params_text(row, params, "\n")
-        out["run_id"] = row["run_id"]
-        rows.append(out)
-    return pd.DataFrame(rows)
 
 
 def log_best_per_arm(client: Any, run_id: str, df: Any, metric: str) -> List[str]:
     """Log :func:`best_per_arm_table` to ``run_id`` as the table :data:`BEST_TABLE` (``log_table``: MLflow's
     UI shows it in the run's artifacts as a table), one comparison of the arms instead of one metric per
     arm and value. Returns the artifact paths logged (none when no arm completed a trial)."""
-    table = best_per_arm_table(df, metric)
+    table = best_per_arm_table(df, metric, trial_name=_run_name)
     if table.empty:
         return []
     client.log_table(run_id, data=table, artifact_file=BEST_TABLE)
     return [BEST_TABLE]
+
+
+def _run_name(row: Any) -> str:
+    """The MLflow run name of a trials-table row (:func:`flatlab.tracking.ui.trial_run_name`)."""
+    from flatlab.tracking import ui
+
+    return ui.trial_run_name(row["arm"], row.get("stage", "search"), row.get("seed", ""), row.get("trial_id", ""))
 
 
 _STYLE = {"completed": "-", "final": "--"}  # anything else (pruned, diverged, interrupted): dotted
@@ -179,10 +142,10 @@ _STYLE = {"completed": "-", "final": "--"}  # anything else (pruned, diverged, i
 
 def plot_learning_curves(client: Any, df: Any, metric: str, path: Path, arms: Optional[List[str]] = None) -> Path:
     """Save a PNG: ``metric`` against the epoch (its MLflow history, step = epoch), one line per trial of
-    ``df`` (a :func:`~flatlab.tracking.results.trials_frame` table), one panel per arm (``arms``: their
+    ``df`` (a :func:`~flatlab.tracking.trials.trials_frame` table), one panel per arm (``arms``: their
     order; default: as they appear). Solid: completed search trials; dashed: final-stage trials; dotted:
     pruned, diverged or interrupted ones. Epoch ticks are integers; tick labels carry no offset text
-    (:mod:`flatlab.tracking.plot_axes`).
+    (:mod:`flatlab.analysis.plot_axes`).
 
     Raises:
         ValueError: ``df`` has no trial with a recorded value of ``metric``.
@@ -190,7 +153,7 @@ def plot_learning_curves(client: Any, df: Any, metric: str, path: Path, arms: Op
     import numpy as np
     from matplotlib.figure import Figure
 
-    from flatlab.tracking.plot_axes import integer_ticks, plain_numbers
+    from flatlab.analysis.plot_axes import integer_ticks, plain_numbers
 
     curves: Dict[str, List[Any]] = {}
     for _, row in df.iterrows():
@@ -266,7 +229,7 @@ def _arm_plots(st: Any, arm: str, metric: str, tmp: Path, skipped: List[str]) ->
     if not done:
         skipped.append(f"parallel coordinates and importances of arm {arm!r}: no completed trial")
         return []
-    from flatlab.tracking.plot_axes import tidy_parallel_coordinate
+    from flatlab.analysis.plot_axes import tidy_parallel_coordinate
 
     paths = [
         _optuna_png(
@@ -294,12 +257,12 @@ def _optuna_png(draw: Any, path: Path, title: str, tidy: Any = None) -> Path:
     """Run one of Optuna's matplotlib plots (``draw() -> Axes``), ``tidy(figure, axes)`` it when given,
     title it, save it to ``path`` and close its figure. Optuna draws through pyplot and switches pyplot's style to ``ggplot`` for good: the
     caller's rcParams are restored afterwards, and the figure leaves pyplot's registry. Numeric tick
-    labels carry no offset text (:func:`flatlab.tracking.plot_axes.plain_figure`)."""
+    labels carry no offset text (:func:`flatlab.analysis.plot_axes.plain_figure`)."""
     import matplotlib
     import matplotlib.pyplot as plt
     import optuna
 
-    from flatlab.tracking.plot_axes import plain_figure
+    from flatlab.analysis.plot_axes import plain_figure
 
     with matplotlib.rc_context(), warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -319,9 +282,9 @@ def _optuna_png(draw: Any, path: Path, title: str, tidy: Any = None) -> Path:
 
 def flatness_plot(study: Any, df: Any, tmp: Path, skipped: List[str]) -> List[Path]:
     """``metric_vs_flatness.png`` over ``df``'s completed trials, for studies without a final stage (with
-    one, :func:`~flatlab.tracking.compare.publish.log_comparison` logs it); skipped (with a reason) where no trial
+    one, :func:`~flatlab.tracking.publish.log_comparison` logs it); skipped (with a reason) where no trial
     recorded a ``flat/*`` measure."""
-    from flatlab.tracking.compare.plot import plot_metric_vs_flatness
+    from flatlab.analysis.compare.plot import plot_metric_vs_flatness
 
     if study.final_seeds or (study.searcher == "grid" and len(study.seeds) > 1):
         return []  # the comparison already has it (compare/metric_vs_flatness.png)
