@@ -119,7 +119,7 @@ def test_share_estimates_the_true_share_on_many_tunings():
     rng = np.random.default_rng(7)
     table = rng.normal(0, 1.0, (300, 1)) + rng.normal(0, 0.5, (300, 4))
     table[5, 2] = np.nan  # unbalanced
-    comp = variance_components(table.tolist())
+    comp = variance_components(table)  # a numpy (S, m) table
     assert comp.tuning == pytest.approx(1.0, rel=0.15)
     assert comp.seed == pytest.approx(0.25, rel=0.1)
     assert comp.share == pytest.approx(0.8, abs=0.04)

@@ -93,12 +93,16 @@ class Verdict:
 
 def _rows(values: Sequence[Tuning], name: str) -> List[np.ndarray]:
     """Each tuning's finite values as a float array (missing and non-finite seeds dropped)."""
+    if isinstance(values, np.ndarray):  # a (S, m) table
+        values = list(values)
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) == 0:
         raise ConfigError(f"{name} must be a non-empty sequence of tunings (each a sequence or a {{seed: value}})")
     rows = []
     for k, tuning in enumerate(values):
         if isinstance(tuning, Mapping):
             tuning = list(tuning.values())
+        elif isinstance(tuning, np.ndarray) and tuning.ndim == 1:
+            tuning = tuning.tolist()
         if isinstance(tuning, (str, bytes)) or not isinstance(tuning, Sequence):
             raise ConfigError(f"{name}[{k}] must be a sequence of values or a {{seed: value}}; got {tuning!r}")
         rows.append(np.asarray([float(v) for v in tuning if finite(v)], dtype=float))

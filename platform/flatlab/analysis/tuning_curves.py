@@ -150,6 +150,7 @@ def median_tuning_curve(
         ns: the numbers of trials (positive integers; above N allowed); default 1..N.
         method: opda's band, one of ``BAND_METHODS`` (default the paper's highest-density
             Learned-Miller–DeStefano band, calibrated by simulation: ``seed`` fixes it; run in-process).
+            Its coverage is exact for a continuous metric; opda warns when ``values`` has ties.
     Raises:
         ConfigError: empty or non-finite ``values``; ``support`` not a pair a < b around every value;
             ``confidence``, ``ns`` or ``method`` not allowed.
