@@ -159,7 +159,7 @@ def across_tunings(values: Sequence[Tuning], confidence: float = CONFIDENCE) -> 
         ȳ ± t_{(1+c)/2, S−1} · s / √S,   ȳ = (1/S) Σ ȳ_k,   s² = Σ (ȳ_k − ȳ)² / (S − 1).
 
     In the one-way random model a tuning mean over m seeds varies by σ²_tuning + σ²_seed / m, both levels,
-    and s² estimates exactly that. With every tuning on m seeds s² = MS_between / m, so the interval is
+    and s² is unbiased for it. With every tuning on m seeds s² = MS_between / m, so the interval is
     the model's interval for μ, ȳ ± t_{S−1} · √(MS_between / (S m)), exact under normality: the same
     answer as the two-level analysis of all S × m values (Searle, Casella & McCulloch 1992, ch. 3).
     With unequal seeds each tuning still counts once; s² / S stays unbiased for the variance of ȳ and the
@@ -184,7 +184,7 @@ def across_tunings(values: Sequence[Tuning], confidence: float = CONFIDENCE) -> 
     if empty:
         notes.append(f"tuning(s) {', '.join(map(str, empty))} without a finite value left out")
     if len(present) == 1:
-        notes.append("one tuning: no interval across tunings (it would leave out the tuning's variance)")
+        notes.append("one tuning: no interval across tunings (the tuning variance is not measured)")
     elif not present:
         notes.append("no finite value in any tuning")
     median = float(np.median(present)) if present else NAN
