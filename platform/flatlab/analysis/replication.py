@@ -235,7 +235,7 @@ def paired_across_tunings(
 
 
 def verdict(
-    p_adjusted: Sequence[float], differences: Sequence[float], *, across: float, alpha: float = 1 - CONFIDENCE
+    p_adjusted: Sequence[float], differences: Sequence[float], *, across: float, alpha: float = 0.05
 ) -> Verdict:
     """Whether a difference survives re-tuning, from each tuning's Holm-adjusted p-value and sign.
 
