@@ -23,6 +23,7 @@ def run(
     trials: Optional[int] = None,
     epochs: Optional[int] = None,
     final_seeds: Optional[int] = None,
+    tunings: Optional[int] = None,
     checkpoint_every: Optional[int] = None,
     root: Union[None, str, os.PathLike] = None,
     console: Any = None,
@@ -38,8 +39,8 @@ def run(
             directory).
         studies: with a file, run only these of its studies (``--study``).
         scale: with a file that defines ``SCALES``, the scale (``--scale``).
-        trials, epochs, final_seeds: the budget overrides of ``--trials``, ``--epochs``,
-            ``--final-seeds``.
+        trials, epochs, final_seeds, tunings: the budget overrides of ``--trials``, ``--epochs``,
+            ``--final-seeds``, ``--tunings``.
         checkpoint_every: epochs between trial checkpoints (``--checkpoint-every``).
         root: the output root (``--root``; default env ``FLATLAB_ROOT``, else ``./flatlab-runs``).
         console: a ``rich`` console for the end-of-study lines (progress lines are printed either way).
@@ -61,7 +62,18 @@ def run(
     valid = [f.name for f in dataclasses.fields(RunOptions) if f.name not in ("root", "source", "overrides")]
     unknown = [k for k in options if k not in valid]
     if unknown:
-        names = ["studies", "scale", "trials", "epochs", "final_seeds", "checkpoint_every", "root", "console", *valid]
+        names = [
+            "studies",
+            "scale",
+            "trials",
+            "epochs",
+            "final_seeds",
+            "tunings",
+            "checkpoint_every",
+            "root",
+            "console",
+            *valid,
+        ]
         raise ConfigError(
             f"flatlab.run(): unknown option {', '.join(map(repr, unknown))}{did_you_mean(unknown[0], names)}; "
             f"valid options: {', '.join(names)}"
@@ -71,6 +83,7 @@ def run(
         "trials": trials,
         "epochs": epochs,
         "final_seeds": final_seeds,
+        "tunings": tunings,
         "scale": scale,
         "checkpoint_every": checkpoint_every,
     }

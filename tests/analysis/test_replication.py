@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from flatlab.analysis.compare.statistics import holm, t_estimate
 from flatlab.analysis.replication import across_tunings, paired_across_tunings, variance_components, verdict
 from flatlab.errors import ConfigError
-from flatlab.tracking.compare.statistics import holm, t_estimate
 
 # 3 tunings x 3 seeds; tuning means 2, 6, 7 and grand mean 5
 TABLE = [[1.0, 2.0, 3.0], [4.0, 5.0, 9.0], [6.0, 7.0, 8.0]]

@@ -126,7 +126,7 @@ def test_studies_lists_each_folder_with_scales_parsing_nothing_it_runs(tmp_path)
 
 
 def test_the_failure_line_names_the_studys_log_file(tmp_path):
-    from flatlab.cli.main import failure_line
+    from flatlab.cli.run import failure_line
     from flatlab.study.launches import log_file
 
     log = log_file(tmp_path / "root" / "s")
@@ -169,7 +169,7 @@ def test_results_format_and_output_must_agree(tmp_path):
     ],
 )
 def test_results_format_from_flag_or_suffix(fmt, output, expected):
-    from flatlab.cli.main import export_format
+    from flatlab.cli.results import export_format
 
     assert export_format(fmt, None if output is None else Path(output)) == expected
 
@@ -290,7 +290,7 @@ def test_arms_without_a_completed_trial_are_named_even_with_no_trial_in_mlflow(m
     import pandas as pd
     from rich.console import Console
 
-    import flatlab.cli.main as cli_main
+    import flatlab.cli.results as cli_main
 
     out = io.StringIO()
     monkeypatch.setattr(cli_main, "console", Console(file=out, width=300))

@@ -34,7 +34,7 @@ def record(tmp_path, **fields):
 
 def test_resume_reuses_the_launch_overrides_and_refuses_different_ones(tmp_path):
     recorded = record(tmp_path, overrides={"trials": 4, "epochs": 15, "final_seeds": None, "scale": "demo"})
-    nothing = {"trials": None, "epochs": None, "final_seeds": None, "scale": None}
+    nothing = {"trials": None, "epochs": None, "final_seeds": None, "tunings": None, "scale": None}
     assert resume_budget(recorded, nothing) == recorded.overrides
     assert resume_budget(recorded, dict(nothing, epochs=15)) == recorded.overrides  # repeating one is fine
     with pytest.raises(
@@ -86,7 +86,7 @@ def test_prepare_of_a_resume_takes_the_launchs_budget_and_cadence(tmp_path):
     given = {"trials": None, "epochs": None, "final_seeds": None, "scale": None, "checkpoint_every": None}
     (new,) = prepare(str(path), dict(given, trials=3, epochs=40), root)
     assert (new.study.num_trials, new.study.max_epochs, new.study.checkpoint_every) == (3, 40, 5)
-    assert new.budget == {"trials": 3, "epochs": 40, "final_seeds": None, "scale": None}
+    assert new.budget == {"trials": 3, "epochs": 40, "final_seeds": None, "tunings": None, "scale": None}
     record(root, overrides=new.budget, checkpoint_every=2)
     (resumed,) = prepare(str(path), given, root, resume=True)
     assert (resumed.study.num_trials, resumed.study.max_epochs, resumed.study.checkpoint_every) == (3, 40, 2)

@@ -115,7 +115,15 @@ def test_pickled_callback_keeps_its_study_and_an_old_state_has_none(tmp_path):
     from flatlab.tracking.callback import MLflowTrialLogger
 
     cb = MLflowTrialLogger(
-        "sqlite:///x.db", "1", "p", tags={}, arm_optimizer={}, metric="m", mode="max", study=STUDY, log=tmp_path / "s" / "flatlab.log"
+        "sqlite:///x.db",
+        "1",
+        "p",
+        tags={},
+        arm_optimizer={},
+        metric="m",
+        mode="max",
+        study=STUDY,
+        log=tmp_path / "s" / "flatlab.log",
     )
     back = pickle.loads(pickle.dumps(cb))
     assert back.study == STUDY and back.log == str(tmp_path / "s" / "flatlab.log")

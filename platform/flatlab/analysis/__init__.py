@@ -1,1 +1,16 @@
-"""Statistics over a study's trials, from plain typed samples (no MLflow, Ray or Optuna inside)."""
+"""What a study's trials say, computed from one typed sample of them; nothing here reads or writes a store.
+
+* :mod:`~flatlab.analysis.sample`: the typed sample (:class:`~flatlab.analysis.sample.Sample`), built once;
+* :mod:`~flatlab.analysis.selection`: the one definition of completed, best configuration and reference arm;
+* :mod:`~flatlab.analysis.compare`: the paper table (seeds, paired tests, Holm), its text and plots;
+* :mod:`~flatlab.analysis.tunings`: the comparison with the tuning as the unit of replication, over
+  :mod:`~flatlab.analysis.replication` (two-level intervals, variance shares, verdicts);
+* :mod:`~flatlab.analysis.tuning_curves`: expected best of n trials, median tuning curves with bands;
+* :mod:`~flatlab.analysis.correlation`: whether flatness predicts generalisation (Kendall's tau, Psi);
+* :mod:`~flatlab.analysis.results` and :mod:`~flatlab.analysis.query`: the tables of ``flatlab results``;
+* :mod:`~flatlab.analysis.published`: flatlab's curves against published ones;
+* :mod:`~flatlab.analysis.speedup`, :mod:`~flatlab.analysis.flatness_sweep`, :mod:`~flatlab.analysis.report`:
+  steps to a target, TSAM's sigma sweep, the one-row-per-arm summary.
+
+Reading trials from MLflow is :mod:`flatlab.tracking.trials`; logging these outputs is :mod:`flatlab.tracking.publish`.
+"""

@@ -22,8 +22,8 @@ from typing import Any, Dict, Hashable, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
+from flatlab.analysis.compare.statistics import CONFIDENCE
 from flatlab.errors import ConfigError
-from flatlab.tracking.compare.statistics import CONFIDENCE
 
 NAN = float("nan")
 

@@ -25,8 +25,8 @@ from typing import Any, List, Mapping, Sequence, Tuple, Union
 
 import numpy as np
 
+from flatlab.analysis.compare.statistics import CONFIDENCE, Estimate, Paired, finite, paired_difference, t_estimate
 from flatlab.errors import ConfigError
-from flatlab.tracking.compare.statistics import CONFIDENCE, Estimate, Paired, finite, paired_difference, t_estimate
 
 Tuning = Union[Sequence[Any], Mapping[Any, Any]]
 NAN = float("nan")
@@ -207,7 +207,7 @@ def paired_across_tunings(
 ) -> PairedAcrossTunings:
     """Arm against reference over S tunings, seeds matched within each tuning.
 
-    Per tuning k: :func:`~flatlab.tracking.compare.statistics.paired_difference` of ``arm[k]`` and
+    Per tuning k: :func:`~flatlab.analysis.compare.statistics.paired_difference` of ``arm[k]`` and
     ``reference[k]`` (``{seed: value}``; the seeds both have a finite value for) with its paired t-test.
     Across tunings: :func:`across_tunings` of the per-seed differences d_kj = arm_kj − reference_kj, so
     the interval of the mean difference includes the tuning's variance and ``across.components.share``
@@ -245,7 +245,7 @@ def verdict(
     tunings' signs). The verdict is ``"holds"`` when every tuning is significant with one same sign,
     ``"none"`` when no tuning is significant ("no difference found"), otherwise ``"depends"``;
     ``agree`` counts the tunings significant in the direction. Holm's adjustment is the caller's, within
-    each tuning's family of tests (:func:`~flatlab.tracking.compare.statistics.holm`).
+    each tuning's family of tests (:func:`~flatlab.analysis.compare.statistics.holm`).
 
     Raises:
         ConfigError: ``p_adjusted`` and ``differences`` empty or of different lengths, or ``alpha``

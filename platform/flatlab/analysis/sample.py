@@ -25,6 +25,8 @@ STAGE_KEY, STAGE_SEARCH, STAGE_FINAL = "stage", "search", "final"
 """A trial config's stage key and its values: a search (tuning) trial, or a final-stage re-run."""
 TUNING_KEY = "tuning"
 """A trial config's key of its independent tuning, 1..S (``Study(tunings=S)``); 1 where absent."""
+TRIAL_KEYS = ("arm", "seed", STAGE_KEY, TUNING_KEY)
+"""Trial config keys that say which trial it is, not which configuration: never hyperparameters."""
 TEST_METRICS = ("test/perplexity", "test/accuracy", "test/loss")
 """The test metric a table shows, the first with values (language models report perplexity)."""
 

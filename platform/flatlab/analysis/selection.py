@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from flatlab.analysis.sample import STAGE_FINAL, STAGE_KEY, is_completed
+from flatlab.analysis.sample import STAGE_FINAL, STAGE_KEY, TRIAL_KEYS, is_completed
 from flatlab.errors import ConfigError
 
 COMPLETED_KEY = "completed"
@@ -262,7 +262,7 @@ def search_trial(
     if config.get(STAGE_KEY) == STAGE_FINAL:
         return None
     done = trial_outcome(result, error, metric) == "completed"
-    params = {k: v for k, v in config.items() if k not in ("arm", "seed", STAGE_KEY)}
+    params = {k: v for k, v in config.items() if k not in TRIAL_KEYS}
     return Trial(
         str(config.get("arm")),
         config_key(params),

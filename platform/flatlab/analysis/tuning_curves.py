@@ -22,8 +22,8 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from flatlab.analysis.compare.statistics import CONFIDENCE
 from flatlab.errors import ConfigError
-from flatlab.tracking.compare.statistics import CONFIDENCE
 
 BAND_METHODS = ("ld_highest_density", "ld_equal_tailed", "ks", "dkw")
 

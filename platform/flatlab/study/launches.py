@@ -26,10 +26,16 @@ from typing import Any, Dict, Optional, Tuple
 
 from flatlab.errors import ConfigError
 
-BUDGET_KEYS = ("trials", "epochs", "final_seeds", "scale")
+BUDGET_KEYS = ("trials", "epochs", "final_seeds", "tunings", "scale")
 """The ``flatlab run`` options a launch records and ``--resume`` reuses."""
 
-_FLAGS = {"trials": "--trials", "epochs": "--epochs", "final_seeds": "--final-seeds", "scale": "--scale"}
+_FLAGS = {
+    "trials": "--trials",
+    "epochs": "--epochs",
+    "final_seeds": "--final-seeds",
+    "tunings": "--tunings",
+    "scale": "--scale",
+}
 
 STATUSES = ("running", "finished", "killed", "failed")
 
@@ -139,6 +145,8 @@ def resume_budget(recorded: Optional[Launch], given: Dict[str, Any], where: str 
     out: Dict[str, Any] = {}
     for key in BUDGET_KEYS:
         before, now = kept.get(key), given.get(key)
+        if key not in kept and now is None:
+            continue  # an option added after the launch was recorded, and not given now
         if now is not None and now != before:
             shown = "the study file's value" if before is None else f"{_FLAGS[key]} {before}"
             raise ConfigError(

@@ -6,13 +6,14 @@ from typing import Any, Dict, List
 
 from flatlab.study.space import Conditional, Fixed, inner
 from flatlab.study.spec import Study
+from flatlab.study.tunings import tuning_seeds
 
 
 def plan(study: Study) -> Dict[str, Any]:
     """A JSON-able description of what ``flatlab run`` would launch (nothing is started)."""
     arms: List[Dict[str, Any]] = []
     for arm in study.arms:
-        n = len(study.grid(arm)) if study.searcher == "grid" else study.num_trials
+        n = (len(study.grid(arm)) if study.searcher == "grid" else study.num_trials) * study.tunings
         arms.append(
             {
                 "arm": arm.name,
@@ -40,6 +41,7 @@ def plan(study: Study) -> Dict[str, Any]:
         ),
         "max_epochs": study.max_epochs,
         "seeds": list(study.seeds),
+        "tunings": study.tunings,
         "total_trials": study.num_total_trials(),
         "max_trial_epochs": study.num_total_trials() * study.max_epochs,
         "resources_per_trial": (
@@ -66,6 +68,18 @@ def plan(study: Study) -> Dict[str, Any]:
         "reports": {k: dict(v) for k, v in study.reports.items()},
         "arms": arms,
     }
+
+
+def tunings_line(study: Study) -> str:
+    """The dry run's line on independent tunings: how many, the trials each arm gets in each, and the
+    seeds of tuning 2 (:mod:`flatlab.study.tunings`)."""
+    per = "its grid" if study.searcher == "grid" else f"{study.num_trials} trials"
+    return (
+        f"{study.tunings} independent tunings per arm: each arm gets {per} in every tuning, with its own Optuna "
+        f"study, ASHA rungs, best configuration and seeds (tuning 2: seeds {list(tuning_seeds(study.seeds, 2))}"
+        + (f", final seeds {list(tuning_seeds(study.final_seeds, 2))}" if study.final_seeds else "")
+        + ")"
+    )
 
 
 def flatness_when(study: Study) -> str:
@@ -99,6 +113,8 @@ def render(study: Study, console: Any) -> None:
         f"budget: {p['total_trials']} trials x up to {p['max_epochs']} epochs (<= {p['max_trial_epochs']} trial-epochs), "
         f"seeds {p['seeds']}, per trial {p['resources_per_trial']}, max_concurrent {p['max_concurrent'] or 'as resources allow'}"
     )
+    if p["tunings"] > 1:
+        console.print(tunings_line(study))
     if p["train"]:
         console.print(f"trainer: {p['train']}")
     if p["measures"]:
@@ -112,9 +128,8 @@ def render(study: Study, console: Any) -> None:
             )
         )
     if p["final_seeds"]:
-        console.print(
-            f"then each arm's best configuration (by {p['metric']}) over final seeds {p['final_seeds']}, no early stopping"
-        )
+        each = "each arm's best configuration in each tuning" if p["tunings"] > 1 else "each arm's best configuration"
+        console.print(f"then {each} (by {p['metric']}) over final seeds {p['final_seeds']}, no early stopping")
     if p["steps_to_target"]:
         console.print(f"after the study: train/steps_to_target against the {p['steps_to_target']}")
     if p["published"]:

@@ -102,7 +102,12 @@ def prepare(
         mine = resume_budget(recorded, dict(budget, scale=scale), s.name) if resume else dict(budget)
         cadence = every if every is not None else resume_checkpoint_every(recorded, s.checkpoint_every, s.name)
         s = dataclasses.replace(s, checkpoint_every=cadence)
-        out.append(Prepared(s.with_budget(mine["trials"], mine["epochs"], mine["final_seeds"]).validate(path), mine))
+        out.append(
+            Prepared(
+                s.with_budget(mine["trials"], mine["epochs"], mine["final_seeds"], mine.get("tunings")).validate(path),
+                mine,
+            )
+        )
     return out
 
 

@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ray.tune import Callback
 
+from flatlab.analysis.sample import TUNING_KEY
 from flatlab.study.placement import waiting_for
 
 
@@ -89,7 +90,7 @@ class ProgressPrinter(Callback):
         top = best[rank_arms(best, self.mode)[0]]
         seeds = f", mean of {top.seeds} seeds" if top.seeds > 1 else ""
         trial_id = next(k for k, t in self._trials.items() if t is best_trial(top))
-        return f"{top.mean:.4f} ({top.arm} {self._recorded_id(trial_id)}{seeds})"
+        return f"{top.mean:.4f} ({_label(best_trial(top).ref or {})} {self._recorded_id(trial_id)}{seeds})"
 
     def _recorded_id(self, trial_id: str) -> str:
         """The id MLflow knows the trial by: on a resume, that of the run it took over, else its own."""
@@ -151,7 +152,7 @@ class ProgressPrinter(Callback):
         if recorded != trial.trial_id:  # it took over a killed driver's run
             note += f" (in MLflow: trial {recorded})"
         self._print(
-            f"  {outcome:9s} {trial.config.get('arm', ''):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}  {self.metric} {shown}{note}"
+            f"  {outcome:9s} {_label(trial.config or {}):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}  {self.metric} {shown}{note}"
         )
         if time.monotonic() - self._last_status > 5.0 or not self._running:
             self._print(self.status())
@@ -172,13 +173,19 @@ class ProgressPrinter(Callback):
         # Tune retries the trial (FailureConfig.max_failures): it stays running
         last = getattr(trial, "last_result", {}) or {}
         self._print(
-            f"  {'failed':9s} {trial.config.get('arm', ''):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}"
+            f"  {'failed':9s} {_label(trial.config or {}):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}"
             f"  will resume from its last checkpoint{_error_line(trial)}"
         )
 
     def _print(self, line: str) -> None:
         self._last_print = time.monotonic()
         self.console.print(line)
+
+
+def _label(config: Dict[str, Any]) -> str:
+    """A trial's arm as the progress lines show it: ``sam``, or ``sam t2`` in a study of several tunings."""
+    arm = str(config.get("arm", ""))
+    return f"{arm} t{config[TUNING_KEY]}" if TUNING_KEY in config else arm
 
 
 def _waiting_for(trial: Any) -> str:

@@ -82,16 +82,18 @@ class LaunchRecords:
         return run.data.tags.get(runs.TAG_TRIAL) if run is not None else None
 
     def _orphan_like(self, config: Mapping[str, Any]) -> Optional[Any]:
-        """An untaken run of a trial Tune never added whose configuration and stage are ``config``'s: by
+        """An untaken run of a trial Tune never added whose configuration, stage and tuning are ``config``'s: by
         its :data:`~flatlab.tracking.runs.TAG_CONFIG` digest, set as the run was created (so also a run
         whose driver was killed before it logged the params), else (runs made before the tag) by its params."""
         want = runs.trial_params(dict(config))
         digest = runs.config_digest(dict(config))
         stage = str(config.get(runs.STAGE_KEY, runs.STAGE_SEARCH))
+        tuning = str(config.get(runs.TUNING_KEY, 1))
         for trial_id, run in self._runs.items():
             if trial_id in self._added or run.info.run_id in self._taken:
                 continue
-            if run.data.tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH) != stage:
+            tags = run.data.tags
+            if tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH) != stage or tags.get(runs.TAG_TUNING, "1") != tuning:
                 continue
             tagged = run.data.tags.get(runs.TAG_CONFIG)
             params = run.data.params

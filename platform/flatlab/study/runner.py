@@ -23,6 +23,7 @@ from flatlab.errors import ConfigError
 from flatlab.study.chain import chained_params, resolve_chained
 from flatlab.study.launches import Launch, continued_studies, launch_file, log_file
 from flatlab.study.spec import Study
+from flatlab.study.tunings import tuning_seeds, with_tuning
 from flatlab.tracking import runs
 
 logger = logging.getLogger("flatlab")
@@ -342,10 +343,11 @@ def _searcher_of(tuner: Any) -> Any:
 
 
 def final_configs(study: Study, grid: Any) -> List[Dict[str, Any]]:
-    """The final stage's trial configs: for each arm, its best configuration
-    (:func:`flatlab.analysis.selection.best_configurations`: the best mean over seeds of the study
-    metric's final value among its completed search trials) once per seed of ``study.final_seeds``,
-    with ``stage = final``. An arm with no completed trial gets none (logged).
+    """The final stage's trial configs: for each arm and tuning, its best configuration
+    (:func:`flatlab.analysis.selection.best_configurations` over that tuning's completed search trials:
+    the best mean over seeds of the study metric's final value) once per seed of ``study.final_seeds``
+    (tuning k's seeds, :func:`flatlab.study.tunings.tuning_seed`), with ``stage = final``. An arm with no
+    completed trial in a tuning gets none there (logged).
 
     Args:
         grid: the search's Tune results (``ResultGrid``: each result's ``config``, last ``metrics`` and
@@ -353,17 +355,25 @@ def final_configs(study: Study, grid: Any) -> List[Dict[str, Any]]:
     """
     from flatlab.analysis import selection
 
-    trials = [selection.search_trial(r.config or {}, r.metrics or {}, r.error is not None, study.metric) for r in grid]
-    best = selection.best_configurations([t for t in trials if t is not None], study.mode)
+    results = [(r.config or {}, r.metrics or {}, r.error is not None) for r in grid]
     configs: List[Dict[str, Any]] = []
-    for arm in study.arms:
-        if arm.name not in best:
-            logger.warning("final stage: arm %s has no completed search trial; it gets no final trials", arm.name)
-            continue
-        chosen = {
-            k: v for k, v in selection.best_trial(best[arm.name]).ref.items() if k not in ("seed", runs.STAGE_KEY)
-        }
-        configs += [{**chosen, "seed": seed, runs.STAGE_KEY: runs.STAGE_FINAL} for seed in study.final_seeds]
+    for tuning in range(1, study.tunings + 1):
+        trials = [
+            selection.search_trial(config, metrics, error, study.metric)
+            for config, metrics, error in results
+            if int(config.get(runs.TUNING_KEY, 1)) == tuning
+        ]
+        best = selection.best_configurations([t for t in trials if t is not None], study.mode)
+        for arm in study.arms:
+            if arm.name not in best:
+                logger.warning("final stage: arm %s has no completed search trial in tuning %d", arm.name, tuning)
+                continue
+            chosen = {k: v for k, v in selection.best_trial(best[arm.name]).ref.items() if k != "seed"}
+            seeds = tuning_seeds(study.final_seeds, tuning)
+            configs += [
+                with_tuning({**chosen, "seed": seed, runs.STAGE_KEY: runs.STAGE_FINAL}, tuning, study.tunings)
+                for seed in seeds
+            ]
     return configs
 
 
@@ -584,7 +594,7 @@ def _open(
             _end_unstarted(launch, opened, exc, root / study.name, storage_path, tracking_uri)
             raise
     if console is not None:
-        finals = len(study.arms) * len(study.final_seeds)
+        finals = study.num_final_trials()
         console.print(
             f"study [bold]{study.name}[/bold]: {started.total} trials"
             + (f", then {finals} final-seed trials" if study.final_seeds else "")
@@ -700,7 +710,7 @@ def _build_tuner(
         study=study,  # child runs' params: the resolved configuration too
         log=log_file(launch.path.parent),  # a failed launch's runs name the log file
     )
-    finals = len(study.arms) * len(study.final_seeds)
+    finals = study.num_final_trials()
     progress = ProgressPrinter(study.num_total_trials() + finals, study.metric, study.mode)
     callbacks = [mlflow_cb, progress]
     # a resume reconciles what a killed driver left in MLflow and Optuna with Tune's saved experiment

@@ -5,10 +5,11 @@ study with several optimizer arms a slow-starting arm (SAM, TSAM, IRE before swi
 against a fast-starting one (AdamW) and loses by construction. ``ALGORITHMS.md`` section 5 (and the
 benchmarks it cites) asks that each arm's early stopping be blind to the other arms.
 
-:class:`ArmScheduler` routes each trial, by its config's ``arm``, to that arm's own scheduler (built by
-a factory, so any scheduler added later follows the same rule). A trial is therefore only ever compared
-with trials of its own arm, and each arm's stopping decisions are exactly those its scheduler would make
-on that arm alone, given the same sequence of results.
+:class:`ArmScheduler` routes each trial, by its config's ``arm`` and ``tuning`` (its lane,
+:mod:`flatlab.study.tunings`), to that lane's own scheduler (built by a factory, so any scheduler added
+later follows the same rule). A trial is therefore only ever compared with trials of its own arm and
+tuning, and each lane's stopping decisions are exactly those its scheduler would make on that lane alone,
+given the same sequence of results.
 """
 
 from __future__ import annotations
@@ -20,16 +21,15 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from flatlab.study.spec import Study
-
-ARM_KEY = "arm"
+from flatlab.study.tunings import lane_of, lanes
 
 
 class ArmScheduler(FIFOScheduler):
     """A Tune ``TrialScheduler`` that gives every arm its own scheduler (see module docstring).
 
     Args:
-        arms: the arm names, in study order.
-        factory: builds one fresh scheduler for an arm (called once per arm, with the arm's name).
+        arms: the lanes (arm names, ``<arm>@<k>`` for tuning k >= 2), in study order.
+        factory: builds one fresh scheduler for a lane (called once per lane, with its name).
         metric, mode: the study metric; passed to every arm's scheduler.
 
     Trials are chosen to run in the order Tune created them (the searcher already interleaves arms with
@@ -61,7 +61,7 @@ class ArmScheduler(FIFOScheduler):
         self.recorded, self._ended = None, []
 
     def _of(self, trial: Trial) -> TrialScheduler:
-        arm = (trial.config or {}).get(ARM_KEY)
+        arm = lane_of(trial.config or {})
         if arm not in self.arms:
             raise KeyError(f"trial {trial.trial_id}: config arm={arm!r} is not one of {', '.join(self.arms)}")
         return self.arms[arm]
@@ -108,9 +108,7 @@ def build_scheduler(study: Study, fifo: bool = False) -> ArmScheduler:
     epochs, up to ``max_epochs``); ``fifo`` (or ``fifo=True``, the final stage) -> Tune's FIFO per arm:
     every trial runs its whole budget."""
     if study.scheduler != "asha" or fifo:
-        return ArmScheduler(
-            [a.name for a in study.arms], lambda _arm: FIFOScheduler(), metric=study.metric, mode=study.mode
-        )
+        return ArmScheduler(_lanes(study), lambda _arm: FIFOScheduler(), metric=study.metric, mode=study.mode)
 
     def asha(_arm: str) -> TrialScheduler:
         return ASHAScheduler(
@@ -120,7 +118,11 @@ def build_scheduler(study: Study, fifo: bool = False) -> ArmScheduler:
             reduction_factor=study.reduction_factor,
         )
 
-    return ArmScheduler([a.name for a in study.arms], asha, metric=study.metric, mode=study.mode)
+    return ArmScheduler(_lanes(study), asha, metric=study.metric, mode=study.mode)
+
+
+def _lanes(study: Study) -> List[str]:
+    return lanes([a.name for a in study.arms], study.tunings)
 
 
 def decision_epochs(study: Study) -> FrozenSet[int]:

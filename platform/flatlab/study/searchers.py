@@ -38,10 +38,12 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ray.tune.search import Searcher
 
+from flatlab.analysis.sample import TUNING_KEY
 from flatlab.analysis.selection import trial_outcome
 from flatlab.errors import ConfigError
 from flatlab.study.space import Dim, inner, is_searched, sample
 from flatlab.study.spec import Study
+from flatlab.study.tunings import lanes, split_lane, tuning_seed, with_tuning
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +60,8 @@ def _sampler(kind: str, seed: int):
 
 
 def optuna_study_name(launch: str, arm: str) -> str:
-    """Name of ``arm``'s Optuna study in a launch (``<launch>.<arm>``)."""
+    """Name of ``arm``'s Optuna study in a launch (``<launch>.<arm>``; ``arm`` a lane of
+    :mod:`flatlab.study.tunings`, ``<arm>@<k>`` for tuning k >= 2)."""
     return f"{launch}.{arm}"
 
 
@@ -78,7 +81,10 @@ class ArmSearcher(Searcher):
         super().__init__(metric=study.metric, mode=study.mode)
         self._experiment = experiment  # the Tune experiment (launch) this searcher asks for: a user attr of its trials
         self._orphans: Dict[str, List[Any]] = {}  # arm -> its launch's Optuna trials no Tune trial holds
-        self._arms: List[str] = [a.name for a in study.arms]
+        # the search's lanes: one per arm and tuning (flatlab.study.tunings), each with its own budget and study
+        self._arms: List[str] = lanes([a.name for a in study.arms], study.tunings)
+        self._arm_index = {a.name: i for i, a in enumerate(study.arms)}
+        self._tunings = study.tunings
         self._seeds = list(study.seeds)
         self._count: Dict[str, int] = {a: 0 for a in self._arms}
         self._trial_arm: Dict[str, str] = {}
@@ -95,31 +101,35 @@ class ArmSearcher(Searcher):
         self._kind = study.searcher
         self.run_id_of: Optional[Callable[[str], Optional[str]]] = None  # Tune trial id -> MLflow run id
         if study.searcher == "grid":
-            self._points = {a.name: study.grid(a) for a in study.arms}
+            self._points = {
+                name: study.grid(study.arm(split_lane(name)[0]), split_lane(name)[1]) for name in self._arms
+            }
             self._budget = {a: len(p) for a, p in self._points.items()}
             return
-        self._budget = {a.name: study.num_trials for a in study.arms}
-        for arm in study.arms:
-            self._spaces[arm.name] = arm.dims
+        self._budget = {name: study.num_trials for name in self._arms}
+        for name in self._arms:
+            self._spaces[name] = study.arm(split_lane(name)[0]).dims
         self._open_studies()
 
     def _open_studies(self) -> None:
         import optuna
 
         storage = _storage(self._storage_url)
-        for i, arm in enumerate(self._arms):
+        for arm in self._arms:
             if not any(is_searched(inner(d)) for d in self._spaces.get(arm, {}).values()):
                 continue  # nothing searched: the arm's trials are its (conditional) constants
+            name, tuning = split_lane(arm)
+            seed = tuning_seed(self._study_seed * 1000 + self._arm_index.get(name, 0), tuning)
             st = optuna.create_study(
                 study_name=optuna_study_name(self._launch, arm),
                 storage=storage,
-                sampler=_sampler(self._kind, self._study_seed * 1000 + i),
+                sampler=_sampler(self._kind, seed),
                 direction="maximize" if self.mode == "max" else "minimize",
                 load_if_exists=True,
             )
             seen = len(st.get_trials(deepcopy=False))
             if seen:  # --resume or --continue: a sampler seeded as before would re-draw the same random points
-                st.sampler = _sampler(self._kind, (self._study_seed * 1000 + i + seen) % 2**32)
+                st.sampler = _sampler(self._kind, (seed + seen) % 2**32)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 st.set_metric_names([self.metric])
@@ -165,7 +175,9 @@ class ArmSearcher(Searcher):
         if self._points:
             config = dict(self._points[arm][i])
         else:
-            config = {"arm": arm, "seed": self._seeds[i % len(self._seeds)]}
+            name, tuning = split_lane(arm)
+            seed = tuning_seed(self._seeds[i % len(self._seeds)], tuning)
+            config = with_tuning({"arm": name, "seed": seed}, tuning, self._tunings)
             st = self._studies.get(arm)
             trial = None
             if st is not None and self._orphans.get(arm):  # asked before the driver was killed: take it over
@@ -177,14 +189,21 @@ class ArmSearcher(Searcher):
                 if not frozen.state.is_finished():
                     trial.set_user_attr("tune_trial_id", trial_id)
                     # the driver may have died before it wrote these after ask()
-                    for key, value in (("arm", arm), ("seed", config["seed"]), (LAUNCH_ATTR, self._experiment)):
+                    attrs = (
+                        ("arm", name),
+                        (TUNING_KEY, tuning),
+                        ("seed", config["seed"]),
+                        (LAUNCH_ATTR, self._experiment),
+                    )
+                    for key, value in attrs:
                         if key not in frozen.user_attrs:
                             trial.set_user_attr(key, value)
                 self._optuna[trial_id] = [frozen._trial_id, frozen.number, max([-1, *frozen.intermediate_values])]
             elif st is not None:
                 trial = st.ask()
                 trial.set_user_attr("tune_trial_id", trial_id)
-                trial.set_user_attr("arm", arm)
+                trial.set_user_attr("arm", name)
+                trial.set_user_attr(TUNING_KEY, tuning)
                 trial.set_user_attr("seed", config["seed"])
                 if self._experiment:
                     trial.set_user_attr(LAUNCH_ATTR, self._experiment)
@@ -270,6 +289,8 @@ class ArmSearcher(Searcher):
     # ---- state: JSON only ---------------------------------------------------------------------
     _STATE = (
         "_arms",
+        "_arm_index",
+        "_tunings",
         "_seeds",
         "_count",
         "_trial_arm",
@@ -296,6 +317,8 @@ class ArmSearcher(Searcher):
         state = _read_state(checkpoint_path, "flatlab.ArmSearcher/1")
         state.setdefault("_pending", {})
         state.setdefault("_experiment", "")  # saved before searchers knew their launch: no orphans taken over
+        state.setdefault("_arm_index", {a: i for i, a in enumerate(state["_arms"])})  # saved before tunings
+        state.setdefault("_tunings", 1)
         for k in self._STATE:
             setattr(self, k, state[k])
         if self._kind != "grid" and not self._studies:
@@ -323,6 +346,8 @@ class ArmSearcher(Searcher):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         state.setdefault("_experiment", "")
+        state.setdefault("_arm_index", {a: i for i, a in enumerate(state["_arms"])})
+        state.setdefault("_tunings", 1)
         self.__dict__.update(state)
         self._studies, self.run_id_of, self._orphans = {}, None, {}
         if self._kind != "grid":

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from flatlab.analysis.published import Published
+from flatlab.analysis.sample import TRIAL_KEYS
 from flatlab.errors import ConfigError, UnknownNameError, did_you_mean
 from flatlab.hparams import HParam, resolve
 from flatlab.study.space import (
@@ -29,6 +30,7 @@ from flatlab.study.space import (
     is_searched,
     representatives,
 )
+from flatlab.study.tunings import overlapping_seeds, tuning_seeds, with_tuning
 from flatlab.train.config import TARGET_HPARAMS, TRAINER_HPARAMS, recipe_problems
 from flatlab.train.trainer import TrialSpec
 
@@ -197,6 +199,10 @@ class Study:
             trials) is re-run once per seed here, with no early stopping, as trials tagged
             ``flatlab.stage=final`` in the same MLflow parent run; ``flatlab compare`` reports them.
             Empty: no final stage (grid studies pool their seeds instead).
+        tunings: independent tunings per arm (:mod:`flatlab.study.tunings`): each arm is searched this
+            many times with ``num_trials`` trials each, its own Optuna study, seeds, ASHA rungs, best
+            configuration and final seeds; ``flatlab compare`` then takes the tuning as its unit of
+            replication. 1 (default): one tuning.
         published: a published reference, :class:`~flatlab.analysis.published.Published`: a curve-set
             file (path relative to the study file) and arm -> curve; ``flatlab curves STUDY`` sets each
             arm's per-epoch values beside that curve's published runs (:mod:`flatlab.analysis.published`).
@@ -232,6 +238,7 @@ class Study:
     measure_seed: int = 0
     measure_split: str = "train"
     final_seeds: Tuple[int, ...] = ()
+    tunings: int = 1
     published: Optional[Published] = None
     reports: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -261,11 +268,17 @@ class Study:
 
     # ----------------------------------------------------------------------------------------------
     def with_budget(
-        self, trials: Optional[int] = None, epochs: Optional[int] = None, final_seeds: Optional[int] = None
+        self,
+        trials: Optional[int] = None,
+        epochs: Optional[int] = None,
+        final_seeds: Optional[int] = None,
+        tunings: Optional[int] = None,
     ) -> "Study":
-        """A copy with a smaller (or larger) budget: ``trials`` per arm, ``epochs`` per trial and the first
-        ``final_seeds`` final seeds (0: no final stage)."""
+        """A copy with a smaller (or larger) budget: ``trials`` per arm and tuning, ``epochs`` per trial, the
+        first ``final_seeds`` final seeds (0: no final stage) and ``tunings`` independent tunings."""
         changes: Dict[str, Any] = {}
+        if tunings is not None:
+            changes["tunings"] = tunings
         if final_seeds is not None:
             changes["final_seeds"] = tuple(self.final_seeds)[:final_seeds]
         if trials is not None:
@@ -314,7 +327,7 @@ class Study:
         trn: Dict[str, Any] = dict(self.train)
         wl: Dict[str, Any] = dict(self.workload_params)
         for k, v in config.items():
-            if k in ("arm", "seed", "stage") or k.endswith(SOURCE_SUFFIX):  # <field>.source: a chained value's origin
+            if k in TRIAL_KEYS or k.endswith(SOURCE_SUFFIX):  # <field>.source: a chained value's origin
                 continue
             {"optimizer": opt, "trainer": trn, "workload": wl}.get(route.get(k, ""), opt)[k] = v
         return TrialSpec(
@@ -341,15 +354,24 @@ class Study:
         return resolve_spec(self.trial_spec(config))
 
     def num_total_trials(self) -> int:
-        """Trials the whole study launches (all arms)."""
+        """Search trials the whole study launches (all arms and tunings; the final stage not counted)."""
         if self.searcher == "grid":
-            return sum(len(self.grid(a)) for a in self.arms)
-        return self.num_trials * len(self.arms)
+            return sum(len(self.grid(a, k)) for a in self.arms for k in range(1, self.tunings + 1))
+        return self.num_trials * len(self.arms) * self.tunings
 
-    def grid(self, arm: Arm) -> List[Dict[str, Any]]:
-        """Grid searcher: every point of ``arm``'s grid x every seed, as trial configs."""
+    def num_final_trials(self) -> int:
+        """Final-stage trials: every arm's best configuration of each tuning over ``final_seeds``."""
+        return len(self.arms) * len(self.final_seeds) * self.tunings
+
+    def grid(self, arm: Arm, tuning: int = 1) -> List[Dict[str, Any]]:
+        """Grid searcher: every point of ``arm``'s grid x every seed of tuning ``tuning``, as trial configs."""
         where = f"study {self.name!r}, arm {arm.name!r}"
-        return [{"arm": arm.name, "seed": s, **point} for point in grid_points(arm.dims, where) for s in self.seeds]
+        seeds = tuning_seeds(self.seeds, tuning)
+        return [
+            with_tuning({"arm": arm.name, "seed": s, **point}, tuning, self.tunings)
+            for point in grid_points(arm.dims, where)
+            for s in seeds
+        ]
 
     def warnings(self) -> List[str]:
         """Settings that are valid but probably not what was meant (printed by ``flatlab run``)."""
@@ -645,6 +667,7 @@ def _scalar_problems(study: "Study") -> List[str]:
             out.append(f"{name}={value!r}; expected {'None or ' if nullable else ''}an int in [{low}, {MAX_COUNT}]")
 
     count("num_trials", 1)
+    count("tunings", 1)
     count("max_epochs", 1)
     count("reduction_factor", 2)
     count("max_concurrent", 1, nullable=True)
@@ -654,6 +677,14 @@ def _scalar_problems(study: "Study") -> List[str]:
         out.append(f"seeds={seeds!r}; expected a non-empty tuple of ints in [0, 2**32), e.g. seeds=(0, 1, 2)")
     elif len(set(seeds)) != len(seeds):
         out.append(f"seeds={seeds!r} repeats a seed (the same trials would run twice)")
+    elif _is_int(study.tunings) and 1 < study.tunings <= MAX_COUNT:
+        finals = study.final_seeds if isinstance(study.final_seeds, tuple) else ()
+        shared = overlapping_seeds(set(seeds) | {s for s in finals if _is_int(s)}, study.tunings)
+        if shared:
+            out.append(
+                f"tunings={study.tunings} with seeds={seeds!r} and final_seeds={finals!r}: tuning k shifts every "
+                f"seed by (k - 1) * 1000000, so tunings would share seeds {shared[:5]}; keep seeds below 1000000"
+            )
     n_arms = len(study.arms) if isinstance(study.arms, tuple) else 1
     max_seed = (SEED_LIMIT - max(n_arms, 1)) // SAMPLER_SEED_STRIDE
     if not (_is_int(study.seed) and 0 <= study.seed <= max_seed):

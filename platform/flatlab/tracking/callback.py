@@ -261,9 +261,11 @@ class MLflowTrialLogger(Callback):
                 runs.TAG_OPT: self.arm_optimizer.get(arm, arm),
                 runs.TAG_SEED: str(config.get("seed", "")),
                 runs.TAG_STAGE: str(config.get(runs.STAGE_KEY, runs.STAGE_SEARCH)),
+                runs.TAG_TUNING: str(config.get(runs.TUNING_KEY, 1)),
                 runs.TAG_CONFIG: runs.config_digest(config),  # recognisable before its params are logged
             }
-            name = ui.trial_run_name(arm, tags[runs.TAG_STAGE], tags[runs.TAG_SEED], trial_id)
+            tuning = int(tags[runs.TAG_TUNING]) if getattr(self.study, "tunings", 1) > 1 else None
+            name = ui.trial_run_name(arm, tags[runs.TAG_STAGE], tags[runs.TAG_SEED], trial_id, tuning)
             run = client.create_run(self.experiment_id, tags=tags, run_name=name)
             run_id = run.info.run_id
             client.log_batch(run_id, params=[Param(k, v) for k, v in self._params(config).items()])
@@ -286,7 +288,7 @@ class MLflowTrialLogger(Callback):
         resolved = None
         if self.study is not None:
             try:
-                resolved = self.study.resolved_config({k: v for k, v in config.items() if k != runs.STAGE_KEY})
+                resolved = self.study.resolved_config(config)
             except Exception:  # noqa: BLE001 - the trial fails with the real error; keep its run
                 logger.warning("could not resolve the configuration of %s", config, exc_info=True)
         return runs.trial_params(config, resolved)

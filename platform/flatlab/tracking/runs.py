@@ -34,6 +34,7 @@ TAG_DIRTY = "flatlab.git_dirty"  # "true" when the package's tracked files diffe
 TAG_SOURCE = "flatlab.source_digest"  # source_digest(): which flatlab code ran, with or without git
 TAG_VERSION = "flatlab.version"
 TAG_OUTCOME = "flatlab.outcome"  # completed | pruned | diverged | error | interrupted
+TAG_TUNING = "flatlab.tuning"  # the trial's independent tuning, 1..S (flatlab.study.tunings)
 TAG_STAGE = "flatlab.stage"  # search (tuning trials) | final (each arm's best configuration over fresh seeds)
 TAG_ERROR = "flatlab.error"  # a failed trial's "Type: message" (full traceback: its error.txt artifact)
 TAG_CONFIG = "flatlab.config_digest"  # config_digest of the trial's configuration, set as its run is created
@@ -111,8 +112,8 @@ def is_resolved_param(name: str) -> bool:
 
 
 def trial_params(config: Dict[str, Any], resolved: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, str]:
-    """The MLflow params of a trial: ``config``'s entries under their own names (except the stage, which
-    is a tag), then ``resolved`` (:meth:`flatlab.study.spec.Study.resolved_config`) as
+    """The MLflow params of a trial: ``config``'s entries under their own names (except the stage and the
+    tuning, which are tags), then ``resolved`` (:meth:`flatlab.study.spec.Study.resolved_config`) as
     ``<prefix><name>`` (:data:`RESOLVED_PREFIX`). Values are ``str(value)``, cut to MLflow's limit: the
     same config always gives the same strings, as MLflow requires of a resumed run. A mapping value is
     flattened to one param per entry (``<name>.<key>``, :func:`flatlab.tracking.param_text.flat_params`),
@@ -125,7 +126,7 @@ def trial_params(config: Dict[str, Any], resolved: Optional[Dict[str, Dict[str, 
             out.update(flat_params({k: v}, prefix) if isinstance(v, Mapping) else {f"{prefix}{k}": str(v)})
         return out
 
-    out = params({k: v for k, v in config.items() if k != STAGE_KEY})
+    out = params({k: v for k, v in config.items() if k not in (STAGE_KEY, TUNING_KEY)})
     for section, values in (resolved or {}).items():
         out.update(params(values, RESOLVED_PREFIX[section]))
     return {k: v[:PARAM_VALUE_LIMIT] for k, v in out.items()}

@@ -7,6 +7,7 @@ import re
 from typing import Any, List, Optional
 
 from flatlab.analysis.results import sort_trials
+from flatlab.analysis.sample import Sample, StudyInfo
 from flatlab.errors import ConfigError
 from flatlab.tracking import runs
 
@@ -45,12 +46,12 @@ def trials_frame(
 ):
     """One row per trial (child run) of the latest launch (or all launches), best first.
 
-    Columns: ``arm``, ``optimizer``, ``status``, ``outcome``, ``error`` (a failed trial's
-    ``Type: message``, else empty), ``epochs``, ``seed``, the final
-    ``<metric>`` and ``best/<metric>``, ``test/accuracy``/``test/loss`` when present, then every
-    other final metric (the last epoch's scheduled learning rate as ``last_lr``) and the trial's
-    params as ``param.<name>`` (numbers where every value is one; integers as nullable ``Int64``), ``run_id``, ``trial_id``, ``stage`` (tag ``flatlab.stage``, default
-    ``search``), ``launch`` (the parent run id), ``start_time`` and ``end_time`` (ms since the epoch;
+    Columns: ``arm``, ``optimizer``, ``status``, ``outcome``, ``error`` (a failed trial's ``Type: message``,
+    else empty), ``epochs``, ``seed``, ``stage`` (tag ``flatlab.stage``, default ``search``), ``tuning``
+    (tag ``flatlab.tuning``, default 1), the final ``<metric>`` and ``best/<metric>``, every other final
+    metric (the last epoch's scheduled learning rate as ``last_lr``), the trial's params as
+    ``param.<name>`` (numbers where every value is one; integers as nullable ``Int64``), ``run_id``,
+    ``trial_id``, ``launch`` (the parent run id), ``start_time`` and ``end_time`` (ms since the epoch;
     NaN while running).
     ``metric``/``mode`` default to the study's, read from the launch run; ``attrs`` hold ``metric``,
     ``mode``, the study's ``reference_arm`` and ``workload`` and its trainer's training-loss target (``measure_at_train_loss``,
@@ -83,6 +84,7 @@ def trials_frame(
                 "epochs": int(m.get("epoch", 0)),
                 "seed": r.data.tags.get(runs.TAG_SEED, ""),
                 "stage": r.data.tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH),
+                "tuning": _tuning(r.data.tags.get(runs.TAG_TUNING)),
                 metric: m.get(metric),
                 f"best/{metric}": m.get(f"best/{metric}"),
             }
@@ -137,3 +139,26 @@ def _numeric_if_possible(col):
         return pd.to_numeric(col)
     except (ValueError, TypeError):
         return col
+
+
+def _tuning(tag: Any) -> int:
+    """A run's tuning from its ``flatlab.tuning`` tag: 1 for runs of a single-tuning study or logged before
+    studies had tunings."""
+    try:
+        return int(tag) if tag not in (None, "") else 1
+    except ValueError:
+        return 1
+
+
+def read_sample(tracking_uri: str, study: str, *, all_launches: bool = False, launch: Optional[str] = None) -> Sample:
+    """The typed sample of ``study``'s trials (:class:`flatlab.analysis.sample.Sample`), read once: the
+    latest launch's (``all_launches``: every launch's; ``launch``: that parent run's).
+
+    Raises:
+        ConfigError: as :func:`trials_frame`.
+    """
+    df = trials_frame(tracking_uri, study, all_launches=all_launches or launch is not None)
+    info = StudyInfo.from_attrs({**df.attrs, "name": study})
+    if launch is not None and "launch" in df.columns:
+        df = df[df["launch"] == launch]
+    return Sample.of(df, info)

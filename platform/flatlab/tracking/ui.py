@@ -59,12 +59,14 @@ TEST_METRICS = ("test/accuracy", "test/perplexity", "test/loss")  # as flatlab.a
 TARGET_EPOCHS = "train/epochs_to_target"
 
 
-def trial_run_name(arm: str, stage: str, seed: Any, trial_id: str) -> str:
+def trial_run_name(arm: str, stage: str, seed: Any, trial_id: str, tuning: Optional[int] = None) -> str:
     """The MLflow run name of a trial: ``<arm> · <trial id>`` for a search trial (several trials of an arm
-    share a seed), ``<arm> · final · seed <seed>`` for a final-stage re-run (one per arm and seed)."""
+    share a seed), ``<arm> · final · seed <seed>`` for a final-stage re-run (one per arm and seed); in a
+    study of several tunings the tuning follows the arm (``sam · t2 · a1b2c3d4``)."""
+    head = [arm] if tuning is None else [arm, f"t{tuning}"]
     if stage == "final":
-        return SEP.join([arm, "final", f"seed {seed}"])
-    return SEP.join([arm, trial_id])
+        return SEP.join([*head, "final", f"seed {seed}"])
+    return SEP.join([*head, trial_id])
 
 
 def model_name(arm: str, stage: str, seed: Any, trial_id: str) -> str:

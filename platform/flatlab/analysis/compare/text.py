@@ -12,6 +12,11 @@ from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX
 from flatlab.errors import ConfigError
 
 FORMATS = ("table", "markdown", "latex", "csv")
+SINGLE_TUNING_NOTE = (  # the last caption line of a one-tuning table
+    "These intervals cover the seed-to-seed variance of the one configuration each arm's search chose, not "
+    "the variance of the search that chose it; a verdict that survives re-tuning needs independent tunings "
+    "(`flatlab run STUDY --tunings 3`)."
+)
 
 
 def number(v: Any, signed: bool = False) -> str:
@@ -117,7 +122,7 @@ def caption(comparison: Comparison) -> List[str]:
             "To-target rows: k/n reached counts every seed run (failed seeds did not reach it); "
             "their statistics and differences are over the seeds that reached it."
         )
-    return lines + multiplicity(c) + list(c.notes)
+    return lines + [SINGLE_TUNING_NOTE] + multiplicity(c) + list(c.notes)
 
 
 def _range(support: Any) -> str:

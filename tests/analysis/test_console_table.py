@@ -61,7 +61,7 @@ def test_cli_listings_keep_names_and_ranges_whole_on_a_narrow_terminal(command, 
     """``flatlab optimizers`` / ``measures`` on a 60-column terminal: each hparam name and range on one line."""
     from typer.testing import CliRunner
 
-    import flatlab.cli.main as cli
+    import flatlab.cli.listings as cli
 
     console = Console(record=True, width=60, highlight=False)
     monkeypatch.setattr(cli, "console", console)

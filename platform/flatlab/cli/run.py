@@ -1,0 +1,218 @@
+"""``flatlab run`` and ``flatlab submit``: launch, resume or submit a study file's studies."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from flatlab.cli.app import ROOT_HELP, _fail, _root, app, console, err
+from flatlab.cli.results import _say_arms_without_answer
+from flatlab.errors import FlatlabError
+
+
+@app.command()
+def run(
+    study_file: Path = typer.Argument(..., help="a study file, e.g. studies/digits_demo.py"),
+    study: Optional[List[str]] = typer.Option(None, "--study", help="run only these studies of the file"),
+    scale: Optional[str] = typer.Option(None, help="scale of a study file that defines several (e.g. smoke, paper)"),
+    trials: Optional[int] = typer.Option(None, min=1, help="trials per arm (overrides the study)"),
+    epochs: Optional[int] = typer.Option(None, min=1, help="epochs per trial (overrides the study)"),
+    final_seeds: Optional[int] = typer.Option(
+        None, "--final-seeds", min=0, help="run only the first N of the study's final seeds (0: no final stage)"
+    ),
+    tunings: Optional[int] = typer.Option(
+        None,
+        min=1,
+        help="independent tunings per arm, each with its own search, seeds and final stage (overrides the study)",
+    ),
+    address: Optional[str] = typer.Option(None, help="address of an existing Ray cluster (default: start a local one)"),
+    tracking_uri: Optional[str] = typer.Option(
+        None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI (default: SQLite under the root)"
+    ),
+    storage: Optional[str] = typer.Option(None, help="Ray Tune storage path (shared storage on a multi-node cluster)"),
+    root: Optional[Path] = typer.Option(None, help=ROOT_HELP),
+    resume: bool = typer.Option(
+        False, "--resume", help="finish the latest launch at its budget (finished trials are not re-run)"
+    ),
+    continue_: bool = typer.Option(
+        False, "--continue", help="a new launch whose arms add trials to the previous launch's Optuna studies"
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="validate and print the trial plan; start nothing"),
+    num_cpus: Optional[int] = typer.Option(None, help="CPUs of the local Ray instance (default: all)"),
+    checkpoint_every: Optional[int] = typer.Option(
+        None,
+        "--checkpoint-every",
+        min=1,
+        help="epochs between trial checkpoints, Tune's checkpoint frequency (overrides the study; the last epoch is always "
+        "checkpointed; --resume keeps the launch's unless given)",
+    ),
+) -> None:
+    """Run the studies of STUDY_FILE on Ray Tune (Optuna searcher, ASHA, MLflow tracking).
+
+    Exit status: 0 when the launch ended (a line at the end says how many trials failed, if any); 1 when
+    every trial of a study failed; 2 for invalid input (study file, options, cluster address) before any
+    trial; 130 when interrupted (``--resume`` continues).
+    """
+    from flatlab.study.launches import log_file
+    from flatlab.study.plan import render as render_plan
+    from flatlab.study.prepare import prepare
+
+    given = {
+        "trials": trials,
+        "epochs": epochs,
+        "final_seeds": final_seeds,
+        "tunings": tunings,
+        "scale": scale,
+        "checkpoint_every": checkpoint_every,
+    }
+    try:  # --resume: the launch's scale, budget and checkpoint cadence (study/prepare.py, as flatlab.run)
+        prepared = prepare(str(study_file), given, _root(root), resume=resume, continue_=continue_, only=study or ())
+    except (FlatlabError, ValueError) as exc:
+        _fail(exc)
+    studies = [p.study for p in prepared]
+    for s in studies:
+        for warning in s.warnings():
+            err.print(f"[yellow]warning:[/yellow] study {s.name!r}, {warning}", soft_wrap=True)
+    if dry_run:
+        from flatlab.study.chain import describe_chained
+        from flatlab.tracking.runs import default_tracking_uri
+
+        for s in studies:
+            render_plan(s, console)
+            for line in describe_chained(s, tracking_uri or default_tracking_uri(_root(root).resolve())):
+                console.print(line, soft_wrap=True)
+        return
+    if (
+        not resume
+    ):  # missing data: one line within seconds, before Ray and MLflow are even imported (run_study checks again)
+        from flatlab.workloads.registry import build_workload
+
+        try:
+            for s in studies:
+                build_workload(s.workload, **dict(s.workload_params)).check_data()
+        except FlatlabError as exc:
+            _fail(exc)
+    if address:  # one line and exit 2 within seconds for an unreachable head; the cluster's auth mode (cluster.py)
+        from flatlab.cluster import check_address
+
+        try:
+            check_address(address)
+        except FlatlabError as exc:
+            _fail(exc)
+    from flatlab.analysis.query import select
+    from flatlab.analysis.results import render
+    from flatlab.study.runner import RunOptions, run_study
+    from flatlab.tracking.trials import trials_frame
+    from flatlab.tracking.ui import where_to_look
+
+    opts = RunOptions(
+        root=_root(root),
+        address=address,
+        tracking_uri=tracking_uri,
+        storage=storage,
+        resume=resume,
+        source=str(study_file),
+        num_cpus=num_cpus,
+    )
+    interrupted = all_failed = False
+    for s, budget in ((p.study, p.budget) for p in prepared):
+        try:
+            outcome = run_study(s, dataclasses.replace(opts, overrides=budget, continue_=continue_), console=console)
+        except FlatlabError as exc:
+            _fail(exc)
+        except ConnectionError as exc:  # Ray's, e.g. a head that wants a token we do not have
+            if not address:
+                raise
+            _fail(
+                FlatlabError(
+                    f"--address {address}: {exc}; a head with token authentication needs its token here "
+                    "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
+                )
+            )
+        interrupted |= outcome.interrupted
+        df = trials_frame(outcome.tracking_uri, s.name)
+        pooled = s.searcher == "grid" and len(s.seeds) > 1  # every grid point ran with every seed
+        console.print(
+            f"\n[bold]{s.name}[/bold] ran {outcome.wall_s:.0f} s (wall, Ray and MLflow start-up included); "
+            + (
+                f"best configuration per arm, mean and std over {len(s.seeds)} seeds"
+                if pooled
+                else "best trial per arm"
+            )
+            + " (from MLflow):"
+        )
+        best = select(df, best=True, by_config=pooled)
+        render(
+            best, console, hint=f"use flatlab results {s.name} --best{' --by-config' if pooled else ''} --format csv"
+        )
+        _say_arms_without_answer(df, best, [a.name for a in s.arms])
+        if not outcome.interrupted and (pooled or s.final_seeds):
+            _print_comparison(df, s, console)
+        console.print(where_to_look(outcome.tracking_uri, outcome.experiment_id), soft_wrap=True)  # the training view
+        line = failure_line(
+            s.name, outcome.num_errors, len(df), str(study_file), log_file(_root(root).resolve() / s.name)
+        )
+        if line:  # the last line: how many trials failed
+            console.print(line, soft_wrap=True)
+        all_failed |= outcome.num_errors > 0 and outcome.num_errors >= len(df)
+        if interrupted:
+            break
+    if interrupted:
+        raise typer.Exit(130)
+    if all_failed:
+        raise typer.Exit(1)
+
+
+def failure_line(study: str, errors: int, trials: int, source: str, log: Path) -> str:
+    """The last line of a launch whose trials failed (raised, or lost their node more often than Tune
+    retries): how many, and where to look; ``""`` when none failed. ``trials``: the launch's trials in
+    MLflow (``errors`` counts when the store holds fewer); ``log``: the study's log file
+    (:func:`flatlab.study.launches.log_file` of its output folder), named when every trial failed."""
+    if errors <= 0:
+        return ""
+    n = max(trials, errors)
+    if errors >= n:
+        return f"every trial of {study} failed ({errors} of {n}); see {log} and `flatlab results {study}`"
+    return (
+        f"{errors} of {n} trials of {study} failed; `flatlab results {study}` shows their errors, "
+        f"`flatlab run {source} --resume` retries them"
+    )
+
+
+def _print_comparison(df, study, out) -> None:
+    """The ``flatlab compare`` table of a launch that just ended (a failure here is one warning line)."""
+    from flatlab.analysis import compare as cmp
+
+    try:
+        comparison = cmp.compare_table(df, study=study.name)  # the launch's reference arm (selection.reference_arm)
+    except (FlatlabError, ValueError) as exc:
+        err.print(f"[yellow]warning:[/yellow] no comparison table: {exc}", soft_wrap=True)
+        return
+    out.print(f"\n[bold]{study.name}[/bold]: `flatlab compare {study.name}` (also logged to the launch's MLflow run):")
+    cmp.render(comparison, out)
+
+
+@app.command()
+def submit(
+    study_file: Path = typer.Argument(..., help="study file, relative to the working directory that is uploaded"),
+    address: str = typer.Option(..., help="Ray dashboard address of the cluster, e.g. http://HEAD:8265"),
+    follow: bool = typer.Option(False, "--follow", help="stream the job's logs until it ends"),
+    args: Optional[List[str]] = typer.Option(
+        None, "--arg", help="extra `flatlab run` arguments, e.g. --arg=--trials=4"
+    ),
+    working_dir: Path = typer.Option(Path("."), help="folder uploaded as the job's working directory"),
+) -> None:
+    """Submit `flatlab run STUDY_FILE` as a Ray Job to a cluster and print the job id."""
+    from flatlab.cluster import enable_token_auth_if_available
+
+    enable_token_auth_if_available()  # before Ray reads its auth mode
+    from flatlab.cluster import submit_study
+
+    try:
+        job_id = submit_study(address, study_file, working_dir, list(args or []), follow=follow, console=console)
+    except (FlatlabError, ValueError) as exc:
+        _fail(exc)
+    console.print(job_id)

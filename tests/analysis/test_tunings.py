@@ -1,0 +1,100 @@
+"""The comparison of a multi-tuning study: per-tuning tests, two-level intervals and verdicts, checked by hand
+on constructed final stages of 3 tunings x 3 seeds."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from rich.console import Console
+from scipy import stats
+
+from flatlab.analysis import tunings_text
+from flatlab.analysis.compare.text import SINGLE_TUNING_NOTE, caption
+from flatlab.analysis.sample import Sample, StudyInfo
+from flatlab.analysis.tunings import compare_tunings
+
+SEEDS = (1, 2, 3)
+
+
+def final_stage(effects):
+    """Final-stage trials of arms ``sgd`` and ``sam`` in 3 tunings x 3 seeds. ``effects[k]``: sam's flatness
+    minus sgd's in tuning k (the same at every seed up to a small seed pattern), so the paired test of each
+    tuning is decided by its sign."""
+    rows = []
+    pattern = (0.0, 0.05, -0.05)
+    for k, effect in enumerate(effects, start=1):
+        for j, seed in enumerate(SEEDS):
+            s = seed + (k - 1) * 1_000_000
+            base = 10.0 + k + pattern[j]
+            for arm, flat, acc in (("sgd", base, 0.90), ("sam", base + effect + pattern[j] / 10, 0.91)):
+                rows.append(
+                    {
+                        "arm": arm,
+                        "tuning": k,
+                        "seed": s,
+                        "stage": "final",
+                        "outcome": "completed",
+                        "test/accuracy": acc + 0.001 * j,
+                        "flat/fisher_trace": flat,
+                        "run_id": f"{arm}{k}{seed}",
+                    }
+                )
+    df = pd.DataFrame(rows)
+    df.attrs.update(metric="val/accuracy", mode="max")
+    return df
+
+
+def test_all_tunings_significant_and_agreeing_hold_in_every_tuning():
+    c = compare_tunings(final_stage([-2.0, -3.0, -2.5]), study="toy")
+    row = c.row("flat/fisher_trace", "sam")
+    assert row.verdict.kind == "holds" and row.verdict.text == "holds in every tuning" and row.verdict.agree == 3
+    assert all(p < 0.05 for p in row.p_holm)
+    # each tuning's Δ is its effect (the seed pattern sums to 0): -2, -3, -2.5; across: their t-interval
+    diffs = [-2.0, -3.0, -2.5]
+    assert [p.estimate.mean for p in row.paired.per_tuning] == pytest.approx(diffs)
+    d = row.paired.across.estimate
+    half = stats.t.ppf(0.975, 2) * np.std(diffs, ddof=1) / math.sqrt(3)
+    assert d.mean == pytest.approx(-2.5) and (d.low, d.high) == pytest.approx((-2.5 - half, -2.5 + half))
+    assert "sam better than sgd on flat/fisher_trace" in tunings_text.summary(c)
+
+
+def test_one_tuning_flipping_the_sign_depends_on_the_tuning():
+    c = compare_tunings(final_stage([-2.0, -3.0, +2.0]))
+    row = c.row("flat/fisher_trace", "sam")
+    assert row.verdict.kind == "depends" and row.verdict.text == "depends on the tuning (2 of 3 agree)"
+    assert "flat/fisher_trace" not in tunings_text.summary(c)
+
+
+def test_the_reference_arm_has_the_two_level_interval_and_the_tuning_share_by_hand():
+    c = compare_tunings(final_stage([-2.0, -3.0, -2.5]))
+    a = c.row("flat/fisher_trace", "sgd").across
+    # sgd: tuning k's values 10 + k + (0, .05, -.05): means 11, 12, 13; MS_within = (2 * .05^2) / 2 = .0025;
+    # MS_between = 3 * ((11-12)^2 + 0 + 1) / 2 = 3; sigma2_tuning = (3 - .0025) / 3
+    assert a.tuning_means == pytest.approx((11.0, 12.0, 13.0)) and a.median == pytest.approx(12.0)
+    half = stats.t.ppf(0.975, 2) * 1.0 / math.sqrt(3)
+    assert (a.estimate.low, a.estimate.high) == pytest.approx((12 - half, 12 + half))
+    tuning = (3 - 0.0025) / 3
+    assert a.components.share == pytest.approx(tuning / (tuning + 0.0025))
+
+
+def test_text_outputs_carry_every_arm_the_verdicts_and_the_summary():
+    c = compare_tunings(final_stage([-2.0, -3.0, +2.0]), study="toy")
+    md = tunings_text.to_markdown(c)
+    assert "depends on the tuning (2 of 3 agree)" in md and "(reference)" in md and md.count("\n| ") >= 4
+    frame = pd.read_csv(__import__("io").StringIO(tunings_text.to_csv(c)))
+    sam = frame[(frame["arm"] == "sam") & (frame["quantity"] == "flat/fisher_trace")].iloc[0]
+    assert [sam["diff_t1"], sam["diff_t2"], sam["diff_t3"]] == pytest.approx([-2.0, -3.0, 2.0])
+    console = Console(width=250, record=True)
+    tunings_text.render(c, console)
+    assert "Holds in every one of 3 tunings" in console.export_text()
+
+
+def test_a_single_tuning_table_says_its_intervals_leave_the_tuning_out():
+    one = final_stage([-2.0, -3.0, -2.5])
+    one = one[one["tuning"] == 1].drop(columns="tuning")
+    from flatlab.analysis.compare import compare_table
+
+    assert SINGLE_TUNING_NOTE in caption(compare_table(one))
+    sample = Sample.of(one, StudyInfo(name="x"))
+    assert sample.tunings == [1] and sample.trials["completed"].all()
