@@ -111,6 +111,7 @@ def results(
     root: Union[None, str, os.PathLike] = None,
     tracking_uri: Optional[str] = None,
     all_launches: bool = False,
+    tuning: Optional[int] = None,
     arms: Union[None, str, Iterable[str]] = None,
     metric: Optional[str] = None,
     mode: Optional[str] = None,
@@ -127,7 +128,7 @@ def results(
     trials before pruned ones, failures last), with raw values: ``launch`` is the full parent run id,
     ``start_time``/``end_time`` are timezone-aware UTC timestamps (``datetime64[ns, UTC]``; ``NaT``
     where MLflow has none, e.g. ``end_time`` of a running trial), params are ``param.<name>`` (integers
-    as pandas' nullable ``Int64``). The filters are those of the CLI, applied in its order (arms,
+    as pandas' nullable ``Int64``). The filters are those of the CLI, applied in its order (tuning, arms,
     metric, filter, by_config, best, sort, columns; see :mod:`flatlab.analysis.query`), to this
     table, so ``filter`` and ``sort`` see the timestamps too:
 
@@ -135,6 +136,7 @@ def results(
         name: the study name (its MLflow experiment).
         root: the output root whose ``mlflow.db`` to read (default env ``FLATLAB_ROOT``, else
             ``./flatlab-runs``); ignored when ``tracking_uri`` (or env ``MLFLOW_TRACKING_URI``) is set.
+        tuning: only this independent tuning's trials (``--tuning``).
         arms: only these arms (``--arm``).
         metric, mode: rank by this metric (``--metric``, ``--mode``).
         filter: a pandas query over the trials (``--filter``), e.g.
@@ -158,6 +160,7 @@ def results(
     df = _with_timestamps(trials_frame(uri, name, all_launches=all_launches))
     return select(
         df,
+        tuning=tuning,
         arms=arms,
         metric=metric,
         mode=mode,

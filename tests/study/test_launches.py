@@ -33,7 +33,9 @@ def record(tmp_path, **fields):
 
 
 def test_resume_reuses_the_launch_overrides_and_refuses_different_ones(tmp_path):
-    recorded = record(tmp_path, overrides={"trials": 4, "epochs": 15, "final_seeds": None, "scale": "demo"})
+    recorded = record(
+        tmp_path, overrides={"trials": 4, "epochs": 15, "final_seeds": None, "tunings": None, "scale": "demo"}
+    )
     nothing = {"trials": None, "epochs": None, "final_seeds": None, "tunings": None, "scale": None}
     assert resume_budget(recorded, nothing) == recorded.overrides
     assert resume_budget(recorded, dict(nothing, epochs=15)) == recorded.overrides  # repeating one is fine

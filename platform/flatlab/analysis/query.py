@@ -3,7 +3,7 @@
 
 The order of operations (one rule for the CLI and the Python API):
 
-1. ``arms``: keep the trials of these arms;
+1. ``tuning`` and ``arms``: keep the trials of this independent tuning and of these arms;
 2. ``metric``/``mode``: rank by this metric instead of the study's (completed trials still first,
    :func:`flatlab.analysis.results.sort_trials`);
 3. ``filter``: a pandas :meth:`DataFrame.query` expression over the trial rows;
@@ -180,9 +180,24 @@ def _check_columns(df, names: Sequence[str], option: str) -> None:
         )
 
 
+def select_tuning(df, tuning: Optional[int]):
+    """The rows of ``df`` of independent tuning ``tuning`` (all rows when ``None``).
+
+    Raises:
+        ConfigError: the table has no such tuning (the message lists its tunings).
+    """
+    if tuning is None or df.empty:
+        return df
+    have = sorted(set(int(t) for t in df["tuning"])) if "tuning" in df.columns else [1]
+    if int(tuning) not in have:
+        raise ConfigError(f"--tuning {tuning}: no such tuning; tunings of this study: {', '.join(map(str, have))}")
+    return df[df["tuning"] == int(tuning)].reset_index(drop=True) if "tuning" in df.columns else df
+
+
 def select(
     df,
     *,
+    tuning: Optional[int] = None,
     arms: Union[None, str, Iterable[str]] = None,
     metric: Optional[str] = None,
     mode: Optional[str] = None,
@@ -194,7 +209,7 @@ def select(
     rank_by: str = "final",
 ):
     """A :func:`~flatlab.tracking.trials.trials_frame` table with the filters of ``flatlab results``
-    applied in the module's order (arms, metric, filter, by_config, best, sort, columns).
+    applied in the module's order (tuning, arms, metric, filter, by_config, best, sort, columns).
 
     ``arms``, ``sort`` and ``columns`` take a list or one string (``columns`` also a comma list). With
     ``best``, an arm none of whose search trials completed has no row.
@@ -207,6 +222,7 @@ def select(
     from flatlab.analysis import selection
 
     selection.value_column("", rank_by)  # an unknown --rank-by fails before anything else
+    df = select_tuning(df, tuning)
     df = select_arms(df, as_list(arms, split_commas=True))
     df = rank_by_metric(df, metric, mode)
     df = apply_filter(df, filter)

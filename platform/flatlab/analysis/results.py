@@ -201,6 +201,8 @@ def render(
             default[7:7] = _score(df)
         if "stage" in df.columns and (df["stage"] == "final").any():
             default.insert(1, "stage")  # search trials and the final stage's re-runs side by side
+        if "tuning" in df.columns and df["tuning"].nunique() > 1:
+            default.insert(1, "tuning")  # a study of several independent tunings
         default += [
             c for c in ("train/steps_to_target", "train/speedup") if _has_values(df, c)
         ]  # Study(reference_arm=...)

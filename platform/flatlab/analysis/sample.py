@@ -49,6 +49,8 @@ class StudyInfo:
         workload: the workload's registered name (the range of its loss), or ``None``.
         measure_at_train_loss, stop_at_train_loss: the trainer's training-loss target as recorded
             (text), or ``None``.
+        searcher, scheduler: the launch's (``random``, ``fifo`` ...; the scheduler's text may carry its
+            settings), or ``None`` where not recorded.
     """
 
     name: str = ""
@@ -58,6 +60,8 @@ class StudyInfo:
     workload: Optional[str] = None
     measure_at_train_loss: Optional[str] = None
     stop_at_train_loss: Optional[str] = None
+    searcher: Optional[str] = None
+    scheduler: Optional[str] = None
 
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any]) -> StudyInfo:

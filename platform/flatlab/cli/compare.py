@@ -57,19 +57,37 @@ def compare(
         "--tau-max",
         help="with several studies: the right end of the profiles' tau axis (default just above the largest ratio)",
     ),
+    tuning: Optional[int] = typer.Option(
+        None, "--tuning", min=1, help="with several tunings: the table of this tuning alone (seed intervals only)"
+    ),
+    tuning_curves: bool = typer.Option(
+        False,
+        "--tuning-curves",
+        help="tuning curves of a random-search pool (searcher='random', scheduler='fifo'): per arm, what a search of "
+        "n trials finds, with bands; a CSV and PNG per quantity (--output, default <root>/<study>/tuning_curves)",
+    ),
+    correlation: bool = typer.Option(
+        False,
+        "--correlation",
+        help="whether flatness predicts generalisation: Kendall's tau of each measure against the test metric and "
+        "the generalisation gap over every completed trial, with bootstrap intervals (and Psi for a grid)",
+    ),
+    output: Optional[Path] = typer.Option(
+        None, help="with --tuning-curves or --correlation: the folder for the CSVs and PNGs"
+    ),
     tracking_uri: Optional[str] = typer.Option(None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI"),
     root: Optional[Path] = typer.Option(None, help=ROOT_HELP),
 ) -> None:
     """The paper table: per arm mean ± std and CI over seeds of the test metric, flatness and epochs or
     steps to target (final-stage trials, else each arm's best configuration), and paired per-seed
-    differences against a reference arm, Holm-adjusted within each quantity.
+    differences against a reference arm, Holm-adjusted within each quantity. A study of several tunings
+    takes the tuning as its unit of replication: per tuning and across tunings, with a verdict per claim.
 
     With several studies (one workload each): one summary over them, per arm and workload the rank by
     the test metric, the test metric and each shared flatness measure relative to the reference arm,
     and the arms' performance profiles (a PNG)."""
     from flatlab.analysis import compare as cmp
     from flatlab.tracking import runs
-    from flatlab.tracking.trials import trials_frame
 
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
@@ -78,62 +96,137 @@ def compare(
         if fmt not in cmp.FORMATS:
             raise FlatlabError(f"--format {fmt!r} is not supported; expected one of {', '.join(cmp.FORMATS)}")
         if len(studies) > 1:
-            if against is not None:
-                raise FlatlabError("--against compares one grid study with a search study; give one STUDY with it")
-            if measure:
-                raise FlatlabError(
-                    "--measure selects rows of one study's table; the summary of several shows every shared measure"
-                )
+            _check_single_study_options(against, measure, tuning_curves, correlation, tuning)
             _compare_workloads(
-                studies,
-                uri,
-                reference=reference,
-                metric=metric,
-                rank_by=rank_by,
-                fmt=fmt,
-                plot=plot,
-                tau_max=tau_max,
-                root=_root(root),
-            )
+                studies, uri, reference=reference, metric=metric, rank_by=rank_by, fmt=fmt, plot=plot,
+                tau_max=tau_max, root=_root(root),
+            )  # fmt: skip
             return
         if tau_max is not None:
             raise FlatlabError("--tau-max is for the performance profiles of several studies; give two or more")
         study = studies[0]
-        df = trials_frame(uri, study)
-        comparison = cmp.compare_table(
-            df,
-            metric=metric,
-            reference=reference,
-            confidence=confidence,
-            study=study,
-            rank_by=rank_by,
-            measures=measure or None,
-        )
-        efficiency = None
+        folder = output or _root(root) / study
+        if tuning_curves or correlation:
+            _extras(uri, study, reference, measure, confidence, fmt, folder, tuning_curves, correlation)
+            return
+        _compare_one(uri, study, reference, metric, rank_by, fmt, confidence, measure, plot, tuning)
         if against is not None:
-            other = trials_frame(uri, against)
-            searched = [set(f.loc[f["stage"] != "final", "arm"]) for f in (df, other)]  # final stages are not search
-            common = sorted(searched[0] & searched[1])
-            if not common:
-                raise FlatlabError(
-                    f"--against {against}: no arm has search or grid trials in both studies; arms of {study}: "
-                    f"{', '.join(sorted(searched[0])) or '(none)'}; of {against}: {', '.join(sorted(searched[1])) or '(none)'}"
-                )
-            m, mode = df.attrs.get("metric", "val/accuracy"), df.attrs.get("mode", "max")
-            efficiency = {
-                a: cmp.hpo_efficiency(df, other, metric=m, mode=mode, tolerance=tolerance, arm=a) for a in common
-            }
-        if fmt == "table":
-            cmp.render(comparison, console)
-        else:
-            sys.stdout.write(cmp.format_comparison(comparison, fmt))
-        if efficiency is not None:
-            _print_efficiency(efficiency, fmt, study, against)
-        if plot is not None:
-            cmp.plot_metric_vs_flatness(comparison, plot)
-            err.print(f"wrote {plot}")
+            _print_efficiency(_efficiency(uri, study, against, tolerance), fmt, study, against)
     except (FlatlabError, ValueError) as exc:
         _fail(exc)
+
+
+def _check_single_study_options(against, measure, tuning_curves: bool, correlation: bool, tuning) -> None:
+    """Options that only one study's table takes, refused with several studies."""
+    if against is not None:
+        raise FlatlabError("--against compares one grid study with a search study; give one STUDY with it")
+    if measure:
+        raise FlatlabError(
+            "--measure selects rows of one study's table; the summary of several shows every shared measure"
+        )
+    if tuning_curves or correlation or tuning is not None:
+        raise FlatlabError("--tuning-curves, --correlation and --tuning read one study; give one STUDY with them")
+
+
+def _compare_one(uri, study, reference, metric, rank_by, fmt, confidence, measure, plot, tuning) -> None:
+    """One study's table: over its tunings where it has several (and ``tuning`` is not given), else the
+    table of its one (or the given) tuning."""
+    from flatlab.analysis import compare as cmp
+    from flatlab.analysis import tunings_text
+    from flatlab.analysis.tunings import compare_tunings
+    from flatlab.tracking.trials import read_sample
+
+    sample = read_sample(uri, study)
+    if tuning is not None:
+        if tuning not in sample.tunings:
+            raise FlatlabError(f"--tuning {tuning}: study {study!r} has tunings {sample.tunings}")
+        sample = sample.tuning(tuning)
+    kwargs = dict(metric=metric, reference=reference, confidence=confidence, measures=measure or None)
+    if len(sample.tunings) > 1:
+        if fmt == "latex":
+            raise FlatlabError("--format latex is for one tuning's table (add --tuning K); use markdown or csv")
+        comparison = compare_tunings(sample, study=study, **kwargs)
+        if fmt == "table":
+            tunings_text.render(comparison, console)
+        else:
+            sys.stdout.write(tunings_text.format_tunings(comparison, fmt))
+        table = comparison.per_tuning[0]
+    else:
+        table = cmp.compare_table(sample.trials, study=study, rank_by=rank_by, **kwargs)
+        if fmt == "table":
+            cmp.render(table, console)
+        else:
+            sys.stdout.write(cmp.format_comparison(table, fmt))
+    if plot is not None:
+        cmp.plot_metric_vs_flatness(table, plot)
+        err.print(f"wrote {plot}")
+
+
+def _extras(uri, study, reference, measure, confidence, fmt, folder: Path, curves: bool, correlation: bool) -> None:
+    """``--tuning-curves`` and ``--correlation``: the tables printed, the CSVs and PNGs written to ``folder``."""
+    from flatlab.analysis import generalisation, pool
+    from flatlab.tracking.trials import read_sample
+
+    sample = read_sample(uri, study)
+    if curves:
+        c = pool.pool_curves(sample, reference=reference, measures=measure or None, confidence=confidence)
+        paths = pool.write_curves(c, folder / "tuning_curves")
+        _print_curves(c, fmt)
+        err.print(f"wrote {len(paths)} files to {folder / 'tuning_curves'}", soft_wrap=True)
+    if correlation:
+        p = generalisation.flatness_correlations(sample, measures=measure or None, confidence=confidence)
+        if fmt == "table":
+            generalisation.render(p, console)
+        elif fmt == "csv":
+            sys.stdout.write(p.frame().to_csv(index=False))
+        else:
+            sys.stdout.write(generalisation.to_markdown(p))
+        out = folder / "correlation"
+        out.mkdir(parents=True, exist_ok=True)
+        p.frame().to_csv(out / "flatness_correlation.csv", index=False)
+        for m in dict.fromkeys(r.measure for r in p.rows):
+            generalisation.plot_scatter(sample, m, out / f"scatter_{m.replace('/', '_')}.png")
+        err.print(f"wrote the correlation table and scatter plots to {out}", soft_wrap=True)
+
+
+def _print_curves(curves, fmt: str) -> None:
+    """The tuning curves at a few budgets (1, N/4, N/2, N): one table per quantity, or CSV of all."""
+    import pandas as pd
+
+    from flatlab.analysis import pool
+
+    frames = {q: pool.curves_frame(curves, q) for q in (curves.metric, *curves.quantities)}
+    if fmt == "csv":
+        sys.stdout.write(pd.concat([f.assign(quantity=q) for q, f in frames.items()]).to_csv(index=False))
+        return
+    from flatlab.analysis.compare.text import markdown_table, number
+
+    for q, f in frames.items():
+        top = f["n"].max()
+        shown = f[f["n"].isin(sorted({1, max(1, top // 4), max(1, top // 2), top}))]
+        head = list(shown.columns)
+        body = [[v if isinstance(v, str) else number(v) for v in row] for row in shown.itertuples(index=False)]
+        console.print(f"\n[bold]{curves.study}: {q}[/bold] (n = trials in the search)")
+        console.print(markdown_table(head, body, left=1), markup=False, soft_wrap=True)
+    for note in curves.notes:
+        console.print(note, soft_wrap=True, markup=False)
+
+
+def _efficiency(uri: str, study: str, against: str, tolerance: float):
+    """``--against``: per arm searched in both, the search study's share of the grid's trial-epochs."""
+    from flatlab.analysis import compare as cmp
+    from flatlab.tracking.trials import trials_frame
+
+    df, other = trials_frame(uri, study), trials_frame(uri, against)
+    searched = [set(f.loc[f["stage"] != "final", "arm"]) for f in (df, other)]  # final stages are not search
+    common = sorted(searched[0] & searched[1])
+    if not common:
+        raise FlatlabError(
+            f"--against {against}: no arm has search or grid trials in both studies; arms of {study}: "
+            f"{', '.join(sorted(searched[0])) or '(none)'}; of {against}: {', '.join(sorted(searched[1])) or '(none)'}"
+        )
+    m, mode = df.attrs.get("metric", "val/accuracy"), df.attrs.get("mode", "max")
+    return {a: cmp.hpo_efficiency(df, other, metric=m, mode=mode, tolerance=tolerance, arm=a) for a in common}
 
 
 def _compare_workloads(

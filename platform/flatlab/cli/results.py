@@ -88,6 +88,9 @@ def results(
         False, "--by-config", help="one row per configuration: mean and std over seeds of the completed trials"
     ),
     arm: Optional[List[str]] = typer.Option(None, "--arm", help="only this arm's trials (repeat for several)"),
+    tuning: Optional[int] = typer.Option(
+        None, "--tuning", min=1, help="only this independent tuning's trials (a study run with --tunings)"
+    ),
     metric: Optional[str] = typer.Option(
         None, help="rank by this metric instead of the study's, e.g. flat/fisher_trace (completed trials still first)"
     ),
@@ -112,7 +115,7 @@ def results(
 ) -> None:
     """Print a study's trials from MLflow (params, final and best metrics, status), best first.
 
-    Filters apply in this order: --arm, --metric (ranking), --filter (on the trial rows), --by-config,
+    Filters apply in this order: --tuning, --arm, --metric (ranking), --filter (on the trial rows), --by-config,
     --best, --sort, --columns.
     """
     from flatlab.analysis.query import select
@@ -130,6 +133,7 @@ def results(
         trials = df
         df = select(
             df,
+            tuning=tuning,
             arms=arm,
             metric=metric,
             mode=mode,

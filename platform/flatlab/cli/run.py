@@ -183,16 +183,22 @@ def failure_line(study: str, errors: int, trials: int, source: str, log: Path) -
 
 
 def _print_comparison(df, study, out) -> None:
-    """The ``flatlab compare`` table of a launch that just ended (a failure here is one warning line)."""
+    """The ``flatlab compare`` table of a launch that just ended, over its tunings where it has several (a
+    failure here is one warning line)."""
     from flatlab.analysis import compare as cmp
+    from flatlab.analysis import tunings_text
+    from flatlab.analysis.sample import Sample
+    from flatlab.analysis.tunings import compare_tunings
 
-    try:
-        comparison = cmp.compare_table(df, study=study.name)  # the launch's reference arm (selection.reference_arm)
+    try:  # the launch's reference arm (selection.reference_arm)
+        sample = Sample.of(df)
+        several = len(sample.tunings) > 1
+        comparison = compare_tunings(sample, study=study.name) if several else cmp.compare_table(df, study=study.name)
     except (FlatlabError, ValueError) as exc:
         err.print(f"[yellow]warning:[/yellow] no comparison table: {exc}", soft_wrap=True)
         return
     out.print(f"\n[bold]{study.name}[/bold]: `flatlab compare {study.name}` (also logged to the launch's MLflow run):")
-    cmp.render(comparison, out)
+    (tunings_text.render if several else cmp.render)(comparison, out)
 
 
 @app.command()

@@ -145,8 +145,6 @@ def resume_budget(recorded: Optional[Launch], given: Dict[str, Any], where: str 
     out: Dict[str, Any] = {}
     for key in BUDGET_KEYS:
         before, now = kept.get(key), given.get(key)
-        if key not in kept and now is None:
-            continue  # an option added after the launch was recorded, and not given now
         if now is not None and now != before:
             shown = "the study file's value" if before is None else f"{_FLAGS[key]} {before}"
             raise ConfigError(

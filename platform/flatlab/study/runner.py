@@ -179,11 +179,13 @@ def _post_study(
         logger.info("%s", line)
         if console is not None:
             console.print(line)
+    from flatlab.tracking.publish import log_comparison, log_study_analysis
+
     if study.final_seeds or (study.searcher == "grid" and len(study.seeds) > 1):
-        from flatlab.tracking.publish import log_comparison
         from flatlab.tracking.trials import trials_frame
 
         log_comparison(tracking_uri, parent_run_id, trials_frame(tracking_uri, study.name), study=study.name)
+    log_study_analysis(tracking_uri, parent_run_id, study.name, console)  # correlation/, tuning_curves/
     if study.published is not None:  # flatlab's per-epoch curves beside the declared published ones
         from flatlab.tracking.published_runs import log_curves
 

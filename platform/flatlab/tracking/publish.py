@@ -1,5 +1,6 @@
-"""Analysis outputs as artifacts of a launch's MLflow parent run: the comparison (``compare/``) and the
-flatness sweep (``flatness_sweep/``). Computed by :mod:`flatlab.analysis`; nothing here raises, since every
+"""Analysis outputs as artifacts of a launch's MLflow parent run: the comparison (``compare/``, over the
+tunings where there are several), whether flatness predicts generalisation (``correlation/``), a random
+pool's tuning curves (``tuning_curves/``) and the flatness sweep (``flatness_sweep/``). Computed by :mod:`flatlab.analysis`; nothing here raises, since every
 trial is already recorded."""
 
 from __future__ import annotations
@@ -9,13 +10,17 @@ import tempfile
 from pathlib import Path
 from typing import Any, List, Optional
 
+from flatlab.analysis import generalisation, pool, tunings_text
 from flatlab.analysis.compare.plot import plot_metric_vs_flatness
 from flatlab.analysis.compare.statistics import CONFIDENCE
 from flatlab.analysis.compare.table import compare_table
 from flatlab.analysis.compare.text import cells, headers, to_csv, to_markdown
 from flatlab.analysis.flatness_sweep import ARTIFACT_DIR, MEAN_PREFIX, STEM, plot_sweep, sweep_table, wants_sweep
+from flatlab.analysis.sample import Sample
+from flatlab.analysis.tunings import compare_tunings
+from flatlab.errors import ConfigError
 from flatlab.tracking import runs
-from flatlab.tracking.trials import trials_frame
+from flatlab.tracking.trials import read_sample, trials_frame
 
 logger = logging.getLogger(__name__)
 
@@ -46,13 +51,13 @@ def log_comparison(
     logged: List[str] = []
     try:
         client = runs.client(runs.existing_store(tracking_uri))  # never creates a store
-        comparison = compare_table(df, metric=metric, reference=reference, confidence=confidence, study=study)
+        texts, head, body, table = _comparison(df, metric, reference, confidence, study)
     except Exception as exc:  # noqa: BLE001
         logger.warning("compare: no comparison table for run %s: %s", parent_run_id, exc)
         return logged
-    for name, write in (("comparison.md", to_markdown), ("comparison.csv", to_csv)):
+    for name, text in texts.items():
         try:
-            client.log_text(parent_run_id, write(comparison), f"{artifact_path}/{name}")
+            client.log_text(parent_run_id, text, f"{artifact_path}/{name}")
             logged.append(f"{artifact_path}/{name}")
         except Exception as exc:  # noqa: BLE001
             logger.warning("compare: logging %s to run %s failed: %s", name, parent_run_id, exc)
@@ -60,21 +65,79 @@ def log_comparison(
         import pandas as pd
 
         client.log_table(
-            parent_run_id,
-            data=pd.DataFrame(cells(comparison), columns=headers(comparison)),
-            artifact_file=f"{artifact_path}/comparison.json",
+            parent_run_id, data=pd.DataFrame(body, columns=head), artifact_file=f"{artifact_path}/comparison.json"
         )
         logged.append(f"{artifact_path}/comparison.json")
     except Exception as exc:  # noqa: BLE001
         logger.warning("compare: logging comparison.json to run %s failed: %s", parent_run_id, exc)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            png = plot_metric_vs_flatness(comparison, Path(tmp) / "metric_vs_flatness.png")
+            png = plot_metric_vs_flatness(table, Path(tmp) / "metric_vs_flatness.png")
             client.log_artifact(parent_run_id, str(png), artifact_path)
             logged.append(f"{artifact_path}/{png.name}")
     except Exception as exc:  # noqa: BLE001
         logger.warning("compare: no metric-vs-flatness plot for run %s: %s", parent_run_id, exc)
     return logged
+
+
+def _comparison(df: Any, metric: Optional[str], reference: Optional[str], confidence: float, study: str):
+    """``(texts by file name, headers, cells, one tuning's table)`` of the study's comparison: over its
+    tunings where it has several (:func:`flatlab.analysis.tunings.compare_tunings`), else the one table."""
+    sample = Sample.of(df)
+    kwargs = dict(metric=metric, reference=reference, confidence=confidence, study=study)
+    if len(sample.tunings) > 1:
+        c = compare_tunings(sample, **kwargs)
+        texts = {"comparison.md": tunings_text.to_markdown(c), "comparison.csv": tunings_text.to_csv(c)}
+        return texts, tunings_text.headers(c), tunings_text.cells(c), c.per_tuning[0]
+    c = compare_table(sample.trials, **kwargs)
+    return {"comparison.md": to_markdown(c), "comparison.csv": to_csv(c)}, headers(c), cells(c), c
+
+
+def log_study_analysis(tracking_uri: str, parent_run_id: str, study: str, console: Optional[Any] = None) -> List[str]:
+    """Log what the launch's trials say beyond the paper table, where it applies: whether flatness predicts
+    generalisation (``correlation/``: :mod:`flatlab.analysis.generalisation`, when trials measured
+    flatness) and the tuning curves of a random-search pool (``tuning_curves/``: :mod:`flatlab.analysis.pool`,
+    for ``searcher="random"``, ``scheduler="fifo"``). Never raises; returns the artifact paths logged."""
+    logged: List[str] = []
+    try:
+        client = runs.client(runs.existing_store(tracking_uri))
+        sample = read_sample(tracking_uri, study, launch=parent_run_id)
+    except Exception as exc:  # noqa: BLE001 - the study's results stand
+        logger.warning("analysis: trials of run %s not read: %s", parent_run_id, exc)
+        return logged
+    for folder, write in (("correlation", _write_correlation), ("tuning_curves", _write_curves)):
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                paths = write(sample, Path(tmp))
+                if paths:
+                    client.log_artifacts(parent_run_id, tmp, folder)
+                    logged += [f"{folder}/{p.name}" for p in paths]
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("analysis: %s not logged to run %s: %s", folder, parent_run_id, exc)
+    if console is not None and logged:
+        console.print(f"analysis: {len(logged)} files on the launch run (correlation/, tuning_curves/)")
+    return logged
+
+
+def _write_correlation(sample: Sample, folder: Path) -> List[Path]:
+    if not sample.completed().measures():
+        return []
+    p = generalisation.flatness_correlations(sample)
+    p.frame().to_csv(folder / "flatness_correlation.csv", index=False)
+    (folder / "flatness_correlation.md").write_text(generalisation.to_markdown(p))
+    scatters = [
+        generalisation.plot_scatter(sample, m, folder / f"scatter_{m.replace('/', '_')}.png")
+        for m in dict.fromkeys(r.measure for r in p.rows)
+    ]
+    return [folder / "flatness_correlation.csv", folder / "flatness_correlation.md", *scatters]
+
+
+def _write_curves(sample: Sample, folder: Path) -> List[Path]:
+    try:
+        pool.check_independent(sample)
+    except ConfigError:
+        return []  # not a pool of independent trials: no tuning curves
+    return pool.write_curves(pool.pool_curves(sample), folder)
 
 
 def log_flatness_sweep(tracking_uri: str, parent_run_id: str, study: Any, console: Optional[Any] = None) -> List[str]:

@@ -114,6 +114,8 @@ def trials_frame(
     # stopped there (flat/* at the target where reached)
     for key in ("measure_at_train_loss", "stop_at_train_loss"):
         df.attrs[key] = parents[0].data.params.get(f"train.{key}")
+    for key in ("searcher", "scheduler"):  # whether the trials are an i.i.d. pool (flatlab.analysis.pool)
+        df.attrs[key] = parents[0].data.params.get(key)
     return df
 
 

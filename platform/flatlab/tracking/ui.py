@@ -199,13 +199,19 @@ def _line_chart(metric: str, section: str) -> Dict[str, Any]:
     }
 
 
+GROUP_BY_ARM = {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "flatlab.arm"}]}
+"""MLflow's "Group by" of the runs table and charts (``RunsGroupByConfig``): runs grouped by their arm tag, so a
+chart draws one line per arm, the mean over its runs with the min-max band, instead of a line per run."""
+
+
 def default_view(columns: List[str], metric: str, mode: str, parent_run_id: str) -> Dict[str, Any]:
     """The shared view state of flatlab's default runs view (MLflow's ``ExperimentPageSearchFacetsState``
     and ``ExperimentPageUIState`` fields): ``columns`` shown in that order after the run name, best
     ``metric`` first (``mode``; MLflow lists runs flat when they are sorted by a metric, the launch runs,
     which have none, last), the launch ``parent_run_id`` expanded when they are nested (sorted by time),
     the first 20 runs drawn in the charts, whose sections come in :func:`chart_sections`' order with the
-    study metric's curves first, against the step (the epoch, for per-epoch metrics)."""
+    study metric's curves first, against the step (the epoch, for per-epoch metrics), and the runs grouped
+    by arm (:data:`GROUP_BY_ARM`)."""
     sections = [
         {
             "uuid": f"flatlab-section-{name}",
@@ -241,7 +247,7 @@ def default_view(columns: List[str], metric: str, mode: str, parent_run_id: str)
         "isAccordionReordered": True,  # MLflow keeps these sections in this order (new ones go last)
         "viewMaximized": False,
         "runListHidden": False,
-        "groupBy": None,
+        "groupBy": GROUP_BY_ARM,
         "groupsExpanded": {},
         "useGroupedValuesInCharts": True,
         "hideEmptyCharts": True,

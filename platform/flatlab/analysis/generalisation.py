@@ -1,0 +1,221 @@
+"""Does flatness predict generalisation in this study? Kendall's rank correlation between each flatness
+measure and (a) the test metric, (b) the generalisation gap (test loss − final training loss), over every
+completed trial of the study (search and final stage, every arm), pooled and per arm, each with a
+bootstrap interval (Jiang et al., ICLR 2020, "Fantastic Generalization Measures and Where to Find
+Them"); for a grid study also the granulated τ (Ψ) over its searched axes, the mean over axes of τ
+within groups where only that axis changes (:mod:`flatlab.analysis.correlation`).
+
+A sharpness measure (``flat/*``: lower = flatter) that predicts generalisation has τ > 0 against the
+gap (flatter, smaller gap) and, for an accuracy, τ < 0 against the test metric.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from flatlab.analysis.compare.statistics import CONFIDENCE
+from flatlab.analysis.correlation import Correlation, Granulated, granulated_tau, kendall_tau
+from flatlab.analysis.sample import FLAT_PREFIX, Sample
+from flatlab.errors import ConfigError
+
+GAP = "gap (test loss - train loss)"
+AUXILIARY = ("_stderr", "_clean")
+POOLED = "all arms"
+
+
+@dataclass(frozen=True)
+class CorrelationRow:
+    """τ of one measure against one target over one set of models (``scope``: an arm, or all arms)."""
+
+    measure: str
+    target: str
+    scope: str
+    correlation: Correlation
+
+
+@dataclass(frozen=True)
+class FlatnessPrediction:
+    """:func:`flatness_correlations`' answer: ``rows`` pooled first, then per arm; ``granulated`` per
+    (measure, target) for a grid study; ``models`` the trials used; ``notes`` what was left out."""
+
+    study: str
+    test_metric: str
+    rows: Tuple[CorrelationRow, ...]
+    granulated: Dict[Tuple[str, str], Granulated]
+    models: int
+    confidence: float
+    notes: Tuple[str, ...] = ()
+
+    def frame(self) -> Any:
+        """One row per (measure, target, scope): ``n``, ``tau``, ``p``, ``low``, ``high``, ``reason``."""
+        import pandas as pd
+
+        return pd.DataFrame(
+            [
+                dict(measure=r.measure, target=r.target, scope=r.scope, n=c.n, tau=c.tau, p=c.p, low=c.low, high=c.high)
+                | {"reason": c.reason}
+                for r in self.rows
+                for c in [r.correlation]
+            ]
+        )
+
+
+def flatness_correlations(
+    data: Any,
+    *,
+    measures: Optional[Sequence[str]] = None,
+    confidence: float = CONFIDENCE,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> FlatnessPrediction:
+    """Kendall's τ between every flatness measure and the test metric and the generalisation gap
+    (module docstring).
+
+    Args:
+        data: a :class:`~flatlab.analysis.sample.Sample` (or ``trials_frame`` table).
+        measures: the ``flat/*`` measures (default every one recorded, auxiliary ones excluded).
+        confidence, resamples, seed: of the bootstrap intervals (over models).
+    Raises:
+        ConfigError: no completed trial with a flatness measure; an unknown measure.
+    """
+    sample = Sample.of(data)
+    models = sample.completed()
+    recorded = [m for m in models.measures(FLAT_PREFIX) if not m.endswith(AUXILIARY)]
+    wanted = [m if m.startswith(FLAT_PREFIX) else FLAT_PREFIX + m for m in (measures or recorded)]
+    unknown = [m for m in wanted if m not in recorded]
+    if unknown or not wanted:
+        raise ConfigError(
+            f"study {sample.info.name!r}: no completed trial recorded {', '.join(unknown) or 'a flatness measure'}; "
+            f"measures there: {', '.join(recorded) or '(none)'}"
+        )
+    df = models.trials.copy()
+    test = models.test_metric() or "test/accuracy"
+    targets, notes = [test], []
+    if {"test/loss", "train/loss"} <= set(df.columns):
+        df[GAP] = df["test/loss"].astype(float) - df["train/loss"].astype(float)
+        targets.append(GAP)
+    else:
+        notes.append("no generalisation gap: the trials recorded no test/loss and train/loss")
+    rows: List[CorrelationRow] = []
+    for m in wanted:
+        for target in targets:
+            scopes = [(POOLED, df)] + [(arm, df[df["arm"] == arm]) for arm in sorted(set(df["arm"]))]
+            for scope, part in scopes:
+                tau = kendall_tau(
+                    _column(part, m), _column(part, target), confidence=confidence, n_resamples=resamples, seed=seed
+                )
+                rows.append(CorrelationRow(m, target, scope, tau))
+    granulated = _granulated(df, wanted, targets, sample.info.searcher, notes)
+    return FlatnessPrediction(sample.info.name, test, tuple(rows), granulated, len(df), float(confidence), tuple(notes))
+
+
+def _column(df: Any, name: str) -> np.ndarray:
+    return df[name].astype(float).to_numpy() if name in df.columns else np.full(len(df), np.nan)
+
+
+def _granulated(df: Any, measures: List[str], targets: List[str], searcher: Optional[str], notes: List[str]):
+    """Ψ per (measure, target) over the searched axes of a grid study: the ``param.*`` columns that vary and
+    are set for every model, and the arm where there are several; the seed is held fixed within a group
+    and not averaged over. Empty for other searchers (Ψ needs a grid)."""
+    if searcher != "grid":
+        return {}
+    params = [c for c in df.columns if c.startswith("param.") and df[c].notna().all() and df[c].nunique() > 1]
+    axes = params + (["arm"] if df["arm"].nunique() > 1 else [])
+    if not axes:
+        notes.append("no granulated tau: the grid has no axis that varies over every model")
+        return {}
+    records = [{**{a: row[a] for a in axes}, "seed": row.get("seed")} for _, row in df.iterrows()]
+    out = {}
+    for m in measures:
+        for target in targets:
+            full = granulated_tau(records, _column(df, m), _column(df, target))
+            per_axis = {a: v for a, v in full.per_axis.items() if a != "seed"}
+            finite = [v for v in per_axis.values() if np.isfinite(v)]
+            psi = float(np.mean(finite)) if finite else float("nan")
+            out[(m, target)] = Granulated(per_axis, psi, full.groups, full.models, full.skipped, full.reason)
+    return out
+
+
+def cells(p: FlatnessPrediction) -> Tuple[List[str], List[List[str]]]:
+    """Headers and rows of the table: measure, target, models (scope), n, τ with its interval, p."""
+    pct = f"{p.confidence * 100:g}%"
+    head = ["measure", "target", "models", "n", f"Kendall τ [{pct} CI]", "p"]
+    body = []
+    for r in p.rows:
+        c = r.correlation
+        tau = f"- ({c.reason})" if c.reason or not np.isfinite(c.tau) else f"{c.tau:+.3f} [{c.low:+.3f}, {c.high:+.3f}]"
+        body.append([r.measure, r.target, r.scope, str(c.n), tau, f"{c.p:.3g}" if np.isfinite(c.p) else "-"])
+    return head, body
+
+
+def caption(p: FlatnessPrediction) -> List[str]:
+    """The lines under the table: Ψ per (measure, target) for a grid, how to read τ, and the notes."""
+    from flatlab.analysis.compare.text import number
+
+    lines = []
+    for (m, target), g in p.granulated.items():
+        axes = ", ".join(f"{a} {number(v, signed=True)}" for a, v in g.per_axis.items())
+        lines.append(f"granulated τ (Ψ) of {m} against {target}: {number(g.psi, signed=True)} ({axes})")
+    return lines + [
+        "Kendall's τ-b over the completed trials (search and final stage), pooled over arms and per arm, with a "
+        "percentile bootstrap interval over models (Jiang et al. 2020).",
+        "flat/* is lower = flatter: τ > 0 against the gap, or τ < 0 against an accuracy, means flatter models "
+        "generalised better here.",
+        *p.notes,
+    ]
+
+
+def title(p: FlatnessPrediction) -> str:
+    return f"{p.study}: does flatness predict generalisation? ({p.models} trained models)"
+
+
+def to_markdown(p: FlatnessPrediction) -> str:
+    """The table as markdown, with its title and caption."""
+    from flatlab.analysis.compare.text import markdown_table
+
+    head, body = cells(p)
+    lines = [f"### {title(p)}", "", markdown_table(head, body, left=3), ""]
+    return "\n".join(lines + [f"- {line}" for line in caption(p)]) + "\n"
+
+
+def render(p: FlatnessPrediction, console: Any) -> None:
+    """Print the table with rich (numbers never split), then its caption."""
+    from flatlab.analysis.console_table import make_table, print_table
+
+    console.print(f"[bold]{title(p)}[/bold]")
+    head, body = cells(p)
+    print_table(console, make_table(head, body), "use --format markdown")
+    for line in caption(p):
+        console.print(line, soft_wrap=True, markup=False)
+
+
+def plot_scatter(data: Any, measure: str, path: Path) -> Path:
+    """Save a PNG: the test metric and the generalisation gap (two panels) against ``measure`` over the
+    completed trials, one colour per arm."""
+    from matplotlib.figure import Figure
+
+    from flatlab.analysis.plot_axes import plain_numbers
+
+    sample = Sample.of(data).completed()
+    df = sample.trials.copy()
+    test = sample.test_metric() or "test/accuracy"
+    targets = [test] + ([GAP] if {"test/loss", "train/loss"} <= set(df.columns) else [])
+    if GAP in targets:
+        df[GAP] = df["test/loss"].astype(float) - df["train/loss"].astype(float)
+    fig = Figure(figsize=(5.2 * len(targets), 4.0), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(targets)))
+    for ax, target in zip(axes, targets):
+        for i, (arm, part) in enumerate(df.groupby("arm")):
+            ax.scatter(_column(part, measure), _column(part, target), s=14, color=f"C{i % 10}", label=arm, alpha=0.8)
+        ax.set_xlabel(f"{measure} (lower = flatter)")
+        ax.set_ylabel(target)
+        ax.grid(alpha=0.3)
+        plain_numbers(ax)
+    axes[0].legend(fontsize="small")
+    fig.suptitle(f"{sample.info.name}: {measure} against generalisation ({len(df)} trained models)", fontsize="small")
+    fig.savefig(path, dpi=110)
+    return Path(path)
