@@ -17,6 +17,11 @@ accuracy, both sets of flatness and epochs to the target per arm with 95 % inter
 differences against SGD (Holm-adjusted within each quantity). A seed that never reaches the target is
 counted as a miss in the at-target rows and still gives its final-model values.
 
+The answer is asked of ``CPU_TUNINGS`` independent tunings (``Study(tunings=...)``): each arm is searched
+that many times, each search with its own Optuna study, seeds, ASHA rungs, best configuration and final
+seeds, and ``flatlab compare`` takes the tuning as its unit of replication (a claim holds in every
+tuning, depends on the tuning, or no difference was found; docs/comparing.md).
+
 Scales (``--scale``; the default is the one a laptop runs, so that ``flatlab run studies/fmnist_flatness.py``
 then ``flatlab compare fmnist_flatness`` is the real-data answer in at most 90 minutes on 2 cores):
 
@@ -24,11 +29,13 @@ then ``flatlab compare fmnist_flatness`` is the real-data answer in at most 90 m
   parameters, DeepOBS's architecture and initialisation) at DeepOBS's settings where it has them: batch
   128, the 50,000 training images left after DeepOBS's 10,000-image validation hold-out, 100 epochs;
   ``PAPER_TRIALS`` trials per arm (ASHA grace 10), 10 final seeds (DeepOBS re-runs its best setting
-  with 10), one GPU per trial; target training loss ``PAPER_TARGET_LOSS``, measures on 1,024 examples.
+  with 10), one GPU per trial, one tuning; target training loss ``PAPER_TARGET_LOSS``, measures on 1,024
+  examples.
 * ``cpu`` (default; study ``fmnist_flatness``): the same eight arms on ``small_cnn`` (20,746 parameters), a
   stratified ``CPU_TRAIN_SIZE``-image training subset, ``CPU_VAL_SIZE`` validation images, the official
-  10,000 test images; ``CPU_TRIALS`` trials per arm, up to ``CPU_EPOCHS`` epochs, ASHA (grace 3,
-  halving), two 1-core trials at a time, then ``CPU_SEEDS`` final seeds; target training loss
+  10,000 test images; ``CPU_TUNINGS`` tunings of ``CPU_TRIALS`` trials per arm (AlgoPerf's external
+  tuning ruleset runs 3 studies of 5 trials), up to ``CPU_EPOCHS`` epochs, ASHA (grace 3, halving), two
+  1-core trials at a time, then ``CPU_SEEDS`` final seeds per tuning; target training loss
   ``TARGET_LOSS``, measures on 512 examples. Sized for at most 90 minutes on 2 free cores (below).
 * ``smoke`` (study ``fmnist_flatness_smoke``): 1,024 synthetic Fashion-MNIST-shaped images, an 8-channel
   ``small_cnn``, the arms ``SMOKE_ARMS``, 2 trials of up to 3 epochs (IRE on in the third) and 2 final
@@ -38,12 +45,14 @@ Sizing of ``cpu`` (from ``bench/fmnist_epoch_cost.py``: ``small_cnn`` trains at 
 on one thread, plain SGD): one epoch of 20,000 images is 157 steps, about 1.4 s for SGD, plus about 0.1 s
 to evaluate 5,000 validation images. Per step SAM, ASAM and SAM-IRE cost 2 forward/backward passes,
 TSAM 2s = 6 (s = 3), the IRE arms about 1.1x their base (the Fisher mask every 10 steps), so one epoch of
-every arm is about 16.3 x 1.4 + 8 x 0.1 = 24 one-core seconds. The search is 12 trials x at most 15
-epochs x 24 s = 4,300 s if ASHA stopped nothing (about 1,850 s if it stops half the trials at each rung
-3, 6 and 12: 6.4 epochs a trial), the final stage 5 x 15 x 24 = 1,800 s, and starting and logging the
-136 trials (96 + 40) about 4 s each, 550 s: at most about 6,650 core-seconds over 2 cores, about 55
-minutes (about 35 with ASHA's stops) on 2 free cores; TSAM is about 37 % of it. On cores shared with
-other work every step is slower and the study can exceed 90 minutes: run it on a quiet machine.
+every arm is about 16.3 x 1.4 + 8 x 0.1 = 24 one-core seconds. ASHA's halving at epochs 3, 6 and 12 runs a
+search trial 6.4 epochs on average, so a tuning's search is 6 x 6.4 x 24 = 910 s, its final stage
+4 x 15 x 24 = 1,430 s, and starting and logging its 80 trials about 4 s each, 320 s: 2,660 core-seconds a
+tuning, 8,000 for three, about 66 minutes on 2 free cores (one launch of the earlier single-tuning budget,
+12 trials and 5 final seeds, was estimated at 35 minutes this way and measured at 27.6). A tuning
+whose ASHA stops nothing costs 1.6 times as much. Three tunings of 12 trials and 5 final seeds would
+take about 105 minutes by the same arithmetic: the trials per tuning and the final seeds were cut to fit.
+On cores shared with other work every step is slower: run it on a quiet machine.
 
 From the papers: the arms and their optimizers (SAM, Foret et al. 2021; ASAM, Kwon et al. 2021; TSAM's
 released procedure; IRE's SGD/SAM/AdamW variants with a Fisher mask refreshed every K = 10 steps), the
@@ -74,7 +83,7 @@ PAPER_TARGET_LOSS = 0.1
 SMOKE_TARGET_LOSS = 2.2  # synthetic data starts at ln 10 = 2.30; most of the range reaches 2.2 by epoch 2 or 3
 SIGMA = 0.05
 CPU_TRAIN_SIZE, CPU_VAL_SIZE = 20000, 5000
-CPU_TRIALS, CPU_EPOCHS, CPU_SEEDS = 12, 15, (1, 2, 3, 4, 5)
+CPU_TRIALS, CPU_EPOCHS, CPU_SEEDS, CPU_TUNINGS = 6, 15, (1, 2, 3, 4), 3
 PAPER_TRIALS = 32
 
 LR_SGD = sp.loguniform(0.01, 0.3)
@@ -148,5 +157,6 @@ def build(scale: str) -> Study:
         measures=measures(20),
         measure_examples=512,
         final_seeds=CPU_SEEDS,
+        tunings=CPU_TUNINGS,
         **common,
     )

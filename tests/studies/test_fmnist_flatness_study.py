@@ -1,6 +1,6 @@
 """``studies/fmnist_flatness.py`` builds and validates at every scale (what ``flatlab run --dry-run`` checks),
-its scales share their arms and measures and differ only in size, the ``cpu`` scale fits its 90-minute
-budget by the module's own sizing arithmetic, and the ``smoke`` scale runs end to end: flatness at the
+its scales share their arms and measures and differ only in size, the ``cpu`` scale (3 tunings) fits its
+90-minute budget by the module's own sizing arithmetic, and the ``smoke`` scale runs end to end: flatness at the
 training-loss target (``flat_at_target/*``) and at the end (``flat/*``), reported by ``flatlab compare``."""
 
 import math
@@ -79,13 +79,16 @@ def test_cpu_scale_fits_ninety_minutes_on_two_cores(scales):
     cpu = scales["cpu"]
     assert cpu.workload_params == {"model": "small_cnn", "train_size": 20000, "val_size": 5000}
     assert cpu.resources.gpu == 0 and cpu.resources.cpu == 1 and cpu.max_concurrent == 2
-    assert len(cpu.final_seeds) >= 3 and cpu.num_trials >= 8
+    assert cpu.tunings == 3 and len(cpu.final_seeds) >= 3 and cpu.num_trials >= 5  # AlgoPerf: 3 studies x 5 trials
     steps = math.ceil(cpu.workload_params["train_size"] / cpu.train["batch_size"])  # 157 a epoch
-    epoch_s = {a.name: PASSES[a.name] * steps * SMALL_CNN_STEP_S + 0.1 for a in cpu.arms}  # + 5,000 val images
-    worst = sum(epoch_s.values()) * cpu.max_epochs * (cpu.num_trials + len(cpu.final_seeds))  # ASHA stops nothing
-    start_s = 4 * len(cpu.arms) * (cpu.num_trials + len(cpu.final_seeds))
-    assert (worst + start_s) / 2 == pytest.approx(3330, rel=0.01)  # the docstring's "about 55 minutes"
-    assert (worst + start_s) / 2 <= 0.65 * 90 * 60  # a third of the budget left for noise
+    epoch_s = sum(PASSES[a.name] * steps * SMALL_CNN_STEP_S + 0.1 for a in cpu.arms)  # + 5,000 val images
+    rungs = [3, 6, 12]  # ASHA halving from grace 3: every trial to 3, half to 6, a quarter to 12, an eighth to 15
+    asha_epochs = rungs[0] + sum((b - a) / 2 ** (i + 1) for i, (a, b) in enumerate(zip(rungs, rungs[1:] + [15])))
+    assert asha_epochs == pytest.approx(6.375)
+    per_trial = len(cpu.arms) * (cpu.num_trials + len(cpu.final_seeds))
+    tuning = (cpu.num_trials * asha_epochs + len(cpu.final_seeds) * cpu.max_epochs) * epoch_s + 4 * per_trial
+    assert cpu.tunings * tuning / 2 == pytest.approx(3990, rel=0.01)  # the docstring's "about 66 minutes"
+    assert cpu.tunings * tuning / 2 <= 0.75 * 90 * 60  # a quarter of the budget left for noise
 
 
 def test_smoke_scale_is_tiny_and_offline(scales):

@@ -136,7 +136,9 @@ def _granulated(df: Any, measures: List[str], targets: List[str], searcher: Opti
             per_axis = {a: v for a, v in full.per_axis.items() if a != "seed"}
             finite = [v for v in per_axis.values() if np.isfinite(v)]
             psi = float(np.mean(finite)) if finite else float("nan")
-            out[(m, target)] = Granulated(per_axis, psi, full.groups, full.models, full.skipped, full.reason)
+            groups = {a: n for a, n in full.groups.items() if a != "seed"}
+            skipped = tuple(g for g in full.skipped if g.axis != "seed")
+            out[(m, target)] = Granulated(per_axis, psi, groups, full.models, skipped, full.reason)
     return out
 
 
