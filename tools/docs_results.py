@@ -9,7 +9,7 @@ README.md and docs/*.md with that file. A table in the docs is therefore never t
 
 Usage::
 
-    python tools/docs_results.py                      # every entry (the CPU studies: about 2 hours here)
+    python tools/docs_results.py                      # every entry (the CPU studies: about 2.5 hours here)
     python tools/docs_results.py --only digits_flatness_demo
     python tools/docs_results.py --no-run --root flatlab-runs   # re-render from runs already made
 """
@@ -83,6 +83,47 @@ RESULTS: Dict[str, Entry] = {
                 "docs/img/profiles_digits_fmnist.png",
             ),
             studies=("digits_flatness_demo", "fmnist_flatness"),
+        ),
+        Entry(
+            "fmnist_flatness_correlation",
+            (),
+            (
+                "compare",
+                "fmnist_flatness",
+                "--correlation",
+                "--format",
+                "markdown",
+                "--output",
+                "docs/img/fmnist_flatness",
+            ),
+            studies=("fmnist_flatness",),
+        ),
+        Entry(
+            "fmnist_tuning_curves",
+            (("run", "studies/fmnist_tuning_curves.py"),),
+            (
+                "compare",
+                "fmnist_tuning_curves",
+                "--tuning-curves",
+                "--format",
+                "markdown",
+                "--output",
+                "docs/img/fmnist_tuning_curves",
+            ),
+        ),
+        Entry(
+            "fmnist_tuning_curves_correlation",
+            (),
+            (
+                "compare",
+                "fmnist_tuning_curves",
+                "--correlation",
+                "--format",
+                "markdown",
+                "--output",
+                "docs/img/fmnist_tuning_curves",
+            ),
+            studies=("fmnist_tuning_curves",),
         ),
     )
 }

@@ -8,11 +8,11 @@ import json
 import subprocess
 
 import pytest
-from test_driver_kill import launch_until
 
 from flatlab.study.tunings import tuning_seed
 from flatlab.tracking import runs
 from flatlab_testing import BIN, env, flatlab, write_study
+from test_driver_kill import launch_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

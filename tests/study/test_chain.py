@@ -246,3 +246,23 @@ def test_clip_references_read_the_same_latest_finished_launch(store):
         find_trial_run(uri, "src", "tsam", {"lr": "0.5"})  # only in the newer launch, still running
     with pytest.raises(ConfigError, match=r"study 'unfinished' has no FINISHED launch"):
         find_trial_run(uri, "unfinished", "tsam", {})
+
+
+def test_a_source_of_several_tunings_is_one_pool_of_their_search_trials(tmp_path):
+    """The documented rule for ``best_of`` over a multi-tuning study: every search trial of the arm, all
+    tunings together, ranked by the one rule; the best here is in tuning 2 (a final-stage trial of tuning
+    1 scores higher still and is never a candidate)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    trials = [
+        ("sgd", "completed", "search", 0.80, {"lr": 0.1}),
+        ("sgd", "completed", "search", 0.85, {"lr": 0.2}),
+        ("sgd", "completed", "search", 0.90, {"lr": 0.3}),
+        ("sgd", "completed", "search", 0.70, {"lr": 0.4}),
+        ("sgd", "completed", "final", 0.99, {"lr": 0.2}),
+    ]
+    _, ids = add_launch(uri, tmp_path, "multi", "FINISHED", trials)
+    client = runs.client(uri)
+    for run_id, tuning in zip(ids, (1, 1, 2, 2, 1)):
+        client.set_tag(run_id, runs.TAG_TUNING, str(tuning))
+    resolved = resolve_chained(chained_study(lr=sp.best_of("multi", arm="sgd", param="lr")).validate(), uri)
+    assert resolved.arm("tsam").dims["lr"] == Resolved(0.3, source=f"multi/{ids[2]}")

@@ -30,6 +30,12 @@ from flatlab.analysis.tuning_curves import win_probability as _win
 from flatlab.errors import ConfigError
 
 AUXILIARY = ("_stderr", "_clean")
+CAPTION = (
+    "Validation metric: the median tuning curve (median of the best of n trials) with its {confidence} "
+    "simultaneous band (opda) and Tang et al.'s unbiased expected best of n; other quantities: the trial a "
+    "search of n picks by validation, its mean, median and the central {confidence} of picks over every subset "
+    "of n, and p_beats_{reference}: the probability that the arm's pick beats {reference}'s at that n."
+)
 
 
 @dataclass(frozen=True)

@@ -190,26 +190,35 @@ def _extras(uri, study, reference, measure, confidence, fmt, folder: Path, curve
 
 
 def _print_curves(curves, fmt: str) -> None:
-    """The tuning curves at a few budgets (1, N/4, N/2, N): one table per quantity, or CSV of all."""
+    """The tuning curves at a few budgets (n = 1, N/4, N/2, N): one table per quantity (terminal or
+    markdown), or every row of every quantity as CSV."""
     import pandas as pd
 
     from flatlab.analysis import pool
+    from flatlab.analysis.compare.text import markdown_table, number
+    from flatlab.analysis.console_table import make_table, print_table
 
     frames = {q: pool.curves_frame(curves, q) for q in (curves.metric, *curves.quantities)}
     if fmt == "csv":
         sys.stdout.write(pd.concat([f.assign(quantity=q) for q, f in frames.items()]).to_csv(index=False))
         return
-    from flatlab.analysis.compare.text import markdown_table, number
-
     for q, f in frames.items():
-        top = f["n"].max()
+        top = int(f["n"].max())
         shown = f[f["n"].isin(sorted({1, max(1, top // 4), max(1, top // 2), top}))]
-        head = list(shown.columns)
         body = [[v if isinstance(v, str) else number(v) for v in row] for row in shown.itertuples(index=False)]
-        console.print(f"\n[bold]{curves.study}: {q}[/bold] (n = trials in the search)")
-        console.print(markdown_table(head, body, left=1), markup=False, soft_wrap=True)
-    for note in curves.notes:
-        console.print(note, soft_wrap=True, markup=False)
+        title = f"{curves.study}: {q}, by the number of trials n in the search"
+        if fmt == "table":
+            print_table(
+                console, make_table(list(shown.columns), body, title=title, title_justify="left"), "use --format csv"
+            )
+        else:
+            sys.stdout.write(f"### {title}\n\n{markdown_table(list(shown.columns), body, left=1)}\n\n")
+    lines = [pool.CAPTION.format(confidence=f"{curves.confidence:.0%}", reference=curves.reference), *curves.notes]
+    for line in lines:
+        if fmt == "table":
+            console.print(line, soft_wrap=True, markup=False)
+        else:
+            sys.stdout.write(f"- {line}\n")
 
 
 def _efficiency(uri: str, study: str, against: str, tolerance: float):
