@@ -105,7 +105,6 @@ _EVAL_HPARAMS = (
         str,
         doc="OOD images: 'source' or 'src1;name=src2' (first -> ood/*, others -> ood_<name>/*); '' = none",
     ),
-    HParam("ood_per_class", 0, int, low=0, doc="OOD images kept per class (0 = all)"),
     HParam(
         "ood_classes",
         "auto",
@@ -118,7 +117,8 @@ _EVAL_HPARAMS = (
         0,
         int,
         low=0,
-        doc="image decoding threads when loading, and in each trial when streaming (0 = min(8, the process's CPU share: a trial's CPUs))",
+        doc="image decoding threads when loading, and in each trial when streaming "
+        "(0 = min(8, the process's CPU share: a trial's CPUs))",
     ),
 )
 _ZERO_SHOT_KEYS = ["model_name", "pretrained", "quick_gelu", "init_seed", "model_config", "classnames", "templates"]
@@ -142,7 +142,6 @@ class _ClipWorkload(Workload):
         "id_data",
         "id_per_class",
         "ood_data",
-        "ood_per_class",
         "ood_classes",
         "train_data",
         "train_per_class",
@@ -204,9 +203,7 @@ class _ClipWorkload(Workload):
             raise ConfigError("ood_classes with explicit indices needs a single OOD set in ood_data")
         extra: Dict[str, Split] = {}
         for i, (key, src) in enumerate(sources):
-            opix, oy, onames = load_images(
-                src, transform, per_class=p["ood_per_class"], seed=seed + 2 + i, workers=p["load_workers"]
-            )
+            opix, oy, onames = load_images(src, transform, per_class=0, seed=seed + 2 + i, workers=p["load_workers"])
             extra[key] = into_label_space(
                 opix, oy, onames, space, f"ood_data {src}", classes=explicit if i == 0 else None
             )
@@ -259,25 +256,16 @@ class ClipFinetune(_ClipWorkload):
                 True,
                 bool,
                 doc="False = decode training images on the fly from train_data (one mini-batch "
-                "ahead), for datasets larger than memory; the files must be on a filesystem every node sees; eval splits stay in memory",
+                "ahead), for datasets larger than memory; the files must be on a filesystem every node sees; "
+                "eval splits stay in memory",
             ),
             HParam(
                 "augment",
                 "none",
                 str,
                 choices=AUGMENTATIONS,
-                doc="training augmentation: none, flip-crop, or randaug (flip-crop + RandAugment)",
-            ),
-            HParam("randaug_ops", 2, int, low=0, doc="RandAugment: operations per image"),
-            HParam("randaug_magnitude", 9, int, low=0, high=30, doc="RandAugment: magnitude on its 0..30 scale"),
-            HParam(
-                "crop_scale_min",
-                0.35,
-                float,
-                low=0.0,
-                high=1.0,
-                low_open=True,
-                doc="random resized crop: smallest area fraction",
+                doc="training augmentation: none, flip-crop (area fraction 0.35-1), or randaug "
+                "(flip-crop + RandAugment(2, 9): 2 operations per image at magnitude 9 of 30)",
             ),
         )
         + _EVAL_HPARAMS
@@ -315,15 +303,7 @@ class ClipFinetune(_ClipWorkload):
 
     def augment(self, inputs: Inputs, generator: torch.Generator) -> Inputs:
         """``augment`` applied to a uint8 mini-batch, drawing from ``generator`` only."""
-        p = self.params
-        return augment_batch(
-            inputs,
-            p["augment"],
-            generator,
-            n_ops=p["randaug_ops"],
-            magnitude=p["randaug_magnitude"],
-            scale_min=p["crop_scale_min"],
-        )
+        return augment_batch(inputs, self.params["augment"], generator)
 
 
 _STRAGGLERS: "OrderedDict[Tuple, Tuple[List[str], Dict[str, float]]]" = OrderedDict()
@@ -376,7 +356,6 @@ class ClipInterpolate(_ClipWorkload):
                 float,
                 doc="straggler: layer-wise sharpness of the fine-tuned model below this (nats)",
             ),
-            HParam("prune_seed", 0, int, low=0, doc="seed of the Bernoulli(0.5) pruning masks"),
             HParam(
                 "sharpness_draws",
                 0,
@@ -469,7 +448,8 @@ class ClipInterpolate(_ClipWorkload):
 
             groups = group_parameters(model, "clip")
             stragglers, layer_values = self._stragglers(model, ft, subset, loss_fn, groups, path)
-            ft = prune_stragglers(ft, [k for g in stragglers for k in groups[g]], seed=p["prune_seed"])
+            # seed 0: the same random half of each straggler layer at every alpha
+            ft = prune_stragglers(ft, [k for g in stragglers for k in groups[g]], seed=0)
             metrics["prune/n_stragglers"] = float(len(stragglers))
             metrics.update({f"prune/straggler/{g}": 1.0 for g in stragglers})
             metrics.update({f"prune/layer_sharpness/{g}": v for g, v in layer_values.items()})

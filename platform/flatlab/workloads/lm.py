@@ -110,7 +110,7 @@ CORPORA: Dict[str, Corpus] = {
 
 # --------------------------------------------------------------------------------------------------
 class TokenWindows:
-    """A 1-D token stream seen as ``(N, context)`` int64 rows: row i = ``tokens[start + i*context + shift :][:context]``.
+    """A 1-D token stream as ``(N, context)`` int64 rows: row i = ``tokens[start + i*context + shift :][:context]``.
 
     Behaves like the tensors a :class:`~flatlab.workloads.base.Split` holds (``shape``, ``len``,
     indexing by int / slice / index tensor returns an int64 ``torch.Tensor``). ``shift=0`` gives the
@@ -257,7 +257,6 @@ class LMWorkload(Workload):
         "synthetic_tokens",
         "val_fraction",
         "max_train_tokens",
-        "max_eval_tokens",
         "context",
     )
     """Base of the ``lm/<corpus>`` workloads (see the module docstring). Metric ``val/loss`` (min)."""
@@ -317,7 +316,6 @@ class LMWorkload(Workload):
                 nullable=True,
                 doc="packed token streams (None: $FLATLAB_CACHE or ~/.cache/flatlab)",
             ),
-            HParam("tokenize_workers", 1, int, low=1, doc="processes for datasets.map tokenisation"),
             HParam(
                 "synthetic_tokens",
                 8192,
@@ -336,9 +334,6 @@ class LMWorkload(Workload):
             ),
             HParam(
                 "max_train_tokens", None, int, low=2, nullable=True, doc="use only the first this many training tokens"
-            ),
-            HParam(
-                "max_eval_tokens", None, int, low=2, nullable=True, doc="evaluate on at most this many tokens per split"
             ),
             HParam("eval_batch_size", 16, int, low=1, doc="windows per evaluation batch"),
         )
@@ -394,7 +389,6 @@ class LMWorkload(Workload):
                 encode,
                 batched=True,
                 remove_columns=ds.column_names,
-                num_proc=p["tokenize_workers"] if p["tokenize_workers"] > 1 else None,
                 desc=f"tokenising {split}",
             )
             total = int(np.sum(list(enc["n"])))
@@ -440,8 +434,6 @@ class LMWorkload(Workload):
             source = p["data_path"] or p["hub_name"]
         if p["max_train_tokens"]:
             streams["train"] = streams["train"].head(p["max_train_tokens"])
-        if p["max_eval_tokens"]:
-            streams.update({k: v.head(p["max_eval_tokens"]) for k, v in streams.items() if k != "train"})
         for k, s in streams.items():
             if len(s) < ctx + 1:
                 raise ValueError(
