@@ -2,7 +2,7 @@
 
 The trainer parameter ``precision`` picks one of :data:`PRECISIONS`:
 
-* ``fp32``: no autocast; every pass exactly as before this module existed.
+* ``fp32``: no autocast, no loss scaling; every pass in the parameters' own dtype.
 * ``bf16``: every forward pass of a step (primary, SAM/TSAM extra passes, IRE's curvature pass) runs under
   ``torch.autocast(dtype=torch.bfloat16)``; parameters, gradients and optimizer state stay float32, the
   loss is taken in float32. bf16 has float32's exponent range, so no loss scaling is needed.
