@@ -39,6 +39,7 @@ from flatlab.sharpness.average import average_sharpness, neighbourhood_loss
 from flatlab.sharpness.data import DEFAULT_BATCH_SIZE, EvalSubset, LossFn
 from flatlab.sharpness.fisher import FISHER_ESTIMATORS, fisher_trace
 from flatlab.sharpness.hessian import hessian_trace
+from flatlab.workloads.base import take
 
 Compute = Callable[[nn.Module, EvalSubset, LossFn, Mapping[str, Any], int], Dict[str, float]]
 """``compute(model, subset, loss_fn, params, seed) -> {metric name: value}`` (params already resolved)."""
@@ -476,8 +477,6 @@ def measure_subset(
         ConfigError: ``examples < 0``, ``batch_size < 1``, a non-int seed, an empty split, or a
             split without ``inputs``/``targets``.
     """
-    from flatlab.workloads.base import take
-
     _state.check_count("examples", examples, minimum=0)
     _state.check_count("batch_size", batch_size)
     if isinstance(seed, bool) or not isinstance(seed, int):

@@ -30,6 +30,8 @@ from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from flatlab.errors import FlatlabError
 
@@ -156,8 +158,6 @@ class StateSnapshot:
     def write(self, directory: str) -> None:
         """Write ``directory/trainer.safetensors`` (the tensors) and ``directory/trainer.json`` (the tree);
         ``directory`` is created if missing. :func:`load_state` reads them back."""
-        from safetensors.torch import save_file
-
         os.makedirs(directory, exist_ok=True)
         save_file(
             self.tensors, os.path.join(directory, TENSORS_FILE), metadata={"format": FORMAT, "version": str(VERSION)}
@@ -232,9 +232,6 @@ def load_state(directory: str) -> Any:
             is not valid or not flatlab's format/version, the safetensors file is malformed, or the tree
             refers to a tensor the safetensors file does not hold. The message names the file.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     tensors_path, state_path = (os.path.join(directory, n) for n in CHECKPOINT_FILES)
     missing = [p for p in (tensors_path, state_path) if not os.path.isfile(p)]
     if missing:

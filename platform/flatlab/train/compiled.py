@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from torch import nn
+from torch._functorch import config as functorch_config
 
 
 def compile_model(model: nn.Module) -> nn.Module:
@@ -22,8 +23,7 @@ def compile_model(model: nn.Module) -> nn.Module:
     off by the size of the step), where a fresh cache gave the eager result. Each process therefore
     compiles afresh (tens of seconds per graph). Needs a C compiler on the machine (inductor).
     """
-    from torch._functorch import config as functorch_config
-    from torch._inductor import config as inductor_config
+    from torch._inductor import config as inductor_config  # deferred: loads the compiler stack (seconds)
 
     functorch_config.donated_buffer = False
     functorch_config.enable_autograd_cache = False

@@ -40,6 +40,8 @@ from torch import nn
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam, resolve
+from flatlab.interpolation import check_compatible, find_stragglers, interpolate, prune_stragglers
+from flatlab.sharpness import compute_measures, group_parameters, layerwise_sharpness, measure_subset
 from flatlab.workloads.base import Data, Inputs, Split, TrainDefaults, Workload, take, to_device
 from flatlab.workloads.clip_augment import AUGMENTATIONS, augment_batch
 from flatlab.workloads.clip_data import (
@@ -166,7 +168,7 @@ class _ClipWorkload(Workload):
         if choice == "labels":
             return classnames_from_labels(labels)
         if choice == "imagenet":
-            from open_clip import IMAGENET_CLASSNAMES
+            from open_clip import IMAGENET_CLASSNAMES  # deferred: heavy, and optional (the clip extra)
 
             names = list(IMAGENET_CLASSNAMES)
         else:
@@ -428,8 +430,6 @@ class ClipInterpolate(_ClipWorkload):
                 the file comes with its trial's record, :func:`producing_trial`) or whose keys or
                 shapes differ.
         """
-        from flatlab.interpolation import check_compatible, interpolate, prune_stragglers
-
         p = self.params
         path = self._checkpoint_file()
         self._check_same_zero_shot(producing_trial(path))
@@ -444,8 +444,6 @@ class ClipInterpolate(_ClipWorkload):
                 raise ConfigError("sharpness and straggler pruning run on the OOD set; set ood_data")
             subset, loss_fn = self._sharpness_subset(data.extra["ood"], next(model.parameters()).device)
         if p["prune"]:
-            from flatlab.sharpness import group_parameters
-
             groups = group_parameters(model, "clip")
             stragglers, layer_values = self._stragglers(model, ft, subset, loss_fn, groups, path)
             # seed 0: the same random half of each straggler layer at every alpha
@@ -501,8 +499,6 @@ class ClipInterpolate(_ClipWorkload):
     def _sharpness_subset(self, split: Split, device: torch.device):
         """The fixed OOD subset (seed paper App. A): ``m`` examples chosen with ``sharpness_seed``, in
         batches of ``eval_batch_size``, on ``device``; and the loss on the split's logit columns."""
-        from flatlab.sharpness import measure_subset
-
         p = self.params
         subset = measure_subset(split, p["sharpness_examples"], p["sharpness_seed"], p["eval_batch_size"], device)
         return subset, _SubsetCrossEntropy(getattr(split, "classes", None))
@@ -511,9 +507,6 @@ class ClipInterpolate(_ClipWorkload):
         """Straggler groups of the fine-tuned model: layer-wise adaptive average sharpness with
         ``straggler_draws`` draws below ``straggler_threshold`` (seed paper Algorithm 1, step 1).
         Memoised per process (every alpha of one model shares them)."""
-        from flatlab.interpolation import find_stragglers
-        from flatlab.sharpness import layerwise_sharpness
-
         p = self.params
         key = (
             str(path.resolve()),
@@ -555,8 +548,6 @@ class ClipInterpolate(_ClipWorkload):
         the same measure every study's ``measures=`` runs), under this workload's metric names; the per-layer
         values are the same estimator restricted to one group (:func:`flatlab.sharpness.layerwise_sharpness`).
         """
-        from flatlab.sharpness import compute_measures, layerwise_sharpness
-
         p = self.params
         measure = {"avg_sharpness": {"rho": p["sharpness_rho"], "draws": p["sharpness_draws"], "adaptive": True}}
         flat = compute_measures(model, subset, loss_fn, measure, seed=p["sharpness_seed"])

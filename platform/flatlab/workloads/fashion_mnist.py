@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import nn
 
 from flatlab.errors import ConfigError
@@ -108,8 +109,6 @@ def read_idx_folder(folder: Path) -> Arrays:
 
 def _grey_uint8(images: List[Any], source: str) -> np.ndarray:
     """``(N, 28, 28)`` uint8 from PIL images or arrays (``(28, 28)`` or ``(28, 28, 1)``)."""
-    from PIL import Image
-
     out = []
     for im in images:
         if isinstance(im, Image.Image):
@@ -277,7 +276,7 @@ class FashionMNIST(Workload):
         else:
             hint = f"{folder} holds none of the four IDX files either. {how_to_get(hub)}"
         try:
-            import datasets  # noqa: F401
+            import datasets  # noqa: F401  (deferred: heavy, and optional; only checks it is there)
         except ImportError as exc:
             raise DataUnavailable(
                 f"workload 'fashion_mnist': reading {folder or 'the hub'} needs the `datasets` package "

@@ -226,7 +226,7 @@ class GlueWorkload(Workload):
 
     # ---------------------------------------------------------------------------------------------- data
     def _tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # deferred: heavy, and optional (the nlp extra)
 
         name = self.params["tokenizer"] or self.params["model"]
         try:
@@ -323,7 +323,7 @@ class GlueWorkload(Workload):
 
     # ---------------------------------------------------------------------------------------------- model
     def build_model(self) -> nn.Module:
-        from transformers import (
+        from transformers import (  # deferred: heavy, and optional (the nlp extra)
             AutoModelForSequenceClassification,
             DistilBertConfig,
             DistilBertForSequenceClassification,

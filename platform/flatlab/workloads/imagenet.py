@@ -32,11 +32,13 @@ from typing import Any, ClassVar, Dict, List, Optional
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import nn
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.workloads.base import Data, Inputs, Split, TrainDefaults, Workload
+from flatlab.workloads.clip_data import ImageReader, Source, label_indices, pixel_transform, select_items
 from flatlab.workloads.images import IMAGENET_MEAN, IMAGENET_STD, ImageClassifier, holdout_split, synthetic_images
 from flatlab.workloads.lazy_images import LazyImages
 from flatlab.workloads.registry import register_workload
@@ -52,9 +54,7 @@ RATIO = (3 / 4, 4 / 3)  # and its aspect-ratio range (width / height)
 def pixel_steps(resize: int, crop: int):
     """PIL -> uint8 ``(3, crop, crop)``: RGB, shorter side resized to ``resize`` (bilinear, antialiased),
     centre crop ``crop`` (torchvision's evaluation transform without normalisation)."""
-    from torchvision import transforms
-
-    from flatlab.workloads.clip_data import pixel_transform
+    from torchvision import transforms  # deferred: torchvision loads in seconds
 
     return pixel_transform(transforms.Compose([transforms.Resize(resize), transforms.CenterCrop(crop)]))
 
@@ -116,7 +116,7 @@ def random_resized_crop(
         ``(N, 3, size, size)`` uint8: each image's box (:func:`resized_crop_params`) resized bilinearly
         (antialiased) to ``size``, then mirrored with probability 1/2 (one draw per image).
     """
-    from torchvision.transforms.v2 import functional as TF
+    from torchvision.transforms.v2 import functional as TF  # deferred: torchvision loads in seconds
 
     n, _, height, width = x.shape
     boxes = resized_crop_params(n, height, width, generator, scale, ratio)
@@ -168,8 +168,6 @@ class SyntheticReader:
         return f"synthetic row {int(item)}"
 
     def __call__(self, item: Any) -> torch.Tensor:
-        from PIL import Image
-
         with self._lock:
             if self._images is None:
                 n, c, size, seed = self.args
@@ -309,8 +307,6 @@ class ImageNet(Workload):
 
     def _real_sources(self, store_t: Any, eval_t: Any):
         """``((store_reader, eval_reader, items, labels), (eval_reader, items, labels), description)``."""
-        from flatlab.workloads.clip_data import ImageReader, Source, label_indices, select_items
-
         p = self.params
         path = p["data_path"]
         if path is None:
@@ -344,7 +340,7 @@ class ImageNet(Workload):
     def build_model(self) -> nn.Module:
         """``ImageClassifier(torchvision.models.<model>(weights=None, num_classes))``: uint8 ``(N, 3, S, S)``
         -> ``(N, num_classes)`` logits, ImageNet mean/std normalisation in front."""
-        import torchvision
+        import torchvision  # deferred: torchvision loads in seconds
 
         net = getattr(torchvision.models, self.params["model"])(weights=None, num_classes=self.params["num_classes"])
         return ImageClassifier(net, IMAGENET_MEAN, IMAGENET_STD)

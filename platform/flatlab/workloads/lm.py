@@ -332,7 +332,7 @@ class LMWorkload(Workload):
 
     # ---------------------------------------------------------------------------------------------- data
     def _tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # deferred: heavy, and optional (the nlp extra)
 
         name = self.params["tokenizer"]
         try:
@@ -433,7 +433,7 @@ class LMWorkload(Workload):
             vocab = len(self._tokenizer())
         kind = PRESETS[p["model"]].kind
         if kind == "gpt2":
-            from transformers import GPT2Config, GPT2LMHeadModel
+            from transformers import GPT2Config, GPT2LMHeadModel  # deferred: heavy, optional (nlp extra)
 
             eos = min(50256, vocab - 1)  # GPT-2's end-of-text id, inside small test vocabularies
             cfg = GPT2Config(
@@ -451,7 +451,7 @@ class LMWorkload(Workload):
             )
             hf = GPT2LMHeadModel(cfg)
         else:
-            from transformers import LlamaConfig, LlamaForCausalLM
+            from transformers import LlamaConfig, LlamaForCausalLM  # deferred: heavy, optional (nlp extra)
 
             head_dim = s["width"] // s["n_heads"]
             extra: Dict[str, Any] = {}
