@@ -173,19 +173,10 @@ def kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]],
     and concatenated, without building that concatenation. ``v`` is exactly
     ``torch.kthvalue(torch.cat([t.flatten() for t in values]), k).values`` and ``c`` equals the number of
     entries ``<= v`` whenever ``v`` is not NaN. Non-negative IEEE-754 float32 numbers order like their bit
-    patterns read as integers, so both methods below work on those patterns:
-
-    - On the CPU, :func:`_bracketed_select`: a sample of the values places a narrow bracket around the
-      k-th, one pass counts the entries below it and gathers those inside it, and an introselect
-      (``numpy.partition``) over the few gathered ones gives the value (faster than the radix select on
-      the CPU: ``bench/select_cost.py``). Where the sample misses, or the bracket holds too many entries
-      (a value tied over much of the data), it gives up and the radix select answers; above about 13 M
-      values the radix select answers directly.
-    - Elsewhere (CUDA), and as that fallback, :func:`radix_kth_smallest_with_count`.
-
-    Memory: both work over pieces of at most ``SELECT_CHUNK`` entries through bounded scratch (a few MB),
-    whatever the number of values and however many of them share the k-th value (all-zero
-    curvature, dead units, unused embedding rows).
+    patterns read as integers, so both methods work on those patterns: on the CPU a sampled bracket
+    (:func:`_bracketed_select`), which hands over to the radix select where it gives up; elsewhere (CUDA)
+    the radix select (:func:`radix_kth_smallest_with_count`). Both work through bounded scratch (pieces of
+    at most ``SELECT_CHUNK`` entries), whatever the number of values and however many share the k-th value.
 
     Args:
         values: float32 tensor(s), every entry ≥ 0 (squares, or EMAs of squares), all on one device.
