@@ -19,11 +19,10 @@ study also an earlier study's trial, ``mlflow:<study>/<arm>?param=value&...`` re
 general and per layer) on a fixed OOD subset, and optionally after straggler pruning (Algorithm 1).
 ``alpha`` is then an ordinary search dimension, e.g. ``sp.grid(alpha_grid(0.05))`` with the grid searcher.
 
-Models and data: :mod:`~flatlab.workloads.clip_model`, :mod:`~flatlab.workloads.clip_data` (defaults:
-a tiny random-weight ViT and generated images, so the workloads run offline out of the box). Training
-images are held in memory as uint8 tensors, or with ``train_in_memory=False`` streamed from disk
-(:class:`~flatlab.workloads.lazy_images.LazyImages`, decoded one mini-batch ahead) for training sets
-larger than memory, such as full ImageNet.
+Models and data: :mod:`~flatlab.workloads.clip_model`, :mod:`~flatlab.workloads.clip_data` (defaults: a
+tiny random-weight ViT and generated images, offline). Training images are held in memory as uint8, or
+streamed from disk with ``train_in_memory=False`` (:class:`~flatlab.workloads.lazy_images.LazyImages`).
+The procedures: ``docs/algorithms/rft.md``.
 """
 
 from __future__ import annotations
