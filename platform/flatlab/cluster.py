@@ -29,7 +29,7 @@ def enable_token_auth_if_available() -> bool:
     )
     if have:
         os.environ["RAY_AUTH_MODE"] = "token"
-        from flatlab.study.ray_compat import refresh_auth_config
+        from flatlab.study.ray_compat import refresh_auth_config  # deferred: flatlab.study loads torch
 
         refresh_auth_config()  # Ray may have read its config already
     return bool(have)
@@ -58,7 +58,7 @@ def match_cluster_auth(address: str, timeout: float = 3.0) -> Optional[bool]:
         ConfigError: ``RAY_AUTH_MODE`` is set here and disagrees with the cluster; the cluster requires a
             token and none is at hand. Each message names the fix.
     """
-    from flatlab.study.ray_compat import gcs_requires_token, refresh_auth_config
+    from flatlab.study.ray_compat import gcs_requires_token, refresh_auth_config  # deferred: flatlab.study loads torch
 
     required = gcs_requires_token(address, timeout=timeout)
     if required is None:
@@ -175,9 +175,9 @@ def job_output_args(extra_args: List[str], environ: Mapping[str, str]) -> List[s
         problems.append(f"--tracking-uri={uri}")
     if problems:
         raise ConfigError(
-            f"flatlab submit: {', '.join(problems)} is relative, i.e. inside the job's temporary working directory, which "
-            "is deleted with the job; use absolute paths on the head or shared storage (s3://..., sqlite:////abs/path, "
-            "http://HEAD:5000)"
+            f"flatlab submit: {', '.join(problems)} is relative, i.e. inside the job's temporary working directory, "
+            "which is deleted with the job; use absolute paths on the head or shared storage (s3://..., "
+            "sqlite:////abs/path, http://HEAD:5000)"
         )
     return added
 
@@ -261,7 +261,7 @@ def submit_study(
         raise ConfigError(f"study file {study_file} not found under the working directory {wd}")
     extra_args = [*extra_args, *job_output_args(extra_args, os.environ)]
     entry, runtime_env = job_entrypoint(str(rel), extra_args, wd)
-    from ray.job_submission import JobStatus, JobSubmissionClient
+    from ray.job_submission import JobStatus, JobSubmissionClient  # deferred: Ray loads in seconds
 
     client = JobSubmissionClient(address)
     job_id = client.submit_job(entrypoint=entry, runtime_env=runtime_env)

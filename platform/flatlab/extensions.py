@@ -15,6 +15,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Dict, Iterable, Mapping, Set
 
+from flatlab.registry import definition
+
 #: Names of the modules loaded from study files and their folders (:func:`flatlab.study.loader.load_module`).
 USER_MODULES: Set[str] = set()
 
@@ -23,6 +25,7 @@ Extensions = Dict[str, Dict[str, Any]]
 
 
 def _registries() -> Dict[str, Any]:
+    # deferred: the registries load torch, and the study loader reads USER_MODULES without it
     from flatlab.optim.registry import OPTIMIZERS
     from flatlab.sharpness.measures import MEASURES
     from flatlab.workloads.registry import WORKLOADS
@@ -33,7 +36,7 @@ def _registries() -> Dict[str, Any]:
 def pickle_by_value(modules: Iterable[str]) -> None:
     """Mark the modules named ``modules`` (those loaded in this process) for Ray's cloudpickle to
     pickle their classes and functions by value: a process that cannot import them still gets them."""
-    from ray import cloudpickle
+    from ray import cloudpickle  # deferred: Ray loads in seconds
 
     for name in modules:
         module = sys.modules.get(name)
@@ -48,8 +51,6 @@ def pickle_by_value(modules: Iterable[str]) -> None:
 def capture() -> Extensions:
     """The registered entries that are not flatlab's own, by kind; their modules and the modules of the
     study files loaded in this process are marked to be pickled by value (:func:`pickle_by_value`)."""
-    from flatlab.registry import definition
-
     found = {kind: registry.extensions() for kind, registry in _registries().items()}
     modules = set(USER_MODULES)
     for entries in found.values():

@@ -4,10 +4,10 @@ Libraries flatlab runs on report usage over the network by default: Ray's usage 
 (``RAY_USAGE_STATS_ENABLED``, sent by a Ray instance's head to Ray's collector), MLflow's telemetry
 (``MLFLOW_DISABLE_TELEMETRY``, a client ``import mlflow`` starts) and Hugging Face's
 (``HF_HUB_DISABLE_TELEMETRY``, sent along with hub calls of ``transformers``/``datasets``). ``import
-flatlab`` sets each to off unless the variable is already set, so a user's explicit choice wins. Set there, before flatlab imports
-Ray or MLflow, they reach every process of a local launch: the Ray instance it starts inherits the
-driver's environment, and each trial imports flatlab again. A cluster given with ``--address`` keeps its
-own head's setting for Ray's statistics.
+flatlab`` sets each to off unless the variable is already set, so a user's explicit choice wins. Set
+there, before flatlab imports Ray or MLflow, they reach every process of a local launch: the Ray
+instance it starts inherits the driver's environment, and each trial imports flatlab again. A cluster
+given with ``--address`` keeps its own head's setting for Ray's statistics.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ Public surface: :func:`interpolate`, :func:`interpolate_keys` (layer-wise, Def. 
 :func:`layerwise_alpha_sweep`, :class:`SweepResult`, :func:`instability` (Def. 1), :func:`barrier`,
 :func:`gain` (Eq. 2), :func:`is_failure_mode`; :func:`find_stragglers`, :func:`prune_stragglers`,
 :func:`pruned_interpolation` (Algorithm 1); :func:`sharpness_along_path`, :class:`SharpnessPath`.
-Plots live in :mod:`flatlab.interpolation.plots` (imported on demand: it loads matplotlib).
+Plots live in :mod:`flatlab.interpolation.plots` (imported on demand: it loads matplotlib). The
+procedures and conventions: ``docs/algorithms/rft.md``.
 """
 
 from flatlab.interpolation.along_path import SharpnessPath, sharpness_along_path

@@ -1,9 +1,10 @@
 """Sharpness along the interpolation path: general and layer-wise sharpness of every theta_alpha.
 
-Seed paper "In Search of the Successful Interpolation" (App. A and its sharpness-along-alpha analysis): the adaptive average sharpness of
-``theta_alpha = (1 - alpha) * theta_zs + alpha * theta_ft`` (alpha = weight on the fine-tuned model)
-on the same fixed OOD subset with the same noise seed for every alpha, for the whole model and for each
-layer (group) -- the heat map of layer-wise sharpness per layer along alpha.
+Seed paper "In Search of the Successful Interpolation" (App. A and its sharpness-along-alpha
+analysis): the adaptive average sharpness of ``theta_alpha = (1 - alpha) * theta_zs + alpha * theta_ft``
+(alpha = weight on the fine-tuned model) on the same fixed OOD subset with the same noise seed for
+every alpha, for the whole model and for each layer (group): the heat map of layer-wise sharpness per
+layer along alpha.
 """
 
 from __future__ import annotations

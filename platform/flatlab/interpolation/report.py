@@ -32,6 +32,9 @@ from typing import Any, Dict, List, Optional, Tuple
 from flatlab.errors import ConfigError
 from flatlab.interpolation.sweep import SweepResult
 from flatlab.sharpness.results import Estimate
+from flatlab.tracking import runs
+from flatlab.tracking.checkpoints import RUN_PREFIX, is_reference, parse_reference
+from flatlab.tracking.trials import parent_runs, trials_frame
 
 _LAYER = "sharpness/layer/"
 _STRAGGLER = "prune/straggler/"
@@ -105,8 +108,6 @@ def _mean(rows: List[Any], column: str) -> float:
 def label_of(ref: str) -> str:
     """A short label for plots: the query of an ``mlflow:`` reference (``lr=3e-05, augment=none``), else
     the arm of that reference, ``run <first 8 characters of its id>`` for ``run:<run_id>``, or a file's name."""
-    from flatlab.tracking.checkpoints import RUN_PREFIX, is_reference, parse_reference
-
     if is_reference(ref):
         try:
             _, arm, params = parse_reference(ref)
@@ -202,7 +203,7 @@ def write_report(curves: List[ModelCurves], out_dir: Path, split: str = "ood") -
     Raises:
         ConfigError: no model has an unpruned sweep.
     """
-    from flatlab.interpolation import plots
+    from flatlab.interpolation import plots  # deferred: plots loads matplotlib
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -278,9 +279,6 @@ def interpolation_report(
     Raises:
         ConfigError: unknown study, no launch, no finished alpha trials (see :func:`collect_curves`).
     """
-    from flatlab.tracking import runs
-    from flatlab.tracking.trials import parent_runs, trials_frame
-
     parents = parent_runs(tracking_uri, study)
     if not parents:
         raise ConfigError(f"study {study!r} has no launches recorded in {tracking_uri}")

@@ -50,7 +50,8 @@ def check_compatible(zs: Mapping[str, Any], ft: Mapping[str, Any]) -> None:
             continue
         if a.shape != b.shape:
             raise ConfigError(
-                f"state dicts differ at key {key!r}: shape {tuple(a.shape)} (zero-shot) vs {tuple(b.shape)} (fine-tuned)"
+                f"state dicts differ at key {key!r}: shape {tuple(a.shape)} (zero-shot) "
+                f"vs {tuple(b.shape)} (fine-tuned)"
             )
         if a.dtype != b.dtype:
             raise ConfigError(

@@ -215,9 +215,9 @@ def alpha_sweep(
     for alpha in alphas:
         state = interpolator(zs, ft, alpha)
         for split in splits:
-            l, a = _as_pair(evaluate(state, split), split, alpha)
-            loss[split].append(l)
-            acc[split].append(a)
+            split_loss, split_acc = _as_pair(evaluate(state, split), split, alpha)
+            loss[split].append(split_loss)
+            acc[split].append(split_acc)
     return SweepResult(alphas, {s: tuple(v) for s, v in loss.items()}, {s: tuple(v) for s, v in acc.items()})
 
 

@@ -1,42 +1,18 @@
 """AdmIRE's amplified step computed inside AdamW's own update, with no copy of θ (CPU AdamW).
 
-IRE's update over a base optimizer is θ ← θ_old + (1 + κ·n) ⊙ Δ, Δ = θ_new − θ_old the base's step
-(Wang et al., NeurIPS 2024, practical IRE; :mod:`flatlab.optim.ire`). Over any base, IRE keeps a copy of
-θ_old and blends after the base's step. For AdamW (Loshchilov & Hutter 2019, Alg. 2, decoupled weight
-decay) Δ is known in closed form,
+IRE's update θ ← θ_old + (1 + κ·n) ⊙ Δ (:mod:`flatlab.optim.ire`) over AdamW (Loshchilov & Hutter 2019,
+Alg. 2) is AdamW's own update with, per coordinate, the decay and the denominator scaled by
+s = 1 + κ·n, the denominator taken in Kingma & Ba's efficient order (Adam, ICLR 2015, §2):
 
-    Δ = −c·θ_old − (lr / bc1) · m / d,   d = √v / √bc2 + ε,   bc1 = 1 − β1^t, bc2 = 1 − β2^t,
-
-with c the decay torch's AdamW applies: it multiplies θ by its factor 1 − lr·wd rounded to the
-parameter's arithmetic precision (float32, float64 for float64 parameters), so c = 1 − fl(1 − lr·wd),
-exact in that precision. With s = 1 + κ·n, the per-coordinate multiple of the step (1 off the mask, 1 + κ
-on it), (1 + κ·n)⊙Δ is AdamW's own update with the decay and the denominator scaled by s. The
-denominator is taken in the order Kingma & Ba (ICLR 2015, §2, the paragraph after Alg. 1) give for
-efficiency, the bias corrections folded into the step size and ε:
-
-    θ ← θ_old − c · s ⊙ θ_old                  (replaces AdamW's θ ← θ_old · (1 − c): no extra pass)
+    θ ← θ_old − c · s ⊙ θ_old,          c = 1 − fl(1 − lr·wd), the decay torch's AdamW applies
     θ ← θ − α_t · m / ((√v + ε̂) / s),   α_t = lr·√bc2 / bc1,   ε̂ = ε·√bc2
 
-(equal in exact arithmetic to (lr / bc1) · s ⊙ m / d). torch's single-tensor AdamW (``torch.optim.adam``,
-``_single_tensor_adam``) makes eight passes over a parameter: θ·(1 − c), the two moments (three), √v,
-÷√bc2, +ε, and the update. This step makes the same number: θ − c·s⊙θ (one ``addcmul_``), the moments
-with torch's kernels in torch's order, √v, +ε̂, ÷s, and the update; dividing by √bc2 is the pass that
-dividing by s takes over. So IRE costs no pass over the parameters beyond AdamW's, holds one temporary
-where torch allocates two, and keeps one buffer, s, in the parameter's dtype (its flat entries are
-1 + κ rounded to that dtype).
-
-The moments m and v are AdamW's bit for bit everywhere. Where n = 0 (s = 1) the step is torch's
-rounded differently: the decay θ − c·θ equals θ·(1 − c) to one rounding (the same c, so no systematic
-difference), and α_t·m / (√v + ε̂) equals (lr / bc1)·m / d to a few roundings of the step; so coordinates
-that are not flat are within two ulps of torch's AdamW plus a few machine epsilons of their step. Flat
-coordinates equal θ_old + (1+κ)·Δ to rounding (a few ulp, as the copy-and-blend differs from exact
-arithmetic too). κ = 0 takes torch's passes unchanged, bit for bit.
-
-It is used only where torch's AdamW itself would run its single-tensor loop (CPU tensors, or
-``foreach=False``) with the plain options; everywhere else (CUDA's multi-tensor and fused kernels,
-amsgrad, maximize, capturable, differentiable, tensor hyperparameters, step hooks, complex or sparse
-tensors, state other than torch's) IRE copies θ and blends as over any base. A parameter's first step
-initialises AdamW's state here as torch's ``Adam._init_group`` does for these options.
+as many passes over a parameter as torch's single-tensor AdamW (eight), one temporary where it holds
+two, and one buffer (s). The moments are AdamW's bit for bit; coordinates off the mask are within two
+ulps of torch's AdamW plus a few machine epsilons of their step; κ = 0 is torch's step bit for bit.
+Used only where torch's AdamW would run its single-tensor loop with the plain options
+(:func:`applies`); elsewhere IRE copies θ and blends. Derivation, pass count and fidelity:
+``docs/algorithms/ire.md`` (AdmIRE over CPU AdamW).
 """
 
 from __future__ import annotations
@@ -108,7 +84,7 @@ def applied_decay(lr: float, weight_decay: float, dtype: torch.dtype) -> float:
 
 @torch.no_grad()
 def amplified_adamw_step(base: torch.optim.Optimizer, scales: Mapping[torch.Tensor, torch.Tensor]) -> None:
-    """One AdamW step of ``base`` with each coordinate's step multiplied by ``s`` (module doc).
+    """One AdamW step of ``base`` with each coordinate's step multiplied by ``s`` (module docstring).
 
     Args:
         base: a ``torch.optim.AdamW`` for which :func:`applies` is True; its gradients are in ``p.grad``.
@@ -154,7 +130,7 @@ def amplified_adamw_step(base: torch.optim.Optimizer, scales: Mapping[torch.Tens
             if s is None:  # torch's arithmetic
                 denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(eps)
                 p.addcdiv_(exp_avg, denom, value=-(lr / bias_correction1))
-            else:  # Adam's efficient order (module doc): ÷s takes the pass of ÷√bc2
+            else:  # Adam's efficient order (module docstring): ÷s takes the pass of ÷√bc2
                 root = bias_correction2**0.5
                 denom = exp_avg_sq.sqrt().add_(eps * root).div_(s)
                 p.addcdiv_(exp_avg, denom, value=-(lr * root / bias_correction1))

@@ -173,19 +173,10 @@ def kth_smallest_with_count(values: Union[torch.Tensor, Sequence[torch.Tensor]],
     and concatenated, without building that concatenation. ``v`` is exactly
     ``torch.kthvalue(torch.cat([t.flatten() for t in values]), k).values`` and ``c`` equals the number of
     entries ``<= v`` whenever ``v`` is not NaN. Non-negative IEEE-754 float32 numbers order like their bit
-    patterns read as integers, so both methods below work on those patterns:
-
-    - On the CPU, :func:`_bracketed_select`: a sample of the values places a narrow bracket around the
-      k-th, one pass counts the entries below it and gathers those inside it, and an introselect
-      (``numpy.partition``) over the few gathered ones gives the value: 2.5 ms against the radix
-      select's 6.8 ms on the 1.8 M sampled-gradient keys of issue 26's MLP (one thread). Where the sample
-      misses, or the bracket holds too many entries (a value tied over much of the data), it gives up and
-      the radix select answers; above about 13 M values the radix select answers directly.
-    - Elsewhere (CUDA), and as that fallback, :func:`radix_kth_smallest_with_count`.
-
-    Memory: both work over pieces of at most ``SELECT_CHUNK`` entries through bounded scratch (a few MB),
-    whatever the number of values and however many of them share the k-th value (all-zero
-    curvature, dead units, unused embedding rows).
+    patterns read as integers, so both methods work on those patterns: on the CPU a sampled bracket
+    (:func:`_bracketed_select`), which hands over to the radix select where it gives up; elsewhere (CUDA)
+    the radix select (:func:`radix_kth_smallest_with_count`). Both work through bounded scratch (pieces of
+    at most ``SELECT_CHUNK`` entries), whatever the number of values and however many share the k-th value.
 
     Args:
         values: float32 tensor(s), every entry ≥ 0 (squares, or EMAs of squares), all on one device.
@@ -220,9 +211,9 @@ def radix_kth_smallest_with_count(
     the k-th value, then one histogram over all entries, of the lower 16 bits inside that bucket (the
     entries outside it binned apart, spread over as many bins), finds the value itself and ``c``. Every
     pass is integer arithmetic (bit-and, shift, subtract, clamp) and ``torch.bincount``; no comparison
-    mask is built and no entries are gathered (both are slow in torch on the CPU). About 2x faster than
-    ``kthvalue``'s partial sort on CPU (1.8 M values, one thread); its speed on CUDA is measured by
-    ``bench/gpu_check.py``. Both passes run over pieces of at most ``SELECT_CHUNK`` entries through two
+    mask is built and no entries are gathered (both are slow in torch on the CPU); ``bench/select_cost.py``
+    and ``bench/gpu_check.py`` time it against ``kthvalue``. Both passes run over pieces of at most
+    ``SELECT_CHUNK`` entries through two
     int32 scratch pieces; consecutive small tensors are binned side by side into that scratch and
     counted together (one ``bincount`` per run of at most ``SELECT_CHUNK`` entries, not one per tensor).
 
@@ -257,7 +248,8 @@ def _radix_select(flats: Sequence[torch.Tensor], k: int, n: int) -> Tuple[torch.
 
     # Second pass: an entry inside the bucket goes to bin (its lower 16 bits), any other entry to bin
     # 2^16 + (its lower 16 bits). The other entries' bins are thus spread over 2^16 bins: sending them
-    # all to one bin (a clamp) makes bincount add to one counter over and over, about 3x slower on the CPU.
+    # all to one bin (a clamp) makes bincount add to one counter over and over, several times slower on
+    # the CPU.
     def fill(part: torch.Tensor, out: torch.Tensor, low: torch.Tensor) -> None:
         bits = _magnitude_bits(part, out)
         torch.bitwise_and(bits, _LOW - 1, out=low)
@@ -337,7 +329,7 @@ def _bracketed_select(flats: Sequence[torch.Tensor], k: int, n: int) -> Optional
     below lo and in [lo, hi] and gathers the latter; the k-th is then the (k − below)-th of those
     (``numpy.partition``). Gives up when the k-th lies outside the bracket, or when the bracket holds
     more than 4x the entries the sample predicts (or more than ``SELECT_CHUNK``: a value tied over much
-    of the data, where the introselect also slows down 30-50x), unless lo = hi, which needs no
+    of the data, where the introselect also slows down sharply), unless lo = hi, which needs no
     gathering; and up front for more entries than a sample of ``_MAX_SAMPLE`` can bracket narrowly
     enough (about 13 M). The sample decides only the time taken, never the answer.
     """

@@ -6,6 +6,7 @@ from typing import Any, Iterable
 
 import torch
 
+from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.optim.registry import OptimizerSpec, common, register_optimizer
 
@@ -24,8 +25,6 @@ def build_sgd(
 ) -> torch.optim.SGD:
     """``torch.optim.SGD``; Nesterov with zero momentum is rejected by torch with a ValueError."""
     if nesterov and momentum <= 0:
-        from flatlab.errors import ConfigError
-
         raise ConfigError(f"sgd: nesterov=True needs momentum > 0, got momentum={momentum}")
     return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
 

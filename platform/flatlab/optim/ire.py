@@ -1,85 +1,21 @@
 """IRE: Implicit Regularization Enhancement over any base optimizer (Wang et al., NeurIPS 2024).
 
-The update (the paper's practical IRE as the authors' code runs it): the base optimizer
-steps as usual, Δ = θ_new − θ_old, and then
+The practical IRE as the authors' code runs it: the base optimizer steps, Δ = θ_new − θ_old, then
 
-    θ ← θ_old + (1 + κ·n) ⊙ Δ     (computed as θ_new + κ·n⊙Δ in one fused torch.lerp; n = 0 coordinates
-                                   keep the base's θ_new bit for bit)
+    θ ← θ_old + (1 + κ·n) ⊙ Δ
 
-Over torch's own AdamW where it runs its single-tensor loop (CPU), the same update is computed inside
-AdamW's passes instead, with no copy of θ_old and no pass beyond AdamW's
-(:mod:`flatlab.optim._amplified_adamw`): the moments are bit for bit torch's AdamW, n = 0 coordinates
-equal it to rounding (its decay applied as θ − c·θ with torch's own c, its step in Kingma & Ba's
-efficient order: within two ulps plus a few epsilons of the step), and flat coordinates equal
-θ_old + (1+κ)·Δ to rounding.
+with n a 0/1 mask of "flat" coordinates: the ⌊γ·p⌋ of all p ranked coordinates (all parameter groups
+together) with the smallest curvature h = g_ŷ ⊙ g_ŷ, g_ŷ the gradient of the loss on labels sampled
+from the model's softmax (``closure.with_sampled_grads``, the step's primary pass), refreshed every
+K = ``mask_interval`` active steps. The mask acts on the base's whole step; its state is never
+amplified. Before switch-on (``switch_*``) the optimizer is exactly its base.
 
-where n is a 0/1 mask of "flat" coordinates. The mask acts on the base optimizer's whole step
-(momentum, Adam preconditioning, decoupled weight decay included); the base's state (momentum, Adam
-moments) is never amplified.
+Equations, the exact threshold select and ranking |g| without squaring, switch-on criteria, metrics,
+data parallelism, the amplified AdamW step, memory and cost, the options and where they follow the
+authors' code: ``docs/algorithms/ire.md``.
 
-Mask: n_i = 1 for the ⌊γ·p⌋ coordinates with the smallest curvature h_i, one threshold over the
-tensors of ALL parameter groups (the k-th smallest value of them all, found by an exact select that
-equals ``torch.kthvalue`` of their concatenation without building it: on the CPU a sampled bracket
-and an introselect over the entries inside it, elsewhere a radix select;
-:func:`flatlab.optim._flat.kth_smallest_with_count`), n_i = 1 iff
-h_i ≤ threshold, so coordinates tied with the threshold all count as flat (the count can exceed
-⌊γ·p⌋ only through such ties). p counts the coordinates of the tensors the sampled-label loss reaches;
-tensors it does not reach (sampled gradient ``None``) are left out of the ranking and never amplified
-(as in the authors' code). γ is read as the decimal written (``⌊0.29·100⌋ = 29``, not 28). The count
-⌊γ·p⌋ is the one of the authors' later ``ire_new.py``; their earlier top-k code marks
-p − ⌊(1−γ)·p⌋ + 1 coordinates (one or two more), see :func:`flat_count`.
-
-Metrics (``pop_metrics``, means over the steps since the last call): ``opt/ire_active``, ``opt/kappa``
-and ``opt/flat_fraction`` (fraction of ranked coordinates marked flat by the mask in force; 0 on
-inactive steps). With ``log_flat_fraction=True`` also ``opt/flat_fraction/<group>`` per parameter
-TENSOR (the authors log these per layer): ``<group>`` is the parameter's name when the optimizer was
-built from ``model.named_parameters()`` (as the trainer does), else ``param<i>`` with i its index in
-the optimizer's parameter order (the ``state_dict`` index); the value is the flat fraction of that
-tensor's coordinates under the mask in force, averaged over the ACTIVE steps only (none before
-switch-on); a tensor the sampled-label loss does not reach reports 0.
-
-Curvature: h = g_ŷ ⊙ g_ŷ, the gradient of the mean loss on labels sampled from the model's own softmax
-(diagonal Fisher / Gauss-Newton estimate, Sophia's estimator), from ``closure.with_sampled_grads``;
-optionally EMA-smoothed, h ← β·h + (1−β)·g_ŷ², β = ``curvature_beta`` (authors: 0). It is refreshed
-every K = ``mask_interval`` active steps and the mask is held in between. The curvature pass IS the
-step's primary pass (one forward; one extra backward), so BatchNorm statistics are updated once. With
-a SAM base the mask therefore comes from the gradient at θ, not θ+ε: the base receives a closure whose
-first primary call is ``with_sampled_grads``.
-
-Ranking without squaring (β = 0): the mask is {i : h_i ≤ kthvalue(h, k)} with h = fl(g_ŷ ⊙ g_ŷ) in
-float32, as the authors compute it, but h is never formed. fl(x·x) is non-decreasing in |x|, so the k-th
-smallest h is the square of a = the k-th smallest |g_ŷ|, and h_i ≤ fl(a·a) iff |g_i| ≤ G, the largest
-float32 whose square rounds to at most fl(a·a) (:func:`flatlab.optim._flat.square_tie_ceiling`; G > a
-exactly where squaring ties magnitudes, e.g. every |g| ≤ 2^-75 squares to 0). |g| is taken and compared
-as bit patterns, so the refresh does no floating-point arithmetic on the gradient: once the loss
-saturates, a large share of g_ŷ lies below 2^-63 ≈ 1.1e-19, and its squares would be subnormal (or 0),
-each product on the CPU's slow path. IRE itself floors and flushes nothing; the mask, with the ties
-that underflow creates, is bit for bit the one of h. With β > 0 the EMA of h is kept as defined, in
-float32, and can hold subnormals.
-
-A trial's CPU threads flush subnormals to 0 by default (``Resources(flush_denormal=True)``,
-:mod:`flatlab.train.cpu_threads`), for the model's own passes: a saturated logit gradient makes every
-matrix product of the backward pass subnormal, and some CPUs then run it ~160x slower. That leaves the
-mask (β = 0) as it is: flushing turns the entries of g_ŷ below 2^-126 into 0, and every |g| ≤ 2^-75
-squares to 0 in float32 anyway, so their h, the k-th value and the mask are unchanged
-(``tests/optim/test_ire_subnormal.py``); a sum that held subnormal terms moves by at most those terms,
-which can change a larger entry by an ulp at most. With β > 0, EMA entries below 2^-126 become 0
-instead of subnormal; the mask differs only if its threshold itself lies below 2^-126, i.e. more than a
-fraction γ of all coordinates have a curvature EMA under 1.2e-38.
-
-Switch-on: IRE is off (the optimizer is exactly its base, bit for bit, no curvature pass) until one of
-the configured criteria holds, then latches on for good: ``switch_epoch`` (epoch ≥), ``switch_step``
-(step ≥), ``switch_at_warmup_end`` (step ≥ warm-up steps), ``switch_loss`` (previous epoch's mean
-training loss < threshold). With no criterion configured IRE is on from the first step. The criteria
-read :class:`flatlab.optim.Progress` from ``on_progress``; without it only ``switch_step`` works
-(counting this optimizer's steps). ``kappa = 0`` (or κ_t = 0) also means exactly the base step.
-
-Data parallelism (DDP): the sampled-label gradient is averaged over the ranks before h and the select
-(the trainer's closure does it, with the labels the single-process trainer would draw for the global
-batch), so every rank holds the same mask and applies the same update.
-
-``kappa_decay``: κ_t = κ·lr_t/lr_max per group, lr_max = the group's ``initial_lr`` if an LR scheduler
-set it, else its lr when IRE was constructed.
+Over torch's CPU AdamW the update is computed inside AdamW's own passes
+(:mod:`flatlab.optim._amplified_adamw`); over any other base, θ_old is kept and blended after its step.
 """
 
 from __future__ import annotations
@@ -148,12 +84,8 @@ IRE_HPARAMS = (
 
 
 def flat_count(gamma: float, numel: int) -> int:
-    """⌊γ·numel⌋ with γ read as the decimal it prints as (so 0.29·100 gives 29, not 28).
-
-    This is the count of ALGORITHMS.md and of the authors' later ``ire_new.py`` (``torch.kthvalue``).
-    The authors' earlier top-k code (which calls 1−γ "rank") marks n − ⌊(1−γ)·n⌋ + 1 coordinates
-    instead, one or two more than ⌊γ·n⌋ (e.g. γ = 0.75, n = 8: 7 there, 6 here); we keep ⌊γ·n⌋.
-    """
+    """⌊γ·numel⌋ with γ read as the decimal it prints as (0.29·100 gives 29, not 28): the count of the
+    authors' later ``ire_new.py``; their earlier top-k code marks n − ⌊(1−γ)·n⌋ + 1 (``docs/algorithms/ire.md``)."""
     return math.floor(Fraction(repr(float(gamma))) * numel)
 
 
@@ -199,31 +131,18 @@ class IRE(WrappedOptimizer):
 
     Args:
         base: any ``torch.optim.Optimizer`` (wrappers included) whose ``step(closure)`` calls the
-            closure; ``param_groups`` are shared.
+            closure; ``param_groups`` are shared. Compose with IRE outermost (``IRE(SAM(SGD))``).
         kappa: κ ≥ 0, extra multiple of the base step given to flat coordinates (dimensionless).
         gamma: γ ∈ (0, 1), fraction of coordinates taken as flat.
         mask_interval: K ≥ 1, active steps between curvature refreshes.
         curvature_beta: β ∈ [0, 1), EMA factor of h.
-        switch_epoch, switch_step, switch_at_warmup_end, switch_loss: switch-on criteria (module doc).
+        switch_epoch, switch_step, switch_at_warmup_end, switch_loss: switch-on criteria.
         kappa_decay: scale κ by lr_t/lr_max per group.
-        log_flat_fraction: report ``opt/flat_fraction/<name>`` per parameter tensor (module doc); costs
-            one count per tensor on refresh steps.
+        log_flat_fraction: report ``opt/flat_fraction/<name>`` per parameter tensor.
 
-    Memory: θ_old (one parameter copy, reused), the mask (1 byte per coordinate), the lerp weights
-    −κ·n (one copy, rebuilt when the mask or κ_t changes), and the curvature EMA in float32 when
-    ``curvature_beta > 0``: 2.25 copies between steps. Over CPU AdamW (amplified inside its update) the
-    mask and s = 1 + κ·n in the parameters' dtype, no θ_old: 1.25 copies. A refresh writes the new EMA into
-    a new tensor, so that, with fp16 loss scaling, the old EMA and masks can be put back when the step
-    is skipped; they are then held until the step ends (up to 1.25 more copies during an fp16 refresh
-    step). A refresh adds the sampled-label gradient (one copy, made |g| in place as the ranking keys)
-    and the new masks; the threshold's select works in bounded pieces
-    (``flatlab.optim._flat.SELECT_CHUNK``). Cost at K = 10: one extra backward pass (the sampled labels'
-    gradient) every K active steps plus two elementwise passes per step (copy θ_old, one fused lerp;
-    over CPU AdamW instead one, the division of its denominator by s, as its decay pass becomes
-    θ − c·s⊙θ).
-
-    Compose with IRE outermost (``IRE(SAM(SGD))``): a wrapper that calls its base's ``step()`` without
-    a closure (SAM, TSAM) cannot drive IRE's curvature pass.
+    Memory: 2.25 parameter copies between steps (θ_old, the mask, the lerp weights), 1.25 over CPU
+    AdamW; cost: one extra backward every K active steps plus two elementwise passes per step
+    (``docs/algorithms/ire.md``).
 
     Raises:
         ConfigError: a value outside its range (message names the field and the allowed values).
@@ -353,7 +272,7 @@ class IRE(WrappedOptimizer):
     @torch.no_grad()
     def _compute_mask(self, params: Sequence[torch.Tensor], sampled: Sequence[Optional[torch.Tensor]]) -> None:
         # The ranking keys for every ranked coordinate, in float32, and ONE threshold over all of them. The
-        # keys are |g| (β = 0: h = fl(g²) is never formed, see the module doc) or the curvature EMA (β > 0).
+        # keys are |g| (β = 0: h = fl(g²) is never formed, docs/algorithms/ire.md) or the curvature EMA (β > 0).
         # Up to SELECT_CHUNK coordinates in all, they are one concatenated vector (at most 2 MB; one
         # kernel per pass instead of one per tensor). Above that the tensors are ranked where they are:
         # float32 sampled gradients, which are scratch (the closure hands them over), are made |g| in

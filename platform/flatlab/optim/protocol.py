@@ -4,26 +4,21 @@ The trainer hands each optimizer a :class:`Closure` for the current mini-batch. 
 the mean mini-batch loss and the gradients (into ``p.grad``) at the *current* parameters, like the
 closure of ``torch.optim.LBFGS``. Optimizers that need more than one pass per step (SAM: 2, TSAM: 2s,
 IRE's curvature pass) use the closure's extra entry points, which never update BatchNorm running
-statistics (the SAM paper's practice, davda54/sam#17). There are no optimizer-specific branches in the trainer.
+statistics (the SAM paper's practice, davda54/sam#17). The trainer has no optimizer-specific branch.
 
-Optional hooks an optimizer may implement (the trainer calls them when present):
+Optional hooks an optimizer may implement, called by the trainer when present: ``on_progress(Progress)``
+before every step (IRE's switch-on and κ decay, TSAM's t schedule) and ``pop_metrics() -> dict`` once
+per epoch (``opt/...`` means since the last call).
 
-* ``on_progress(progress: Progress) -> None``: called before every step with the training position
-  (for IRE switch-on, kappa decay and TSAM's t schedule).
-* ``pop_metrics() -> dict[str, float]``: metrics accumulated since the last call (``opt/...``), reported
-  once per epoch.
+Skipped steps (fp16 loss scaling, :mod:`flatlab.train.precision`): a closure may carry ``can_skip``
+(:func:`step_may_be_skipped`) and ``overflowed``; once a pass of the step had a non-finite gradient,
+every ``p.grad`` the closure leaves is ``None``, so a torch base optimizer steps nothing (state
+included). Optimizers with state of their own check :func:`step_skipped` after their passes, leave
+that state as it was and record no metrics.
 
-Skipped steps (fp16 loss scaling, :mod:`flatlab.train.precision`): a closure may carry ``can_skip`` (it may
-skip this step: :func:`step_may_be_skipped`) and ``overflowed``;
-once it is True (a pass of this step had a non-finite gradient) every ``p.grad`` the closure leaves is
-``None``, so a torch base optimizer steps nothing (SGD and AdamW skip parameters without gradients, their
-state included). Optimizers with state of their own check :func:`step_skipped` after their passes and
-leave that state as it was (IRE: mask, curvature, counters); none records metrics for a skipped step.
-
-Data parallelism (DDP, :mod:`flatlab.train.parallel`): a closure may also offer ``no_sync()`` (a context
-manager: passes inside it keep the rank's own gradient) and ``reduce_mean(tensor)`` (the average over
-the ranks). Optimizers reach them through :func:`local_pass` and :func:`ranks_mean`, which do nothing
-for a closure without them (one process).
+Data parallelism (DDP, :mod:`flatlab.train.parallel`): a closure may also offer ``no_sync()`` (passes
+inside keep the rank's own gradient) and ``reduce_mean(tensor)`` (the average over the ranks), reached
+through :func:`local_pass` and :func:`ranks_mean`, which do nothing for a one-process closure.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """SAM (Foret et al., ICLR 2021) and ASAM (Kwon et al., ICML 2021) as one wrapper optimizer.
 
-One step (SAM paper Algorithm 1 with ε̂ of its Eq. 2 for p = 2; ASAM paper's Algorithm 1
-for p = 2 with T_w = |w| + η):
-
-1. primary pass at θ: loss and g = ∇L(θ) (``closure()``, BatchNorm statistics updated once);
-2. ascent: ε = ρ·g/(‖g‖₂ + 1e-12) (SAM) or ε = ρ·T²⊙g/(‖T⊙g‖₂ + 1e-12) (ASAM), ONE global norm over
-   every parameter of every group; θ ← θ + ε (the old θ is stored, not recomputed);
-3. extra pass at θ+ε: gradient ∇L(θ+ε) (``closure.extra()``, BatchNorm statistics NOT updated);
-4. θ ← stored θ (bit-exact), then the base optimizer steps with ∇L(θ+ε).
+One step (SAM Algorithm 1 with ε̂ of its Eq. 2, p = 2; ASAM Algorithm 1, p = 2, T_w = |w| + η): the
+primary pass at θ gives g; θ + ε with ε = ρ·g/(‖g‖₂ + 1e-12), or ASAM's ρ·T²⊙g/(‖T⊙g‖₂ + 1e-12), one
+global norm over every parameter; the extra pass at θ+ε (BatchNorm statistics not updated); θ restored
+bit-exact; the base optimizer steps with ∇L(θ+ε).
 
 Weight decay, momentum and the learning rate belong to the base optimizer, whose ``param_groups`` this
-wrapper shares (LR schedulers act on what is stepped). The base is a choice, not a subclass: the
-registry entries ``sam`` / ``asam`` wrap SGD and ``sam_adamw`` wraps AdamW (IRE paper, Table 3's ViT
-arms), all built by :func:`flatlab.optim.wrapper.wrapped_spec` from the same :class:`SAM` and the
-base's own entry (its hyperparameters and defaults: AdamW's lr 1e-3, betas (0.9, 0.999), eps 1e-8).
+wrapper shares; registry entries ``sam`` / ``asam`` wrap SGD and ``sam_adamw`` wraps AdamW. ASAM's
+scaled tensors (``asam_scope``), the data-parallel ascent (``ascent``), defaults and memory:
+``docs/algorithms/sam.md``.
 """
 
 from __future__ import annotations
@@ -73,19 +68,9 @@ ADAPTIVE = HParam("adaptive", False, bool, doc="ASAM instead of SAM")
 
 
 def asam_scaled(p: torch.Tensor, name: Optional[str], scope: str) -> bool:
-    """Whether ASAM scales tensor ``p`` by T_w = |w| + η (others get T = 1).
-
-    The rule, by ``scope``:
-
-    * ``'weight_names'`` (default): the official ASAM code's rule, ``'weight' in name`` — weight
-      matrices, conv kernels, embeddings named ``*weight*`` AND the 1-d gains of normalisation layers
-      (``bn.weight``, ``ln.weight``); biases get T = 1. Needs parameter names, i.e. an optimizer built
-      from ``model.named_parameters()`` (torch keeps them as ``group['param_names']``; the trainer does
-      this). Without a name (``name=None``) the ``'weights'`` rule is used instead.
-    * ``'weights'``: ``p.ndim >= 2`` — weight matrices / conv kernels / embeddings. Biases and every
-      other 1-d or 0-d tensor (normalisation gains and shifts) get T = 1.
-    * ``'all'``: every tensor (the popular port's rule).
-    """
+    """Whether ASAM scales tensor ``p`` by T_w = |w| + η (others get T = 1), by ``scope``: ``'weight_names'``
+    the official rule (``'weight' in name``, normalisation gains included; without a name the
+    ``'weights'`` rule), ``'weights'`` ``p.ndim >= 2``, ``'all'`` every tensor (``docs/algorithms/sam.md``)."""
     if scope == "all":
         return True
     if scope == "weights" or name is None:

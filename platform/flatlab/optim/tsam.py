@@ -1,51 +1,17 @@
 """TSAM: tilted sharpness-aware minimization ("Reweighting Local Minima with Tilted SAM").
 
-Objective: L^t(θ) = (1/t)·log E_ε[exp(t·L(θ+ε))]; t → 0 gives E_ε[L(θ+ε)], t → ∞ SAM's
-max. Its gradient (Lemma 1) is Σ_j w_j ∇L(θ+ε_j) with w = softmax(t·L_j) over s sampled ε_j.
+Objective L^t(θ) = (1/t)·log E_ε[exp(t·L(θ+ε))] (t → 0: E_ε[L(θ+ε)], t → ∞: SAM's max), whose gradient
+(Lemma 1) is Σ_j w_j ∇L(θ+ε_j), w = softmax(t·L_j) over s sampled ε_j. One step (Algorithms 1 + 2 as
+the authors' released code runs them), for j = 1..s: δ_j random with ‖δ_j‖₂ ≤ r (global norm); the
+gradient g at θ+δ_j; ε_j = δ_j + ρ·g/(‖g‖₂ + 1e-12); L_j and G_j at θ+ε_j; θ restored bit-exact. The
+base optimizer then steps with Σ_j w_j G_j (weights detached).
 
-One step (paper Algorithms 1 + 2 as the authors' released code runs them):
+2s forward/backward passes per step, one of them primary (BatchNorm statistics updated once; where:
+``primary_pass``). The tilted gradient is accumulated online (:class:`TiltedAccumulator`), so memory
+does not grow with s: θ is the one persistent copy, 2 extra copies at the peak.
 
-for j = 1..s:
-  1. δ_j: Gaussian N(0, I) over all parameters, rescaled by min(1, r/‖δ‖₂) (so ‖δ_j‖₂ ≤ r), or uniform
-     in the r-ball; r = ``noise_radius``.
-  2. gradient g at θ+δ_j; ascent ε_j = δ_j + ρ·g/(‖g‖₂ + 1e-12).
-  3. loss L_j and gradient G_j at θ+ε_j (``closure.extra()``: BatchNorm statistics not updated).
-  4. restore θ (bit-exact: the next sample writes θ + δ_{j+1} from the saved θ, the last copies it
-     back); fold (L_j, G_j) into the tilted-gradient accumulator.
-The base optimizer then steps with Σ_j w_j G_j (weights detached: no gradient flows through them).
-
-Passes and BatchNorm: 2s forward/backward per step, exactly one of them primary (``closure()``), so
-BatchNorm running statistics are updated once per step. ``primary_pass`` says which one:
-
-* ``'noisy'`` (default, the released procedure): every sample exactly as above, including the first,
-  whose ascent gradient is taken at θ+δ_1; sample 1's first pass (at θ+δ_1) is the primary one, so
-  the statistics are updated once, at θ+δ_1 (the released code updates them in all s noisy passes;
-  the parameters' trajectory does not depend on that, since train-mode BatchNorm normalises with batch
-  statistics). The returned loss is L(θ+δ_1).
-* ``'center'`` (our earlier default, an option): the primary pass runs at θ itself, so the running
-  statistics are exactly those of a plain step on the batch and the returned loss is L(θ). What it
-  changes: sample 1's ascent direction is the gradient at θ, not at θ+δ_1
-  (ε_1 = δ_1 + ρ·g(θ)/‖g(θ)‖); samples 2..s are as above. Same pass count. The iterates then drift
-  away from the released procedure's (13 % relative after 20 steps in the comparison of issue 14).
-
-Memory: the tilted gradient is accumulated ONLINE with a running max m, so nothing grows with s:
-    A ← A·e^{t(m−m')} + G_j·e^{t(L_j−m')},  S ← S·e^{t(m−m')} + e^{t(L_j−m')},  m' = max(m, L_j),
-and the aggregate is A/S (= the stabilised softmax of step 4). Persistent buffer: θ (1 parameter
-copy). A lives in the first sample's gradient tensors (taken over, not copied; one copy while the step
-runs, handed to the base as p.grad at the end), and the noise δ_j is drawn into the parameters
-themselves, so neither needs a buffer of its own: 2 extra copies at the peak (θ and A), 1 between steps.
-The authors keep s copies.
-
-The base is a choice (registry entries ``tsam`` over SGD, ``tsam_adamw`` over AdamW), built from the same
-:class:`TSAM` by :func:`flatlab.optim.wrapper.wrapped_spec`.
-
-Data parallelism (DDP): every pass's gradient is averaged over the ranks (the ascent directions and
-G_j are those of the global batch), every rank draws the same δ_j (the global torch RNG is seeded and
-consumed identically on every rank) and L_j is averaged over the ranks before the tilt weights, so
-every rank applies the same update.
-
-Not implemented: the paper's HMC sampler (ε from exp(δ·L) with correction weights exp((t−δ)·L)); the
-released code does not use it either.
+Equations, the noise, ``primary_pass``, the accumulator, data parallelism, the options and the
+paper's grids: ``docs/algorithms/tsam.md``.
 """
 
 from __future__ import annotations
@@ -235,8 +201,7 @@ class TSAM(WrappedOptimizer):
         t_schedule: ``'constant'``, ``'increase'`` (0 → t) or ``'decrease'`` (t → 0), linear in the
             step index given by ``on_progress`` (without progress the fraction done is taken as 0).
         primary_pass: ``'noisy'`` (default: the released procedure, every ascent gradient at θ+δ_j) or
-            ``'center'`` (sample 1's ascent gradient and the BatchNorm-updating pass at θ); module
-            docstring.
+            ``'center'`` (sample 1's ascent gradient and the BatchNorm-updating pass at θ).
 
     With ``rho = 0`` and ``noise_radius = 0`` every sample is θ itself and the step is the base step.
 

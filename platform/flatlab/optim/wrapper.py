@@ -4,8 +4,8 @@ A :class:`WrappedOptimizer` modifies the step of another ``torch.optim.Optimizer
 
 * It **shares** the base's ``param_groups`` (the same list object holding the same dicts) and
   ``defaults``, so an LR scheduler built on either object changes the learning rate the base steps
-  with (PLATFORM.md pitfall, composer#3259). ``base.load_state_dict`` replaces the base's list, so the
-  wrapper re-shares after every load.
+  with (a wrapper holding its own copy of the groups is a known pitfall: mosaicml/composer#3259).
+  ``base.load_state_dict`` replaces the base's list, so the wrapper re-shares after every load.
 * Its own per-parameter state lives in ``self.state`` (never in the base's: Adam initialises its
   moments when ``state[p]`` is empty, so foreign keys there would break it).
 * ``state_dict()`` is the base's state dict (torch's format, base momentum / Adam moments included)

@@ -15,6 +15,8 @@ Public surface (everything takes ``model, data`` first; ``params`` restricts a m
 * the measures registry trials and studies use (:mod:`flatlab.sharpness.measures`): :class:`Measure`,
   :func:`get_measure`, :func:`list_measures`, :func:`resolve_measures`, :func:`compute_measures`,
   :func:`measure_subset`.
+
+Equations, units, defaults and metric keys: ``docs/algorithms/flatness.md``.
 """
 
 from flatlab.sharpness.average import average_sharpness, layerwise_sharpness, neighbourhood_loss

@@ -1,4 +1,4 @@
-"""Average-case (adaptive) sharpness and TSAM's neighbourhood-loss statistics, loop implementation.
+"""Average-case (adaptive) sharpness and TSAM's neighbourhood-loss statistics: one estimator.
 
 Adaptive average sharpness (Andriushchenko et al. 2023, "A Modern Look at the Relationship between
 Sharpness and Generalization", average-case adaptive sharpness; used by the seed paper "In Search of
@@ -8,38 +8,63 @@ the Successful Interpolation", App. A):
 
 estimated with ``n`` draws ``delta_k = rho * c * z_k``, ``z_k ~ N(0, I)``; each draw is evaluated on the
 whole fixed subset (:mod:`flatlab.sharpness.data`), in eval mode. Not divided by ``rho^2``. For a
-quadratic ``L(w) = 1/2 w^T H w`` the exact value is ``rho^2 / 2 * tr(H * |w||w|^T)``.
+quadratic ``L(w) = 1/2 w^T H w`` the exact value is ``rho^2 / 2 * tr(H * |w||w|^T)``. TSAM's
+:func:`neighbourhood_loss` is the same estimator with ``c = 1``, reporting the statistics of the
+perturbed losses themselves.
 
 The ``z_k`` come from a ``torch.Generator`` seeded with ``seed`` and are drawn draw by draw, tensor by
 tensor in ``named_parameters()`` order, so the same seed gives the same ``z`` for every model of the
-same architecture (e.g. every interpolation coefficient alpha) and :mod:`flatlab.sharpness.batched`
-reproduces them. Cost: ``n + 1`` forward passes over the subset plus ``n`` noise draws.
+same architecture (e.g. every interpolation coefficient alpha). :func:`perturbed_losses` evaluates the
+draws one at a time with ``w + delta_k`` written into the parameters (copied back bitwise exactly
+afterwards, also on exception), or ``draws_per_forward`` at a time through ``torch.func.vmap``
+(:mod:`flatlab.sharpness.batched`; the model is not modified); both read the same ``z_k``. Cost:
+``n + 1`` forward passes over the subset plus ``n`` noise draws.
 
 Layer-wise sharpness: ``params`` restricts ``delta`` to one group of parameters (see
-:mod:`flatlab.sharpness.grouping`); the others are untouched. The parameters are perturbed in place
-and copied back from a saved copy afterwards (bitwise exact, also on exception); training flags are
-restored and ``.grad`` is never touched.
+:mod:`flatlab.sharpness.grouping`); the others are untouched. Training flags are restored and ``.grad``
+is never touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import vmap
 
 from flatlab.sharpness import _state
-from flatlab.sharpness.data import DEFAULT_BATCH_SIZE, EvalData, LossFn, as_subset, subset_loss
+from flatlab.sharpness.data import (
+    DEFAULT_BATCH_SIZE,
+    EvalData,
+    EvalSubset,
+    LossFn,
+    as_subset,
+    functional_forward,
+    subset_loss,
+    weighted_batches,
+)
 from flatlab.sharpness.grouping import GroupingLike, Groups, group_parameters, select_group
 from flatlab.sharpness.results import NeighbourhoodLoss, SharpnessEstimate, mean_and_stderr
+
+__all__ = [
+    "DEFAULT_RHO",
+    "DEFAULT_DRAWS",
+    "perturbed_losses",
+    "sharpness_estimate",
+    "average_sharpness",
+    "neighbourhood_loss",
+    "layerwise_sharpness",
+]
 
 DEFAULT_RHO = 1.0  # seed paper, App. A
 DEFAULT_DRAWS = 20  # seed paper, App. A
 
 
-def _perturbed_losses(
+def perturbed_losses(
     model: nn.Module,
     data: EvalData,
     *,
@@ -51,29 +76,93 @@ def _perturbed_losses(
     seed: int,
     loss_fn: Optional[LossFn],
     batch_size: int,
+    draws_per_forward: Optional[int] = None,
+    math_attention: bool = True,
 ) -> Tuple[float, List[float]]:
-    """``(L(w), [L(w + delta_k) for k < n_draws])`` with ``delta_k = scale * c * z_k``."""
+    """``(L(w), [L(w + delta_k) for k < n_draws])`` with ``delta_k = scale * c * z_k`` (module docstring).
+
+    Args:
+        scale: ``rho`` or ``sigma``; ``scale_name`` names it in the error message.
+        draws_per_forward: ``None``: one draw per forward pass, written into the parameters in place.
+            ``k >= 1``: ``k`` draws per forward under ``torch.func.vmap``, with perturbed copies of shape
+            ``(k, *w.shape)`` of the selected parameters.
+        math_attention: with ``draws_per_forward``, run attention with the math kernel inside ``vmap``.
+        model, data, adaptive, n_draws, params, seed, loss_fn, batch_size: as :func:`average_sharpness`.
+
+    Raises:
+        ConfigError: ``scale`` not finite and > 0, ``n_draws`` or ``draws_per_forward`` < 1, empty data
+            or parameter selection.
+        UnknownNameError: a name in ``params`` that is not a parameter of ``model``.
+    """
     scale = _state.check_positive(scale_name, scale)
     _state.check_count("n_draws", n_draws)
+    in_place = draws_per_forward is None
+    per_forward = 1 if draws_per_forward is None else _state.check_count("draws_per_forward", draws_per_forward)
     subset = as_subset(data, batch_size)
     loss_fn = loss_fn or F.cross_entropy
     named = _state.resolve_params(model, params)
     device = _state.device_of(named)
     gen = _state.make_generator(device, seed)
     losses: List[float] = []
-    with _state.eval_mode(model), torch.no_grad(), _state.preserved(named) as saved:
+    unperturbed = _state.preserved(named) if in_place else contextlib.nullcontext([p.detach() for _, p in named])
+    with _state.eval_mode(model), torch.no_grad(), unperturbed as base:
         clean = subset_loss(model, subset, loss_fn, device)
-        scales = _state.noise_scales(saved, scale, adaptive)
-        bufs = [_state.noise_buffer(w) for w in saved]  # reused for every draw
-        for _ in range(n_draws):
-            for (_, p), w, s, buf in zip(named, saved, scales, bufs):
-                z = _state.fill_standard_normal(buf, gen).to(p.dtype)
-                if s is None:
-                    torch.add(w, z, alpha=scale, out=p)  # w + rho * z
-                else:
-                    torch.addcmul(w, s, z, out=p)  # w + (rho * |w|) * z
-            losses.append(subset_loss(model, subset, loss_fn, device))
+        scales = _state.noise_scales(base, scale, adaptive)
+        reused = [_state.noise_buffer(w, (1,)) for w in base] if in_place else None  # one draw at a time
+        done = 0
+        while done < n_draws:
+            k = min(per_forward, n_draws - done)
+            z = reused or [_state.noise_buffer(w, (k,)) for w in base]  # z[i]: (k, *w.shape)
+            for j in range(k):  # draw by draw, tensor by tensor: the same z_k however many per forward
+                for zi in z:
+                    _state.fill_standard_normal(zi[j], gen)
+            if in_place:
+                for (_, p), w, s, zi in zip(named, base, scales, z):
+                    _perturb(w, s, zi[0].to(p.dtype), scale, out=p)
+                losses.append(subset_loss(model, subset, loss_fn, device))
+            else:
+                perturbed = {
+                    n: _perturb(w, s, zi.to(w.dtype), scale) for (n, _), w, s, zi in zip(named, base, scales, z)
+                }
+                del z
+                losses.extend(_vmapped_losses(model, perturbed, subset, loss_fn, device, k, math_attention))
+            done += k
     return clean, losses
+
+
+def _perturb(
+    w: torch.Tensor, s: Optional[torch.Tensor], z: torch.Tensor, scale: float, out: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    # w + scale * z (c = 1), or w + (scale * |w|) * z with s = scale * |w| (adaptive)
+    return torch.add(w, z, alpha=scale, out=out) if s is None else torch.addcmul(w, s, z, out=out)
+
+
+def _vmapped_losses(
+    model: nn.Module,
+    perturbed: Dict[str, torch.Tensor],
+    subset: EvalSubset,
+    loss_fn: LossFn,
+    device: torch.device,
+    k: int,
+    math_attention: bool,
+) -> List[float]:
+    # the subset loss (example-weighted mean, float64) of the k parameter sets stacked in ``perturbed``
+    total = torch.zeros(k, dtype=torch.float64, device=device)
+    for inputs, targets, weight in weighted_batches(subset, device):
+
+        def loss_of(ps: Dict[str, torch.Tensor], inputs=inputs, targets=targets) -> torch.Tensor:
+            return loss_fn(functional_forward(model, ps, inputs), targets)
+
+        with _state.math_attention(math_attention):
+            total += weight * vmap(loss_of, randomness="different")(perturbed).double()
+    return total.tolist()
+
+
+def sharpness_estimate(clean: float, losses: Sequence[float], rho: float, adaptive: bool) -> SharpnessEstimate:
+    """The :class:`SharpnessEstimate` of :func:`perturbed_losses`' output: the mean of ``L(w + delta_k) - L(w)``."""
+    diffs = [v - clean for v in losses]
+    value, err = mean_and_stderr(diffs)
+    return SharpnessEstimate(value, err, len(diffs), tuple(diffs), clean, float(rho), bool(adaptive))
 
 
 def average_sharpness(
@@ -110,7 +199,7 @@ def average_sharpness(
         ConfigError: ``rho`` not finite and > 0, ``n_draws < 1``, empty data or parameter selection.
         UnknownNameError: a name in ``params`` that is not a parameter of ``model``.
     """
-    clean, losses = _perturbed_losses(
+    clean, losses = perturbed_losses(
         model,
         data,
         scale=rho,
@@ -122,9 +211,7 @@ def average_sharpness(
         loss_fn=loss_fn,
         batch_size=batch_size,
     )
-    diffs = [v - clean for v in losses]
-    value, err = mean_and_stderr(diffs)
-    return SharpnessEstimate(value, err, n_draws, tuple(diffs), clean, float(rho), bool(adaptive))
+    return sharpness_estimate(clean, losses, rho, adaptive)
 
 
 def neighbourhood_loss(
@@ -150,7 +237,7 @@ def neighbourhood_loss(
     Raises:
         ConfigError / UnknownNameError: as :func:`average_sharpness`.
     """
-    clean, losses = _perturbed_losses(
+    clean, losses = perturbed_losses(
         model,
         data,
         scale=sigma,

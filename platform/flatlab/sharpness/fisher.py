@@ -87,7 +87,7 @@ def fisher_trace(
     values: List[float] = [0.0] * n_samples
     with _state.eval_mode(model):
         base = {n: p.detach() for n, p in named}
-        for inputs, targets, weight in weighted_batches(subset, device):
+        for inputs, _targets, weight in weighted_batches(subset, device):
             with torch.no_grad():
                 logits = call_model(model, inputs)
             for s in range(n_samples):

@@ -7,38 +7,16 @@ A study declares the measures it wants as ``{name: {param: value}}``, e.g.::
 
 :func:`resolve_measures` validates that declaration before anything runs (every problem in one error);
 :func:`measure_subset` picks the study's fixed evaluation subset (the same rows for every trial);
-:func:`compute_measures` runs the measures on a trial's final model and returns ``flat/*`` metrics.
+:func:`compute_measures` runs the measures on a trial's final model and returns ``flat/*`` metrics and
+``time/measures_s`` (wall seconds of all measures together).
 
-Registered measures (``flatlab measures`` lists them) and the metric keys each one returns:
-
-* ``fisher_trace`` (IRE paper, flatness measure: Tr of the Fisher with labels sampled from the model):
-  ``flat/fisher_trace`` (nats per parameter unit^2), ``flat/fisher_trace_stderr`` (over label draws,
-  only when ``samples >= 2``).
-* ``hessian_trace`` (Hutchinson 1989; the IRE paper's Tr(H)): ``flat/hessian_trace`` (loss units per
-  parameter unit^2), ``flat/hessian_trace_stderr`` (over probes, when ``probes >= 2``).
-* ``neighbourhood_loss`` (TSAM paper, Fig. 2): ``flat/neighbourhood_loss`` = mean of ``L(theta + eps)``,
-  ``flat/neighbourhood_loss_var`` = its sample variance over draws, ``flat/neighbourhood_loss_stderr``,
-  ``flat/neighbourhood_loss_clean`` = ``L(theta)`` on the same subset (loss units). With ``sigmas``
-  (a list of further noise scales, for a sweep such as TSAM Fig. 2), per ``s`` in it also
-  ``flat/neighbourhood_loss/sigma_<s>`` (mean), ``flat/neighbourhood_loss/sigma_<s>_var`` and
-  ``flat/neighbourhood_loss/sigma_<s>_stderr`` (``s`` written with ``:g``; :func:`sigma_key`); every
-  scale uses the same standard-normal draws ``z`` (``eps = s * z``), so the curve over ``s`` is paired.
-* ``avg_sharpness`` (seed "In Search of the Successful Interpolation", App. A; Andriushchenko et al.
-  2023): ``flat/avg_sharpness`` = ``E[L(theta + delta)] - L(theta)``, ``flat/avg_sharpness_stderr``
-  (when ``draws >= 2``), ``flat/avg_sharpness_clean`` = ``L(theta)`` (loss units).
-
-and ``time/measures_s``: wall seconds of all measures together.
-
-Ranges (each measure's ``support``, read by comparison tables to clip intervals of means): Tr(F) is a
-mean of squared gradient norms, >= 0; every ``_stderr`` and ``_var`` is >= 0; ``neighbourhood_loss``,
-its sweep means and every ``_clean`` are losses, in the workload's loss range (:data:`LOSS`). The
-Hutchinson ``hessian_trace`` (Tr(H) is negative at a saddle or maximum, and one probe's v^T H v can be
-of either sign) and ``avg_sharpness`` (a difference of losses, negative where the noise lowers the
-loss) are unbounded.
-
-Pairing: every measure draws its noise, probes or labels from a ``torch.Generator`` seeded with the
-``seed`` given to :func:`compute_measures`, so trials measured with the same seed on the same subset see
-the same draws (paired comparisons between optimizers).
+Registered measures (``flatlab measures`` lists them): ``fisher_trace`` (IRE paper: Tr(F) with sampled
+labels), ``hessian_trace`` (Hutchinson 1989), ``neighbourhood_loss`` (TSAM paper, Fig. 2; with a sweep
+over ``sigmas``) and ``avg_sharpness`` (seed "In Search of the Successful Interpolation", App. A).
+Each declares its metric keys (:attr:`Measure.metrics`) and their ranges (:attr:`Measure.support`, read
+by comparison tables to clip intervals of means). Every measure draws its noise, probes or labels from
+a generator seeded with ``compute_measures``' ``seed``: trials measured with the same seed on the same
+subset see the same draws. Equations, units, metric keys and defaults: ``docs/algorithms/flatness.md``.
 """
 
 from __future__ import annotations
@@ -61,6 +39,7 @@ from flatlab.sharpness.average import average_sharpness, neighbourhood_loss
 from flatlab.sharpness.data import DEFAULT_BATCH_SIZE, EvalSubset, LossFn
 from flatlab.sharpness.fisher import FISHER_ESTIMATORS, fisher_trace
 from flatlab.sharpness.hessian import hessian_trace
+from flatlab.workloads.base import take
 
 Compute = Callable[[nn.Module, EvalSubset, LossFn, Mapping[str, Any], int], Dict[str, float]]
 """``compute(model, subset, loss_fn, params, seed) -> {metric name: value}`` (params already resolved)."""
@@ -108,7 +87,8 @@ class Measure:
                 raise ValueError(f"measure {self.name!r}: support names {key!r}, not one of its metrics {self.metrics}")
             if rng != LOSS and not (isinstance(rng, tuple) and len(rng) == 2 and rng[0] <= rng[1]):
                 raise ValueError(
-                    f"measure {self.name!r}: support of {key!r} must be (low, high) with low <= high or LOSS; got {rng!r}"
+                    f"measure {self.name!r}: support of {key!r} must be (low, high) with low <= high or LOSS; "
+                    f"got {rng!r}"
                 )
 
     def resolve(self, given: Mapping[str, Any], where: str = "") -> Dict[str, Any]:
@@ -226,7 +206,8 @@ class _FloatList(HParam):
         return HParam(name, 0.0, float, self.low, self.high, self.low_open, self.high_open)
 
     def allowed(self) -> str:
-        return f"None or a non-empty list of distinct floats, each {self._element(self.name).allowed().removeprefix('float ')}"
+        each = self._element(self.name).allowed().removeprefix("float ")
+        return f"None or a non-empty list of distinct floats, each {each}"
 
     def validate(self, value: Any, where: str = "") -> Any:
         if value is None:
@@ -256,8 +237,10 @@ def _avg_sharpness(
 register_measure(
     Measure(
         name="fisher_trace",
-        doc="Tr(F), Fisher with labels sampled from the model's softmax; needs (B, C) logits (nats per parameter unit^2)",
-        source="IRE paper (Improving Generalization and Convergence by Enhancing Implicit Regularization), flatness measure Tr(F) ~ Tr(H)",
+        doc="Tr(F), Fisher with labels sampled from the model's softmax; needs (B, C) logits "
+        "(nats per parameter unit^2)",
+        source="IRE paper (Improving Generalization and Convergence by Enhancing Implicit Regularization), "
+        "flatness measure Tr(F) ~ Tr(H)",
         hparams=(
             HParam("samples", 1, int, low=1, doc="independent label draws per example (the estimate averages them)"),
             HParam(
@@ -282,7 +265,7 @@ register_measure(
         hparams=(HParam("probes", 30, int, low=1, doc="Rademacher probes v, each giving v^T H v"),),
         compute=_hessian,
         metrics=("flat/hessian_trace", "flat/hessian_trace_stderr"),
-        support={"flat/hessian_trace_stderr": NONNEGATIVE},  # the trace itself: unbounded (module docstring)
+        support={"flat/hessian_trace_stderr": NONNEGATIVE},  # the trace itself: unbounded (saddles, single probes)
     )
 )
 
@@ -298,7 +281,8 @@ register_measure(
                 float,
                 low=0.0,
                 low_open=True,
-                doc="noise standard deviation per coordinate, parameter units (default 0.03: ours; the TSAM paper plots a range of scales)",
+                doc="noise standard deviation per coordinate, parameter units "
+                "(default 0.03: ours; the TSAM paper plots a range of scales)",
             ),
             HParam("draws", 40, int, low=2, doc="noise draws (>= 2 for the variance)"),
             _FloatList(
@@ -336,8 +320,10 @@ register_measure(
 register_measure(
     Measure(
         name="avg_sharpness",
-        doc="adaptive average sharpness E[L(theta + delta)] - L(theta), delta ~ N(0, rho^2 diag(|theta|^2)) (loss units)",
-        source="'In Search of the Successful Interpolation' (robust fine-tuning of CLIP), App. A; Andriushchenko et al. 2023",
+        doc="adaptive average sharpness E[L(theta + delta)] - L(theta), delta ~ N(0, rho^2 diag(|theta|^2)) "
+        "(loss units)",
+        source="'In Search of the Successful Interpolation' (robust fine-tuning of CLIP), App. A; "
+        "Andriushchenko et al. 2023",
         hparams=(
             HParam(
                 "rho",
@@ -430,8 +416,9 @@ def compute_measures(
             draws for every trial (paired comparisons).
 
     Returns:
-        ``{metric name: float}``: the keys listed in the module docstring for each measure, and
-        ``time/measures_s`` (wall seconds, all measures). Values may be ``nan``/``inf`` for a diverged model.
+        ``{metric name: float}``: each measure's :attr:`Measure.metrics` (``docs/algorithms/flatness.md``)
+        and ``time/measures_s`` (wall seconds, all measures). Values may be ``nan``/``inf`` for a diverged
+        model.
 
     Raises:
         ConfigError: an invalid ``resolved``; a measure that cannot apply to this model or subset (e.g.
@@ -490,8 +477,6 @@ def measure_subset(
         ConfigError: ``examples < 0``, ``batch_size < 1``, a non-int seed, an empty split, or a
             split without ``inputs``/``targets``.
     """
-    from flatlab.workloads.base import take
-
     _state.check_count("examples", examples, minimum=0)
     _state.check_count("batch_size", batch_size)
     if isinstance(seed, bool) or not isinstance(seed, int):

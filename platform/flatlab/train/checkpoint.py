@@ -30,6 +30,8 @@ from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from flatlab.errors import FlatlabError
 
@@ -156,8 +158,6 @@ class StateSnapshot:
     def write(self, directory: str) -> None:
         """Write ``directory/trainer.safetensors`` (the tensors) and ``directory/trainer.json`` (the tree);
         ``directory`` is created if missing. :func:`load_state` reads them back."""
-        from safetensors.torch import save_file
-
         os.makedirs(directory, exist_ok=True)
         save_file(
             self.tensors, os.path.join(directory, TENSORS_FILE), metadata={"format": FORMAT, "version": str(VERSION)}
@@ -170,9 +170,8 @@ class StateSnapshot:
 def snapshot_state(state: Any) -> StateSnapshot:
     """Capture ``state`` for a later :meth:`StateSnapshot.write`: the tree is encoded now and every tensor
     copied to CPU (GPU tensors: the one device-to-host copy a save needs anyway; CPU tensors: a copy in
-    memory), so changes to the live state after this call are not written. Measured on the 2-core CPU
-    machine: 0.9 ms for the digits MLP's whole trainer state (its save: 1.3 ms); 95 ms for 200 MB of
-    float32 tensors (their save: 494 ms).
+    memory), so changes to the live state after this call are not written. Much cheaper than the save
+    itself, which then runs off the training thread (figures: ``bench/README.md``).
 
     Raises:
         TypeError: a leaf of ``state`` is not a tensor, int, float, bool, None or str.
@@ -216,7 +215,10 @@ def _missing_message(directory: str, missing: Iterable[str]) -> str:
     msg = f"checkpoint {directory!r} lacks {', '.join(missing)}"
     if any(n.endswith((".pt", ".pth", ".pkl", ".pickle")) for n in found):
         legacy = [n for n in found if n.endswith((".pt", ".pth", ".pkl", ".pickle"))]
-        msg += f"; it holds {', '.join(legacy)}, a pickle (an old checkpoint or a crafted one), which flatlab refuses to load"
+        msg += (
+            f"; it holds {', '.join(legacy)}, a pickle (an old checkpoint or a crafted one), which flatlab refuses "
+            "to load"
+        )
     elif found:
         msg += f"; it holds {', '.join(found)}"
     return msg + ". Checkpoints are trainer.safetensors + trainer.json; start the trial afresh."
@@ -230,9 +232,6 @@ def load_state(directory: str) -> Any:
             is not valid or not flatlab's format/version, the safetensors file is malformed, or the tree
             refers to a tensor the safetensors file does not hold. The message names the file.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     tensors_path, state_path = (os.path.join(directory, n) for n in CHECKPOINT_FILES)
     missing = [p for p in (tensors_path, state_path) if not os.path.isfile(p)]
     if missing:

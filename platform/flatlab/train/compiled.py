@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from torch import nn
+from torch._functorch import config as functorch_config
 
 
 def compile_model(model: nn.Module) -> nn.Module:
@@ -17,14 +18,12 @@ def compile_model(model: nn.Module) -> nn.Module:
     with ``retain_graph=True``, then the true loss), which a compiled backward that donates its saved
     buffers refuses; donation is therefore switched off, process-wide (a little more activation memory
     in compiled backward graphs). The compile caches on disk are switched off too (AOTAutograd's and
-    inductor's FX graph cache): measured here (torch 2.14, CPU), a process reading a cache filled by
-    earlier runs, one of which had compiled this model's backward WITH donation, got wrong IRE
-    gradients silently (every IRE step off by the size of the step), while a fresh cache directory gave
-    the eager result. Each process therefore compiles afresh (tens of seconds per graph). Needs a C
-    compiler on the machine (inductor).
+    inductor's FX graph cache): with torch 2.14 on the CPU, a process reading a cache in which this
+    model's backward had been compiled WITH donation got wrong IRE gradients silently (every IRE step
+    off by the size of the step), where a fresh cache gave the eager result. Each process therefore
+    compiles afresh (tens of seconds per graph). Needs a C compiler on the machine (inductor).
     """
-    from torch._functorch import config as functorch_config
-    from torch._inductor import config as inductor_config
+    from torch._inductor import config as inductor_config  # deferred: loads the compiler stack (seconds)
 
     functorch_config.donated_buffer = False
     functorch_config.enable_autograd_cache = False

@@ -74,7 +74,8 @@ TRAINER_HPARAMS = (
         "sync_batchnorm",
         False,
         bool,
-        doc="multi-worker trials (Resources(workers>1)) on GPUs: BatchNorm statistics over the global batch (SyncBatchNorm)",
+        doc="multi-worker trials (Resources(workers>1)) on GPUs: BatchNorm statistics over the global batch "
+        "(SyncBatchNorm)",
     ),
     HParam(
         "curve_smoothing",
@@ -90,7 +91,8 @@ TRAINER_HPARAMS = (
         "fp32",
         str,
         choices=PRECISIONS,
-        doc="fp32; bf16 (autocast, every pass of a step); fp16 (autocast + per-pass loss scaling, overflowing steps skipped)",
+        doc="fp32; bf16 (autocast, every pass of a step); fp16 (autocast + per-pass loss scaling, overflowing "
+        "steps skipped)",
     ),
     HParam(
         "compile", False, bool, doc="torch.compile the model (first steps slower while it compiles; needs a C compiler)"

@@ -1,8 +1,8 @@
 """How a trial process computes on its CPU: torch's thread count and subnormal ("denormal") floats.
 
 Subnormal float32 numbers (non-zero, below 2^-126 ≈ 1.18e-38) take a microcode slow path on many x86
-CPUs. A matrix product whose input is subnormal ran about 160x slower than the same product on normal
-numbers on the 2-core Xeon this project is tested on (bench/README.md, issue 26). They arise in training
+CPUs: a matrix product whose input is subnormal can run two orders of magnitude slower than the same
+product on normal numbers (bench/README.md, "Subnormals in the model's own passes"). They arise in training
 as soon as a classifier is confident enough: the logit gradient softmax(z) − onehot(y) holds entries like
 e^(−90), and the whole backward pass inherits them. Which arm gets there first is a matter of how well
 it fits, so on a CPU the better-fitting arm is charged a slow path that a GPU never charges (CUDA kernels
@@ -12,7 +12,7 @@ optimizer.
 A trial therefore runs its CPU threads in flush-to-zero / denormals-are-zero mode by default
 (:func:`torch.set_flush_denormal`; ``Resources(flush_denormal=False)`` keeps IEEE subnormals):
 subnormal inputs read as 0 and subnormal results are written as 0. Only numbers below 2^-126 change;
-nothing a GPU computes changes. What this does to IRE's flat mask is stated in :mod:`flatlab.optim.ire`.
+nothing a GPU computes changes. IRE's flat mask is unchanged by it (``docs/algorithms/ire.md``).
 
 The mode is a per-thread CPU register (MXCSR on x86), and a new thread inherits its creator's. So it
 must be set before torch starts its intra-op thread pool; :func:`configure` sets it, then the thread
@@ -47,9 +47,10 @@ def denormal_mode() -> str:
     Two probes, as torch's CPU work runs on two sets of threads: ATen's own parallel loops (elementwise
     ops; oneDNN's convolutions share their OpenMP threads), probed by halving a float32 subnormal over
     ``torch.get_num_threads() · 65536`` elements, and the BLAS's threads (matrix products), probed by a
-    1024×64 by 64×1024 product (the first of them transposed) whose one non-zero term per entry is 2^100 · 2^-140 = 2^-40 (0 where the
-    subnormal input reads as 0). Each thread takes part of each; the results that are 0 (counted as
-    integers: a float comparison would read subnormals as 0 itself) tell the mode. About 1 ms.
+    1024×64 by 64×1024 product (the first of them transposed) whose one non-zero term per entry is
+    2^100 · 2^-140 = 2^-40 (0 where the subnormal input reads as 0). Each thread takes part of each; the
+    results that are 0 (counted as integers: a float comparison would read subnormals as 0 itself) tell
+    the mode.
     """
     threads = max(1, torch.get_num_threads())
     halves = _subnormals(_PER_THREAD * threads).mul_(0.5)
@@ -69,7 +70,7 @@ def configure(threads: int, flush_denormal: bool = True) -> str:
 
     Args:
         threads: ``torch.set_num_threads`` (Ray sets OMP_NUM_THREADS=1; a trial follows its ``Resources.cpu``).
-        flush_denormal: flush subnormal float32/float64 numbers to zero on the CPU (see the module doc).
+        flush_denormal: flush subnormal float32/float64 numbers to zero on the CPU (module docstring).
     Returns:
         One of :data:`MODES`: ``"unsupported"`` when the CPU has no flush mode and ``flush_denormal`` was
         asked for; ``"partial"`` when the thread pool had already started under the other mode (a

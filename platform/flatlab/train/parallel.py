@@ -36,6 +36,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from flatlab.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Shard:
@@ -88,8 +90,6 @@ class DataParallel:
         if self.world == 1:
             return model
         if sync_batchnorm and device.type != "cuda":
-            from flatlab.errors import ConfigError
-
             raise ConfigError(
                 f"trainer: sync_batchnorm=True needs CUDA devices (torch's SyncBatchNorm runs on GPUs only), but the "
                 f"workers train on {device.type!r}: set sync_batchnorm=False (each worker normalises with its own rows)"

@@ -2,7 +2,7 @@
 
 The trainer parameter ``precision`` picks one of :data:`PRECISIONS`:
 
-* ``fp32``: no autocast; every pass exactly as before this module existed.
+* ``fp32``: no autocast, no loss scaling; every pass in the parameters' own dtype.
 * ``bf16``: every forward pass of a step (primary, SAM/TSAM extra passes, IRE's curvature pass) runs under
   ``torch.autocast(dtype=torch.bfloat16)``; parameters, gradients and optimizer state stay float32, the
   loss is taken in float32. bf16 has float32's exponent range, so no loss scaling is needed.
@@ -31,14 +31,8 @@ _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def accumulation_dtype(device: torch.device | str) -> torch.dtype:
-    """float64 for running sums kept on ``device`` (epoch loss sums, loss curves), except on Apple's
-    MPS backend, which has no float64: float32 there.
-
-    Args:
-        device: a ``torch.device`` or its name (``"cpu"``, ``"cuda:0"``, ``"mps"``).
-    Returns:
-        ``torch.float64`` or ``torch.float32``.
-    """
+    """float64 for running sums kept on ``device`` (epoch loss sums, loss curves); float32 on Apple's MPS
+    backend, which has no float64."""
     return torch.float32 if torch.device(device).type == "mps" else torch.float64
 
 

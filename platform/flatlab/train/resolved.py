@@ -13,7 +13,9 @@ from typing import Any, Dict, Mapping
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import resolve
+from flatlab.optim.registry import get_optimizer
 from flatlab.train.config import TRAINER_HPARAMS, recipe_problems
+from flatlab.workloads.registry import get_workload
 
 
 def resolve_trainer(train_defaults: Any, given: Mapping[str, Any]) -> Dict[str, Any]:
@@ -41,9 +43,6 @@ def resolve_spec(spec: Any) -> Dict[str, Dict[str, Any]]:
     Raises:
         ConfigError: a value outside its allowed range; UnknownNameError: an unregistered name.
     """
-    from flatlab.optim.registry import get_optimizer
-    from flatlab.workloads.registry import get_workload
-
     workload = get_workload(spec.workload)
     optimizer = get_optimizer(spec.optimizer).resolve(dict(spec.optimizer_params))
     trainer = {**resolve_trainer(workload.train_defaults, spec.trainer_params), "epochs": spec.epochs}

@@ -119,7 +119,7 @@ class Trainer:
         self.device = torch.device(spec.device)
         seed_everything(spec.seed)
         self.model = self.workload.build_model().to(self.device)
-        # precision / compile (issue 15): autocast + fp16 loss scaling live in the closure; compiling in
+        # precision / compile: autocast + fp16 loss scaling live in the closure; compiling in
         # place keeps state_dict keys, evaluation and the closure's BatchNorm hooks on the same module.
         self.precision = Precision(self.hp["precision"], self.device)
         if self.hp["compile"]:
@@ -134,8 +134,8 @@ class Trainer:
             if 0 < last < self.parallel.world:
                 raise ConfigError(
                     f"trainer: batch_size={self.hp['batch_size']} leaves a last mini-batch of {last} rows of the "
-                    f"{len(data.train)} training rows, fewer than the {self.parallel.world} workers (every worker needs "
-                    f"a row): choose another batch_size"
+                    f"{len(data.train)} training rows, fewer than the {self.parallel.world} workers (every worker "
+                    f"needs a row): choose another batch_size"
                 )
         # -- end data parallelism
         self.optimizer = get_optimizer(spec.optimizer).create(

@@ -185,7 +185,7 @@ class Workload(ABC):
     def __init__(self, **params: Any) -> None:
         self.params: Dict[str, Any] = resolve(self.hparams, params, f"workload {self.name!r}")
 
-    def check_data(self) -> None:
+    def check_data(self) -> None:  # noqa: B027 (a hook with nothing to check by default, not abstract)
         """Raise :class:`~flatlab.workloads.sources.DataUnavailable` now when :meth:`load_data` would find no
         data; cheap (looks for files, reads none when it can). ``flatlab run`` calls it on the driver before
         Ray, MLflow or any trial starts, so missing data is one error line (default: nothing to check)."""

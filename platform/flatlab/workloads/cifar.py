@@ -149,7 +149,8 @@ class _Cifar(Workload):
 
     @property
     def augments_on_device(self) -> bool:  # type: ignore[override]
-        """Crop + flip are tensor ops (run on the accelerator); AutoAugment (torchvision, per image) stays on the host."""
+        """Crop + flip are tensor ops (run on the accelerator); AutoAugment (torchvision, per image) stays on
+        the host."""
         return self.params["augment"] != "autoaugment"
 
     def augment(self, inputs: Inputs, generator: torch.Generator) -> Inputs:

@@ -166,7 +166,7 @@ def cifar_vit(size: str, num_classes: int, width_mult: float = 1.0, img_size: in
     ``size``: ``"t"`` (width 192, 3 heads) or ``"s"`` (width 384, 6 heads); ``width_mult`` scales the
     width, rounded to a multiple of the head count. Needs ``timm`` (the ``vision`` extra).
     """
-    from timm.models.vision_transformer import VisionTransformer
+    from timm.models.vision_transformer import VisionTransformer  # deferred: heavy, and optional (the vision extra)
 
     width, heads = {"t": (192, 3), "s": (384, 6)}[size]
     width = max(heads, int(round(width * width_mult / heads)) * heads)

@@ -19,11 +19,10 @@ study also an earlier study's trial, ``mlflow:<study>/<arm>?param=value&...`` re
 general and per layer) on a fixed OOD subset, and optionally after straggler pruning (Algorithm 1).
 ``alpha`` is then an ordinary search dimension, e.g. ``sp.grid(alpha_grid(0.05))`` with the grid searcher.
 
-Models and data: :mod:`~flatlab.workloads.clip_model`, :mod:`~flatlab.workloads.clip_data` (defaults:
-a tiny random-weight ViT and generated images, so the workloads run offline out of the box). Training
-images are held in memory as uint8 tensors, or with ``train_in_memory=False`` streamed from disk
-(:class:`~flatlab.workloads.lazy_images.LazyImages`, decoded one mini-batch ahead) for training sets
-larger than memory, such as full ImageNet.
+Models and data: :mod:`~flatlab.workloads.clip_model`, :mod:`~flatlab.workloads.clip_data` (defaults: a
+tiny random-weight ViT and generated images, offline). Training images are held in memory as uint8, or
+streamed from disk with ``train_in_memory=False`` (:class:`~flatlab.workloads.lazy_images.LazyImages`).
+The procedures: ``docs/algorithms/rft.md``.
 """
 
 from __future__ import annotations
@@ -40,6 +39,8 @@ from torch import nn
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam, resolve
+from flatlab.interpolation import check_compatible, find_stragglers, interpolate, prune_stragglers
+from flatlab.sharpness import compute_measures, group_parameters, layerwise_sharpness, measure_subset
 from flatlab.workloads.base import Data, Inputs, Split, TrainDefaults, Workload, take, to_device
 from flatlab.workloads.clip_augment import AUGMENTATIONS, augment_batch
 from flatlab.workloads.clip_data import (
@@ -105,7 +106,6 @@ _EVAL_HPARAMS = (
         str,
         doc="OOD images: 'source' or 'src1;name=src2' (first -> ood/*, others -> ood_<name>/*); '' = none",
     ),
-    HParam("ood_per_class", 0, int, low=0, doc="OOD images kept per class (0 = all)"),
     HParam(
         "ood_classes",
         "auto",
@@ -118,7 +118,8 @@ _EVAL_HPARAMS = (
         0,
         int,
         low=0,
-        doc="image decoding threads when loading, and in each trial when streaming (0 = min(8, the process's CPU share: a trial's CPUs))",
+        doc="image decoding threads when loading, and in each trial when streaming "
+        "(0 = min(8, the process's CPU share: a trial's CPUs))",
     ),
 )
 _ZERO_SHOT_KEYS = ["model_name", "pretrained", "quick_gelu", "init_seed", "model_config", "classnames", "templates"]
@@ -142,7 +143,6 @@ class _ClipWorkload(Workload):
         "id_data",
         "id_per_class",
         "ood_data",
-        "ood_per_class",
         "ood_classes",
         "train_data",
         "train_per_class",
@@ -167,7 +167,7 @@ class _ClipWorkload(Workload):
         if choice == "labels":
             return classnames_from_labels(labels)
         if choice == "imagenet":
-            from open_clip import IMAGENET_CLASSNAMES
+            from open_clip import IMAGENET_CLASSNAMES  # deferred: heavy, and optional (the clip extra)
 
             names = list(IMAGENET_CLASSNAMES)
         else:
@@ -204,9 +204,7 @@ class _ClipWorkload(Workload):
             raise ConfigError("ood_classes with explicit indices needs a single OOD set in ood_data")
         extra: Dict[str, Split] = {}
         for i, (key, src) in enumerate(sources):
-            opix, oy, onames = load_images(
-                src, transform, per_class=p["ood_per_class"], seed=seed + 2 + i, workers=p["load_workers"]
-            )
+            opix, oy, onames = load_images(src, transform, per_class=0, seed=seed + 2 + i, workers=p["load_workers"])
             extra[key] = into_label_space(
                 opix, oy, onames, space, f"ood_data {src}", classes=explicit if i == 0 else None
             )
@@ -259,25 +257,16 @@ class ClipFinetune(_ClipWorkload):
                 True,
                 bool,
                 doc="False = decode training images on the fly from train_data (one mini-batch "
-                "ahead), for datasets larger than memory; the files must be on a filesystem every node sees; eval splits stay in memory",
+                "ahead), for datasets larger than memory; the files must be on a filesystem every node sees; "
+                "eval splits stay in memory",
             ),
             HParam(
                 "augment",
                 "none",
                 str,
                 choices=AUGMENTATIONS,
-                doc="training augmentation: none, flip-crop, or randaug (flip-crop + RandAugment)",
-            ),
-            HParam("randaug_ops", 2, int, low=0, doc="RandAugment: operations per image"),
-            HParam("randaug_magnitude", 9, int, low=0, high=30, doc="RandAugment: magnitude on its 0..30 scale"),
-            HParam(
-                "crop_scale_min",
-                0.35,
-                float,
-                low=0.0,
-                high=1.0,
-                low_open=True,
-                doc="random resized crop: smallest area fraction",
+                doc="training augmentation: none, flip-crop (area fraction 0.35-1), or randaug "
+                "(flip-crop + RandAugment(2, 9): 2 operations per image at magnitude 9 of 30)",
             ),
         )
         + _EVAL_HPARAMS
@@ -315,15 +304,7 @@ class ClipFinetune(_ClipWorkload):
 
     def augment(self, inputs: Inputs, generator: torch.Generator) -> Inputs:
         """``augment`` applied to a uint8 mini-batch, drawing from ``generator`` only."""
-        p = self.params
-        return augment_batch(
-            inputs,
-            p["augment"],
-            generator,
-            n_ops=p["randaug_ops"],
-            magnitude=p["randaug_magnitude"],
-            scale_min=p["crop_scale_min"],
-        )
+        return augment_batch(inputs, self.params["augment"], generator)
 
 
 _STRAGGLERS: "OrderedDict[Tuple, Tuple[List[str], Dict[str, float]]]" = OrderedDict()
@@ -376,7 +357,6 @@ class ClipInterpolate(_ClipWorkload):
                 float,
                 doc="straggler: layer-wise sharpness of the fine-tuned model below this (nats)",
             ),
-            HParam("prune_seed", 0, int, low=0, doc="seed of the Bernoulli(0.5) pruning masks"),
             HParam(
                 "sharpness_draws",
                 0,
@@ -449,8 +429,6 @@ class ClipInterpolate(_ClipWorkload):
                 the file comes with its trial's record, :func:`producing_trial`) or whose keys or
                 shapes differ.
         """
-        from flatlab.interpolation import check_compatible, interpolate, prune_stragglers
-
         p = self.params
         path = self._checkpoint_file()
         self._check_same_zero_shot(producing_trial(path))
@@ -465,11 +443,10 @@ class ClipInterpolate(_ClipWorkload):
                 raise ConfigError("sharpness and straggler pruning run on the OOD set; set ood_data")
             subset, loss_fn = self._sharpness_subset(data.extra["ood"], next(model.parameters()).device)
         if p["prune"]:
-            from flatlab.sharpness import group_parameters
-
             groups = group_parameters(model, "clip")
             stragglers, layer_values = self._stragglers(model, ft, subset, loss_fn, groups, path)
-            ft = prune_stragglers(ft, [k for g in stragglers for k in groups[g]], seed=p["prune_seed"])
+            # seed 0: the same random half of each straggler layer at every alpha
+            ft = prune_stragglers(ft, [k for g in stragglers for k in groups[g]], seed=0)
             metrics["prune/n_stragglers"] = float(len(stragglers))
             metrics.update({f"prune/straggler/{g}": 1.0 for g in stragglers})
             metrics.update({f"prune/layer_sharpness/{g}": v for g, v in layer_values.items()})
@@ -521,8 +498,6 @@ class ClipInterpolate(_ClipWorkload):
     def _sharpness_subset(self, split: Split, device: torch.device):
         """The fixed OOD subset (seed paper App. A): ``m`` examples chosen with ``sharpness_seed``, in
         batches of ``eval_batch_size``, on ``device``; and the loss on the split's logit columns."""
-        from flatlab.sharpness import measure_subset
-
         p = self.params
         subset = measure_subset(split, p["sharpness_examples"], p["sharpness_seed"], p["eval_batch_size"], device)
         return subset, _SubsetCrossEntropy(getattr(split, "classes", None))
@@ -531,9 +506,6 @@ class ClipInterpolate(_ClipWorkload):
         """Straggler groups of the fine-tuned model: layer-wise adaptive average sharpness with
         ``straggler_draws`` draws below ``straggler_threshold`` (seed paper Algorithm 1, step 1).
         Memoised per process (every alpha of one model shares them)."""
-        from flatlab.interpolation import find_stragglers
-        from flatlab.sharpness import layerwise_sharpness
-
         p = self.params
         key = (
             str(path.resolve()),
@@ -575,8 +547,6 @@ class ClipInterpolate(_ClipWorkload):
         the same measure every study's ``measures=`` runs), under this workload's metric names; the per-layer
         values are the same estimator restricted to one group (:func:`flatlab.sharpness.layerwise_sharpness`).
         """
-        from flatlab.sharpness import compute_measures, layerwise_sharpness
-
         p = self.params
         measure = {"avg_sharpness": {"rho": p["sharpness_rho"], "draws": p["sharpness_draws"], "adaptive": True}}
         flat = compute_measures(model, subset, loss_fn, measure, seed=p["sharpness_seed"])

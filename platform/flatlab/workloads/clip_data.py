@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import numpy as np
 import torch
+from PIL import Image
 
 from flatlab.errors import ConfigError
 from flatlab.workloads.base import Split
@@ -139,7 +140,7 @@ def _folder_index(root: str) -> Tuple[List[str], List[Tuple[str, int]]]:
 # ---- Hugging Face datasets -------------------------------------------------------------------
 def _hf_dataset(source: Source):
     try:
-        import datasets
+        import datasets  # deferred: heavy, and optional (the clip extra)
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ConfigError(f"hf: sources need the `datasets` package (pip install 'flatlab[clip]'): {exc}") from None
     loc = source.location
@@ -159,7 +160,8 @@ def _hf_dataset(source: Source):
         raise
     except Exception as exc:  # datasets raises many types (FileNotFoundError, ConnectionError, ValueError ...)
         raise ConfigError(
-            f"cannot load hf source {source}: {exc}. Offline: use a save_to_disk folder or a filled cache with HF_DATASETS_OFFLINE=1"
+            f"cannot load hf source {source}: {exc}. Offline: use a save_to_disk folder or a filled cache with "
+            "HF_DATASETS_OFFLINE=1"
         ) from None
     image_col = label_col = None
     for name, feature in ds.features.items():
@@ -185,8 +187,6 @@ def synthetic_images(variant: str, n_per_class: Optional[int] = None, seed: int 
     Raises:
         ConfigError: an unknown variant.
     """
-    from PIL import Image
-
     if variant not in SYNTHETIC_VARIANTS:
         raise ConfigError(f"synthetic variant {variant!r}; expected one of {', '.join(SYNTHETIC_VARIANTS)}")
     default_n, offset = SYNTHETIC_VARIANTS[variant]
@@ -268,7 +268,7 @@ class _PixelTransform:
         self.steps = list(steps)
 
     def __call__(self, img: Any) -> torch.Tensor:
-        from torchvision.transforms.functional import pil_to_tensor
+        from torchvision.transforms.functional import pil_to_tensor  # deferred: torchvision loads in seconds
 
         img = img.convert("RGB")
         for t in self.steps:
@@ -280,7 +280,7 @@ def pixel_transform(preprocess: Any) -> PixelTransform:
     """Turn open_clip's evaluation transform (a ``Compose``) into PIL -> uint8 ``(3, S, S)``: its steps
     before tensor conversion (resize, centre crop, RGB) then ``pil_to_tensor``; ``ToTensor`` and
     ``Normalize`` are dropped (the classifier normalises). The result pickles (as its steps do)."""
-    from torchvision.transforms import Normalize, ToTensor
+    from torchvision.transforms import Normalize, ToTensor  # deferred: torchvision loads in seconds
 
     return _PixelTransform(
         t for t in getattr(preprocess, "transforms", [preprocess]) if not isinstance(t, (ToTensor, Normalize))
@@ -347,8 +347,6 @@ class ImageReader:
 
     def __call__(self, item: Any) -> torch.Tensor:
         if self.source.kind == "folder":
-            from PIL import Image
-
             try:
                 with Image.open(self.path(item)) as img:
                     return self.transform(img)
@@ -435,7 +433,8 @@ def lazy_images(
     generated again in each process.
 
     Args:
-        workers: decoding threads of each process using it (0 = ``min(8, torch's thread count)``: a trial's CPU allocation).
+        workers: decoding threads of each process using it (0 = ``min(8, torch's thread count)``: a trial's CPU
+            allocation).
 
     Returns:
         ``(images, targets, label_names)``: ``LazyImages`` of shape ``(N, 3, S, S)``, int64 ``(N,)``
@@ -458,8 +457,9 @@ def label_indices(names: Sequence[str], label_space: Sequence[str], where: str) 
     unknown = [n for n in names if n not in pos]
     if unknown:
         raise ConfigError(
-            f"{where}: {len(unknown)} label(s) are not among the ID set's labels, e.g. {', '.join(map(repr, unknown[:5]))}; "
-            "label names must match the ID set's (e.g. WordNet ids for ImageNet folders), or give ood_classes explicitly"
+            f"{where}: {len(unknown)} label(s) are not among the ID set's labels, e.g. "
+            f"{', '.join(map(repr, unknown[:5]))}; label names must match the ID set's (e.g. WordNet ids for ImageNet "
+            "folders), or give ood_classes explicitly"
         )
     return torch.as_tensor([pos[n] for n in names], dtype=torch.int64)
 

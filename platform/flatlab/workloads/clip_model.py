@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from flatlab.errors import ConfigError
@@ -50,7 +51,7 @@ _MAX_HEADS = 8
 
 def _open_clip():
     try:
-        import open_clip
+        import open_clip  # deferred: heavy, and optional (the clip extra)
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ConfigError(
             "the clip workloads need open_clip; install it with `pip install 'flatlab[clip]'` "
@@ -347,15 +348,14 @@ def export_open_clip_checkpoint(
                 v = v.reshape(full[k].shape)
             if v.shape != full[k].shape:
                 raise ConfigError(
-                    f"classifier state {k!r} has shape {tuple(v.shape)}; {spec.model_name!r} expects {tuple(full[k].shape)}"
+                    f"classifier state {k!r} has shape {tuple(v.shape)}; {spec.model_name!r} expects "
+                    f"{tuple(full[k].shape)}"
                 )
             full[k] = v.to(full[k].dtype)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.contiguous() for k, v in full.items()}
     if path.suffix == ".safetensors":
-        from safetensors.torch import save_file
-
         save_file(tensors, str(path))
     else:
         torch.save(tensors, path)
@@ -373,8 +373,6 @@ def load_state_file(path: Union[str, os.PathLike]) -> Dict[str, torch.Tensor]:
     if not path.is_file():
         raise ConfigError(f"checkpoint {str(path)!r} does not exist")
     if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
         return dict(load_file(str(path)))
     state = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(state, dict) and "state_dict" in state:

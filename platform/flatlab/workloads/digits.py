@@ -101,7 +101,7 @@ class Digits(Workload):
     data_hparams = ("val_fraction", "test_fraction")
 
     def load_data(self, seed: int) -> Data:
-        from sklearn.datasets import load_digits
+        from sklearn.datasets import load_digits  # deferred: scikit-learn loads in about a second
 
         bunch = load_digits()
         x = (bunch.images.astype(np.float32) / 16.0)[:, None, :, :]  # (1797, 1, 8, 8) in [0, 1]

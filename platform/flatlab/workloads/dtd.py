@@ -81,7 +81,7 @@ class DTD(Workload):
         return data
 
     def build_model(self) -> nn.Module:
-        import timm
+        import timm  # deferred: heavy, and optional (the vision extra)
 
         p = self.params
         kwargs: Dict[str, Any] = dict(num_classes=NUM_CLASSES, img_size=p["image_size"])

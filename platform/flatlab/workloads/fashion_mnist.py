@@ -5,44 +5,21 @@ Models (``model``, :mod:`flatlab.workloads.fmnist_nets`): DeepOBS's ``2c2d`` and
 ``fmnist_2c2d``, ``fmnist_mlp``; architecture and initialisation as DeepOBS defines them) and
 ``small_cnn``, a 21k-parameter CNN for CPU studies.
 
-Sources (``data_path``; the ``data_path`` convention of :mod:`flatlab.workloads.sources`):
-
-* ``None`` (default): Debian's folder :data:`DEBIAN_DIR` (package ``dataset-fashion-mnist``) when it
-  holds the four IDX files, else the hub dataset ``hub_name`` (``zalando-datasets/fashion_mnist``,
-  splits ``train``/``test``, columns ``image``, ``label``) through :func:`~flatlab.workloads.sources.load_hf`;
-* a folder holding the four IDX files ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
-  ``t10k-images-idx3-ubyte``, ``t10k-labels-idx1-ubyte`` (each ``.gz`` or not), read by
-  :mod:`flatlab.workloads.idx` (never torchvision's downloader);
-* a ``save_to_disk`` folder of the hub dataset (``datasets`` format);
-* ``"synthetic"``: ``synthetic_size`` generated class-dependent 28x28 grey images and a quarter as many
-  test images (tests; nothing is read). The hold-out is then at most ``synthetic_size // 4``.
-
-Missing data fails in :meth:`FashionMNIST.check_data`, before a study starts anything, with one message
-that says how to get it (:func:`how_to_get`).
+Sources (``data_path``, the convention of :mod:`flatlab.workloads.sources`): ``None`` (default) reads
+Debian's folder :data:`DEBIAN_DIR` when it holds the four IDX files (read by :mod:`flatlab.workloads.idx`,
+never torchvision's downloader), else the hub dataset ``hub_name``; a folder of the four IDX files
+(``.gz`` or not); a ``save_to_disk`` folder; or ``"synthetic"`` (generated images, for tests). Missing
+data fails in :meth:`FashionMNIST.check_data`, before a study starts anything, with one message that
+says how to get it (:func:`how_to_get`).
 
 Splits: ``val`` = ``val_size`` training images held out, stratified by class, chosen by the study seed
 (:func:`~flatlab.workloads.images.holdout_split`); ``train`` = the rest, or a stratified subset of
 ``train_size`` of it (another draw from the same seed); ``test`` = the official 10,000 test images,
 evaluated once at the end. ``val_size = 0`` trains on all 60,000 and validates on the test split.
+Pixels / 255 into [0, 1], no normalisation, no augmentation; default recipe batch 128, constant
+learning rate, no label smoothing (DeepOBS's baselines).
 
-What DeepOBS does (read in ``fsschneider/DeepOBS``):
-
-* PyTorch, ``deepobs/pytorch/datasets/fmnist.py`` and ``dataset.py`` (DeepOBS 1.2): a random (not
-  stratified) 10,000 of the 60,000 training images are the validation set, the other 50,000 are
-  trained on; ``train_eval`` = 10,000 images drawn from all 60,000; ``test`` = the official 10,000.
-  The default ``val_size = 10000`` gives the same sizes (50,000 / 10,000 / 10,000).
-* TensorFlow, ``deepobs/tensorflow/datasets/fmnist.py`` at the commit that added the published
-  baselines (``26c0ff7c``, DeepOBS 1.1): NO validation set; training on all 60,000 images;
-  ``train_eval`` = the first 78 batches of 128 of the shuffled training set. Re-running those baselines
-  at their scale is ``val_size = 0`` (all 60,000; validation on the test split).
-* Preprocessing, both versions: pixels / 255 into [0, 1] (``transforms.ToTensor()``; TF
-  ``astype(float32) / 255``), no mean/std normalisation, no augmentation. Here images are held as
-  uint8 ``(N, 1, 28, 28)`` and the model's front end (:class:`~flatlab.workloads.images.ImageClassifier`
-  with mean 0, std 1) divides by 255, the same values.
-* Batches of 128 with the last incomplete batch dropped (``drop_last=True`` / ``drop_remainder``);
-  flatlab's trainer keeps it (50,000 = 390 x 128 + 80: one extra step of 80 images per epoch).
-
-Default recipe: batch 128, constant learning rate, no label smoothing (DeepOBS's baselines).
+How this compares with DeepOBS's PyTorch and TensorFlow data code: ``docs/workloads.md`` (Fashion-MNIST).
 """
 
 from __future__ import annotations
@@ -52,6 +29,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import nn
 
 from flatlab.errors import ConfigError
@@ -131,8 +109,6 @@ def read_idx_folder(folder: Path) -> Arrays:
 
 def _grey_uint8(images: List[Any], source: str) -> np.ndarray:
     """``(N, 28, 28)`` uint8 from PIL images or arrays (``(28, 28)`` or ``(28, 28, 1)``)."""
-    from PIL import Image
-
     out = []
     for im in images:
         if isinstance(im, Image.Image):
@@ -276,7 +252,8 @@ class FashionMNIST(Workload):
             )
         if folder.is_dir() and not any(folder.iterdir()):
             raise DataUnavailable(
-                f"workload 'fashion_mnist': data_path={path!r} is an empty folder. {how_to_get(self.params['hub_name'])}"
+                f"workload 'fashion_mnist': data_path={path!r} is an empty folder. "
+                f"{how_to_get(self.params['hub_name'])}"
             )
         found, missing = find_idx_files(folder) if folder.is_dir() else ({}, [])
         if found and missing:
@@ -299,7 +276,7 @@ class FashionMNIST(Workload):
         else:
             hint = f"{folder} holds none of the four IDX files either. {how_to_get(hub)}"
         try:
-            import datasets  # noqa: F401
+            import datasets  # noqa: F401  (deferred: heavy, and optional; only checks it is there)
         except ImportError as exc:
             raise DataUnavailable(
                 f"workload 'fashion_mnist': reading {folder or 'the hub'} needs the `datasets` package "

@@ -3,35 +3,18 @@
 All take ``(N, 1, 28, 28)`` float images and return ``(N, 10)`` logits (the workload puts them behind
 :class:`~flatlab.workloads.images.ImageClassifier`, which turns uint8 pixels into [0, 1]).
 
-DeepOBS (Schneider, Balles & Hennig, ICLR 2019), test problems ``fmnist_2c2d`` and ``fmnist_mlp``,
-read in ``fsschneider/DeepOBS``: ``deepobs/pytorch/testproblems/testproblems_modules.py``
-(``net_mnist_2c2d``, ``net_mlp``), ``deepobs/pytorch/testproblems/testproblems_utils.py``
-(``tfconv2d``, ``tfmaxpool2d``, ``_truncated_normal_init``) and, for the TensorFlow code that produced
-the published baselines, ``deepobs/tensorflow/testproblems/_2c2d.py`` and ``_mlp.py``:
+* ``2c2d`` (DeepOBS ``fmnist_2c2d``, 3,274,634 parameters): two 5x5 convolutions (32, 64 channels, TF
+  "same" padding, ReLU, 2x2 max-pool), dense 3,136 -> 1,024 -> 10; weights ~ truncated normal (std
+  0.05, cut at 2 std), biases 0.05.
+* ``mlp`` (DeepOBS ``fmnist_mlp``, 1,336,610 parameters): dense 784 -> 1,000 -> 500 -> 100 -> 10 with
+  ReLU; weights ~ truncated normal (std 0.03, cut at 2 std), biases 0.
+* ``small_cnn`` (flatlab's, for CPU studies; 20,746 parameters at ``width=16``, 20,842 with BatchNorm):
+  conv 5x5 stride 2 (1 -> w), conv 3x3 stride 2 (w -> 2w), each [BatchNorm] and ReLU, dense 98w -> 10;
+  PyTorch's default initialisation.
 
-``2c2d`` (3,274,634 parameters)
-    conv 5x5, 1 -> 32 channels, TF "same" padding, ReLU, max-pool 2x2 stride 2 -> (32, 14, 14);
-    conv 5x5, 32 -> 64, "same", ReLU, max-pool 2x2 stride 2 -> (64, 7, 7); flatten (3,136);
-    dense 3,136 -> 1,024, ReLU; dense 1,024 -> 10. Every weight ~ truncated normal (std 0.05, cut at
-    2 std, i.e. at +-0.1), every bias = 0.05.
-``mlp`` (1,336,610 parameters)
-    flatten (784); dense 784 -> 1,000 -> 500 -> 100 with ReLU; dense 100 -> 10. Weights ~ truncated
-    normal (std 0.03, cut at 2 std), biases = 0.
-
-TF's "same" padding of a stride-1 5x5 convolution is 2 pixels on every side (symmetric, so
-``padding=2`` here is the same map), and a 2x2 stride-2 pool of an even-sized input pads nothing.
-DeepOBS draws its truncated normals with scipy (``truncnorm(-2, 2)``) from a numpy state seeded from
-torch's RNG; here ``torch.nn.init.trunc_normal_`` draws the same distribution from torch's RNG (the
-same law, another stream). TensorFlow flattens (H, W, C) where torch flattens (C, H, W): a fixed
-permutation of the first dense layer's inputs, the same model class and the same i.i.d. initial law.
-
-``small_cnn`` (flatlab's, for CPU studies; 20,746 parameters at ``width=16``, 20,842 with BatchNorm)
-    conv 5x5 stride 2 pad 2, 1 -> w, [BatchNorm], ReLU -> (w, 14, 14); conv 3x3 stride 2 pad 1,
-    w -> 2w, [BatchNorm], ReLU -> (2w, 7, 7); flatten; dense 98w -> 10. PyTorch's default
-    initialisation. Parameters: 26w + (18w^2 + 2w) + (980w + 10) (+ 6w with BatchNorm). Strided
-    convolutions instead of max-pooling: on one CPU thread a training step takes about a quarter of
-    the time of the same widths with 3x3 convs and 2x2 max-pools at full resolution, for about the same
-    accuracy after 3 epochs (88.2 % vs 88.6 % on the validation split; one seed, SGD with momentum 0.9, lr 0.05).
+The DeepOBS files read (Schneider, Balles & Hennig, ICLR 2019), layer by layer shapes, and where these
+differ from DeepOBS's own draws (the same law from another RNG stream; TensorFlow's flatten order):
+``docs/workloads.md`` (Fashion-MNIST).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Data (``data_path``): the hub dataset ``nyu-mll/glue`` with the task as config, 
 ``save_to_disk`` folder (a ``DatasetDict`` with ``train`` and ``validation`` splits and the task's
 text columns plus ``label``), or ``"synthetic"`` (token ids generated in the model's vocabulary,
 no tokenizer needed). GLUE's test labels are hidden, so: ``val`` = a random hold-out of the training
-set (``val_fraction``, at most ``max_val_size``; study seed), used by the searcher; ``test`` = GLUE's
+set (``val_fraction``, at most ``MAX_VAL_SIZE`` = 5,000 examples; study seed), used by the searcher; ``test`` = GLUE's
 dev set, evaluated once at the end (what papers report as GLUE scores).
 
 Text is tokenised once on the driver (``tokenizer``: a hub name or local folder, default = ``model``),
@@ -37,6 +37,7 @@ from flatlab.workloads.sources import describe_error, is_synthetic, load_hf, req
 
 DEFAULT_MODEL = "distilbert/distilbert-base-uncased"
 DEFAULT_VOCAB = 30522  # DistilBERT's (uncased WordPiece)
+MAX_VAL_SIZE = 5000  # cap on the validation hold-out (examples)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -170,7 +171,6 @@ class GlueWorkload(Workload):
         "hub_name",
         "synthetic_size",
         "val_fraction",
-        "max_val_size",
     )
     """Base of the ``glue/<task>`` workloads (see the module docstring)."""
 
@@ -188,9 +188,14 @@ class GlueWorkload(Workload):
         HParam("hub_name", "nyu-mll/glue", str, doc="Hugging Face dataset used when data_path is None"),
         HParam("synthetic_size", 256, int, low=8, doc="data_path='synthetic': training examples (dev: a quarter)"),
         HParam(
-            "val_fraction", 0.1, float, low=0.0, high=0.5, low_open=True, doc="share of train held out for validation"
+            "val_fraction",
+            0.1,
+            float,
+            low=0.0,
+            high=0.5,
+            low_open=True,
+            doc=f"share of train held out for validation (at most {MAX_VAL_SIZE} examples)",
         ),
-        HParam("max_val_size", 5000, int, low=1, doc="cap on the validation hold-out (examples)"),
         HParam(
             "vocab_size",
             None,
@@ -221,7 +226,7 @@ class GlueWorkload(Workload):
 
     # ---------------------------------------------------------------------------------------------- data
     def _tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # deferred: heavy, and optional (the nlp extra)
 
         name = self.params["tokenizer"] or self.params["model"]
         try:
@@ -307,7 +312,7 @@ class GlueWorkload(Workload):
                 torch.from_numpy(targets[idx]),
             )
 
-        n_val = max(1, min(p["max_val_size"], int(round(p["val_fraction"] * len(y)))))
+        n_val = max(1, min(MAX_VAL_SIZE, int(round(p["val_fraction"] * len(y)))))
         tr, va = _random_holdout(len(y), n_val, seed)
         return Data(
             train=split(x, y, tr),
@@ -318,7 +323,7 @@ class GlueWorkload(Workload):
 
     # ---------------------------------------------------------------------------------------------- model
     def build_model(self) -> nn.Module:
-        from transformers import (
+        from transformers import (  # deferred: heavy, and optional (the nlp extra)
             AutoModelForSequenceClassification,
             DistilBertConfig,
             DistilBertForSequenceClassification,
@@ -400,13 +405,14 @@ def _metric_names(task: GlueTask) -> Tuple[str, ...]:
 def _register(task_name: str) -> None:
     task = TASKS[task_name]
     primary = PRIMARY.get(task_name, "accuracy")
+    kind = "regression, " if task.regression else ""
     cls = type(
         f"Glue_{task_name}",
         (GlueWorkload,),
         {
             "__doc__": f"GLUE {task_name.upper()} with DistilBERT; primary metric val/{primary}.",
             "name": f"glue/{task_name}",
-            "doc": f"GLUE {task_name} fine-tuning (DistilBERT); {'regression, ' if task.regression else ''}metrics {', '.join(task.metrics)}",
+            "doc": f"GLUE {task_name} fine-tuning (DistilBERT); {kind}metrics {', '.join(task.metrics)}",
             "task_name": task_name,
             "task": task,
             "primary_metric": f"val/{primary}",

@@ -1,18 +1,10 @@
 """``imagenet``: ImageNet-1k classification (Russakovsky et al. 2015) with torchvision's ResNet-50, images
 streamed from disk (IRE paper, Table 2).
 
-Sources (``data_path``):
-
-* ``None`` (default): the Hugging Face dataset ``hub_name`` (``ILSVRC/imagenet-1k``, gated: accept its
-  terms and log in, or pre-fill the cache and set ``HF_DATASETS_OFFLINE=1``), splits ``train`` and
-  ``validation``, columns ``image`` (Image) and ``label`` (ClassLabel). Rows are decoded from the
-  memory-mapped Arrow files when a mini-batch is indexed.
-* a folder holding ``train/`` and ``val/`` in torchvision's ImageFolder layout (``<split>/<class>/<image>``;
-  classes = sorted sub-folder names, e.g. WordNet ids; the ``val`` classes are matched by name), or a
-  ``save_to_disk`` folder of the hub dataset (``dataset_dict.json`` with ``train`` and ``validation``).
-* ``"synthetic"``: ``synthetic_size`` generated class-dependent images of ``synthetic_image_size``
-  pixels in ``num_classes`` classes (:func:`flatlab.workloads.images.synthetic_images`), streamed
-  through the same readers and transforms as files are (tests and the ``smoke`` scale; nothing is read).
+Sources (``data_path``): ``None`` (default) the gated hub dataset ``hub_name`` (``ILSVRC/imagenet-1k``);
+a folder holding ``train/`` and ``val/`` in torchvision's ImageFolder layout, or a ``save_to_disk``
+folder of the hub dataset; or ``"synthetic"`` (generated images streamed through the same readers and
+transforms, for tests and the ``smoke`` scale).
 
 Nothing is held in memory but the file list and labels: every split is a
 :class:`~flatlab.workloads.lazy_images.LazyImages` whose rows are decoded (on a thread pool, the next
@@ -22,21 +14,12 @@ Splits: ``val`` = ``val_size`` training images held out (stratified, fixed by th
 selection; ``test`` = the official validation set (50,000 images; the split the papers report),
 evaluated once at the end. ``val_size = 0`` validates on the official validation set.
 
-Preprocessing (torchvision's reference recipe, ImageNet mean/std normalisation inside the model):
-
-* evaluation: resize the shorter side to ``resize_size`` (256), centre crop ``crop_size`` (224);
-* training (``augment='standard'``): RandomResizedCrop to ``crop_size`` (area fraction in [0.08, 1],
-  aspect ratio in [3/4, 4/3]) and a horizontal flip with probability 1/2, drawn from the trainer's
-  generator (:func:`random_resized_crop`). The crop is taken from the image as stored by the reader:
-  shorter side resized to ``resize_size`` and centre-cropped to a ``resize_size`` square (a fixed shape is
-  what a lazily decoded batch can hold). Compared with cropping the full-resolution original, this drops
-  the margins of the longer side (1/8 of each side of a 4:3 image) and upsamples small crops from fewer
-  pixels; a larger ``resize_size`` reduces the second effect (and makes evaluation resize differently).
-  ``augment='none'`` centre-crops ``crop_size`` from the stored image.
-
-Flatness measures (``Study.measures``) on ``measure_split='train'`` see the stored training images
-(``resize_size`` square, uncropped: ResNet's global pooling accepts them); ``measure_split='val'`` measures
-on ``crop_size`` evaluation crops as the test set is seen.
+Preprocessing (torchvision's reference recipe, mean/std normalisation inside the model): evaluation
+resizes the shorter side to ``resize_size`` (256) and centre-crops ``crop_size`` (224); training
+(``augment='standard'``) takes a RandomResizedCrop (area in [0.08, 1], aspect ratio in [3/4, 4/3]) and
+a flip with probability 1/2 from the STORED image (shorter side resized to ``resize_size``,
+centre-cropped to a square). How that differs from cropping the original, and what the flatness
+measures see on each split: ``docs/workloads.md`` (ImageNet).
 """
 
 from __future__ import annotations
@@ -49,11 +32,13 @@ from typing import Any, ClassVar, Dict, List, Optional
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import nn
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.workloads.base import Data, Inputs, Split, TrainDefaults, Workload
+from flatlab.workloads.clip_data import ImageReader, Source, label_indices, pixel_transform, select_items
 from flatlab.workloads.images import IMAGENET_MEAN, IMAGENET_STD, ImageClassifier, holdout_split, synthetic_images
 from flatlab.workloads.lazy_images import LazyImages
 from flatlab.workloads.registry import register_workload
@@ -69,9 +54,7 @@ RATIO = (3 / 4, 4 / 3)  # and its aspect-ratio range (width / height)
 def pixel_steps(resize: int, crop: int):
     """PIL -> uint8 ``(3, crop, crop)``: RGB, shorter side resized to ``resize`` (bilinear, antialiased),
     centre crop ``crop`` (torchvision's evaluation transform without normalisation)."""
-    from torchvision import transforms
-
-    from flatlab.workloads.clip_data import pixel_transform
+    from torchvision import transforms  # deferred: torchvision loads in seconds
 
     return pixel_transform(transforms.Compose([transforms.Resize(resize), transforms.CenterCrop(crop)]))
 
@@ -133,7 +116,7 @@ def random_resized_crop(
         ``(N, 3, size, size)`` uint8: each image's box (:func:`resized_crop_params`) resized bilinearly
         (antialiased) to ``size``, then mirrored with probability 1/2 (one draw per image).
     """
-    from torchvision.transforms.v2 import functional as TF
+    from torchvision.transforms.v2 import functional as TF  # deferred: torchvision loads in seconds
 
     n, _, height, width = x.shape
     boxes = resized_crop_params(n, height, width, generator, scale, ratio)
@@ -185,8 +168,6 @@ class SyntheticReader:
         return f"synthetic row {int(item)}"
 
     def __call__(self, item: Any) -> torch.Tensor:
-        from PIL import Image
-
         with self._lock:
             if self._images is None:
                 n, c, size, seed = self.args
@@ -326,8 +307,6 @@ class ImageNet(Workload):
 
     def _real_sources(self, store_t: Any, eval_t: Any):
         """``((store_reader, eval_reader, items, labels), (eval_reader, items, labels), description)``."""
-        from flatlab.workloads.clip_data import ImageReader, Source, label_indices, select_items
-
         p = self.params
         path = p["data_path"]
         if path is None:
@@ -361,7 +340,7 @@ class ImageNet(Workload):
     def build_model(self) -> nn.Module:
         """``ImageClassifier(torchvision.models.<model>(weights=None, num_classes))``: uint8 ``(N, 3, S, S)``
         -> ``(N, num_classes)`` logits, ImageNet mean/std normalisation in front."""
-        import torchvision
+        import torchvision  # deferred: torchvision loads in seconds
 
         net = getattr(torchvision.models, self.params["model"])(weights=None, num_classes=self.params["num_classes"])
         return ImageClassifier(net, IMAGENET_MEAN, IMAGENET_STD)

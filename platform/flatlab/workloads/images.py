@@ -11,6 +11,7 @@ from typing import Any, Iterable, Sequence, Tuple
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import nn
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
@@ -75,7 +76,7 @@ def auto_augment(x: torch.Tensor, generator: torch.Generator, policy: str = "cif
     Args:
         x: ``(N, 3, H, W)`` uint8 images. ``policy``: ``cifar10`` | ``imagenet`` | ``svhn``.
     """
-    from torchvision.transforms import v2
+    from torchvision.transforms import v2  # deferred: torchvision loads in seconds
 
     aa = v2.AutoAugment(v2.AutoAugmentPolicy(policy))
     seed = int(torch.randint(0, 2**62, (1,), generator=generator))
@@ -149,8 +150,6 @@ def to_chw_uint8(images: Iterable[Any], size: int = 0) -> np.ndarray:
     ``size > 0``: resize the shorter side to ``size`` (bilinear) and centre-crop ``size x size`` first
     (images of different sizes, e.g. DTD); ``size = 0`` requires equal sizes.
     """
-    from PIL import Image
-
     out = []
     for im in images:
         if not isinstance(im, Image.Image):

@@ -146,7 +146,8 @@ class LazyImages:
         if isinstance(idx, torch.Tensor):
             if idx.dtype == torch.bool or idx.is_floating_point() or idx.is_complex() or idx.ndim != 1:
                 raise IndexError(
-                    f"LazyImages takes a 1-D integer index or a slice; got a {idx.dtype} tensor of shape {tuple(idx.shape)}"
+                    f"LazyImages takes a 1-D integer index or a slice; got a {idx.dtype} tensor of shape "
+                    f"{tuple(idx.shape)}"
                 )
             rows = idx.tolist()
         else:

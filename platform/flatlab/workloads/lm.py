@@ -1,48 +1,23 @@
 """``lm/<corpus>``: causal language-model pre-training from scratch (IRE paper, Fig. 3 and Fig. 4).
 
-Corpora (``data_path``: hub by default, a local folder, or ``"synthetic"``):
+Corpora (:data:`CORPORA`; ``data_path``: hub by default, a local folder, or ``"synthetic"``):
+``lm/wikitext2``, ``lm/wikitext103``, ``lm/minipile``, ``lm/openwebtext``. Model size presets
+(:data:`PRESETS`; ``n_layers``/``width``/``n_heads``/``intermediate``/``context`` override them):
+``transformer_2l`` (GPT-2 blocks, 6.9 M parameters), ``llama_60m`` (73.2 M with GPT-2's vocabulary),
+``llama_119m``, ``llama_229m`` (RoPE, untied embeddings).
 
-================  =====================================  ==========================  =================
-workload          hub dataset (config)                   splits                      default model
-================  =====================================  ==========================  =================
-``lm/wikitext2``    ``Salesforce/wikitext`` (wikitext-2-raw-v1)    train / validation / test   ``transformer_2l``
-``lm/wikitext103``  ``Salesforce/wikitext`` (wikitext-103-raw-v1)  train / validation / test   ``llama_60m``
-``lm/minipile``     ``JeanKaddour/minipile``                       train / validation / test   ``llama_119m``
-``lm/openwebtext``  ``Skylion007/openwebtext``                     train (val: the last 0.05%)  ``llama_229m``
-================  =====================================  ==========================  =================
-
-Models (``model``; ``n_layers``/``width``/``n_heads``/``intermediate``/``context`` override a preset,
-e.g. for tests):
-
-* ``transformer_2l``: 2-layer decoder-only transformer (GPT-2 blocks, learned absolute positions,
-  width 128, 8 heads, context 512, tied embeddings): 6.9 M parameters with GPT-2's 50,257 tokens.
-* ``llama_60m``: Llama, 16 layers, width 410, 10 heads, FFN 1093, context 150: 73.2 M with GPT-2's
-  vocabulary. 410 / 10 = 41 is odd and RoPE rotates pairs of dimensions, so the heads are 40 wide
-  (attention inner width 400, projected back to 410): any odd head dimension is rounded down.
-* ``llama_119m``: 6 layers, 768, 12 heads, FFN 2048, context 512: 119.7 M.
-* ``llama_229m``: 16 layers, 768, 12 heads, FFN 3072, context 1024: 228.2 M.
-  (Untied input/output embeddings. The paper's counts depend on its tokenizer, which our notes do
-  not record; with GPT-2's the 119M/229M counts match and the "60M" model has 73.2 M.)
-
-Data: each split is tokenised once (``tokenizer``, default GPT-2's BPE; an end-of-text token between
-documents for minipile/openwebtext) with ``datasets.map`` (whose Arrow cache holds the tokenised
-dataset), then packed into one token stream written to ``cache_dir`` as a ``.npy`` file and
-memory-mapped. A split is the stream cut every ``context`` tokens (:class:`TokenWindows`): inputs
-``(N, context)``, targets the same windows shifted by one token. Pickling a
-file-backed split sends only the path, so trials on one node share the cache through the page
-cache (a shared filesystem across nodes). Synthetic data: a random sparse Markov chain over
-``vocab_size`` (default 256) tokens, in memory.
+Data: each split is tokenised once (``tokenizer``, default GPT-2's BPE) with ``datasets.map``, packed
+into one token stream written to ``cache_dir`` as a ``.npy`` file and memory-mapped; a split is the
+stream cut every ``context`` tokens (:class:`TokenWindows`: inputs ``(N, context)``, targets shifted by
+one token). Synthetic data: a random sparse Markov chain over ``vocab_size`` (default 256) tokens.
 
 Metrics: ``val/loss`` (nats per token), ``val/perplexity`` = exp(``val/loss``), ``val/accuracy``
-(next-token top-1), the same for ``test``. The paper's "2x speed-up" (steps to reach AdamW's final
-training loss) is not a workload metric: the trainer keeps every run's smoothed training-loss curve
-(:mod:`flatlab.train.curve`) and a study with ``reference_arm`` (or ``target_loss``) logs
-``train/steps_to_target`` and ``train/speedup`` after it ends (:mod:`flatlab.tracking.speedup`).
+(next-token top-1), the same for ``test``. Recipe (IRE paper, Fig. 4): AdamW betas (0.9, 0.95), weight
+decay 0.1, gradient clipping 1.0, warm-up then cosine to lr_max / 20; ``clip_norm`` and
+``final_lr_factor`` are trainer parameters the study files set.
 
-Recipe (IRE paper, Fig. 4): AdamW betas (0.9, 0.95), weight decay 0.1, gradient clipping 1.0,
-linear warm-up then cosine to lr_max / 20. The workload's default recipe has batch 32, cosine;
-``clip_norm=1.0`` and ``final_lr_factor=0.05`` are trainer parameters the study files set (the
-workload recipe has no fields for them).
+The corpora and their splits, each preset's shape and parameter count, the data pipeline and how the
+paper's "2x speed-up" is measured: ``docs/workloads.md`` (Language models).
 """
 
 from __future__ import annotations
@@ -110,7 +85,7 @@ CORPORA: Dict[str, Corpus] = {
 
 # --------------------------------------------------------------------------------------------------
 class TokenWindows:
-    """A 1-D token stream seen as ``(N, context)`` int64 rows: row i = ``tokens[start + i*context + shift :][:context]``.
+    """A 1-D token stream as ``(N, context)`` int64 rows: row i = ``tokens[start + i*context + shift :][:context]``.
 
     Behaves like the tensors a :class:`~flatlab.workloads.base.Split` holds (``shape``, ``len``,
     indexing by int / slice / index tensor returns an int64 ``torch.Tensor``). ``shift=0`` gives the
@@ -257,7 +232,6 @@ class LMWorkload(Workload):
         "synthetic_tokens",
         "val_fraction",
         "max_train_tokens",
-        "max_eval_tokens",
         "context",
     )
     """Base of the ``lm/<corpus>`` workloads (see the module docstring). Metric ``val/loss`` (min)."""
@@ -317,7 +291,6 @@ class LMWorkload(Workload):
                 nullable=True,
                 doc="packed token streams (None: $FLATLAB_CACHE or ~/.cache/flatlab)",
             ),
-            HParam("tokenize_workers", 1, int, low=1, doc="processes for datasets.map tokenisation"),
             HParam(
                 "synthetic_tokens",
                 8192,
@@ -336,9 +309,6 @@ class LMWorkload(Workload):
             ),
             HParam(
                 "max_train_tokens", None, int, low=2, nullable=True, doc="use only the first this many training tokens"
-            ),
-            HParam(
-                "max_eval_tokens", None, int, low=2, nullable=True, doc="evaluate on at most this many tokens per split"
             ),
             HParam("eval_batch_size", 16, int, low=1, doc="windows per evaluation batch"),
         )
@@ -362,7 +332,7 @@ class LMWorkload(Workload):
 
     # ---------------------------------------------------------------------------------------------- data
     def _tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # deferred: heavy, and optional (the nlp extra)
 
         name = self.params["tokenizer"]
         try:
@@ -394,7 +364,6 @@ class LMWorkload(Workload):
                 encode,
                 batched=True,
                 remove_columns=ds.column_names,
-                num_proc=p["tokenize_workers"] if p["tokenize_workers"] > 1 else None,
                 desc=f"tokenising {split}",
             )
             total = int(np.sum(list(enc["n"])))
@@ -440,8 +409,6 @@ class LMWorkload(Workload):
             source = p["data_path"] or p["hub_name"]
         if p["max_train_tokens"]:
             streams["train"] = streams["train"].head(p["max_train_tokens"])
-        if p["max_eval_tokens"]:
-            streams.update({k: v.head(p["max_eval_tokens"]) for k, v in streams.items() if k != "train"})
         for k, s in streams.items():
             if len(s) < ctx + 1:
                 raise ValueError(
@@ -466,7 +433,7 @@ class LMWorkload(Workload):
             vocab = len(self._tokenizer())
         kind = PRESETS[p["model"]].kind
         if kind == "gpt2":
-            from transformers import GPT2Config, GPT2LMHeadModel
+            from transformers import GPT2Config, GPT2LMHeadModel  # deferred: heavy, optional (nlp extra)
 
             eos = min(50256, vocab - 1)  # GPT-2's end-of-text id, inside small test vocabularies
             cfg = GPT2Config(
@@ -484,7 +451,7 @@ class LMWorkload(Workload):
             )
             hf = GPT2LMHeadModel(cfg)
         else:
-            from transformers import LlamaConfig, LlamaForCausalLM
+            from transformers import LlamaConfig, LlamaForCausalLM  # deferred: heavy, optional (nlp extra)
 
             head_dim = s["width"] // s["n_heads"]
             extra: Dict[str, Any] = {}

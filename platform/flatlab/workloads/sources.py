@@ -69,7 +69,7 @@ def load_hf(
         DataUnavailable: the path does not exist or cannot be read, or the hub cannot be reached;
             the message names ``param`` and explains how to provide the data offline.
     """
-    import datasets
+    import datasets  # deferred: heavy, and optional (the vision, nlp and clip extras)
 
     hint = hint or _offline_hint(workload, hub_name, config, param)
     if data_path is not None:
@@ -99,7 +99,7 @@ def get_split(dsets: Any, names: Tuple[str, ...]) -> Any:
 
     A bare ``Dataset`` (not a dict) counts as the ``train`` split.
     """
-    import datasets
+    import datasets  # deferred: heavy, and optional (the vision, nlp and clip extras)
 
     if isinstance(dsets, datasets.Dataset):
         return dsets if "train" in names else None
@@ -127,5 +127,6 @@ def require_columns(ds: Any, candidates: Tuple[str, ...], what: str, workload: s
         if c in ds.column_names:
             return c
     raise DataUnavailable(
-        f"workload {workload!r}: no {what} column; expected one of {', '.join(candidates)}, found {', '.join(ds.column_names)}"
+        f"workload {workload!r}: no {what} column; expected one of {', '.join(candidates)}, "
+        f"found {', '.join(ds.column_names)}"
     )

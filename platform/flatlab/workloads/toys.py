@@ -34,6 +34,8 @@ from flatlab.hparams import HParam
 from flatlab.workloads.base import Data, Split, TrainDefaults, Workload
 from flatlab.workloads.registry import register_workload
 
+BASIN_RADIUS = 0.1  # r of the TSAM toys' basin_sharpness, (L(m + r) + L(m - r)) / 2 - L(m)
+
 LossFn = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -156,9 +158,6 @@ class _TSAMToy(_Toy):
     common = (
         HParam("steps_per_epoch", 4, int, low=1, high=100_000, doc="optimizer steps per reported epoch"),
         HParam("tail", 25, int, low=1, high=100_000, doc="epochs whose end points the tail mean averages"),
-        HParam(
-            "sharpness_radius", 0.1, float, low=0.0, low_open=True, doc="r of basin_sharpness: mean L(m +- r) - L(m)"
-        ),
     )
 
     def __init__(self, **params: object) -> None:
@@ -181,12 +180,12 @@ class _TSAMToy(_Toy):
         iterates (the iterate keeps bouncing when rho is a large share of the distance between minima);
         ``basin``: the minimum gradient descent reaches from ``theta_tail``, its ``basin_loss``,
         ``basin_curvature`` (central difference, h = 1e-4; 2/h at a kink) and ``basin_sharpness`` =
-        (L(m + r) + L(m - r)) / 2 - L(m), r = ``sharpness_radius``."""
+        (L(m + r) + L(m - r)) / 2 - L(m), r = ``BASIN_RADIUS`` = 0.1."""
         theta = float(self.point(model)[0])
         self._ends.append(theta)
         tail = sum(self._ends[-self.params["tail"] :]) / len(self._ends[-self.params["tail"] :])
         m = self.basin(tail)
-        h, r = 1e-4, self.params["sharpness_radius"]
+        h, r = 1e-4, BASIN_RADIUS
         lm = self._loss_at(m)
         return {
             "loss": self._loss_at(theta),
