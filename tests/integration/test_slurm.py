@@ -1,7 +1,8 @@
 """deploy/slurm/flatlab.sbatch on a real SLURM (:mod:`local_slurm`: slurmctld, slurmd and munged on
-127.0.0.1): a small digits study is submitted, cancelled with ``scancel`` in the middle of its search,
-and finished by resubmitting it with ``--resume``. The MLflow store then holds every trial once, none
-RUNNING, the Optuna studies their budget, and no process of either job is left.
+127.0.0.1): a small digits study is submitted and cancelled with ``scancel`` in the middle of its
+search; resubmitted with ``--resume`` and stopped by USR1 (what ``--signal=B:USR1@300`` sends before the
+time limit); and resubmitted with ``--resume`` again. The MLflow store then holds every trial once, none
+RUNNING, the Optuna studies their budget, and no process of any of the jobs is left.
 
 Without SLURM the test skips, saying why; with ``FLATLAB_REQUIRE_SLURM=1`` (``.ci/run``) it fails
 instead."""
