@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Fashion-MNIST's IDX files as Debian's package dataset-fashion-mnist installs them (found there by default)
 FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
 
-.PHONY: venv venv-test data demo test test-fast bench docs-results clean
+.PHONY: venv venv-test data slurm demo test test-fast bench docs-results clean
 
 # flatlab and what it needs to run studies (the demo needs no more)
 $(BIN)/flatlab: pyproject.toml
@@ -46,8 +46,23 @@ data:
 	  echo "data: $(FMNIST_DIR) is missing (install Debian's dataset-fashion-mnist as root, or see \`flatlab workloads fashion_mnist\`); its tests will skip"; \
 	fi
 
-## test: the whole suite (unit + integration with local Ray, an MLflow server and a Ray head on 127.0.0.1)
-test: venv-test data
+## slurm: a one-node SLURM for tests/integration/test_slurm.py (Debian's slurmctld, slurmd, slurm-client and munge,
+## 22.05 on Debian 12): installed with apt-get when missing and this runs as root; otherwise (or if apt fails) one
+## line says so, and its test skips (or fails under FLATLAB_REQUIRE_SLURM=1). The test starts the daemons itself.
+SLURM_PACKAGES ?= slurmctld slurmd slurm-client munge
+slurm:
+	@if command -v sbatch >/dev/null 2>&1 && [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "slurm: installing Debian's $(SLURM_PACKAGES) (apt-get)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) >/dev/null) \
+	    || echo "slurm: apt-get could not install $(SLURM_PACKAGES); the SLURM test will skip (or fail under FLATLAB_REQUIRE_SLURM=1)"; \
+	else \
+	  echo "slurm: SLURM is missing (install Debian's $(SLURM_PACKAGES) as root); the SLURM test will skip"; \
+	fi
+
+## test: the whole suite (unit + integration with local Ray, an MLflow server and a Ray head on 127.0.0.1, and a
+## one-node SLURM on 127.0.0.1 running deploy/slurm/flatlab.sbatch)
+test: venv-test data slurm
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## test-fast: skip the slow service tests

@@ -2,6 +2,8 @@
 restored experiment tells the searcher and the progress line."""
 
 import json
+import socket
+import time
 import warnings
 from types import SimpleNamespace
 
@@ -296,6 +298,45 @@ def test_a_resume_logs_to_the_launch_s_store_and_refuses_another(tmp_path, monke
     assert (
         _tracking_uri(RunOptions(resume=True), Launch(path=tmp_path / "old.json"), tmp_path) == default
     )  # an old record
+
+
+def test_a_resume_takes_the_launch_s_store_at_a_new_address_and_refuses_other_stores(tmp_path, monkeypatch):
+    """A tracking server that moved (a SLURM job's head node, between a cancelled job and its
+    resubmission) serves the same store at a new URI: the store that holds the launch's run is taken."""
+    from mlflow.tracking import MlflowClient
+
+    from flatlab.study.runner import RunOptions, _tracking_uri
+    from flatlab.tracking.runs import holds_run
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the backend store the old server wrote
+    c = MlflowClient(tracking_uri=store)
+    exp = c.create_experiment("s")
+    run = c.create_run(exp).info.run_id
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    MlflowClient(tracking_uri=other).create_run(MlflowClient(tracking_uri=other).create_experiment("s"))
+    launch = Launch(
+        path=tmp_path / "launch.json", tracking_uri="http://10.0.0.5:5000", parent_run_id=run, experiment_id=exp
+    )
+    assert _tracking_uri(RunOptions(resume=True, tracking_uri=store), launch, tmp_path) == store
+    with pytest.raises(
+        ConfigError,
+        match=rf"--tracking-uri {other} is not the store of the launch it finishes "
+        rf"\(http://10.0.0.5:5000; it does not hold the launch's run {run}\)",
+    ):
+        _tracking_uri(RunOptions(resume=True, tracking_uri=other), launch, tmp_path)
+    missing = tmp_path / "missing.db"
+    with pytest.raises(ConfigError, match="is not the store of the launch"):
+        _tracking_uri(RunOptions(resume=True, tracking_uri=f"sqlite:///{missing}"), launch, tmp_path)
+    assert not missing.exists()  # asking created no store
+    assert not holds_run(store, run, "999") and not holds_run(store, "0" * 32, exp)
+    assert not holds_run("file:///nowhere", run, exp)  # neither SQLite nor a server: not opened
+    with socket.socket() as s:  # a closed port: no answer, at once (no MLflow retries)
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    t0 = time.monotonic()
+    assert not holds_run(f"http://127.0.0.1:{closed}", run, exp)
+    assert time.monotonic() - t0 < 10
 
 
 def test_a_refused_resume_leaves_no_folder_behind(tmp_path, monkeypatch):

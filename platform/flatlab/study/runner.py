@@ -450,16 +450,26 @@ def _tracking_uri(opts: RunOptions, previous: Optional[Launch], root: Path) -> s
     """The MLflow store of this launch: ``--tracking-uri``, else (``--resume``, ``--continue``) the one
     the previous launch recorded, else ``MLFLOW_TRACKING_URI`` or ``<root>/mlflow.db``.
 
+    ``--resume`` with a ``--tracking-uri`` other than the recorded one is the launch's store reached at
+    a new address when that store holds the launch's parent run (:func:`flatlab.tracking.runs.holds_run`):
+    a tracking server started again on another host over the same backend store, as a SLURM job's head
+    node changes between a cancelled job and its resubmission. The launch record then names the new URI.
+
     Raises:
-        ConfigError: ``--resume`` with a ``--tracking-uri`` other than the launch's (its trials' runs
+        ConfigError: ``--resume`` with a ``--tracking-uri`` that is not the launch's store (its trials' runs
             are in the launch's store; finishing them elsewhere would split the launch in two).
     """
     recorded = previous.tracking_uri if previous is not None else ""
     if opts.resume and recorded and opts.tracking_uri and opts.tracking_uri != recorded:
-        raise ConfigError(
-            f"--resume: --tracking-uri {opts.tracking_uri} is not the store of the launch it "
-            f"finishes ({recorded}); leave --tracking-uri out to use the launch's"
+        held = previous.parent_run_id and runs.holds_run(
+            opts.tracking_uri, previous.parent_run_id, previous.experiment_id
         )
+        if not held:
+            raise ConfigError(
+                f"--resume: --tracking-uri {opts.tracking_uri} is not the store of the launch it finishes ({recorded}; "
+                f"it does not hold the launch's run {previous.parent_run_id or '?'}); leave --tracking-uri out to use "
+                "the launch's"
+            )
     return opts.tracking_uri or recorded or runs.default_tracking_uri(root)
 
 

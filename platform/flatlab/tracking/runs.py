@@ -235,6 +235,40 @@ def sqlite_file(tracking_uri: str) -> Optional[Path]:
     return Path(database) if database and database != ":memory:" else None
 
 
+def holds_run(tracking_uri: str, run_id: str, experiment_id: str, timeout_s: float = 10.0) -> bool:
+    """Whether the MLflow store at ``tracking_uri`` holds run ``run_id`` in experiment ``experiment_id``,
+    i.e. it is the store that run was created in, at whatever address it is reached now (a tracking
+    server started again on another host over the same backend store, as a SLURM job's head node changes
+    between jobs).
+
+    Creates nothing: a ``sqlite:`` URI whose file does not exist, and a URI that is neither SQLite nor
+    ``http(s)://``, answer ``False`` without being opened. A server is asked once, without MLflow's
+    retries, within ``timeout_s`` seconds. Any error (no answer, no such run) answers ``False``.
+    """
+    if tracking_uri.startswith("sqlite:"):
+        db = sqlite_file(tracking_uri)
+        if db is None or not db.is_file():
+            return False
+    elif not tracking_uri.startswith(("http://", "https://")):
+        return False
+    from mlflow.tracking import MlflowClient
+
+    # MLflow reads these at each request; by default it retries a silent server for minutes
+    limits = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(max(1.0, timeout_s)))}
+    before = {key: os.environ.get(key) for key in limits}
+    os.environ.update(limits)
+    try:
+        return MlflowClient(tracking_uri=tracking_uri).get_run(run_id).info.experiment_id == str(experiment_id)
+    except Exception:  # noqa: BLE001 - unreachable, unknown run, malformed store: not this launch's store
+        return False
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def _alembic_revision(db: Path) -> Optional[str]:
     """The schema revision recorded in an MLflow SQLite file (``None``: no file, or no schema yet)."""
     import sqlite3
