@@ -65,12 +65,6 @@ RESULTS: Dict[str, Entry] = {
             ("compare", "fmnist_flatness", "--format", "markdown"),
         ),
         Entry(
-            "readme_fmnist",
-            (),
-            ("compare", "fmnist_flatness", "--measure", "flat_at_target/fisher_trace", "--format", "markdown"),
-            studies=("fmnist_flatness",),
-        ),
-        Entry(
             "digits_fmnist_summary",
             (),
             (
