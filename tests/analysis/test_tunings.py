@@ -98,3 +98,13 @@ def test_a_single_tuning_table_says_its_intervals_leave_the_tuning_out():
     assert SINGLE_TUNING_NOTE in caption(compare_table(one))
     sample = Sample.of(one, StudyInfo(name="x"))
     assert sample.tunings == [1] and sample.trials["completed"].all()
+
+
+def test_an_arms_two_level_interval_is_clipped_to_the_quantitys_range_as_in_a_single_table():
+    df = final_stage([-2.0, -3.0, -2.5])
+    df["flat/fisher_trace"] = (
+        df["flat/fisher_trace"] - 11.5
+    )  # sgd's tuning means -0.5, 0.5, 1.5: the raw interval dips below 0
+    df.loc[df["flat/fisher_trace"] < 0, "flat/fisher_trace"] = 0.01
+    a = compare_tunings(df).row("flat/fisher_trace", "sgd").across.estimate
+    assert a.low == 0.0 and a.high > 0  # a Fisher trace is >= 0 (flatlab.sharpness.measures declares it)

@@ -13,10 +13,10 @@ Bouthillier et al., MLSys 2021). The rule is written out in ``docs/comparing.md`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from flatlab.analysis.compare.statistics import CONFIDENCE
+from flatlab.analysis.compare.statistics import CONFIDENCE, clip
 from flatlab.analysis.compare.table import Comparison, _by_seed, compare_table
 from flatlab.analysis.replication import (
     AcrossTunings,
@@ -36,8 +36,8 @@ class TuningRow:
 
     Attributes:
         quantity, arm: which.
-        across: the arm's values over tunings (each tuning's final-seed mean, median, two-level interval,
-            variance components).
+        across: the arm's values over tunings (each tuning's final-seed mean, median, two-level interval
+            clipped to the quantity's range as a single table's, variance components).
         paired: against the reference arm (``None`` for the reference itself).
         p_holm: per tuning, the paired test's p-value Holm-adjusted within that tuning's family (NaN
             where there is no test).
@@ -177,6 +177,7 @@ def compare_tunings(
         for arm in first.arms:
             values = [_by_seed(c.seeds, arm, q) if q in c.quantities else {} for c in tables]
             across = across_tunings([dict(v) for v in values], confidence)
+            across = replace(across, estimate=clip(across.estimate, first.support.get(q)))  # as a single table
             if arm == first.reference:
                 rows.append(TuningRow(q, arm, across))
                 continue
