@@ -88,7 +88,8 @@ def report(rows: List[Dict], threads: Sequence[int]) -> List[str]:
         ev = r["eval_s"] * 10_000 / r["eval_n"]
         base.setdefault(r["model"], t50 + ev)
         lines.append(
-            f"{r['model']:10s} {r['threads']:7d} {1e3 * r['step_s']:8.1f} {1e3 * r['cpu_step_s']:11.1f} {t50:11.1f} {t60:11.1f} {ev:10.2f} "
+            f"{r['model']:10s} {r['threads']:7d} {1e3 * r['step_s']:8.1f} {1e3 * r['cpu_step_s']:11.1f} "
+            f"{t50:11.1f} {t60:11.1f} {ev:10.2f} "
             f"{t50 + ev:15.1f} {base[r['model']] / (t50 + ev):8.2f}"
         )
     return lines

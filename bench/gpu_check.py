@@ -190,7 +190,9 @@ def part_b(args: argparse.Namespace, device: torch.device) -> List[Row]:
         model = wl.build_model().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
         steps = math.ceil(len(data.train) / batch) * (args.epochs_b + 1)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.5 * (1 + math.cos(math.pi * min(k, steps) / steps)))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda k, steps=steps: 0.5 * (1 + math.cos(math.pi * min(k, steps) / steps))
+        )
         gen = torch.Generator().manual_seed(0)
         t_times: List[float] = []
         p_times: List[float] = []

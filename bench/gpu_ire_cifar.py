@@ -104,7 +104,8 @@ def main(argv: List[str] | None = None) -> None:
     ).load_data(0)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     print(
-        f"ResNet-56, synthetic CIFAR-10 shapes ({len(data.train)} images), batch {args.batch_size}, device {device} ({name}), "
+        f"ResNet-56, synthetic CIFAR-10 shapes ({len(data.train)} images), batch {args.batch_size}, "
+        f"device {device} ({name}), "
         f"torch {torch.__version__}"
     )
     results = {}
@@ -112,14 +113,16 @@ def main(argv: List[str] | None = None) -> None:
         r = run(opt, args, data, device)
         results[opt] = r
         print(
-            f"  {opt:8s} {r['images_per_s']:10.1f} images/s  ({r['steps']} timed steps in {r['seconds']:.2f} s, last loss {r['loss']:.3f})"
+            f"  {opt:8s} {r['images_per_s']:10.1f} images/s  ({r['steps']} timed steps in {r['seconds']:.2f} s, "
+            f"last loss {r['loss']:.3f})"
         )
     base = results["sgd"]["images_per_s"]
     print("time per image relative to SGD (paper: SAM ~2x, IRE ~1.1x at K=10):")
     for opt, r in results.items():
         print(f"  {opt:8s} {base / r['images_per_s']:.2f}x")
     print(
-        f"  sgd_ire / sgd = {base / results['sgd_ire']['images_per_s']:.3f}, sam / sgd = {base / results['sam']['images_per_s']:.3f}"
+        f"  sgd_ire / sgd = {base / results['sgd_ire']['images_per_s']:.3f}, "
+        f"sam / sgd = {base / results['sam']['images_per_s']:.3f}"
     )
 
 

@@ -295,7 +295,8 @@ def main() -> None:
     denormals = configure_cpu(args.threads or torch.get_num_threads(), flush_denormal=not args.keep_denormals)
     device = torch.device(args.device)
     print(
-        f"device={device} threads={torch.get_num_threads()} cpu_denormals={denormals} steps={args.steps} block={args.block} "
+        f"device={device} threads={torch.get_num_threads()} cpu_denormals={denormals} steps={args.steps} "
+        f"block={args.block} "
         f"warmup={args.warmup} batch={args.batch} clock={args.clock}"
     )
     header = ["model", "optimizer", f"first block ms ({args.clock})", "last block ms", "last / first", "(medians)"]

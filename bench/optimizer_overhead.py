@@ -469,7 +469,7 @@ def run_model(
             opt_r.steps(steps)
             base_r.steps(base_steps)
 
-        def paired(clock: str) -> List[float]:
+        def paired(clock: str, opt_r=opt_r, base_r=base_r, case=case) -> List[float]:
             o, b = getattr(opt_r, clock), getattr(base_r, clock)
             ratios = [o[k] / (0.5 * (b[k] + b[k + 1])) for k in range(len(o))]
             if args.verbose:
@@ -578,7 +578,8 @@ def main() -> None:
         "result",
     ]
     print(
-        f"device={device} threads={torch.get_num_threads()} cpu_denormals={denormals} steps={args.steps} ire_steps={args.ire_steps} "
+        f"device={device} threads={torch.get_num_threads()} cpu_denormals={denormals} steps={args.steps} "
+        f"ire_steps={args.ire_steps} "
         + ("" if args.memory_only else f"repeats={args.repeats} batch={args.batch} clock={args.clock}")
     )
     rows = [header]

@@ -227,8 +227,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         a_s = (seq[r][short.name] + seq[r + 1][short.name]) / 2
         a_l = (seq[r][long.name] + seq[r + 1][long.name]) / 2
         print(
-            f"round {r + 1}: (a) sequential loop: {a_s:7.1f} s and {a_l:7.1f} s ({e['a_ms']:.2f} ms per epoch; the mean "
-            f"of the runs before and after (b)), (b) time in Tune: {launches[r][short.name]:7.1f} s and "
+            f"round {r + 1}: (a) sequential loop: {a_s:7.1f} s and {a_l:7.1f} s ({e['a_ms']:.2f} ms per epoch; "
+            f"the mean of the runs before and after (b)), (b) time in Tune: {launches[r][short.name]:7.1f} s and "
             f"{launches[r][long.name]:7.1f} s, ratio {e['ratio']:.3f}, {e['ms']:.2f} ms per epoch"
         )
     ms = statistics.median(e["ms"] for e in est)
@@ -248,8 +248,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         short_s = statistics.mean(s for s, _ in outside)
         long_s = statistics.mean(s for _, s in outside)
         print(
-            f"  a trial outside its epochs (MLflow run span - sum of its time/epoch_s): {short_s:.2f} s and {long_s:.2f} s "
-            f"mean (set-up, reports, checkpoints, uploads; the first trial of a launch also starts the worker)"
+            f"  a trial outside its epochs (MLflow run span - sum of its time/epoch_s): {short_s:.2f} s and "
+            f"{long_s:.2f} s mean (set-up, reports, checkpoints, uploads; the first trial of a launch also starts "
+            f"the worker)"
         )
         print(
             f"  the same per extra epoch, measured inside the run (insensitive to the machine's load drifting between "

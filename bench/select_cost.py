@@ -96,9 +96,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
         row = {
             "case": name,
             "same": same,
-            "bracket ms": timed(lambda: flat.kth_smallest_with_count(values, k), args.repeats),
-            "radix ms": timed(lambda: flat.radix_kth_smallest_with_count(values, k), args.repeats),
-            "kthvalue ms": timed(lambda: torch.kthvalue(flat_values, k), max(1, args.repeats // 3)),
+            "bracket ms": timed(lambda values=values, k=k: flat.kth_smallest_with_count(values, k), args.repeats),
+            "radix ms": timed(lambda values=values, k=k: flat.radix_kth_smallest_with_count(values, k), args.repeats),
+            "kthvalue ms": timed(lambda v=flat_values, k=k: torch.kthvalue(v, k), max(1, args.repeats // 3)),
         }
         rows.append(row)
         print(

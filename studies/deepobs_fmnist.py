@@ -1,4 +1,5 @@
-"""DeepOBS's fmnist_2c2d baselines re-run: SGD, Momentum and Adam at DeepOBS's tuned settings, beside the published curves.
+"""DeepOBS's fmnist_2c2d baselines re-run: SGD, Momentum and Adam at DeepOBS's tuned settings, beside the
+published curves.
 
 Does flatlab reproduce somebody else's curve? DeepOBS (Schneider, Balles & Hennig, ICLR 2019) publishes
 per-epoch test accuracy and loss of its tuned optimizers on test problem ``fmnist_2c2d`` (a 3.27M-parameter
@@ -66,7 +67,8 @@ def build(scale: str) -> Study:
     paper = scale == "paper"
     return Study(
         name="deepobs_fmnist_2c2d" if paper else "deepobs_fmnist_2c2d_cpu",
-        description="DeepOBS fmnist_2c2d baselines (SGD, Momentum, Adam at their tuned settings) beside the published curves",
+        description="DeepOBS fmnist_2c2d baselines (SGD, Momentum, Adam at their tuned settings) "
+        "beside the published curves",
         workload="fashion_mnist",
         workload_params={"model": "2c2d", "val_size": 0},
         train={"batch_size": 128, "schedule": "constant", "test_every_epoch": True},

@@ -15,7 +15,8 @@ per arm with 95 % intervals, and paired differences against SGD.
 Scales (``--scale``):
 
 * ``full`` (default; study ``digits_flatness``): eight optimizers (SGD, SAM, ASAM, TSAM, SGD-IRE,
-  SAM-IRE, AdamW, AdmIRE; the SAM/TSAM-over-AdamW variants are left out), 16 trials per arm, up to 30 epochs, then 5 final seeds.
+  SAM-IRE, AdamW, AdmIRE; the SAM/TSAM-over-AdamW variants are left out), 16 trials per arm, up to 30
+  epochs, then 5 final seeds.
 * ``demo`` (study ``digits_flatness_demo``, what ``make demo`` runs): SGD, SAM, TSAM, SGD-IRE, AdamW
   and AdmIRE, 4 trials per arm, up to 20 epochs, then 3 final seeds.
 
@@ -42,7 +43,8 @@ def build(scale: str) -> Study:
     full = scale == "full"
     return Study(
         name="digits_flatness" if full else "digits_flatness_demo",
-        description="flat-minima optimizers on digits: per-arm tuning, flatness at a matched training loss, final seeds",
+        description="flat-minima optimizers on digits: per-arm tuning, flatness at a matched training loss, "
+        "final seeds",
         workload="digits",
         workload_params={"model": "mlp", "width": 128},
         train={"batch_size": 64, "schedule": "cosine", "stop_at_train_loss": TARGET_LOSS},

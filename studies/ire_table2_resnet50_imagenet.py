@@ -20,8 +20,9 @@ ResNet-50 / ImageNet value); IRE's mask refreshed every 10 steps (the default, `
 
 Cost: one GPU and 16 CPUs per trial, 16 decoding threads (``workers``; the CPUs decode JPEGs and crop:
 an H100-class GPU trains ResNet-50 at a few thousand images/s, more than 16 PIL threads decode, so
-expect the input pipeline to bound SGD's speed; not measured here); a SAM epoch is two forward/backward passes. Roughly 30 trials x
-90 epochs, i.e. many GPU-days: run it on a cluster (``Resources(gpu=...)`` per trial; set the data on a
+expect the input pipeline to bound SGD's speed; not measured here); a SAM epoch is two forward/backward
+passes. Roughly 30 trials x 90 epochs, i.e. many GPU-days: run it on a cluster (``Resources(gpu=...)``
+per trial; set the data on a
 filesystem every node sees, e.g. ``workload_params={"data_path": "/shared/imagenet"}`` with
 ``train/`` and ``val/`` ImageFolders, or a filled Hugging Face cache for the gated
 ``ILSVRC/imagenet-1k``).

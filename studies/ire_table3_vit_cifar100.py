@@ -4,7 +4,8 @@ Studies (``build(scale)``, run in this order):
 
 1. ``ire_table3_vit_cifar100`` (searcher ``grid``, the paper's grid; the model is a grid dimension):
    arms ``adamw``, ``adamw_ire`` (AdmIRE), ``sam_adamw`` (SAM over AdamW), ``sam_adamw_ire``
-   (IRE(SAM(AdamW))) x model in {vit_t, vit_s} (patch 4, timm); IRE arms x gamma in {0.99, 0.9, 0.8} x kappa in {20, 50}, switched on when the training
+   (IRE(SAM(AdamW))) x model in {vit_t, vit_s} (patch 4, timm); IRE arms x gamma in {0.99, 0.9, 0.8}
+   x kappa in {20, 50}, switched on when the training
    loss first falls below 0.5 (shifted by the label-smoothing floor, as in ``ire_table1_cnn_cifar``:
    0.778 + 0.5 nats); every arm steps with AdamW at the paper's lr 1e-4 (cosine), weight decay 5e-4,
    batch 64, label smoothing 0.1, AutoAugment + crop + flip; 3 seeds. (2 + 12 + 2 + 12) x 3 = 84 trials, FIFO.

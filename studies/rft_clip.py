@@ -1,4 +1,5 @@
-"""Robust fine-tuning of CLIP and its WiSE-FT alpha search, with sharpness and straggler pruning (seed "In Search of the Successful Interpolation").
+"""Robust fine-tuning of CLIP and its WiSE-FT alpha search, with sharpness and straggler pruning (seed "In
+Search of the Successful Interpolation").
 
 ``build(scale)`` returns TWO studies, in this order (``flatlab run`` runs them in file order):
 

@@ -1,6 +1,7 @@
 """TSAM paper, Fig. 2: loss around the ERM, SAM and TSAM solutions as the noise scale grows.
 
-How flat are the solutions of ERM, SAM and TSAM? Mean and variance of ``L(theta* + eps)``, ``eps ~ N(0, sigma^2 I)``, as the noise scale sigma grows, for the final models.
+How flat are the solutions of ERM, SAM and TSAM? Mean and variance of ``L(theta* + eps)``,
+``eps ~ N(0, sigma^2 I)``, as the noise scale sigma grows, for the final models.
 
 One study, ``tsam_fig2_flatness`` (searcher ``grid``): ResNet-18 (CIFAR stem) on CIFAR-100, as the TSAM
 paper; arms ``erm`` (SGD), ``sam``, ``tsam``, each at one configuration, 3 seeds; 9 trials, FIFO.

@@ -16,7 +16,10 @@ STUDY = Study(name="api", workload="digits", arms=(Arm("sgd", space={"lr": 0.1})
 
 
 def test_import_flatlab_stays_light():
-    code = "import sys, flatlab; flatlab.run; flatlab.results; print(sorted(m for m in ('ray', 'mlflow', 'pandas', 'optuna') if m in sys.modules))"
+    code = (
+        "import sys, flatlab; flatlab.run; flatlab.results; "
+        "print(sorted(m for m in ('ray', 'mlflow', 'pandas', 'optuna') if m in sys.modules))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -66,7 +66,8 @@ STUDY = None
     load_module(str(tmp_path / "w1.py"))
     with pytest.raises(
         ConfigError,
-        match=r"w2\.py, line 5: ValueError: workload 'clash' is already registered by flatlab_study_w1\.Clash1 \(.*w1\.py\); "
+        match=r"w2\.py, line 5: ValueError: workload 'clash' is already registered by "
+        r"flatlab_study_w1\.Clash1 \(.*w1\.py\); "
         r"flatlab_study_w2\.Clash2 \(.*w2\.py\) cannot take the same name: rename one",
     ):
         load_module(str(tmp_path / "w2.py"))

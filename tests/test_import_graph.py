@@ -217,10 +217,14 @@ def test_function_level_imports_close_a_cycle_and_the_exemptions_do_not(tmp_path
     pkg = _write(
         tmp_path,
         {
-            "flatlab/__init__.py": "from flatlab.a import A\n\ndef __getattr__(name):\n    from flatlab import c\n    return c\n",
+            "flatlab/__init__.py": (
+                "from flatlab.a import A\n\ndef __getattr__(name):\n    from flatlab import c\n    return c\n"
+            ),
             "flatlab/a.py": "A = 1\n\ndef later():\n    from flatlab.b import B\n    return B\n",
             "flatlab/b.py": "from .a import A\nB = A\n",
-            "flatlab/c.py": "import flatlab\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from flatlab.d import D\n",
+            "flatlab/c.py": (
+                "import flatlab\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from flatlab.d import D\n"
+            ),
             "flatlab/d.py": "from flatlab import c\n",
             "flatlab/w/__init__.py": "",
             "flatlab/w/x.py": "import os\n\ndef f():\n    import mlflow.tracking\n    from ..tracking import runs\n",

@@ -20,7 +20,8 @@ import mlflow.telemetry
 from ray._common.usage import usage_lib
 print(json.dumps({{"mlflow_client": mlflow.telemetry.get_telemetry_client() is not None,
                   "ray_usage_stats": usage_lib.usage_stats_enabled(),
-                  "env": {{k: os.environ.get(k) for k in ("RAY_USAGE_STATS_ENABLED", "MLFLOW_DISABLE_TELEMETRY", "HF_HUB_DISABLE_TELEMETRY")}}}}))
+                  "env": {{k: os.environ.get(k) for k in (
+                      "RAY_USAGE_STATS_ENABLED", "MLFLOW_DISABLE_TELEMETRY", "HF_HUB_DISABLE_TELEMETRY")}}}}))
 """
 
 

@@ -21,7 +21,7 @@ def test_sampled_pass_runs_on_every_nth_step_and_leaves_the_true_gradient(optimi
 
     inner.with_sampled_grads = spy
     closure = optimizer_bench.SampledEvery(inner, list(model.parameters()), 3)
-    for step in range(1, 8):
+    for step in range(1, 8):  # noqa: B007 -- spy reads ``step`` when the closure samples
         loss = closure()
         # the step's gradient is the true-label one whichever pass ran
         want = torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters()))

@@ -55,7 +55,8 @@ def test_memory_after_timing_is_measured_in_a_fresh_process(optimizer_bench, mem
     # A full run times first. Measured in that same process, SGD-IRE's peak read 3.50 instead of 3.53
     # (AdmIRE's, when it still kept θ_old, 2.38-2.50 instead of 2.25): the timing runs leave large free
     # chunks in glibc's heap, and malloc serves requests from them without mapping new pages, so the
-    # peak RSS depended on what ran before. The bench now measures memory in a child process; its rows must be a --memory-only run's.
+    # peak RSS depended on what ran before. The bench now measures memory in a child process; its rows
+    # must be a --memory-only run's.
     args = ("--models", "cnn", "--only", "SGD-IRE / SGD,AdmIRE", "--repeats", "1", "--warmup", "1")
     report = run_bench(optimizer_bench, tmp_path / "run.json", *args)
     assert [r["optimizer / base"] for r in report["time"]] == ["SGD-IRE / SGD (K=10)", "AdmIRE / AdamW (K=10)"]

@@ -29,7 +29,8 @@ def test_zero_shot_head_shape_unit_columns_and_definition():
     head = zero_shot_head(clip, spec, NAMES, "simple")
     assert head.shape == (32, 3)  # (embed_dim, n_classes)
     torch.testing.assert_close(head.norm(dim=0), torch.ones(3))
-    # per class: mean over templates of the normalised text embeddings, renormalised (WiSE-FT / open_clip's zero-shot classifier)
+    # per class: mean over templates of the normalised text embeddings, renormalised (WiSE-FT / open_clip's
+    # zero-shot classifier)
     tok = open_clip.get_tokenizer(TINY_MODEL)
     with torch.no_grad():
         col = F.normalize(clip.encode_text(tok([t("dog") for t in open_clip.SIMPLE_IMAGENET_TEMPLATES])), dim=-1).mean(

@@ -92,7 +92,7 @@ def test_alpha_study_metrics_per_alpha(smoke):
     assert all(k.info.status == "FINISHED" for k in kids)
     by = {(k.data.params["finetuned"], float(k.data.params["alpha"]), k.data.tags[runs.TAG_ARM]): k for k in kids}
     assert {a for _, a, _ in by} == {0.0, 0.5, 1.0}
-    for (ref, alpha, arm), k in by.items():
+    for (_ref, alpha, arm), k in by.items():
         m = k.data.metrics
         assert {"interp/alpha", "val/loss", "val/accuracy", "ood/loss", "ood/accuracy"} <= set(m)
         assert m["interp/alpha"] == alpha

@@ -278,9 +278,9 @@ def test_references_are_resolved_at_launch_with_every_problem_in_one_error(store
         "  study 'alpha', arm 'adamw', field 'finetuned': no FINISHED trial of study 'ft_study', "
         "arm 'adamw' (latest finished launch) has lr=0.1"
     )
-    assert (
-        lines[2]
-        == "  study 'alpha', arm 'adamw', field 'finetuned': 'mlflow:alpha/adamw' names this study itself; chain to an earlier study"
+    assert lines[2] == (
+        "  study 'alpha', arm 'adamw', field 'finetuned': 'mlflow:alpha/adamw' names this study itself; "
+        "chain to an earlier study"
     )
     assert lines[3] == (
         "  study 'alpha', arm 'adamw', field 'finetuned': 'mlflow:ft_study': expected "

@@ -170,7 +170,8 @@ def test_the_image_installs_what_pyproject_pins():
     version = arg_default("RAY_VERSION")
     assert version in ray.specifier, (version, str(ray.specifier))
     installs = re.findall(
-        r'"([^"]+)"', " ".join(l for l in dockerfile().splitlines() if "pip install" in l or l.startswith(" &&"))
+        r'"([^"]+)"',
+        " ".join(line for line in dockerfile().splitlines() if "pip install" in line or line.startswith(" &&")),
     )
     ray_install = Requirement(next(i for i in installs if i.startswith("ray[")).replace("${RAY_VERSION}", version))
     assert ray_install.extras == ray.extras and str(ray_install.specifier) == f"=={version}"

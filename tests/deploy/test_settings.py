@@ -150,8 +150,8 @@ def test_gpus_are_declared_as_the_scheduler_gave_them(kuberay):
 
 def test_nothing_listens_on_every_interface(kuberay):
     assert "0.0.0.0" not in (REPO / "cluster.yaml").read_text()
-    code = [l.split("  # ")[0] for l in SBATCH.read_text().splitlines() if not l.lstrip().startswith("#")]
-    assert [l.strip() for l in code if "0.0.0.0" in l] == [
+    code = [line.split("  # ")[0] for line in SBATCH.read_text().splitlines() if not line.lstrip().startswith("#")]
+    assert [line.strip() for line in code if "0.0.0.0" in line] == [
         '[[ -n $addr && $addr != 0.0.0.0 ]] || { echo "no address for node $1" >&2; return 1; }'
     ]
     script = SBATCH.read_text()

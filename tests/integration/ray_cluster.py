@@ -4,14 +4,15 @@
 Run as ``python ray_cluster.py HEAD_CPUS WORKERS WORKER_CPUS WORKER_GPUS DASHBOARD_PORT``: starts the head
 (with its dashboard and Job API on 127.0.0.1:DASHBOARD_PORT) and the worker nodes (each declaring
 ``WORKER_GPUS`` fake GPUs), then prints one JSON line
-``{"address": ..., "dashboard": URL, "head": node_id, "workers": [node_id, ...]}`` and reads commands from stdin, one per
-line, each answered by one JSON line: ``remove NODE_ID`` (kill that node's processes at once, as a lost
+``{"address": ..., "dashboard": URL, "head": node_id, "workers": [node_id, ...]}`` and reads commands from
+stdin, one per line, each answered by one JSON line: ``remove NODE_ID`` (kill that node's processes at once, as a lost
 machine) and ``add`` (one more worker node). End of input shuts the cluster down.
 
 The cluster's address is not left in ``/tmp/ray/ray_current_cluster`` (where Ray's harness writes it), so a
 ``ray.init()`` without an address elsewhere on the machine never joins it; it is written in the head's own
-Ray folder instead, where a submitted job's supervisor looks for it. The GCS checks the nodes' health every second and takes a node for dead after 3 missed checks, so a
-removed node's trials fail within seconds (Ray's defaults take about half a minute).
+Ray folder instead, where a submitted job's supervisor looks for it. The GCS checks the nodes' health every
+second and takes a node for dead after 3 missed checks, so a removed node's trials fail within seconds (Ray's
+defaults take about half a minute).
 """
 
 from __future__ import annotations

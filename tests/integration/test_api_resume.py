@@ -15,7 +15,10 @@ from flatlab_testing import env, write_study
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-RUN = "import sys, flatlab; out = flatlab.run(sys.argv[1], root=sys.argv[2], num_cpus=2, {}); print('interrupted', out[0].interrupted)"
+RUN = (
+    "import sys, flatlab; out = flatlab.run(sys.argv[1], root=sys.argv[2], num_cpus=2, {}); "
+    "print('interrupted', out[0].interrupted)"
+)
 
 
 def python(code, *args):

@@ -29,8 +29,8 @@ STUDY = Study(name="gpu", workload="digits", workload_params={"width": 8}, arms=
     res = flatlab("run", str(study), "--root", str(root), "--num-cpus", "2", timeout=300)
     assert res.returncode == 2, res.stdout + res.stderr
     assert res.stderr.strip().splitlines()[-1] == (
-        "error: study 'gpu': each trial needs GPU 0.5 (the local Ray instance has 0); no trial could ever start: run it "
-        "on a Ray cluster that has GPUs (--address HOST:PORT), or train on CPU with Resources(cpu=1, gpu=0)"
+        "error: study 'gpu': each trial needs GPU 0.5 (the local Ray instance has 0); no trial could ever start: "
+        "run it on a Ray cluster that has GPUs (--address HOST:PORT), or train on CPU with Resources(cpu=1, gpu=0)"
     )
     c = runs.client(runs.default_tracking_uri(root))
     exp = c.get_experiment_by_name("gpu")

@@ -51,7 +51,8 @@ def launched(tmp_path_factory):
         "STUDY = Study(name='pub', workload='digits', workload_params={'width': 16},\n"
         "              arms=(Arm('sgd', space={'lr': 0.1}), Arm('adamw', space={'lr': 3e-3})),\n"
         f"              train={{'test_every_epoch': True}}, searcher='grid', scheduler='fifo', max_epochs={EPOCHS},\n"
-        "              seeds=(1, 2), max_concurrent=2, published=Published('curves.json', arms={'sgd': 'digits/sgd'}))\n"
+        "              seeds=(1, 2), max_concurrent=2, "
+        "published=Published('curves.json', arms={'sgd': 'digits/sgd'}))\n"
     )
     study = load_studies(str(folder / "pub.py"))[0]
     outcome = run_study(study, RunOptions(root=root, num_cpus=2, source=str(folder / "pub.py"), log_models=False))
@@ -79,8 +80,8 @@ def test_every_epoch_is_logged_and_the_reference_recorded(launched):
         assert steps == list(range(1, EPOCHS + 1))  # once per epoch, the last one not twice
     md = open(client.download_artifacts(outcome.parent_run_id, "published/curves.md")).read()
     assert (
-        "sgd vs digits/sgd, test/accuracy: inside the published range at 2 of 2 epochs; flatlab's interval overlaps it at 2 of 2."
-        in md
+        "sgd vs digits/sgd, test/accuracy: inside the published range at 2 of 2 epochs; "
+        "flatlab's interval overlaps it at 2 of 2." in md
     )
 
 

@@ -232,7 +232,7 @@ STUDY = Study(
     res = flatlab("run", str(study), "--root", str(root), "--resume", "--num-cpus", "2")  # no overrides: the launch's
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"study res: {n} trials, then 1 final-seed trials" in res.stdout, res.stdout
-    status_lines = [l for l in res.stdout.splitlines() if " done / " in l]
+    status_lines = [line for line in res.stdout.splitlines() if " done / " in line]
     assert status_lines and int(status_lines[0].split("trials: ")[1].split(" done")[0]) >= len(done_ids), res.stdout
     assert "already reported" not in res.stdout + res.stderr and "A worker died" not in res.stdout + res.stderr
     after = c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")
@@ -427,7 +427,7 @@ STUDY = Study(
     assert killed, "no trial worker found"
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
-    failed = [l for l in out.splitlines() if l.strip().startswith("failed")]
+    failed = [line for line in out.splitlines() if line.strip().startswith("failed")]
     assert len(failed) == 1 and "will resume from its last checkpoint" in failed[0], out
     assert "A worker died" not in out and "actor died" in failed[0].lower(), out
     assert "WARNING ray: A worker died or was killed" in (root / "kill" / "logs" / "flatlab.log").read_text()

@@ -74,7 +74,10 @@ STUDY = Study(
     name="on_slurm",
     workload="gated_digits",
     workload_params={{"width": 8}},
-    arms=(Arm("sgd", space={{"lr": sp.loguniform(0.02, 0.3)}}), Arm("adamw", space={{"lr": sp.loguniform(1e-3, 3e-2)}})),
+    arms=(
+        Arm("sgd", space={{"lr": sp.loguniform(0.02, 0.3)}}),
+        Arm("adamw", space={{"lr": sp.loguniform(1e-3, 3e-2)}}),
+    ),
     num_trials={trials},
     max_epochs={epochs},
     scheduler="fifo",
@@ -302,7 +305,8 @@ def test_a_study_cancelled_by_scancel_is_finished_by_resubmitting_with_resume(sl
     assert c.get_run(launch["parent_run_id"]).info.status == "FINISHED"
     start_epochs = Counter(r.data.tags.get("flatlab.start_epoch") for r in after if r.info.run_id not in done_before)
     print(
-        f"\nSLURM study: job {job1} scancel after {t1 - t0:.0f} s: {dict(tally(after1))}; job {job2} --resume, USR1 after "
-        f"{t2 - t1:.0f} s: {dict(tally(after2))}; job {job3} --resume {t3 - t2:.0f} s: {dict(count)}; start epochs of "
+        f"\nSLURM study: job {job1} scancel after {t1 - t0:.0f} s: {dict(tally(after1))}; job {job2} --resume, "
+        f"USR1 after {t2 - t1:.0f} s: {dict(tally(after2))}; job {job3} --resume {t3 - t2:.0f} s: {dict(count)}; "
+        f"start epochs of "
         f"the runs the resumes finished: {dict(start_epochs)}; wall {t3 - t0:.0f} s"
     )

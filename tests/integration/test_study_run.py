@@ -90,7 +90,7 @@ def test_results_cli_and_parquet_round_trip(study_run, tmp_path):
     cli = CliRunner()
     res = cli.invoke(app, ["results", "it4", "--root", str(root)])
     assert res.exit_code == 0, res.output
-    lines = [l for l in res.output.splitlines() if "FINISHED" in l or "FAILED" in l]
+    lines = [line for line in res.output.splitlines() if "FINISHED" in line or "FAILED" in line]
     assert len(lines) == 4 and "boom" in lines[-1]  # best first, the diverged trial last
     out = tmp_path / "it4.parquet"
     res = cli.invoke(app, ["results", "it4", "--root", str(root), "--format", "parquet", "--output", str(out)])

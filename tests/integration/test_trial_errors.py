@@ -22,7 +22,12 @@ RuntimeError: injected trial failure
 
 def test_one_line_takes_the_final_exception_line():
     assert one_line(TRACEBACK) == "RuntimeError: injected trial failure"
-    chained = "Traceback (most recent call last):\n  File 'a', line 1\nKeyError: 'x'\n\nDuring handling of the above exception, another exception occurred:\n\nTraceback (most recent call last):\n  File 'b', line 2\nflatlab.train.checkpoint.CheckpointError: /ckpt/trainer.json: not a JSON trainer state\n"
+    chained = (
+        "Traceback (most recent call last):\n  File 'a', line 1\nKeyError: 'x'\n\n"
+        "During handling of the above exception, another exception occurred:\n\n"
+        "Traceback (most recent call last):\n  File 'b', line 2\n"
+        "flatlab.train.checkpoint.CheckpointError: /ckpt/trainer.json: not a JSON trainer state\n"
+    )
     assert one_line(chained) == "CheckpointError: /ckpt/trainer.json: not a JSON trainer state"
     assert one_line("ray.exceptions.RayTaskError(ValueError): bad value\n  more") == "ValueError: bad value"
     assert one_line("KeyboardInterrupt") == "KeyboardInterrupt"
@@ -127,7 +132,7 @@ def test_trial_raising_at_epoch_2_keeps_its_error_in_mlflow(tmp_path, monkeypatc
     )
     res = CliRunner().invoke(app, ["results", "errs", "--root", str(root)], terminal_width=400)
     assert res.exit_code == 0, res.output
-    header = next(l for l in res.output.splitlines() if "outcome" in l)
+    header = next(line for line in res.output.splitlines() if "outcome" in line)
     assert "error" in header and "RuntimeError: injected trial" in res.output, res.output  # the cell may wrap
     csv = CliRunner().invoke(app, ["results", "errs", "--root", str(root), "--format", "csv"])
     assert csv.exit_code == 0 and "RuntimeError: injected trial failure" in csv.output, csv.output

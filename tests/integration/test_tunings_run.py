@@ -62,7 +62,10 @@ STUDY = Study(
     name="twotunings",
     workload="slow_digits_tunings",
     workload_params={{"width": 16}},
-    arms=(Arm("sgd", space={{"lr": sp.loguniform(0.02, 0.3)}}), Arm("adamw", space={{"lr": sp.loguniform(1e-3, 1e-2)}})),
+    arms=(
+        Arm("sgd", space={{"lr": sp.loguniform(0.02, 0.3)}}),
+        Arm("adamw", space={{"lr": sp.loguniform(1e-3, 1e-2)}}),
+    ),
     num_trials={N},
     max_epochs={EPOCHS},
     grace_period=1,

@@ -12,7 +12,7 @@ from flatlab.interpolation import check_compatible, interpolate, interpolate_key
 def test_alpha_zero_one_and_half(pair):
     zs, ft, _ = pair
     zs_copy = {k: v.clone() for k, v in zs.items()}
-    at0, at1, mid = interpolate(zs, ft, 0.0), interpolate(zs, ft, 1.0), interpolate(zs, ft, 0.5)
+    at0, _at1, mid = interpolate(zs, ft, 0.0), interpolate(zs, ft, 1.0), interpolate(zs, ft, 0.5)
     assert list(at0) == list(zs)
     for k in zs:
         if zs[k].is_floating_point():

@@ -235,7 +235,7 @@ def _progress(step, epoch=0, loss=None, warmup=0):
         # latches: the loss rising again above the threshold does not switch IRE off
         (
             dict(switch_loss=0.5),
-            [_progress(i, loss=l) for i, l in enumerate([None, 0.8, 0.4, 0.9, 2.0])],
+            [_progress(i, loss=loss) for i, loss in enumerate([None, 0.8, 0.4, 0.9, 2.0])],
             [0, 0, 1, 1, 1],
         ),
     ],
@@ -270,7 +270,7 @@ def test_mask_refreshed_every_k_active_steps():
     model, batch = mlp(), vector_batch()
     opt = IRE(torch.optim.SGD(model.parameters(), lr=0.1), mask_interval=3)
     closure = CountingClosure(closure_for(model, batch))
-    for i in range(7):
+    for _ in range(7):
         opt.step(closure)
     assert closure.sampled == 3  # steps 0, 3, 6
     assert closure.primary == 4  # the other steps' primary passes

@@ -69,8 +69,14 @@ def test_every_optimizer_step_on_a_compiled_model_matches_the_eager_one(one_torc
             for n, m in masks[0].items():
                 same = m == masks[1][n]
                 torch.testing.assert_close(
-                    comp[n][same], eager[n][same], rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{name}: {n}: {m}"
+                    comp[n][same],
+                    eager[n][same],
+                    rtol=1e-4,
+                    atol=1e-5,
+                    msg=lambda m, n=n, name=name: f"{name}: {n}: {m}",
                 )
             continue
         for k in eager:
-            torch.testing.assert_close(comp[k], eager[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{name}: {k}: {m}")
+            torch.testing.assert_close(
+                comp[k], eager[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k, name=name: f"{name}: {k}: {m}"
+            )

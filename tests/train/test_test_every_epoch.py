@@ -37,7 +37,7 @@ def test_off_by_default_and_recorded_as_a_trainer_param():
 
 def test_every_epoch_reports_the_test_metrics_of_that_epochs_model(digits):
     plain, tested = Trainer(spec(), digits), Trainer(spec(test_every_epoch=True), digits)
-    for epoch in (1, 2):
+    for _epoch in (1, 2):
         a, b = plain.run_epoch(), tested.run_epoch()
         assert not any(k.startswith("test/") for k in a)
         assert set(k for k in b if k.startswith("test/")) == {"test/loss", "test/accuracy"}

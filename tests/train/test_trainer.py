@@ -65,7 +65,7 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(digits, tmp_path):
     for a, b in zip(ref[2:], got):
         for k in ("epoch", "train/loss", "val/loss", "val/accuracy", "lr"):
             assert a[k] == b[k], k
-    for (ka, va), (kb, vb) in zip(full.model.state_dict().items(), resumed.model.state_dict().items()):
+    for (ka, va), (_kb, vb) in zip(full.model.state_dict().items(), resumed.model.state_dict().items()):
         assert torch.equal(va, vb), ka
 
 
@@ -217,7 +217,7 @@ def test_micro_batches_give_the_full_batch_step(digits, name, params):
             x,
             y,
             micro_batch=micro,
-            on_outputs=lambda out, t: seen.append(len(t)),
+            on_outputs=lambda out, t, seen=seen: seen.append(len(t)),
         )
         torch.manual_seed(1)  # the same label draws for IRE's curvature pass
         opt.step(closure)
