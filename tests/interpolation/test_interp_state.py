@@ -12,9 +12,10 @@ from flatlab.interpolation import check_compatible, interpolate, interpolate_key
 def test_alpha_zero_one_and_half(pair):
     zs, ft, _ = pair
     zs_copy = {k: v.clone() for k, v in zs.items()}
-    at0, _at1, mid = interpolate(zs, ft, 0.0), interpolate(zs, ft, 1.0), interpolate(zs, ft, 0.5)
+    at0, at1, mid = interpolate(zs, ft, 0.0), interpolate(zs, ft, 1.0), interpolate(zs, ft, 0.5)
     assert list(at0) == list(zs)
     for k in zs:
+        assert torch.equal(at0[k], zs[k]) and torch.equal(at1[k], ft[k])  # alpha: the weight on the fine-tuned model
         if zs[k].is_floating_point():
             assert torch.allclose(mid[k], (zs[k] + ft[k]) / 2, rtol=0, atol=1e-6)
             assert at0[k].data_ptr() != zs[k].data_ptr()  # fresh copies

@@ -65,8 +65,8 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(digits, tmp_path):
     for a, b in zip(ref[2:], got):
         for k in ("epoch", "train/loss", "val/loss", "val/accuracy", "lr"):
             assert a[k] == b[k], k
-    for (ka, va), (_kb, vb) in zip(full.model.state_dict().items(), resumed.model.state_dict().items()):
-        assert torch.equal(va, vb), ka
+    for (ka, va), (kb, vb) in zip(full.model.state_dict().items(), resumed.model.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb), ka
 
 
 def test_divergence_raises(digits):
