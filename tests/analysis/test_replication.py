@@ -154,13 +154,19 @@ def test_paired_across_tunings_by_hand():
 def test_verdicts():
     flip = verdict([0.01, 0.02, 0.03], [-1.0, -2.0, 0.5], across=-0.83)
     assert (flip.kind, flip.agree, flip.tunings, flip.direction) == ("depends", 2, 3, -1)
-    assert flip.text == "depends on the tuning (2 of 3 agree)"
+    assert flip.text == "depends on the tuning (2 of 3 agree; 1 against)"  # the third significant the other way
     holds = verdict([0.01, 0.001, 0.049], [2.0, 1.0, 3.0], across=2.0)
     assert (holds.kind, holds.agree, holds.text) == ("holds", 3, "holds in every tuning")
     none = verdict([0.2, 0.06, float("nan")], [1.0, -1.0, 2.0], across=0.7)
     assert (none.kind, none.agree, none.text) == ("none", 0, "no difference found")
     one_weak = verdict([0.01, 0.01, 0.4], [1.0, 1.0, 1.0], across=1.0)
     assert (one_weak.kind, one_weak.text) == ("depends", "depends on the tuning (2 of 3 agree)")
+    against = verdict([0.01, 0.3, 0.4], [-1.0, 0.5, 2.0], across=0.5)  # the only significant tuning opposes the mean
+    assert (against.kind, against.agree, against.text) == (
+        "depends",
+        0,
+        "depends on the tuning (0 of 3 agree; 1 against)",
+    )
     at_alpha = verdict([0.05, 0.01], [1.0, 1.0], across=1.0, alpha=0.05)  # p < alpha, not <=
     assert at_alpha.kind == "depends" and at_alpha.agree == 1
     single = verdict([0.01], [1.0], across=1.0)
@@ -191,7 +197,7 @@ def test_verdict_from_a_constructed_multi_tuning_comparison():
     }
     assert all(p < 0.05 for p in adjusted["steady"]) and all(p < 0.05 for p in adjusted["flips"])
     assert got["steady"].text == "holds in every tuning" and got["steady"].direction == -1
-    assert got["flips"].text == "depends on the tuning (2 of 3 agree)"
+    assert got["flips"].text == "depends on the tuning (2 of 3 agree; 1 against)"
     assert paired["flips"].across.components.share > 0.99  # the differences vary by tuning, barely by seed
 
 

@@ -56,13 +56,13 @@ def test_all_tunings_significant_and_agreeing_hold_in_every_tuning():
     d = row.paired.across.estimate
     half = stats.t.ppf(0.975, 2) * np.std(diffs, ddof=1) / math.sqrt(3)
     assert d.mean == pytest.approx(-2.5) and (d.low, d.high) == pytest.approx((-2.5 - half, -2.5 + half))
-    assert "sam better than sgd on flat/fisher_trace" in tunings_text.summary(c)
+    assert "sam flatter than sgd (flat/fisher_trace)" in tunings_text.summary(c)
 
 
 def test_one_tuning_flipping_the_sign_depends_on_the_tuning():
     c = compare_tunings(final_stage([-2.0, -3.0, +2.0]))
     row = c.row("flat/fisher_trace", "sam")
-    assert row.verdict.kind == "depends" and row.verdict.text == "depends on the tuning (2 of 3 agree)"
+    assert row.verdict.kind == "depends" and row.verdict.text == "depends on the tuning (2 of 3 agree; 1 against)"
     assert "flat/fisher_trace" not in tunings_text.summary(c)
 
 
@@ -81,7 +81,7 @@ def test_the_reference_arm_has_the_two_level_interval_and_the_tuning_share_by_ha
 def test_text_outputs_carry_every_arm_the_verdicts_and_the_summary():
     c = compare_tunings(final_stage([-2.0, -3.0, +2.0]), study="toy")
     md = tunings_text.to_markdown(c)
-    assert "depends on the tuning (2 of 3 agree)" in md and "(reference)" in md and md.count("\n| ") >= 4
+    assert "depends on the tuning (2 of 3 agree; 1 against)" in md and "(reference)" in md and md.count("\n| ") >= 4
     frame = pd.read_csv(__import__("io").StringIO(tunings_text.to_csv(c)))
     sam = frame[(frame["arm"] == "sam") & (frame["quantity"] == "flat/fisher_trace")].iloc[0]
     assert [sam["diff_t1"], sam["diff_t2"], sam["diff_t3"]] == pytest.approx([-2.0, -3.0, 2.0])
@@ -108,3 +108,13 @@ def test_an_arms_two_level_interval_is_clipped_to_the_quantitys_range_as_in_a_si
     df.loc[df["flat/fisher_trace"] < 0, "flat/fisher_trace"] = 0.01
     a = compare_tunings(df).row("flat/fisher_trace", "sgd").across.estimate
     assert a.low == 0.0 and a.high > 0  # a Fisher trace is >= 0 (flatlab.sharpness.measures declares it)
+
+
+def test_a_note_every_tuning_has_is_said_once_and_the_others_name_their_tuning():
+    df = final_stage([-2.0, -3.0, -2.5])
+    df.loc[(df["tuning"] == 2) & (df["arm"] == "sam") & (df["seed"] == 1_000_001), "outcome"] = "diverged"
+    c = compare_tunings(df)
+    assert [n for n in c.notes if n.startswith("tuning ")] == [
+        "tuning 2: sam: seed 1000001 diverged; counted in the seeds run, no values from it."
+    ]
+    assert not any("tuning 1:" in n or "tuning 3:" in n for n in c.notes)

@@ -244,7 +244,7 @@ def verdict(
     ``across``, the across-tuning estimate (if it is NaN or 0: the sign of the sum of the significant
     tunings' signs). The verdict is ``"holds"`` when every tuning is significant with one same sign,
     ``"none"`` when no tuning is significant ("no difference found"), otherwise ``"depends"``;
-    ``agree`` counts the tunings significant in the direction. Holm's adjustment is the caller's, within
+    ``agree`` counts the tunings significant in the direction (the text adds those significant against it). Holm's adjustment is the caller's, within
     each tuning's family of tests (:func:`~flatlab.analysis.compare.statistics.holm`).
 
     Raises:
@@ -271,5 +271,9 @@ def verdict(
     elif not any(significant):
         kind, text = "none", "no difference found"
     else:
-        kind, text = "depends", f"depends on the tuning ({agree} of {s} agree)"
+        against = sum(1 for g, sig in zip(signs, significant) if sig and g == -direction != 0)
+        kind, text = (
+            "depends",
+            f"depends on the tuning ({agree} of {s} agree" + (f"; {against} against)" if against else ")"),
+        )
     return Verdict(kind, agree, s, direction, text)

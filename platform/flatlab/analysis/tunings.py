@@ -191,7 +191,7 @@ def compare_tunings(
                 alpha=round(1.0 - confidence, 12),
             )
             rows.append(TuningRow(q, arm, across, paired, p_holm, call))
-    notes = tuple(f"tuning {k}: {n}" for k, c in zip(tunings, tables) for n in c.notes)
+    notes = _notes(tunings, tables)
     return TuningComparison(
         first.metric,
         first.reference,
@@ -204,6 +204,14 @@ def compare_tunings(
         study or sample.info.name,
         notes,
     )
+
+
+def _notes(tunings: Sequence[int], tables: Sequence[Comparison]) -> Tuple[str, ...]:
+    """Each tuning's notes, once: a note every tuning has as it is, the others prefixed with their tuning."""
+    every = set.intersection(*(set(c.notes) for c in tables)) if tables else set()
+    shared = [n for n in tables[0].notes if n in every] if tables else []
+    own = [f"tuning {k}: {n}" for k, c in zip(tunings, tables) for n in c.notes if n not in every]
+    return tuple(shared + own)
 
 
 def _p_holm(comparison: Comparison, quantity: str, arm: str) -> float:

@@ -69,7 +69,9 @@ def summary(c: TuningComparison) -> str:
     claims = []
     for r in c.holding():
         better = c.higher_is_better[r.quantity] == (r.verdict.direction > 0)
-        claims.append(f"{r.arm} {'better' if better else 'worse'} than {c.reference} on {r.quantity}")
+        flat = r.quantity.startswith((FLAT_PREFIX, AT_TARGET_PREFIX))
+        word = ("flatter" if better else "sharper") if flat else ("better" if better else "worse")
+        claims.append(f"{r.arm} {word} than {c.reference} ({r.quantity})")
     s = len(c.tunings)
     return f"Holds in every one of {s} tunings: " + ("; ".join(claims) if claims else "no claim") + "."
 
