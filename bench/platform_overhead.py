@@ -69,6 +69,7 @@ def sequential(study) -> float:
     """Seconds for ``study``'s trials in a plain loop on one thread: build, every epoch, the test split."""
     import torch
 
+    from flatlab.study.trial_spec import trial_spec
     from flatlab.train.trainer import Trainer
     from flatlab.workloads.registry import build_workload
 
@@ -76,7 +77,7 @@ def sequential(study) -> float:
     data = build_workload(study.workload, **dict(study.workload_params)).load_data(study.seed)
     t0 = time.perf_counter()
     for cfg in study.grid(study.arms[0]):
-        trainer = Trainer(study.trial_spec(cfg), data)
+        trainer = Trainer(trial_spec(study, cfg), data)
         for _ in range(study.max_epochs):
             trainer.run_epoch()
         trainer.evaluate_test()
@@ -227,7 +228,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         a_s = (seq[r][short.name] + seq[r + 1][short.name]) / 2
         a_l = (seq[r][long.name] + seq[r + 1][long.name]) / 2
         print(
-            f"round {r + 1}: (a) sequential loop: {a_s:7.1f} s and {a_l:7.1f} s ({e['a_ms']:.2f} ms per epoch; the mean "
+            f"round {r + 1}: (a) sequential loop: {a_s:7.1f} s and {a_l:7.1f} s ({e['a_ms']:.2f} ms per epoch; the "
+            "mean "
             f"of the runs before and after (b)), (b) time in Tune: {launches[r][short.name]:7.1f} s and "
             f"{launches[r][long.name]:7.1f} s, ratio {e['ratio']:.3f}, {e['ms']:.2f} ms per epoch"
         )
@@ -248,7 +250,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         short_s = statistics.mean(s for s, _ in outside)
         long_s = statistics.mean(s for _, s in outside)
         print(
-            f"  a trial outside its epochs (MLflow run span - sum of its time/epoch_s): {short_s:.2f} s and {long_s:.2f} s "
+            f"  a trial outside its epochs (MLflow run span - sum of its time/epoch_s): {short_s:.2f} s and "
+            f"{long_s:.2f} s "
             f"mean (set-up, reports, checkpoints, uploads; the first trial of a launch also starts the worker)"
         )
         print(

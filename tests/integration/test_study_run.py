@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from flatlab import Arm, Study
 from flatlab import space as sp
 from flatlab.cli.main import app
+from flatlab.study.validate import validate
 from flatlab.tracking import runs
 from flatlab.tracking.logged_model import run_model_id
 
@@ -25,21 +26,23 @@ def study_run(tmp_path_factory):
     from flatlab.study.runner import RunOptions, run_study
 
     root = tmp_path_factory.mktemp("root")
-    study = Study(
-        name="it4",
-        workload="digits",
-        workload_params={"width": 32},
-        arms=(
-            Arm("sgd", space={"lr": sp.loguniform(0.01, 0.5), "momentum": 0.9}),
-            Arm("adamw", space={"lr": sp.loguniform(1e-3, 1e-2)}),
-            Arm("sgd", name="sgd_fixed", space={"lr": 0.1}),
-            Arm("sgd", name="boom", space={"lr": 1e7, "momentum": 0.9}),  # diverges
-        ),
-        num_trials=1,
-        max_epochs=EPOCHS,
-        scheduler="fifo",
-        max_concurrent=2,
-    ).validate()
+    study = validate(
+        Study(
+            name="it4",
+            workload="digits",
+            workload_params={"width": 32},
+            arms=(
+                Arm("sgd", space={"lr": sp.loguniform(0.01, 0.5), "momentum": 0.9}),
+                Arm("adamw", space={"lr": sp.loguniform(1e-3, 1e-2)}),
+                Arm("sgd", name="sgd_fixed", space={"lr": 0.1}),
+                Arm("sgd", name="boom", space={"lr": 1e7, "momentum": 0.9}),  # diverges
+            ),
+            num_trials=1,
+            max_epochs=EPOCHS,
+            scheduler="fifo",
+            max_concurrent=2,
+        )
+    )
     outcome = run_study(study, RunOptions(root=root, num_cpus=2))
     ray.shutdown()
     return root, outcome
@@ -90,7 +93,7 @@ def test_results_cli_and_parquet_round_trip(study_run, tmp_path):
     cli = CliRunner()
     res = cli.invoke(app, ["results", "it4", "--root", str(root)])
     assert res.exit_code == 0, res.output
-    lines = [l for l in res.output.splitlines() if "FINISHED" in l or "FAILED" in l]
+    lines = [line for line in res.output.splitlines() if "FINISHED" in line or "FAILED" in line]
     assert len(lines) == 4 and "boom" in lines[-1]  # best first, the diverged trial last
     out = tmp_path / "it4.parquet"
     res = cli.invoke(app, ["results", "it4", "--root", str(root), "--format", "parquet", "--output", str(out)])

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 from flatlab import Arm, Study
 from flatlab import space as sp
 from flatlab.cli.main import app
+from flatlab.study.validate import validate
 from flatlab.tracking import runs
 from flatlab.tracking.trial_errors import one_line, read_trial_error
 from test_services import FAIL_AFTER_FIRST_EPOCH
@@ -22,7 +23,11 @@ RuntimeError: injected trial failure
 
 def test_one_line_takes_the_final_exception_line():
     assert one_line(TRACEBACK) == "RuntimeError: injected trial failure"
-    chained = "Traceback (most recent call last):\n  File 'a', line 1\nKeyError: 'x'\n\nDuring handling of the above exception, another exception occurred:\n\nTraceback (most recent call last):\n  File 'b', line 2\nflatlab.train.checkpoint.CheckpointError: /ckpt/trainer.json: not a JSON trainer state\n"
+    chained = (
+        "Traceback (most recent call last):\n  File 'a', line 1\nKeyError: 'x'\n\nDuring handling of the "
+        "above exception, another exception occurred:\n\nTraceback (most recent call last):\n  File 'b', line "
+        "2\nflatlab.train.checkpoint.CheckpointError: /ckpt/trainer.json: not a JSON trainer state\n"
+    )
     assert one_line(chained) == "CheckpointError: /ckpt/trainer.json: not a JSON trainer state"
     assert one_line("ray.exceptions.RayTaskError(ValueError): bad value\n  more") == "ValueError: bad value"
     assert one_line("KeyboardInterrupt") == "KeyboardInterrupt"
@@ -100,15 +105,17 @@ def test_trial_raising_at_epoch_2_keeps_its_error_in_mlflow(tmp_path, monkeypatc
     )
     monkeypatch.setenv("FLATLAB_TEST_FAIL_MARK", str(mark))
     monkeypatch.setenv("RAY_ADDRESS", "local")  # a new local instance, never a Ray head found running on this machine
-    study = Study(
-        name="errs",
-        workload="digits",
-        workload_params={"width": 16},
-        arms=(Arm("sgd", space={"lr": sp.loguniform(0.01, 0.1)}),),
-        num_trials=1,
-        max_epochs=2,
-        scheduler="fifo",
-    ).validate()
+    study = validate(
+        Study(
+            name="errs",
+            workload="digits",
+            workload_params={"width": 16},
+            arms=(Arm("sgd", space={"lr": sp.loguniform(0.01, 0.1)}),),
+            num_trials=1,
+            max_epochs=2,
+            scheduler="fifo",
+        )
+    )
     root = tmp_path / "root"
     try:
         outcome = run_study(study, RunOptions(root=root, num_cpus=1))
@@ -127,7 +134,7 @@ def test_trial_raising_at_epoch_2_keeps_its_error_in_mlflow(tmp_path, monkeypatc
     )
     res = CliRunner().invoke(app, ["results", "errs", "--root", str(root)], terminal_width=400)
     assert res.exit_code == 0, res.output
-    header = next(l for l in res.output.splitlines() if "outcome" in l)
+    header = next(line for line in res.output.splitlines() if "outcome" in line)
     assert "error" in header and "RuntimeError: injected trial" in res.output, res.output  # the cell may wrap
     csv = CliRunner().invoke(app, ["results", "errs", "--root", str(root), "--format", "csv"])
     assert csv.exit_code == 0 and "RuntimeError: injected trial failure" in csv.output, csv.output

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from flatlab import Arm, Study
 from flatlab.study import trainable, trial_loop
+from flatlab.study.validate import validate
 from flatlab.train.checkpoint import STATE_FILE
 from flatlab.workloads import build_workload
 
@@ -36,7 +37,7 @@ def study(**kw) -> Study:
         scheduler="fifo",
         train={"batch_size": 256},
     )
-    return Study(**{**base, **kw}).validate()
+    return validate(Study(**{**base, **kw}))
 
 
 class FakeTune:

@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 
 from flatlab.errors import ConfigError
+from flatlab.study.validate import validate
 from flatlab.train.resolved import resolve_spec
 from flatlab.train.trainer import Trainer, TrialSpec
 from flatlab.workloads import build_workload
@@ -37,7 +38,7 @@ def test_off_by_default_and_recorded_as_a_trainer_param():
 
 def test_every_epoch_reports_the_test_metrics_of_that_epochs_model(digits):
     plain, tested = Trainer(spec(), digits), Trainer(spec(test_every_epoch=True), digits)
-    for epoch in (1, 2):
+    for _ in (1, 2):
         a, b = plain.run_epoch(), tested.run_epoch()
         assert not any(k.startswith("test/") for k in a)
         assert set(k for k in b if k.startswith("test/")) == {"test/loss", "test/accuracy"}
@@ -63,4 +64,4 @@ def test_a_study_may_not_select_on_the_test_split():
         name="s", workload="digits", arms=(Arm("sgd"),), train={"test_every_epoch": True}, metric="test/accuracy"
     )
     with pytest.raises(ConfigError, match=r"metric='test/accuracy' is reported only after the last epoch"):
-        study.validate()
+        validate(study)

@@ -43,6 +43,7 @@ from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.study.space import SOURCE_SUFFIX, BestOf, Choice, Conditional, Dim, Fixed, Resolved, ResolvedChoice
 from flatlab.study.spec import Arm, Study
+from flatlab.study.trial_spec import declared as declared_fields
 from flatlab.tracking.checkpoints import RUN_PREFIX, is_reference, parse_reference
 
 
@@ -93,14 +94,19 @@ def best_trial(
     df = df[df["arm"] == arm]
     for key, wanted in where:
         column = f"param.{key}"
-        df = df[df[column].map(lambda logged: same_value(logged, wanted))] if column in df.columns else df.iloc[0:0]
+        df = (
+            df[df[column].map(lambda logged, wanted=wanted: same_value(logged, wanted))]
+            if column in df.columns
+            else df.iloc[0:0]
+        )
     condition = f" with {', '.join(f'{k}={v!r}' for k, v in where)}" if where else ""
     if df.empty:
         raise ConfigError(f"{launch}: no trial of arm {arm!r}{condition}")
     row = best_trial_rows(df)
     if row.empty:
         raise ConfigError(
-            f"{launch}: no trial of arm {arm!r}{condition} completed (pruned, diverged or failed); nothing to chain from"
+            f"{launch}: no trial of arm {arm!r}{condition} completed (pruned, diverged or failed); "
+            "nothing to chain from"
         )
     value = row.iloc[0][metric]
     return str(row.iloc[0]["run_id"]), metric, float(value) if value is not None else math.nan
@@ -303,7 +309,7 @@ def resolve_chained(study: Study, tracking_uri: str) -> Study:
     arms: List[Arm] = []
     for arm in study.arms:
         space: Dict[str, Any] = dict(arm.dims)
-        declared = study.declared(arm)
+        declared = declared_fields(study, arm)
         for key, dim in arm.dims.items():
             where = f"study {study.name!r}, arm {arm.name!r}, field {key!r}"
             if _references(dim):
@@ -367,7 +373,7 @@ def describe_chained(study: Study, tracking_uri: str) -> List[str]:
     source."""
     lines: List[str] = []
     for arm in study.arms:
-        declared = study.declared(arm)
+        declared = declared_fields(study, arm)
         for key, dim in arm.dims.items():
             if not isinstance(dim, BestOf):
                 continue
@@ -379,7 +385,8 @@ def describe_chained(study: Study, tracking_uri: str) -> List[str]:
                 continue
             lines.append(f"{head}; now {r.value!r} from {r.source}")
     for arm, key, ref in _chained_references(study):
-        head = f"chained: {f'arm {arm.name!r}' if arm is not None else 'workload_params'}, {key} = {ref}, resolved at launch"
+        owner = f"arm {arm.name!r}" if arm is not None else "workload_params"
+        head = f"chained: {owner}, {key} = {ref}, resolved at launch"
         try:
             lines.append(f"{head}; now {resolve_reference(ref, tracking_uri)}")
         except ConfigError as exc:

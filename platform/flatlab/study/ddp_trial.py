@@ -24,6 +24,7 @@ from typing import Any, Dict, Optional, Tuple
 from ray import tune
 
 from flatlab.study.spec import Study
+from flatlab.study.trial_spec import trial_spec
 from flatlab.tracking.artifacts import WorkerTracking
 from flatlab.workloads.base import Data
 
@@ -109,7 +110,7 @@ def _worker_loop(loop_config: Dict[str, Any]) -> None:
     device, fallback = choose_device(study.resources, where=node_label())  # fails at once without usable CUDA
     if device == "cuda":
         device = str(ray.train.torch.get_device())
-    spec = study.trial_spec(loop_config["config"], device=device)
+    spec = trial_spec(study, loop_config["config"], device=device)
     data = ray.get(loop_config["data"])
     trainer = Trainer(spec, data, parallel=parallel)
     checkpoint = ray.train.get_checkpoint()  # Ray Train's own restarts of this run

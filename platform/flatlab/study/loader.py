@@ -12,6 +12,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from flatlab.analysis.published import Published
 from flatlab.errors import ConfigError, did_you_mean
 from flatlab.study.spec import Study
+from flatlab.study.validate import validate
 
 
 def load_module(path: str):
@@ -196,7 +197,8 @@ def load_studies(path: str, scale: Optional[str] = None) -> List[Study]:
     if not studies or not all(isinstance(s, Study) for s in studies):
         got = "nothing (None)" if found is None else f"{found!r} ({type(found).__name__})"
         raise ConfigError(
-            f"{path}: {export} must be a flatlab.Study (or, for STUDIES and build(scale), a non-empty list of them); got {got}"
+            f"{path}: {export} must be a flatlab.Study (or, for STUDIES and build(scale), "
+            f"a non-empty list of them); got {got}"
         )
     names = [s.name for s in studies]
     if len(set(map(repr, names))) != len(names):
@@ -209,7 +211,7 @@ def load_studies(path: str, scale: Optional[str] = None) -> List[Study]:
     problems = []
     for s in studies:  # every study's problems at once
         try:
-            s.validate(source=path)
+            validate(s, source=path)
         except ConfigError as exc:
             problems.append(str(exc))
         except Exception as exc:  # noqa: BLE001 - a value no check foresaw: still one message, not a traceback
@@ -228,7 +230,8 @@ def _scales(path: str, module: Any) -> Tuple[str, ...]:
     scales = getattr(module, "SCALES", ())
     if not isinstance(scales, (list, tuple)) or not all(isinstance(x, str) for x in scales):
         raise ConfigError(
-            f"{path}: SCALES={scales!r}; expected a tuple of scale names, the first the default, e.g. SCALES = ('paper', 'smoke')"
+            f"{path}: SCALES={scales!r}; expected a tuple of scale names, the first the default, "
+            "e.g. SCALES = ('paper', 'smoke')"
         )
     return tuple(scales)
 

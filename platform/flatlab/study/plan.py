@@ -6,6 +6,7 @@ from typing import Any, Dict, List
 
 from flatlab.study.space import Conditional, Fixed, inner
 from flatlab.study.spec import Study
+from flatlab.study.trial_spec import route
 from flatlab.study.tunings import tuning_seeds
 
 
@@ -22,7 +23,7 @@ def plan(study: Study) -> Dict[str, Any]:
                 "searched": {k: d.describe() for k, d in arm.searched().items()},  # with "if <condition>"
                 "conditions": {k: d.condition_text() for k, d in arm.dims.items() if isinstance(d, Conditional)},
                 "fixed": arm.constants(),
-                "routes": study.route(arm),
+                "routes": route(study, arm),
             }
         )
     return {
@@ -96,7 +97,10 @@ def flatness_when(study: Study) -> str:
         return f"flatness of each completed trial's final model, {end} (flat/<measure>)"
     at = f"the first epoch whose mean training loss is <= {target:g}"
     if study.train.get("measure_at_train_loss") is not None:
-        return f"flatness of each completed trial at {at} (flat_at_target/<measure>, if reached) and {end} (flat/<measure>)"
+        return (
+            f"flatness of each completed trial at {at} (flat_at_target/<measure>, if reached) and {end} "
+            "(flat/<measure>)"
+        )
     return f"flatness of each completed trial's final model (flat/<measure>): at {at} (stop_at_train_loss), else {end}"
 
 
@@ -105,13 +109,15 @@ def render(study: Study, console: Any) -> None:
     from flatlab.analysis.console_table import make_table, print_table
 
     p = plan(study)
+    params = f" {p['workload_params']}" if p["workload_params"] else ""
     console.print(
-        f"[bold]{p['study']}[/bold]: workload {p['workload']}{' ' + str(p['workload_params']) if p['workload_params'] else ''}, metric {p['metric']} ({p['mode']}), "
+        f"[bold]{p['study']}[/bold]: workload {p['workload']}{params}, metric {p['metric']} ({p['mode']}), "
         f"searcher {p['searcher']}, scheduler {p['scheduler']}"
     )
     console.print(
-        f"budget: {p['total_trials']} trials x up to {p['max_epochs']} epochs (<= {p['max_trial_epochs']} trial-epochs), "
-        f"seeds {p['seeds']}, per trial {p['resources_per_trial']}, max_concurrent {p['max_concurrent'] or 'as resources allow'}"
+        f"budget: {p['total_trials']} trials x up to {p['max_epochs']} epochs (<= {p['max_trial_epochs']} "
+        f"trial-epochs), seeds {p['seeds']}, per trial {p['resources_per_trial']}, "
+        f"max_concurrent {p['max_concurrent'] or 'as resources allow'}"
     )
     if p["tunings"] > 1:
         console.print(tunings_line(study))
@@ -122,7 +128,8 @@ def render(study: Study, console: Any) -> None:
         console.print(
             f"{flatness_when(study)}: {', '.join(f'{k} {v}' if v else k for k, v in p['measures'].items())}"
             + (
-                f" on {sub['examples']} {sub['split']} examples (all of them if the split is smaller; seed {sub['seed']})"
+                f" on {sub['examples']} {sub['split']} examples "
+                f"(all of them if the split is smaller; seed {sub['seed']})"
                 if sub["examples"]
                 else f" on all {sub['split']} examples"
             )

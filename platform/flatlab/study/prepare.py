@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from flatlab.errors import ConfigError
 from flatlab.study.launches import BUDGET_KEYS, Launch, launch_file, resume_budget, resume_checkpoint_every
 from flatlab.study.spec import Study
+from flatlab.study.validate import validate
 
 GIVEN_KEYS = BUDGET_KEYS + ("checkpoint_every",)
 """The options :func:`prepare` takes: the budget (:data:`~flatlab.study.launches.BUDGET_KEYS`) and the
@@ -104,7 +105,7 @@ def prepare(
         s = dataclasses.replace(s, checkpoint_every=cadence)
         out.append(
             Prepared(
-                s.with_budget(mine["trials"], mine["epochs"], mine["final_seeds"], mine.get("tunings")).validate(path),
+                validate(s.with_budget(mine["trials"], mine["epochs"], mine["final_seeds"], mine.get("tunings")), path),
                 mine,
             )
         )

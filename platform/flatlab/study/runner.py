@@ -694,6 +694,7 @@ def _build_tuner(
     from flatlab.study.recovery import LaunchRecords
     from flatlab.study.searchers import ArmSearcher
     from flatlab.study.trainable import make_trainable
+    from flatlab.study.trial_spec import resolved_config
     from flatlab.tracking.artifacts import WorkerTracking
     from flatlab.tracking.callback import MLflowTrialLogger
 
@@ -709,7 +710,8 @@ def _build_tuner(
         arm_optimizer={a.name: a.optimizer for a in study.arms},
         metric=study.metric,
         mode=study.mode,
-        study=study,  # child runs' params: the resolved configuration too
+        study=study,
+        resolve=resolved_config,  # child runs' params: the resolved configuration too
         log=log_file(launch.path.parent),  # a failed launch's runs name the log file
     )
     finals = study.num_final_trials()

@@ -28,6 +28,7 @@ from ray import tune
 
 from flatlab.study.spec import Study
 from flatlab.study.trial_loop import evaluation_trial, trial_loop
+from flatlab.study.trial_spec import trial_spec
 from flatlab.tracking.artifacts import WorkerTracking
 from flatlab.train.cpu_threads import configure as configure_cpu
 from flatlab.train.trainer import Trainer
@@ -96,8 +97,8 @@ def run_trial(
     extensions: Optional[Dict[str, Dict[str, Any]]] = None,
 ) -> None:
     """Train the trial described by ``config`` (``{"arm", "seed", field: value ...}``) under Tune: one
-    ``tune.report`` per epoch, a checkpoint where :func:`~flatlab.study.trial_loop.checkpoint_due` says so; a checkpoint from
-    ``tune.get_checkpoint()`` (a restarted trial) is loaded first.
+    ``tune.report`` per epoch, a checkpoint where :func:`~flatlab.study.trial_loop.checkpoint_due` says so;
+    a checkpoint from ``tune.get_checkpoint()`` (a restarted trial) is loaded first.
 
     With ``Resources(workers > 1)`` the trial runs as a Ray Train ``TorchTrainer`` (DDP) started from
     here (:mod:`flatlab.study.ddp_trial`); its ranks run the same :func:`~flatlab.study.trial_loop.trial_loop`.
@@ -141,7 +142,7 @@ def run_trial(
             trial_id=tune.get_context().get_trial_id(),
         )
         return
-    spec = study.trial_spec(config, device=device)
+    spec = trial_spec(study, config, device=device)
     trainer = Trainer(spec, data)
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:

@@ -30,6 +30,7 @@ import torch
 
 from flatlab.analysis.selection import COMPLETED_KEY, DIVERGED_KEY
 from flatlab.study.spec import Study
+from flatlab.study.trial_spec import trial_spec
 from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
 from flatlab.tracking.runs import EPOCH_END_KEY, SUMMARY_KEY, at_target
 from flatlab.train.checkpoint import StateSnapshot
@@ -185,7 +186,7 @@ def evaluation_trial(
     from flatlab.train.evaluation import evaluate_trial
     from flatlab.workloads.registry import build_workload, get_workload
 
-    spec = study.trial_spec(config, device=device)
+    spec = trial_spec(study, config, device=device)
     names = get_workload(spec.workload).checkpoint_params
     params = local_params(spec.workload_params, names, tracking.tracking_uri if tracking is not None else "")
     done = evaluate_trial(spec, data, build_workload(spec.workload, **params))

@@ -53,9 +53,12 @@ class MLflowTrialLogger(Callback):
         tags: tags set on every child run (study, workload, git commit, version).
         arm_optimizer: arm name -> optimizer name (tagged on each child run).
         metric, mode: the study metric; ``best/<metric>`` is logged alongside it.
-        study: the :class:`~flatlab.study.spec.Study`; when given, each child run's params hold the
+        study: the :class:`~flatlab.study.spec.Study`; with ``resolve``, each child run's params hold the
             trial's resolved configuration too (:func:`flatlab.tracking.runs.trial_params`).
         log: the study's driver log file (kept absolute); the runs a failed launch ends name it.
+        resolve: ``(study, config) -> resolved configuration``
+            (:func:`flatlab.study.trial_spec.resolved_config`), passed in so that tracking needs nothing
+            of the study package; not pickled: the launch that restores the callback passes its own.
 
     A trial's outcome comes from its last report (:func:`flatlab.analysis.selection.trial_outcome`).
     Pickled (Tune keeps callbacks in its experiment state) as its configuration only; a state pickled by
@@ -85,6 +88,7 @@ class MLflowTrialLogger(Callback):
         mode: str,
         study: Any = None,
         log: Optional[Path] = None,
+        resolve: Optional[Callable[[Any, Dict[str, Any]], Dict[str, Dict[str, Any]]]] = None,
     ) -> None:
         self.tracking_uri = tracking_uri
         self.experiment_id = experiment_id
@@ -95,6 +99,7 @@ class MLflowTrialLogger(Callback):
         self.mode = mode
         self.study = study
         self.log = None if log is None else str(Path(log).resolve())
+        self.resolve = resolve
         self._init_runtime()
         #: A resume's :meth:`flatlab.study.recovery.LaunchRecords.claimed`: trial id -> the run of a trial
         #: started before the driver was killed that it takes over (not pickled).
@@ -105,7 +110,7 @@ class MLflowTrialLogger(Callback):
         return {k: self.__dict__[k] for k in self._STATE}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.study = self.log = None  # state pickled before the callback held its study, its log file
+        self.study = self.log = self.resolve = None  # state pickled before the callback held its study, its log
         self.__dict__.update({k: v for k, v in state.items() if k in self._STATE})  # drops an old max_epochs
         self.claimed = None
         self._init_runtime()
@@ -286,9 +291,9 @@ class MLflowTrialLogger(Callback):
         """The child run's params: ``config`` as given, and its resolved configuration where it can be
         resolved (a failure is logged: the trial itself reports the bad value)."""
         resolved = None
-        if self.study is not None:
+        if self.study is not None and self.resolve is not None:
             try:
-                resolved = self.study.resolved_config(config)
+                resolved = self.resolve(self.study, config)
             except Exception:  # noqa: BLE001 - the trial fails with the real error; keep its run
                 logger.warning("could not resolve the configuration of %s", config, exc_info=True)
         return runs.trial_params(config, resolved)

@@ -113,7 +113,7 @@ def is_resolved_param(name: str) -> bool:
 
 def trial_params(config: Dict[str, Any], resolved: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, str]:
     """The MLflow params of a trial: ``config``'s entries under their own names (except the stage and the
-    tuning, which are tags), then ``resolved`` (:meth:`flatlab.study.spec.Study.resolved_config`) as
+    tuning, which are tags), then ``resolved`` (:func:`flatlab.study.trial_spec.resolved_config`) as
     ``<prefix><name>`` (:data:`RESOLVED_PREFIX`). Values are ``str(value)``, cut to MLflow's limit: the
     same config always gives the same strings, as MLflow requires of a resumed run. A mapping value is
     flattened to one param per entry (``<name>.<key>``, :func:`flatlab.tracking.param_text.flat_params`),
