@@ -282,21 +282,22 @@ def test_the_interrupt_hint_names_the_root_and_cluster_the_resume_needs(tmp_path
 
 
 def test_a_resume_logs_to_the_launch_s_store_and_refuses_another(tmp_path, monkeypatch):
-    from flatlab.study.runner import RunOptions, _tracking_uri
+    from flatlab.study.launch_record import launch_tracking_uri
+    from flatlab.study.runner import RunOptions
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     launch = Launch(path=tmp_path / "launch.json", tracking_uri="sqlite:////data/store.db")
     default = f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}"
-    assert _tracking_uri(RunOptions(resume=True), launch, tmp_path) == "sqlite:////data/store.db"
-    assert _tracking_uri(RunOptions(continue_=True), launch, tmp_path) == "sqlite:////data/store.db"
-    assert _tracking_uri(RunOptions(resume=True, tracking_uri="sqlite:////data/store.db"), launch, tmp_path) == (
+    assert launch_tracking_uri(RunOptions(resume=True), launch, tmp_path) == "sqlite:////data/store.db"
+    assert launch_tracking_uri(RunOptions(continue_=True), launch, tmp_path) == "sqlite:////data/store.db"
+    assert launch_tracking_uri(RunOptions(resume=True, tracking_uri="sqlite:////data/store.db"), launch, tmp_path) == (
         "sqlite:////data/store.db"
     )
     with pytest.raises(ConfigError, match="--resume: --tracking-uri sqlite:////elsewhere.db is not the store"):
-        _tracking_uri(RunOptions(resume=True, tracking_uri="sqlite:////elsewhere.db"), launch, tmp_path)
-    assert _tracking_uri(RunOptions(), None, tmp_path) == default
+        launch_tracking_uri(RunOptions(resume=True, tracking_uri="sqlite:////elsewhere.db"), launch, tmp_path)
+    assert launch_tracking_uri(RunOptions(), None, tmp_path) == default
     assert (
-        _tracking_uri(RunOptions(resume=True), Launch(path=tmp_path / "old.json"), tmp_path) == default
+        launch_tracking_uri(RunOptions(resume=True), Launch(path=tmp_path / "old.json"), tmp_path) == default
     )  # an old record
 
 

@@ -201,7 +201,8 @@ def test_a_local_launch_of_deepobs_fmnist_on_two_cpus_names_the_cpu_scale(monkey
 
     from flatlab.errors import ConfigError
     from flatlab.study.loader import load_studies
-    from flatlab.study.runner import RunOptions, _check_local_resources
+    from flatlab.study.ray_start import check_local_resources
+    from flatlab.study.runner import RunOptions
 
     path = str(Path(__file__).resolve().parents[2] / "studies" / "deepobs_fmnist.py")
     (study,) = load_studies(path, scale="paper")
@@ -215,4 +216,4 @@ def test_a_local_launch_of_deepobs_fmnist_on_two_cpus_names_the_cpu_scale(monkey
         )
         + "$",
     ):
-        _check_local_resources(study, RunOptions(source=path, overrides={"scale": "paper"}))
+        check_local_resources(study, RunOptions(source=path, overrides={"scale": "paper"}))

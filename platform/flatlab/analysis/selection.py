@@ -1,7 +1,7 @@
 """The answer a study gives, defined once: which trials completed, each arm's best configuration, the
 best trial and the reference arm. Every command and stage that picks a winner asks this module:
 ``flatlab compare`` and the comparison logged after a launch, ``flatlab results --best`` (with and
-without ``--by-config``), the final stage (``study/runner.py``), ``sp.best_of`` (``study/chain.py``)
+without ``--by-config``), the final stage (``study/final_stage.py``), ``sp.best_of`` (``study/chain.py``)
 and the steps-to-target reference (``tracking/speedup.py``).
 
 The rules:

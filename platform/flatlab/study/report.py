@@ -1,6 +1,6 @@
 """The study's summary on its MLflow parent run: best values per arm and the plots a reader looks for first.
 
-After a launch (``study/runner.py`` ``_post_study``), :func:`log_study_report` logs to the parent run:
+After a launch (:func:`flatlab.study.post_study.post_study`), :func:`log_study_report` logs to the parent run:
 
 * ``report/best_per_arm.json``, a table (``mlflow.log_table``) with one row per arm: its best completed
   trial (:func:`flatlab.analysis.selection.best_trial_rows`: the best trial of its best
@@ -23,8 +23,9 @@ and it points the experiment's default view in MLflow's UI (:func:`flatlab.track
 at this launch, with the test metric its trials logged.
 
 What cannot be drawn (no completed trial, a grid study without Optuna studies, an arm that searches
-nothing) is skipped with its reason in the study's log (``<root>/<study>/logs/flatlab.log``, its path on the summary line). Nothing here ever raises: every trial is already
-recorded, and a plot must not fail the study.
+nothing) is skipped with its reason in the study's log (``<root>/<study>/logs/flatlab.log``, its path on
+the summary line). Nothing here ever raises: every trial is already recorded, and a plot must not fail
+the study.
 """
 
 from __future__ import annotations
@@ -255,9 +256,9 @@ def _arm_plots(st: Any, arm: str, metric: str, tmp: Path, skipped: List[str]) ->
 
 def _optuna_png(draw: Any, path: Path, title: str, tidy: Any = None) -> Path:
     """Run one of Optuna's matplotlib plots (``draw() -> Axes``), ``tidy(figure, axes)`` it when given,
-    title it, save it to ``path`` and close its figure. Optuna draws through pyplot and switches pyplot's style to ``ggplot`` for good: the
-    caller's rcParams are restored afterwards, and the figure leaves pyplot's registry. Numeric tick
-    labels carry no offset text (:func:`flatlab.analysis.plot_axes.plain_figure`)."""
+    title it, save it to ``path`` and close its figure. Optuna draws through pyplot and switches pyplot's
+    style to ``ggplot`` for good: the caller's rcParams are restored afterwards, and the figure leaves
+    pyplot's registry. Numeric tick labels carry no offset text (:func:`flatlab.analysis.plot_axes.plain_figure`)."""
     import matplotlib
     import matplotlib.pyplot as plt
     import optuna
