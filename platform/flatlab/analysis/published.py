@@ -97,7 +97,8 @@ class Published:
             return [f"published.path={self.path!r}; expected the path of a curve-set JSON file"]
         if not isinstance(self.arms, Mapping) or not self.arms:
             return [
-                f"published.arms={self.arms!r}; expected a dict of arm name -> curve name, e.g. {{'sgd': 'fmnist_2c2d/sgd'}}"
+                f"published.arms={self.arms!r}; expected a dict of arm "
+                "name -> curve name, e.g. {'sgd': 'fmnist_2c2d/sgd'}"
             ]
         try:
             curves = load_curves(self.path)
@@ -109,7 +110,8 @@ class Published:
                 out.append(f"published.arms: {arm!r} is not an arm of the study; arms: {', '.join(arm_names)}")
             if curve not in curves.curves:
                 out.append(
-                    f"published.arms[{arm!r}]={curve!r} is not a curve of {self.path}; curves: {', '.join(curves.curves)}"
+                    f"published.arms[{arm!r}]={curve!r} is not a curve "
+                    f"of {self.path}; curves: {', '.join(curves.curves)}"
                 )
         return out
 
@@ -408,27 +410,7 @@ def compare_curves(
     """
     import pandas as pd
 
-    from flatlab.analysis.compare import t_estimate
-    from flatlab.analysis.compare.statistics import clip
-    from flatlab.analysis.compare.table import quantity_support
-
-    if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
-        raise ConfigError(f"confidence={confidence!r}; expected a number in (0, 1), e.g. 0.95")
-    missing = [c for c in ("arm", "seed", "metric", "epoch", "value") if c not in flatlab.columns]
-    if missing:
-        raise ConfigError(f"flatlab's values lack the column(s) {', '.join(missing)}")
-    compared = curves.compared()
-    metrics = list(metrics) if metrics else list(compared)
-    unknown = [m for m in metrics if m not in compared]
-    if unknown:
-        raise ConfigError(
-            f"metric(s) {', '.join(unknown)} not in {curves.path}; it maps {', '.join(compared) or 'none'}"
-        )
-    for arm, curve in arms.items():
-        if curve not in curves.curves:
-            raise ConfigError(
-                f"arm {arm!r} -> curve {curve!r}: not in {curves.path}; curves: {', '.join(curves.curves)}"
-            )
+    metrics = _checked_metrics(curves, flatlab, arms, metrics, confidence)
     wanted = None if epochs is None else {int(e) for e in epochs}
     rows: List[Dict[str, Any]] = []
     notes: List[str] = []
@@ -447,35 +429,9 @@ def compare_curves(
             if not common:
                 notes.append(f"arm {arm!r}, {metric}: no epoch with values on both sides.")
             for e in common:
-                est = clip(
-                    t_estimate(ours.loc[ours["epoch"] == e, "value"].tolist(), confidence),
-                    quantity_support(metric, workload),
-                )
-                if est.n == 0:  # only non-finite values (a diverged seed): nothing to place
-                    continue
-                p = theirs.loc[theirs["epoch"] == e, "value"].astype(float)
-                lo, hi = float(p.min()), float(p.max())
-                where = "inside" if lo <= est.mean <= hi else "above" if est.mean > hi else "below"
-                overlap = None if not math.isfinite(est.low) else bool(est.low <= hi and est.high >= lo)
-                rows.append(
-                    {
-                        "arm": arm,
-                        "curve": curve,
-                        "metric": metric,
-                        "epoch": e,
-                        "n": est.n,
-                        "mean": est.mean,
-                        "std": est.std,
-                        "ci_low": est.low,
-                        "ci_high": est.high,
-                        "pub_n": int(p.size),
-                        "pub_mean": float(p.mean()),
-                        "pub_min": lo,
-                        "pub_max": hi,
-                        "where": where,
-                        "overlap": overlap,
-                    }
-                )
+                row = _epoch_row(ours, theirs, metric, e, confidence, workload)
+                if row is not None:
+                    rows.append({"arm": arm, "curve": curve, "metric": metric, **row})
     frame = pd.DataFrame(rows, columns=ROW_COLUMNS)
     summary = _summarise(frame)
     if not frame.empty:
@@ -488,6 +444,69 @@ def compare_curves(
         if ours_n < 2:
             notes.append("some epochs have a single flatlab seed: no interval there (overlap '-').")
     return CurveComparison(frame, summary, tuple(notes), curves, confidence)
+
+
+def _checked_metrics(curves: CurveSet, flatlab, arms: Mapping[str, str], metrics, confidence: float) -> List[str]:
+    """The metrics :func:`compare_curves` compares (default: every one the curve set maps to), once its
+    arguments are checked.
+
+    Raises:
+        ConfigError: as :func:`compare_curves`.
+    """
+    if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
+        raise ConfigError(f"confidence={confidence!r}; expected a number in (0, 1), e.g. 0.95")
+    missing = [c for c in ("arm", "seed", "metric", "epoch", "value") if c not in flatlab.columns]
+    if missing:
+        raise ConfigError(f"flatlab's values lack the column(s) {', '.join(missing)}")
+    compared = curves.compared()
+    metrics = list(metrics) if metrics else list(compared)
+    unknown = [m for m in metrics if m not in compared]
+    if unknown:
+        raise ConfigError(
+            f"metric(s) {', '.join(unknown)} not in {curves.path}; it maps {', '.join(compared) or 'none'}"
+        )
+    for arm, curve in arms.items():
+        if curve not in curves.curves:
+            raise ConfigError(
+                f"arm {arm!r} -> curve {curve!r}: not in {curves.path}; curves: {', '.join(curves.curves)}"
+            )
+    return metrics
+
+
+def _epoch_row(
+    ours, theirs, metric: str, epoch: int, confidence: float, workload: Optional[str]
+) -> Optional[Dict[str, Any]]:
+    """One epoch of one arm and metric: flatlab's t-estimate over seeds (clipped to the metric's support)
+    beside the published runs' mean and range; ``None`` where flatlab has only non-finite values (a
+    diverged seed: nothing to place)."""
+    from flatlab.analysis.compare import t_estimate
+    from flatlab.analysis.compare.statistics import clip
+    from flatlab.analysis.compare.table import quantity_support
+
+    est = clip(
+        t_estimate(ours.loc[ours["epoch"] == epoch, "value"].tolist(), confidence),
+        quantity_support(metric, workload),
+    )
+    if est.n == 0:
+        return None
+    p = theirs.loc[theirs["epoch"] == epoch, "value"].astype(float)
+    lo, hi = float(p.min()), float(p.max())
+    where = "inside" if lo <= est.mean <= hi else "above" if est.mean > hi else "below"
+    overlap = None if not math.isfinite(est.low) else bool(est.low <= hi and est.high >= lo)
+    return {
+        "epoch": epoch,
+        "n": est.n,
+        "mean": est.mean,
+        "std": est.std,
+        "ci_low": est.low,
+        "ci_high": est.high,
+        "pub_n": int(p.size),
+        "pub_mean": float(p.mean()),
+        "pub_min": lo,
+        "pub_max": hi,
+        "where": where,
+        "overlap": overlap,
+    }
 
 
 def _summarise(frame):

@@ -305,23 +305,7 @@ def compare_table(
         reference = reference_arm(arms, df.attrs.get("reference_arm"))
     if reference not in arms:
         raise ConfigError(f"reference arm {reference!r} is not in the compared trials; arms: {', '.join(arms)}")
-    recorded = [
-        c
-        for prefix in (FLAT_PREFIX, AT_TARGET_PREFIX)
-        for c in sorted(sample.columns)
-        if c.startswith(prefix) and has_values(sample, c)
-    ]
-    if measures is None:  # by default the measures' values, not their Monte-Carlo errors or clean losses
-        flat = [c for c in recorded if not c.endswith(AUXILIARY)]
-    else:
-        wanted = [m if m.startswith((FLAT_PREFIX, AT_TARGET_PREFIX)) else FLAT_PREFIX + m for m in measures]
-        unknown = [m for m in wanted if m not in recorded]
-        if unknown:
-            raise ConfigError(
-                f"measures {', '.join(unknown)} not recorded in the compared trials; measures there: {', '.join(recorded) or '(none)'}"
-            )
-        also = [AT_TARGET_PREFIX + m[len(FLAT_PREFIX) :] for m in wanted if m.startswith(FLAT_PREFIX)]
-        flat = list(dict.fromkeys([*wanted, *(c for c in also if c in recorded)]))
+    flat = _flat_quantities(sample, measures)
     targets = [
         q
         for q in TARGETS
@@ -331,11 +315,59 @@ def compare_table(
     mode = df.attrs.get("mode", "max")
     better = {q: higher_is_better(q, df.attrs.get("metric", ""), mode) for q in quantities}
     support = {q: quantity_support(q, df.attrs.get("workload")) for q in quantities}
-
-    done = completed(sample)
     seeds = seed_values(sample, quantities)
-
     ordered = [reference] + [a for a in arms if a != reference]
+    notes += _seed_notes(seeds, completed(sample), ordered, targets)
+    notes += _target_notes(df, sample, flat)
+    rows = _rows(seeds, quantities, ordered, better, support, confidence)
+    return Comparison(
+        metric,
+        reference,
+        float(confidence),
+        source,
+        quantities,
+        better,
+        tuple(rows),
+        seeds.reset_index(drop=True),
+        tuple(notes),
+        study,
+        rank_by,
+        tuple(target_misses(sample, ordered)),
+        support,
+    )
+
+
+def _flat_quantities(sample, measures: Optional[Sequence[str]]) -> List[str]:
+    """The flatness rows: every ``flat/*`` then ``flat_at_target/*`` measure recorded in ``sample`` (their
+    Monte-Carlo errors and clean losses left out), or those of ``measures``, each ``flat/<m>`` with its
+    ``flat_at_target/<m>`` where recorded.
+
+    Raises:
+        ConfigError: a measure of ``measures`` not recorded (listing those that are).
+    """
+    recorded = [
+        c
+        for prefix in (FLAT_PREFIX, AT_TARGET_PREFIX)
+        for c in sorted(sample.columns)
+        if c.startswith(prefix) and has_values(sample, c)
+    ]
+    if measures is None:  # by default the measures' values, not their Monte-Carlo errors or clean losses
+        return [c for c in recorded if not c.endswith(AUXILIARY)]
+    wanted = [m if m.startswith((FLAT_PREFIX, AT_TARGET_PREFIX)) else FLAT_PREFIX + m for m in measures]
+    unknown = [m for m in wanted if m not in recorded]
+    if unknown:
+        raise ConfigError(
+            f"measures {', '.join(unknown)} not recorded in the compared trials; "
+            f"measures there: {', '.join(recorded) or '(none)'}"
+        )
+    also = [AT_TARGET_PREFIX + m[len(FLAT_PREFIX) :] for m in wanted if m.startswith(FLAT_PREFIX)]
+    return list(dict.fromkeys([*wanted, *(c for c in also if c in recorded)]))
+
+
+def _seed_notes(seeds, done, ordered: Sequence[str], targets: Sequence[str]) -> List[str]:
+    """Per arm (``ordered``), the seeds that did not complete and the completed ones that missed a
+    training-loss target (``targets``): counted in the seeds run, without values."""
+    notes: List[str] = []
     for arm in ordered:
         mine = seeds[seeds["arm"] == arm]
         failed = mine[~done.loc[mine.index]]
@@ -353,29 +385,41 @@ def compare_table(
                 notes.append(
                     f"{arm}: seed{'s' if len(missed) > 1 else ''} {which} completed without reaching the target ({q})."
                 )
+    return notes
 
+
+def _target_notes(df, sample, flat: Sequence[str]) -> List[str]:
+    """What the flatness rows measured where the launch had a training-loss target: at the target and at
+    the end (``measure_at_train_loss``), or where ``stop_at_train_loss`` ended the trials."""
     measured_at = df.attrs.get(MEASURE_AT_TARGET)
     stopped_at = df.attrs.get(STOP_AT_TARGET)
     if measured_at is not None and any(q.startswith(AT_TARGET_PREFIX) for q in flat):
-        notes.append(
+        return [
             f"flat_at_target/* rows: measured at the first epoch whose mean training loss was <= {measured_at} "
             "(measure_at_train_loss); seeds that missed it are counted in the seeds run and give no value. "
             "flat/* rows: the final models, after the last epoch."
-        )
-    elif flat and _stopped_at_target(sample):  # sample.attrs: df's (select_sample and at_target_view keep them)
-        loss = f"mean training loss <= {stopped_at}" if stopped_at is not None else "the training-loss target"
-        if any(q.startswith(AT_TARGET_PREFIX) for q in flat):
-            notes.append(
-                f"flat_at_target/* rows: the flat/* of the seeds that reached {loss}, where stop_at_train_loss "
-                "ended them; seeds that missed it are counted in the seeds run and give no value. flat/* rows: "
-                "every completed seed's final model (a seed that missed the target trained to its last epoch)."
-            )
-        else:
-            notes.append(
-                f"flat/* rows: measured at {loss} (stop_at_train_loss), where every completed seed "
-                "stopped: flatness at a matched training loss."
-            )
-    rows = []
+        ]
+    if not (flat and _stopped_at_target(sample)):  # sample.attrs: df's (select_sample and at_target_view keep them)
+        return []
+    loss = f"mean training loss <= {stopped_at}" if stopped_at is not None else "the training-loss target"
+    if any(q.startswith(AT_TARGET_PREFIX) for q in flat):
+        return [
+            f"flat_at_target/* rows: the flat/* of the seeds that reached {loss}, where stop_at_train_loss "
+            "ended them; seeds that missed it are counted in the seeds run and give no value. flat/* rows: "
+            "every completed seed's final model (a seed that missed the target trained to its last epoch)."
+        ]
+    return [
+        f"flat/* rows: measured at {loss} (stop_at_train_loss), where every completed seed "
+        "stopped: flatness at a matched training loss."
+    ]
+
+
+def _rows(seeds, quantities, ordered: Sequence[str], better, support, confidence: float) -> List[Row]:
+    """One :class:`Row` per quantity and arm (``ordered``: the reference first): the t-estimate over seeds,
+    clipped to the quantity's support, and the paired difference against the reference with its
+    Holm-adjusted p-value (the family: the quantity's arms)."""
+    reference = ordered[0]
+    rows: List[Row] = []
     for q in quantities:
         ref = _by_seed(seeds, reference, q)
         block = []
@@ -392,21 +436,7 @@ def compare_table(
             block.append(Row(q, arm, runs, summary, diff, clipped=summary is not raw))
         adjusted = holm([r.diff.p if r.diff is not None else float("nan") for r in block])  # the quantity's family
         rows += [replace(r, p_holm=p) for r, p in zip(block, adjusted)]
-    return Comparison(
-        metric,
-        reference,
-        float(confidence),
-        source,
-        quantities,
-        better,
-        tuple(rows),
-        seeds.reset_index(drop=True),
-        tuple(notes),
-        study,
-        rank_by,
-        tuple(target_misses(sample, ordered)),
-        support,
-    )
+    return rows
 
 
 def _stopped_at_target(sample) -> bool:
