@@ -1,43 +1,13 @@
 """Published learning curves as data, and flatlab's runs beside them (``flatlab curves``).
 
 A paper or benchmark that publishes per-epoch curves (DeepOBS's baselines, a paper's appendix tables)
-becomes a *curve-set file*: plain JSON, read without executing anything. A study declares the file and
-which of its arms reproduces which curve (``Study(published=Published(path, arms={arm: curve}))``);
-:func:`compare_curves` then sets flatlab's per-epoch mean over seeds, with its t-interval
+becomes a *curve-set file*: plain JSON, read without executing anything (its format: :func:`load_curves`).
+A study declares the file and which of its arms reproduces which curve
+(``Study(published=Published(path, arms={arm: curve}))``); :func:`compare_curves` then sets flatlab's per-epoch mean over seeds, with its t-interval
 (:func:`flatlab.analysis.compare.t_estimate`), beside the published runs' mean and range, and says per
 epoch and metric whether flatlab's mean lies inside the published range ``[min, max]`` and whether its
 interval overlaps that range. Everything here works on plain values and DataFrames;
 :mod:`flatlab.tracking.published_runs` reads flatlab's side from MLflow.
-
-The curve-set format (version 1)::
-
-    {
-      "format": "flatlab-published-curves",      # required, exactly this
-      "version": 1,                               # required
-      "title": "...",                             # required: what the curves are
-      "citation": "...",                          # required: the paper or benchmark to cite
-      "source": "...",                            # required: where the numbers were read
-      "first_epoch": 0,                           # epoch of each list's entry 0 (0: before training)
-      "metrics": {"test_accuracies": "test/accuracy",   # list name -> flatlab metric it is compared with,
-                  "train_losses": null},                #   or null: kept, never compared
-      "notes": ["..."],                           # optional: what differs from flatlab's setting
-      "curves": {
-        "<curve name>": {
-          "settings": {...},                      # optional, free-form (learning rate, batch size ...)
-          "runs": [                               # one entry per published run (seed)
-            {"seed": 45, "path": "...", "commit": "...",   # seed required; path/commit: where it was read
-             "values": {"test_accuracies": [0.163, 0.834, ...]}}   # per-epoch lists (numbers or null)
-          ],
-          ...                                     # any other key: kept as metadata
-        }
-      }
-    }
-
-Epochs: entry ``i`` of a list is the value after ``first_epoch + i`` epochs of training. flatlab logs
-the metrics of epoch ``e`` (``e`` epochs trained, 1-based) at MLflow step ``e``, so with
-``first_epoch = 0`` list entry ``e`` is compared with step ``e`` (entry 0, the untrained network, has no
-flatlab counterpart). Constant-learning-rate curves can be compared at every epoch; a run shorter than
-the published one is compared over the epochs it has.
 
 A published range of a few runs is narrow (two seeds give one ``[min, max]``): a flatlab mean outside
 it is a reason to look, not by itself evidence of a difference. Where both sides have at least two
@@ -183,6 +153,36 @@ class CurveSet:
 
 def load_curves(path: str) -> CurveSet:
     """Read and validate a curve-set file (JSON only; nothing in it is executed).
+
+    The curve-set format (version 1)::
+
+        {
+          "format": "flatlab-published-curves",      # required, exactly this
+          "version": 1,                               # required
+          "title": "...",                             # required: what the curves are
+          "citation": "...",                          # required: the paper or benchmark to cite
+          "source": "...",                            # required: where the numbers were read
+          "first_epoch": 0,                           # epoch of each list's entry 0 (0: before training)
+          "metrics": {"test_accuracies": "test/accuracy",   # list name -> flatlab metric it is compared with,
+                      "train_losses": null},                #   or null: kept, never compared
+          "notes": ["..."],                           # optional: what differs from flatlab's setting
+          "curves": {
+            "<curve name>": {
+              "settings": {...},                      # optional, free-form (learning rate, batch size ...)
+              "runs": [                               # one entry per published run (seed)
+                {"seed": 45, "path": "...", "commit": "...",   # seed required; path/commit: where it was read
+                 "values": {"test_accuracies": [0.163, 0.834, ...]}}   # per-epoch lists (numbers or null)
+              ],
+              ...                                     # any other key: kept as metadata
+            }
+          }
+        }
+
+    Epochs: entry ``i`` of a list is the value after ``first_epoch + i`` epochs of training. flatlab logs
+    the metrics of epoch ``e`` (``e`` epochs trained, 1-based) at MLflow step ``e``, so with
+    ``first_epoch = 0`` list entry ``e`` is compared with step ``e`` (entry 0, the untrained network, has no
+    flatlab counterpart). Constant-learning-rate curves can be compared at every epoch; a run shorter than
+    the published one is compared over the epochs it has.
 
     Raises:
         ConfigError: the file is missing or not JSON, or breaks the format; ONE error listing every

@@ -1,36 +1,26 @@
 """Chained studies: search-space values read from another study's results when a study is launched.
 
 A study file writes ``sp.best_of("tsam_table1_cifar100", arm="tsam", param="lr")`` where a constant would
-go (:class:`~flatlab.study.space.BestOf`). At launch, :func:`resolve_chained` (called once by
-``flatlab.study.runner.run_study``, before the searcher is built) looks the value up in MLflow:
+go (:class:`~flatlab.study.space.BestOf`). At launch, before the searcher is built, :func:`resolve_chained`
+looks the value up in MLflow:
 
-* the source study's latest FINISHED launch (parent run with status ``FINISHED``; running, failed and
-  killed launches are skipped);
-* in it, the arm's best trial by the SOURCE study's own metric and mode (logged on its launch run):
-  the best trial of its best configuration (:mod:`flatlab.analysis.selection`: the best mean over seeds
-  of the final validation value among completed search trials; pruned, diverged and failed trials
-  never count, nor final-stage re-runs);
+* the source study's latest FINISHED launch (running, failed and killed launches are skipped);
+* in it, the arm's best trial by the SOURCE study's own metric and mode: the best trial of its best
+  configuration (:mod:`flatlab.analysis.selection`; pruned, diverged, failed and final-stage trials
+  never count);
 * that trial's logged param, parsed as the field's declared type and checked against its range; with
   ``param=None``, the trial's run as ``run:<run_id>`` (what ``clip_interpolate``'s ``finetuned`` reads).
 
 The resolved study is what the searcher and the trials see: the dimension becomes a
-:class:`~flatlab.study.space.Resolved` constant, next to a ``<field>.source`` constant
-(``<study>/<run_id>``), so every child run logs param ``lr`` and param ``lr.source``; the launch run logs
+:class:`~flatlab.study.space.Resolved` constant next to a ``<field>.source`` constant
+(``<study>/<run_id>``), so every child run logs ``lr`` and ``lr.source``; the launch run logs
 ``<arm>.lr`` and ``<arm>.lr.source`` (:func:`chained_params`). ``flatlab run --dry-run`` prints what
-would be resolved and, when the store has it, the current value (:func:`describe_chained`).
+would be resolved (:func:`describe_chained`).
 
-A checkpoint parameter of the study's workload (``Workload.checkpoint_params``, e.g.
-``clip_interpolate``'s ``finetuned``) may also name a trial, rather than the best one, with a reference
-``mlflow:<study>/<arm>[?<param>=<value>&...]`` (:func:`flatlab.tracking.checkpoints.parse_reference`; a
-constant, or values of a ``choice``/``grid``, in an arm's space or in ``workload_params``): the one
-FINISHED trial of arm ``<arm>`` in the same latest finished launch of ``<study>`` whose logged params
-equal the given ones (numbers compared as numbers: ``lr=1e-5`` matches a logged ``1e-05``;
-:func:`find_trial_run`). At launch each reference becomes that
-trial's run, ``run:<run_id>``, which the trial fetches from MLflow before its workload is built
-(:mod:`flatlab.tracking.checkpoints`): a constant as a :class:`~flatlab.study.space.Resolved` with a
-``<field>.source`` constant (the reference), a choice as a
-:class:`~flatlab.study.space.ResolvedChoice`; the launch run logs ``<arm>.<field>.<i>`` and
-``<arm>.<field>.<i>.source`` for the i-th value of a choice. A workload never reads MLflow itself.
+A checkpoint parameter of the workload (``Workload.checkpoint_params``) may instead name one trial with
+a reference ``mlflow:<study>/<arm>[?<param>=<value>&...]`` (:func:`find_trial_run`), resolved at launch
+to that trial's run; the trial fetches its checkpoint (:mod:`flatlab.tracking.checkpoints`). A workload
+never reads MLflow itself.
 """
 
 from __future__ import annotations
@@ -123,7 +113,15 @@ def same_value(logged: Any, wanted: Any) -> bool:
 
 def find_trial_run(tracking_uri: str, study: str, arm: str, params: Dict[str, str]) -> Any:
     """The one FINISHED trial run of ``arm`` in the latest finished launch of ``study`` whose params match
-    ``params`` (:func:`same_value`).
+    ``params`` (:func:`same_value`: numbers compared as numbers, so ``lr=1e-5`` matches a logged ``1e-05``).
+
+    This is what a reference ``mlflow:<study>/<arm>[?<param>=<value>&...]`` names
+    (:func:`flatlab.tracking.checkpoints.parse_reference`), written in a checkpoint parameter of the
+    study's workload, as a constant or among the values of a ``choice``/``grid``, in an arm's space or in
+    ``workload_params``. At launch each reference becomes ``run:<run_id>``: a constant as a
+    :class:`~flatlab.study.space.Resolved` with a ``<field>.source`` constant (the reference), a choice as
+    a :class:`~flatlab.study.space.ResolvedChoice`; the launch run logs ``<arm>.<field>.<i>`` and
+    ``<arm>.<field>.<i>.source`` for the i-th value of a choice.
 
     Raises:
         ConfigError: as :func:`finished_launch`; no match (the arm's finished trials are listed with their

@@ -2,35 +2,22 @@
 
 flatlab uses Ray's public API (``ray.init``, ``ray.tune``, ``ray.train``) everywhere else. The pieces
 below reach into Ray's internals, each to work around a fault or a missing option of the Ray versions
-in :data:`TESTED_RAY_VERSIONS`:
+in :data:`TESTED_RAY_VERSIONS` (each function's docstring says how):
 
-* :func:`loopback_node_ip` (:func:`init_local_ray`): a local Ray instance whose every socket listens on
-  loopback only, and a driver that joins a cluster on loopback as 127.0.0.1. On Linux,
-  ``ray.init(_node_ip_address="127.0.0.1")`` rewrites the address to the machine's network address
-  (``ray._private.services.resolve_ip_for_localhost``), and then the GCS, raylet, object manager,
-  agents and workers listen on every interface. Ray keeps everything on 127.0.0.1 where its constant
-  ``ray._private.ray_constants.ENABLE_RAY_CLUSTER`` is false (its macOS/Windows default, environment
-  variable ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``), so the launch sets it while Ray starts only.
-* :func:`route_ray_errors_to_log`: Ray's driver prints the cluster's error broadcasts ("A worker died
-  ...") to the terminal through ``ray._private.worker.print_to_stdstream``, even with
-  ``log_to_driver=False``; they go to the study's log instead.
-* :func:`refresh_auth_config`: Ray reads ``RAY_AUTH_MODE`` once per process (``ray._raylet.Config``);
-  :func:`gcs_requires_token` asks a cluster's GCS whether it uses token authentication.
-* :func:`restored_callbacks`, :func:`tuner_scheduler` and :func:`tuner_searcher`: a restored ``Tuner``
-  keeps the callbacks, scheduler and searcher it pickled (``Tuner._local_tuner``); a resume swaps in
-  this launch's live callbacks and hooks.
-* :func:`can_resume`: ``Tuner.can_restore`` answers True from ``tuner.pkl`` alone, written as the
-  Tuner is built and before Tune saves the experiment's first state; a Tuner restored from it restarts
-  the experiment with ``num_samples=1`` (``TunerInternal._fit_resume`` passes none), so a driver killed
-  in between would resume into a one-trial search.
-* :func:`buffered_trainable`: Ray 2.60's ``Trainable.train_buffered`` ends every batch after one report,
-  and its controller mis-handles a batch that ends with a checkpoint (see the function).
-* :func:`retry_system_failures_only`: Tune's ``FailureConfig(max_failures)`` retries a trial after any
-  failure; flatlab retries the loss of a node or worker (:func:`is_system_failure`) and fails a trial
-  whose own code raised at once (``Trial.handle_error``).
-* :func:`asha_rung_count`: the number of rungs of Ray's ``ASHAScheduler`` bracket (``_Bracket``).
-* :func:`train_session_storage`: the storage of the Ray Train run a DDP trial lives in
-  (``ray.train._internal.session``, as ``ray.tune.integration.ray_train`` reads it).
+* :func:`loopback_node_ip`, :func:`init_local_ray`: a local Ray instance whose every socket listens on
+  loopback only (on Linux ``ray.init`` rewrites 127.0.0.1 to the machine's network address), and a
+  driver that joins a cluster on loopback as 127.0.0.1.
+* :func:`route_ray_errors_to_log`: the cluster's error broadcasts ("A worker died ...") go to the
+  study's log, not the terminal, even with ``log_to_driver=False``.
+* :func:`refresh_auth_config`, :func:`gcs_requires_token`: token authentication, which Ray reads once
+  per process.
+* :func:`restored_callbacks`, :func:`tuner_scheduler`, :func:`tuner_searcher`: what a restored ``Tuner``
+  pickled, so that a resume swaps in this launch's live callbacks and hooks.
+* :func:`can_resume`: whether Tune saved an experiment, not only built its Tuner.
+* :func:`buffered_trainable`: result buffering that ends a batch where flatlab says.
+* :func:`retry_system_failures_only`: retries for a lost node or worker only, never for the trial's own
+  exception.
+* :func:`asha_rung_count`, :func:`train_session_storage`: ASHA's rungs; a DDP trial's Ray Train storage.
 
 :func:`check_ray_version` says, once per process, when the installed Ray is not one of those versions;
 ``pyproject.toml`` allows only them.
@@ -199,7 +186,9 @@ def can_resume(experiment_path: str) -> bool:
     ``Tuner.restore`` continues it at the budget it was launched with: ``tuner.pkl`` and at least one
     ``experiment_state-*.json`` (``ray.tune.execution.experiment_state``). False for a launch whose driver
     died after building its Tuner and before Tune's first save: it must start again (a new Tuner), not
-    be restored (see the module docstring)."""
+    be restored. ``Tuner.can_restore`` answers True from ``tuner.pkl`` alone, and a Tuner restored from
+    it restarts the experiment with ``num_samples=1`` (``TunerInternal._fit_resume`` passes none): a
+    one-trial search."""
     from ray.tune import Tuner
     from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
 
@@ -297,7 +286,7 @@ def buffered_trainable(fn: Any, decide_at: FrozenSet[int], buffer_s: float, max_
 
     Why an override: Ray 2.60's controller calls ``train_buffered(buffer_length, buffer_time_s)`` while
     ``Trainable.train_buffered`` takes ``(buffer_time_s, max_buffer_length)``, so Ray's own method ends
-    every batch after one report (measured: 1029 of 1029 batches held one report); and given a batch that
+    every batch after one report; and given a batch that
     ends with a checkpoint, that controller acts on the earlier reports' CONTINUE before the checkpoint's
     ``save`` resolves and runs two trains at once. Both are Ray 2.60 faults; when Ray fixes them this
     class can shrink to the error handling.

@@ -2,30 +2,24 @@
 
 After a launch (:func:`flatlab.study.post_study.post_study`), :func:`log_study_report` logs to the parent run:
 
-* ``report/best_per_arm.json``, a table (``mlflow.log_table``) with one row per arm: its best completed
-  trial (:func:`flatlab.analysis.selection.best_trial_rows`: the best trial of its best
-  configuration, by the study metric), its epochs, the
-  study metric, the test metric (``test/accuracy``, or ``test/perplexity``/``test/loss`` where the
-  workload reports that instead), its flatness measures and its params. The parent run holds no
-  per-arm metrics, so MLflow's charts show the trials' curves;
+* ``report/best_per_arm.json``, a table (``mlflow.log_table``), one row per arm: its best completed trial
+  (:func:`flatlab.analysis.selection.best_trial_rows`), its epochs, the study metric, the test metric,
+  its flatness measures and its params. The parent run holds no per-arm metrics, so MLflow's charts
+  show the trials' curves;
 * ``report/learning_curves.png``: the study metric against the epoch, one line per trial, one panel per
   arm (solid: completed, dotted: pruned or stopped, dashed: final-stage re-runs);
 * ``report/parallel_coordinate_<arm>.png`` and ``report/param_importances_<arm>.png``: Optuna's
-  matplotlib visualisations over the arm's Optuna study (``<root>/<study>/optuna.db``, study
-  ``<launch>.<arm>``; parallel coordinates tidied by
+  matplotlib visualisations over the arm's Optuna study (parallel coordinates tidied by
   :func:`flatlab.analysis.plot_axes.tidy_parallel_coordinate`; fANOVA importances with a fixed seed,
   which need >= 2 completed trials and a searched parameter);
-* ``report/metric_vs_flatness.png`` (:func:`flatlab.analysis.compare.plot.plot_metric_vs_flatness`) over the
-  completed trials, for studies without a final stage whose trials measured flatness (``flat/*``); with a
-  final stage, :func:`flatlab.tracking.publish.log_comparison` logs it under ``compare/``;
+* ``report/metric_vs_flatness.png`` (:func:`flatlab.analysis.compare.plot.plot_metric_vs_flatness`) for
+  studies without a final stage whose trials measured flatness (with one,
+  :func:`flatlab.tracking.publish.log_comparison` logs it under ``compare/``);
 
 and it points the experiment's default view in MLflow's UI (:func:`flatlab.tracking.ui.set_default_view`)
-at this launch, with the test metric its trials logged.
-
-What cannot be drawn (no completed trial, a grid study without Optuna studies, an arm that searches
-nothing) is skipped with its reason in the study's log (``<root>/<study>/logs/flatlab.log``, its path on
-the summary line). Nothing here ever raises: every trial is already recorded, and a plot must not fail
-the study.
+at this launch. What cannot be drawn (no completed trial, a grid study without Optuna studies, an arm
+that searches nothing) is skipped with its reason in the study's log. Nothing here ever raises: every
+trial is already recorded, and a plot must not fail the study.
 """
 
 from __future__ import annotations

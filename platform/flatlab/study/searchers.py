@@ -2,27 +2,22 @@
 
 :class:`ArmSearcher` hands out trials arm by arm (the arm with the fewest trials goes next), so a
 single ``Tuner`` serves every optimizer arm and no worker idles at an arm's tail. For ``optuna`` and
-``random`` it drives one Optuna study per arm (``<launch>.<arm>``, seeded, stored in SQLite beside the
-study's outputs) through Optuna's ask/tell interface, define-by-run: ``ask()``, then ``trial.suggest_*``
-for each field active in this trial (a ``space.when`` field only when its condition holds, so an
-inactive field is absent from the config, from MLflow's params and from the trainer's spec). For
+``random`` it drives one seeded Optuna study per arm (``<launch>.<arm>``, in SQLite beside the study's
+outputs) through ask/tell, define-by-run: a ``space.when`` field is suggested only when its condition
+holds, so an inactive field is absent from the config, MLflow's params and the trainer's spec. For
 ``grid`` it enumerates the arm's active grid points x seeds.
 
 Optuna is told the truth about each trial (Ray's ``OptunaSearch`` stores a scheduler-stopped trial as
 COMPLETE with its partial value, so Optuna's best trial could be a pruned one):
 
-* every epoch's value of the study metric is reported as an intermediate value (step = epoch), written
-  together with the trial's outcome (one storage write per trial, off the per-epoch path);
-* a trial that ran its whole budget (or stopped at its training-loss target) is COMPLETE with its
-  final value; one stopped by the scheduler is PRUNED; one that raised or diverged is FAIL;
-* each Optuna trial carries the user attributes ``tune_trial_id``, ``arm``, ``seed``, ``launch`` (the Tune
-  experiment that asked for it) and, once it ends, ``mlflow_run_id`` (from :attr:`ArmSearcher.run_id_of`,
-  which the runner points at the MLflow callback); the Optuna study's metric name is the study's
-  metric, so optuna-dashboard shows ``val/accuracy``, not "Objective 0";
-* after a driver was killed, a resume's suggestions take over the trials the launch asked for after
-  Tune's last save (which no restored Tune trial holds) before asking for new ones, and a trial Optuna
-  already holds as COMPLETE or PRUNED keeps that record: each arm holds ``num_trials`` trials
-  (:mod:`flatlab.study.recovery`).
+* every epoch's value of the study metric is an intermediate value (step = epoch), written with the
+  trial's outcome in one storage write per trial;
+* a trial that ran its budget (or stopped at its training-loss target) is COMPLETE with its final
+  value; one stopped by the scheduler is PRUNED; one that raised or diverged is FAIL;
+* each Optuna trial carries ``tune_trial_id``, ``arm``, ``seed``, ``launch`` and, once it ends,
+  ``mlflow_run_id`` (:attr:`ArmSearcher.run_id_of`); the Optuna study's metric name is the study's;
+* after a driver was killed, a resume first takes over the trials asked for after Tune's last save, and
+  a trial Optuna already holds as COMPLETE or PRUNED keeps that record (:mod:`flatlab.study.recovery`).
 
 Its state (``save``/``restore``, read by ``--resume``) is JSON: counters and trial-number maps. The
 searches themselves live in the Optuna storage, so nothing read back can execute code.

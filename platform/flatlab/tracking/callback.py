@@ -1,27 +1,26 @@
 """Driver-side MLflow logging for Tune trials, batched and off the Tune event loop.
 
-Ray's ``MLflowLoggerCallback`` logs every result synchronously (~35 ms per result on SQLite, which
-tripled a small study's wall time in our measurements). This callback only enqueues on the Tune
-thread; one background thread creates runs, sends metrics with ``MlflowClient.log_batch`` (all
-pending results of a run in one call), and ends runs. Statuses (:data:`flatlab.tracking.ui.OUTCOME_STATUS`):
-FINISHED for completed trials and for trials the scheduler stopped (``flatlab.outcome=pruned``: a
-result, not a failure), FAILED for errors and divergence (``flatlab.outcome=diverged``); runs are named
-by arm, stage and seed or trial id (:func:`flatlab.tracking.ui.trial_run_name`). Each epoch's metrics
-carry the time that epoch ended (the report's ``epoch_end_time``), not the time they reached the driver,
-which receives several epochs' reports at once; per-epoch metrics have step = epoch, the final model's
-summary values (``test/*``, ``flat/*`` ..., named by the last report: :data:`flatlab.tracking.runs.SUMMARY_KEY`)
-step 0. A failed trial's exception and traceback go to its ``error.txt``
-artifact and ``Type: message`` to its ``flatlab.error`` tag, which a restart removes. Where each (re)start
-of a trial ran (device, GPU, world size, workers, resources, node: the reports'
+Ray's ``MLflowLoggerCallback`` logs every result synchronously, on the thread that drives Tune. This
+callback only enqueues there; one background thread creates runs, sends metrics with
+``MlflowClient.log_batch`` (all pending results of a run in one call), and ends runs. Statuses
+(:data:`flatlab.tracking.ui.OUTCOME_STATUS`): FINISHED for completed trials and for trials the scheduler
+stopped (``flatlab.outcome=pruned``: a result, not a failure), FAILED for errors and divergence
+(``flatlab.outcome=diverged``); runs are named by :func:`flatlab.tracking.ui.trial_run_name`.
+
+Each epoch's metrics carry the time that epoch ended (the report's ``epoch_end_time``), not the time
+they reached the driver; per-epoch metrics have step = epoch, the final model's summary values
+(``test/*``, ``flat/*`` ...: :data:`flatlab.tracking.runs.SUMMARY_KEY`) step 0. A failed trial's
+exception and traceback go to its ``error.txt`` artifact and ``Type: message`` to its ``flatlab.error``
+tag, which a restart removes. Where each (re)start of a trial ran (the reports'
 :data:`~flatlab.tracking.placement_tags.PLACEMENT_KEY`) becomes ``flatlab.<field>`` tags. :meth:`close`
-marks anything still open KILLED, so no run is left RUNNING. The callback pickles without its
-thread (Tune stores it in the experiment state for resume).
+marks anything still open KILLED. The callback pickles without its thread (Tune stores it in the
+experiment state for resume).
 
 No epoch is logged twice: a trial resumed from a checkpoint older than its last report re-runs epochs
 that are already in MLflow; the callback remembers each run's last logged step (seeded from MLflow's
-``epoch`` history when it reopens a run after a restart) and skips steps up to it. ``best/<metric>``
-continues from the run's logged best. A resume after the driver was killed hands a trial the run of the
-same trial started after Tune's last save (:attr:`MLflowTrialLogger.claimed`), so no run is left RUNNING.
+``epoch`` history when it reopens a run) and skips steps up to it. ``best/<metric>`` continues from the
+run's logged best. A resume after the driver was killed hands a trial the run of the same trial started
+after Tune's last save (:attr:`MLflowTrialLogger.claimed`), so no run is left RUNNING.
 """
 
 from __future__ import annotations

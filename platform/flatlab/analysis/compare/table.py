@@ -2,9 +2,8 @@
 
 Over the trials :func:`~flatlab.analysis.compare.select.select_sample` chooses. For each arm and each
 quantity (the test metric, every ``flat/<measure>`` and ``flat_at_target/<measure>``, epochs or steps to a
-target): the
-:func:`~flatlab.analysis.compare.statistics.t_estimate` over seeds and, against the reference arm, the
-:func:`~flatlab.analysis.compare.statistics.paired_difference` (with its effect size d_z).
+target): the :func:`~flatlab.analysis.compare.statistics.t_estimate` over seeds and, against the reference
+arm, the :func:`~flatlab.analysis.compare.statistics.paired_difference` (with its effect size d_z).
 
 Many arms make many tests. Each quantity is one family: its tests are the non-reference arms' paired
 tests against the reference, and their p-values are Holm-adjusted within it
@@ -17,20 +16,11 @@ an accuracy in [0, 1], a loss or a Fisher trace >= 0; a Hutchinson Hessian trace
 mean lies there too, so the coverage stays and only impossible values go. Paired differences, of either
 sign, are not clipped; means, standard deviations and tests are unchanged.
 
-Only completed trials give values. Seeds that diverged, errored, were pruned or interrupted are
-counted as run (the ``seeds`` column reads "values / run") and named in the notes; a seed that missed
-a target is counted in "k/n reached".
-
-Flatness at a training-loss target (the launch's ``train.measure_at_train_loss`` or
-``train.stop_at_train_loss``, in the frame's ``attrs``), one rule for both: the ``flat_at_target/*`` rows
-are at the target (a seed that missed it is counted in the seeds run and gives no value) and the
-``flat/*`` rows are the final models' (every completed seed). With ``measure_at_train_loss`` a trial logs
-both. With ``stop_at_train_loss`` a trial that reached the target ended there, so its final model is the
-one at the target, and a trial that missed it trained to ``max_epochs`` and measured that model: where a
-completed seed missed, :func:`at_target_view` gives the ``flat_at_target/*`` values (the ``flat/*`` of the
-seeds that reached it) beside the ``flat/*`` rows; where none missed the two are the same numbers and the
-table shows the ``flat/*`` rows alone. Every arm with a seed that missed the target is named in
-:attr:`Comparison.warnings` (:func:`target_misses`), which every text output shows above the table.
+Only completed trials give values; seeds that diverged, errored, were pruned or interrupted are counted
+as run ("values / run") and named in the notes. At a training-loss target (``measure_at_train_loss`` or
+``stop_at_train_loss``, in the frame's ``attrs``) the ``flat_at_target/*`` rows are at the target (a seed
+that missed it gives no value; :func:`at_target_view`) and the ``flat/*`` rows the final models'; every
+arm with a seed that missed the target is named in :attr:`Comparison.warnings` (:func:`target_misses`).
 """
 
 from __future__ import annotations
