@@ -23,6 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from flatlab.analysis.compare import markdown_table, t_estimate
+from flatlab.analysis.compare.statistics import clip
+from flatlab.analysis.compare.table import quantity_support
+from flatlab.analysis.console_table import make_table, print_table
 from flatlab.errors import ConfigError
 
 FORMAT = "flatlab-published-curves"
@@ -138,6 +142,7 @@ class CurveSet:
         Raises:
             ConfigError: an unknown curve (listing the valid ones).
         """
+        # pandas on first use: importing this module stays light
         import pandas as pd
 
         if curve not in self.curves:
@@ -408,6 +413,7 @@ def compare_curves(
         ConfigError: an unknown curve or metric (naming the valid ones), missing columns in ``flatlab``,
             ``confidence`` outside (0, 1).
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     metrics = _checked_metrics(curves, flatlab, arms, metrics, confidence)
@@ -479,10 +485,6 @@ def _epoch_row(
     """One epoch of one arm and metric: flatlab's t-estimate over seeds (clipped to the metric's support)
     beside the published runs' mean and range; ``None`` where flatlab has only non-finite values (a
     diverged seed: nothing to place)."""
-    from flatlab.analysis.compare import t_estimate
-    from flatlab.analysis.compare.statistics import clip
-    from flatlab.analysis.compare.table import quantity_support
-
     est = clip(
         t_estimate(ours.loc[ours["epoch"] == epoch, "value"].tolist(), confidence),
         quantity_support(metric, workload),
@@ -511,6 +513,7 @@ def _epoch_row(
 
 def _summarise(frame):
     """The per-(arm, metric) summary of :func:`compare_curves`'s rows."""
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     out = []
@@ -659,8 +662,6 @@ def summary_lines(comparison: CurveComparison) -> List[str]:
 def to_markdown(comparison: CurveComparison) -> str:
     """The per-epoch table as a pipe table, then the summary, the notes and the citation with the file's
     path as :func:`shown_path` shows it (machine-independent: the text is pasted into docs)."""
-    from flatlab.analysis.compare import markdown_table
-
     head, body = row_cells(comparison)
     text = [f"### flatlab beside {comparison.curves.title}", "", markdown_table(head, body, left=2), ""]
     text += [f"- {line}" for line in summary_lines(comparison) + list(comparison.notes)]
@@ -671,8 +672,6 @@ def to_markdown(comparison: CurveComparison) -> str:
 def render(comparison: CurveComparison, console: Any) -> None:
     """Print the per-epoch table (no cell split: :mod:`flatlab.analysis.console_table`), the summary, the
     notes and the citation with rich."""
-    from flatlab.analysis.console_table import make_table, print_table
-
     head, body = row_cells(comparison)
     keys = [(r.arm, r.metric) for r in comparison.rows.itertuples(index=False)]
     starts = [i for i, k in enumerate(keys) if i and k != keys[i - 1]]

@@ -68,6 +68,7 @@ def trial_outcome(result: Optional[Mapping[str, Any]], error: bool, metric: str)
 
 def completed(df):
     """:func:`is_completed` for each row of a ``trials_frame`` table (a boolean Series)."""
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     if "completed" in df.columns:  # a Sample's table: derived once when it was built
@@ -304,6 +305,7 @@ def frame_trials(df, rank_by: str = "final") -> List[Trial]:
     Raises:
         ConfigError: an unknown ``rank_by``; ``best-epoch`` for a table without ``best/<metric>`` values.
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     metric = df.attrs.get("metric", "val/accuracy")

@@ -9,8 +9,11 @@ from typing import Dict, List, Optional
 
 import typer
 
+from flatlab.analysis import published as pub
 from flatlab.cli.app import ROOT_HELP, _fail, _root, app, check_confidence, console
 from flatlab.errors import ConfigError, FlatlabError
+from flatlab.tracking import runs
+from flatlab.tracking.published_runs import compare_study
 
 FORMATS = ("table", "markdown", "csv")
 
@@ -76,10 +79,6 @@ def curves(
     """flatlab's per-epoch mean and t-interval over seeds beside published runs (mean, min-max), per
     arm, metric and epoch: whether flatlab's mean falls inside the published range, whether the
     intervals overlap, and where it falls outside."""
-    from flatlab.analysis import published as pub
-    from flatlab.tracking import runs
-    from flatlab.tracking.published_runs import compare_study
-
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
         check_confidence(confidence)

@@ -8,8 +8,12 @@ from typing import List, Optional, Sequence
 
 import typer
 
+from flatlab.analysis.query import select
+from flatlab.analysis.results import export, render
 from flatlab.cli.app import ROOT_HELP, _fail, _root, app, check_rank_by, console
 from flatlab.errors import FlatlabError
+from flatlab.tracking import runs
+from flatlab.tracking import trials as stored_trials
 
 
 def _say_arms_without_answer(trials, best, arms: Sequence[str] = ()) -> None:
@@ -118,16 +122,11 @@ def results(
     Filters apply in this order: --tuning, --arm, --metric (ranking), --filter (on the trial rows), --by-config,
     --best, --sort, --columns.
     """
-    from flatlab.analysis.query import select
-    from flatlab.analysis.results import export, render
-    from flatlab.tracking import runs
-    from flatlab.tracking.trials import trials_frame
-
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
         check_rank_by(rank_by)
         fmt = export_format(fmt, output)
-        df = trials_frame(uri, study, all_launches=all_launches)
+        df = stored_trials.trials_frame(uri, study, all_launches=all_launches)
         rows = "configurations" if per_config else "trials"
         shown = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
         trials = df

@@ -78,6 +78,7 @@ def run(
         "checkpoint_every": checkpoint_every,
     }
     # torch loads with the studies' validation: deferred, so that `flatlab --help` starts without it
+    # torch on first use: the CLI starts without it
     from flatlab.study.prepare import prepare
 
     try:  # --resume: the launch's scale, budget and checkpoint cadence (study/prepare.py, as flatlab.run)
@@ -116,6 +117,7 @@ def run(
 
 def _print_plans(studies: List[Study], tracking_uri: str) -> None:
     """``--dry-run``: each study's trial plan, and what its chained values would resolve to in ``tracking_uri``."""
+    # torch on first use: the CLI starts without it
     from flatlab.study.chain import describe_chained  # torch (the trial routing): loaded by --dry-run only
     from flatlab.study.plan import render as render_plan
 
@@ -129,6 +131,7 @@ def _check_before_launch(studies: List[Study], resume: bool, address: Optional[s
     """One line and exit 2 within seconds, before Ray and MLflow are even imported: the workloads' data
     missing (``run_study`` checks again; a resume already had it), or a cluster address that does not
     answer (and the cluster's auth mode, :mod:`flatlab.cluster`)."""
+    # torch on first use: the CLI starts without it
     from flatlab.workloads.registry import build_workload  # torch: loaded once a launch is under way
 
     try:
@@ -143,7 +146,8 @@ def _check_before_launch(studies: List[Study], resume: bool, address: Optional[s
 
 def _launch(study: Study, opts: RunOptions, address: Optional[str]) -> StudyOutcome:
     """:func:`flatlab.study.runner.run_study` of one study; its errors become one line and exit 2."""
-    from flatlab.study import runner  # Ray, MLflow, Optuna and torch: loaded with the runner, once a launch starts
+    # Ray, MLflow, Optuna and torch load with the runner: the CLI starts without them
+    from flatlab.study import runner
 
     try:
         return runner.run_study(study, opts, console=console)

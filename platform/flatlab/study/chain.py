@@ -29,12 +29,16 @@ import dataclasses
 import math
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from flatlab.analysis.selection import best_trial_rows
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.study.space import SOURCE_SUFFIX, BestOf, Choice, Conditional, Dim, Fixed, Resolved, ResolvedChoice
 from flatlab.study.spec import Arm, Study
 from flatlab.study.trial_spec import declared as declared_fields
+from flatlab.tracking import runs
 from flatlab.tracking.checkpoints import RUN_PREFIX, is_reference, parse_reference
+from flatlab.tracking.trials import parent_runs, trials_frame
+from flatlab.workloads.registry import get_workload
 
 
 def finished_launch(tracking_uri: str, study: str) -> Any:
@@ -44,8 +48,6 @@ def finished_launch(tracking_uri: str, study: str) -> Any:
         ConfigError: no MLflow store at a SQLite URI, no study of that name, or no finished launch (the
             message lists the statuses of the launches there are).
     """
-    from flatlab.tracking.trials import parent_runs
-
     parents = parent_runs(tracking_uri, study)
     for parent in parents:
         if parent.info.status == "FINISHED":
@@ -68,9 +70,6 @@ def best_trial(
         ConfigError: as :func:`finished_launch`; the arm has no trial in that launch (the arms it has
             are listed), none matching ``where``, or none of them completed.
     """
-    from flatlab.analysis.selection import best_trial_rows
-    from flatlab.tracking.trials import trials_frame
-
     parent = finished_launch(tracking_uri, study)
     metric = parent.data.params.get("metric", "val/accuracy")
     mode = parent.data.params.get("mode", "max")
@@ -127,8 +126,6 @@ def find_trial_run(tracking_uri: str, study: str, arm: str, params: Dict[str, st
         ConfigError: as :func:`finished_launch`; no match (the arm's finished trials are listed with their
             params) or several matches (add a distinguishing param, e.g. ``seed``).
     """
-    from flatlab.tracking import runs
-
     parent = finished_launch(tracking_uri, study)
     client = runs.client(tracking_uri)
     candidates = client.search_runs(
@@ -172,8 +169,6 @@ def resolve_reference(ref: str, tracking_uri: str) -> str:
 
 def _checkpoint_fields(study: Study) -> Tuple[str, ...]:
     """The study's workload's checkpoint parameters (``()`` for an unknown workload)."""
-    from flatlab.workloads.registry import get_workload
-
     try:
         return tuple(get_workload(study.workload).checkpoint_params)
     except Exception:  # noqa: BLE001 - an unknown workload is reported by study validation
@@ -259,8 +254,6 @@ def resolve_one(dim: BestOf, tracking_uri: str, hp: Optional[HParam] = None, whe
         ConfigError: as :func:`best_trial`; the best trial has no such param; the value is not allowed
             for ``hp``.
     """
-    from flatlab.tracking import runs
-
     run_id, _, _ = best_trial(tracking_uri, dim.study, dim.arm, dim.where)
     source = f"{dim.study}/{run_id}"
     if dim.param is None:

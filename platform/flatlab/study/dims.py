@@ -86,6 +86,7 @@ class Float(Dim):
         return None
 
     def to_optuna(self) -> Any:
+        # Optuna on first use: importing this module stays light
         import optuna
 
         self.valid()
@@ -133,6 +134,7 @@ class Int(Dim):
         return None
 
     def to_optuna(self) -> Any:
+        # Optuna on first use: importing this module stays light
         import optuna
 
         self.valid()
@@ -179,6 +181,7 @@ class Choice(Dim):
         return None
 
     def to_optuna(self) -> Any:
+        # Optuna on first use: importing this module stays light
         import optuna
 
         self.valid()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import difflib
 import importlib.util
 import re
 import sys
@@ -11,8 +13,10 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from flatlab.analysis.published import Published
 from flatlab.errors import ConfigError, did_you_mean
-from flatlab.study.spec import Study
+from flatlab.extensions import USER_MODULES
+from flatlab.study.spec import Arm, Resources, Study
 from flatlab.study.validate import validate
+from flatlab.train.config import TRAINER_HPARAMS
 
 
 def load_module(path: str):
@@ -44,7 +48,6 @@ def load_module(path: str):
         _run_study_code(path, lambda: spec.loader.exec_module(module))  # type: ignore[union-attr]
     finally:
         sys.path.remove(folder)
-    from flatlab.extensions import USER_MODULES
 
     USER_MODULES.add(mod_name)
     USER_MODULES.update(
@@ -98,8 +101,6 @@ def _close_study_file(p: Path, studies: Path) -> Optional[Path]:
     """The study file whose name is closest to ``p``'s (difflib's ratio >= 0.6), among the ``*.py`` files
     of ``p``'s folder, then of ``studies`` (the project's): as ``p`` spells its folder when it is there,
     else relative to the working directory when below it, else absolute. ``None`` when nothing is close."""
-    import difflib
-
     name = p.name if p.suffix else f"{p.name}.py"
     for folder, shown in ((p.parent, p.parent), (studies, None)):
         if not folder.is_dir():
@@ -152,9 +153,6 @@ _UNEXPECTED = re.compile(r"(?<![\w.])(Study|Arm|Resources)\.__init__\(\) got an 
 
 def _keyword_error(path: str, exc: TypeError) -> Optional[ConfigError]:
     """A ConfigError for ``Study(misspelt=...)`` (and Arm/Resources) naming the valid fields, else None."""
-    from flatlab.study.spec import Arm, Resources
-    from flatlab.train.config import TRAINER_HPARAMS
-
     m = _UNEXPECTED.search(str(exc))
     if m is None:
         return None
@@ -266,8 +264,6 @@ def describe_file(path: str) -> FileDescription:
     Raises:
         OSError: the file cannot be read.
     """
-    import ast
-
     try:
         tree = ast.parse(Path(path).read_text())
     except SyntaxError as exc:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
+from flatlab.analysis.console_table import make_table, print_table
 from flatlab.study.space import Conditional, Fixed, inner
 from flatlab.study.spec import Study
 from flatlab.study.trial_spec import route
 from flatlab.study.tunings import tuning_seeds
+from flatlab.train.config import loss_target
 
 
 def plan(study: Study) -> Dict[str, Any]:
@@ -89,8 +91,6 @@ def flatness_when(study: Study) -> str:
     ``stop_at_train_loss`` that is the model at the target where the trial reached it, else after
     ``max_epochs``; with ``measure_at_train_loss`` also the model at the target
     (``flat_at_target/<measure>``)."""
-    from flatlab.train.config import loss_target
-
     target = loss_target(study.train)
     end = f"after epoch {study.max_epochs}"
     if target is None:
@@ -106,8 +106,6 @@ def flatness_when(study: Study) -> str:
 
 def render(study: Study, console: Any) -> None:
     """Print :func:`plan` as a rich table to ``console`` (no cell split: :mod:`flatlab.analysis.console_table`)."""
-    from flatlab.analysis.console_table import make_table, print_table
-
     p = plan(study)
     params = f" {p['workload_params']}" if p["workload_params"] else ""
     console.print(

@@ -31,6 +31,7 @@ import math
 import warnings
 from typing import Any, Callable, Dict, List, Optional
 
+import optuna
 from ray.tune.search import Searcher
 
 from flatlab.analysis.sample import TUNING_KEY
@@ -47,8 +48,6 @@ LAUNCH_ATTR = "launch"
 
 
 def _sampler(kind: str, seed: int):
-    import optuna
-
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed)
@@ -107,8 +106,6 @@ class ArmSearcher(Searcher):
         self._open_studies()
 
     def _open_studies(self) -> None:
-        import optuna
-
         storage = _storage(self._storage_url)
         for arm in self._arms:
             if not any(is_searched(inner(d)) for d in self._spaces.get(arm, {}).values()):
@@ -137,8 +134,6 @@ class ArmSearcher(Searcher):
         take them over, in order, instead of asking for new ones, so each arm keeps ``num_trials``. A trial
         still RUNNING without the launch attribute is one too: the driver was killed between ``ask()`` and
         the writes of its attributes (only a killed driver leaves a trial RUNNING)."""
-        import optuna
-
         self._orphans = {}
         if not self._experiment:
             return
@@ -176,8 +171,6 @@ class ArmSearcher(Searcher):
             st = self._studies.get(arm)
             trial = None
             if st is not None and self._orphans.get(arm):  # asked before the driver was killed: take it over
-                import optuna
-
                 frozen = self._orphans[arm].pop(0)
                 trial = optuna.trial.Trial(st, frozen._trial_id)  # its params come back as they were drawn
                 config["seed"] = frozen.user_attrs.get("seed", config["seed"])
@@ -210,8 +203,6 @@ class ArmSearcher(Searcher):
         return config
 
     def _trial(self, trial_id: str):
-        import optuna
-
         arm = self._trial_arm.get(trial_id, "")
         if arm not in self._studies or trial_id not in self._optuna:
             return None, None
@@ -233,8 +224,6 @@ class ArmSearcher(Searcher):
         record[2] = step
 
     def on_trial_complete(self, trial_id: str, result: Optional[Dict] = None, error: bool = False) -> None:
-        import optuna
-
         st, trial = self._trial(trial_id)
         if st is None:
             return
@@ -402,6 +391,4 @@ def _read_state(path: str, fmt: str) -> Dict[str, Any]:
 def _storage(url: Optional[str]):
     if url is None:
         return None
-    import optuna
-
     return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}})

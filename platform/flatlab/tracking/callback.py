@@ -33,8 +33,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from mlflow.entities import Metric, Param, RunTag
 from ray.tune import Callback
 
+from flatlab.analysis.selection import trial_outcome
 from flatlab.tracking import runs, ui
 from flatlab.tracking.placement_tags import PLACEMENT_KEY, placement_tags
 from flatlab.tracking.trial_errors import one_line, read_trial_error
@@ -165,8 +167,6 @@ class MLflowTrialLogger(Callback):
             self._queue.put(("tags", trial.trial_id, placement_tags(placed)))
 
     def on_trial_complete(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
-        from flatlab.analysis.selection import trial_outcome
-
         last = self._last.get(trial.trial_id) or getattr(trial, "last_result", {}) or {}
         outcome = trial_outcome(last, False, self.metric)
         status = ui.OUTCOME_STATUS.get(outcome, "FAILED")
@@ -231,8 +231,6 @@ class MLflowTrialLogger(Callback):
                 elif kind == "end":
                     self._end_run(client, trial_id, *payload)
                 elif kind == "tags" and trial_id in self._run_ids:
-                    from mlflow.entities import RunTag
-
                     client.log_batch(self._run_ids[trial_id], tags=[RunTag(k, v) for k, v in payload.items()])
                 elif kind == "flush":
                     payload.set()
@@ -245,8 +243,6 @@ class MLflowTrialLogger(Callback):
                     payload.set()
 
     def _start_run(self, client: Any, trial_id: str, config: Dict[str, Any]) -> None:
-        from mlflow.entities import Param
-
         run_id = self._run_ids.get(trial_id) or runs.find_trial_run(
             self.tracking_uri, self.experiment_id, trial_id, self.parent_run_id
         )
@@ -298,8 +294,6 @@ class MLflowTrialLogger(Callback):
         return runs.trial_params(config, resolved)
 
     def _send_metrics(self, client: Any, pending: Dict[str, List]) -> None:
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
         for trial_id in list(pending):
             run_id = self._run_ids.get(trial_id)

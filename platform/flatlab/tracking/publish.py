@@ -62,6 +62,7 @@ def log_comparison(
         except Exception as exc:  # noqa: BLE001
             logger.warning("compare: logging %s to run %s failed: %s", name, parent_run_id, exc)
     try:  # the text table as an MLflow table artifact: the UI shows every column (its csv preview cuts them)
+        # pandas on first use: importing this module stays light
         import pandas as pd
 
         client.log_table(

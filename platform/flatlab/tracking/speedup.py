@@ -160,6 +160,7 @@ def _curve(client: Any, run_id: str) -> List[Point]:
 
 
 def _log_trial(client: Any, run_id: str, steps: Optional[int], speedup: Optional[float]) -> None:
+    # MLflow on first use: importing this module stays light
     from mlflow.entities import Metric
 
     client.set_tag(run_id, TAG_REACHED, "true" if steps is not None else "false")
@@ -173,6 +174,7 @@ def _log_trial(client: Any, run_id: str, steps: Optional[int], speedup: Optional
 
 
 def _log_targets(client: Any, parent_run_id: str, targets: Dict[int, float]) -> None:
+    # MLflow on first use: importing this module stays light
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)

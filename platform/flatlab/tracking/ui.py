@@ -25,6 +25,8 @@ in the UI); a trial cut short by an interrupted launch is KILLED (``--resume`` f
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 from urllib.parse import urlencode
@@ -100,9 +102,6 @@ def serve_hint(tracking_uri: str) -> str:
 def mlflow_command() -> str:
     """The MLflow CLI of the running Python as a shell word: the ``mlflow`` script beside the interpreter
     (a virtual environment's ``bin/``) when there is one, else ``<python> -m mlflow``."""
-    import shlex
-    import sys
-
     script = Path(sys.executable).parent / "mlflow"
     return shlex.quote(str(script)) if script.is_file() else f"{shlex.quote(sys.executable)} -m mlflow"
 
@@ -250,6 +249,7 @@ def default_view(columns: List[str], metric: str, mode: str, parent_run_id: str)
 def study_columns(study: Any, test_metrics: Iterable[str] = TEST_METRICS) -> List[str]:
     """:func:`default_columns` of a :class:`~flatlab.study.spec.Study`: its metric, measures, target and
     the parameters its arms search (in the order the arms declare them)."""
+    # torch on first use: importing this module stays light
     from flatlab.train.config import TARGET_HPARAMS
 
     searched = [name for arm in study.arms for name in arm.searched()]

@@ -41,6 +41,7 @@ def hpo_efficiency(
         ConfigError: ``mode`` not max/min, a negative or non-finite ``tolerance``, a frame without
             the ``epochs``/metric/``start_time`` columns, or a grid without a completed trial.
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     if mode not in ("max", "min"):

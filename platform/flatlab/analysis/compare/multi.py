@@ -67,6 +67,7 @@ def workload_table(comparisons: Mapping[str, Comparison]):
     """The plain table of several studies' paper tables (``{workload: Comparison}``): one row per
     workload, arm and quantity with the mean over seeds (NaN without a value), the quantity's
     direction and whether it is the workload's test metric (:data:`COLUMNS`)."""
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     rows = [
@@ -100,6 +101,7 @@ def summarize(table, *, reference: Optional[str] = None, recorded: Optional[str]
             every workload; ``reference`` not in every workload; a metric that gives no error
             (:func:`~flatlab.analysis.compare.profiles.error_from_metric`).
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     missing = [c for c in COLUMNS if c not in table.columns]

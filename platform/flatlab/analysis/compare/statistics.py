@@ -20,6 +20,8 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
+
 CONFIDENCE = 0.95
 
 
@@ -58,7 +60,7 @@ def t_estimate(values: Sequence[float], confidence: float = CONFIDENCE) -> Estim
     ``mean ± t.ppf((1 + confidence) / 2, n − 1) · std / √n`` (std with ddof = 1).
 
     Fewer than two values: NaN std and interval (never an exception)."""
-    import numpy as np
+    # SciPy on first use: importing this module stays light
     from scipy import stats
 
     x = np.asarray([v for v in values if v is not None], dtype=float)
@@ -100,7 +102,7 @@ def paired_difference(
 
     ``p`` and ``d_z`` are NaN for fewer than two matched seeds, and when every difference is equal (zero
     variance: the t statistic is undefined)."""
-    import numpy as np
+    # SciPy on first use: importing this module stays light
     from scipy import stats
 
     seeds = [s for s in arm if s in reference and finite(arm[s]) and finite(reference[s])]
@@ -149,6 +151,7 @@ def paired_power(n: int, d_z: float, alpha: float = 1 - CONFIDENCE) -> float:
     Raises:
         ValueError: ``n < 2`` or ``alpha`` outside (0, 1).
     """
+    # SciPy on first use: importing this module stays light
     from scipy import stats
 
     if n < 2 or not 0 < alpha < 1:

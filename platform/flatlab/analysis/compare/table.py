@@ -39,9 +39,10 @@ from flatlab.analysis.compare.statistics import (
     paired_difference,
     t_estimate,
 )
+from flatlab.analysis.results import _test_metric
 from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX, has_values
 from flatlab.analysis.selection import completed, reference_arm, value_column
-from flatlab.errors import ConfigError
+from flatlab.errors import ConfigError, UnknownNameError
 
 MEASURE_AT_TARGET = (
     "measure_at_train_loss"  # the frame's attrs key: the launch's trainer target, when it measured and trained on
@@ -157,6 +158,7 @@ class Comparison:
         ``p`` (paired t-test), ``p_holm`` (Holm-adjusted within the quantity), ``tests`` (the size of
         that family), ``significant`` (``p_holm < alpha``; empty without a test), ``arm_better``,
         ``ref_better``, ``ties`` (NaN for the reference arm)."""
+        # pandas on first use: importing this module stays light
         import pandas as pd
 
         out = []
@@ -221,7 +223,7 @@ def quantity_support(quantity: str, workload: Optional[str] = None) -> Optional[
     loss in the workload's loss range). A loss's range is the registered ``workload``'s
     :attr:`~flatlab.workloads.base.Workload.loss_support`; with no or an unregistered workload, unbounded.
     """
-    from flatlab.errors import UnknownNameError
+    # torch on first use: importing this module stays light
     from flatlab.sharpness.measures import measure_support
     from flatlab.workloads.base import metric_support
     from flatlab.workloads.registry import get_workload
@@ -275,8 +277,6 @@ def compare_table(
             ``confidence`` outside (0, 1); ``rank_by`` not one of ``selection.RANKINGS`` (also where a
             final stage makes it unused).
     """
-    from flatlab.analysis.results import _test_metric
-
     if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
         raise ConfigError(f"confidence={confidence!r}; expected a number in (0, 1), e.g. 0.95")
     value_column("", rank_by)  # checked here: a study with a final stage never ranks, and would not see it
@@ -437,6 +437,7 @@ def _stopped_at_target(sample) -> bool:
 
 def _missed(sample):
     """Per row of ``sample``: a completed trial that recorded missing its training-loss target."""
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     if TARGET_REACHED not in sample.columns:
@@ -456,6 +457,7 @@ def at_target_view(sample):
     matched training loss, and every completed seed's final model. Anything else (no target, every trial
     reached it, a ``measure_at_train_loss`` launch that logged its own ``flat_at_target/*``) is
     returned as it is. ``attrs`` are kept."""
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     if not (_stopped_at_target(sample) and _missed(sample).any()):
@@ -485,6 +487,7 @@ def target_misses(sample, arms: Optional[Sequence[str]] = None) -> List[str]:
             launch's target in ``attrs`` (``measure_at_train_loss`` or ``stop_at_train_loss``).
         arms: in this order (default: alphabetical).
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     missed = _missed(sample)
@@ -516,6 +519,7 @@ def seed_values(sample, quantities: Sequence[str]):
     compared at the matched training loss, so a seed that never reached it gives no value there). Every
     ``flat/*`` is the final model's: a value for every completed seed (:func:`at_target_view` gives a
     ``stop_at_train_loss`` launch its at-target columns)."""
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     done = completed(sample)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any, List, Sequence
 
-from flatlab.analysis.compare.statistics import finite
+from flatlab.analysis.compare.statistics import finite, paired_power
 from flatlab.analysis.compare.table import FEW_SEEDS, TARGETS, Comparison
+from flatlab.analysis.console_table import make_table, print_table
 from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX
 from flatlab.errors import ConfigError
 
@@ -136,8 +137,6 @@ def multiplicity(comparison: Comparison) -> List[str]:
     holds and that p is Holm-adjusted within it; which arms differ from the reference after the
     adjustment (or that none does); and, where the paired tests are over fewer than
     :data:`~flatlab.analysis.compare.table.FEW_SEEDS` seeds, their degrees of freedom and power."""
-    from flatlab.analysis.compare.statistics import paired_power
-
     c = comparison
     alpha = f"{c.alpha:g}"
     families = {q: c.family(q) for q in c.quantities}
@@ -281,8 +280,6 @@ def render(comparison: Comparison, console: Any) -> None:
     quantity (one family of tests; the quantity's name as its title), the caption under them. Numbers,
     intervals and arm names are never split (:mod:`flatlab.analysis.console_table`); a table wider than
     the console says so and points to ``--format markdown``."""
-    from flatlab.analysis.console_table import make_table, print_table
-
     c = comparison
     console.print(f"[bold]{heading(c)}[/bold]")
     for line in c.warnings:
