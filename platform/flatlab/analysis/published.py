@@ -3,7 +3,8 @@
 A paper or benchmark that publishes per-epoch curves (DeepOBS's baselines, a paper's appendix tables)
 becomes a *curve-set file*: plain JSON, read without executing anything (its format: :func:`load_curves`).
 A study declares the file and which of its arms reproduces which curve
-(``Study(published=Published(path, arms={arm: curve}))``); :func:`compare_curves` then sets flatlab's per-epoch mean over seeds, with its t-interval
+(``Study(published=Published(path, arms={arm: curve}))``); :func:`compare_curves` then sets flatlab's per-epoch
+mean over seeds, with its t-interval
 (:func:`flatlab.analysis.compare.t_estimate`), beside the published runs' mean and range, and says per
 epoch and metric whether flatlab's mean lies inside the published range ``[min, max]`` and whether its
 interval overlaps that range. Everything here works on plain values and DataFrames;

@@ -93,7 +93,8 @@ def rank_by_metric(df, metric: Optional[str], mode: Optional[str]):
     if metric not in df.columns:
         metrics = metric_columns(df)
         raise ConfigError(
-            f"--metric {metric!r} is not a metric of this study{did_you_mean(metric, metrics)}; its metrics: {', '.join(metrics)}"
+            f"--metric {metric!r} is not a metric of this "
+            f"study{did_you_mean(metric, metrics)}; its metrics: {', '.join(metrics)}"
         )
     mode = mode or (study_mode if metric == study_metric else infer_mode(metric))
     out = sort_trials(df, metric, mode)

@@ -20,7 +20,8 @@ def best_per_arm_table(df: Any, metric: str, trial_name: Callable[[Any], str] = 
     """One row per arm: the best trial of its best configuration
     (:func:`flatlab.analysis.selection.best_trial_rows`; ``df``: a
     :func:`~flatlab.tracking.trials.trials_frame` table, best first): ``arm``, ``trial``
-    (``trial_name(row)``: the run's name in the store), ``epochs``, ``metric``, the test metric, each flatness measure ``flat/*``, the score the
+    (``trial_name(row)``: the run's name in the store), ``epochs``, ``metric``, the test metric, each flatness
+    measure ``flat/*``, the score the
     rule chose the arm's configuration by (``search <metric> mean`` over ``search seeds``, the
     configuration's completed search trials; rows are in its order, best first, as ``flatlab results
     --best`` shows them), the trial's ``params`` (``name=value`` of its logged params, one per line) and

@@ -44,7 +44,8 @@ def compare(
     fmt: str = typer.Option("table", "--format", help="table, markdown, latex or csv (text formats go to stdout)"),
     against: Optional[str] = typer.Option(
         None,
-        help="a search study (Optuna + ASHA) of the same arms: the share of this grid study's trial-epochs it needed to reach the grid's best validation metric",
+        help="a search study (Optuna + ASHA) of the same arms: the share of this grid "
+        "study's trial-epochs it needed to reach the grid's best validation metric",
     ),
     tolerance: float = typer.Option(
         0.0, help="with --against: reaching within this of the grid's best counts (absolute, the metric's units)"

@@ -1,5 +1,6 @@
 """``flatlab curves STUDY``: a study's per-epoch curves beside a published reference
-(:mod:`flatlab.analysis.published`). Registered on the ``flatlab`` app (:mod:`flatlab.cli.app`) when :mod:`flatlab.cli.main` imports it."""
+(:mod:`flatlab.analysis.published`). Registered on the ``flatlab`` app (:mod:`flatlab.cli.app`) when
+:mod:`flatlab.cli.main` imports it."""
 
 from __future__ import annotations
 

@@ -147,7 +147,8 @@ def workloads(
         _hparam_table(TRAINER_HPARAMS)
     else:
         console.print(
-            "the trainer's parameters (batch_size, schedule, ...; any study or arm may set them): `flatlab workloads trainer`"
+            "the trainer's parameters (batch_size, schedule, ...; any "
+            "study or arm may set them): `flatlab workloads trainer`"
         )
 
 

@@ -100,7 +100,8 @@ def results(
     ),
     mode: Optional[str] = typer.Option(
         None,
-        help="min or max for --metric (default: the study's for its metric; min for flat/*, time/*, losses, perplexity, *_to_target; else max)",
+        help="min or max for --metric (default: the study's for its metric; "
+        "min for flat/*, time/*, losses, perplexity, *_to_target; else max)",
     ),
     filter_: Optional[str] = typer.Option(
         None,
@@ -111,7 +112,8 @@ def results(
     sort: Optional[List[str]] = typer.Option(
         None,
         "--sort",
-        help="sort the table by COLUMN (ascending) or -COLUMN (descending); repeat for ties, e.g. --sort arm --sort -param.lr",
+        help="sort the table by COLUMN (ascending) or -COLUMN (descending); "
+        "repeat for ties, e.g. --sort arm --sort -param.lr",
     ),
     columns: Optional[str] = typer.Option(
         None, help="comma list of the columns to show or export, e.g. arm,val/accuracy,param.lr"

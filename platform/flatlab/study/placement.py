@@ -150,7 +150,10 @@ def local_shortfall(
             f"Resources(cpu={cpu:g}, gpu=0)"
         )
     else:
-        way = "give the local instance more CPUs (--num-cpus), ask for fewer per trial (Resources(cpu=...)), or run it on a cluster (--address HOST:PORT)"
+        way = (
+            "give the local instance more CPUs (--num-cpus), ask for fewer per "
+            "trial (Resources(cpu=...)), or run it on a cluster (--address HOST:PORT)"
+        )
     if scales:
         way += f", or another scale of this file: --scale {'|'.join(scales)}"
     return f"study {study_name!r}: each trial needs {parts}; no trial could ever start: {way}"

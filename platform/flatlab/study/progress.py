@@ -147,7 +147,8 @@ class ProgressPrinter(Callback):
         if recorded != trial.trial_id:  # it took over a killed driver's run
             note += f" (in MLflow: trial {recorded})"
         self._print(
-            f"  {outcome:9s} {_label(trial.config or {}):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}  {self.metric} {shown}{note}"
+            f"  {outcome:9s} {_label(trial.config or {}):>10s} {trial.trial_id} "
+            f" epochs {last.get('epoch', 0):>3}  {self.metric} {shown}{note}"
         )
         if time.monotonic() - self._last_status > 5.0 or not self._running:
             self._print(self.status())

@@ -1,6 +1,7 @@
 """Analysis outputs as artifacts of a launch's MLflow parent run: the comparison (``compare/``, over the
 tunings where there are several), whether flatness predicts generalisation (``correlation/``), a random
-pool's tuning curves (``tuning_curves/``) and the flatness sweep (``flatness_sweep/``). Computed by :mod:`flatlab.analysis`; nothing here raises, since every
+pool's tuning curves (``tuning_curves/``) and the flatness sweep (``flatness_sweep/``). Computed by
+:mod:`flatlab.analysis`; nothing here raises, since every
 trial is already recorded."""
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def log_comparison(
     (``MlflowClient.log_text``/``log_artifact``).
 
     ``reference`` defaults to :func:`flatlab.analysis.selection.reference_arm` of the compared arms and
-    the launch's ``reference_arm`` (``df.attrs``, as ``trials_frame`` reads it). Never raises (and never creates a store): a failure is logged as a warning and that artifact is
+    the launch's ``reference_arm`` (``df.attrs``, as ``trials_frame`` reads it). Never raises (and never creates a
+    store): a failure is logged as a warning and that artifact is
     skipped.
 
     Returns:

@@ -196,7 +196,8 @@ def resolve_arms(
     if not mapping:
         raise ConfigError(
             f"no arm of the study maps to a curve of the file; arms: {', '.join(study_arms) or '(none)'}; curves: "
-            f"{', '.join(curve_names)}; name them with --map ARM=CURVE (or Study(published=Published(path, arms={{...}})))"
+            f"{', '.join(curve_names)}; name them with --map ARM=CURVE (or Study(published=Published(path, "
+            "arms={...})))"
         )
     return mapping
 

@@ -94,7 +94,8 @@ def resolve_reports(spec: Mapping[str, Mapping[str, Any]], where: str) -> Dict[s
         missing = [p for p in report.required if p not in given]
         if missing:
             problems.append(
-                f"{where}: {name} needs {', '.join(missing)} ({'; '.join(h.doc for h in report.hparams if h.name in missing)})"
+                f"{where}: {name} needs {', '.join(missing)} "
+                f"({'; '.join(h.doc for h in report.hparams if h.name in missing)})"
             )
     if problems:
         raise ConfigError("\n".join(problems))

@@ -196,7 +196,8 @@ chart draws one line per arm, the mean over its runs with the min-max band, inst
 def default_view(columns: List[str], metric: str, mode: str, parent_run_id: str) -> Dict[str, Any]:
     """The shared view state of flatlab's default runs view (MLflow's ``ExperimentPageSearchFacetsState``
     and ``ExperimentPageUIState`` fields, a JSON object: ``searchFilter``, ``orderByKey``, ``orderByAsc``,
-    ``selectedColumns``, ``runsExpanded`` ...; column ids ``<attributes|metrics|params|tags>.`<name>```): ``columns`` shown in that order after the run name, best
+    ``selectedColumns``, ``runsExpanded`` ...; column ids ``<attributes|metrics|params|tags>.`<name>```):
+    ``columns`` shown in that order after the run name, best
     ``metric`` first (``mode``; MLflow lists runs flat when they are sorted by a metric, the launch runs,
     which have none, last), the launch ``parent_run_id`` expanded when they are nested (sorted by time),
     the first 20 runs drawn in the charts, whose sections come in :func:`chart_sections`' order with the

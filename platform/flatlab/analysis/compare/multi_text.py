@@ -73,12 +73,13 @@ def caption(summary: MultiSummary) -> List[str]:
     ref = summary.reference
     won = wins(summary)
     lines = [
-        "One workload per study. mean: of the test metric over the study's compared seeds (its final-stage trials, else "
-        "each arm's best configuration with its seeds, as `flatlab compare STUDY`); rank: among the arms with a value "
-        "in that workload (1 = best by the metric's direction; tied arms share the best rank), of how many; "
-        f"Δ / ratio: the arm's mean minus / over {ref}'s.",
-        "test error: 1 − metric for an accuracy-like metric, the metric itself for a loss; r: the arm's test error over "
-        "the workload's best arm's (1 = best), the performance ratio of the profiles (Dolan & Moré 2002, as AlgoPerf).",
+        "One workload per study. mean: of the test metric over the study's compared seeds (its final-stage trials, "
+        "else each arm's best configuration with its seeds, as `flatlab compare STUDY`); rank: among the arms with a "
+        "value in that workload (1 = best by the metric's direction; tied arms share the best rank), of how many; Δ "
+        f"/ ratio: the arm's mean minus / over {ref}'s.",
+        "test error: 1 − metric for an accuracy-like metric, the metric itself for a loss; r: the arm's test error "
+        "over the workload's best arm's (1 = best), the performance ratio of the profiles (Dolan & Moré 2002, as "
+        "AlgoPerf).",
     ]
     if summary.measures:
         lines.append(

@@ -21,7 +21,8 @@ from flatlab.errors import ConfigError
 def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_trials: bool = False) -> Path:
     """Save a PNG: the test metric against each flatness measure, one point per seed (completed
     trials), one colour per arm (the legend right of the panels, off the points); one panel per
-    ``flat/*`` measure (log x where a measure is positive and spans more than two decades). Linear axes' tick labels carry no offset text
+    ``flat/*`` measure (log x where a measure is positive and spans more than two decades). Linear axes' tick
+    labels carry no offset text
     (:func:`flatlab.analysis.plot_axes.plain_numbers`).
 
     Args:

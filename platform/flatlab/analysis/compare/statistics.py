@@ -127,7 +127,8 @@ def cohen_dz(differences: Estimate) -> float:
         d_z = mean(d) / std(d),   d_s = arm_s − reference_s,   std with ddof = 1
 
     (Cohen, *Statistical Power Analysis for the Behavioral Sciences*, 2nd ed., 1988, ch. 2, the
-    paired case; Lakens, "Calculating and reporting effect sizes", *Front. Psychol.* 4:863, 2013). It is the paired t statistic divided by √n
+    paired case; Lakens, "Calculating and reporting effect sizes", *Front. Psychol.* 4:863, 2013). It is the paired
+    t statistic divided by √n
     (``t = d_z · √n``), so unlike t or p it does not grow with the number of seeds. Its sign is that of
     ``arm − reference``: for a lower-is-better quantity (a loss, ``flat/*``) a negative d_z favours
     the arm. Unitless.

@@ -158,10 +158,10 @@ def multiplicity(comparison: Comparison) -> List[str]:
     total = sum(len(rows) for rows in tested.values())
     lines = [
         f"Multiple comparisons: each quantity is one family of {per_family}; p Holm is p adjusted by Holm's (1979) "
-        f"step-down method within its quantity, which keeps the chance of any false 'significant' in that family at "
+        "step-down method within its quantity, which keeps the chance of any false 'significant' in that family at "
         f"{alpha}; {SIGNIFICANCE} '*': adjusted p < {alpha}, 'ns': not. {len(tested)} "
-        f"quantit{'ies' if len(tested) > 1 else 'y'}, {total} test{'s' if total != 1 else ''} in all, each quantity adjusted on its own: read the "
-        "adjusted p, not the raw p one by one.",
+        f"quantit{'ies' if len(tested) > 1 else 'y'}, {total} test{'s' if total != 1 else ''} in all, each quantity "
+        "adjusted on its own: read the adjusted p, not the raw p one by one.",
     ]
     hits = {q: [r.arm for r in rows if c.significant(r)] for q, rows in tested.items()}
     if not any(hits.values()):
