@@ -197,7 +197,7 @@ def source_digest(package: Path = PACKAGE_DIR) -> str:
     """16 hex digits of SHA-256 over the package's Python source: every ``*.py`` file under ``package``
     (``__pycache__`` left out), in order of relative path, each as its path and its bytes. Two launches
     with the same digest ran the same flatlab code, whether or not either came from a git checkout or a
-    clean one; a launch records it as :data:`TAG_SOURCE`. About 0.1 s for the package (hashing ~2 MB).
+    clean one; a launch records it as :data:`TAG_SOURCE`.
 
     Raises:
         FileNotFoundError: ``package`` is not a directory.
