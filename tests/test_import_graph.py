@@ -258,13 +258,13 @@ def test_forbidden_names(name, expected):
     assert _forbidden(name) is expected
 
 
-HEAVY = ("torch", "ray", "mlflow", "optuna")
+HEAVY = ("torch", "ray", "mlflow", "optuna", "pandas")
 
 
 @pytest.mark.parametrize("module", ["flatlab", "flatlab.study.spec"])
 def test_reading_a_study_config_loads_no_heavy_library(module):
-    # a study file's configuration (Study, Arm, Resources) is read without torch, Ray, MLflow or Optuna;
-    # a fresh interpreter, since this test process has loaded them all already
+    # a study file's configuration (Study, Arm, Resources, Published) is read without torch, Ray, MLflow,
+    # Optuna or pandas; a fresh interpreter, since this test process has loaded them all already
     code = f"import sys, {module}; print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)

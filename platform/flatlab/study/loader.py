@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple
 
-from flatlab.analysis.published import Published
+from flatlab.analysis.curve_sets import Published
 from flatlab.errors import ConfigError, did_you_mean
 from flatlab.extensions import USER_MODULES
 from flatlab.study.spec import Arm, Resources, Study

@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from flatlab.analysis.published import Published
+from flatlab.analysis.curve_sets import Published
 from flatlab.errors import ConfigError, UnknownNameError
 from flatlab.study.space import Dim, as_dim, grid_points, inner, is_searched
 from flatlab.study.tunings import tuning_seeds, with_tuning
@@ -184,7 +184,7 @@ class Study:
             many times with ``num_trials`` trials each, its own Optuna study, seeds, ASHA rungs, best
             configuration and final seeds; ``flatlab compare`` then takes the tuning as its unit of
             replication. 1 (default): one tuning.
-        published: a published reference, :class:`~flatlab.analysis.published.Published`: a curve-set
+        published: a published reference, :class:`~flatlab.analysis.curve_sets.Published`: a curve-set
             file (path relative to the study file) and arm -> curve; ``flatlab curves STUDY`` sets each
             arm's per-epoch values beside that curve's published runs (:mod:`flatlab.analysis.published`).
         reports: reports over all of the study's trials after a launch, report name -> parameters

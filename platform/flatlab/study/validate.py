@@ -16,7 +16,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 
 import torch
 
-from flatlab.analysis.published import Published
+from flatlab.analysis.curve_sets import Published
 from flatlab.errors import ConfigError, UnknownNameError, did_you_mean
 from flatlab.hparams import resolve
 from flatlab.optim.registry import get_optimizer

@@ -19,14 +19,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from flatlab.analysis.compare import select_sample
+from flatlab.analysis.curve_sets import CurveSet, Published, load_curves
 from flatlab.analysis.published import (
     CONFIDENCE,
     CurveComparison,
-    CurveSet,
-    Published,
     checkout_path,
     compare_curves,
-    load_curves,
     summary_lines,
     to_markdown,
 )
@@ -104,7 +102,7 @@ def reference_curves(record: Mapping[str, Any], study: str, cwd: Any = None) -> 
         naming both paths.
     Raises:
         ConfigError: neither file exists (naming both and ``--published FILE``); the fallback is another
-            reference (naming what differs); the file is invalid (:func:`~flatlab.analysis.published.load_curves`).
+            reference (naming what differs); the file is invalid (:func:`~flatlab.analysis.curve_sets.load_curves`).
     """
     recorded = Path(record["path"]).expanduser()
     if recorded.is_file():
