@@ -69,6 +69,7 @@ def sequential(study) -> float:
     """Seconds for ``study``'s trials in a plain loop on one thread: build, every epoch, the test split."""
     import torch
 
+    from flatlab.study.trial_spec import trial_spec
     from flatlab.train.trainer import Trainer
     from flatlab.workloads.registry import build_workload
 
@@ -76,7 +77,7 @@ def sequential(study) -> float:
     data = build_workload(study.workload, **dict(study.workload_params)).load_data(study.seed)
     t0 = time.perf_counter()
     for cfg in study.grid(study.arms[0]):
-        trainer = Trainer(study.trial_spec(cfg), data)
+        trainer = Trainer(trial_spec(study, cfg), data)
         for _ in range(study.max_epochs):
             trainer.run_epoch()
         trainer.evaluate_test()

@@ -19,6 +19,9 @@
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
@@ -253,3 +256,16 @@ def test_function_level_imports_close_a_cycle_and_the_exemptions_do_not(tmp_path
 )
 def test_forbidden_names(name, expected):
     assert _forbidden(name) is expected
+
+
+HEAVY = ("torch", "ray", "mlflow", "optuna", "pandas")
+
+
+@pytest.mark.parametrize("module", ["flatlab", "flatlab.study.spec"])
+def test_reading_a_study_config_loads_no_heavy_library(module):
+    # a study file's configuration (Study, Arm, Resources, Published) is read without torch, Ray, MLflow,
+    # Optuna or pandas; a fresh interpreter, since this test process has loaded them all already
+    code = f"import sys, {module}; print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.strip() == ""

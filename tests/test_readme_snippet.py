@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from flatlab.study.validate import validate
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -21,7 +23,7 @@ def test_readme_study_validates_as_written():
     """The README's study is a valid study file: it validates (workload, arms, fields, measures)."""
     namespace: dict = {}
     exec(compile(_snippet("## A study"), "README study", "exec"), namespace)
-    study = namespace["STUDY"].validate("README.md")
+    study = validate(namespace["STUDY"], "README.md")
     assert [a.name for a in study.arms] == ["sgd", "sam", "sgd_ire"]
     assert study.workload == "fashion_mnist" and study.final_seeds == (1, 2, 3)
 

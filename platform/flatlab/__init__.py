@@ -5,7 +5,7 @@ from flatlab.telemetry import disable_reporting
 disable_reporting()  # before Ray or MLflow is imported: nothing of a local study is reported out
 
 from flatlab._version import __version__  # noqa: E402
-from flatlab.analysis.published import Published  # noqa: E402
+from flatlab.analysis.curve_sets import Published  # noqa: E402
 from flatlab.study.spec import Arm, Resources, Study  # noqa: E402
 
 __all__ = ["Arm", "Published", "Resources", "Study", "results", "run", "__version__"]

@@ -114,7 +114,7 @@ def test_results_best_and_by_config_best_name_the_same_configuration(store):
 
 
 def test_the_final_stage_reruns_the_same_configuration(store):
-    from flatlab.study.runner import final_configs
+    from flatlab.study.final_stage import final_configs
 
     grid = [
         SimpleNamespace(

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from flatlab.analysis import curve_sets
 from flatlab.analysis import published as pub
 from flatlab.errors import ConfigError
 
@@ -79,7 +80,7 @@ def flatlab_frame(arm="a"):
 
 @pytest.fixture
 def toy(tmp_path):
-    return pub.load_curves(write(tmp_path / "toy.json", TOY))
+    return curve_sets.load_curves(write(tmp_path / "toy.json", TOY))
 
 
 def hand_ci(values):
@@ -222,7 +223,7 @@ def test_the_markdown_shows_the_file_as_found_in_a_checkout_never_absolute(tmp_p
     # a study ran from a checkout (since deleted) whose launch recorded the file's absolute path
     ran = tmp_path / "wt" / "gone" / "studies" / "published" / "toy.json"
     ran.parent.mkdir(parents=True)
-    c = pub.compare_curves(pub.load_curves(write(ran, TOY)), flatlab_frame(), {"a": "c"})
+    c = pub.compare_curves(curve_sets.load_curves(write(ran, TOY)), flatlab_frame(), {"a": "c"})
     elsewhere = tmp_path / "main"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -258,7 +259,7 @@ def test_the_loader_reads_runs_metadata_and_nulls(toy):
 def test_first_epoch_shifts_the_list_entries(tmp_path):
     doc = json.loads(json.dumps(TOY))
     doc["first_epoch"] = 1  # entry 0 is after epoch 1
-    f = pub.load_curves(write(tmp_path / "t.json", doc)).frame("c")
+    f = curve_sets.load_curves(write(tmp_path / "t.json", doc)).frame("c")
     assert f[(f["seed"] == 1) & (f["metric"] == "test/accuracy")]["epoch"].tolist() == [1, 2, 3, 4]
 
 
@@ -271,7 +272,7 @@ def test_the_loader_rejects_a_malformed_file_naming_every_field(tmp_path):
     bad["curves"]["d"]["runs"].append({"seed": 1, "values": {"acc": [0.1]}})
     path = write(tmp_path / "bad.json", bad)
     with pytest.raises(ConfigError) as info:
-        pub.load_curves(path)
+        curve_sets.load_curves(path)
     msg = str(info.value)
     assert msg.startswith(f"{path}: not a valid curve-set file:")
     assert "version=2; expected 1" in msg
@@ -300,18 +301,18 @@ def test_each_format_rule_has_its_message(tmp_path, change, message):
     doc = json.loads(json.dumps(TOY))
     change(doc)
     with pytest.raises(ConfigError, match=message):
-        pub.load_curves(write(tmp_path / "x.json", doc))
+        curve_sets.load_curves(write(tmp_path / "x.json", doc))
 
 
 def test_missing_and_non_json_files(tmp_path):
     with pytest.raises(ConfigError, match=r"nope.json: no such curve-set file"):
-        pub.load_curves(str(tmp_path / "nope.json"))
+        curve_sets.load_curves(str(tmp_path / "nope.json"))
     (tmp_path / "x.json").write_text("{'not': json}")
     with pytest.raises(ConfigError, match=r"x.json: not a JSON file"):
-        pub.load_curves(str(tmp_path / "x.json"))
+        curve_sets.load_curves(str(tmp_path / "x.json"))
     (tmp_path / "l.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match=r"the top level is a list; expected an object"):
-        pub.load_curves(str(tmp_path / "l.json"))
+        curve_sets.load_curves(str(tmp_path / "l.json"))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -331,7 +332,7 @@ ADAM = (
 
 @pytest.fixture(scope="module")
 def deepobs():
-    return pub.load_curves(str(DEEPOBS))
+    return curve_sets.load_curves(str(DEEPOBS))
 
 
 def run_of(curves, curve, seed):
@@ -405,12 +406,12 @@ def test_deepobs_reference_values_equal_the_cited_files(deepobs):
         0.926,
         0.920,
     ]
-    # .../MomentumOptimizer/num_epochs__100__batch_size__128__momentum__9.9e-01__use_nesterov__False__lr__2.5118864315e-03/
-    #   random_seed__50__2019-02-15-17-00-22.json (commit 26c0ff7c)
+    # .../MomentumOptimizer/num_epochs__100__batch_size__128__momentum__9.9e-01__use_nesterov__False__
+    #   lr__2.5118864315e-03/random_seed__50__2019-02-15-17-00-22.json (commit 26c0ff7c)
     mom50 = run_of(deepobs, "fmnist_2c2d/momentum", 50).values
     assert (mom50["test_accuracies"][2], mom50["test_losses"][100]) == (0.8790064102564102, 0.7397954725684264)
-    # .../AdamOptimizer/num_epochs__100__batch_size__128__beta1__9.e-01__beta2__9.99e-01__epsilon__1.e-08__lr__2.5118864315e-04/
-    #   random_seed__47__2019-02-15-16-59-05.json (commit 26c0ff7c)
+    # .../AdamOptimizer/num_epochs__100__batch_size__128__beta1__9.e-01__beta2__9.99e-01__epsilon__1.e-08__
+    #   lr__2.5118864315e-04/random_seed__47__2019-02-15-16-59-05.json (commit 26c0ff7c)
     adam47 = run_of(deepobs, "fmnist_2c2d/adam", 47).values
     assert (adam47["test_losses"][1], adam47["test_accuracies"][100]) == (0.4065383137800755, 0.9227764423076923)
     #   random_seed__45__2019-02-15-16-58-48.json (commit 26c0ff7c)
@@ -437,7 +438,8 @@ def study_file(tmp_path, published):
     f = tmp_path / "s.py"
     f.write_text(
         "from flatlab import Arm, Published, Study\n"
-        f"STUDY = Study(name='s', workload='digits', arms=(Arm('sgd'), Arm('adamw', name='adam')), published={published})\n"
+        "STUDY = Study(name='s', workload='digits', arms=(Arm('sgd'), Arm('adamw', name='adam')), "
+        f"published={published})\n"
     )
     return str(f)
 
@@ -501,7 +503,7 @@ def launched_store(root, curves):
     exp = runs.get_or_create_experiment(uri, "toy", runs.artifact_location(root))
     c = runs.client(uri)
     parent = c.create_run(exp, tags={runs.TAG_ROLE: "study"}).info.run_id
-    declared = launch_param(pub.Published(curves, {"a": "c"}))["published"]
+    declared = launch_param(curve_sets.Published(curves, {"a": "c"}))["published"]
     c.log_batch(parent, params=[Param("metric", "val/accuracy"), Param("mode", "max"), Param("published", declared)])
     now = int(time.time() * 1000)
     for seed in range(3):
@@ -537,9 +539,9 @@ def test_compare_study_reads_the_declared_reference_and_the_histories(store):
     from flatlab.tracking.published_runs import compare_study, declared_reference
 
     uri, curves, _ = store
-    assert declared_reference(uri, "toy") == pub.Published(curves, {"a": "c"})
+    assert declared_reference(uri, "toy") == curve_sets.Published(curves, {"a": "c"})
     got = compare_study(uri, "toy")
-    want = pub.compare_curves(pub.load_curves(curves), flatlab_frame(), {"a": "c"})
+    want = pub.compare_curves(curve_sets.load_curves(curves), flatlab_frame(), {"a": "c"})
     cols = ["arm", "metric", "epoch", "n", "mean", "ci_low", "ci_high", "pub_min", "pub_max", "where"]
     pd.testing.assert_frame_equal(got.rows[cols], want.rows[cols], check_dtype=False)
     assert got.summary["outside_epochs"].tolist() == ["below at 3; above at 2", "below at 2"]
@@ -662,7 +664,7 @@ def test_curves_reads_a_moved_file_from_the_checkout_at_the_working_directory(mo
     note = f"note: the curve-set file recorded at launch, {gone}, is missing; using {found} instead\n"
     got = compare_study(uri, "toy")  # the Python API
     assert capsys.readouterr().err == note and got.curves.path == str(found)
-    want = pub.compare_curves(pub.load_curves(str(found)), flatlab_frame(), {"a": "c"})
+    want = pub.compare_curves(curve_sets.load_curves(str(found)), flatlab_frame(), {"a": "c"})
     cols = ["arm", "metric", "epoch", "n", "mean", "pub_min", "pub_max", "where"]
     pd.testing.assert_frame_equal(got.rows[cols], want.rows[cols], check_dtype=False)
     res = CliRunner().invoke(app, ["curves", "toy", "--tracking-uri", uri, "--format", "markdown"])
@@ -717,7 +719,8 @@ def test_a_moved_file_is_replaced_only_by_the_same_reference(tmp_path):
         ConfigError,
         match=re.escape(
             f"study 's': the curve-set file its launch recorded, {gone}, does not exist, and {found} is another "
-            "reference: it cites 'B. Other, Another, 2025', the launch's file 'A. Author, Toy, 2024'; give the file with --published FILE"
+            "reference: it cites 'B. Other, Another, 2025', the launch's file 'A. Author, Toy, 2024'; "
+            "give the file with --published FILE"
         ),
     ):
         reference_curves(record, "s", cwd=checkout)

@@ -53,3 +53,9 @@ def longrun_bench() -> ModuleType:
 def select_bench() -> ModuleType:
     """bench/select_cost.py as a module."""
     return load_bench("select_cost.py")
+
+
+@pytest.fixture(scope="session")
+def cli_exit_bench() -> ModuleType:
+    """bench/cli_exit.py as a module."""
+    return load_bench("cli_exit.py")

@@ -43,7 +43,8 @@ def test_dry_run_says_which_models_flatness_is_measured_on(tmp_path, monkeypatch
     study = tmp_path / "s.py"
     study.write_text(
         "from flatlab import Arm, Study\n"
-        f"STUDY = Study(name='s', workload='digits', train={train!r}, max_epochs=8, measures={{'hessian_trace': {{}}}}, "
+        f"STUDY = Study(name='s', workload='digits', train={train!r}, max_epochs=8, "
+        f"measures={{'hessian_trace': {{}}}}, "
         "arms=(Arm('sgd', space={'lr': 0.1}),))\n"
     )
     res = runner.invoke(app, ["run", str(study), "--dry-run"])
@@ -138,7 +139,8 @@ def test_the_failure_line_names_the_studys_log_file(tmp_path):
         "every trial of s failed (2 of 2); see "
     )  # store holds fewer
     assert failure_line("s", 1, 4, "studies/s.py", log) == (
-        "1 of 4 trials of s failed; `flatlab results s` shows their errors, `flatlab run studies/s.py --resume` retries them"
+        "1 of 4 trials of s failed; `flatlab results s` shows their errors, "
+        "`flatlab run studies/s.py --resume` retries them"
     )
     assert failure_line("s", 0, 4, "studies/s.py", log) == ""
 
@@ -185,13 +187,15 @@ def test_a_misspelt_study_field_is_a_clear_error_not_a_traceback(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     bad = tmp_path / "typo.py"
     bad.write_text(
-        "from flatlab import Arm, Study\nSTUDY = Study(name='t', workload='digits', arms=(Arm('sgd'),), referance_arm='sgd')\n"
+        "from flatlab import Arm, Study\n"
+        "STUDY = Study(name='t', workload='digits', arms=(Arm('sgd'),), referance_arm='sgd')\n"
     )
     res = runner.invoke(app, ["run", str(bad), "--dry-run"])
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert "Study() has no field 'referance_arm' (did you mean 'reference_arm'?)" in " ".join(res.output.split())
     bad.write_text(
-        "from flatlab import Arm, Study\nSTUDY = Study(name='t', workload='digits', arms=(Arm('sgd'),), curve_smoothing=0.5)\n"
+        "from flatlab import Arm, Study\n"
+        "STUDY = Study(name='t', workload='digits', arms=(Arm('sgd'),), curve_smoothing=0.5)\n"
     )
     res = runner.invoke(app, ["run", str(bad), "--dry-run"])
     assert res.exit_code == 2 and "is a trainer parameter: put it in train={...}" in " ".join(res.output.split())
@@ -276,7 +280,8 @@ def test_the_cli_turns_mlflow_progress_bars_off_unless_the_user_set_them(given, 
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"}
     env.update({"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": given} if given else {})
     code = (
-        "import flatlab.cli.main; from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as bar; "
+        "import flatlab.cli.main; "
+        "from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as bar; "
         "print(bar.get())"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

@@ -65,8 +65,8 @@ def test_a_study_file_outside_the_working_directory(tmp_path, monkeypatch):
     text = " ".join(res.output.split())
     assert res.exit_code == 2
     assert (
-        f"study file 'studies/digits_demo.py' does not exist (a relative path is read from the working directory {tmp_path})"
-        in text
+        "study file 'studies/digits_demo.py' does not exist "
+        f"(a relative path is read from the working directory {tmp_path})" in text
     )
     assert f"did you mean {REPO / 'studies' / 'digits_demo.py'}?" in text
     res = runner.invoke(app, ["run", "nowhere.py", "--dry-run"])

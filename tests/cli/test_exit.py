@@ -1,4 +1,4 @@
-"""The console entry point's quick exit keeps every guarantee of a normal exit except module teardown."""
+"""The console entry point's exit keeps every guarantee of a normal exit except module teardown."""
 
 import subprocess
 import sys
@@ -6,9 +6,19 @@ import textwrap
 
 import pytest
 
+from flatlab.cli.main import exit_status
+
 
 def _run(body: str) -> subprocess.CompletedProcess:
-    code = "from flatlab.cli.main import exit_without_teardown\n" + textwrap.dedent(body)
+    """Run ``flatlab probe`` through :func:`flatlab.cli.main.main`, the command's body being ``body``."""
+    code = (
+        "import sys\n"
+        "from flatlab.cli.main import app, main\n"
+        "@app.command()\n"
+        "def probe():\n" + textwrap.indent(textwrap.dedent(body), "    ") + "\n"
+        "sys.argv = ['flatlab', 'probe']\n"
+        "main()\n"
+    )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
@@ -23,8 +33,7 @@ def test_threads_joined_atexit_run_streams_flushed_status_kept():
         threading.Thread(target=late).start()            # non-daemon: joined first
         ThreadPoolExecutor(max_workers=1).submit(int)    # never shut down: stopped as at a normal exit
         print("buffered;", end="")                        # no newline: only a flush writes it
-        exit_without_teardown(3)
-        print("not reached")
+        sys.exit(3)
     """)
     assert res.returncode == 3, res.stderr
     assert res.stdout == "buffered;thread done;atexit ran"
@@ -32,5 +41,11 @@ def test_threads_joined_atexit_run_streams_flushed_status_kept():
 
 @pytest.mark.parametrize("code, status, stderr", [(None, 0, ""), (0, 0, ""), ("bad input", 1, "bad input\n")])
 def test_exit_codes_follow_sys_exit(code, status, stderr):
-    res = _run(f"exit_without_teardown({code!r})")
+    res = _run(f"sys.exit({code!r})")
     assert (res.returncode, res.stderr) == (status, stderr)
+    assert exit_status(code) == status
+
+
+def test_an_uncaught_exception_exits_as_python_does():
+    res = _run("raise KeyError('boom')")
+    assert res.returncode == 1 and "KeyError: 'boom'" in res.stderr

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from flatlab.errors import ConfigError
 from flatlab.interpolation import interpolate
+from flatlab.study.validate import validate
 from flatlab.train.evaluation import evaluate_trial
 from flatlab.train.trainer import Trainer, TrialSpec
 from flatlab.workloads import build_workload
@@ -239,7 +240,7 @@ def test_interpolation_trial_with_an_mlflow_reference(store, params, eval_data, 
     monkeypatch.setenv("FLATLAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     ref = "mlflow:ft_study/adamw?lr=0.001&augment=none"
-    study = resolve_chained(alpha_study(params, [ref]).validate(), uri)
+    study = resolve_chained(validate(alpha_study(params, [ref])), uri)
     run = f"run:{ids[(0.001, 'none', 0)]}"
     assert study.arm("adamw").dims["finetuned"].values == (run,)
     assert chained_params(study) == {"adamw.finetuned.0": run, "adamw.finetuned.0.source": ref}

@@ -5,6 +5,7 @@ import pytest
 
 from flatlab import Arm, Study
 from flatlab import space as sp
+from flatlab.study.validate import validate
 from flatlab.tracking import runs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -16,25 +17,27 @@ def test_conditional_grid_runs_only_active_points_and_logs_only_active_params(tm
     from flatlab.study.runner import RunOptions, run_study
     from flatlab.tracking.trials import trials_frame
 
-    study = Study(
-        name="cond",
-        workload="digits",
-        workload_params={"width": 16},
-        arms=(
-            Arm(
-                "sgd",
-                space={
-                    "lr": 0.1,
-                    "momentum": sp.grid([0.0, 0.9]),
-                    **sp.when("momentum", 0.9, {"nesterov": sp.grid([False, True])}),
-                },
+    study = validate(
+        Study(
+            name="cond",
+            workload="digits",
+            workload_params={"width": 16},
+            arms=(
+                Arm(
+                    "sgd",
+                    space={
+                        "lr": 0.1,
+                        "momentum": sp.grid([0.0, 0.9]),
+                        **sp.when("momentum", 0.9, {"nesterov": sp.grid([False, True])}),
+                    },
+                ),
             ),
-        ),
-        searcher="grid",
-        max_epochs=1,
-        scheduler="fifo",
-        max_concurrent=2,
-    ).validate()
+            searcher="grid",
+            max_epochs=1,
+            scheduler="fifo",
+            max_concurrent=2,
+        )
+    )
     try:
         outcome = run_study(study, RunOptions(root=tmp_path, num_cpus=2))
     finally:

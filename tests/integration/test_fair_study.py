@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from flatlab import Arm, Study
 from flatlab import space as sp
 from flatlab.analysis.selection import best_trial_rows
+from flatlab.study.validate import validate
 from flatlab.tracking import runs
 from flatlab.tracking.logged_model import download_weights
 from flatlab.tracking.trials import trials_frame
@@ -28,26 +29,28 @@ def fair_run(tmp_path_factory):
     from flatlab.study.runner import RunOptions, run_study
 
     root = tmp_path_factory.mktemp("root")
-    study = Study(
-        name="fair2",
-        workload="digits",
-        workload_params={"model": "mlp", "width": 32},
-        train={"batch_size": 64, "stop_at_train_loss": TARGET},
-        arms=(
-            # slow starter: small-lr SGD trails AdamW for several epochs
-            Arm("sgd", space={"lr": sp.loguniform(0.005, 0.05)}),
-            Arm("adamw", space={"lr": sp.loguniform(2e-3, 1e-2)}),
-        ),
-        num_trials=4,
-        max_epochs=6,
-        grace_period=1,
-        reduction_factor=2,
-        max_concurrent=2,
-        measures=MEASURES,
-        measure_examples=96,
-        measure_seed=3,
-        final_seeds=(11, 12),
-    ).validate()
+    study = validate(
+        Study(
+            name="fair2",
+            workload="digits",
+            workload_params={"model": "mlp", "width": 32},
+            train={"batch_size": 64, "stop_at_train_loss": TARGET},
+            arms=(
+                # slow starter: small-lr SGD trails AdamW for several epochs
+                Arm("sgd", space={"lr": sp.loguniform(0.005, 0.05)}),
+                Arm("adamw", space={"lr": sp.loguniform(2e-3, 1e-2)}),
+            ),
+            num_trials=4,
+            max_epochs=6,
+            grace_period=1,
+            reduction_factor=2,
+            max_concurrent=2,
+            measures=MEASURES,
+            measure_examples=96,
+            measure_seed=3,
+            final_seeds=(11, 12),
+        )
+    )
     outcome = run_study(study, RunOptions(root=root, num_cpus=2))
     ray.shutdown()
     return root, study, outcome

@@ -23,9 +23,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 N, EPOCHS, FINAL = 3, 2, 2
 
 DIE_AFTER = """
-import os, sys
+import importlib, os, sys
 import flatlab
-from flatlab.study import runner
 
 def dies(build):
     def built(*args, **kwargs):
@@ -33,15 +32,16 @@ def dies(build):
         os._exit(9)
     return built
 
-runner.{target} = dies(runner.{target})
+module = importlib.import_module("{module}")
+setattr(module, "{target}", dies(getattr(module, "{target}")))
 flatlab.run(sys.argv[1], root=sys.argv[2], num_cpus=2)
 """
 
 
-def killed_launch(study, root, target):
-    """Run ``study`` in a driver that dies right after ``runner.<target>`` built a Tuner."""
+def killed_launch(study, root, module, target):
+    """Run ``study`` in a driver that dies right after ``<module>.<target>`` built a Tuner."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", DIE_AFTER.format(target=target), str(study), str(root)],
+        [sys.executable, "-c", DIE_AFTER.format(module=module, target=target), str(study), str(root)],
         env=env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -56,8 +56,11 @@ def killed_launch(study, root, target):
     assert proc.returncode == 9, out[-3000:]
 
 
-@pytest.mark.parametrize("target, stage", [("_new_tuner", "search"), ("_final_stage", "final")])
-def test_a_resume_after_a_kill_before_tunes_first_save_runs_the_whole_budget(tmp_path, target, stage):
+@pytest.mark.parametrize(
+    "module, target, stage",
+    [("flatlab.study.tuner", "new_tuner", "search"), ("flatlab.study.runner", "final_stage_tuner", "final")],
+)
+def test_a_resume_after_a_kill_before_tunes_first_save_runs_the_whole_budget(tmp_path, module, target, stage):
     name = f"early{stage}"
     study = write_study(
         tmp_path / f"{name}.py",
@@ -76,7 +79,7 @@ STUDY = Study(
 """,
     )
     root = tmp_path / "root"
-    killed_launch(study, root, target)
+    killed_launch(study, root, module, target)
     out = root / name
     experiment = json.loads((out / "launch.json").read_text())
     path = experiment["final_experiment_path"] if stage == "final" else experiment["experiment_path"]

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from flatlab import Arm, Study
 from flatlab import space as sp
 from flatlab.cli.main import app
+from flatlab.study.validate import validate
 from flatlab.tracking import runs
 from flatlab.tracking.logged_model import run_model_id
 
@@ -25,21 +26,23 @@ def study_run(tmp_path_factory):
     from flatlab.study.runner import RunOptions, run_study
 
     root = tmp_path_factory.mktemp("root")
-    study = Study(
-        name="it4",
-        workload="digits",
-        workload_params={"width": 32},
-        arms=(
-            Arm("sgd", space={"lr": sp.loguniform(0.01, 0.5), "momentum": 0.9}),
-            Arm("adamw", space={"lr": sp.loguniform(1e-3, 1e-2)}),
-            Arm("sgd", name="sgd_fixed", space={"lr": 0.1}),
-            Arm("sgd", name="boom", space={"lr": 1e7, "momentum": 0.9}),  # diverges
-        ),
-        num_trials=1,
-        max_epochs=EPOCHS,
-        scheduler="fifo",
-        max_concurrent=2,
-    ).validate()
+    study = validate(
+        Study(
+            name="it4",
+            workload="digits",
+            workload_params={"width": 32},
+            arms=(
+                Arm("sgd", space={"lr": sp.loguniform(0.01, 0.5), "momentum": 0.9}),
+                Arm("adamw", space={"lr": sp.loguniform(1e-3, 1e-2)}),
+                Arm("sgd", name="sgd_fixed", space={"lr": 0.1}),
+                Arm("sgd", name="boom", space={"lr": 1e7, "momentum": 0.9}),  # diverges
+            ),
+            num_trials=1,
+            max_epochs=EPOCHS,
+            scheduler="fifo",
+            max_concurrent=2,
+        )
+    )
     outcome = run_study(study, RunOptions(root=root, num_cpus=2))
     ray.shutdown()
     return root, outcome

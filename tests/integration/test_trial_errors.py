@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 from flatlab import Arm, Study
 from flatlab import space as sp
 from flatlab.cli.main import app
+from flatlab.study.validate import validate
 from flatlab.tracking import runs
 from flatlab.tracking.trial_errors import one_line, read_trial_error
 from test_services import FAIL_AFTER_FIRST_EPOCH
@@ -105,15 +106,17 @@ def test_trial_raising_at_epoch_2_keeps_its_error_in_mlflow(tmp_path, monkeypatc
     )
     monkeypatch.setenv("FLATLAB_TEST_FAIL_MARK", str(mark))
     monkeypatch.setenv("RAY_ADDRESS", "local")  # a new local instance, never a Ray head found running on this machine
-    study = Study(
-        name="errs",
-        workload="digits",
-        workload_params={"width": 16},
-        arms=(Arm("sgd", space={"lr": sp.loguniform(0.01, 0.1)}),),
-        num_trials=1,
-        max_epochs=2,
-        scheduler="fifo",
-    ).validate()
+    study = validate(
+        Study(
+            name="errs",
+            workload="digits",
+            workload_params={"width": 16},
+            arms=(Arm("sgd", space={"lr": sp.loguniform(0.01, 0.1)}),),
+            num_trials=1,
+            max_epochs=2,
+            scheduler="fifo",
+        )
+    )
     root = tmp_path / "root"
     try:
         outcome = run_study(study, RunOptions(root=root, num_cpus=1))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flatlab.analysis.published import load_curves
+from flatlab.analysis.curve_sets import load_curves
 from flatlab.errors import ConfigError
 from flatlab.study.loader import load_studies
 from flatlab.study.plan import plan

@@ -12,13 +12,14 @@ from flatlab import space as sp
 from flatlab.analysis.selection import trial_outcome
 from flatlab.errors import ConfigError
 from flatlab.study.searchers import ArmSearcher, FixedSearcher
+from flatlab.study.validate import validate
 
 METRIC = "val/accuracy"
 
 
 def study(**kw):
     arms = (Arm("sgd", space={"lr": sp.loguniform(0.01, 0.5)}), Arm("adamw", space={"lr": sp.loguniform(1e-4, 1e-2)}))
-    return Study(name="s", workload="digits", arms=arms, num_trials=3, max_epochs=4, **kw).validate()
+    return validate(Study(name="s", workload="digits", arms=arms, num_trials=3, max_epochs=4, **kw))
 
 
 def drive(searcher):

@@ -11,6 +11,8 @@ from flatlab.cli.main import app
 from flatlab.errors import ConfigError
 from flatlab.study.chain import chained_params, describe_chained, parse_param, resolve_chained
 from flatlab.study.space import BestOf, Fixed, Resolved
+from flatlab.study.trial_spec import trial_spec
+from flatlab.study.validate import validate
 from flatlab.tracking import runs
 
 
@@ -97,13 +99,15 @@ def chained_study(**space):
 
 def test_best_of_resolves_the_best_completed_search_trial_of_the_latest_finished_launch(store):
     uri, ids = store
-    study = chained_study(
-        lr=sp.best_of("src", arm="tsam", param="lr"),
-        rho=sp.best_of("src", "tsam", "rho"),
-        s=sp.best_of("src", "tsam", "s"),
-        t_schedule=sp.best_of("src", "tsam", "t_schedule"),
-        t=sp.grid([1.0, 5.0]),
-    ).validate()
+    study = validate(
+        chained_study(
+            lr=sp.best_of("src", arm="tsam", param="lr"),
+            rho=sp.best_of("src", "tsam", "rho"),
+            s=sp.best_of("src", "tsam", "s"),
+            t_schedule=sp.best_of("src", "tsam", "t_schedule"),
+            t=sp.grid([1.0, 5.0]),
+        )
+    )
     assert study.num_total_trials() == 2  # a best_of is one grid value before it is resolved
     resolved = resolve_chained(study, uri)
     dims = resolved.arm("tsam").dims
@@ -113,7 +117,7 @@ def test_best_of_resolves_the_best_completed_search_trial_of_the_latest_finished
     assert dims["t_schedule"].value == "increase" and dims["lr.source"] == Fixed(source)
     configs = resolved.grid(resolved.arm("tsam"))
     assert [(c["lr"], c["t"], c["lr.source"]) for c in configs] == [(0.03, 1.0, source), (0.03, 5.0, source)]
-    spec = resolved.trial_spec(configs[0])
+    spec = trial_spec(resolved, configs[0])
     assert spec.optimizer_params == {
         "momentum": 0.9,
         "lr": 0.03,
@@ -198,7 +202,7 @@ def test_a_value_the_field_does_not_allow_and_bad_best_of_arguments():
     with pytest.raises(
         ConfigError, match=r"arm 'tsam', field 'lr': best_of\(study, arm, param\): study=''; expected a study name"
     ):
-        chained_study(lr=sp.best_of("", "tsam", "lr")).validate()
+        validate(chained_study(lr=sp.best_of("", "tsam", "lr")))
     with pytest.raises(ConfigError, match=r"is resolved at launch .* not sampled"):
         sp.best_of("src", "tsam", "lr").to_optuna()
 

@@ -15,7 +15,9 @@ from ray import tune
 from typer.testing import CliRunner
 
 from flatlab import Arm, Study
+from flatlab.errors import ConfigError
 from flatlab.study import trainable, trial_loop
+from flatlab.study.validate import validate
 from flatlab.train.checkpoint import STATE_FILE
 from flatlab.workloads import build_workload
 
@@ -36,7 +38,7 @@ def study(**kw) -> Study:
         scheduler="fifo",
         train={"batch_size": 256},
     )
-    return Study(**{**base, **kw}).validate()
+    return validate(Study(**{**base, **kw}))
 
 
 class FakeTune:
@@ -129,8 +131,6 @@ def test_checkpoint_due(every, epoch, last, since_s, due):
 
 
 def test_checkpoint_every_must_be_a_positive_int_or_none():
-    from flatlab.errors import ConfigError
-
     with pytest.raises(ConfigError, match=r"checkpoint_every=0; expected None or an int in \[1, "):
         study(checkpoint_every=0)
     assert study(checkpoint_every=None).checkpoint_every is None
@@ -150,7 +150,7 @@ def test_cli_checkpoint_every_overrides_the_study(monkeypatch, tmp_path):
 
     def fake_run_study(s, opts, console=None):
         seen.append(s.checkpoint_every)
-        raise runner_mod.ConfigError("stop here")  # the CLI prints it and exits 2: no Ray, no MLflow
+        raise ConfigError("stop here")  # the CLI prints it and exits 2: no Ray, no MLflow
 
     monkeypatch.setattr(runner_mod, "run_study", fake_run_study)
     res = CliRunner().invoke(app, ["run", str(file), "--root", str(tmp_path), "--checkpoint-every", "7"])
@@ -179,7 +179,7 @@ def test_resume_keeps_the_launchs_checkpoint_every_unless_given(monkeypatch, tmp
 
     def fake_run_study(s, opts, console=None):
         seen.append(s.checkpoint_every)
-        raise runner_mod.ConfigError("stop here")
+        raise ConfigError("stop here")
 
     monkeypatch.setattr(runner_mod, "run_study", fake_run_study)
 
@@ -205,8 +205,9 @@ def test_result_buffering_environment():
     assert trainable.tune_env(2.0) == {"TUNE_RESULT_BUFFER_LENGTH": "1000"}  # the batch's time is make_trainable's
     import inspect
 
+    import flatlab.study.driver_log as driver_log
     import flatlab.study.runner as runner_mod
 
-    assert "os.environ.setdefault(key, value)" in inspect.getsource(runner_mod._quiet_libraries)
+    assert "os.environ.setdefault(key, value)" in inspect.getsource(driver_log.quiet_libraries)
     src = inspect.getsource(runner_mod.run_study)
-    assert src.index("_quiet_libraries()") < src.index("_open(") < src.index("_tune(")
+    assert src.index("quiet_libraries()") < src.index("_open(") < src.index("_tune(")

@@ -11,6 +11,8 @@ from flatlab.errors import ConfigError
 from flatlab.study.plan import plan
 from flatlab.study.searchers import ArmSearcher
 from flatlab.study.space import grid_points, ordered
+from flatlab.study.trial_spec import trial_spec
+from flatlab.study.validate import validate
 
 STEP = {"step_epochs": sp.int(5, 30), "step_factor": sp.uniform(0.1, 0.5)}
 
@@ -25,9 +27,9 @@ def step_study(searcher="optuna", num_trials=12, **space):
             **space,
         },
     )
-    return Study(
-        name="c", workload="digits", arms=(arm,), num_trials=num_trials, max_epochs=4, searcher=searcher
-    ).validate()
+    return validate(
+        Study(name="c", workload="digits", arms=(arm,), num_trials=num_trials, max_epochs=4, searcher=searcher)
+    )
 
 
 def test_when_wraps_each_field_and_nests():
@@ -54,7 +56,7 @@ def test_grid_enumerates_only_active_combinations():
             **sp.when("schedule", "step", {"step_epochs": sp.grid([5, 10]), "step_factor": 0.5}),
         },
     )
-    study = Study(name="g", workload="digits", arms=(arm,), searcher="grid", seeds=(0, 1)).validate()
+    study = validate(Study(name="g", workload="digits", arms=(arm,), searcher="grid", seeds=(0, 1)))
     configs = study.grid(arm)
     # lr (2) x [cosine (1) + step x step_epochs (2)] = 6 points, x 2 seeds
     assert len(configs) == 12 == study.num_total_trials()
@@ -114,10 +116,10 @@ def test_optuna_is_told_the_values_of_conditional_trials():
 
 def test_inactive_field_leaves_the_trainer_default():
     study = step_study()
-    cosine = study.trial_spec({"arm": "sgd", "seed": 0, "lr": 0.1, "schedule": "cosine"})
+    cosine = trial_spec(study, {"arm": "sgd", "seed": 0, "lr": 0.1, "schedule": "cosine"})
     assert cosine.trainer_params == {"schedule": "cosine"} and cosine.optimizer_params == {"lr": 0.1}
-    step = study.trial_spec(
-        {"arm": "sgd", "seed": 0, "lr": 0.1, "schedule": "step", "step_epochs": 7, "step_factor": 0.2}
+    step = trial_spec(
+        study, {"arm": "sgd", "seed": 0, "lr": 0.1, "schedule": "step", "step_epochs": 7, "step_factor": 0.2}
     )
     assert step.trainer_params == {"schedule": "step", "step_epochs": 7, "step_factor": 0.2}
 
@@ -160,15 +162,18 @@ def test_inactive_field_is_not_an_mlflow_param(tmp_path):
     [
         (
             sp.when("sched", "step", {"step_epochs": 5}),
-            r"arm 'sgd', field 'step_epochs': when\('sched', \.\.\.\): condition on unknown field 'sched'; the arm's fields: lr, schedule",
+            r"arm 'sgd', field 'step_epochs': when\('sched', \.\.\.\): condition on unknown field 'sched'; the arm's "
+            r"fields: lr, schedule",
         ),
         (
             sp.when("schedule", "linear", {"warmup_epochs": 1.0}),
-            r"arm 'sgd', field 'warmup_epochs': when\('schedule', 'linear', \.\.\.\): 'schedule' never takes 'linear'; it takes choice\(\['cosine', 'step'\]\)",
+            r"arm 'sgd', field 'warmup_epochs': when\('schedule', 'linear', \.\.\.\): 'schedule' never takes "
+            r"'linear'; it takes choice\(\['cosine', 'step'\]\)",
         ),
         (
             sp.when("lr", 0.1, {"warmup_epochs": 1.0}),
-            r"arm 'sgd', field 'warmup_epochs': when\('lr', \.\.\.\): 'lr' is loguniform\(0.01, 0.5\), continuous; a condition needs a discrete parent",
+            r"arm 'sgd', field 'warmup_epochs': when\('lr', \.\.\.\): 'lr' is loguniform\(0.01, 0.5\), continuous; a "
+            r"condition needs a discrete parent",
         ),
         (
             sp.when("schedule", "step", {"step_factor": sp.uniform(0.1, 1.5)}),
@@ -180,14 +185,15 @@ def test_inactive_field_is_not_an_mlflow_param(tmp_path):
         ),
         (
             sp.when("schedule", [], {"step_epochs": 5}),
-            r"arm 'sgd', field 'step_epochs': when\('schedule', value, space\): value must be a value or a non-empty list",
+            r"arm 'sgd', field 'step_epochs': when\('schedule', value, space\): value must be a value or a non-empty "
+            r"list",
         ),
     ],
 )
 def test_bad_conditions_name_the_arm_and_field(extra, match):
     arm = Arm("sgd", space={"lr": sp.loguniform(0.01, 0.5), "schedule": sp.choice(["cosine", "step"]), **extra})
     with pytest.raises(ConfigError, match=match):
-        Study(name="c", workload="digits", arms=(arm,)).validate()
+        validate(Study(name="c", workload="digits", arms=(arm,)))
 
 
 def test_cycle_of_conditions_is_a_config_error():
@@ -195,7 +201,7 @@ def test_cycle_of_conditions_is_a_config_error():
     with pytest.raises(
         ConfigError, match=r"arm 'sgd', field 'a': fields \['a', 'b'\] depend on each other through when"
     ):
-        Study(name="c", workload="digits", arms=(Arm("sgd", space=space),)).validate()
+        validate(Study(name="c", workload="digits", arms=(Arm("sgd", space=space),)))
 
 
 def test_int_and_fixed_parents_and_a_continuous_parent():
@@ -211,31 +217,37 @@ def test_int_and_fixed_parents_and_a_continuous_parent():
     with pytest.raises(
         ConfigError, match=r"field 'lr': when\('momentum', \.\.\.\): 'momentum' is uniform\(0.5, 0.9\), continuous"
     ):
-        Study(name="c", workload="digits", arms=(Arm("sgd", space=space),)).validate()
+        validate(Study(name="c", workload="digits", arms=(Arm("sgd", space=space),)))
     space.pop("lr")
-    study = Study(name="c", workload="digits", arms=(Arm("sgd", space=space),)).validate()
+    study = validate(Study(name="c", workload="digits", arms=(Arm("sgd", space=space),)))
     s = ArmSearcher(study, launch="L")
     for c in (s.suggest(f"t{i}") for i in range(8)):
         assert c["step_epochs"] == 2  # a condition on a fixed value always holds
         assert ("momentum" in c) == c["nesterov"] and ("weight_decay" in c) == (c["batch_size"] == 32)
     with pytest.raises(
         ConfigError,
-        match=r"field 'weight_decay': when\('batch_size', 9, \.\.\.\): 'batch_size' never takes 9; it takes int\(16, 64\)",
+        match=r"field 'weight_decay': when\('batch_size', 9, \.\.\.\): 'batch_size' never takes 9; it takes int\(16, "
+        r"64\)",
     ):
-        Study(
-            name="c",
-            workload="digits",
-            arms=(Arm("sgd", space={**space, **sp.when("batch_size", 9, {"weight_decay": 0.0})}),),
-        ).validate()
+        validate(
+            Study(
+                name="c",
+                workload="digits",
+                arms=(Arm("sgd", space={**space, **sp.when("batch_size", 9, {"weight_decay": 0.0})}),),
+            )
+        )
     with pytest.raises(
         ConfigError,
-        match=r"field 'step_factor': when\('schedule', 'cosine', \.\.\.\): 'schedule' never takes 'cosine'; it takes 'step'",
+        match=r"field 'step_factor': when\('schedule', 'cosine', \.\.\.\): 'schedule' never takes 'cosine'; it takes "
+        r"'step'",
     ):
-        Study(
-            name="c",
-            workload="digits",
-            arms=(Arm("sgd", space={**space, **sp.when("schedule", "cosine", {"step_factor": 0.5})}),),
-        ).validate()
+        validate(
+            Study(
+                name="c",
+                workload="digits",
+                arms=(Arm("sgd", space={**space, **sp.when("schedule", "cosine", {"step_factor": 0.5})}),),
+            )
+        )
 
 
 def test_optimizer_probe_covers_each_branch():
@@ -245,7 +257,7 @@ def test_optimizer_probe_covers_each_branch():
         "sgd", space={"lr": 0.1, "momentum": sp.choice([0.9, 0.0]), **sp.when("momentum", 0.0, {"nesterov": True})}
     )
     with pytest.raises(ConfigError, match=r"arm 'sgd': optimizer 'sgd' rejects these settings: .*[Nn]esterov"):
-        Study(name="c", workload="digits", arms=(arm,)).validate()
+        validate(Study(name="c", workload="digits", arms=(arm,)))
 
 
 def test_define_by_run_function_is_refused_with_the_way_to_write_it():
@@ -270,7 +282,8 @@ def test_dry_run_prints_the_conditions(tmp_path, monkeypatch):
     f.write_text(
         "from flatlab import Arm, Study, space as sp\n"
         "STUDY = Study(name='cond', workload='digits', arms=(Arm('sgd', space={'lr': sp.loguniform(0.01, 0.5), "
-        "'schedule': sp.choice(['cosine', 'step']), **sp.when('schedule', 'step', {'step_epochs': sp.int(5, 30)})}),))\n"
+        "'schedule': sp.choice(['cosine', 'step']), **sp.when('schedule', 'step', {'step_epochs': sp.int(5, "
+        "30)})}),))\n"
     )
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(app, ["run", str(f), "--dry-run"])
@@ -289,7 +302,7 @@ def test_readme_examples_of_named_arms_and_conditional_fields():
     ns = {"Arm": Arm, "sp": sp}
     exec(named, ns)
     arm = eval(conditional, ns)
-    study = Study(name="readme", workload="digits", arms=ns["arms"] + (arm,), num_trials=16).validate()
+    study = validate(Study(name="readme", workload="digits", arms=ns["arms"] + (arm,), num_trials=16))
     assert [a.name for a in study.arms] == ["sgd", "sgd_nesterov", "sam"]
     s = ArmSearcher(study, launch="L")
     sam = [c for c in (s.suggest(f"t{i}") for i in range(48)) if c["arm"] == "sam"]

@@ -5,6 +5,7 @@ import pytest
 
 from flatlab import Arm, Resources, Study
 from flatlab.errors import ConfigError
+from flatlab.study.validate import validate
 
 
 def _study(resources):
@@ -54,11 +55,11 @@ def test_concurrent_multi_worker_trials_fit_the_cluster():
 )
 def test_bad_workers_are_refused_naming_the_field(resources, message):
     with pytest.raises(ConfigError, match=message):
-        _study(resources).validate()
+        validate(_study(resources))
 
 
 def test_good_workers_validate():
-    assert _study(Resources(cpu=1, gpu=2, workers=8)).validate().resources.workers == 8
+    assert validate(_study(Resources(cpu=1, gpu=2, workers=8))).resources.workers == 8
 
 
 def test_latest_checkpoint_is_the_newest_complete_one(tmp_path):
@@ -117,8 +118,8 @@ def test_sam_ascent_option():
 def test_the_plan_shows_workers_and_what_each_reserves():
     from flatlab.study.plan import plan
 
-    assert plan(_study(Resources(cpu=2, gpu=1, workers=4)).validate())["resources_per_trial"] == {
+    assert plan(validate(_study(Resources(cpu=2, gpu=1, workers=4))))["resources_per_trial"] == {
         "workers": 4,
         "per_worker": {"CPU": 2.0, "GPU": 1.0},
     }
-    assert plan(_study(Resources(cpu=2)).validate())["resources_per_trial"] == {"cpu": 2, "gpu": 0}
+    assert plan(validate(_study(Resources(cpu=2))))["resources_per_trial"] == {"cpu": 2, "gpu": 0}

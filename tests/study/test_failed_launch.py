@@ -37,7 +37,7 @@ def _parent(root, name):
 def test_failures_after_ray_started_end_the_launch_failed(tmp_path, monkeypatch):
     import ray
 
-    import flatlab.study.searchers as searchers
+    import flatlab.study.tuner as tuner
     from flatlab.workloads.digits import Digits
 
     root = tmp_path / "root"
@@ -62,7 +62,7 @@ def test_failures_after_ray_started_end_the_launch_failed(tmp_path, monkeypatch)
 
         # 2. building the searcher, after launch.json said "running"
         monkeypatch.setattr(Digits, "load_data", real_load)
-        monkeypatch.setattr(searchers, "ArmSearcher", BrokenSearcher)
+        monkeypatch.setattr(tuner, "ArmSearcher", BrokenSearcher)  # as the launch builds its Tuner
         with pytest.raises(RuntimeError, match="sampler seed"):
             run_study(_study("fail_searcher"), RunOptions(root=root, num_cpus=1))
         assert _parent(root, "fail_searcher").info.status == "FAILED"

@@ -9,6 +9,7 @@ from flatlab import Arm, Study
 from flatlab import space as sp
 from flatlab.errors import ConfigError
 from flatlab.study.space import Unsupported, as_dim
+from flatlab.study.validate import validate
 
 
 @pytest.mark.parametrize(
@@ -44,7 +45,7 @@ def test_converted_space_validates_and_runs_like_flatlab_s_own():
             "nesterov": tune.choice([False, True]),
         },
     )
-    Study(name="f", workload="digits", arms=(arm,)).validate()
+    validate(Study(name="f", workload="digits", arms=(arm,)))
     assert arm.dims["lr"] == sp.loguniform(1e-3, 1.0) and arm.dims["lr"].log is True
     assert arm.dims["momentum"].log is False
 
@@ -54,11 +55,13 @@ def test_converted_space_validates_and_runs_like_flatlab_s_own():
     [
         (
             od.FloatDistribution(0.0, 1.0, step=0.1),
-            r"FloatDistribution\(low=0.0, high=1.0, step=0.1\) has no flatlab equivalent .*write sp.uniform\(0.0, 1.0\)",
+            r"FloatDistribution\(low=0.0, high=1.0, step=0.1\) has no flatlab equivalent "
+            r".*write sp.uniform\(0.0, 1.0\)",
         ),
         (
             od.IntDistribution(2, 10, step=2),
-            r"IntDistribution\(low=2, high=10, step=2\) has no flatlab equivalent .*write sp.choice\(list\(range\(2, 11, 2\)\)\)",
+            r"IntDistribution\(low=2, high=10, step=2\) has no flatlab equivalent .*write sp.choice\(list\(range\(2, "
+            r"11, 2\)\)\)",
         ),
         (
             tune.qrandint(1, 9, 2),
@@ -66,7 +69,8 @@ def test_converted_space_validates_and_runs_like_flatlab_s_own():
         ),
         (
             tune.quniform(0.0, 1.0, 0.25),
-            r"tune.quniform\(0.0, 1.0, 0.25\) \(a quantised float\) has no flatlab equivalent.*write sp.uniform\(0.0, 1.0\)",
+            r"tune.quniform\(0.0, 1.0, 0.25\) \(a quantised float\) has no flatlab equivalent.*write "
+            r"sp.uniform\(0.0, 1.0\)",
         ),
         (tune.qloguniform(0.01, 1.0, 0.01), r"tune.qloguniform\(0.01, 1.0, 0.01\) .*write sp.loguniform\(0.01, 1.0\)"),
         (tune.randn(), r"tune.randn .*no flatlab equivalent.*write sp.uniform\(low, high\)"),
@@ -77,7 +81,7 @@ def test_unconvertible_ones_name_the_flatlab_equivalent(foreign, match):
     assert isinstance(as_dim(foreign), Unsupported)  # building never raises
     arm = Arm("sgd", space={"momentum": foreign})
     with pytest.raises(ConfigError, match=r"arm 'sgd', field 'momentum': " + match):
-        Study(name="f", workload="digits", arms=(arm,)).validate()
+        validate(Study(name="f", workload="digits", arms=(arm,)))
 
 
 def test_unconvertible_dimension_inside_when_is_reported_on_its_field():
@@ -85,4 +89,4 @@ def test_unconvertible_dimension_inside_when_is_reported_on_its_field():
         "sgd", space={"nesterov": sp.choice([False, True]), **sp.when("nesterov", True, {"momentum": tune.randn()})}
     )
     with pytest.raises(ConfigError, match=r"arm 'sgd', field 'momentum': tune.randn"):
-        Study(name="f", workload="digits", arms=(arm,)).validate()
+        validate(Study(name="f", workload="digits", arms=(arm,)))

@@ -16,6 +16,8 @@ from flatlab import Study
 from flatlab import space as sp
 from flatlab.errors import ConfigError, FlatlabError
 from flatlab.study.loader import load_studies
+from flatlab.study.trial_spec import trial_spec
+from flatlab.study.validate import validate
 
 HEADER = "from flatlab import Arm, Resources, Study\nfrom flatlab import space as sp\n\n"
 
@@ -193,7 +195,7 @@ class _Run:
             config = searcher.suggest(f"t{i}")
             assert isinstance(config, dict), config
             seen.add(config["arm"])
-            trainer = Trainer(study.trial_spec(config), self.data[key])
+            trainer = Trainer(trial_spec(study, config), self.data[key])
             try:
                 trainer.run_epoch()
             except Diverged:
@@ -211,7 +213,7 @@ def test_every_malformed_file_is_refused_naming_file_and_field_or_really_runs(tm
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     tracebacks, unnamed, crashed, accepted = [], [], [], 0
-    for i, (case, text, field, words) in enumerate(CASES):
+    for i, (case, text, _field, words) in enumerate(CASES):
         path = tmp_path / f"case_{i:03d}.py"
         path.write_text(text)
         try:
@@ -250,7 +252,7 @@ def test_a_study_seed_whose_sampler_seeds_leave_32_bits_is_refused():
         return Study(name="s", workload="digits", arms=(Arm("sgd", space={"lr": sp.loguniform(1e-3, 1.0)}),), seed=seed)
 
     with pytest.raises(ConfigError, match=r"seed=1099511627776; expected an int in \[0, 4294967\] .*below 2\*\*32"):
-        study(2**40).validate()
+        validate(study(2**40))
     with pytest.raises(ConfigError, match=r"seed=4294968; expected an int in \[0, 4294967\]"):
-        study(4294968).validate()  # 4294968 * 1000 = 2**32 + 704
-    ArmSearcher(study(4294967).validate()).suggest("t0")  # the largest allowed seed seeds its sampler
+        validate(study(4294968))  # 4294968 * 1000 = 2**32 + 704
+    ArmSearcher(validate(study(4294967))).suggest("t0")  # the largest allowed seed seeds its sampler

@@ -17,13 +17,14 @@ from flatlab.study.launches import Launch, continued_studies, resume_budget, res
 from flatlab.study.prepare import prepare
 from flatlab.study.progress import ProgressPrinter
 from flatlab.study.searchers import ArmSearcher
+from flatlab.study.validate import validate
 
 METRIC = "val/accuracy"
 
 
 def study(lr_high=0.5, searcher="optuna"):
     arms = (Arm("sgd", space={"lr": sp.loguniform(0.01, lr_high)}), Arm("adamw", space={"lr": 3e-3}))
-    return Study(name="s", workload="digits", arms=arms, num_trials=2, max_epochs=3, searcher=searcher).validate()
+    return validate(Study(name="s", workload="digits", arms=arms, num_trials=2, max_epochs=3, searcher=searcher))
 
 
 def record(tmp_path, **fields):
@@ -130,7 +131,8 @@ def test_continue_names_the_previous_studies_and_refuses_a_changed_space(tmp_pat
     assert prefix == "L" and names == {"sgd": "L.sgd", "adamw": "L.adamw"}
     with pytest.raises(
         ConfigError,
-        match=r"arm 'sgd' of study 's' searches a different space than the Optuna study 'L.sgd' .*lr: FloatDistribution\(high=0.5",
+        match=r"arm 'sgd' of study 's' searches a different space than the Optuna study 'L.sgd' .*lr: "
+        r"FloatDistribution\(high=0.5",
     ):
         continued_studies(previous, study(lr_high=0.9), "launch.json")
     with pytest.raises(
@@ -265,7 +267,7 @@ def test_progress_says_a_failed_trial_will_resume_or_failed(capsys, tmp_path):
     )
     assert out[1].split()[:2] == ["failed", "sgd"]
     assert out[1].endswith("ActorDiedError: The actor died unexpectedly (--resume retries it)")
-    assert len([l for l in out if "actor died" in l]) == 2  # one line each, not Ray's multi-line message
+    assert len([line for line in out if "actor died" in line]) == 2  # one line each, not Ray's multi-line message
 
 
 def test_the_interrupt_hint_names_the_root_and_cluster_the_resume_needs(tmp_path, monkeypatch):
@@ -282,21 +284,22 @@ def test_the_interrupt_hint_names_the_root_and_cluster_the_resume_needs(tmp_path
 
 
 def test_a_resume_logs_to_the_launch_s_store_and_refuses_another(tmp_path, monkeypatch):
-    from flatlab.study.runner import RunOptions, _tracking_uri
+    from flatlab.study.launch_record import launch_tracking_uri
+    from flatlab.study.runner import RunOptions
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     launch = Launch(path=tmp_path / "launch.json", tracking_uri="sqlite:////data/store.db")
     default = f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}"
-    assert _tracking_uri(RunOptions(resume=True), launch, tmp_path) == "sqlite:////data/store.db"
-    assert _tracking_uri(RunOptions(continue_=True), launch, tmp_path) == "sqlite:////data/store.db"
-    assert _tracking_uri(RunOptions(resume=True, tracking_uri="sqlite:////data/store.db"), launch, tmp_path) == (
+    assert launch_tracking_uri(RunOptions(resume=True), launch, tmp_path) == "sqlite:////data/store.db"
+    assert launch_tracking_uri(RunOptions(continue_=True), launch, tmp_path) == "sqlite:////data/store.db"
+    assert launch_tracking_uri(RunOptions(resume=True, tracking_uri="sqlite:////data/store.db"), launch, tmp_path) == (
         "sqlite:////data/store.db"
     )
     with pytest.raises(ConfigError, match="--resume: --tracking-uri sqlite:////elsewhere.db is not the store"):
-        _tracking_uri(RunOptions(resume=True, tracking_uri="sqlite:////elsewhere.db"), launch, tmp_path)
-    assert _tracking_uri(RunOptions(), None, tmp_path) == default
+        launch_tracking_uri(RunOptions(resume=True, tracking_uri="sqlite:////elsewhere.db"), launch, tmp_path)
+    assert launch_tracking_uri(RunOptions(), None, tmp_path) == default
     assert (
-        _tracking_uri(RunOptions(resume=True), Launch(path=tmp_path / "old.json"), tmp_path) == default
+        launch_tracking_uri(RunOptions(resume=True), Launch(path=tmp_path / "old.json"), tmp_path) == default
     )  # an old record
 
 

@@ -13,6 +13,8 @@ from flatlab import Arm, Study
 from flatlab.errors import ConfigError
 from flatlab.sharpness.measures import compute_measures, measure_subset, resolve_measures
 from flatlab.study import trial_loop as loop
+from flatlab.study.trial_spec import trial_spec
+from flatlab.study.validate import validate
 from flatlab.train.checkpoint import load_state
 from flatlab.train.resolved import resolve_trainer
 from flatlab.train.trainer import Trainer
@@ -44,7 +46,7 @@ def study(target=TARGET, epochs=EPOCHS, **kw) -> Study:
         measure_examples=64,
         measure_seed=3,
     )
-    return Study(**{**base, **kw}).validate()
+    return validate(Study(**{**base, **kw}))
 
 
 class Recorder:
@@ -70,7 +72,7 @@ def run(s: Study, data, root, resume_from=None, calls=None, monkeypatch=None) ->
             return measure(trainer, st)
 
         monkeypatch.setattr(loop, "measure_trial", counted)
-    trainer = Trainer(s.trial_spec({"arm": "sgd", "seed": 0}), data)
+    trainer = Trainer(trial_spec(s, {"arm": "sgd", "seed": 0}), data)
     if resume_from is not None:
         trainer.load(str(resume_from))
     rec = Recorder(root)

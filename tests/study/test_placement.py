@@ -15,6 +15,7 @@ from flatlab.study.placement import (
     placement,
     waiting_for,
 )
+from flatlab.study.validate import validate
 from flatlab.tracking.placement_tags import PLACEMENT_KEY, encode, placement_tags
 
 BROKEN = lambda: (False, "torch.cuda.is_available() is False; torch built with CUDA 13.0")  # noqa: E731
@@ -46,9 +47,14 @@ def test_cpu_fallback_must_be_a_bool():
     from flatlab.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"resources=Resources\(cpu_fallback='yes'\); expected True or False"):
-        Study(
-            name="s", workload="digits", arms=(Arm("sgd", space={"lr": 0.1}),), resources=Resources(cpu_fallback="yes")
-        ).validate()
+        validate(
+            Study(
+                name="s",
+                workload="digits",
+                arms=(Arm("sgd", space={"lr": 0.1}),),
+                resources=Resources(cpu_fallback="yes"),
+            )
+        )
 
 
 def test_flush_denormal_must_be_a_bool():
@@ -57,9 +63,14 @@ def test_flush_denormal_must_be_a_bool():
 
     assert Resources().flush_denormal is True  # a trial's CPU threads flush subnormals unless told not to
     with pytest.raises(ConfigError, match=r"resources=Resources\(flush_denormal=1\); expected True .* or False"):
-        Study(
-            name="s", workload="digits", arms=(Arm("sgd", space={"lr": 0.1}),), resources=Resources(flush_denormal=1)
-        ).validate()
+        validate(
+            Study(
+                name="s",
+                workload="digits",
+                arms=(Arm("sgd", space={"lr": 0.1}),),
+                resources=Resources(flush_denormal=1),
+            )
+        )
 
 
 def test_the_placement_of_this_process_and_its_tags():
@@ -146,14 +157,15 @@ def test_a_cpu_fallback_is_a_warning_line_once_per_placement(capsys):
     placed = encode({"device": "cpu", "cpu_fallback": "the trial reserved gpu=0.5 but ..."})
     for epoch in (1, 2):
         printer.on_trial_result(0, [], Trial(), {PLACEMENT_KEY: placed, "epoch": epoch})
-    lines = [l for l in capsys.readouterr().out.splitlines() if "warning" in l]
+    lines = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
     assert lines == ["warning: trial t1: the trial reserved gpu=0.5 but ..."]
 
 
 def test_the_suggested_cpu_resources_fit_and_other_scales_are_named():
     msg = local_shortfall("s", Resources(cpu=4, gpu=1), {"CPU": 2.0}, scales=("cpu", "smoke"))
     assert msg == (
-        "study 's': each trial needs CPU 4 (the local Ray instance has 2), GPU 1 (the local Ray instance has 0); no trial "
+        "study 's': each trial needs CPU 4 (the local Ray instance has 2), GPU 1 (the local Ray instance has 0); no "
+        "trial "
         "could ever start: run it on a Ray cluster that has GPUs (--address HOST:PORT), or train on CPU with "
         "Resources(cpu=2, gpu=0), or another scale of this file: --scale cpu|smoke"
     )
@@ -189,7 +201,8 @@ def test_a_local_launch_of_deepobs_fmnist_on_two_cpus_names_the_cpu_scale(monkey
 
     from flatlab.errors import ConfigError
     from flatlab.study.loader import load_studies
-    from flatlab.study.runner import RunOptions, _check_local_resources
+    from flatlab.study.ray_start import check_local_resources
+    from flatlab.study.runner import RunOptions
 
     path = str(Path(__file__).resolve().parents[2] / "studies" / "deepobs_fmnist.py")
     (study,) = load_studies(path, scale="paper")
@@ -203,4 +216,4 @@ def test_a_local_launch_of_deepobs_fmnist_on_two_cpus_names_the_cpu_scale(monkey
         )
         + "$",
     ):
-        _check_local_resources(study, RunOptions(source=path, overrides={"scale": "paper"}))
+        check_local_resources(study, RunOptions(source=path, overrides={"scale": "paper"}))

@@ -30,7 +30,9 @@ def test_killed_worker_message_goes_to_the_log_file_only(tmp_path, capfd, monkey
     import ray
     import ray._private.worker as w
 
-    from flatlab.study.runner import RunOptions, _init_ray, _setup_file_logging
+    from flatlab.study.driver_log import setup_file_logging
+    from flatlab.study.ray_start import init_ray
+    from flatlab.study.runner import RunOptions
 
     before = w.print_to_stdstream
     monkeypatch.setenv("RAY_ADDRESS", "local")  # a new local instance, never a Ray head found running on this machine
@@ -40,8 +42,8 @@ def test_killed_worker_message_goes_to_the_log_file_only(tmp_path, capfd, monkey
         os.kill(os.getpid(), signal.SIGKILL)
 
     try:
-        _init_ray(RunOptions(), f"sqlite:///{tmp_path / 'm.db'}")
-        _setup_file_logging(tmp_path)
+        init_ray(RunOptions(), f"sqlite:///{tmp_path / 'm.db'}")
+        setup_file_logging(tmp_path)
         with pytest.raises(ray.exceptions.WorkerCrashedError):
             ray.get(die.remote())
         log = tmp_path / "logs" / "flatlab.log"

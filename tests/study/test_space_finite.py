@@ -8,6 +8,7 @@ from flatlab import Arm, Study
 from flatlab import space as sp
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
+from flatlab.study.validate import validate
 
 INF = math.inf
 
@@ -60,4 +61,4 @@ def test_non_finite_float_hyperparameter_is_refused(value):
 def test_study_validation_refuses_infinite_values(space, match):
     study = Study(name="inf", workload="digits", arms=(Arm("sgd", space=space),), num_trials=1, max_epochs=1)
     with pytest.raises(ConfigError, match=match):
-        study.validate()
+        validate(study)

@@ -8,6 +8,8 @@ from flatlab import Arm, Study
 from flatlab import space as sp
 from flatlab.errors import ConfigError
 from flatlab.study.loader import load_studies
+from flatlab.study.trial_spec import route, trial_spec
+from flatlab.study.validate import validate
 
 STUDIES_DIR = Path(__file__).resolve().parents[2] / "studies"
 
@@ -33,14 +35,14 @@ def test_valid_study_passes_and_routes_fields():
             ),
         )
     )
-    s.validate("x.py")
-    assert s.route(s.arms[0]) == {
+    validate(s, "x.py")
+    assert route(s, s.arms[0]) == {
         "lr": "optimizer",
         "batch_size": "trainer",
         "width": "workload",
         "momentum": "optimizer",
     }
-    spec = s.trial_spec({"arm": "sgd", "seed": 3, "lr": 0.1, "batch_size": 32, "width": 64, "momentum": 0.5})
+    spec = trial_spec(s, {"arm": "sgd", "seed": 3, "lr": 0.1, "batch_size": 32, "width": 64, "momentum": 0.5})
     assert spec.optimizer_params == {"lr": 0.1, "momentum": 0.5}
     assert spec.trainer_params == {"batch_size": 32}
     assert spec.workload_params == {"width": 64}
@@ -52,7 +54,8 @@ def test_valid_study_passes_and_routes_fields():
     [
         (
             dict(workload="mnist"),
-            r"x\.py: study 't': field 'workload': unknown workload 'mnist' \(did you mean 'fashion_mnist'\?\); valid workloads: .*digits",
+            r"x\.py: study 't': field 'workload': unknown workload 'mnist' \(did you mean 'fashion_mnist'\?\); valid "
+            r"workloads: .*digits",
         ),
         (
             dict(arms=(Arm("lbfgs"),)),
@@ -89,7 +92,8 @@ def test_valid_study_passes_and_routes_fields():
         (dict(searcher="grid"), r"field 'lr'.*cannot be enumerated by searcher='grid'"),
         (
             dict(arms=(Arm("sgd", space={"val_fraction": sp.choice([0.1, 0.2])}),)),
-            r"arm 'sgd': field 'val_fraction' changes workload 'digits''s data, which is loaded once per study; set it in Study\(workload_params=...\)",
+            r"arm 'sgd': field 'val_fraction' changes workload 'digits''s data, which is loaded once per study; set "
+            r"it in Study\(workload_params=...\)",
         ),
         (
             dict(reference_arm="adamw"),
@@ -109,23 +113,23 @@ def test_valid_study_passes_and_routes_fields():
 )
 def test_bad_study_raises_naming_file_arm_and_field(kw, match):
     with pytest.raises(ConfigError, match=match):
-        base(**kw).validate("x.py")
+        validate(base(**kw), "x.py")
 
 
 def test_grace_period_is_bounded_by_the_budget_only_under_asha():
-    base(scheduler="fifo", max_epochs=1, grace_period=2).validate("x.py")  # FIFO never reads it
+    validate(base(scheduler="fifo", max_epochs=1, grace_period=2), "x.py")  # FIFO never reads it
     with pytest.raises(
         ConfigError, match=r"grace_period=2; expected an int in \[1, max_epochs=1\] \(scheduler='asha'\)"
     ):
-        base(scheduler="asha", max_epochs=1, grace_period=2).validate("x.py")
+        validate(base(scheduler="asha", max_epochs=1, grace_period=2), "x.py")
     with pytest.raises(ConfigError, match=r"grace_period=0; expected an int in \[1, 1000000\]"):
-        base(scheduler="fifo", grace_period=0).validate("x.py")
+        validate(base(scheduler="fifo", grace_period=0), "x.py")
 
 
 def test_an_unknown_optimizer_does_not_hide_the_arms_own_range_errors():
     study = base(arms=(Arm("adamww", space={"lr": sp.loguniform(-1e-4, 1e-2), "beta1": sp.choice([])}),))
     with pytest.raises(ConfigError) as info:
-        study.validate("x.py")
+        validate(study, "x.py")
     msg = str(info.value)
     assert "arm 'adamww': field 'optimizer': unknown optimizer 'adamww' (did you mean 'adamw'" in msg
     assert "arm 'adamww', field 'lr': loguniform: low > 0 must hold for a log range, but got low=-0.0001" in msg
@@ -134,14 +138,14 @@ def test_an_unknown_optimizer_does_not_hide_the_arms_own_range_errors():
 
 def test_steps_to_target_fields():
     two = (Arm("sgd", space={"lr": 0.1}), Arm("adamw", space={"lr": 1e-3}))
-    assert base(arms=two, reference_arm="adamw").validate().reference_arm == "adamw"
-    assert base(target_loss=1.5).validate().target_loss == 1.5
+    assert validate(base(arms=two, reference_arm="adamw")).reference_arm == "adamw"
+    assert validate(base(target_loss=1.5)).target_loss == 1.5
     assert base().reference_arm is None and base().target_loss is None
 
 
 def test_all_errors_reported_at_once():
     with pytest.raises(ConfigError) as info:
-        base(mode="up", num_trials=0, arms=(Arm("sgd", space={"rho": 1}),)).validate("x.py")
+        validate(base(mode="up", num_trials=0, arms=(Arm("sgd", space={"rho": 1}),)), "x.py")
     text = str(info.value)
     assert "mode='up'" in text and "num_trials=0" in text and "field 'rho'" in text
 
@@ -152,7 +156,7 @@ def test_grid_searcher_enumerates_points_times_seeds():
         seeds=(0, 1, 2),
         arms=(Arm("sgd", space={"lr": sp.grid([0.01, 0.1]), "momentum": sp.grid([0.0, 0.9])}),),
     )
-    s.validate()
+    validate(s)
     assert s.num_total_trials() == 12
     pts = s.grid(s.arms[0])
     assert pts[0] == {"arm": "sgd", "seed": 0, "lr": 0.01, "momentum": 0.0}
@@ -162,7 +166,7 @@ def test_grid_searcher_enumerates_points_times_seeds():
 def test_with_budget_shrinks_trials_and_epochs():
     s = base(max_epochs=20, grace_period=4).with_budget(trials=1, epochs=2)
     assert (s.num_trials, s.max_epochs, s.grace_period) == (1, 2, 2)
-    s.validate()
+    validate(s)
 
 
 def test_loader_reports_file_and_missing_exports(tmp_path):
@@ -190,7 +194,8 @@ def test_loader_scales(tmp_path):
         from flatlab import Arm, Study
         SCALES = ("paper", "smoke")
         def build(scale):
-            return Study(name="s-" + scale, workload="digits", arms=(Arm("sgd"),), max_epochs=200 if scale == "paper" else 1, grace_period=1)
+            epochs = 200 if scale == "paper" else 1
+            return Study(name="s-" + scale, workload="digits", arms=(Arm("sgd"),), max_epochs=epochs, grace_period=1)
     """)
     )
     assert load_studies(str(f))[0].max_epochs == 200
@@ -209,11 +214,12 @@ def test_every_study_file_loads_and_validates(path):
 
 def test_warns_when_ire_never_switches_on():
     arms = (Arm("sgd_ire", space={"lr": 0.1, "switch_epoch": 5}), Arm("sgd", space={"lr": 0.1}))
-    s = base(arms=arms, max_epochs=20, grace_period=1).validate()
+    s = validate(base(arms=arms, max_epochs=20, grace_period=1))
     assert s.warnings() == []
     short = s.with_budget(epochs=3)
     assert short.warnings() == [
-        "arm 'sgd_ire': switch_epoch=5 >= max_epochs=3: IRE never switches on, so this arm trains exactly as its base optimizer"
+        "arm 'sgd_ire': switch_epoch=5 >= max_epochs=3: IRE never switches on, so this arm trains exactly as its "
+        "base optimizer"
     ]
 
 
@@ -221,7 +227,7 @@ def test_metric_reported_only_after_the_last_epoch_is_rejected():
     with pytest.raises(
         ConfigError, match=r"metric='test/accuracy' is reported only after the last epoch .* val/accuracy"
     ):
-        base(metric="test/accuracy").validate("x.py")
+        validate(base(metric="test/accuracy"), "x.py")
 
 
 def test_float_range_on_an_int_field_is_rejected_with_the_fix():
@@ -229,19 +235,19 @@ def test_float_range_on_an_int_field_is_rejected_with_the_fix():
     with pytest.raises(
         ConfigError, match=r"arm 'tsam', field 's': s takes int in \[1, inf\), not a float range; use space.int\(1, 5\)"
     ):
-        study.validate("x.py")
-    base(arms=(Arm("tsam", space={"s": sp.int(1, 5)}),)).validate("x.py")
+        validate(study, "x.py")
+    validate(base(arms=(Arm("tsam", space={"s": sp.int(1, 5)}),)), "x.py")
 
 
 def test_default_grace_period_fits_a_short_budget_and_seeds_are_checked():
-    assert Study(name="t", workload="digits", arms=(Arm("sgd"),), max_epochs=1).validate().grace_period == 1
+    assert validate(Study(name="t", workload="digits", arms=(Arm("sgd"),), max_epochs=1)).grace_period == 1
     assert Study(name="t", workload="digits", arms=(Arm("sgd"),), max_epochs=9).grace_period == 2
     with pytest.raises(ConfigError, match=r"seeds=\(0, 0, 1\) repeats a seed"):
-        base(seeds=(0, 0, 1)).validate()
+        validate(base(seeds=(0, 0, 1)))
     with pytest.raises(
         ConfigError, match=r"seeds=0; expected a non-empty tuple of ints in \[0, 2\*\*32\), e.g. seeds=\(0, 1, 2\)"
     ):
-        base(seeds=0).validate()
+        validate(base(seeds=0))
 
 
 def test_arms_forms_a_study_author_slips_into():
@@ -253,7 +259,7 @@ def test_arms_forms_a_study_author_slips_into():
 
 def test_every_problem_of_train_and_of_every_study_at_once(tmp_path):
     with pytest.raises(ConfigError) as info:
-        base(train={"batch_size": 0, "epochs": 10}).validate("x.py")
+        validate(base(train={"batch_size": 0, "epochs": 10}), "x.py")
     assert "unknown parameter(s) epochs" in str(info.value) and "batch_size=0" in str(info.value)
     assert all(
         line.startswith("x.py") or line.startswith("invalid study") or line.startswith("  x.py")
@@ -292,7 +298,7 @@ def test_study_file_errors_are_one_message_with_the_line(tmp_path, body, match):
 
 
 def test_warmup_longer_than_the_budget_warns():
-    s = base(train={"warmup_epochs": 5}, max_epochs=3).validate()
+    s = validate(base(train={"warmup_epochs": 5}, max_epochs=3))
     assert s.warnings() == ["train warmup_epochs=5 >= max_epochs=3: the LR never leaves its warm-up"]
     assert "int(16, 256, log=True)" == sp.int(16, 256, log=True).describe()
 
@@ -302,21 +308,22 @@ def test_a_combination_the_optimizer_rejects_is_reported_before_any_trial():
     with pytest.raises(
         ConfigError, match=r"arm 'sgd': optimizer 'sgd' rejects these settings: .*nesterov=True needs momentum > 0"
     ):
-        bad.validate("x.py")
+        validate(bad, "x.py")
     # a searched momentum is probed at its middle value (0.45): a valid space is not rejected
-    base(arms=(Arm("sgd", space={"nesterov": True, "momentum": sp.uniform(0.0, 0.9)}),)).validate("x.py")
+    validate(base(arms=(Arm("sgd", space={"nesterov": True, "momentum": sp.uniform(0.0, 0.9)}),)), "x.py")
     assert sp.loguniform(1e-4, 1e-2).representative() == pytest.approx(1e-3)
     assert sp.int(16, 256, log=True).representative() == 64 and sp.choice(["a", "b"]).representative() == "a"
 
 
 def test_arm_names_are_restricted_like_study_names():
     with pytest.raises(ConfigError, match=r"arm name 'sgd lr/0.1': use letters, digits, '_', '.', '-'"):
-        base(arms=(Arm("sgd", name="sgd lr/0.1"),)).validate()
+        validate(base(arms=(Arm("sgd", name="sgd lr/0.1"),)))
 
 
 def test_a_grid_under_a_sampling_searcher_warns():
-    s = base(arms=(Arm("sgd", space={"lr": sp.grid([0.01, 0.1])}),), searcher="optuna").validate()
+    s = validate(base(arms=(Arm("sgd", space={"lr": sp.grid([0.01, 0.1])}),), searcher="optuna"))
     assert s.warnings() == [
-        "arm 'sgd': lr written as grid([...]) but searcher='optuna' samples them like choice([...]); use searcher='grid' to run every point"
+        "arm 'sgd': lr written as grid([...]) but searcher='optuna' samples them like choice([...]); use "
+        "searcher='grid' to run every point"
     ]
-    assert base(arms=(Arm("sgd", space={"lr": sp.grid([0.01, 0.1])}),), searcher="grid").validate().warnings() == []
+    assert validate(base(arms=(Arm("sgd", space={"lr": sp.grid([0.01, 0.1])}),), searcher="grid")).warnings() == []

@@ -1,13 +1,13 @@
 import logging
 
-from flatlab.study.runner import _setup_file_logging
+from flatlab.study.driver_log import setup_file_logging
 
 
 def test_each_study_of_a_file_logs_to_its_own_file(tmp_path):
     log = logging.getLogger("flatlab")
-    _setup_file_logging(tmp_path / "first")
+    setup_file_logging(tmp_path / "first")
     log.info("first study line")
-    _setup_file_logging(tmp_path / "second")
+    setup_file_logging(tmp_path / "second")
     log.info("second study line")
     first = (tmp_path / "first" / "logs" / "flatlab.log").read_text()
     second = (tmp_path / "second" / "logs" / "flatlab.log").read_text()

@@ -7,6 +7,7 @@ import torch
 
 from flatlab import Arm, Study
 from flatlab import space as sp
+from flatlab.study.trial_spec import resolved_config, trial_spec
 from flatlab.tracking import runs
 
 STUDY = Study(
@@ -27,7 +28,7 @@ EXPECTED_SGD = {
 
 
 def test_resolved_config_fills_every_default_for_an_arm_that_searches_only_lr():
-    got = STUDY.resolved_config({"arm": "sgd", "seed": 0, "lr": 0.2})
+    got = resolved_config(STUDY, {"arm": "sgd", "seed": 0, "lr": 0.2})
     assert got["optimizer"] == EXPECTED_SGD["optimizer"]
     assert got["workload"] == EXPECTED_SGD["workload"]
     trainer = got["trainer"]
@@ -35,7 +36,7 @@ def test_resolved_config_fills_every_default_for_an_arm_that_searches_only_lr():
     assert trainer["label_smoothing"] == 0.05  # the study's train={...}
     assert trainer["curve_smoothing"] == 0.9 and trainer["clip_norm"] is None  # TRAINER_HPARAMS defaults
     assert trainer["epochs"] == 4
-    adamw = STUDY.resolved_config({"arm": "adamw", "seed": 1, "lr": 3e-3, "batch_size": 32})
+    adamw = resolved_config(STUDY, {"arm": "adamw", "seed": 1, "lr": 3e-3, "batch_size": 32})
     assert adamw["optimizer"] == {"lr": 3e-3, "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
     assert adamw["trainer"]["batch_size"] == 32  # an arm's own value beats the workload's recipe
 
@@ -45,16 +46,16 @@ def test_trainer_runs_with_the_resolved_recipe():
     from flatlab.workloads.registry import build_workload
 
     config = {"arm": "adamw", "seed": 0, "lr": 3e-3, "batch_size": 32}
-    spec = STUDY.trial_spec(config)
+    spec = trial_spec(STUDY, config)
     trainer = Trainer(spec, build_workload("digits").load_data(0))
-    resolved = STUDY.resolved_config(config)
+    resolved = resolved_config(STUDY, config)
     assert trainer.hp == {k: v for k, v in resolved["trainer"].items() if k != "epochs"}
     assert trainer.workload.params == resolved["workload"]
 
 
 def test_trial_params_keep_plain_names_and_prefix_the_resolved_values():
     config = {"arm": "sgd", "seed": 0, "lr": 0.2, runs.STAGE_KEY: "final"}
-    params = runs.trial_params(config, STUDY.resolved_config(config))
+    params = runs.trial_params(config, resolved_config(STUDY, config))
     assert params["lr"] == "0.2" and params["arm"] == "sgd" and params["seed"] == "0"
     assert runs.STAGE_KEY not in params  # a tag, not a param
     assert params["opt.lr"] == "0.2" and params["opt.momentum"] == "0.9" and params["opt.nesterov"] == "False"
@@ -64,7 +65,7 @@ def test_trial_params_keep_plain_names_and_prefix_the_resolved_values():
 
     n_resolved = 4 + len(TRAINER_HPARAMS) + 1 + 5  # sgd's, the trainer's and epochs, digits' declarations
     assert sum(runs.is_resolved_param(k) for k in params) == n_resolved
-    assert runs.trial_params(dict(config), STUDY.resolved_config(config)) == params  # same strings every time
+    assert runs.trial_params(dict(config), resolved_config(STUDY, config)) == params  # same strings every time
 
 
 def _store(tmp_path):
@@ -90,15 +91,26 @@ def test_child_run_params_hold_the_full_config_and_results_show_only_the_searche
         metric="val/accuracy",
         mode="max",
         study=STUDY,
+        resolve=resolved_config,
     )
     config = {"arm": "sgd", "seed": 0, "lr": 0.2}
     cb._start_run(c, "t1", config)
     run = c.get_run(cb._run_ids["t1"])
-    expected = runs.trial_params(config, STUDY.resolved_config(config))
+    expected = runs.trial_params(config, resolved_config(STUDY, config))
     assert run.data.params == expected
     assert run.data.params["train.batch_size"] == "64" and run.data.params["opt.momentum"] == "0.9"
     # a resumed trial: the run is found again; logging the same values again is what MLflow accepts
-    cb2 = MLflowTrialLogger(uri, exp, parent, tags={}, arm_optimizer={}, metric="val/accuracy", mode="max", study=STUDY)
+    cb2 = MLflowTrialLogger(
+        uri,
+        exp,
+        parent,
+        tags={},
+        arm_optimizer={},
+        metric="val/accuracy",
+        mode="max",
+        study=STUDY,
+        resolve=resolved_config,
+    )
     cb2._start_run(c, "t1", dict(config))
     assert cb2._run_ids["t1"] == run.info.run_id
     from mlflow.entities import Param
@@ -141,14 +153,14 @@ def test_trial_json_holds_the_resolved_config(tmp_path):
     uri, exp, parent, c = _store(tmp_path)
     c.create_run(exp, tags={runs.PARENT: parent, runs.TAG_TRIAL: "t9"})
     config = {"arm": "sgd", "seed": 2, "lr": 0.2}
-    spec = STUDY.trial_spec(config)
+    spec = trial_spec(STUDY, config)
     run_id = log_trial_artifacts(
         WorkerTracking(uri, exp, parent, log_models=False), "t9", torch.nn.Linear(1, 1), spec, {"val/accuracy": 0.5}
     )
     path = c.download_artifacts(run_id, "trial.json", str(tmp_path))
     info = json.loads(open(path).read())
     assert info["spec"]["optimizer_params"] == {"lr": 0.2}  # what the study set
-    assert info["resolved"] == json.loads(json.dumps(STUDY.resolved_config(config)))
+    assert info["resolved"] == json.loads(json.dumps(resolved_config(STUDY, config)))
     assert info["resolved"]["trainer"]["batch_size"] == 64 and info["resolved"]["optimizer"]["momentum"] == 0.9
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from flatlab import Arm, Study
 from flatlab.errors import ConfigError
+from flatlab.study.validate import validate
 from flatlab.tracking import reports
 from flatlab.tracking.reports import REPORTS, StudyReport, resolve_reports, run_reports
 
@@ -36,7 +37,7 @@ def test_the_declaration_is_resolved_with_its_defaults():
 
 def test_every_problem_is_named_before_anything_runs():
     with pytest.raises(ConfigError) as err:
-        toy_study(toy_figur={}, toy_figure={"end": "val/abs_u"}, interpolation={"split": 3, "alpha": 1}).validate()
+        validate(toy_study(toy_figur={}, toy_figure={"end": "val/abs_u"}, interpolation={"split": 3, "alpha": 1}))
     lines = str(err.value).splitlines()
     assert lines[0] == "invalid study:"
     assert (
@@ -51,7 +52,7 @@ def test_every_problem_is_named_before_anything_runs():
     assert "  study 'toy': reports: interpolation: split=3 is not allowed; expected any str" in lines
     with pytest.raises(ConfigError, match=r"s: reports must be a mapping \{report name: \{param: value\}\}"):
         resolve_reports(["toy_figure"], "s")
-    assert toy_study().validate().reports == {}
+    assert validate(toy_study()).reports == {}
 
 
 def test_run_reports_runs_each_declared_report_and_survives_a_failing_one(monkeypatch, tmp_path):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from flatlab.optim import OPTIMIZERS
+from flatlab.study.validate import validate
 from flatlab.train.checkpoint import (
     CHECKPOINT_FILES,
     STATE_FILE,
@@ -229,14 +230,16 @@ def test_trial_with_a_crafted_checkpoint_fails_before_training(digits, tmp_path,
     monkeypatch.setattr(trainable.tune, "get_checkpoint", lambda: tune.Checkpoint.from_directory(str(ckpt)))
     reported = []
     monkeypatch.setattr(trainable.tune, "report", lambda *a, **k: reported.append(a))
-    study = Study(
-        name="c",
-        workload="digits",
-        workload_params={"model": "cnn", "width": 4},
-        arms=(Arm("sgd", space={"lr": 0.05}),),
-        num_trials=1,
-        max_epochs=2,
-    ).validate()
+    study = validate(
+        Study(
+            name="c",
+            workload="digits",
+            workload_params={"model": "cnn", "width": 4},
+            arms=(Arm("sgd", space={"lr": 0.05}),),
+            num_trials=1,
+            max_epochs=2,
+        )
+    )
     with pytest.raises(CheckpointError, match=r"checkpoint_000001.*trainer\.pt, a pickle"):
         trainable.run_trial({"arm": "sgd", "seed": 0, "lr": 0.05}, study=study, data=digits)
     assert not marker.exists() and reported == []

@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 
 from flatlab.errors import ConfigError
+from flatlab.study.validate import validate
 from flatlab.train.resolved import resolve_spec
 from flatlab.train.trainer import Trainer, TrialSpec
 from flatlab.workloads import build_workload
@@ -63,4 +64,4 @@ def test_a_study_may_not_select_on_the_test_split():
         name="s", workload="digits", arms=(Arm("sgd"),), train={"test_every_epoch": True}, metric="test/accuracy"
     )
     with pytest.raises(ConfigError, match=r"metric='test/accuracy' is reported only after the last epoch"):
-        study.validate()
+        validate(study)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from flatlab.study.loader import load_studies
+from flatlab.study.validate import validate
 from flatlab.tracking.reports import toy_figure
 from flatlab.train.closure import BatchClosure
 from flatlab.train.trainer import Trainer, TrialSpec
@@ -148,7 +149,7 @@ def test_toy_figure_from_a_real_store(tmp_path):
 @pytest.mark.parametrize("name", ["toy_ire_fig1.py", "toy_tsam_fig1.py"])
 def test_toy_study_files_validate(name):
     for study in load_studies(str(STUDIES_DIR / name)):
-        study.validate()
+        validate(study)
         assert study.workload.startswith("toy/") and study.searcher == "grid"
         (figure,) = study.reports.values()  # the toy figure, asked for by the study (not its workload)
         assert list(study.reports) == ["toy_figure"] and set(figure.values()) <= set(

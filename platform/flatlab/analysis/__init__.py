@@ -8,7 +8,8 @@
 * :mod:`~flatlab.analysis.tuning_curves`: expected best of n trials, median tuning curves with bands;
 * :mod:`~flatlab.analysis.correlation`: whether flatness predicts generalisation (Kendall's tau, Psi);
 * :mod:`~flatlab.analysis.results` and :mod:`~flatlab.analysis.query`: the tables of ``flatlab results``;
-* :mod:`~flatlab.analysis.published`: flatlab's curves against published ones;
+* :mod:`~flatlab.analysis.curve_sets`, :mod:`~flatlab.analysis.published`: published curves, and flatlab's
+  against them;
 * :mod:`~flatlab.analysis.speedup`, :mod:`~flatlab.analysis.flatness_sweep`, :mod:`~flatlab.analysis.report`:
   steps to a target, TSAM's sigma sweep, the one-row-per-arm summary.
 

@@ -16,6 +16,9 @@ from __future__ import annotations
 import re
 from typing import Any, Collection, List, Optional, Sequence
 
+from rich.cells import cell_len
+from rich.table import Table
+
 
 def make_table(
     head: Sequence[str],
@@ -33,8 +36,6 @@ def make_table(
         sections: indices of the rows that start a new section (a rule above them).
         table_args: passed to ``Table`` (``title``, ``caption``, ``box``, ...).
     """
-    from rich.table import Table
-
     table = Table(**table_args)
     for i, header in enumerate(head):
         table.add_column(header, no_wrap=i not in prose, overflow="fold")
@@ -119,8 +120,6 @@ def _narrow_prose(table: Any, content: int) -> None:
 
 def _cells(text: str) -> int:
     """Terminal cells ``text`` takes (rich's measure: wide characters count 2)."""
-    from rich.cells import cell_len
-
     return cell_len(text)
 
 

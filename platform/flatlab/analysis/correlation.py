@@ -97,6 +97,7 @@ def _undefined(x: np.ndarray, y: np.ndarray) -> str:
 
 
 def _tau(x: np.ndarray, y: np.ndarray) -> float:
+    # SciPy on first use: importing this module stays light
     from scipy import stats
 
     with warnings.catch_warnings():
@@ -130,6 +131,7 @@ def kendall_tau(
         ConfigError: ``measure``/``target`` not numbers of the same length; ``confidence`` outside
             (0, 1); ``n_resamples`` not a positive integer.
     """
+    # SciPy on first use: importing this module stays light
     from scipy import stats
 
     if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):

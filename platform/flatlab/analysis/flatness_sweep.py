@@ -23,6 +23,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from flatlab.analysis.plot_axes import plain_figure
+
 MEAN_PREFIX = "flat/neighbourhood_loss/sigma_"
 ARTIFACT_DIR = "flatness_sweep"
 STEM = "neighbourhood_loss_vs_sigma"
@@ -47,6 +49,7 @@ def sweep_table(df):
         NaN for one seed) and ``seeds``, sorted by arm (first appearance) then sigma. Empty when no trial
         has sweep columns.
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     cols = ["arm", "sigma", "mean", "mean_std", "var", "var_std", "seeds"]
@@ -87,12 +90,12 @@ def plot_sweep(table, path: Path, title: str = "") -> Path:
     Raises:
         ValueError: an empty table.
     """
+    # matplotlib on first use: importing this module stays light
     import matplotlib
 
     matplotlib.use("Agg")
+    # matplotlib on first use: importing this module stays light
     import matplotlib.pyplot as plt
-
-    from flatlab.analysis.plot_axes import plain_figure
 
     if table is None or len(table) == 0:
         raise ValueError("no neighbourhood-loss sweep to plot (no trial logged flat/neighbourhood_loss/sigma_*)")

@@ -18,7 +18,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from flatlab.analysis.compare.statistics import CONFIDENCE
+from flatlab.analysis.compare.text import markdown_table, number
+from flatlab.analysis.console_table import make_table, print_table
 from flatlab.analysis.correlation import Correlation, Granulated, granulated_tau, kendall_tau
+from flatlab.analysis.plot_axes import plain_numbers
 from flatlab.analysis.sample import FLAT_PREFIX, Sample
 from flatlab.errors import ConfigError
 
@@ -52,6 +55,7 @@ class FlatnessPrediction:
 
     def frame(self) -> Any:
         """One row per (measure, target, scope): ``n``, ``tau``, ``p``, ``low``, ``high``, ``reason``."""
+        # pandas on first use: importing this module stays light
         import pandas as pd
 
         return pd.DataFrame(
@@ -156,8 +160,6 @@ def cells(p: FlatnessPrediction) -> Tuple[List[str], List[List[str]]]:
 
 def caption(p: FlatnessPrediction) -> List[str]:
     """The lines under the table: Ψ per (measure, target) for a grid, how to read τ, and the notes."""
-    from flatlab.analysis.compare.text import number
-
     lines = []
     for (m, target), g in p.granulated.items():
         axes = ", ".join(f"{a} {number(v, signed=True)}" for a, v in g.per_axis.items())
@@ -177,8 +179,6 @@ def title(p: FlatnessPrediction) -> str:
 
 def to_markdown(p: FlatnessPrediction) -> str:
     """The table as markdown, with its title and caption."""
-    from flatlab.analysis.compare.text import markdown_table
-
     head, body = cells(p)
     lines = [f"### {title(p)}", "", markdown_table(head, body, left=3), ""]
     return "\n".join(lines + [f"- {line}" for line in caption(p)]) + "\n"
@@ -186,8 +186,6 @@ def to_markdown(p: FlatnessPrediction) -> str:
 
 def render(p: FlatnessPrediction, console: Any) -> None:
     """Print the table with rich (numbers never split), then its caption."""
-    from flatlab.analysis.console_table import make_table, print_table
-
     console.print(f"[bold]{title(p)}[/bold]")
     head, body = cells(p)
     print_table(console, make_table(head, body), "use --format markdown")
@@ -198,9 +196,8 @@ def render(p: FlatnessPrediction, console: Any) -> None:
 def plot_scatter(data: Any, measure: str, path: Path) -> Path:
     """Save a PNG: the test metric and the generalisation gap (two panels) against ``measure`` over the
     completed trials, one colour per arm."""
+    # matplotlib on first use: importing this module stays light
     from matplotlib.figure import Figure
-
-    from flatlab.analysis.plot_axes import plain_numbers
 
     sample = Sample.of(data).completed()
     df = sample.trials.copy()

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 
 def integer_ticks(axis: Any) -> None:
     """Major ticks of ``axis`` (an ``ax.xaxis``/``ax.yaxis``) at integers only: for epochs and steps."""
+    # matplotlib on first use: importing this module stays light
     from matplotlib.ticker import MaxNLocator
 
     axis.set_major_locator(MaxNLocator(integer=True))
@@ -25,6 +28,7 @@ def plain_numbers(ax: Any) -> None:
     offset text is drawn. Only linear axes with a :class:`~matplotlib.ticker.ScalarFormatter` change: log
     axes and axes with fixed labels (categories, Optuna's parallel coordinates) keep theirs. Call it after
     ``set_xscale``/``set_yscale``, which replace the formatter."""
+    # matplotlib on first use: importing this module stays light
     from matplotlib.ticker import ScalarFormatter
 
     for axis in (ax.xaxis, ax.yaxis):
@@ -46,7 +50,7 @@ def tidy_parallel_coordinate(fig: Any, ax: Any) -> None:
     numbers (no ``7.5×10⁻²`` minor-tick labels on narrow log ranges), the lines' colour map cut
     to its darker 60 % so that the worst trials are not drawn near-white (the best stay darkest), and
     the colour bar moved right of the last parameter's tick labels."""
-    import numpy as np
+    # matplotlib on first use: importing this module stays light
     from matplotlib.colors import ListedColormap
     from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, NullLocator
 
@@ -72,6 +76,7 @@ def tidy_parallel_coordinate(fig: Any, ax: Any) -> None:
 
 def _numeric_ticks(ax: Any) -> bool:
     """Whether ``ax``'s y tick labels are placed by a locator (numbers), not fixed (categories)."""
+    # matplotlib on first use: importing this module stays light
     from matplotlib.ticker import FixedLocator
 
     return not isinstance(ax.yaxis.get_major_locator(), FixedLocator)

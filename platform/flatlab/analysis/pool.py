@@ -23,6 +23,7 @@ import numpy as np
 
 from flatlab.analysis.compare.statistics import CONFIDENCE
 from flatlab.analysis.compare.table import higher_is_better, quantity_support
+from flatlab.analysis.plot_axes import integer_ticks, plain_numbers
 from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX, Sample
 from flatlab.analysis.selection import reference_arm
 from flatlab.analysis.tuning_curves import ChosenTrial, TuningCurve, chosen_trial, expected_best, median_tuning_curve
@@ -187,6 +188,7 @@ def curves_frame(curves: PoolCurves, quantity: str) -> Any:
     Raises:
         ConfigError: ``quantity`` is neither the validation metric nor one of the quantities.
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     if quantity != curves.metric and quantity not in curves.quantities:
@@ -210,9 +212,8 @@ def plot_curves(curves: PoolCurves, quantity: str, path: Path) -> Path:
     """Save a PNG of one quantity's curves against the number of trials n, one line per arm: the median
     curve with its band shaded (validation metric; Tang's expected best dashed), or the chosen trial's
     median with its central interval shaded (any other quantity)."""
+    # matplotlib on first use: importing this module stays light
     from matplotlib.figure import Figure
-
-    from flatlab.analysis.plot_axes import integer_ticks, plain_numbers
 
     table = curves_frame(curves, quantity)
     fig = Figure(figsize=(6.4, 4.2), layout="constrained")

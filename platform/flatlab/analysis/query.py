@@ -20,6 +20,9 @@ from __future__ import annotations
 import re
 from typing import Iterable, List, Optional, Sequence, Union
 
+from flatlab.analysis import results as res
+from flatlab.analysis import selection
+from flatlab.analysis.results import sort_trials
 from flatlab.errors import ConfigError, did_you_mean
 
 MODES = ("min", "max")
@@ -81,8 +84,6 @@ def rank_by_metric(df, metric: Optional[str], mode: Optional[str]):
         ConfigError: ``mode`` not ``min``/``max``; ``metric`` not a column of the table (the message
             lists the metric columns).
     """
-    from flatlab.analysis.results import sort_trials
-
     if mode is not None and mode not in MODES:
         raise ConfigError(f"--mode {mode!r} is not supported; expected one of {', '.join(MODES)}")
     if (metric is None and mode is None) or df.empty:
@@ -92,7 +93,8 @@ def rank_by_metric(df, metric: Optional[str], mode: Optional[str]):
     if metric not in df.columns:
         metrics = metric_columns(df)
         raise ConfigError(
-            f"--metric {metric!r} is not a metric of this study{did_you_mean(metric, metrics)}; its metrics: {', '.join(metrics)}"
+            f"--metric {metric!r} is not a metric of this "
+            f"study{did_you_mean(metric, metrics)}; its metrics: {', '.join(metrics)}"
         )
     mode = mode or (study_mode if metric == study_metric else infer_mode(metric))
     out = sort_trials(df, metric, mode)
@@ -218,9 +220,6 @@ def select(
         ConfigError: as :func:`select_arms`, :func:`rank_by_metric`, :func:`apply_filter`, :func:`sort_by` and
             :func:`select_columns` do; an unknown ``rank_by`` (``--rank-by``).
     """
-    from flatlab.analysis import results as res
-    from flatlab.analysis import selection
-
     selection.value_column("", rank_by)  # an unknown --rank-by fails before anything else
     df = select_tuning(df, tuning)
     df = select_arms(df, as_list(arms, split_commas=True))

@@ -244,8 +244,9 @@ def verdict(
     ``across``, the across-tuning estimate (if it is NaN or 0: the sign of the sum of the significant
     tunings' signs). The verdict is ``"holds"`` when every tuning is significant with one same sign,
     ``"none"`` when no tuning is significant ("no difference found"), otherwise ``"depends"``;
-    ``agree`` counts the tunings significant in the direction (the text adds those significant against it). Holm's adjustment is the caller's, within
-    each tuning's family of tests (:func:`~flatlab.analysis.compare.statistics.holm`).
+    ``agree`` counts the tunings significant in the direction (the text adds those significant against
+    it). Holm's adjustment is the caller's, within each tuning's family of tests
+    (:func:`~flatlab.analysis.compare.statistics.holm`).
 
     Raises:
         ConfigError: ``p_adjusted`` and ``differences`` empty or of different lengths, or ``alpha``

@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from flatlab.analysis.results import _test_metric, params_text
+from flatlab.analysis.selection import SEARCH_SEEDS, best_trial_rows, score_column
+
 _AUXILIARY = ("_stderr", "_clean")  # flat/<measure>_stderr, _clean: details of a measure, left out of the table
 
 
@@ -17,16 +20,15 @@ def best_per_arm_table(df: Any, metric: str, trial_name: Callable[[Any], str] = 
     """One row per arm: the best trial of its best configuration
     (:func:`flatlab.analysis.selection.best_trial_rows`; ``df``: a
     :func:`~flatlab.tracking.trials.trials_frame` table, best first): ``arm``, ``trial``
-    (``trial_name(row)``: the run's name in the store), ``epochs``, ``metric``, the test metric, each flatness measure ``flat/*``, the score the
+    (``trial_name(row)``: the run's name in the store), ``epochs``, ``metric``, the test metric, each flatness
+    measure ``flat/*``, the score the
     rule chose the arm's configuration by (``search <metric> mean`` over ``search seeds``, the
     configuration's completed search trials; rows are in its order, best first, as ``flatlab results
     --best`` shows them), the trial's ``params`` (``name=value`` of its logged params, one per line) and
     ``run_id``. Numbers are rounded to 4 significant digits (the runs hold the exact values). Arms
     without a completed trial get no row."""
+    # pandas on first use: importing this module stays light
     import pandas as pd
-
-    from flatlab.analysis.results import _test_metric, params_text
-    from flatlab.analysis.selection import SEARCH_SEEDS, best_trial_rows, score_column
 
     if df.empty or "outcome" not in df.columns:
         return pd.DataFrame()

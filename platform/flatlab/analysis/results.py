@@ -3,9 +3,12 @@ rendered in the terminal or exported."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, List, Optional
 
-from flatlab.analysis.selection import SEARCH_SEEDS
+from flatlab.analysis import selection
+from flatlab.analysis.console_table import make_table, print_table
+from flatlab.analysis.selection import SEARCH_SEEDS, score_column
 from flatlab.errors import ConfigError
 
 # How trials rank in every table: a completed trial before a pruned one, failures last.
@@ -44,9 +47,8 @@ def chosen_configurations(pooled, trials, rank_by: str = "final"):
     (:func:`flatlab.analysis.selection.score_column` and ``SEARCH_SEEDS``). ``attrs`` are kept, with
     ``best`` set to ``"config"`` and ``rank_by``.
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
-
-    from flatlab.analysis import selection
 
     if pooled.empty:
         return pooled
@@ -108,9 +110,8 @@ def by_config(df, rank_by: str = "final"):
         Columns ``arm``, ``seeds`` (completed trials), ``trials`` (all of them), ``<m> mean`` and
         ``<m> std`` for each metric above, then the ``param.*`` columns.
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
-
-    from flatlab.analysis import selection
 
     if df.empty:
         return df
@@ -154,6 +155,7 @@ TARGET_METRICS = ("train/speedup", "train/steps_to_target", "train/epochs_to_tar
 def _reached(ok) -> int:
     """Completed trials that reached their target: ``train/target_reached == 1`` where logged (a
     training-loss target), else a value of ``train/steps_to_target`` (a reference arm's loss)."""
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     if "train/target_reached" in ok.columns and ok["train/target_reached"].notna().any():
@@ -184,8 +186,6 @@ def render(
     No cell line is split or cut (:mod:`flatlab.analysis.console_table`; error messages wrap at spaces): a
     table that cannot fit is printed whole with a line under it naming ``hint`` (the way to get it
     otherwise)."""
-    from flatlab.analysis.console_table import make_table, print_table
-
     if df.empty:
         console.print("no trials recorded")
         return
@@ -231,8 +231,6 @@ def render(
 def _score(df) -> List[str]:
     """The columns of a one-row-per-arm table with the score that chose each arm's configuration
     (:func:`flatlab.analysis.selection.score_column`, ``SEARCH_SEEDS``); none for another table."""
-    from flatlab.analysis.selection import score_column
-
     if not df.attrs.get("best"):
         return []
     score = score_column(df.attrs.get("metric", "val/accuracy"), df.attrs.get("rank_by", "final"))
@@ -283,8 +281,6 @@ def _cell(column: str, v: Any) -> str:
     """A table cell of ``column``: the launch id shortened to its first :data:`LAUNCH_LABEL`
     characters, start and end times (ms since the epoch) as local ``YYYY-MM-DD HH:MM:SS``; csv and
     parquet exports keep the raw values."""
-    import datetime
-
     if column == "launch" and isinstance(v, str):
         return v[:LAUNCH_LABEL]
     if column in ("start_time", "end_time") and _fmt(v) != "-":

@@ -93,6 +93,7 @@ class Sample:
         """``data`` as a sample: a :class:`Sample` as it is; a ``trials_frame`` table (``attrs`` give the
         info unless ``info`` does) with ``tuning`` 1, ``stage`` ``search`` and ``completed`` (from
         ``outcome``/``status``) filled in where it has none. An empty table gives an empty sample."""
+        # pandas on first use: importing this module stays light
         import pandas as pd
 
         if isinstance(data, Sample):
@@ -167,6 +168,7 @@ class Sample:
 
 def has_values(df: Any, column: str) -> bool:
     """Whether the table ``df`` has a column ``column`` with at least one finite number."""
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     if column not in df.columns:

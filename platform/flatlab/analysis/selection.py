@@ -1,40 +1,27 @@
 """The answer a study gives, defined once: which trials completed, each arm's best configuration, the
 best trial and the reference arm. Every command and stage that picks a winner asks this module:
-``flatlab compare`` and the comparison logged after a launch, ``flatlab results --best`` (with and
-without ``--by-config``), the final stage (``study/runner.py``), ``sp.best_of`` (``study/chain.py``)
-and the steps-to-target reference (``tracking/speedup.py``).
-
-The rules:
+``flatlab compare``, ``flatlab results --best``, the final stage, ``sp.best_of`` and the
+steps-to-target reference.
 
 * **Completed** (:func:`trial_outcome`): a trial that reached its own end (``max_epochs``, or the
-  study's training-loss target) with a finite value of the study metric. Pruned (stopped by the
-  scheduler), diverged, errored and interrupted trials are not completed; their values never choose
-  anything.
+  study's training-loss target) with a finite value of the study metric. Pruned, diverged, errored and
+  interrupted trials are not completed; their values never choose anything.
 * **Best configuration of an arm** (:func:`rank_configurations`): the arm's completed *search* trials
-  (final-stage re-runs are not candidates) are grouped by configuration: their params, seed excluded
-  (:func:`config_key`). Each configuration scores the **mean over its completed trials (its seeds) of
-  the final-epoch value of the study metric** on the validation split. The final model is the one
-  whose test metric is reported, so it is chosen by that same model's validation value; choosing by
-  the best epoch's value would pick on a checkpoint that is never evaluated (selection bias). Best by
-  the study's mode; ties go to the configuration with more completed seeds, then to the smaller
-  configuration (params compared by name, numbers as numbers, text as text), so the answer does not
-  depend on the order trials are listed in. An Optuna search (one trial per configuration) is the
-  special case of one seed.
+  grouped by configuration (params, seed excluded: :func:`config_key`), each scored by the **mean over
+  its seeds of the final-epoch validation value of the study metric**. The final model is the one whose
+  test metric is reported, so it is chosen by that model's validation value; choosing by the best
+  epoch's would pick on a checkpoint never evaluated (selection bias). Ties: more completed seeds, then
+  the smaller configuration, so the answer does not depend on the order trials are listed in.
 * **Best trial of an arm** (:func:`best_trial`): the best configuration's completed trial with the best
-  final value (ties: the smaller seed). **Best trial for a seed** (:func:`trial_for_seed`): the trial
-  with that seed of the best-ranked configuration that has one.
-* **Order of arms** (:func:`rank_arms`): a one-row-per-arm answer lists the arms best first by the
-  score their best configuration won with (its mean, then more seeds, then its best trial's value,
-  then the arm's name), never by final-stage values or the order trials are listed in.
-* **Reference arm** (:func:`reference_arm`): the study's ``reference_arm`` (as the launch recorded
-  it) where it is among the compared arms, else ``sgd`` (the baseline every flat-minima paper compares
-  with), else the first arm alphabetically.
+  final value (ties: the smaller seed); for a seed, :func:`trial_for_seed`.
+* **Order of arms** (:func:`rank_arms`): best first by the score their best configuration won with.
+* **Reference arm** (:func:`reference_arm`): the study's ``reference_arm`` where it is among the
+  compared arms, else ``sgd`` (the baseline every flat-minima paper compares with), else the first arm
+  alphabetically.
 
-The only other ranking is explicit: ``rank_by="best-epoch"`` (``--rank-by best-epoch``) scores each
-trial by its best epoch's value (``best/<metric>``) instead of its final one.
-
-Nothing here imports Ray, MLflow or the study package: callers turn their Tune results, MLflow runs
-or ``trials_frame`` tables into :class:`Trial` records (the ``*_rows`` helpers do it for tables).
+The only other ranking is explicit: ``rank_by="best-epoch"`` scores each trial by ``best/<metric>``.
+Nothing here imports Ray, MLflow or the study package: callers turn their Tune results, MLflow runs or
+``trials_frame`` tables into :class:`Trial` records (the ``*_rows`` helpers do it for tables).
 """
 
 from __future__ import annotations
@@ -81,6 +68,7 @@ def trial_outcome(result: Optional[Mapping[str, Any]], error: bool, metric: str)
 
 def completed(df):
     """:func:`is_completed` for each row of a ``trials_frame`` table (a boolean Series)."""
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     if "completed" in df.columns:  # a Sample's table: derived once when it was built
@@ -198,8 +186,10 @@ def _sign(mode: str) -> float:
 
 def rank_configurations(trials: Iterable[Trial], mode: str) -> Dict[str, List[Configuration]]:
     """Per arm, its configurations with a completed trial, best first (the module's rule: mean value,
-    then more seeds, then the smaller configuration). Trials without a value take no part; an arm
-    none of whose trials completed is absent.
+    then more seeds, then the smaller configuration: params compared by name, numbers as numbers, text
+    as text). Final-stage re-runs are not candidates; an Optuna search (one trial per configuration) is
+    the special case of one seed. Trials without a value take no part; an arm none of whose trials
+    completed is absent.
 
     Raises:
         ConfigError: ``mode`` not ``max``/``min``.
@@ -315,6 +305,7 @@ def frame_trials(df, rank_by: str = "final") -> List[Trial]:
     Raises:
         ConfigError: an unknown ``rank_by``; ``best-epoch`` for a table without ``best/<metric>`` values.
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     metric = df.attrs.get("metric", "val/accuracy")

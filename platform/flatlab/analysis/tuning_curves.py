@@ -155,6 +155,7 @@ def median_tuning_curve(
         ConfigError: empty or non-finite ``values``; ``support`` not a pair a < b around every value;
             ``confidence``, ``ns`` or ``method`` not allowed.
     """
+    # SciPy on first use: importing this module stays light
     from opda.nonparametric import EmpiricalDistribution
 
     x = _pool(values, "values")

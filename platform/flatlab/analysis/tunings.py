@@ -110,6 +110,7 @@ class TuningComparison:
         ``low``, ``high`` (two-level), ``tuning_share``, and against the reference ``diff_t<k>`` and
         ``p_holm_t<k>`` per tuning, ``diff``, ``diff_low``, ``diff_high``, ``diff_tuning_share`` and
         ``verdict``."""
+        # pandas on first use: importing this module stays light
         import pandas as pd
 
         out = []

@@ -7,6 +7,7 @@ from typing import Any, List
 
 from flatlab.analysis.compare.statistics import finite
 from flatlab.analysis.compare.text import FORMATS, markdown_table, number
+from flatlab.analysis.console_table import make_table, print_table
 from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX
 from flatlab.analysis.tunings import TuningComparison, TuningRow
 from flatlab.errors import ConfigError
@@ -106,8 +107,6 @@ def to_csv(c: TuningComparison) -> str:
 
 def render(c: TuningComparison, console: Any) -> None:
     """Print one rich table per quantity (numbers never split), the summary line and the caption."""
-    from flatlab.analysis.console_table import make_table, print_table
-
     console.print(f"[bold]{c.study + ': ' if c.study else ''}{c.metric} and flatness vs {c.reference}[/bold]")
     head = headers(c)[1:]
     body = cells(c)

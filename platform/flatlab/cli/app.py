@@ -12,6 +12,9 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from flatlab.analysis.selection import RANKINGS
+from flatlab.errors import FlatlabError
+
 # MLflow's tqdm bars ("Downloading artifacts: 100%|...") would interleave with the CLI's own lines (the
 # study report a --resume rebuilds downloads artifacts); read by MLflow when it downloads, so set here,
 # before any command imports it. A user's explicit setting wins.
@@ -40,9 +43,6 @@ def check_rank_by(rank_by: str) -> None:
     Raises:
         FlatlabError: naming the option and the allowed values.
     """
-    from flatlab.analysis.selection import RANKINGS
-    from flatlab.errors import FlatlabError
-
     if rank_by not in RANKINGS:
         raise FlatlabError(f"--rank-by {rank_by!r} is not supported; expected one of {', '.join(RANKINGS)}")
 
@@ -53,8 +53,6 @@ def check_confidence(confidence: float) -> None:
     Raises:
         FlatlabError: naming the option and the allowed values.
     """
-    from flatlab.errors import FlatlabError
-
     if not 0 < confidence < 1:
         raise FlatlabError(f"--confidence {confidence!r}: expected a number in (0, 1), e.g. 0.95 (not a percentage)")
 

@@ -3,14 +3,23 @@ curves and flatness-generalisation correlations on request), or the summary of s
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from flatlab.analysis import compare as cmp
+from flatlab.analysis import generalisation, pool, tunings_text
+from flatlab.analysis.compare import multi, multi_text, profiles
+from flatlab.analysis.compare.text import markdown_table, number
+from flatlab.analysis.console_table import make_table, print_table
+from flatlab.analysis.tunings import compare_tunings
 from flatlab.cli.app import ROOT_HELP, _fail, _root, app, check_confidence, check_rank_by, console, err
 from flatlab.errors import FlatlabError
+from flatlab.tracking import runs
+from flatlab.tracking import trials as stored_trials
 
 
 @app.command()
@@ -35,7 +44,8 @@ def compare(
     fmt: str = typer.Option("table", "--format", help="table, markdown, latex or csv (text formats go to stdout)"),
     against: Optional[str] = typer.Option(
         None,
-        help="a search study (Optuna + ASHA) of the same arms: the share of this grid study's trial-epochs it needed to reach the grid's best validation metric",
+        help="a search study (Optuna + ASHA) of the same arms: the share of this grid "
+        "study's trial-epochs it needed to reach the grid's best validation metric",
     ),
     tolerance: float = typer.Option(
         0.0, help="with --against: reaching within this of the grid's best counts (absolute, the metric's units)"
@@ -86,9 +96,6 @@ def compare(
     With several studies (one workload each): one summary over them, per arm and workload the rank by
     the test metric, the test metric and each shared flatness measure relative to the reference arm,
     and the arms' performance profiles (a PNG)."""
-    from flatlab.analysis import compare as cmp
-    from flatlab.tracking import runs
-
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
         check_rank_by(rank_by)
@@ -131,12 +138,7 @@ def _check_single_study_options(against, measure, tuning_curves: bool, correlati
 def _compare_one(uri, study, reference, metric, rank_by, fmt, confidence, measure, plot, tuning) -> None:
     """One study's table: over its tunings where it has several (and ``tuning`` is not given), else the
     table of its one (or the given) tuning."""
-    from flatlab.analysis import compare as cmp
-    from flatlab.analysis import tunings_text
-    from flatlab.analysis.tunings import compare_tunings
-    from flatlab.tracking.trials import read_sample
-
-    sample = read_sample(uri, study)
+    sample = stored_trials.read_sample(uri, study)
     if tuning is not None:
         if tuning not in sample.tunings:
             raise FlatlabError(f"--tuning {tuning}: study {study!r} has tunings {sample.tunings}")
@@ -164,10 +166,7 @@ def _compare_one(uri, study, reference, metric, rank_by, fmt, confidence, measur
 
 def _extras(uri, study, reference, measure, confidence, fmt, folder: Path, curves: bool, correlation: bool) -> None:
     """``--tuning-curves`` and ``--correlation``: the tables printed, the CSVs and PNGs written to ``folder``."""
-    from flatlab.analysis import generalisation, pool
-    from flatlab.tracking.trials import read_sample
-
-    sample = read_sample(uri, study)
+    sample = stored_trials.read_sample(uri, study)
     if curves:
         c = pool.pool_curves(sample, reference=reference, measures=measure or None, confidence=confidence)
         paths = pool.write_curves(c, folder / "tuning_curves")
@@ -192,11 +191,8 @@ def _extras(uri, study, reference, measure, confidence, fmt, folder: Path, curve
 def _print_curves(curves, fmt: str) -> None:
     """The tuning curves at a few budgets (n = 1, N/4, N/2, N): one table per quantity (terminal or
     markdown), or every row of every quantity as CSV."""
+    # pandas on first use: the CLI starts without it
     import pandas as pd
-
-    from flatlab.analysis import pool
-    from flatlab.analysis.compare.text import markdown_table, number
-    from flatlab.analysis.console_table import make_table, print_table
 
     frames = {q: pool.curves_frame(curves, q) for q in (curves.metric, *curves.quantities)}
     if fmt == "csv":
@@ -223,10 +219,7 @@ def _print_curves(curves, fmt: str) -> None:
 
 def _efficiency(uri: str, study: str, against: str, tolerance: float):
     """``--against``: per arm searched in both, the search study's share of the grid's trial-epochs."""
-    from flatlab.analysis import compare as cmp
-    from flatlab.tracking.trials import trials_frame
-
-    df, other = trials_frame(uri, study), trials_frame(uri, against)
+    df, other = stored_trials.trials_frame(uri, study), stored_trials.trials_frame(uri, against)
     searched = [set(f.loc[f["stage"] != "final", "arm"]) for f in (df, other)]  # final stages are not search
     common = sorted(searched[0] & searched[1])
     if not common:
@@ -253,15 +246,10 @@ def _compare_workloads(
     """``flatlab compare A B ...``: the summary over the studies (:mod:`flatlab.analysis.compare.multi`)
     in ``fmt``, and the performance profiles saved to ``plot`` (default under ``root``; the path goes to
     stderr)."""
-    import re
-
-    from flatlab.analysis.compare import multi, multi_text, profiles
-    from flatlab.tracking.trials import trials_frame
-
     repeated = sorted({s for s in studies if studies.count(s) > 1})
     if repeated:
         raise FlatlabError(f"study {', '.join(repeated)} given twice; each study is one workload")
-    frames = {s: trials_frame(uri, s) for s in studies}
+    frames = {s: stored_trials.trials_frame(uri, s) for s in studies}
     summary = multi.summary_from_frames(frames, reference=reference, metric=metric, rank_by=rank_by)
     if fmt == "table":
         multi_text.render(summary, console)
@@ -275,15 +263,12 @@ def _compare_workloads(
 
 def _print_efficiency(efficiency, fmt: str, grid: str, search: str) -> None:
     """The ``--against`` table in ``fmt`` (csv: a second CSV block after one empty line)."""
+    # pandas on first use: the CLI starts without it
     import pandas as pd
-
-    from flatlab.analysis import compare as cmp
 
     head, body = cmp.efficiency_cells(efficiency)
     title = f"HPO efficiency: {search} (search) against {grid} (grid), trial-epochs to reach the grid's best"
     if fmt == "table":
-        from flatlab.analysis.console_table import make_table, print_table
-
         print_table(console, make_table(head, body, title=title), "use --format markdown")
     elif fmt == "markdown":
         sys.stdout.write(f"\n### {title}\n\n{cmp.markdown_table(head, body)}\n")

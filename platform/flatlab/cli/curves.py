@@ -1,5 +1,6 @@
 """``flatlab curves STUDY``: a study's per-epoch curves beside a published reference
-(:mod:`flatlab.analysis.published`). Registered on the ``flatlab`` app (:mod:`flatlab.cli.app`) when :mod:`flatlab.cli.main` imports it."""
+(:mod:`flatlab.analysis.published`). Registered on the ``flatlab`` app (:mod:`flatlab.cli.app`) when
+:mod:`flatlab.cli.main` imports it."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from typing import Dict, List, Optional
 
 import typer
 
+from flatlab.analysis import published as pub
 from flatlab.cli.app import ROOT_HELP, _fail, _root, app, check_confidence, console
 from flatlab.errors import ConfigError, FlatlabError
+from flatlab.tracking import runs
+from flatlab.tracking.published_runs import compare_study
 
 FORMATS = ("table", "markdown", "csv")
 
@@ -76,10 +80,6 @@ def curves(
     """flatlab's per-epoch mean and t-interval over seeds beside published runs (mean, min-max), per
     arm, metric and epoch: whether flatlab's mean falls inside the published range, whether the
     intervals overlap, and where it falls outside."""
-    from flatlab.analysis import published as pub
-    from flatlab.tracking import runs
-    from flatlab.tracking.published_runs import compare_study
-
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
         check_confidence(confidence)

@@ -9,6 +9,7 @@ import typer
 
 from flatlab.cli.app import ROOT_HELP, _fail, _root, app, console
 from flatlab.errors import FlatlabError
+from flatlab.tracking import runs
 
 
 @app.command("interpolation-report")
@@ -20,8 +21,8 @@ def interpolation_report(
     split: str = typer.Option("ood", help="the OOD split shown in the accuracy/loss figures"),
 ) -> None:
     """Plot an alpha study's curves (seed paper Figs. 1, 3, 4, 5) and log them on its launch run."""
+    # torch on first use: the CLI starts without it
     from flatlab.interpolation.report import interpolation_report as build
-    from flatlab.tracking import runs
 
     base = _root(root).resolve()
     uri = tracking_uri or runs.default_tracking_uri(base)

@@ -7,6 +7,7 @@ from typing import List, Optional, Tuple
 
 import typer
 
+from flatlab.analysis.console_table import make_table, print_table
 from flatlab.cli.app import _fail, app, console
 from flatlab.errors import FlatlabError
 
@@ -38,6 +39,7 @@ def studies(directory: Path = typer.Argument(Path("studies"), help="folder of st
     """List the study files, one line each: the file, its scales (`flatlab run --scale`, the first the
     default) and its docstring's summary; then, a section each, those of the folder's
     subfolders (studies/examples/). Files are parsed, never run."""
+    # torch on first use: the CLI starts without it
     from flatlab.study.loader import describe_file
 
     folders = _study_folders(directory)
@@ -93,6 +95,7 @@ def _load_extensions(study_file: Optional[Path]) -> None:
     error (exit 2)."""
     if study_file is None:
         return
+    # torch on first use: the CLI starts without it
     from flatlab.study.loader import load_module
 
     try:
@@ -107,13 +110,14 @@ def optimizers(
     study_file: Optional[Path] = typer.Option(None, "--study-file", help=_STUDY_FILE_HELP),
 ) -> None:
     """List the registered optimizers with their hyperparameters, defaults and allowed ranges."""
+    # torch on first use: the CLI starts without it
     from flatlab.optim.registry import OPTIMIZERS
 
     _load_extensions(study_file)
 
-    for name in _entries(OPTIMIZERS, name, study_file):
-        spec = OPTIMIZERS.get(name)
-        console.print(f"[bold]{name}[/bold]  {spec.doc}")
+    for entry in _entries(OPTIMIZERS, name, study_file):
+        spec = OPTIMIZERS.get(entry)
+        console.print(f"[bold]{entry}[/bold]  {spec.doc}")
         _hparam_table(spec.hparams)
 
 
@@ -127,6 +131,7 @@ def workloads(
 ) -> None:
     """List the registered workloads with their parameters, defaults and allowed ranges, then the
     trainer's parameters (any study or arm may set these)."""
+    # torch on first use: the CLI starts without it
     from flatlab.train.config import TRAINER_HPARAMS
     from flatlab.workloads.registry import WORKLOADS
 
@@ -142,7 +147,8 @@ def workloads(
         _hparam_table(TRAINER_HPARAMS)
     else:
         console.print(
-            "the trainer's parameters (batch_size, schedule, ...; any study or arm may set them): `flatlab workloads trainer`"
+            "the trainer's parameters (batch_size, schedule, ...; any "
+            "study or arm may set them): `flatlab workloads trainer`"
         )
 
 
@@ -153,6 +159,7 @@ def measures(
 ) -> None:
     """List the registered flatness measures (a study's `measures=`) with their parameters, defaults,
     allowed ranges, source and the metrics they log."""
+    # torch on first use: the CLI starts without it
     from flatlab.sharpness.measures import TIME_KEY, get_measure, list_measures
 
     _load_extensions(study_file)
@@ -171,8 +178,6 @@ def measures(
 
 
 def _hparam_table(hparams) -> None:
-    from flatlab.analysis.console_table import make_table, print_table
-
     rows = [(h.name, repr(h.default), h.allowed(), h.doc) for h in hparams]
     print_table(
         console, make_table(("name", "default", "allowed", "meaning"), rows, prose=(3,), box=None, pad_edge=False)

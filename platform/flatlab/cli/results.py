@@ -8,8 +8,12 @@ from typing import List, Optional, Sequence
 
 import typer
 
+from flatlab.analysis.query import select
+from flatlab.analysis.results import export, render
 from flatlab.cli.app import ROOT_HELP, _fail, _root, app, check_rank_by, console
 from flatlab.errors import FlatlabError
+from flatlab.tracking import runs
+from flatlab.tracking import trials as stored_trials
 
 
 def _say_arms_without_answer(trials, best, arms: Sequence[str] = ()) -> None:
@@ -96,7 +100,8 @@ def results(
     ),
     mode: Optional[str] = typer.Option(
         None,
-        help="min or max for --metric (default: the study's for its metric; min for flat/*, time/*, losses, perplexity, *_to_target; else max)",
+        help="min or max for --metric (default: the study's for its metric; "
+        "min for flat/*, time/*, losses, perplexity, *_to_target; else max)",
     ),
     filter_: Optional[str] = typer.Option(
         None,
@@ -107,7 +112,8 @@ def results(
     sort: Optional[List[str]] = typer.Option(
         None,
         "--sort",
-        help="sort the table by COLUMN (ascending) or -COLUMN (descending); repeat for ties, e.g. --sort arm --sort -param.lr",
+        help="sort the table by COLUMN (ascending) or -COLUMN (descending); "
+        "repeat for ties, e.g. --sort arm --sort -param.lr",
     ),
     columns: Optional[str] = typer.Option(
         None, help="comma list of the columns to show or export, e.g. arm,val/accuracy,param.lr"
@@ -118,16 +124,11 @@ def results(
     Filters apply in this order: --tuning, --arm, --metric (ranking), --filter (on the trial rows), --by-config,
     --best, --sort, --columns.
     """
-    from flatlab.analysis.query import select
-    from flatlab.analysis.results import export, render
-    from flatlab.tracking import runs
-    from flatlab.tracking.trials import trials_frame
-
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
         check_rank_by(rank_by)
         fmt = export_format(fmt, output)
-        df = trials_frame(uri, study, all_launches=all_launches)
+        df = stored_trials.trials_frame(uri, study, all_launches=all_launches)
         rows = "configurations" if per_config else "trials"
         shown = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
         trials = df

@@ -8,9 +8,22 @@ from typing import List, Optional
 
 import typer
 
+from flatlab.analysis import compare as cmp
+from flatlab.analysis import tunings_text
+from flatlab.analysis.query import select
+from flatlab.analysis.results import render as render_results
+from flatlab.analysis.sample import Sample
+from flatlab.analysis.tunings import compare_tunings
 from flatlab.cli.app import ROOT_HELP, _fail, _root, app, console, err
 from flatlab.cli.results import _say_arms_without_answer
+from flatlab.cluster import check_address, enable_token_auth_if_available, submit_study
 from flatlab.errors import FlatlabError
+from flatlab.study.launches import log_file
+from flatlab.study.options import RunOptions, StudyOutcome
+from flatlab.study.spec import Study
+from flatlab.tracking import trials as stored_trials
+from flatlab.tracking.runs import default_tracking_uri
+from flatlab.tracking.ui import where_to_look
 
 
 @app.command()
@@ -46,8 +59,8 @@ def run(
         None,
         "--checkpoint-every",
         min=1,
-        help="epochs between trial checkpoints, Tune's checkpoint frequency (overrides the study; the last epoch is always "
-        "checkpointed; --resume keeps the launch's unless given)",
+        help="epochs between trial checkpoints, Tune's checkpoint frequency (overrides the study; the last epoch is "
+        "always checkpointed; --resume keeps the launch's unless given)",
     ),
 ) -> None:
     """Run the studies of STUDY_FILE on Ray Tune (Optuna searcher, ASHA, MLflow tracking).
@@ -56,10 +69,6 @@ def run(
     every trial of a study failed; 2 for invalid input (study file, options, cluster address) before any
     trial; 130 when interrupted (``--resume`` continues).
     """
-    from flatlab.study.launches import log_file
-    from flatlab.study.plan import render as render_plan
-    from flatlab.study.prepare import prepare
-
     given = {
         "trials": trials,
         "epochs": epochs,
@@ -68,102 +77,119 @@ def run(
         "scale": scale,
         "checkpoint_every": checkpoint_every,
     }
+    # torch loads with the studies' validation: deferred, so that `flatlab --help` starts without it
+    # torch on first use: the CLI starts without it
+    from flatlab.study.prepare import prepare
+
     try:  # --resume: the launch's scale, budget and checkpoint cadence (study/prepare.py, as flatlab.run)
         prepared = prepare(str(study_file), given, _root(root), resume=resume, continue_=continue_, only=study or ())
     except (FlatlabError, ValueError) as exc:
         _fail(exc)
-    studies = [p.study for p in prepared]
-    for s in studies:
+    for s in (p.study for p in prepared):
         for warning in s.warnings():
             err.print(f"[yellow]warning:[/yellow] study {s.name!r}, {warning}", soft_wrap=True)
     if dry_run:
-        from flatlab.study.chain import describe_chained
-        from flatlab.tracking.runs import default_tracking_uri
-
-        for s in studies:
-            render_plan(s, console)
-            for line in describe_chained(s, tracking_uri or default_tracking_uri(_root(root).resolve())):
-                console.print(line, soft_wrap=True)
+        _print_plans([p.study for p in prepared], tracking_uri or default_tracking_uri(_root(root).resolve()))
         return
-    if (
-        not resume
-    ):  # missing data: one line within seconds, before Ray and MLflow are even imported (run_study checks again)
-        from flatlab.workloads.registry import build_workload
-
-        try:
-            for s in studies:
-                build_workload(s.workload, **dict(s.workload_params)).check_data()
-        except FlatlabError as exc:
-            _fail(exc)
-    if address:  # one line and exit 2 within seconds for an unreachable head; the cluster's auth mode (cluster.py)
-        from flatlab.cluster import check_address
-
-        try:
-            check_address(address)
-        except FlatlabError as exc:
-            _fail(exc)
-    from flatlab.analysis.query import select
-    from flatlab.analysis.results import render
-    from flatlab.study.runner import RunOptions, run_study
-    from flatlab.tracking.trials import trials_frame
-    from flatlab.tracking.ui import where_to_look
-
+    _check_before_launch([p.study for p in prepared], resume, address)
     opts = RunOptions(
         root=_root(root),
         address=address,
         tracking_uri=tracking_uri,
         storage=storage,
         resume=resume,
+        continue_=continue_,
         source=str(study_file),
         num_cpus=num_cpus,
     )
     interrupted = all_failed = False
-    for s, budget in ((p.study, p.budget) for p in prepared):
-        try:
-            outcome = run_study(s, dataclasses.replace(opts, overrides=budget, continue_=continue_), console=console)
-        except FlatlabError as exc:
-            _fail(exc)
-        except ConnectionError as exc:  # Ray's, e.g. a head that wants a token we do not have
-            if not address:
-                raise
-            _fail(
-                FlatlabError(
-                    f"--address {address}: {exc}; a head with token authentication needs its token here "
-                    "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
-                )
-            )
+    for p in prepared:
+        outcome = _launch(p.study, dataclasses.replace(opts, overrides=p.budget), address)
         interrupted |= outcome.interrupted
-        df = trials_frame(outcome.tracking_uri, s.name)
-        pooled = s.searcher == "grid" and len(s.seeds) > 1  # every grid point ran with every seed
-        console.print(
-            f"\n[bold]{s.name}[/bold] ran {outcome.wall_s:.0f} s (wall, Ray and MLflow start-up included); "
-            + (
-                f"best configuration per arm, mean and std over {len(s.seeds)} seeds"
-                if pooled
-                else "best trial per arm"
-            )
-            + " (from MLflow):"
-        )
-        best = select(df, best=True, by_config=pooled)
-        render(
-            best, console, hint=f"use flatlab results {s.name} --best{' --by-config' if pooled else ''} --format csv"
-        )
-        _say_arms_without_answer(df, best, [a.name for a in s.arms])
-        if not outcome.interrupted and (pooled or s.final_seeds):
-            _print_comparison(df, s, console)
-        console.print(where_to_look(outcome.tracking_uri, outcome.experiment_id), soft_wrap=True)  # the training view
-        line = failure_line(
-            s.name, outcome.num_errors, len(df), str(study_file), log_file(_root(root).resolve() / s.name)
-        )
-        if line:  # the last line: how many trials failed
-            console.print(line, soft_wrap=True)
-        all_failed |= outcome.num_errors > 0 and outcome.num_errors >= len(df)
+        all_failed |= _report(p.study, outcome, str(study_file), _root(root).resolve())
         if interrupted:
             break
     if interrupted:
         raise typer.Exit(130)
     if all_failed:
         raise typer.Exit(1)
+
+
+def _print_plans(studies: List[Study], tracking_uri: str) -> None:
+    """``--dry-run``: each study's trial plan, and what its chained values would resolve to in ``tracking_uri``."""
+    # torch on first use: the CLI starts without it
+    from flatlab.study.chain import describe_chained  # torch (the trial routing): loaded by --dry-run only
+    from flatlab.study.plan import render as render_plan
+
+    for s in studies:
+        render_plan(s, console)
+        for line in describe_chained(s, tracking_uri):
+            console.print(line, soft_wrap=True)
+
+
+def _check_before_launch(studies: List[Study], resume: bool, address: Optional[str]) -> None:
+    """One line and exit 2 within seconds, before Ray and MLflow are even imported: the workloads' data
+    missing (``run_study`` checks again; a resume already had it), or a cluster address that does not
+    answer (and the cluster's auth mode, :mod:`flatlab.cluster`)."""
+    # torch on first use: the CLI starts without it
+    from flatlab.workloads.registry import build_workload  # torch: loaded once a launch is under way
+
+    try:
+        if not resume:
+            for s in studies:
+                build_workload(s.workload, **dict(s.workload_params)).check_data()
+        if address:
+            check_address(address)
+    except FlatlabError as exc:
+        _fail(exc)
+
+
+def _launch(study: Study, opts: RunOptions, address: Optional[str]) -> StudyOutcome:
+    """:func:`flatlab.study.runner.run_study` of one study; its errors become one line and exit 2."""
+    # Ray, MLflow, Optuna and torch load with the runner: the CLI starts without them
+    from flatlab.study import runner
+
+    try:
+        return runner.run_study(study, opts, console=console)
+    except FlatlabError as exc:
+        _fail(exc)
+    except ConnectionError as exc:  # Ray's, e.g. a head that wants a token we do not have
+        if not address:
+            raise
+        _fail(
+            FlatlabError(
+                f"--address {address}: {exc}; a head with token authentication needs its token here "
+                "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
+            )
+        )
+
+
+def _report(study: Study, outcome: StudyOutcome, source: str, root: Path) -> bool:
+    """What a launch that ended printed last: its best trial (or configuration) per arm from MLflow, the
+    comparison table where it has one, where to look in MLflow's UI and how many trials failed. True
+    when every trial failed."""
+    df = stored_trials.trials_frame(outcome.tracking_uri, study.name)
+    pooled = study.searcher == "grid" and len(study.seeds) > 1  # every grid point ran with every seed
+    console.print(
+        f"\n[bold]{study.name}[/bold] ran {outcome.wall_s:.0f} s (wall, Ray and MLflow start-up included); "
+        + (
+            f"best configuration per arm, mean and std over {len(study.seeds)} seeds"
+            if pooled
+            else "best trial per arm"
+        )
+        + " (from MLflow):"
+    )
+    best = select(df, best=True, by_config=pooled)
+    hint = f"use flatlab results {study.name} --best{' --by-config' if pooled else ''} --format csv"
+    render_results(best, console, hint=hint)
+    _say_arms_without_answer(df, best, [a.name for a in study.arms])
+    if not outcome.interrupted and (pooled or study.final_seeds):
+        _print_comparison(df, study, console)
+    console.print(where_to_look(outcome.tracking_uri, outcome.experiment_id), soft_wrap=True)  # the training view
+    line = failure_line(study.name, outcome.num_errors, len(df), source, log_file(root / study.name))
+    if line:  # the last line: how many trials failed
+        console.print(line, soft_wrap=True)
+    return outcome.num_errors > 0 and outcome.num_errors >= len(df)
 
 
 def failure_line(study: str, errors: int, trials: int, source: str, log: Path) -> str:
@@ -185,11 +211,6 @@ def failure_line(study: str, errors: int, trials: int, source: str, log: Path) -
 def _print_comparison(df, study, out) -> None:
     """The ``flatlab compare`` table of a launch that just ended, over its tunings where it has several (a
     failure here is one warning line)."""
-    from flatlab.analysis import compare as cmp
-    from flatlab.analysis import tunings_text
-    from flatlab.analysis.sample import Sample
-    from flatlab.analysis.tunings import compare_tunings
-
     try:  # the launch's reference arm (selection.reference_arm)
         sample = Sample.of(df)
         several = len(sample.tunings) > 1
@@ -212,11 +233,7 @@ def submit(
     working_dir: Path = typer.Option(Path("."), help="folder uploaded as the job's working directory"),
 ) -> None:
     """Submit `flatlab run STUDY_FILE` as a Ray Job to a cluster and print the job id."""
-    from flatlab.cluster import enable_token_auth_if_available
-
     enable_token_auth_if_available()  # before Ray reads its auth mode
-    from flatlab.cluster import submit_study
-
     try:
         job_id = submit_study(address, study_file, working_dir, list(args or []), follow=follow, console=console)
     except (FlatlabError, ValueError) as exc:

@@ -1,36 +1,26 @@
 """Chained studies: search-space values read from another study's results when a study is launched.
 
 A study file writes ``sp.best_of("tsam_table1_cifar100", arm="tsam", param="lr")`` where a constant would
-go (:class:`~flatlab.study.space.BestOf`). At launch, :func:`resolve_chained` (called once by
-``flatlab.study.runner.run_study``, before the searcher is built) looks the value up in MLflow:
+go (:class:`~flatlab.study.space.BestOf`). At launch, before the searcher is built, :func:`resolve_chained`
+looks the value up in MLflow:
 
-* the source study's latest FINISHED launch (parent run with status ``FINISHED``; running, failed and
-  killed launches are skipped);
-* in it, the arm's best trial by the SOURCE study's own metric and mode (logged on its launch run):
-  the best trial of its best configuration (:mod:`flatlab.analysis.selection`: the best mean over seeds
-  of the final validation value among completed search trials; pruned, diverged and failed trials
-  never count, nor final-stage re-runs);
+* the source study's latest FINISHED launch (running, failed and killed launches are skipped);
+* in it, the arm's best trial by the SOURCE study's own metric and mode: the best trial of its best
+  configuration (:mod:`flatlab.analysis.selection`; pruned, diverged, failed and final-stage trials
+  never count);
 * that trial's logged param, parsed as the field's declared type and checked against its range; with
   ``param=None``, the trial's run as ``run:<run_id>`` (what ``clip_interpolate``'s ``finetuned`` reads).
 
 The resolved study is what the searcher and the trials see: the dimension becomes a
-:class:`~flatlab.study.space.Resolved` constant, next to a ``<field>.source`` constant
-(``<study>/<run_id>``), so every child run logs param ``lr`` and param ``lr.source``; the launch run logs
+:class:`~flatlab.study.space.Resolved` constant next to a ``<field>.source`` constant
+(``<study>/<run_id>``), so every child run logs ``lr`` and ``lr.source``; the launch run logs
 ``<arm>.lr`` and ``<arm>.lr.source`` (:func:`chained_params`). ``flatlab run --dry-run`` prints what
-would be resolved and, when the store has it, the current value (:func:`describe_chained`).
+would be resolved (:func:`describe_chained`).
 
-A checkpoint parameter of the study's workload (``Workload.checkpoint_params``, e.g.
-``clip_interpolate``'s ``finetuned``) may also name a trial, rather than the best one, with a reference
-``mlflow:<study>/<arm>[?<param>=<value>&...]`` (:func:`flatlab.tracking.checkpoints.parse_reference`; a
-constant, or values of a ``choice``/``grid``, in an arm's space or in ``workload_params``): the one
-FINISHED trial of arm ``<arm>`` in the same latest finished launch of ``<study>`` whose logged params
-equal the given ones (numbers compared as numbers: ``lr=1e-5`` matches a logged ``1e-05``;
-:func:`find_trial_run`). At launch each reference becomes that
-trial's run, ``run:<run_id>``, which the trial fetches from MLflow before its workload is built
-(:mod:`flatlab.tracking.checkpoints`): a constant as a :class:`~flatlab.study.space.Resolved` with a
-``<field>.source`` constant (the reference), a choice as a
-:class:`~flatlab.study.space.ResolvedChoice`; the launch run logs ``<arm>.<field>.<i>`` and
-``<arm>.<field>.<i>.source`` for the i-th value of a choice. A workload never reads MLflow itself.
+A checkpoint parameter of the workload (``Workload.checkpoint_params``) may instead name one trial with
+a reference ``mlflow:<study>/<arm>[?<param>=<value>&...]`` (:func:`find_trial_run`), resolved at launch
+to that trial's run; the trial fetches its checkpoint (:mod:`flatlab.tracking.checkpoints`). A workload
+never reads MLflow itself.
 """
 
 from __future__ import annotations
@@ -39,11 +29,16 @@ import dataclasses
 import math
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from flatlab.analysis.selection import best_trial_rows
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.study.space import SOURCE_SUFFIX, BestOf, Choice, Conditional, Dim, Fixed, Resolved, ResolvedChoice
 from flatlab.study.spec import Arm, Study
+from flatlab.study.trial_spec import declared as declared_fields
+from flatlab.tracking import runs
 from flatlab.tracking.checkpoints import RUN_PREFIX, is_reference, parse_reference
+from flatlab.tracking.trials import parent_runs, trials_frame
+from flatlab.workloads.registry import get_workload
 
 
 def finished_launch(tracking_uri: str, study: str) -> Any:
@@ -53,8 +48,6 @@ def finished_launch(tracking_uri: str, study: str) -> Any:
         ConfigError: no MLflow store at a SQLite URI, no study of that name, or no finished launch (the
             message lists the statuses of the launches there are).
     """
-    from flatlab.tracking.trials import parent_runs
-
     parents = parent_runs(tracking_uri, study)
     for parent in parents:
         if parent.info.status == "FINISHED":
@@ -77,9 +70,6 @@ def best_trial(
         ConfigError: as :func:`finished_launch`; the arm has no trial in that launch (the arms it has
             are listed), none matching ``where``, or none of them completed.
     """
-    from flatlab.analysis.selection import best_trial_rows
-    from flatlab.tracking.trials import trials_frame
-
     parent = finished_launch(tracking_uri, study)
     metric = parent.data.params.get("metric", "val/accuracy")
     mode = parent.data.params.get("mode", "max")
@@ -93,14 +83,19 @@ def best_trial(
     df = df[df["arm"] == arm]
     for key, wanted in where:
         column = f"param.{key}"
-        df = df[df[column].map(lambda logged: same_value(logged, wanted))] if column in df.columns else df.iloc[0:0]
+        df = (
+            df[df[column].map(lambda logged, wanted=wanted: same_value(logged, wanted))]
+            if column in df.columns
+            else df.iloc[0:0]
+        )
     condition = f" with {', '.join(f'{k}={v!r}' for k, v in where)}" if where else ""
     if df.empty:
         raise ConfigError(f"{launch}: no trial of arm {arm!r}{condition}")
     row = best_trial_rows(df)
     if row.empty:
         raise ConfigError(
-            f"{launch}: no trial of arm {arm!r}{condition} completed (pruned, diverged or failed); nothing to chain from"
+            f"{launch}: no trial of arm {arm!r}{condition} completed (pruned, diverged or failed); "
+            "nothing to chain from"
         )
     value = row.iloc[0][metric]
     return str(row.iloc[0]["run_id"]), metric, float(value) if value is not None else math.nan
@@ -117,14 +112,20 @@ def same_value(logged: Any, wanted: Any) -> bool:
 
 def find_trial_run(tracking_uri: str, study: str, arm: str, params: Dict[str, str]) -> Any:
     """The one FINISHED trial run of ``arm`` in the latest finished launch of ``study`` whose params match
-    ``params`` (:func:`same_value`).
+    ``params`` (:func:`same_value`: numbers compared as numbers, so ``lr=1e-5`` matches a logged ``1e-05``).
+
+    This is what a reference ``mlflow:<study>/<arm>[?<param>=<value>&...]`` names
+    (:func:`flatlab.tracking.checkpoints.parse_reference`), written in a checkpoint parameter of the
+    study's workload, as a constant or among the values of a ``choice``/``grid``, in an arm's space or in
+    ``workload_params``. At launch each reference becomes ``run:<run_id>``: a constant as a
+    :class:`~flatlab.study.space.Resolved` with a ``<field>.source`` constant (the reference), a choice as
+    a :class:`~flatlab.study.space.ResolvedChoice`; the launch run logs ``<arm>.<field>.<i>`` and
+    ``<arm>.<field>.<i>.source`` for the i-th value of a choice.
 
     Raises:
         ConfigError: as :func:`finished_launch`; no match (the arm's finished trials are listed with their
             params) or several matches (add a distinguishing param, e.g. ``seed``).
     """
-    from flatlab.tracking import runs
-
     parent = finished_launch(tracking_uri, study)
     client = runs.client(tracking_uri)
     candidates = client.search_runs(
@@ -168,8 +169,6 @@ def resolve_reference(ref: str, tracking_uri: str) -> str:
 
 def _checkpoint_fields(study: Study) -> Tuple[str, ...]:
     """The study's workload's checkpoint parameters (``()`` for an unknown workload)."""
-    from flatlab.workloads.registry import get_workload
-
     try:
         return tuple(get_workload(study.workload).checkpoint_params)
     except Exception:  # noqa: BLE001 - an unknown workload is reported by study validation
@@ -255,8 +254,6 @@ def resolve_one(dim: BestOf, tracking_uri: str, hp: Optional[HParam] = None, whe
         ConfigError: as :func:`best_trial`; the best trial has no such param; the value is not allowed
             for ``hp``.
     """
-    from flatlab.tracking import runs
-
     run_id, _, _ = best_trial(tracking_uri, dim.study, dim.arm, dim.where)
     source = f"{dim.study}/{run_id}"
     if dim.param is None:
@@ -303,7 +300,7 @@ def resolve_chained(study: Study, tracking_uri: str) -> Study:
     arms: List[Arm] = []
     for arm in study.arms:
         space: Dict[str, Any] = dict(arm.dims)
-        declared = study.declared(arm)
+        declared = declared_fields(study, arm)
         for key, dim in arm.dims.items():
             where = f"study {study.name!r}, arm {arm.name!r}, field {key!r}"
             if _references(dim):
@@ -367,7 +364,7 @@ def describe_chained(study: Study, tracking_uri: str) -> List[str]:
     source."""
     lines: List[str] = []
     for arm in study.arms:
-        declared = study.declared(arm)
+        declared = declared_fields(study, arm)
         for key, dim in arm.dims.items():
             if not isinstance(dim, BestOf):
                 continue
@@ -379,7 +376,8 @@ def describe_chained(study: Study, tracking_uri: str) -> List[str]:
                 continue
             lines.append(f"{head}; now {r.value!r} from {r.source}")
     for arm, key, ref in _chained_references(study):
-        head = f"chained: {f'arm {arm.name!r}' if arm is not None else 'workload_params'}, {key} = {ref}, resolved at launch"
+        owner = f"arm {arm.name!r}" if arm is not None else "workload_params"
+        head = f"chained: {owner}, {key} = {ref}, resolved at launch"
         try:
             lines.append(f"{head}; now {resolve_reference(ref, tracking_uri)}")
         except ConfigError as exc:

@@ -21,10 +21,21 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional, Tuple
 
+from pyarrow import fs as pafs
 from ray import tune
 
+from flatlab.extensions import install
+from flatlab.study.placement import choose_device, node_label, placement
+from flatlab.study.ray_compat import train_session_storage
 from flatlab.study.spec import Study
+from flatlab.study.trial_loop import trial_loop
+from flatlab.study.trial_spec import trial_spec
 from flatlab.tracking.artifacts import WorkerTracking
+from flatlab.tracking.placement_tags import PLACEMENT_KEY, encode
+from flatlab.train.checkpoint import CHECKPOINT_FILES, StateSnapshot, written
+from flatlab.train.cpu_threads import configure as configure_cpu
+from flatlab.train.parallel import DataParallel
+from flatlab.train.trainer import Trainer
 from flatlab.workloads.base import Data
 
 #: folder (under the Tune trial's folder) where Ray Train keeps a multi-worker trial's checkpoints
@@ -45,12 +56,10 @@ def run_ddp_trial(
     Raises:
         ray.train.TrainingFailedError: a worker failed (Tune then marks the trial as errored).
     """
-    import ray
+    # Ray Train on first use: a trial of one worker (most of them) never loads it
     import ray.train
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
-
-    from flatlab.study.ray_compat import train_session_storage
 
     res = study.resources
     ctx = tune.get_context()
@@ -87,18 +96,9 @@ def run_ddp_trial(
 
 def _worker_loop(loop_config: Dict[str, Any]) -> None:
     """One rank of a multi-worker trial (runs in a Ray Train worker, the process group started)."""
-    import ray
+    # Ray Train on first use: a trial of one worker (most of them) never loads it
     import ray.train
     import ray.train.torch
-
-    from flatlab.extensions import install
-    from flatlab.study.placement import choose_device, node_label, placement
-    from flatlab.study.trial_loop import trial_loop
-    from flatlab.tracking.placement_tags import PLACEMENT_KEY, encode
-    from flatlab.train.checkpoint import StateSnapshot, written
-    from flatlab.train.cpu_threads import configure as configure_cpu
-    from flatlab.train.parallel import DataParallel
-    from flatlab.train.trainer import Trainer
 
     install(loop_config.get("extensions") or {})  # the study's own workloads, optimizers, measures
     study: Study = loop_config["study"]
@@ -109,7 +109,7 @@ def _worker_loop(loop_config: Dict[str, Any]) -> None:
     device, fallback = choose_device(study.resources, where=node_label())  # fails at once without usable CUDA
     if device == "cuda":
         device = str(ray.train.torch.get_device())
-    spec = study.trial_spec(loop_config["config"], device=device)
+    spec = trial_spec(study, loop_config["config"], device=device)
     data = ray.get(loop_config["data"])
     trainer = Trainer(spec, data, parallel=parallel)
     checkpoint = ray.train.get_checkpoint()  # Ray Train's own restarts of this run
@@ -153,10 +153,6 @@ def latest_checkpoint(run_dir: str, filesystem: Any = None) -> Optional[Tuple[st
     """``(path, filesystem)`` of the newest complete checkpoint folder under ``run_dir`` (a
     ``checkpoint_<time>`` folder holding every file of :data:`~flatlab.train.checkpoint.CHECKPOINT_FILES`)
     on ``filesystem`` (a ``pyarrow.fs.FileSystem``; ``None``: the local one); ``None`` if there is none."""
-    from pyarrow import fs as pafs
-
-    from flatlab.train.checkpoint import CHECKPOINT_FILES
-
     filesystem = filesystem or pafs.LocalFileSystem()
     infos = filesystem.get_file_info(pafs.FileSelector(run_dir, allow_not_found=True, recursive=True))
     files: Dict[str, set] = {}

@@ -78,7 +78,10 @@ class Float(Dim):
         if not (_is_number(self.low) and _is_number(self.high)):
             return f"{kind}(low, high) needs numbers, got low={self.low!r}, high={self.high!r}"
         if not (_finite(self.low) and _finite(self.high) and _finite(self.high - self.low)):
-            return f"{kind}(low, high) needs finite bounds (and a finite width high - low), got low={self.low!r}, high={self.high!r}"
+            return (
+                f"{kind}(low, high) needs finite bounds (and a finite width "
+                f"high - low), got low={self.low!r}, high={self.high!r}"
+            )
         if not self.low < self.high:
             return f"{kind}: low < high must hold, but got low={self.low}, high={self.high}"
         if self.log and self.low <= 0:
@@ -86,6 +89,7 @@ class Float(Dim):
         return None
 
     def to_optuna(self) -> Any:
+        # Optuna on first use: importing this module stays light
         import optuna
 
         self.valid()
@@ -99,7 +103,8 @@ class Float(Dim):
         self.valid(where)
         if hp.kind is builtins.int and hp.choices is None:
             raise ConfigError(
-                f"{where}: {hp.name} takes {hp.allowed()}, not a float range; use space.int({self.low:g}, {self.high:g})"
+                f"{where}: {hp.name} takes {hp.allowed()}, not a float "
+                f"range; use space.int({self.low:g}, {self.high:g})"
             )
         if hp.kind is not float or hp.choices is not None:
             raise ConfigError(f"{where}: {hp.name} takes {hp.allowed()}, not a float range")
@@ -125,7 +130,10 @@ class Int(Dim):
         if not (_is_int(self.low) and _is_int(self.high)):
             return f"int(low, high) needs integers, got low={self.low!r}, high={self.high!r}"
         if max(abs(self.low), abs(self.high)) > MAX_INT_RANGE:
-            return f"int(low, high) needs |low|, |high| <= 2**53 (Optuna samples integers as floats), got low={self.low}, high={self.high}"
+            return (
+                "int(low, high) needs |low|, |high| <= 2**53 (Optuna samples "
+                f"integers as floats), got low={self.low}, high={self.high}"
+            )
         if not self.low < self.high:
             return f"int: low < high must hold, but got low={self.low}, high={self.high}"
         if self.log and self.low <= 0:
@@ -133,6 +141,7 @@ class Int(Dim):
         return None
 
     def to_optuna(self) -> Any:
+        # Optuna on first use: importing this module stays light
         import optuna
 
         self.valid()
@@ -179,6 +188,7 @@ class Choice(Dim):
         return None
 
     def to_optuna(self) -> Any:
+        # Optuna on first use: importing this module stays light
         import optuna
 
         self.valid()
@@ -247,7 +257,10 @@ class BestOf(Dim):
 
     def problem(self) -> Optional[str]:
         if not (isinstance(self.study, str) and _STUDY_NAME.match(self.study)):
-            return f"best_of(study, arm, param): study={self.study!r}; expected a study name (letters, digits, '_', '.', '-')"
+            return (
+                f"best_of(study, arm, param): study={self.study!r}; "
+                "expected a study name (letters, digits, '_', '.', '-')"
+            )
         if not (isinstance(self.arm, str) and self.arm):
             return f"best_of(study, arm, param): arm={self.arm!r}; expected the name of an arm of study {self.study!r}"
         if self.param is not None and not (isinstance(self.param, str) and self.param):
@@ -258,7 +271,10 @@ class BestOf(Dim):
             isinstance(self.where, tuple)
             and all(isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str) for kv in self.where)
         ):
-            return f"best_of(..., where=...): where={self.where!r}; expected a dict of field -> value, e.g. where={{'t': 20.0}}"
+            return (
+                f"best_of(..., where=...): where={self.where!r}; expected "
+                "a dict of field -> value, e.g. where={'t': 20.0}"
+            )
         return None
 
     def to_optuna(self) -> Any:

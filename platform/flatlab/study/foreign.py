@@ -43,6 +43,7 @@ def from_foreign(value: Any) -> Optional[Dim]:
 
 
 def _from_optuna(d: Any) -> Optional[Dim]:
+    # Optuna on first use: importing this module stays light
     import optuna.distributions as od
 
     name = type(d).__name__
@@ -66,6 +67,7 @@ def _from_optuna(d: Any) -> Optional[Dim]:
 
 
 def _from_tune(d: Any) -> Optional[Dim]:
+    # Ray Tune on first use: importing this module stays light
     from ray.tune.search import sample as ts
 
     sampler = getattr(d, "sampler", None)

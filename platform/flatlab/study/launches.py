@@ -190,6 +190,7 @@ def continued_studies(previous: Optional[Launch], study: Any, where: str) -> Tup
             space differs from the Optuna distributions its study has seen (naming the arm and the
             parameters).
     """
+    # Ray Tune and Optuna (the searchers) on first use: `flatlab run` reads launch.json without them
     from flatlab.study.searchers import optuna_study_name
 
     if study.searcher == "grid":
@@ -234,6 +235,7 @@ def space_difference(seen: Dict[str, Any], now: Dict[str, Any]) -> str:
 
 def _seen_distributions(storage: str, name: str) -> Optional[Dict[str, Any]]:
     """Union of the distributions of the trials of Optuna study ``name``; ``None`` if it has no trial."""
+    # Optuna and Ray Tune (the searchers) on first use: `flatlab run` reads launch.json without them
     import optuna
 
     from flatlab.study.searchers import _storage

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import difflib
 import importlib.util
 import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple
 
-from flatlab.analysis.published import Published
+from flatlab.analysis.curve_sets import Published
 from flatlab.errors import ConfigError, did_you_mean
-from flatlab.study.spec import Study
+from flatlab.extensions import USER_MODULES
+from flatlab.study.spec import Arm, Resources, Study
+from flatlab.study.validate import validate
+from flatlab.train.config import TRAINER_HPARAMS
 
 
 def load_module(path: str):
@@ -43,7 +48,6 @@ def load_module(path: str):
         _run_study_code(path, lambda: spec.loader.exec_module(module))  # type: ignore[union-attr]
     finally:
         sys.path.remove(folder)
-    from flatlab.extensions import USER_MODULES
 
     USER_MODULES.add(mod_name)
     USER_MODULES.update(
@@ -97,8 +101,6 @@ def _close_study_file(p: Path, studies: Path) -> Optional[Path]:
     """The study file whose name is closest to ``p``'s (difflib's ratio >= 0.6), among the ``*.py`` files
     of ``p``'s folder, then of ``studies`` (the project's): as ``p`` spells its folder when it is there,
     else relative to the working directory when below it, else absolute. ``None`` when nothing is close."""
-    import difflib
-
     name = p.name if p.suffix else f"{p.name}.py"
     for folder, shown in ((p.parent, p.parent), (studies, None)):
         if not folder.is_dir():
@@ -151,9 +153,6 @@ _UNEXPECTED = re.compile(r"(?<![\w.])(Study|Arm|Resources)\.__init__\(\) got an 
 
 def _keyword_error(path: str, exc: TypeError) -> Optional[ConfigError]:
     """A ConfigError for ``Study(misspelt=...)`` (and Arm/Resources) naming the valid fields, else None."""
-    from flatlab.study.spec import Arm, Resources
-    from flatlab.train.config import TRAINER_HPARAMS
-
     m = _UNEXPECTED.search(str(exc))
     if m is None:
         return None
@@ -196,7 +195,8 @@ def load_studies(path: str, scale: Optional[str] = None) -> List[Study]:
     if not studies or not all(isinstance(s, Study) for s in studies):
         got = "nothing (None)" if found is None else f"{found!r} ({type(found).__name__})"
         raise ConfigError(
-            f"{path}: {export} must be a flatlab.Study (or, for STUDIES and build(scale), a non-empty list of them); got {got}"
+            f"{path}: {export} must be a flatlab.Study (or, for STUDIES and build(scale), "
+            f"a non-empty list of them); got {got}"
         )
     names = [s.name for s in studies]
     if len(set(map(repr, names))) != len(names):
@@ -209,7 +209,7 @@ def load_studies(path: str, scale: Optional[str] = None) -> List[Study]:
     problems = []
     for s in studies:  # every study's problems at once
         try:
-            s.validate(source=path)
+            validate(s, source=path)
         except ConfigError as exc:
             problems.append(str(exc))
         except Exception as exc:  # noqa: BLE001 - a value no check foresaw: still one message, not a traceback
@@ -228,7 +228,8 @@ def _scales(path: str, module: Any) -> Tuple[str, ...]:
     scales = getattr(module, "SCALES", ())
     if not isinstance(scales, (list, tuple)) or not all(isinstance(x, str) for x in scales):
         raise ConfigError(
-            f"{path}: SCALES={scales!r}; expected a tuple of scale names, the first the default, e.g. SCALES = ('paper', 'smoke')"
+            f"{path}: SCALES={scales!r}; expected a tuple of scale names, the first the default, "
+            "e.g. SCALES = ('paper', 'smoke')"
         )
     return tuple(scales)
 
@@ -263,8 +264,6 @@ def describe_file(path: str) -> FileDescription:
     Raises:
         OSError: the file cannot be read.
     """
-    import ast
-
     try:
         tree = ast.parse(Path(path).read_text())
     except SyntaxError as exc:

@@ -23,6 +23,7 @@ class DeviceUnavailableError(FlatlabError, RuntimeError):
 def cuda_status() -> Tuple[bool, str]:
     """``(usable, reason)``: whether CUDA works in this process (``torch.cuda.is_available()`` and a
     one-element tensor on the device), with the reason when it does not."""
+    # torch on first use: importing this module stays light
     import torch
 
     if not torch.cuda.is_available():
@@ -71,6 +72,7 @@ def choose_device(
 
 def node_label() -> str:
     """``"node 127.0.0.1 (3d89aeda)"``: this process's Ray node, by address and short id, for messages."""
+    # Ray on first use: importing this module stays light
     import ray
 
     if not ray.is_initialized():
@@ -97,6 +99,7 @@ def placement(
     GPU's name, ``world_size``, the workers and resources the trial reserved, its Ray node id and the
     GPU ids Ray gave it, the epoch it (re)started at, the CPU-fallback warning if any, and what its CPU
     threads do with subnormal floats (``denormals``: one of :data:`flatlab.train.cpu_threads.MODES`)."""
+    # Ray and torch on first use: importing this module stays light
     import ray
     import torch
 
@@ -147,7 +150,10 @@ def local_shortfall(
             f"Resources(cpu={cpu:g}, gpu=0)"
         )
     else:
-        way = "give the local instance more CPUs (--num-cpus), ask for fewer per trial (Resources(cpu=...)), or run it on a cluster (--address HOST:PORT)"
+        way = (
+            "give the local instance more CPUs (--num-cpus), ask for fewer per "
+            "trial (Resources(cpu=...)), or run it on a cluster (--address HOST:PORT)"
+        )
     if scales:
         way += f", or another scale of this file: --scale {'|'.join(scales)}"
     return f"study {study_name!r}: each trial needs {parts}; no trial could ever start: {way}"

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
+from flatlab.analysis.console_table import make_table, print_table
 from flatlab.study.space import Conditional, Fixed, inner
 from flatlab.study.spec import Study
+from flatlab.study.trial_spec import route
 from flatlab.study.tunings import tuning_seeds
+from flatlab.train.config import loss_target
 
 
 def plan(study: Study) -> Dict[str, Any]:
@@ -22,7 +25,7 @@ def plan(study: Study) -> Dict[str, Any]:
                 "searched": {k: d.describe() for k, d in arm.searched().items()},  # with "if <condition>"
                 "conditions": {k: d.condition_text() for k, d in arm.dims.items() if isinstance(d, Conditional)},
                 "fixed": arm.constants(),
-                "routes": study.route(arm),
+                "routes": route(study, arm),
             }
         )
     return {
@@ -88,30 +91,31 @@ def flatness_when(study: Study) -> str:
     ``stop_at_train_loss`` that is the model at the target where the trial reached it, else after
     ``max_epochs``; with ``measure_at_train_loss`` also the model at the target
     (``flat_at_target/<measure>``)."""
-    from flatlab.train.config import loss_target
-
     target = loss_target(study.train)
     end = f"after epoch {study.max_epochs}"
     if target is None:
         return f"flatness of each completed trial's final model, {end} (flat/<measure>)"
     at = f"the first epoch whose mean training loss is <= {target:g}"
     if study.train.get("measure_at_train_loss") is not None:
-        return f"flatness of each completed trial at {at} (flat_at_target/<measure>, if reached) and {end} (flat/<measure>)"
+        return (
+            f"flatness of each completed trial at {at} (flat_at_target/<measure>, if reached) and {end} "
+            "(flat/<measure>)"
+        )
     return f"flatness of each completed trial's final model (flat/<measure>): at {at} (stop_at_train_loss), else {end}"
 
 
 def render(study: Study, console: Any) -> None:
     """Print :func:`plan` as a rich table to ``console`` (no cell split: :mod:`flatlab.analysis.console_table`)."""
-    from flatlab.analysis.console_table import make_table, print_table
-
     p = plan(study)
+    params = f" {p['workload_params']}" if p["workload_params"] else ""
     console.print(
-        f"[bold]{p['study']}[/bold]: workload {p['workload']}{' ' + str(p['workload_params']) if p['workload_params'] else ''}, metric {p['metric']} ({p['mode']}), "
+        f"[bold]{p['study']}[/bold]: workload {p['workload']}{params}, metric {p['metric']} ({p['mode']}), "
         f"searcher {p['searcher']}, scheduler {p['scheduler']}"
     )
     console.print(
-        f"budget: {p['total_trials']} trials x up to {p['max_epochs']} epochs (<= {p['max_trial_epochs']} trial-epochs), "
-        f"seeds {p['seeds']}, per trial {p['resources_per_trial']}, max_concurrent {p['max_concurrent'] or 'as resources allow'}"
+        f"budget: {p['total_trials']} trials x up to {p['max_epochs']} epochs (<= {p['max_trial_epochs']} "
+        f"trial-epochs), seeds {p['seeds']}, per trial {p['resources_per_trial']}, "
+        f"max_concurrent {p['max_concurrent'] or 'as resources allow'}"
     )
     if p["tunings"] > 1:
         console.print(tunings_line(study))
@@ -122,7 +126,8 @@ def render(study: Study, console: Any) -> None:
         console.print(
             f"{flatness_when(study)}: {', '.join(f'{k} {v}' if v else k for k, v in p['measures'].items())}"
             + (
-                f" on {sub['examples']} {sub['split']} examples (all of them if the split is smaller; seed {sub['seed']})"
+                f" on {sub['examples']} {sub['split']} examples "
+                f"(all of them if the split is smaller; seed {sub['seed']})"
                 if sub["examples"]
                 else f" on all {sub['split']} examples"
             )

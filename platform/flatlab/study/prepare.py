@@ -15,7 +15,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from flatlab.errors import ConfigError
 from flatlab.study.launches import BUDGET_KEYS, Launch, launch_file, resume_budget, resume_checkpoint_every
+from flatlab.study.loader import _scales, load_module, load_studies
+from flatlab.study.placement import missing_resources
 from flatlab.study.spec import Study
+from flatlab.study.validate import validate
 
 GIVEN_KEYS = BUDGET_KEYS + ("checkpoint_every",)
 """The options :func:`prepare` takes: the budget (:data:`~flatlab.study.launches.BUDGET_KEYS`) and the
@@ -81,8 +84,6 @@ def prepare(
             )
         path, studies, scales = "", [source], ()
     else:
-        from flatlab.study.loader import load_studies
-
         path = os.fspath(source)
         scales = file_scales(path)
         studies = load_studies(path, scale=scale or (resume_scale(path, root) if resume else None))
@@ -104,7 +105,7 @@ def prepare(
         s = dataclasses.replace(s, checkpoint_every=cadence)
         out.append(
             Prepared(
-                s.with_budget(mine["trials"], mine["epochs"], mine["final_seeds"], mine.get("tunings")).validate(path),
+                validate(s.with_budget(mine["trials"], mine["epochs"], mine["final_seeds"], mine.get("tunings")), path),
                 mine,
             )
         )
@@ -113,8 +114,6 @@ def prepare(
 
 def file_scales(path: str) -> Tuple[str, ...]:
     """The scales a study file defines (``SCALES``, the default first; ``()`` for a file without)."""
-    from flatlab.study.loader import _scales, load_module
-
     return _scales(path, load_module(path))
 
 
@@ -122,9 +121,6 @@ def scales_that_fit(path: str, current: Optional[str], cluster: Mapping[str, flo
     """The scales of study file ``path`` other than ``current`` (``None``: the default) at which every
     study's trial fits on ``cluster`` (``ray.cluster_resources()``), in the file's order; ``[]`` for a file
     without scales, or one that cannot be loaded (the caller's error is about something else)."""
-    from flatlab.study.loader import load_studies
-    from flatlab.study.placement import missing_resources
-
     try:
         scales = file_scales(path)
         current = current or (scales[0] if scales else None)
@@ -146,8 +142,6 @@ def resume_scale(path: str, root: Path) -> Optional[str]:
     Raises:
         ConfigError: the study file cannot be loaded at one of its scales.
     """
-    from flatlab.study.loader import load_studies
-
     scales = file_scales(path)
     best: Tuple[float, Optional[str]] = (-1.0, None)
     for scale in scales:

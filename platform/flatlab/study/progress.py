@@ -18,13 +18,19 @@ gets a warning line.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+import ray
 from ray.tune import Callback
+from rich.console import Console
 
 from flatlab.analysis.sample import TUNING_KEY
+from flatlab.analysis.selection import best_configurations, best_trial, rank_arms, search_trial, trial_outcome
 from flatlab.study.placement import waiting_for
+from flatlab.tracking.placement_tags import PLACEMENT_KEY, placement_tags
+from flatlab.tracking.trial_errors import one_line, read_trial_error
 
 
 class ProgressPrinter(Callback):
@@ -56,10 +62,6 @@ class ProgressPrinter(Callback):
         self._init()
 
     def _init(self) -> None:
-        import sys
-
-        from rich.console import Console
-
         self.console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
         self._running: set = set()
         self._done: Dict[str, str] = {}
@@ -73,8 +75,6 @@ class ProgressPrinter(Callback):
         self.took_over: Optional[Callable[[str], Optional[str]]] = None
 
     def _ended(self, trial: Any, error: bool) -> None:
-        from flatlab.analysis.selection import search_trial
-
         t = search_trial(trial.config or {}, getattr(trial, "last_result", {}) or {}, error, self.metric)
         if t is not None:
             self._trials[trial.trial_id] = t
@@ -82,8 +82,6 @@ class ProgressPrinter(Callback):
     def best(self) -> str:
         """The best configuration so far, as the status line shows it: ``"0.9582 (sgd_ire 3364efad)"``
         (``", mean of 3 seeds"`` added when it has several), or ``"-"`` before any search trial completed."""
-        from flatlab.analysis.selection import best_configurations, best_trial, rank_arms
-
         best = best_configurations(self._trials.values(), self.mode)
         if not best:
             return "-"
@@ -108,7 +106,6 @@ class ProgressPrinter(Callback):
         if len(trials) == self._seen:
             return
         self._seen = len(trials)
-        from flatlab.analysis.selection import trial_outcome
 
         for trial in trials:  # a restored experiment: trials that ended before the resume are done
             if trial.trial_id in self._done or trial.status not in ("TERMINATED", "ERROR"):
@@ -131,8 +128,6 @@ class ProgressPrinter(Callback):
         self._running.add(trial.trial_id)
 
     def on_trial_result(self, iteration: int, trials: List, trial: Any, result: Dict, **info: Any) -> None:
-        from flatlab.tracking.placement_tags import PLACEMENT_KEY, placement_tags
-
         placed = result.get(PLACEMENT_KEY)
         if placed is not None and placed != self._placed.get(trial.trial_id):
             self._placed[trial.trial_id] = placed
@@ -152,15 +147,14 @@ class ProgressPrinter(Callback):
         if recorded != trial.trial_id:  # it took over a killed driver's run
             note += f" (in MLflow: trial {recorded})"
         self._print(
-            f"  {outcome:9s} {_label(trial.config or {}):>10s} {trial.trial_id}  epochs {last.get('epoch', 0):>3}  {self.metric} {shown}{note}"
+            f"  {outcome:9s} {_label(trial.config or {}):>10s} {trial.trial_id} "
+            f" epochs {last.get('epoch', 0):>3}  {self.metric} {shown}{note}"
         )
         if time.monotonic() - self._last_status > 5.0 or not self._running:
             self._print(self.status())
             self._last_status = time.monotonic()
 
     def on_trial_complete(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
-        from flatlab.analysis.selection import trial_outcome
-
         outcome = trial_outcome(getattr(trial, "last_result", {}) or {}, False, self.metric)
         self._ended(trial, False)
         self._end(trial, "done" if outcome == "completed" else outcome)
@@ -190,8 +184,6 @@ def _label(config: Dict[str, Any]) -> str:
 
 def _waiting_for(trial: Any) -> str:
     """What pending ``trial`` waits for on the cluster (``""`` if it fits or the cluster cannot be asked)."""
-    import ray
-
     try:
         request = trial.placement_group_factory.required_resources
         return waiting_for(request, ray.available_resources(), ray.cluster_resources())
@@ -201,8 +193,6 @@ def _waiting_for(trial: Any) -> str:
 
 def _error_line(trial: Any) -> str:
     """``": <first line of the trial's error>"`` (e.g. a killed worker's), or ``""`` when there is none."""
-    from flatlab.tracking.trial_errors import one_line, read_trial_error
-
     try:
         text = read_trial_error(trial)
     except Exception:  # noqa: BLE001 - the progress line must not fail the study

@@ -2,35 +2,22 @@
 
 flatlab uses Ray's public API (``ray.init``, ``ray.tune``, ``ray.train``) everywhere else. The pieces
 below reach into Ray's internals, each to work around a fault or a missing option of the Ray versions
-in :data:`TESTED_RAY_VERSIONS`:
+in :data:`TESTED_RAY_VERSIONS` (each function's docstring says how):
 
-* :func:`loopback_node_ip` (:func:`init_local_ray`): a local Ray instance whose every socket listens on
-  loopback only, and a driver that joins a cluster on loopback as 127.0.0.1. On Linux,
-  ``ray.init(_node_ip_address="127.0.0.1")`` rewrites the address to the machine's network address
-  (``ray._private.services.resolve_ip_for_localhost``), and then the GCS, raylet, object manager,
-  agents and workers listen on every interface. Ray keeps everything on 127.0.0.1 where its constant
-  ``ray._private.ray_constants.ENABLE_RAY_CLUSTER`` is false (its macOS/Windows default, environment
-  variable ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``), so the launch sets it while Ray starts only.
-* :func:`route_ray_errors_to_log`: Ray's driver prints the cluster's error broadcasts ("A worker died
-  ...") to the terminal through ``ray._private.worker.print_to_stdstream``, even with
-  ``log_to_driver=False``; they go to the study's log instead.
-* :func:`refresh_auth_config`: Ray reads ``RAY_AUTH_MODE`` once per process (``ray._raylet.Config``);
-  :func:`gcs_requires_token` asks a cluster's GCS whether it uses token authentication.
-* :func:`restored_callbacks`, :func:`tuner_scheduler` and :func:`tuner_searcher`: a restored ``Tuner``
-  keeps the callbacks, scheduler and searcher it pickled (``Tuner._local_tuner``); a resume swaps in
-  this launch's live callbacks and hooks.
-* :func:`can_resume`: ``Tuner.can_restore`` answers True from ``tuner.pkl`` alone, written as the
-  Tuner is built and before Tune saves the experiment's first state; a Tuner restored from it restarts
-  the experiment with ``num_samples=1`` (``TunerInternal._fit_resume`` passes none), so a driver killed
-  in between would resume into a one-trial search.
-* :func:`buffered_trainable`: Ray 2.60's ``Trainable.train_buffered`` ends every batch after one report,
-  and its controller mis-handles a batch that ends with a checkpoint (see the function).
-* :func:`retry_system_failures_only`: Tune's ``FailureConfig(max_failures)`` retries a trial after any
-  failure; flatlab retries the loss of a node or worker (:func:`is_system_failure`) and fails a trial
-  whose own code raised at once (``Trial.handle_error``).
-* :func:`asha_rung_count`: the number of rungs of Ray's ``ASHAScheduler`` bracket (``_Bracket``).
-* :func:`train_session_storage`: the storage of the Ray Train run a DDP trial lives in
-  (``ray.train._internal.session``, as ``ray.tune.integration.ray_train`` reads it).
+* :func:`loopback_node_ip`, :func:`init_local_ray`: a local Ray instance whose every socket listens on
+  loopback only (on Linux ``ray.init`` rewrites 127.0.0.1 to the machine's network address), and a
+  driver that joins a cluster on loopback as 127.0.0.1.
+* :func:`route_ray_errors_to_log`: the cluster's error broadcasts ("A worker died ...") go to the
+  study's log, not the terminal, even with ``log_to_driver=False``.
+* :func:`refresh_auth_config`, :func:`gcs_requires_token`: token authentication, which Ray reads once
+  per process.
+* :func:`restored_callbacks`, :func:`tuner_scheduler`, :func:`tuner_searcher`: what a restored ``Tuner``
+  pickled, so that a resume swaps in this launch's live callbacks and hooks.
+* :func:`can_resume`: whether Tune saved an experiment, not only built its Tuner.
+* :func:`buffered_trainable`: result buffering that ends a batch where flatlab says.
+* :func:`retry_system_failures_only`: retries for a lost node or worker only, never for the trial's own
+  exception.
+* :func:`asha_rung_count`, :func:`train_session_storage`: ASHA's rungs; a DDP trial's Ray Train storage.
 
 :func:`check_ray_version` says, once per process, when the installed Ray is not one of those versions;
 ``pyproject.toml`` allows only them.
@@ -39,10 +26,14 @@ in :data:`TESTED_RAY_VERSIONS`:
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
+import sys
 import time
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional
+
+import numpy as np
 
 #: Ray releases (major.minor) the test suite ran on with these workarounds; ``pyproject.toml`` allows these.
 TESTED_RAY_VERSIONS = ("2.60",)
@@ -60,6 +51,7 @@ def ray_version_problem(version: Optional[str] = None) -> Optional[str]:
     """A one-line warning when Ray ``version`` (default: the installed one) is not a tested release,
     else ``None``."""
     if version is None:
+        # Ray on first use: importing this module stays light
         import ray
 
         version = ray.__version__
@@ -96,6 +88,7 @@ def loopback_node_ip() -> Iterator[None]:
     agents inherit, so the workers they start later use loopback) and restored after it, so a later
     ``ray.init`` of the same process joins other clusters with the machine's network address.
     """
+    # Ray on first use: importing this module stays light
     from ray._private import ray_constants
 
     before_const, before_env = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get(CLUSTER_ENV)
@@ -114,8 +107,6 @@ def loopback_node_ip() -> Iterator[None]:
 def is_loopback_address(address: str) -> bool:
     """Whether a Ray address ``HOST:PORT`` / ``ray://HOST:PORT`` names this machine's loopback
     (``127.x.x.x``, ``::1``, ``localhost``)."""
-    import ipaddress
-
     rest = address.split("://", 1)[1] if "://" in address else address
     host = rest.rpartition(":")[0].strip("[]") if ":" in rest else rest
     if host == "localhost":
@@ -129,6 +120,7 @@ def is_loopback_address(address: str) -> bool:
 def init_local_ray(**kwargs: Any) -> Any:
     """``ray.init(address="local", **kwargs)`` with every socket of the new instance on 127.0.0.1
     (:func:`loopback_node_ip`). Returns what ``ray.init`` returns."""
+    # Ray on first use: importing this module stays light
     import ray
 
     with loopback_node_ip():
@@ -140,6 +132,7 @@ def gcs_requires_token(address: str, timeout: float = 3.0) -> Optional[bool]:
     ``True`` (the cluster uses token authentication), ``False`` (it does not), ``None`` (no answer within
     ``timeout`` seconds, or another error: unknown). One ``GetClusterId`` call over Ray's generated gRPC
     stubs (``ray.core.generated``)."""
+    # grpc (Ray's RPC) and Ray on first use: importing this module stays light
     import grpc
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
@@ -158,9 +151,8 @@ def gcs_requires_token(address: str, timeout: float = 3.0) -> Optional[bool]:
 def refresh_auth_config() -> None:
     """Make Ray re-read ``RAY_AUTH_MODE`` in this process (as Ray's own token set-up does), if Ray's
     core is loaded already."""
-    import sys
-
     if "ray._raylet" in sys.modules:
+        # Ray on first use: importing this module stays light
         from ray._raylet import Config
 
         Config.initialize("")
@@ -172,6 +164,7 @@ def route_ray_errors_to_log() -> bool:
     returns ``False`` (and changes nothing) if this Ray has no ``ray._private.worker.print_to_stdstream``.
     """
     try:
+        # Ray on first use: importing this module stays light
         import ray._private.worker as ray_worker
     except ImportError:  # pragma: no cover (ray is a dependency)
         return False
@@ -199,7 +192,10 @@ def can_resume(experiment_path: str) -> bool:
     ``Tuner.restore`` continues it at the budget it was launched with: ``tuner.pkl`` and at least one
     ``experiment_state-*.json`` (``ray.tune.execution.experiment_state``). False for a launch whose driver
     died after building its Tuner and before Tune's first save: it must start again (a new Tuner), not
-    be restored (see the module docstring)."""
+    be restored. ``Tuner.can_restore`` answers True from ``tuner.pkl`` alone, and a Tuner restored from
+    it restarts the experiment with ``num_samples=1`` (``TunerInternal._fit_resume`` passes none): a
+    one-trial search."""
+    # Ray on first use: importing this module stays light
     from ray.tune import Tuner
     from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
 
@@ -230,6 +226,7 @@ def is_system_failure(exc: Optional[BaseException]) -> bool:
     a worker or an actor, not an exception of the trial's own code: a ``RayActorError`` (e.g. its node
     was removed), a task error caused by one, or a Ray Train run (DDP trial) that failed because a
     worker died or was preempted."""
+    # Ray on first use: importing this module stays light
     from ray.exceptions import RayActorError, RayTaskError
 
     if isinstance(exc, RayActorError):
@@ -240,6 +237,7 @@ def is_system_failure(exc: Optional[BaseException]) -> bool:
     if isinstance(cause, RayActorError):
         return True
     try:
+        # Ray on first use: importing this module stays light
         from ray.train.v2.api.exceptions import PreemptionError, WorkerGroupError
     except ImportError:  # pragma: no cover (Ray Train V2 ships with the tested Ray)
         return False
@@ -254,6 +252,7 @@ def retry_system_failures_only() -> bool:
     system failure (:func:`is_system_failure`); a trial whose own code raised fails at once, as with
     ``max_failures=0``. Tune counts both alike (``Trial.handle_error``); the patched method uses up a
     trial's remaining retries when its own code raised. Idempotent; returns ``True`` once installed."""
+    # Ray on first use: importing this module stays light
     from ray.tune.experiment.trial import Trial
 
     original = Trial.handle_error
@@ -274,14 +273,13 @@ def retry_system_failures_only() -> bool:
 
 def asha_rung_count(max_t: float, grace_period: float, reduction_factor: float) -> int:
     """How many rungs Ray's ``ASHAScheduler`` gives its one bracket (``_Bracket``'s count)."""
-    import numpy as np
-
     return int(np.log(max_t / grace_period) / np.log(reduction_factor) + 1)
 
 
 def train_session_storage() -> Any:
     """The ``StorageContext`` of the running Tune trial (``ray.train._internal.session``): its
     ``trial_fs_path`` and ``storage_filesystem``, where a DDP trial keeps its Ray Train run."""
+    # Ray on first use: importing this module stays light
     from ray.train._internal.session import get_session
 
     return get_session().storage
@@ -297,11 +295,12 @@ def buffered_trainable(fn: Any, decide_at: FrozenSet[int], buffer_s: float, max_
 
     Why an override: Ray 2.60's controller calls ``train_buffered(buffer_length, buffer_time_s)`` while
     ``Trainable.train_buffered`` takes ``(buffer_time_s, max_buffer_length)``, so Ray's own method ends
-    every batch after one report (measured: 1029 of 1029 batches held one report); and given a batch that
+    every batch after one report; and given a batch that
     ends with a checkpoint, that controller acts on the earlier reports' CONTINUE before the checkpoint's
     ``save`` resolves and runs two trains at once. Both are Ray 2.60 faults; when Ray fixes them this
     class can shrink to the error handling.
     """
+    # Ray on first use: importing this module stays light
     from ray.tune.result import DONE, RESULT_DUPLICATE, SHOULD_CHECKPOINT, TRAINING_ITERATION
     from ray.tune.trainable.function_trainable import wrap_function
 

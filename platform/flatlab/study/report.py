@@ -1,30 +1,25 @@
 """The study's summary on its MLflow parent run: best values per arm and the plots a reader looks for first.
 
-After a launch (``study/runner.py`` ``_post_study``), :func:`log_study_report` logs to the parent run:
+After a launch (:func:`flatlab.study.post_study.post_study`), :func:`log_study_report` logs to the parent run:
 
-* ``report/best_per_arm.json``, a table (``mlflow.log_table``) with one row per arm: its best completed
-  trial (:func:`flatlab.analysis.selection.best_trial_rows`: the best trial of its best
-  configuration, by the study metric), its epochs, the
-  study metric, the test metric (``test/accuracy``, or ``test/perplexity``/``test/loss`` where the
-  workload reports that instead), its flatness measures and its params. The parent run holds no
-  per-arm metrics, so MLflow's charts show the trials' curves;
+* ``report/best_per_arm.json``, a table (``mlflow.log_table``), one row per arm: its best completed trial
+  (:func:`flatlab.analysis.selection.best_trial_rows`), its epochs, the study metric, the test metric,
+  its flatness measures and its params. The parent run holds no per-arm metrics, so MLflow's charts
+  show the trials' curves;
 * ``report/learning_curves.png``: the study metric against the epoch, one line per trial, one panel per
   arm (solid: completed, dotted: pruned or stopped, dashed: final-stage re-runs);
 * ``report/parallel_coordinate_<arm>.png`` and ``report/param_importances_<arm>.png``: Optuna's
-  matplotlib visualisations over the arm's Optuna study (``<root>/<study>/optuna.db``, study
-  ``<launch>.<arm>``; parallel coordinates tidied by
+  matplotlib visualisations over the arm's Optuna study (parallel coordinates tidied by
   :func:`flatlab.analysis.plot_axes.tidy_parallel_coordinate`; fANOVA importances with a fixed seed,
   which need >= 2 completed trials and a searched parameter);
-* ``report/metric_vs_flatness.png`` (:func:`flatlab.analysis.compare.plot.plot_metric_vs_flatness`) over the
-  completed trials, for studies without a final stage whose trials measured flatness (``flat/*``); with a
-  final stage, :func:`flatlab.tracking.publish.log_comparison` logs it under ``compare/``;
+* ``report/metric_vs_flatness.png`` (:func:`flatlab.analysis.compare.plot.plot_metric_vs_flatness`) for
+  studies without a final stage whose trials measured flatness (with one,
+  :func:`flatlab.tracking.publish.log_comparison` logs it under ``compare/``);
 
 and it points the experiment's default view in MLflow's UI (:func:`flatlab.tracking.ui.set_default_view`)
-at this launch, with the test metric its trials logged.
-
-What cannot be drawn (no completed trial, a grid study without Optuna studies, an arm that searches
-nothing) is skipped with its reason in the study's log (``<root>/<study>/logs/flatlab.log``, its path on the summary line). Nothing here ever raises: every trial is already
-recorded, and a plot must not fail the study.
+at this launch. What cannot be drawn (no completed trial, a grid study without Optuna studies, an arm
+that searches nothing) is skipped with its reason in the study's log. Nothing here ever raises: every
+trial is already recorded, and a plot must not fail the study.
 """
 
 from __future__ import annotations
@@ -36,7 +31,15 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import numpy as np
+
+from flatlab.analysis.compare.plot import plot_metric_vs_flatness
+from flatlab.analysis.plot_axes import integer_ticks, plain_figure, plain_numbers, tidy_parallel_coordinate
 from flatlab.analysis.report import best_per_arm_table
+from flatlab.analysis.results import _test_metric
+from flatlab.study.launches import Launch, log_file
+from flatlab.tracking import runs, ui
+from flatlab.tracking.trials import trials_frame
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +59,6 @@ def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Pat
     Returns:
         The artifact paths and metric names logged.
     """
-    from flatlab.study.launches import log_file
-    from flatlab.tracking import runs
-    from flatlab.tracking.trials import trials_frame
-
     logged: List[str] = []
     skipped: List[str] = []
     try:
@@ -71,9 +70,6 @@ def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Pat
         logger.warning("study report: no trials read for run %s: %s", parent_run_id, exc)
         return logged
     try:  # the default runs view names the test metric the trials logged (flatlab.tracking.ui)
-        from flatlab.analysis.results import _test_metric
-        from flatlab.tracking import ui
-
         test = _test_metric(df) if not df.empty else None
         experiment_id = client.get_run(parent_run_id).info.experiment_id
         ui.set_default_view(client, experiment_id, study, parent_run_id, [test] if test else ui.TEST_METRICS)
@@ -132,8 +128,6 @@ def log_best_per_arm(client: Any, run_id: str, df: Any, metric: str) -> List[str
 
 def _run_name(row: Any) -> str:
     """The MLflow run name of a trials-table row (:func:`flatlab.tracking.ui.trial_run_name`)."""
-    from flatlab.tracking import ui
-
     return ui.trial_run_name(row["arm"], row.get("stage", "search"), row.get("seed", ""), row.get("trial_id", ""))
 
 
@@ -150,10 +144,8 @@ def plot_learning_curves(client: Any, df: Any, metric: str, path: Path, arms: Op
     Raises:
         ValueError: ``df`` has no trial with a recorded value of ``metric``.
     """
-    import numpy as np
+    # matplotlib on first use: importing this module stays light
     from matplotlib.figure import Figure
-
-    from flatlab.analysis.plot_axes import integer_ticks, plain_numbers
 
     curves: Dict[str, List[Any]] = {}
     for _, row in df.iterrows():
@@ -193,9 +185,10 @@ def optuna_plots(study: Any, out: Path, tmp: Path, skipped: List[str]) -> List[P
     (``<out>/optuna.db``, study ``<launch>.<arm>``, ``launch`` = launch.json's ``experiment_name``) as
     PNGs under ``tmp``. An arm that cannot have one gets a reason appended to ``skipped``: no Optuna
     studies (grid searcher), no searched parameter, no completed trial, fewer than 2 for importances."""
+    # Optuna on first use: importing this module stays light
     import optuna
 
-    from flatlab.study.launches import Launch
+    # Ray Tune and Optuna (the searchers) on first use: importing this module stays light
     from flatlab.study.searchers import optuna_study_name
 
     db, launch = out / "optuna.db", Launch.read(out.parent, out.name)
@@ -222,6 +215,7 @@ def optuna_plots(study: Any, out: Path, tmp: Path, skipped: List[str]) -> List[P
 
 def _arm_plots(st: Any, arm: str, metric: str, tmp: Path, skipped: List[str]) -> List[Path]:
     """The parallel-coordinate and importance PNGs of one arm's Optuna study ``st`` (see :func:`optuna_plots`)."""
+    # Optuna on first use: importing this module stays light
     import optuna
 
     plots = optuna.visualization.matplotlib
@@ -229,7 +223,6 @@ def _arm_plots(st: Any, arm: str, metric: str, tmp: Path, skipped: List[str]) ->
     if not done:
         skipped.append(f"parallel coordinates and importances of arm {arm!r}: no completed trial")
         return []
-    from flatlab.analysis.plot_axes import tidy_parallel_coordinate
 
     paths = [
         _optuna_png(
@@ -255,14 +248,13 @@ def _arm_plots(st: Any, arm: str, metric: str, tmp: Path, skipped: List[str]) ->
 
 def _optuna_png(draw: Any, path: Path, title: str, tidy: Any = None) -> Path:
     """Run one of Optuna's matplotlib plots (``draw() -> Axes``), ``tidy(figure, axes)`` it when given,
-    title it, save it to ``path`` and close its figure. Optuna draws through pyplot and switches pyplot's style to ``ggplot`` for good: the
-    caller's rcParams are restored afterwards, and the figure leaves pyplot's registry. Numeric tick
-    labels carry no offset text (:func:`flatlab.analysis.plot_axes.plain_figure`)."""
+    title it, save it to ``path`` and close its figure. Optuna draws through pyplot and switches pyplot's
+    style to ``ggplot`` for good: the caller's rcParams are restored afterwards, and the figure leaves
+    pyplot's registry. Numeric tick labels carry no offset text (:func:`flatlab.analysis.plot_axes.plain_figure`)."""
+    # matplotlib and Optuna on first use: importing this module stays light
     import matplotlib
     import matplotlib.pyplot as plt
     import optuna
-
-    from flatlab.analysis.plot_axes import plain_figure
 
     with matplotlib.rc_context(), warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -284,8 +276,6 @@ def flatness_plot(study: Any, df: Any, tmp: Path, skipped: List[str]) -> List[Pa
     """``metric_vs_flatness.png`` over ``df``'s completed trials, for studies without a final stage (with
     one, :func:`~flatlab.tracking.publish.log_comparison` logs it); skipped (with a reason) where no trial
     recorded a ``flat/*`` measure."""
-    from flatlab.analysis.compare.plot import plot_metric_vs_flatness
-
     if study.final_seeds or (study.searcher == "grid" and len(study.seeds) > 1):
         return []  # the comparison already has it (compare/metric_vs_flatness.png)
     if not any(c.startswith("flat/") and df[c].notna().any() for c in df.columns):

@@ -20,6 +20,7 @@ from typing import Callable, Dict, FrozenSet, List, Optional
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
+from flatlab.study.ray_compat import asha_rung_count
 from flatlab.study.spec import Study
 from flatlab.study.tunings import lane_of, lanes
 
@@ -134,7 +135,6 @@ def decision_epochs(study: Study) -> FrozenSet[int]:
     so every decision is made on time."""
     if study.scheduler != "asha":
         return frozenset()
-    from flatlab.study.ray_compat import asha_rung_count
 
     rf = study.reduction_factor
     rungs = asha_rung_count(study.max_epochs, study.grace_period, rf)

@@ -2,27 +2,22 @@
 
 :class:`ArmSearcher` hands out trials arm by arm (the arm with the fewest trials goes next), so a
 single ``Tuner`` serves every optimizer arm and no worker idles at an arm's tail. For ``optuna`` and
-``random`` it drives one Optuna study per arm (``<launch>.<arm>``, seeded, stored in SQLite beside the
-study's outputs) through Optuna's ask/tell interface, define-by-run: ``ask()``, then ``trial.suggest_*``
-for each field active in this trial (a ``space.when`` field only when its condition holds, so an
-inactive field is absent from the config, from MLflow's params and from the trainer's spec). For
+``random`` it drives one seeded Optuna study per arm (``<launch>.<arm>``, in SQLite beside the study's
+outputs) through ask/tell, define-by-run: a ``space.when`` field is suggested only when its condition
+holds, so an inactive field is absent from the config, MLflow's params and the trainer's spec. For
 ``grid`` it enumerates the arm's active grid points x seeds.
 
 Optuna is told the truth about each trial (Ray's ``OptunaSearch`` stores a scheduler-stopped trial as
 COMPLETE with its partial value, so Optuna's best trial could be a pruned one):
 
-* every epoch's value of the study metric is reported as an intermediate value (step = epoch), written
-  together with the trial's outcome (one storage write per trial, off the per-epoch path);
-* a trial that ran its whole budget (or stopped at its training-loss target) is COMPLETE with its
-  final value; one stopped by the scheduler is PRUNED; one that raised or diverged is FAIL;
-* each Optuna trial carries the user attributes ``tune_trial_id``, ``arm``, ``seed``, ``launch`` (the Tune
-  experiment that asked for it) and, once it ends, ``mlflow_run_id`` (from :attr:`ArmSearcher.run_id_of`,
-  which the runner points at the MLflow callback); the Optuna study's metric name is the study's
-  metric, so optuna-dashboard shows ``val/accuracy``, not "Objective 0";
-* after a driver was killed, a resume's suggestions take over the trials the launch asked for after
-  Tune's last save (which no restored Tune trial holds) before asking for new ones, and a trial Optuna
-  already holds as COMPLETE or PRUNED keeps that record: each arm holds ``num_trials`` trials
-  (:mod:`flatlab.study.recovery`).
+* every epoch's value of the study metric is an intermediate value (step = epoch), written with the
+  trial's outcome in one storage write per trial;
+* a trial that ran its budget (or stopped at its training-loss target) is COMPLETE with its final
+  value; one stopped by the scheduler is PRUNED; one that raised or diverged is FAIL;
+* each Optuna trial carries ``tune_trial_id``, ``arm``, ``seed``, ``launch`` and, once it ends,
+  ``mlflow_run_id`` (:attr:`ArmSearcher.run_id_of`); the Optuna study's metric name is the study's;
+* after a driver was killed, a resume first takes over the trials asked for after Tune's last save, and
+  a trial Optuna already holds as COMPLETE or PRUNED keeps that record (:mod:`flatlab.study.recovery`).
 
 Its state (``save``/``restore``, read by ``--resume``) is JSON: counters and trial-number maps. The
 searches themselves live in the Optuna storage, so nothing read back can execute code.
@@ -36,6 +31,7 @@ import math
 import warnings
 from typing import Any, Callable, Dict, List, Optional
 
+import optuna
 from ray.tune.search import Searcher
 
 from flatlab.analysis.sample import TUNING_KEY
@@ -52,8 +48,6 @@ LAUNCH_ATTR = "launch"
 
 
 def _sampler(kind: str, seed: int):
-    import optuna
-
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed)
@@ -112,8 +106,6 @@ class ArmSearcher(Searcher):
         self._open_studies()
 
     def _open_studies(self) -> None:
-        import optuna
-
         storage = _storage(self._storage_url)
         for arm in self._arms:
             if not any(is_searched(inner(d)) for d in self._spaces.get(arm, {}).values()):
@@ -142,8 +134,6 @@ class ArmSearcher(Searcher):
         take them over, in order, instead of asking for new ones, so each arm keeps ``num_trials``. A trial
         still RUNNING without the launch attribute is one too: the driver was killed between ``ask()`` and
         the writes of its attributes (only a killed driver leaves a trial RUNNING)."""
-        import optuna
-
         self._orphans = {}
         if not self._experiment:
             return
@@ -181,8 +171,6 @@ class ArmSearcher(Searcher):
             st = self._studies.get(arm)
             trial = None
             if st is not None and self._orphans.get(arm):  # asked before the driver was killed: take it over
-                import optuna
-
                 frozen = self._orphans[arm].pop(0)
                 trial = optuna.trial.Trial(st, frozen._trial_id)  # its params come back as they were drawn
                 config["seed"] = frozen.user_attrs.get("seed", config["seed"])
@@ -215,8 +203,6 @@ class ArmSearcher(Searcher):
         return config
 
     def _trial(self, trial_id: str):
-        import optuna
-
         arm = self._trial_arm.get(trial_id, "")
         if arm not in self._studies or trial_id not in self._optuna:
             return None, None
@@ -238,8 +224,6 @@ class ArmSearcher(Searcher):
         record[2] = step
 
     def on_trial_complete(self, trial_id: str, result: Optional[Dict] = None, error: bool = False) -> None:
-        import optuna
-
         st, trial = self._trial(trial_id)
         if st is None:
             return
@@ -407,6 +391,4 @@ def _read_state(path: str, fmt: str) -> Dict[str, Any]:
 def _storage(url: Optional[str]):
     if url is None:
         return None
-    import optuna
-
     return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}})

@@ -216,7 +216,7 @@ def representatives(space: "dict[str, Dim]") -> List["dict[str, Any]"]:
             forced[parent] = values[0]
             if isinstance(space[parent], Conditional):
                 todo.extend(space[parent].conditions)  # type: ignore[attr-defined]
-        config = sample(space, lambda n, d: forced[n] if n in forced else d.representative())
+        config = sample(space, lambda n, d, forced=forced: forced[n] if n in forced else d.representative())
         if config not in out:
             out.append(config)
     return out

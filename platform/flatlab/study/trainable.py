@@ -26,12 +26,21 @@ from typing import Any, Dict, Optional
 
 from ray import tune
 
+from flatlab.extensions import capture, install
+from flatlab.study.ddp_trial import run_ddp_trial
+from flatlab.study.placement import choose_device, node_label, placement
+from flatlab.study.ray_compat import buffered_trainable
+from flatlab.study.reporter import BackgroundReporter
+from flatlab.study.schedulers import decision_epochs
 from flatlab.study.spec import Study
 from flatlab.study.trial_loop import evaluation_trial, trial_loop
+from flatlab.study.trial_spec import trial_spec
 from flatlab.tracking.artifacts import WorkerTracking
+from flatlab.tracking.placement_tags import PLACEMENT_KEY, encode
 from flatlab.train.cpu_threads import configure as configure_cpu
 from flatlab.train.trainer import Trainer
 from flatlab.workloads.base import Data
+from flatlab.workloads.registry import get_workload
 
 #: Seconds a trial's reports may wait in its worker before they go to the driver together (Tune's
 #: result buffering), from the environment variable ``FLATLAB_RESULT_BUFFER_S`` (default 1; 0 sends every
@@ -73,10 +82,6 @@ def make_trainable(
     Returns:
         A ``ray.tune`` ``FunctionTrainable`` subclass, named ``run_trial`` like the function it wraps.
     """
-    from flatlab.extensions import capture
-    from flatlab.study.ray_compat import buffered_trainable
-    from flatlab.study.schedulers import decision_epochs
-
     # the study's own workloads, optimizers and measures reach the trials' processes by value
     fn = tune.with_resources(
         tune.with_parameters(run_trial, study=study, data=data, tracking=tracking, extensions=capture()),
@@ -96,8 +101,8 @@ def run_trial(
     extensions: Optional[Dict[str, Dict[str, Any]]] = None,
 ) -> None:
     """Train the trial described by ``config`` (``{"arm", "seed", field: value ...}``) under Tune: one
-    ``tune.report`` per epoch, a checkpoint where :func:`~flatlab.study.trial_loop.checkpoint_due` says so; a checkpoint from
-    ``tune.get_checkpoint()`` (a restarted trial) is loaded first.
+    ``tune.report`` per epoch, a checkpoint where :func:`~flatlab.study.trial_loop.checkpoint_due` says so;
+    a checkpoint from ``tune.get_checkpoint()`` (a restarted trial) is loaded first.
 
     With ``Resources(workers > 1)`` the trial runs as a Ray Train ``TorchTrainer`` (DDP) started from
     here (:mod:`flatlab.study.ddp_trial`); its ranks run the same :func:`~flatlab.study.trial_loop.trial_loop`.
@@ -114,15 +119,8 @@ def run_trial(
         DeviceUnavailableError: the trial reserved a GPU, CUDA is not usable on its node, and the study has
             no ``Resources(cpu_fallback=True)`` (the trial fails at once).
     """
-    from flatlab.extensions import install
-    from flatlab.study.placement import choose_device, node_label, placement
-    from flatlab.tracking.placement_tags import PLACEMENT_KEY, encode
-    from flatlab.workloads.registry import get_workload
-
     install(extensions or {})
     if get_workload(study.workload).trains and study.resources.workers > 1:
-        from flatlab.study.ddp_trial import run_ddp_trial
-
         run_ddp_trial(config, study=study, data=data, tracking=tracking, extensions=extensions)
         return
     # before any computation: the subnormal mode first (the thread pool inherits it), then the thread
@@ -141,7 +139,7 @@ def run_trial(
             trial_id=tune.get_context().get_trial_id(),
         )
         return
-    spec = study.trial_spec(config, device=device)
+    spec = trial_spec(study, config, device=device)
     trainer = Trainer(spec, data)
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
@@ -159,9 +157,6 @@ def run_trial(
             tune.report(metrics)
         else:
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(checkpoint_dir))
-
-    from flatlab.study.reporter import BackgroundReporter
-    from flatlab.study.schedulers import decision_epochs
 
     # training goes on while the reports travel; it waits at its scheduler's decision epochs
     reporter = BackgroundReporter(send, wait_at=decision_epochs(study))

@@ -29,12 +29,17 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import torch
 
 from flatlab.analysis.selection import COMPLETED_KEY, DIVERGED_KEY
+from flatlab.sharpness.measures import compute_measures, measure_subset, resolve_measures
 from flatlab.study.spec import Study
+from flatlab.study.trial_spec import trial_spec
 from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
+from flatlab.tracking.checkpoints import local_params
 from flatlab.tracking.runs import EPOCH_END_KEY, SUMMARY_KEY, at_target
 from flatlab.train.checkpoint import StateSnapshot
+from flatlab.train.evaluation import evaluate_trial
 from flatlab.train.trainer import Diverged, Trainer
 from flatlab.workloads.base import Data
+from flatlab.workloads.registry import build_workload, get_workload
 
 #: With ``Study.checkpoint_every=None`` (the default), a trial checkpoints at the first epoch that ends at
 #: least this many seconds after its previous checkpoint (or its start), and at its last epoch: a
@@ -181,11 +186,7 @@ def evaluation_trial(
         ConfigError: from :func:`~flatlab.tracking.checkpoints.local_params` or the workload (the trial
             fails).
     """
-    from flatlab.tracking.checkpoints import local_params
-    from flatlab.train.evaluation import evaluate_trial
-    from flatlab.workloads.registry import build_workload, get_workload
-
-    spec = study.trial_spec(config, device=device)
+    spec = trial_spec(study, config, device=device)
     names = get_workload(spec.workload).checkpoint_params
     params = local_params(spec.workload_params, names, tracking.tracking_uri if tracking is not None else "")
     done = evaluate_trial(spec, data, build_workload(spec.workload, **params))
@@ -222,8 +223,6 @@ def measure_trial(trainer: Trainer, study: Study) -> Dict[str, float]:
     same examples, noise and probes for every trial), with the unsmoothed training loss: ``flat/*`` and
     ``time/measures_s`` (:func:`flatlab.sharpness.measures.compute_measures`). The trial loop calls it on
     the final model and, with ``measure_at_train_loss``, on the model at the target."""
-    from flatlab.sharpness.measures import compute_measures, measure_subset, resolve_measures
-
     split = trainer.data.train if study.measure_split == "train" else trainer.data.eval_splits()[study.measure_split]
     subset = measure_subset(split, study.measure_examples, study.measure_seed, device=trainer.device)
     resolved = resolve_measures(study.measures, f"study {study.name!r}: measures")

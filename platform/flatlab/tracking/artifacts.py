@@ -20,9 +20,12 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
-from flatlab.tracking import runs
+from flatlab.tracking import runs, ui
+from flatlab.tracking.logged_model import log_trial_model
+from flatlab.train.resolved import resolve_spec
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +54,7 @@ def log_curve(
             start of the trial and at the end of each epoch: a point's timestamp is linearly
             interpolated between them (held constant outside them); none: every point gets the time now.
     """
+    # MLflow on first use: importing this module stays light
     from mlflow.entities import Metric
 
     stamps = _timestamps([int(s) for s, _ in curve], times)
@@ -59,8 +63,6 @@ def log_curve(
 
 def _timestamps(steps: Sequence[int], times: Sequence[Tuple[int, float]]) -> list:
     """Milliseconds since 1970 for each of ``steps``, interpolated in ``times`` (see :func:`log_curve`)."""
-    import numpy as np
-
     if not times:
         return [int(time.time() * 1000)] * len(steps)
     anchors = sorted(times)
@@ -97,8 +99,6 @@ def log_trial_artifacts(
     if run_id is None:
         logger.warning("no MLflow run found for trial %s; artifacts not logged", trial_id)
         return None
-    from flatlab.tracking import ui
-    from flatlab.tracking.logged_model import log_trial_model
 
     client = runs.client(tracking.tracking_uri)
     if curve:
@@ -127,8 +127,6 @@ def log_trial_artifacts(
 
 def _resolved(spec: Any, trial_id: str) -> Optional[Dict[str, Dict[str, Any]]]:
     """``spec``'s resolved configuration, or ``None`` (logged) where it cannot be resolved."""
-    from flatlab.train.resolved import resolve_spec
-
     try:
         return resolve_spec(spec)
     except Exception:  # noqa: BLE001 - artifacts must never fail a trial

@@ -1,27 +1,26 @@
 """Driver-side MLflow logging for Tune trials, batched and off the Tune event loop.
 
-Ray's ``MLflowLoggerCallback`` logs every result synchronously (~35 ms per result on SQLite, which
-tripled a small study's wall time in our measurements). This callback only enqueues on the Tune
-thread; one background thread creates runs, sends metrics with ``MlflowClient.log_batch`` (all
-pending results of a run in one call), and ends runs. Statuses (:data:`flatlab.tracking.ui.OUTCOME_STATUS`):
-FINISHED for completed trials and for trials the scheduler stopped (``flatlab.outcome=pruned``: a
-result, not a failure), FAILED for errors and divergence (``flatlab.outcome=diverged``); runs are named
-by arm, stage and seed or trial id (:func:`flatlab.tracking.ui.trial_run_name`). Each epoch's metrics
-carry the time that epoch ended (the report's ``epoch_end_time``), not the time they reached the driver,
-which receives several epochs' reports at once; per-epoch metrics have step = epoch, the final model's
-summary values (``test/*``, ``flat/*`` ..., named by the last report: :data:`flatlab.tracking.runs.SUMMARY_KEY`)
-step 0. A failed trial's exception and traceback go to its ``error.txt``
-artifact and ``Type: message`` to its ``flatlab.error`` tag, which a restart removes. Where each (re)start
-of a trial ran (device, GPU, world size, workers, resources, node: the reports'
+Ray's ``MLflowLoggerCallback`` logs every result synchronously, on the thread that drives Tune. This
+callback only enqueues there; one background thread creates runs, sends metrics with
+``MlflowClient.log_batch`` (all pending results of a run in one call), and ends runs. Statuses
+(:data:`flatlab.tracking.ui.OUTCOME_STATUS`): FINISHED for completed trials and for trials the scheduler
+stopped (``flatlab.outcome=pruned``: a result, not a failure), FAILED for errors and divergence
+(``flatlab.outcome=diverged``); runs are named by :func:`flatlab.tracking.ui.trial_run_name`.
+
+Each epoch's metrics carry the time that epoch ended (the report's ``epoch_end_time``), not the time
+they reached the driver; per-epoch metrics have step = epoch, the final model's summary values
+(``test/*``, ``flat/*`` ...: :data:`flatlab.tracking.runs.SUMMARY_KEY`) step 0. A failed trial's
+exception and traceback go to its ``error.txt`` artifact and ``Type: message`` to its ``flatlab.error``
+tag, which a restart removes. Where each (re)start of a trial ran (the reports'
 :data:`~flatlab.tracking.placement_tags.PLACEMENT_KEY`) becomes ``flatlab.<field>`` tags. :meth:`close`
-marks anything still open KILLED, so no run is left RUNNING. The callback pickles without its
-thread (Tune stores it in the experiment state for resume).
+marks anything still open KILLED. The callback pickles without its thread (Tune stores it in the
+experiment state for resume).
 
 No epoch is logged twice: a trial resumed from a checkpoint older than its last report re-runs epochs
 that are already in MLflow; the callback remembers each run's last logged step (seeded from MLflow's
-``epoch`` history when it reopens a run after a restart) and skips steps up to it. ``best/<metric>``
-continues from the run's logged best. A resume after the driver was killed hands a trial the run of the
-same trial started after Tune's last save (:attr:`MLflowTrialLogger.claimed`), so no run is left RUNNING.
+``epoch`` history when it reopens a run) and skips steps up to it. ``best/<metric>`` continues from the
+run's logged best. A resume after the driver was killed hands a trial the run of the same trial started
+after Tune's last save (:attr:`MLflowTrialLogger.claimed`), so no run is left RUNNING.
 """
 
 from __future__ import annotations
@@ -34,8 +33,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from mlflow.entities import Metric, Param, RunTag
 from ray.tune import Callback
 
+from flatlab.analysis.selection import trial_outcome
 from flatlab.tracking import runs, ui
 from flatlab.tracking.placement_tags import PLACEMENT_KEY, placement_tags
 from flatlab.tracking.trial_errors import one_line, read_trial_error
@@ -53,9 +54,12 @@ class MLflowTrialLogger(Callback):
         tags: tags set on every child run (study, workload, git commit, version).
         arm_optimizer: arm name -> optimizer name (tagged on each child run).
         metric, mode: the study metric; ``best/<metric>`` is logged alongside it.
-        study: the :class:`~flatlab.study.spec.Study`; when given, each child run's params hold the
+        study: the :class:`~flatlab.study.spec.Study`; with ``resolve``, each child run's params hold the
             trial's resolved configuration too (:func:`flatlab.tracking.runs.trial_params`).
         log: the study's driver log file (kept absolute); the runs a failed launch ends name it.
+        resolve: ``(study, config) -> resolved configuration``
+            (:func:`flatlab.study.trial_spec.resolved_config`), passed in so that tracking needs nothing
+            of the study package; not pickled: the launch that restores the callback passes its own.
 
     A trial's outcome comes from its last report (:func:`flatlab.analysis.selection.trial_outcome`).
     Pickled (Tune keeps callbacks in its experiment state) as its configuration only; a state pickled by
@@ -85,6 +89,7 @@ class MLflowTrialLogger(Callback):
         mode: str,
         study: Any = None,
         log: Optional[Path] = None,
+        resolve: Optional[Callable[[Any, Dict[str, Any]], Dict[str, Dict[str, Any]]]] = None,
     ) -> None:
         self.tracking_uri = tracking_uri
         self.experiment_id = experiment_id
@@ -95,6 +100,7 @@ class MLflowTrialLogger(Callback):
         self.mode = mode
         self.study = study
         self.log = None if log is None else str(Path(log).resolve())
+        self.resolve = resolve
         self._init_runtime()
         #: A resume's :meth:`flatlab.study.recovery.LaunchRecords.claimed`: trial id -> the run of a trial
         #: started before the driver was killed that it takes over (not pickled).
@@ -105,7 +111,7 @@ class MLflowTrialLogger(Callback):
         return {k: self.__dict__[k] for k in self._STATE}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.study = self.log = None  # state pickled before the callback held its study, its log file
+        self.study = self.log = self.resolve = None  # state pickled before the callback held its study, its log
         self.__dict__.update({k: v for k, v in state.items() if k in self._STATE})  # drops an old max_epochs
         self.claimed = None
         self._init_runtime()
@@ -161,8 +167,6 @@ class MLflowTrialLogger(Callback):
             self._queue.put(("tags", trial.trial_id, placement_tags(placed)))
 
     def on_trial_complete(self, iteration: int, trials: List, trial: Any, **info: Any) -> None:
-        from flatlab.analysis.selection import trial_outcome
-
         last = self._last.get(trial.trial_id) or getattr(trial, "last_result", {}) or {}
         outcome = trial_outcome(last, False, self.metric)
         status = ui.OUTCOME_STATUS.get(outcome, "FAILED")
@@ -227,8 +231,6 @@ class MLflowTrialLogger(Callback):
                 elif kind == "end":
                     self._end_run(client, trial_id, *payload)
                 elif kind == "tags" and trial_id in self._run_ids:
-                    from mlflow.entities import RunTag
-
                     client.log_batch(self._run_ids[trial_id], tags=[RunTag(k, v) for k, v in payload.items()])
                 elif kind == "flush":
                     payload.set()
@@ -241,8 +243,6 @@ class MLflowTrialLogger(Callback):
                     payload.set()
 
     def _start_run(self, client: Any, trial_id: str, config: Dict[str, Any]) -> None:
-        from mlflow.entities import Param
-
         run_id = self._run_ids.get(trial_id) or runs.find_trial_run(
             self.tracking_uri, self.experiment_id, trial_id, self.parent_run_id
         )
@@ -286,16 +286,14 @@ class MLflowTrialLogger(Callback):
         """The child run's params: ``config`` as given, and its resolved configuration where it can be
         resolved (a failure is logged: the trial itself reports the bad value)."""
         resolved = None
-        if self.study is not None:
+        if self.study is not None and self.resolve is not None:
             try:
-                resolved = self.study.resolved_config(config)
+                resolved = self.resolve(self.study, config)
             except Exception:  # noqa: BLE001 - the trial fails with the real error; keep its run
                 logger.warning("could not resolve the configuration of %s", config, exc_info=True)
         return runs.trial_params(config, resolved)
 
     def _send_metrics(self, client: Any, pending: Dict[str, List]) -> None:
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
         for trial_id in list(pending):
             run_id = self._run_ids.get(trial_id)

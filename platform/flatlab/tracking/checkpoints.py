@@ -23,6 +23,7 @@ from urllib.parse import parse_qsl
 
 from flatlab.cache import cache_root
 from flatlab.errors import ConfigError
+from flatlab.tracking import runs
 
 MODEL_ARTIFACT = "model/model.safetensors"
 TRIAL_ARTIFACT = "trial.json"
@@ -66,7 +67,7 @@ def fetch_run(tracking_uri: str, run_id: str) -> Path:
     Raises:
         ConfigError: the run has neither a logged model nor ``model/model.safetensors`` (or cannot be read).
     """
-    from flatlab.tracking import runs
+    # torch on first use: importing this module stays light
     from flatlab.tracking.logged_model import download_weights
 
     target = cache_root() / "checkpoints" / run_id

@@ -31,6 +31,7 @@ def environment_tags() -> Dict[str, str]:
     tags = {"python": platform.python_version(), "platform": platform.platform()}
     tags.update({name: _version(name) for name in _VERSIONED})
     try:
+        # torch on first use: importing this module stays light
         import torch
 
         tags["cuda"] = torch.version.cuda or "none"

@@ -31,7 +31,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
+
+from flatlab._version import __version__
+from flatlab.workloads.registry import build_workload
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +59,6 @@ _IDENTITY_TAGS = (
 
 def describe(spec: Any) -> Dict[str, Any]:
     """``model.json`` of a :class:`~flatlab.train.config.TrialSpec`: what rebuilds its network."""
-    from flatlab._version import __version__
-
     return {"workload": spec.workload, "workload_params": dict(spec.workload_params), "flatlab_version": __version__}
 
 
@@ -77,9 +80,9 @@ def save(path: Path, model: torch.nn.Module, spec: Any) -> Any:
 
 
 def _save(path: Path, model: torch.nn.Module, spec: Any, mlflow_model: Any) -> Any:
+    # MLflow on first use: importing this module stays light
     import mlflow.pyfunc
     from mlflow.models import Model
-    from safetensors.torch import save_file
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / Path(DATA_DIR).name
@@ -115,6 +118,7 @@ def log_trial_model(client: Any, run_id: str, name: str, model: torch.nn.Module,
     Raises:
         MlflowException: MLflow refused a call (the logged model, if created, is marked FAILED).
     """
+    # MLflow on first use: importing this module stays light
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
     from mlflow.models import Model
 
@@ -148,6 +152,7 @@ def log_trial_model(client: Any, run_id: str, name: str, model: torch.nn.Module,
 
 def run_model_id(client: Any, run_id: str) -> Optional[str]:
     """The id of the latest READY flatlab logged model whose source is run ``run_id`` (``None``: none)."""
+    # MLflow on first use: importing this module stays light
     from mlflow.entities import LoggedModelStatus
 
     run = client.get_run(run_id)
@@ -171,6 +176,7 @@ def download_weights(client: Any, run_id: str, dst: str) -> str:
     model_id = run_model_id(client, run_id)
     if model_id is None:
         return client.download_artifacts(run_id, LEGACY_ARTIFACT, dst)
+    # MLflow on first use: importing this module stays light
     import mlflow.artifacts
 
     location = client.get_logged_model(model_id).artifact_location.rstrip("/")
@@ -186,6 +192,7 @@ def load_torch_model(model_uri: str, tracking_uri: Optional[str] = None) -> torc
     Raises:
         ValueError: the folder is not a flatlab model (no ``data/flatlab/model.json``).
     """
+    # MLflow on first use: importing this module stays light
     import mlflow.artifacts
 
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, tracking_uri=tracking_uri))
@@ -193,10 +200,6 @@ def load_torch_model(model_uri: str, tracking_uri: Optional[str] = None) -> torc
 
 
 def _build(data: Path) -> torch.nn.Module:
-    from safetensors.torch import load_file
-
-    from flatlab.workloads.registry import build_workload
-
     if not (data / DESCRIPTION).is_file():
         raise ValueError(f"not a flatlab model: {data} holds no {DESCRIPTION}")
     info = json.loads((data / DESCRIPTION).read_text())
@@ -219,8 +222,6 @@ class PyfuncModel:
         """The network's outputs (numpy) for ``model_input``: a numpy array, a tensor or a pandas
         DataFrame of the workload's inputs, ``(N, ...)``; floating inputs are cast to the network's
         dtype. No gradients, eval mode."""
-        import numpy as np
-
         if hasattr(model_input, "to_numpy"):
             model_input = model_input.to_numpy()
         x = torch.as_tensor(np.asarray(model_input) if not isinstance(model_input, torch.Tensor) else model_input)

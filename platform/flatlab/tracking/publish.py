@@ -1,6 +1,7 @@
 """Analysis outputs as artifacts of a launch's MLflow parent run: the comparison (``compare/``, over the
 tunings where there are several), whether flatness predicts generalisation (``correlation/``), a random
-pool's tuning curves (``tuning_curves/``) and the flatness sweep (``flatness_sweep/``). Computed by :mod:`flatlab.analysis`; nothing here raises, since every
+pool's tuning curves (``tuning_curves/``) and the flatness sweep (``flatness_sweep/``). Computed by
+:mod:`flatlab.analysis`; nothing here raises, since every
 trial is already recorded."""
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def log_comparison(
     (``MlflowClient.log_text``/``log_artifact``).
 
     ``reference`` defaults to :func:`flatlab.analysis.selection.reference_arm` of the compared arms and
-    the launch's ``reference_arm`` (``df.attrs``, as ``trials_frame`` reads it). Never raises (and never creates a store): a failure is logged as a warning and that artifact is
+    the launch's ``reference_arm`` (``df.attrs``, as ``trials_frame`` reads it). Never raises (and never creates a
+    store): a failure is logged as a warning and that artifact is
     skipped.
 
     Returns:
@@ -62,6 +64,7 @@ def log_comparison(
         except Exception as exc:  # noqa: BLE001
             logger.warning("compare: logging %s to run %s failed: %s", name, parent_run_id, exc)
     try:  # the text table as an MLflow table artifact: the UI shows every column (its csv preview cuts them)
+        # pandas on first use: importing this module stays light
         import pandas as pd
 
         client.log_table(

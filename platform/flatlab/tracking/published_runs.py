@@ -11,22 +11,26 @@ also once the recorded file has moved (:func:`reference_curves`).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from flatlab.analysis.compare import select_sample
+from flatlab.analysis.curve_sets import CurveSet, Published, load_curves
 from flatlab.analysis.published import (
     CONFIDENCE,
     CurveComparison,
-    CurveSet,
-    Published,
     checkout_path,
     compare_curves,
-    load_curves,
+    summary_lines,
+    to_markdown,
 )
 from flatlab.errors import ConfigError
+from flatlab.tracking import runs
+from flatlab.tracking.trials import parent_runs, trials_frame
 
 PARAM = "published"
 
@@ -55,8 +59,6 @@ def launch_record(tracking_uri: str, study: str) -> Optional[Dict[str, Any]]:
     Raises:
         ConfigError: unknown study; a recorded value that is not the JSON :func:`launch_param` writes.
     """
-    from flatlab.tracking.trials import parent_runs
-
     parents = parent_runs(tracking_uri, study)
     raw = parents[0].data.params.get(PARAM) if parents else None
     if not raw:
@@ -100,7 +102,7 @@ def reference_curves(record: Mapping[str, Any], study: str, cwd: Any = None) -> 
         naming both paths.
     Raises:
         ConfigError: neither file exists (naming both and ``--published FILE``); the fallback is another
-            reference (naming what differs); the file is invalid (:func:`~flatlab.analysis.published.load_curves`).
+            reference (naming what differs); the file is invalid (:func:`~flatlab.analysis.curve_sets.load_curves`).
     """
     recorded = Path(record["path"]).expanduser()
     if recorded.is_file():
@@ -140,10 +142,8 @@ def epoch_values(
     Raises:
         ConfigError: no trials.
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
-
-    from flatlab.analysis.compare import select_sample
-    from flatlab.tracking import runs
 
     sample, source, notes = select_sample(trials)
     if arms is not None:
@@ -194,7 +194,8 @@ def resolve_arms(
     if not mapping:
         raise ConfigError(
             f"no arm of the study maps to a curve of the file; arms: {', '.join(study_arms) or '(none)'}; curves: "
-            f"{', '.join(curve_names)}; name them with --map ARM=CURVE (or Study(published=Published(path, arms={{...}})))"
+            f"{', '.join(curve_names)}; name them with --map ARM=CURVE (or Study(published=Published(path, "
+            "arms={...})))"
         )
     return mapping
 
@@ -221,8 +222,6 @@ def compare_study(
             the working directory; an invalid file; no arm that maps to a curve; an unknown metric;
             unknown study.
     """
-    from flatlab.tracking.trials import trials_frame
-
     record = launch_record(tracking_uri, study)
     declared = None if record is None else Published(record["path"], record["arms"])
     if path is not None:
@@ -264,11 +263,6 @@ def log_curves(tracking_uri: str, parent_run_id: str, study: Any, console: Any =
     Returns:
         The artifact paths logged.
     """
-    import logging
-
-    from flatlab.analysis.published import summary_lines, to_markdown
-    from flatlab.tracking import runs
-
     logger = logging.getLogger(__name__)
     logged: List[str] = []
     try:

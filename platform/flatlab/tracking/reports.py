@@ -30,6 +30,8 @@ from typing import Any, Callable, Dict, List, Mapping, Tuple
 from flatlab.errors import ConfigError, did_you_mean
 from flatlab.hparams import HParam, resolve
 from flatlab.registry import Registry
+from flatlab.tracking import runs
+from flatlab.tracking.trials import parent_runs, trials_frame
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +94,8 @@ def resolve_reports(spec: Mapping[str, Mapping[str, Any]], where: str) -> Dict[s
         missing = [p for p in report.required if p not in given]
         if missing:
             problems.append(
-                f"{where}: {name} needs {', '.join(missing)} ({'; '.join(h.doc for h in report.hparams if h.name in missing)})"
+                f"{where}: {name} needs {', '.join(missing)} "
+                f"({'; '.join(h.doc for h in report.hparams if h.name in missing)})"
             )
     if problems:
         raise ConfigError("\n".join(problems))
@@ -140,13 +143,12 @@ def toy_figure(tracking_uri: str, study: str, out_dir: Path, end_metric: str, fl
     Returns:
         One line for the terminal.
     """
+    # matplotlib on first use: importing this module stays light
     import matplotlib
 
     matplotlib.use("Agg")
+    # matplotlib on first use: importing this module stays light
     import matplotlib.pyplot as plt
-
-    from flatlab.tracking import runs
-    from flatlab.tracking.trials import parent_runs, trials_frame
 
     df = trials_frame(tracking_uri, study)
     done = df[df["outcome"] == "completed"] if not df.empty else df
@@ -192,6 +194,7 @@ def toy_figure(tracking_uri: str, study: str, out_dir: Path, end_metric: str, fl
 
 
 def _interpolation(tracking_uri: str, study: str, out_dir: Path, params: Mapping[str, Any]) -> List[str]:
+    # torch on first use: importing this module stays light
     from flatlab.interpolation.report import interpolation_report
 
     rep = interpolation_report(tracking_uri, study, out_dir=out_dir, split=params["split"])

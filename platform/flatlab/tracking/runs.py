@@ -6,12 +6,17 @@ nested child run per trial (``mlflow.parentRunId``, ``flatlab.role=trial``, ``fl
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import sqlite3
 import subprocess
 import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence
+
+from filelock import FileLock, Timeout
 
 from flatlab.analysis.sample import (  # noqa: F401 - the names of a trial record, read as runs.<name> too
     AT_TARGET_PREFIX,
@@ -21,6 +26,8 @@ from flatlab.analysis.sample import (  # noqa: F401 - the names of a trial recor
     STAGE_SEARCH,
     TUNING_KEY,
 )
+from flatlab.errors import ConfigError
+from flatlab.tracking.param_text import flat_params
 
 TAG_ROLE = "flatlab.role"
 TAG_TRIAL = "flatlab.trial_id"
@@ -113,12 +120,11 @@ def is_resolved_param(name: str) -> bool:
 
 def trial_params(config: Dict[str, Any], resolved: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, str]:
     """The MLflow params of a trial: ``config``'s entries under their own names (except the stage and the
-    tuning, which are tags), then ``resolved`` (:meth:`flatlab.study.spec.Study.resolved_config`) as
+    tuning, which are tags), then ``resolved`` (:func:`flatlab.study.trial_spec.resolved_config`) as
     ``<prefix><name>`` (:data:`RESOLVED_PREFIX`). Values are ``str(value)``, cut to MLflow's limit: the
     same config always gives the same strings, as MLflow requires of a resumed run. A mapping value is
     flattened to one param per entry (``<name>.<key>``, :func:`flatlab.tracking.param_text.flat_params`),
     never logged as a Python repr."""
-    from flatlab.tracking.param_text import flat_params
 
     def params(values: Dict[str, Any], prefix: str = "") -> Dict[str, str]:
         out: Dict[str, str] = {}
@@ -137,9 +143,6 @@ def config_digest(config: Dict[str, Any]) -> str:
     configuration always gives the same digest. A trial run carries it as the tag :data:`TAG_CONFIG` from
     the moment it is created (params follow in a second call), so a resume after the driver was killed
     between the two still recognises the run (:mod:`flatlab.study.recovery`)."""
-    import hashlib
-    import json
-
     text = json.dumps(trial_params(config), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -194,13 +197,11 @@ def source_digest(package: Path = PACKAGE_DIR) -> str:
     """16 hex digits of SHA-256 over the package's Python source: every ``*.py`` file under ``package``
     (``__pycache__`` left out), in order of relative path, each as its path and its bytes. Two launches
     with the same digest ran the same flatlab code, whether or not either came from a git checkout or a
-    clean one; a launch records it as :data:`TAG_SOURCE`. About 0.1 s for the package (hashing ~2 MB).
+    clean one; a launch records it as :data:`TAG_SOURCE`.
 
     Raises:
         FileNotFoundError: ``package`` is not a directory.
     """
-    import hashlib
-
     if not package.is_dir():
         raise FileNotFoundError(f"source_digest: {package} is not a directory")
     h = hashlib.sha256()
@@ -229,6 +230,7 @@ def sqlite_file(tracking_uri: str) -> Optional[Path]:
     """The database file of a ``sqlite:`` tracking URI (``None`` for other stores and in-memory SQLite)."""
     if not tracking_uri.startswith("sqlite:"):
         return None
+    # SQLAlchemy on first use: importing this module stays light
     from sqlalchemy.engine import make_url
 
     database = make_url(tracking_uri).database
@@ -271,8 +273,6 @@ def holds_run(tracking_uri: str, run_id: str, experiment_id: str, timeout_s: flo
 
 def _alembic_revision(db: Path) -> Optional[str]:
     """The schema revision recorded in an MLflow SQLite file (``None``: no file, or no schema yet)."""
-    import sqlite3
-
     if not db.exists():
         return None
     try:
@@ -287,6 +287,7 @@ def _alembic_revision(db: Path) -> Optional[str]:
 
 
 def _schema_stamp(db: Path) -> Optional[str]:
+    # MLflow on first use: importing this module stays light
     import mlflow
 
     revision = _alembic_revision(db)
@@ -302,8 +303,6 @@ def existing_store(tracking_uri: str) -> str:
     """
     db = sqlite_file(tracking_uri)
     if db is not None and not db.exists():
-        from flatlab.errors import ConfigError
-
         raise ConfigError(
             f"no MLflow store at {db}: nothing has run under this root yet; pass --root (or set FLATLAB_ROOT) "
             "to the root a study ran with, or --tracking-uri / MLFLOW_TRACKING_URI for a tracking server"
@@ -328,6 +327,7 @@ def client(tracking_uri: str):
     Raises:
         TimeoutError: another process held the lock for more than ``SCHEMA_LOCK_TIMEOUT_S`` seconds.
     """
+    # MLflow on first use: importing this module stays light
     from mlflow.tracking import MlflowClient
 
     os.environ.setdefault(SUPPRESS_URL_ENV, "true")  # read at each set_terminated: no "View run" lines
@@ -342,7 +342,6 @@ def client(tracking_uri: str):
     if settled:
         _SCHEMA_READY.add(tracking_uri)
         return MlflowClient(tracking_uri=tracking_uri)
-    from filelock import FileLock, Timeout
 
     lock = FileLock(f"{db}.lock", timeout=SCHEMA_LOCK_TIMEOUT_S)
     try:
@@ -391,6 +390,7 @@ def _open_sqlite_store(tracking_uri: str, db: Path):
     Raises:
         whatever MLflow raises for a store it cannot open for another reason, or on the last try.
     """
+    # MLflow on first use: importing this module stays light
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
     from sqlalchemy.exc import SQLAlchemyError
@@ -430,6 +430,7 @@ def _concurrent_schema_error(exc: BaseException) -> bool:
 def _build_store_aside(db: Path) -> None:
     """Build MLflow's schema in a file beside ``db`` and link it into place unless ``db`` exists by then
     (another process made it first: its schema is awaited by :func:`_wait_for_schema`)."""
+    # MLflow on first use: importing this module stays light
     from mlflow.store.tracking import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
@@ -449,6 +450,7 @@ def _build_store_aside(db: Path) -> None:
 def _head_revision() -> Optional[str]:
     """MLflow's current schema revision (``None`` where this MLflow does not say)."""
     try:
+        # MLflow on first use: importing this module stays light
         from mlflow.store.db.utils import _get_latest_schema_revision  # private, stable since MLflow 1.x
 
         return str(_get_latest_schema_revision())

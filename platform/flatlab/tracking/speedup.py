@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from flatlab.analysis import selection
 from flatlab.analysis.sample import is_completed
@@ -70,35 +70,7 @@ def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: st
         fail(f"listing the child runs of {parent_run_id}", exc)
         return summary
 
-    trials: List[CurveTrial] = []
-    for run in children:
-        tags = run.data.tags
-        try:
-            seed = int(tags.get(runs.TAG_SEED, ""))
-        except ValueError:
-            summary["skipped"][run.info.run_id] = f"no integer {runs.TAG_SEED} tag"
-            continue
-        value = run.data.metrics.get(study.metric)
-        done = value is not None and math.isfinite(value)
-        arm = tags.get(runs.TAG_ARM, "")
-        candidate = selection.Trial(
-            arm,
-            selection.config_key(runs.config_params(run.data.params)),
-            seed,
-            float(value) if done else None,
-            ref=run.info.run_id,
-        )
-        trial = CurveTrial(run.info.run_id, arm, seed, tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH), candidate)
-        try:
-            trial.curve = _curve(client, trial.run_id)
-        except Exception as exc:  # noqa: BLE001
-            fail(f"reading {CURVE_METRIC} of run {trial.run_id}", exc)
-            continue
-        if not trial.curve:
-            summary["skipped"][trial.run_id] = f"no {CURVE_METRIC} history"
-            continue
-        trials.append(trial)
-
+    trials = _curve_trials(client, children, study.metric, summary["skipped"], fail)
     by_stage = goals(trials, study.reference_arm, study.target_loss, study.mode)
     targets = summary["targets"] = seed_targets(by_stage)
     for t in trials:
@@ -120,6 +92,43 @@ def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: st
         except Exception as exc:  # noqa: BLE001
             fail(f"logging {TARGET_METRIC} to the parent run {parent_run_id}", exc)
     return summary
+
+
+def _curve_trials(
+    client: Any, children: List[Any], metric: str, skipped: Dict[str, str], fail: Callable[[str, Exception], None]
+) -> List[CurveTrial]:
+    """The trials of ``children`` with their smoothed training-loss curves, each a candidate reference by
+    its value of ``metric``; runs without an integer seed tag or a curve go to ``skipped`` (run id ->
+    reason), and a run whose curve cannot be read is reported to ``fail`` and left out."""
+    trials: List[CurveTrial] = []
+    for run in children:
+        tags = run.data.tags
+        try:
+            seed = int(tags.get(runs.TAG_SEED, ""))
+        except ValueError:
+            skipped[run.info.run_id] = f"no integer {runs.TAG_SEED} tag"
+            continue
+        value = run.data.metrics.get(metric)
+        done = value is not None and math.isfinite(value)
+        arm = tags.get(runs.TAG_ARM, "")
+        candidate = selection.Trial(
+            arm,
+            selection.config_key(runs.config_params(run.data.params)),
+            seed,
+            float(value) if done else None,
+            ref=run.info.run_id,
+        )
+        trial = CurveTrial(run.info.run_id, arm, seed, tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH), candidate)
+        try:
+            trial.curve = _curve(client, trial.run_id)
+        except Exception as exc:  # noqa: BLE001
+            fail(f"reading {CURVE_METRIC} of run {trial.run_id}", exc)
+            continue
+        if not trial.curve:
+            skipped[trial.run_id] = f"no {CURVE_METRIC} history"
+            continue
+        trials.append(trial)
+    return trials
 
 
 def _finished_children(client: Any, experiment_id: str, parent_run_id: str) -> List[Any]:
@@ -151,6 +160,7 @@ def _curve(client: Any, run_id: str) -> List[Point]:
 
 
 def _log_trial(client: Any, run_id: str, steps: Optional[int], speedup: Optional[float]) -> None:
+    # MLflow on first use: importing this module stays light
     from mlflow.entities import Metric
 
     client.set_tag(run_id, TAG_REACHED, "true" if steps is not None else "false")
@@ -164,6 +174,7 @@ def _log_trial(client: Any, run_id: str, steps: Optional[int], speedup: Optional
 
 
 def _log_targets(client: Any, parent_run_id: str, targets: Dict[int, float]) -> None:
+    # MLflow on first use: importing this module stays light
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)

@@ -54,8 +54,8 @@ def one_line(text: str, limit: int = ONE_LINE_MAX) -> str:
     Ray's wrapper is unwrapped: ``RayTaskError(ValueError): msg`` gives ``ValueError: msg``. Text with
     no such line gives its first non-empty line.
     """
-    lines = [l.rstrip() for l in text.strip().splitlines()]
-    line = next((l for l in lines if l), "")
+    lines = [row.rstrip() for row in text.strip().splitlines()]
+    line = next((row for row in lines if row), "")
     for candidate in reversed(lines):
         if (
             not candidate

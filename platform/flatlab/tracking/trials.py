@@ -54,9 +54,11 @@ def trials_frame(
     ``trial_id``, ``launch`` (the parent run id), ``start_time`` and ``end_time`` (ms since the epoch;
     NaN while running).
     ``metric``/``mode`` default to the study's, read from the launch run; ``attrs`` hold ``metric``,
-    ``mode``, the study's ``reference_arm`` and ``workload`` and its trainer's training-loss target (``measure_at_train_loss``,
+    ``mode``, the study's ``reference_arm`` and ``workload`` and its trainer's training-loss target
+    (``measure_at_train_loss``,
     ``stop_at_train_loss``) as the launch recorded them (text; ``None`` when not set).
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     parents = parent_runs(tracking_uri, study)
@@ -129,6 +131,7 @@ def _numeric_if_possible(col):
     nullable ``Int64``, so that an arm without the param (a missing value) does not turn it into
     floats (``s = 3.0``); other numeric columns become ``float64``; anything else stays text.
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     present = col.dropna()

@@ -2,39 +2,31 @@
 experiment's default runs view.
 
 Run names (:func:`trial_run_name`): ``<arm> · <trial id>`` for a search trial, ``<arm> · final · seed <s>``
-for a final-stage re-run (``sam · a1b2c3d4``, ``sam · final · seed 3``); the launch's parent run is
-``<study> <date time>``.
+for a final-stage re-run; the launch's parent run is ``<study> <date time>``.
 
 Links (:func:`runs_url`, :func:`run_url`): MLflow 3's UI keeps a "GenAI / Model training" switch in the
-browser (default GenAI) that wins over the experiment's ``mlflow.experimentKind`` tag, so every link
-flatlab prints carries ``workflowType=machine_learning`` (the training view) and ``viewStateShareKey``
-(the default view below).
+browser that wins over the experiment's ``mlflow.experimentKind`` tag, so every link flatlab prints
+carries ``workflowType=machine_learning`` (the training view) and ``viewStateShareKey`` (the default view).
 
 Default view (:func:`default_view`, :func:`set_default_view`): the UI opens a saved view of an
-experiment's runs page for a URL with ``?viewStateShareKey=<key>``, read from the experiment tag
-``mlflow.sharedViewState.<key>`` (a JSON object: the runs table's search facets ``searchFilter``,
-``orderByKey``, ``orderByAsc`` ... and its UI state ``selectedColumns``, ``runsExpanded``,
-``runsHiddenMode`` ...; MLflow's ``useSharedExperimentViewState``; column ids are
-``<attributes|metrics|params|tags>.`<name>```). flatlab writes the view :data:`VIEW_KEY` at each launch
-(and again after it, with the test metric its trials logged): the trials best first by the study
-metric, with the columns a researcher reads first (:func:`default_columns`: the study metric, the test
-metric, the epochs run, the outcome, every searched parameter, the logged model, each flatness measure,
-epochs to the training-loss target), and charts that start with the study metric's curves
-(:func:`chart_sections`).
-
-Values the UI cannot be told: it shows numbers unrounded (cut by the column's width), and a browser
-that already saved a view of its own for the experiment keeps it when opened without the link.
+experiment's runs page for ``?viewStateShareKey=<key>``, read from the experiment tag
+``mlflow.sharedViewState.<key>`` (MLflow's ``useSharedExperimentViewState``). flatlab writes the view
+:data:`VIEW_KEY` at each launch, and again after it: the trials best first by the study metric, with the
+columns a researcher reads first (:func:`default_columns`) and charts that start with the study metric's
+curves (:func:`chart_sections`). The UI shows numbers unrounded, and a browser that saved a view of its
+own for the experiment keeps it when opened without the link.
 
 Statuses (:data:`OUTCOME_STATUS`): a trial's MLflow status says whether it ran as planned, its
 ``flatlab.outcome`` tag says how it ended. A pruned trial (stopped by its scheduler at a rung) is a
-result, not a failure: FINISHED, ``flatlab.outcome=pruned`` (and ``pruned=true``). Only errors and
-divergence are FAILED (red in the UI); a trial cut short by an interrupted launch is KILLED
-(``interrupted``; ``--resume`` finishes it).
+result, not a failure: FINISHED, ``flatlab.outcome=pruned``. Only errors and divergence are FAILED (red
+in the UI); a trial cut short by an interrupted launch is KILLED (``--resume`` finishes it).
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 from urllib.parse import urlencode
@@ -110,9 +102,6 @@ def serve_hint(tracking_uri: str) -> str:
 def mlflow_command() -> str:
     """The MLflow CLI of the running Python as a shell word: the ``mlflow`` script beside the interpreter
     (a virtual environment's ``bin/``) when there is one, else ``<python> -m mlflow``."""
-    import shlex
-    import sys
-
     script = Path(sys.executable).parent / "mlflow"
     return shlex.quote(str(script)) if script.is_file() else f"{shlex.quote(sys.executable)} -m mlflow"
 
@@ -206,7 +195,9 @@ chart draws one line per arm, the mean over its runs with the min-max band, inst
 
 def default_view(columns: List[str], metric: str, mode: str, parent_run_id: str) -> Dict[str, Any]:
     """The shared view state of flatlab's default runs view (MLflow's ``ExperimentPageSearchFacetsState``
-    and ``ExperimentPageUIState`` fields): ``columns`` shown in that order after the run name, best
+    and ``ExperimentPageUIState`` fields, a JSON object: ``searchFilter``, ``orderByKey``, ``orderByAsc``,
+    ``selectedColumns``, ``runsExpanded`` ...; column ids ``<attributes|metrics|params|tags>.`<name>```):
+    ``columns`` shown in that order after the run name, best
     ``metric`` first (``mode``; MLflow lists runs flat when they are sorted by a metric, the launch runs,
     which have none, last), the launch ``parent_run_id`` expanded when they are nested (sorted by time),
     the first 20 runs drawn in the charts, whose sections come in :func:`chart_sections`' order with the
@@ -259,6 +250,7 @@ def default_view(columns: List[str], metric: str, mode: str, parent_run_id: str)
 def study_columns(study: Any, test_metrics: Iterable[str] = TEST_METRICS) -> List[str]:
     """:func:`default_columns` of a :class:`~flatlab.study.spec.Study`: its metric, measures, target and
     the parameters its arms search (in the order the arms declare them)."""
+    # torch on first use: importing this module stays light
     from flatlab.train.config import TARGET_HPARAMS
 
     searched = [name for arm in study.arms for name in arm.searched()]

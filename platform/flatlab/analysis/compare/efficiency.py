@@ -16,7 +16,7 @@ def hpo_efficiency(
     grid_df, search_df, *, metric: str, mode: str, tolerance: float, arm: Optional[str] = None
 ) -> Dict[str, Any]:
     """The fraction of a paper grid's compute an Optuna + ASHA search of the same arm needed to reach
-    the grid's best validation metric (issue 12, item 9).
+    the grid's best validation metric.
 
     Compute is trial-epochs (column ``epochs``). The grid's best is the best ``best/<metric>``
     (else ``<metric>``) of its completed trials, a single trial's value (stricter than the best
@@ -41,30 +41,15 @@ def hpo_efficiency(
         ConfigError: ``mode`` not max/min, a negative or non-finite ``tolerance``, a frame without
             the ``epochs``/metric/``start_time`` columns, or a grid without a completed trial.
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     if mode not in ("max", "min"):
         raise ConfigError(f"mode={mode!r}; expected 'max' or 'min'")
     if not finite(tolerance) or tolerance < 0:
         raise ConfigError(f"tolerance={tolerance!r}; expected a finite number >= 0 in {metric}'s units")
-
-    def trials(df, name: str):
-        if df is None or df.empty:
-            raise ConfigError(f"the {name} study has no trials")
-        if arm is not None:
-            if arm not in set(df["arm"]):
-                raise ConfigError(f"arm {arm!r} is not in the {name} study; arms: {', '.join(sorted(set(df['arm'])))}")
-            df = df[df["arm"] == arm]
-        if "stage" in df.columns:
-            df = df[df["stage"] != "final"]
-        key = f"best/{metric}" if has_values(df, f"best/{metric}") else metric
-        missing = [c for c in ("epochs", key) if c not in df.columns]
-        if missing:
-            raise ConfigError(f"the {name} study's trials have no {', '.join(missing)} column")
-        return df, key
-
-    grid, gkey = trials(grid_df, "grid")
-    search, skey = trials(search_df, "search")
+    grid, gkey = _search_trials(grid_df, "grid", metric, arm)
+    search, skey = _search_trials(search_df, "search", metric, arm)
     gvals = pd.to_numeric(grid.loc[completed(grid), gkey], errors="coerce")
     gvals = gvals[gvals.map(finite)]
     if gvals.empty:
@@ -135,3 +120,25 @@ def efficiency_cells(results: Mapping[str, Mapping[str, Any]]) -> Tuple[List[str
             ]
         )
     return head, body
+
+
+def _search_trials(df, name: str, metric: str, arm: Optional[str]) -> Tuple[Any, str]:
+    """``(trials, value column)`` of study ``name`` for :func:`hpo_efficiency`: ``arm``'s trials (all where
+    ``None``) without the final stage, and ``best/<metric>`` where recorded, else ``<metric>``.
+
+    Raises:
+        ConfigError: no trials, ``arm`` not in the study, or no ``epochs`` or value column.
+    """
+    if df is None or df.empty:
+        raise ConfigError(f"the {name} study has no trials")
+    if arm is not None:
+        if arm not in set(df["arm"]):
+            raise ConfigError(f"arm {arm!r} is not in the {name} study; arms: {', '.join(sorted(set(df['arm'])))}")
+        df = df[df["arm"] == arm]
+    if "stage" in df.columns:
+        df = df[df["stage"] != "final"]
+    key = f"best/{metric}" if has_values(df, f"best/{metric}") else metric
+    missing = [c for c in ("epochs", key) if c not in df.columns]
+    if missing:
+        raise ConfigError(f"the {name} study's trials have no {', '.join(missing)} column")
+    return df, key

@@ -23,7 +23,7 @@ has each workload's paired tests.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from flatlab.analysis.compare.profiles import error_matrix, performance_ratios, rho
 from flatlab.analysis.compare.statistics import finite
@@ -67,6 +67,7 @@ def workload_table(comparisons: Mapping[str, Comparison]):
     """The plain table of several studies' paper tables (``{workload: Comparison}``): one row per
     workload, arm and quantity with the mean over seeds (NaN without a value), the quantity's
     direction and whether it is the workload's test metric (:data:`COLUMNS`)."""
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     rows = [
@@ -100,6 +101,7 @@ def summarize(table, *, reference: Optional[str] = None, recorded: Optional[str]
             every workload; ``reference`` not in every workload; a metric that gives no error
             (:func:`~flatlab.analysis.compare.profiles.error_from_metric`).
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     missing = [c for c in COLUMNS if c not in table.columns]
@@ -108,14 +110,7 @@ def summarize(table, *, reference: Optional[str] = None, recorded: Optional[str]
     if table.empty:
         raise ConfigError("no workloads to summarize")
     workloads = list(dict.fromkeys(table["workload"]))
-    metrics = {}
-    for w in workloads:
-        named = list(dict.fromkeys(table.loc[(table["workload"] == w) & table["test_metric"].astype(bool), "quantity"]))
-        if len(named) != 1:
-            raise ConfigError(
-                f"workload {w!r} has {len(named)} test metrics ({', '.join(named) or 'none'}); expected one"
-            )
-        metrics[w] = named[0]
+    metrics = _test_metrics(table, workloads)
     arms_in = {w: set(table.loc[table["workload"] == w, "arm"]) for w in workloads}
     common = sorted(set.intersection(*arms_in.values()))
     if not common:
@@ -126,11 +121,58 @@ def summarize(table, *, reference: Optional[str] = None, recorded: Optional[str]
             f"reference arm {reference!r} is not in every study; arms in all of them: {', '.join(common)}"
         )
     reference = reference or reference_arm(common, recorded)
-    others = sorted(set(table["arm"]) - {reference})
-    arms = [reference] + others
+    arms = [reference] + sorted(set(table["arm"]) - {reference})
+    source, measures, notes = _measure_sources(table, workloads)
+    means = table.set_index(["workload", "arm", "quantity"])["mean"]
+    means = means[~means.index.duplicated(keep="last")]
 
-    # a measure per workload: at the matched training loss where the table has it (flat_at_target/*, the IRE
-    # paper's comparison), else its flat/* (a study stopping at the target where every seed reached it)
+    def mean(w: str, arm: str, q: str) -> float:
+        value = means.get((w, arm, q), float("nan"))
+        return float(value) if finite(value) else float("nan")
+
+    errors = error_matrix(table).reindex(index=arms, columns=workloads)
+    ratios = performance_ratios(errors)
+    rows = []
+    for arm in arms:
+        for w in workloads:
+            row = _row(table, mean, arm, w, metrics[w], reference, arms_in[w], errors, ratios)
+            for f in measures:
+                q_f = source[w][f]
+                row[f"{f} ratio"] = _ratio(mean(w, arm, q_f), mean(w, reference, q_f))
+            rows.append(row)
+        absent = [w for w in workloads if arm not in arms_in[w]]
+        if absent:
+            notes.append(f"{arm}: not in {', '.join(absent)} ('-'; counted as not solved, r = inf, in the profiles).")
+        novalue = [w for w in workloads if arm in arms_in[w] and not finite(mean(w, arm, metrics[w]))]
+        if novalue:
+            notes.append(f"{arm}: no value of the test metric in {', '.join(novalue)} (counted as not solved).")
+    frame = pd.DataFrame(rows)
+    frame["rank"] = frame["rank"].astype("Int64")
+    return MultiSummary(reference, tuple(workloads), tuple(arms), metrics, tuple(measures), frame, ratios, tuple(notes))
+
+
+def _test_metrics(table, workloads: Sequence[str]) -> Dict[str, str]:
+    """workload -> its one test-metric quantity.
+
+    Raises:
+        ConfigError: a workload with none, or several.
+    """
+    metrics = {}
+    for w in workloads:
+        named = list(dict.fromkeys(table.loc[(table["workload"] == w) & table["test_metric"].astype(bool), "quantity"]))
+        if len(named) != 1:
+            raise ConfigError(
+                f"workload {w!r} has {len(named)} test metrics ({', '.join(named) or 'none'}); expected one"
+            )
+        metrics[w] = named[0]
+    return metrics
+
+
+def _measure_sources(table, workloads: Sequence[str]) -> Tuple[Dict[str, Dict[str, str]], List[str], List[str]]:
+    """``(source, measures, notes)``: per workload, measure ``flat/<m>`` -> the quantity that gives it, at
+    the matched training loss where the table has it (``flat_at_target/*``, the IRE paper's comparison),
+    else its ``flat/*`` (a study stopping at the target where every seed reached it); the measures every
+    workload has; notes on where flatness was taken and on measures not in every study."""
     source: Dict[str, Dict[str, str]] = {}
     for w in workloads:
         recorded_w = set(table.loc[table["workload"] == w, "quantity"])
@@ -154,50 +196,29 @@ def summarize(table, *, reference: Optional[str] = None, recorded: Optional[str]
             + "; ".join(f"{m} (only {', '.join(w for w in workloads if m in flat[w])})" for m in partial)
             + "."
         )
+    return source, measures, notes
 
-    means = table.set_index(["workload", "arm", "quantity"])["mean"]
-    means = means[~means.index.duplicated(keep="last")]
 
-    def mean(w: str, arm: str, q: str) -> float:
-        value = means.get((w, arm, q), float("nan"))
-        return float(value) if finite(value) else float("nan")
-
-    errors = error_matrix(table).reindex(index=arms, columns=workloads)
-    ratios = performance_ratios(errors)
-    rows = []
-    for arm in arms:
-        for w in workloads:
-            q = metrics[w]
-            higher = bool(table.loc[(table["workload"] == w) & (table["quantity"] == q), "higher_is_better"].iloc[0])
-            values = {a: mean(w, a, q) for a in arms_in[w]}
-            ranked = {a: v for a, v in values.items() if finite(v)}
-            m, ref = mean(w, arm, q), mean(w, reference, q)
-            rank = (1 + sum((v > m) if higher else (v < m) for v in ranked.values())) if finite(m) else float("nan")
-            row = {
-                "arm": arm,
-                "workload": w,
-                "metric": q,
-                "mean": m,
-                "rank": rank,
-                "ranked": len(ranked),
-                "diff": m - ref,
-                "ratio": _ratio(m, ref),
-                "error": float(errors.loc[arm, w]),
-                "r": float(ratios.loc[arm, w]),
-            }
-            for f in measures:
-                q_f = source[w][f]
-                row[f"{f} ratio"] = _ratio(mean(w, arm, q_f), mean(w, reference, q_f))
-            rows.append(row)
-        absent = [w for w in workloads if arm not in arms_in[w]]
-        if absent:
-            notes.append(f"{arm}: not in {', '.join(absent)} ('-'; counted as not solved, r = inf, in the profiles).")
-        novalue = [w for w in workloads if arm in arms_in[w] and not finite(mean(w, arm, metrics[w]))]
-        if novalue:
-            notes.append(f"{arm}: no value of the test metric in {', '.join(novalue)} (counted as not solved).")
-    frame = pd.DataFrame(rows)
-    frame["rank"] = frame["rank"].astype("Int64")
-    return MultiSummary(reference, tuple(workloads), tuple(arms), metrics, tuple(measures), frame, ratios, tuple(notes))
+def _row(table, mean, arm: str, w: str, q: str, reference: str, arms_in_w, errors, ratios) -> Dict[str, Any]:
+    """The summary row of ``arm`` on workload ``w`` (test metric ``q``): its mean, its rank among the arms
+    with a value, its difference and ratio to ``reference``, its error and performance ratio."""
+    higher = bool(table.loc[(table["workload"] == w) & (table["quantity"] == q), "higher_is_better"].iloc[0])
+    values = {a: mean(w, a, q) for a in arms_in_w}
+    ranked = {a: v for a, v in values.items() if finite(v)}
+    m, ref = mean(w, arm, q), mean(w, reference, q)
+    rank = (1 + sum((v > m) if higher else (v < m) for v in ranked.values())) if finite(m) else float("nan")
+    return {
+        "arm": arm,
+        "workload": w,
+        "metric": q,
+        "mean": m,
+        "rank": rank,
+        "ranked": len(ranked),
+        "diff": m - ref,
+        "ratio": _ratio(m, ref),
+        "error": float(errors.loc[arm, w]),
+        "r": float(ratios.loc[arm, w]),
+    }
 
 
 def _ratio(value: float, reference: float) -> float:

@@ -9,6 +9,7 @@ from typing import Any, List
 from flatlab.analysis.compare.multi import MultiSummary, wins
 from flatlab.analysis.compare.statistics import finite
 from flatlab.analysis.compare.text import FORMATS, latex_table, markdown_table, number
+from flatlab.analysis.console_table import make_table, print_table
 from flatlab.errors import ConfigError
 
 
@@ -39,6 +40,7 @@ def headers(summary: MultiSummary) -> List[str]:
 def cells(summary: MultiSummary) -> List[List[str]]:
     """The text cells of each (arm, workload) row, in :func:`headers` order; ``-`` where there is no value
     and in the reference arm's own relative columns."""
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     out = []
@@ -71,12 +73,13 @@ def caption(summary: MultiSummary) -> List[str]:
     ref = summary.reference
     won = wins(summary)
     lines = [
-        "One workload per study. mean: of the test metric over the study's compared seeds (its final-stage trials, else "
-        "each arm's best configuration with its seeds, as `flatlab compare STUDY`); rank: among the arms with a value "
-        "in that workload (1 = best by the metric's direction; tied arms share the best rank), of how many; "
-        f"Δ / ratio: the arm's mean minus / over {ref}'s.",
-        "test error: 1 − metric for an accuracy-like metric, the metric itself for a loss; r: the arm's test error over "
-        "the workload's best arm's (1 = best), the performance ratio of the profiles (Dolan & Moré 2002, as AlgoPerf).",
+        "One workload per study. mean: of the test metric over the study's compared seeds (its final-stage trials, "
+        "else each arm's best configuration with its seeds, as `flatlab compare STUDY`); rank: among the arms with a "
+        "value in that workload (1 = best by the metric's direction; tied arms share the best rank), of how many; Δ "
+        f"/ ratio: the arm's mean minus / over {ref}'s.",
+        "test error: 1 − metric for an accuracy-like metric, the metric itself for a loss; r: the arm's test error "
+        "over the workload's best arm's (1 = best), the performance ratio of the profiles (Dolan & Moré 2002, as "
+        "AlgoPerf).",
     ]
     if summary.measures:
         lines.append(
@@ -115,8 +118,6 @@ def to_csv(summary: MultiSummary) -> str:
 def render(summary: MultiSummary, console: Any) -> None:
     """Print the table with rich, one section per arm, the caption under it; no cell is split
     (:mod:`flatlab.analysis.console_table`)."""
-    from flatlab.analysis.console_table import make_table, print_table
-
     body = cells(summary)
     starts = [i for i, row in enumerate(body) if i == 0 or row[0] != body[i - 1][0]]
     rows = [[row[0] if i in starts else ""] + row[1:] for i, row in enumerate(body)]

@@ -6,9 +6,13 @@ import math
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
 from flatlab.analysis.compare.select import select_sample
 from flatlab.analysis.compare.statistics import finite
 from flatlab.analysis.compare.table import FLAT_PREFIX, Comparison, seed_values
+from flatlab.analysis.plot_axes import plain_numbers
+from flatlab.analysis.results import _test_metric
 from flatlab.analysis.sample import has_values
 from flatlab.analysis.selection import completed
 from flatlab.errors import ConfigError
@@ -17,7 +21,8 @@ from flatlab.errors import ConfigError
 def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_trials: bool = False) -> Path:
     """Save a PNG: the test metric against each flatness measure, one point per seed (completed
     trials), one colour per arm (the legend right of the panels, off the points); one panel per
-    ``flat/*`` measure (log x where a measure is positive and spans more than two decades). Linear axes' tick labels carry no offset text
+    ``flat/*`` measure (log x where a measure is positive and spans more than two decades). Linear axes' tick
+    labels carry no offset text
     (:func:`flatlab.analysis.plot_axes.plain_numbers`).
 
     Args:
@@ -31,13 +36,10 @@ def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_tri
     Raises:
         ConfigError: no trials, or no ``flat/*`` measure with values.
     """
-    import numpy as np
+    # pandas and matplotlib on first use: importing this module stays light
     import pandas as pd
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
-
-    from flatlab.analysis.plot_axes import plain_numbers
-    from flatlab.analysis.results import _test_metric
 
     if isinstance(data, Comparison):
         seeds, metric, title = data.seeds, data.metric, data.study

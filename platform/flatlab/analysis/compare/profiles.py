@@ -73,6 +73,7 @@ def error_matrix(table):
     Raises:
         ConfigError: as :func:`error_from_metric`.
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     rows = table[table["test_metric"].astype(bool)]
@@ -120,6 +121,7 @@ def rho(ratios, tau: float):
 
 def profile(ratios, taus: Sequence[float]):
     """``rho_a(tau)`` at each of ``taus``: index the taus, one column per arm."""
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     return pd.DataFrame({t: rho(ratios, t) for t in taus}).T.rename_axis("tau")
@@ -151,6 +153,7 @@ def plot_profiles(ratios, path, *, tau_max: Optional[float] = None, title: str =
     Raises:
         ConfigError: ``tau_max <= 1``; no arms or workloads.
     """
+    # matplotlib on first use: importing this module stays light
     from matplotlib.figure import Figure
 
     if ratios.shape[0] == 0 or ratios.shape[1] == 0:

@@ -20,6 +20,8 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
+
 CONFIDENCE = 0.95
 
 
@@ -58,7 +60,7 @@ def t_estimate(values: Sequence[float], confidence: float = CONFIDENCE) -> Estim
     ``mean ± t.ppf((1 + confidence) / 2, n − 1) · std / √n`` (std with ddof = 1).
 
     Fewer than two values: NaN std and interval (never an exception)."""
-    import numpy as np
+    # SciPy on first use: importing this module stays light
     from scipy import stats
 
     x = np.asarray([v for v in values if v is not None], dtype=float)
@@ -100,7 +102,7 @@ def paired_difference(
 
     ``p`` and ``d_z`` are NaN for fewer than two matched seeds, and when every difference is equal (zero
     variance: the t statistic is undefined)."""
-    import numpy as np
+    # SciPy on first use: importing this module stays light
     from scipy import stats
 
     seeds = [s for s in arm if s in reference and finite(arm[s]) and finite(reference[s])]
@@ -125,7 +127,8 @@ def cohen_dz(differences: Estimate) -> float:
         d_z = mean(d) / std(d),   d_s = arm_s − reference_s,   std with ddof = 1
 
     (Cohen, *Statistical Power Analysis for the Behavioral Sciences*, 2nd ed., 1988, ch. 2, the
-    paired case; Lakens, "Calculating and reporting effect sizes", *Front. Psychol.* 4:863, 2013). It is the paired t statistic divided by √n
+    paired case; Lakens, "Calculating and reporting effect sizes", *Front. Psychol.* 4:863, 2013). It is the paired
+    t statistic divided by √n
     (``t = d_z · √n``), so unlike t or p it does not grow with the number of seeds. Its sign is that of
     ``arm − reference``: for a lower-is-better quantity (a loss, ``flat/*``) a negative d_z favours
     the arm. Unitless.
@@ -149,6 +152,7 @@ def paired_power(n: int, d_z: float, alpha: float = 1 - CONFIDENCE) -> float:
     Raises:
         ValueError: ``n < 2`` or ``alpha`` outside (0, 1).
     """
+    # SciPy on first use: importing this module stays light
     from scipy import stats
 
     if n < 2 or not 0 < alpha < 1:

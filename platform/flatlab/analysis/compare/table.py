@@ -2,9 +2,8 @@
 
 Over the trials :func:`~flatlab.analysis.compare.select.select_sample` chooses. For each arm and each
 quantity (the test metric, every ``flat/<measure>`` and ``flat_at_target/<measure>``, epochs or steps to a
-target): the
-:func:`~flatlab.analysis.compare.statistics.t_estimate` over seeds and, against the reference arm, the
-:func:`~flatlab.analysis.compare.statistics.paired_difference` (with its effect size d_z).
+target): the :func:`~flatlab.analysis.compare.statistics.t_estimate` over seeds and, against the reference
+arm, the :func:`~flatlab.analysis.compare.statistics.paired_difference` (with its effect size d_z).
 
 Many arms make many tests. Each quantity is one family: its tests are the non-reference arms' paired
 tests against the reference, and their p-values are Holm-adjusted within it
@@ -17,20 +16,11 @@ an accuracy in [0, 1], a loss or a Fisher trace >= 0; a Hutchinson Hessian trace
 mean lies there too, so the coverage stays and only impossible values go. Paired differences, of either
 sign, are not clipped; means, standard deviations and tests are unchanged.
 
-Only completed trials give values. Seeds that diverged, errored, were pruned or interrupted are
-counted as run (the ``seeds`` column reads "values / run") and named in the notes; a seed that missed
-a target is counted in "k/n reached".
-
-Flatness at a training-loss target (the launch's ``train.measure_at_train_loss`` or
-``train.stop_at_train_loss``, in the frame's ``attrs``), one rule for both: the ``flat_at_target/*`` rows
-are at the target (a seed that missed it is counted in the seeds run and gives no value) and the
-``flat/*`` rows are the final models' (every completed seed). With ``measure_at_train_loss`` a trial logs
-both. With ``stop_at_train_loss`` a trial that reached the target ended there, so its final model is the
-one at the target, and a trial that missed it trained to ``max_epochs`` and measured that model: where a
-completed seed missed, :func:`at_target_view` gives the ``flat_at_target/*`` values (the ``flat/*`` of the
-seeds that reached it) beside the ``flat/*`` rows; where none missed the two are the same numbers and the
-table shows the ``flat/*`` rows alone. Every arm with a seed that missed the target is named in
-:attr:`Comparison.warnings` (:func:`target_misses`), which every text output shows above the table.
+Only completed trials give values; seeds that diverged, errored, were pruned or interrupted are counted
+as run ("values / run") and named in the notes. At a training-loss target (``measure_at_train_loss`` or
+``stop_at_train_loss``, in the frame's ``attrs``) the ``flat_at_target/*`` rows are at the target (a seed
+that missed it gives no value; :func:`at_target_view`) and the ``flat/*`` rows the final models'; every
+arm with a seed that missed the target is named in :attr:`Comparison.warnings` (:func:`target_misses`).
 """
 
 from __future__ import annotations
@@ -49,9 +39,10 @@ from flatlab.analysis.compare.statistics import (
     paired_difference,
     t_estimate,
 )
+from flatlab.analysis.results import _test_metric
 from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX, has_values
 from flatlab.analysis.selection import completed, reference_arm, value_column
-from flatlab.errors import ConfigError
+from flatlab.errors import ConfigError, UnknownNameError
 
 MEASURE_AT_TARGET = (
     "measure_at_train_loss"  # the frame's attrs key: the launch's trainer target, when it measured and trained on
@@ -167,6 +158,7 @@ class Comparison:
         ``p`` (paired t-test), ``p_holm`` (Holm-adjusted within the quantity), ``tests`` (the size of
         that family), ``significant`` (``p_holm < alpha``; empty without a test), ``arm_better``,
         ``ref_better``, ``ties`` (NaN for the reference arm)."""
+        # pandas on first use: importing this module stays light
         import pandas as pd
 
         out = []
@@ -231,7 +223,7 @@ def quantity_support(quantity: str, workload: Optional[str] = None) -> Optional[
     loss in the workload's loss range). A loss's range is the registered ``workload``'s
     :attr:`~flatlab.workloads.base.Workload.loss_support`; with no or an unregistered workload, unbounded.
     """
-    from flatlab.errors import UnknownNameError
+    # torch on first use: importing this module stays light
     from flatlab.sharpness.measures import measure_support
     from flatlab.workloads.base import metric_support
     from flatlab.workloads.registry import get_workload
@@ -285,8 +277,6 @@ def compare_table(
             ``confidence`` outside (0, 1); ``rank_by`` not one of ``selection.RANKINGS`` (also where a
             final stage makes it unused).
     """
-    from flatlab.analysis.results import _test_metric
-
     if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
         raise ConfigError(f"confidence={confidence!r}; expected a number in (0, 1), e.g. 0.95")
     value_column("", rank_by)  # checked here: a study with a final stage never ranks, and would not see it
@@ -305,23 +295,7 @@ def compare_table(
         reference = reference_arm(arms, df.attrs.get("reference_arm"))
     if reference not in arms:
         raise ConfigError(f"reference arm {reference!r} is not in the compared trials; arms: {', '.join(arms)}")
-    recorded = [
-        c
-        for prefix in (FLAT_PREFIX, AT_TARGET_PREFIX)
-        for c in sorted(sample.columns)
-        if c.startswith(prefix) and has_values(sample, c)
-    ]
-    if measures is None:  # by default the measures' values, not their Monte-Carlo errors or clean losses
-        flat = [c for c in recorded if not c.endswith(AUXILIARY)]
-    else:
-        wanted = [m if m.startswith((FLAT_PREFIX, AT_TARGET_PREFIX)) else FLAT_PREFIX + m for m in measures]
-        unknown = [m for m in wanted if m not in recorded]
-        if unknown:
-            raise ConfigError(
-                f"measures {', '.join(unknown)} not recorded in the compared trials; measures there: {', '.join(recorded) or '(none)'}"
-            )
-        also = [AT_TARGET_PREFIX + m[len(FLAT_PREFIX) :] for m in wanted if m.startswith(FLAT_PREFIX)]
-        flat = list(dict.fromkeys([*wanted, *(c for c in also if c in recorded)]))
+    flat = _flat_quantities(sample, measures)
     targets = [
         q
         for q in TARGETS
@@ -331,67 +305,11 @@ def compare_table(
     mode = df.attrs.get("mode", "max")
     better = {q: higher_is_better(q, df.attrs.get("metric", ""), mode) for q in quantities}
     support = {q: quantity_support(q, df.attrs.get("workload")) for q in quantities}
-
-    done = completed(sample)
     seeds = seed_values(sample, quantities)
-
     ordered = [reference] + [a for a in arms if a != reference]
-    for arm in ordered:
-        mine = seeds[seeds["arm"] == arm]
-        failed = mine[~done.loc[mine.index]]
-        if len(failed):
-            what = ", ".join(
-                f"seed {s} {o or 'unfinished'}" for s, o in failed[["seed", "outcome"]].itertuples(index=False)
-            )
-            notes.append(
-                f"{arm}: {what}; counted in the seeds run, no values from {'it' if len(failed) == 1 else 'them'}."
-            )
-        for q in targets:
-            missed = mine[done.loc[mine.index] & mine[q].isna()]
-            if len(missed):
-                which = ", ".join(map(str, missed["seed"]))
-                notes.append(
-                    f"{arm}: seed{'s' if len(missed) > 1 else ''} {which} completed without reaching the target ({q})."
-                )
-
-    measured_at = df.attrs.get(MEASURE_AT_TARGET)
-    stopped_at = df.attrs.get(STOP_AT_TARGET)
-    if measured_at is not None and any(q.startswith(AT_TARGET_PREFIX) for q in flat):
-        notes.append(
-            f"flat_at_target/* rows: measured at the first epoch whose mean training loss was <= {measured_at} "
-            "(measure_at_train_loss); seeds that missed it are counted in the seeds run and give no value. "
-            "flat/* rows: the final models, after the last epoch."
-        )
-    elif flat and _stopped_at_target(sample):  # sample.attrs: df's (select_sample and at_target_view keep them)
-        loss = f"mean training loss <= {stopped_at}" if stopped_at is not None else "the training-loss target"
-        if any(q.startswith(AT_TARGET_PREFIX) for q in flat):
-            notes.append(
-                f"flat_at_target/* rows: the flat/* of the seeds that reached {loss}, where stop_at_train_loss "
-                "ended them; seeds that missed it are counted in the seeds run and give no value. flat/* rows: "
-                "every completed seed's final model (a seed that missed the target trained to its last epoch)."
-            )
-        else:
-            notes.append(
-                f"flat/* rows: measured at {loss} (stop_at_train_loss), where every completed seed "
-                "stopped: flatness at a matched training loss."
-            )
-    rows = []
-    for q in quantities:
-        ref = _by_seed(seeds, reference, q)
-        block = []
-        for arm in ordered:
-            mine = _by_seed(seeds, arm, q)
-            diff = (
-                None
-                if arm == reference
-                else paired_difference(mine, ref, higher_is_better=better[q], confidence=confidence)
-            )
-            runs = int((seeds["arm"] == arm).sum())
-            raw = t_estimate(list(mine.values()), confidence)
-            summary = clip(raw, support[q])
-            block.append(Row(q, arm, runs, summary, diff, clipped=summary is not raw))
-        adjusted = holm([r.diff.p if r.diff is not None else float("nan") for r in block])  # the quantity's family
-        rows += [replace(r, p_holm=p) for r, p in zip(block, adjusted)]
+    notes += _seed_notes(seeds, completed(sample), ordered, targets)
+    notes += _target_notes(df, sample, flat)
+    rows = _rows(seeds, quantities, ordered, better, support, confidence)
     return Comparison(
         metric,
         reference,
@@ -409,6 +327,108 @@ def compare_table(
     )
 
 
+def _flat_quantities(sample, measures: Optional[Sequence[str]]) -> List[str]:
+    """The flatness rows: every ``flat/*`` then ``flat_at_target/*`` measure recorded in ``sample`` (their
+    Monte-Carlo errors and clean losses left out), or those of ``measures``, each ``flat/<m>`` with its
+    ``flat_at_target/<m>`` where recorded.
+
+    Raises:
+        ConfigError: a measure of ``measures`` not recorded (listing those that are).
+    """
+    recorded = [
+        c
+        for prefix in (FLAT_PREFIX, AT_TARGET_PREFIX)
+        for c in sorted(sample.columns)
+        if c.startswith(prefix) and has_values(sample, c)
+    ]
+    if measures is None:  # by default the measures' values, not their Monte-Carlo errors or clean losses
+        return [c for c in recorded if not c.endswith(AUXILIARY)]
+    wanted = [m if m.startswith((FLAT_PREFIX, AT_TARGET_PREFIX)) else FLAT_PREFIX + m for m in measures]
+    unknown = [m for m in wanted if m not in recorded]
+    if unknown:
+        raise ConfigError(
+            f"measures {', '.join(unknown)} not recorded in the compared trials; "
+            f"measures there: {', '.join(recorded) or '(none)'}"
+        )
+    also = [AT_TARGET_PREFIX + m[len(FLAT_PREFIX) :] for m in wanted if m.startswith(FLAT_PREFIX)]
+    return list(dict.fromkeys([*wanted, *(c for c in also if c in recorded)]))
+
+
+def _seed_notes(seeds, done, ordered: Sequence[str], targets: Sequence[str]) -> List[str]:
+    """Per arm (``ordered``), the seeds that did not complete and the completed ones that missed a
+    training-loss target (``targets``): counted in the seeds run, without values."""
+    notes: List[str] = []
+    for arm in ordered:
+        mine = seeds[seeds["arm"] == arm]
+        failed = mine[~done.loc[mine.index]]
+        if len(failed):
+            what = ", ".join(
+                f"seed {s} {o or 'unfinished'}" for s, o in failed[["seed", "outcome"]].itertuples(index=False)
+            )
+            notes.append(
+                f"{arm}: {what}; counted in the seeds run, no values from {'it' if len(failed) == 1 else 'them'}."
+            )
+        for q in targets:
+            missed = mine[done.loc[mine.index] & mine[q].isna()]
+            if len(missed):
+                which = ", ".join(map(str, missed["seed"]))
+                notes.append(
+                    f"{arm}: seed{'s' if len(missed) > 1 else ''} {which} completed without reaching the target ({q})."
+                )
+    return notes
+
+
+def _target_notes(df, sample, flat: Sequence[str]) -> List[str]:
+    """What the flatness rows measured where the launch had a training-loss target: at the target and at
+    the end (``measure_at_train_loss``), or where ``stop_at_train_loss`` ended the trials."""
+    measured_at = df.attrs.get(MEASURE_AT_TARGET)
+    stopped_at = df.attrs.get(STOP_AT_TARGET)
+    if measured_at is not None and any(q.startswith(AT_TARGET_PREFIX) for q in flat):
+        return [
+            f"flat_at_target/* rows: measured at the first epoch whose mean training loss was <= {measured_at} "
+            "(measure_at_train_loss); seeds that missed it are counted in the seeds run and give no value. "
+            "flat/* rows: the final models, after the last epoch."
+        ]
+    if not (flat and _stopped_at_target(sample)):  # sample.attrs: df's (select_sample and at_target_view keep them)
+        return []
+    loss = f"mean training loss <= {stopped_at}" if stopped_at is not None else "the training-loss target"
+    if any(q.startswith(AT_TARGET_PREFIX) for q in flat):
+        return [
+            f"flat_at_target/* rows: the flat/* of the seeds that reached {loss}, where stop_at_train_loss "
+            "ended them; seeds that missed it are counted in the seeds run and give no value. flat/* rows: "
+            "every completed seed's final model (a seed that missed the target trained to its last epoch)."
+        ]
+    return [
+        f"flat/* rows: measured at {loss} (stop_at_train_loss), where every completed seed "
+        "stopped: flatness at a matched training loss."
+    ]
+
+
+def _rows(seeds, quantities, ordered: Sequence[str], better, support, confidence: float) -> List[Row]:
+    """One :class:`Row` per quantity and arm (``ordered``: the reference first): the t-estimate over seeds,
+    clipped to the quantity's support, and the paired difference against the reference with its
+    Holm-adjusted p-value (the family: the quantity's arms)."""
+    reference = ordered[0]
+    rows: List[Row] = []
+    for q in quantities:
+        ref = _by_seed(seeds, reference, q)
+        block = []
+        for arm in ordered:
+            mine = _by_seed(seeds, arm, q)
+            diff = (
+                None
+                if arm == reference
+                else paired_difference(mine, ref, higher_is_better=better[q], confidence=confidence)
+            )
+            runs = int((seeds["arm"] == arm).sum())
+            raw = t_estimate(list(mine.values()), confidence)
+            summary = clip(raw, support[q])
+            block.append(Row(q, arm, runs, summary, diff, clipped=summary is not raw))
+        adjusted = holm([r.diff.p if r.diff is not None else float("nan") for r in block])  # the quantity's family
+        rows += [replace(r, p_holm=p) for r, p in zip(block, adjusted)]
+    return rows
+
+
 def _stopped_at_target(sample) -> bool:
     """Whether ``sample``'s trials stopped at a training-loss target (``stop_at_train_loss``): a target
     outcome is recorded and the launch did not measure at the target and train on."""
@@ -417,6 +437,7 @@ def _stopped_at_target(sample) -> bool:
 
 def _missed(sample):
     """Per row of ``sample``: a completed trial that recorded missing its training-loss target."""
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     if TARGET_REACHED not in sample.columns:
@@ -436,6 +457,7 @@ def at_target_view(sample):
     matched training loss, and every completed seed's final model. Anything else (no target, every trial
     reached it, a ``measure_at_train_loss`` launch that logged its own ``flat_at_target/*``) is
     returned as it is. ``attrs`` are kept."""
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     if not (_stopped_at_target(sample) and _missed(sample).any()):
@@ -465,6 +487,7 @@ def target_misses(sample, arms: Optional[Sequence[str]] = None) -> List[str]:
             launch's target in ``attrs`` (``measure_at_train_loss`` or ``stop_at_train_loss``).
         arms: in this order (default: alphabetical).
     """
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     missed = _missed(sample)
@@ -496,6 +519,7 @@ def seed_values(sample, quantities: Sequence[str]):
     compared at the matched training loss, so a seed that never reached it gives no value there). Every
     ``flat/*`` is the final model's: a value for every completed seed (:func:`at_target_view` gives a
     ``stop_at_train_loss`` launch its at-target columns)."""
+    # pandas on first use: importing this module stays light
     import pandas as pd
 
     done = completed(sample)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any, List, Sequence
 
-from flatlab.analysis.compare.statistics import finite
+from flatlab.analysis.compare.statistics import finite, paired_power
 from flatlab.analysis.compare.table import FEW_SEEDS, TARGETS, Comparison
+from flatlab.analysis.console_table import make_table, print_table
 from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX
 from flatlab.errors import ConfigError
 
@@ -136,8 +137,6 @@ def multiplicity(comparison: Comparison) -> List[str]:
     holds and that p is Holm-adjusted within it; which arms differ from the reference after the
     adjustment (or that none does); and, where the paired tests are over fewer than
     :data:`~flatlab.analysis.compare.table.FEW_SEEDS` seeds, their degrees of freedom and power."""
-    from flatlab.analysis.compare.statistics import paired_power
-
     c = comparison
     alpha = f"{c.alpha:g}"
     families = {q: c.family(q) for q in c.quantities}
@@ -159,10 +158,10 @@ def multiplicity(comparison: Comparison) -> List[str]:
     total = sum(len(rows) for rows in tested.values())
     lines = [
         f"Multiple comparisons: each quantity is one family of {per_family}; p Holm is p adjusted by Holm's (1979) "
-        f"step-down method within its quantity, which keeps the chance of any false 'significant' in that family at "
+        "step-down method within its quantity, which keeps the chance of any false 'significant' in that family at "
         f"{alpha}; {SIGNIFICANCE} '*': adjusted p < {alpha}, 'ns': not. {len(tested)} "
-        f"quantit{'ies' if len(tested) > 1 else 'y'}, {total} test{'s' if total != 1 else ''} in all, each quantity adjusted on its own: read the "
-        "adjusted p, not the raw p one by one.",
+        f"quantit{'ies' if len(tested) > 1 else 'y'}, {total} test{'s' if total != 1 else ''} in all, each quantity "
+        "adjusted on its own: read the adjusted p, not the raw p one by one.",
     ]
     hits = {q: [r.arm for r in rows if c.significant(r)] for q, rows in tested.items()}
     if not any(hits.values()):
@@ -281,8 +280,6 @@ def render(comparison: Comparison, console: Any) -> None:
     quantity (one family of tests; the quantity's name as its title), the caption under them. Numbers,
     intervals and arm names are never split (:mod:`flatlab.analysis.console_table`); a table wider than
     the console says so and points to ``--format markdown``."""
-    from flatlab.analysis.console_table import make_table, print_table
-
     c = comparison
     console.print(f"[bold]{heading(c)}[/bold]")
     for line in c.warnings:
