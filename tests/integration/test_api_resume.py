@@ -78,7 +78,7 @@ STUDY = Study(
     assert "interrupted True" in out, out
     launch = json.loads((root / "apires" / "launch.json").read_text())
     assert launch["status"] == "killed"
-    assert launch["overrides"] == {"trials": n, "epochs": epochs, "final_seeds": None, "scale": None}
+    assert launch["overrides"] == {"trials": n, "epochs": epochs, "final_seeds": None, "tunings": None, "scale": None}
 
     res = subprocess.run(
         python(RUN.format("resume=True"), str(study), str(root)), env=env(), capture_output=True, text=True, timeout=900

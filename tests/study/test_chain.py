@@ -268,5 +268,5 @@ def test_a_source_of_several_tunings_is_one_pool_of_their_search_trials(tmp_path
     client = runs.client(uri)
     for run_id, tuning in zip(ids, (1, 1, 2, 2, 1)):
         client.set_tag(run_id, runs.TAG_TUNING, str(tuning))
-    resolved = resolve_chained(chained_study(lr=sp.best_of("multi", arm="sgd", param="lr")).validate(), uri)
+    resolved = resolve_chained(validate(chained_study(lr=sp.best_of("multi", arm="sgd", param="lr"))), uri)
     assert resolved.arm("tsam").dims["lr"] == Resolved(0.3, source=f"multi/{ids[2]}")

@@ -308,7 +308,8 @@ def test_a_resume_takes_the_launch_s_store_at_a_new_address_and_refuses_other_st
     resubmission) serves the same store at a new URI: the store that holds the launch's run is taken."""
     from mlflow.tracking import MlflowClient
 
-    from flatlab.study.runner import RunOptions, _tracking_uri
+    from flatlab.study.launch_record import launch_tracking_uri as _tracking_uri
+    from flatlab.study.runner import RunOptions
     from flatlab.tracking.runs import holds_run
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -375,3 +376,12 @@ def test_a_trial_that_took_over_a_killed_driver_s_run_is_shown_with_the_id_mlflo
     assert lines[0].split()[:3] == ["done", "sgd", "new1"] and lines[0].endswith("(in MLflow: trial old1)")
     assert not any("in MLflow" in line for line in lines if "own2" in line)
     assert p.best() == "0.8000 (sgd old1)"
+
+
+def test_continue_grows_the_optuna_study_of_every_tuning(tmp_path):
+    import dataclasses
+
+    two = dataclasses.replace(study(), tunings=2)
+    previous = _previous(tmp_path, two)
+    prefix, names = continued_studies(previous, two, "launch.json")
+    assert prefix == "L" and names == {"sgd": "L.sgd", "adamw": "L.adamw", "sgd@2": "L.sgd@2", "adamw@2": "L.adamw@2"}

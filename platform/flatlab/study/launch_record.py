@@ -14,6 +14,7 @@ from flatlab.study.options import RunOptions
 from flatlab.study.searchers import optuna_study_name
 from flatlab.study.spec import Study
 from flatlab.study.tuner import experiment_path
+from flatlab.study.tunings import study_lanes
 from flatlab.tracking import runs
 
 logger = logging.getLogger("flatlab")
@@ -128,7 +129,7 @@ def record_launch(
         checkpoint_every=study.checkpoint_every,  # --resume keeps it (launches.resume_checkpoint_every)
         optuna_storage=f"sqlite:///{out / 'optuna.db'}",
         optuna_prefix=prefix,
-        optuna_studies={a.name: optuna_study_name(prefix, a.name) for a in study.arms}
+        optuna_studies={lane: optuna_study_name(prefix, lane) for lane in study_lanes(study)}
         if study.searcher != "grid"
         else {},
     )

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from flatlab.errors import ConfigError
+from flatlab.study.tunings import study_lanes
 
 BUDGET_KEYS = ("trials", "epochs", "final_seeds", "tunings", "scale")
 """The ``flatlab run`` options a launch records and ``--resume`` reuses."""
@@ -177,8 +178,9 @@ def resume_checkpoint_every(recorded: Optional[Launch], study_value: Optional[in
 
 
 def continued_studies(previous: Optional[Launch], study: Any, where: str) -> Tuple[str, Dict[str, str]]:
-    """For ``--continue``: the previous launch's Optuna study prefix and, per arm, the Optuna study this
-    launch adds trials to (``<prefix>.<arm>``; an arm new in this launch starts its study there).
+    """For ``--continue``: the previous launch's Optuna study prefix and, per arm and tuning (its lane,
+    :mod:`flatlab.study.tunings`), the Optuna study this launch adds trials to (``<prefix>.<arm>``,
+    ``<prefix>.<arm>@<k>``; an arm or tuning new in this launch starts its study there).
 
     Args:
         previous: the previous launch record of ``study`` (``None``: there is none).
@@ -203,7 +205,7 @@ def continued_studies(previous: Optional[Launch], study: Any, where: str) -> Tup
     if not prefix:
         raise ConfigError(f"--continue: {where} does not name the previous launch's Optuna studies")
     storage = previous.optuna_storage
-    names = {arm.name: optuna_study_name(prefix, arm.name) for arm in study.arms}
+    names = {lane: optuna_study_name(prefix, lane) for lane in study_lanes(study)}
     if storage:
         for arm in study.arms:
             seen = _seen_distributions(storage, names[arm.name])

@@ -156,7 +156,7 @@ def _open(
     launch_tags = (
         {
             "flatlab.continues": grown["parent_run_id"],
-            "flatlab.optuna_studies": ",".join(grown["optuna_studies"][a.name] for a in study.arms),
+            "flatlab.optuna_studies": ",".join(grown["optuna_studies"].values()),
         }
         if grown
         else {}

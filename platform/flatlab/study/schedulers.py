@@ -22,7 +22,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from flatlab.study.ray_compat import asha_rung_count
 from flatlab.study.spec import Study
-from flatlab.study.tunings import lane_of, lanes
+from flatlab.study.tunings import lane_of, study_lanes
 
 
 class ArmScheduler(FIFOScheduler):
@@ -109,7 +109,7 @@ def build_scheduler(study: Study, fifo: bool = False) -> ArmScheduler:
     epochs, up to ``max_epochs``); ``fifo`` (or ``fifo=True``, the final stage) -> Tune's FIFO per arm:
     every trial runs its whole budget."""
     if study.scheduler != "asha" or fifo:
-        return ArmScheduler(_lanes(study), lambda _arm: FIFOScheduler(), metric=study.metric, mode=study.mode)
+        return ArmScheduler(study_lanes(study), lambda _arm: FIFOScheduler(), metric=study.metric, mode=study.mode)
 
     def asha(_arm: str) -> TrialScheduler:
         return ASHAScheduler(
@@ -119,11 +119,7 @@ def build_scheduler(study: Study, fifo: bool = False) -> ArmScheduler:
             reduction_factor=study.reduction_factor,
         )
 
-    return ArmScheduler(_lanes(study), asha, metric=study.metric, mode=study.mode)
-
-
-def _lanes(study: Study) -> List[str]:
-    return lanes([a.name for a in study.arms], study.tunings)
+    return ArmScheduler(study_lanes(study), asha, metric=study.metric, mode=study.mode)
 
 
 def decision_epochs(study: Study) -> FrozenSet[int]:

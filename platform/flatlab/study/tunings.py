@@ -57,6 +57,11 @@ def lanes(arms: Iterable[str], tunings: int) -> List[str]:
     return [lane(a, k) for k in range(1, int(tunings) + 1) for a in names]
 
 
+def study_lanes(study: Any) -> List[str]:
+    """Every lane of a :class:`~flatlab.study.spec.Study` (its arms' names, ``tunings`` times)."""
+    return lanes([a.name for a in study.arms], getattr(study, "tunings", 1))
+
+
 def split_lane(name: str) -> Tuple[str, int]:
     """``(arm, tuning)`` of a lane's name (the inverse of :func:`lane`)."""
     arm, sep, k = name.rpartition(LANE_SEP)
