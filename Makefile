@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Fashion-MNIST's IDX files as Debian's package dataset-fashion-mnist installs them (found there by default)
 FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
 
-.PHONY: venv venv-test data slurm demo test test-fast bench docs-results clean
+.PHONY: venv venv-test data slurm demo lint test test-fast bench docs-results clean
 
 # flatlab and what it needs to run studies (the demo needs no more)
 $(BIN)/flatlab: pyproject.toml
@@ -64,6 +64,11 @@ slurm:
 ## one-node SLURM on 127.0.0.1 running deploy/slurm/flatlab.sbatch)
 test: venv-test data slurm
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## lint: ruff's checks and formatting (configured in pyproject.toml); .ci/run runs it before the tests
+lint: venv-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 ## test-fast: skip the slow service tests
 test-fast: venv-test data
