@@ -15,6 +15,7 @@ stopped depending on others) is refused by :func:`check_independent`, which says
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -133,21 +134,20 @@ def pool_curves(
         raise ConfigError(f"reference arm {reference!r} has no completed trial; arms: {', '.join(arms)}")
     better = {q: higher_is_better(q, info.metric, info.mode) for q in quantities}
     per_arm = {a: _arm_chosen(pool, a, quantities, confidence) for a in arms}
-    out = {}
+    out, ties = {}, []
     for arm in arms:
-        validation, chosen, notes = per_arm[arm]
+        validation, chosen, _ = per_arm[arm]
         wins = {q: _wins(chosen[q], per_arm[reference][1][q], better[q]) for q in quantities}
         if arm == reference:
             wins = {q: tuple(math.nan for _ in chosen[q]) for q in quantities}
-        curve = median_tuning_curve(
-            validation,
-            higher_is_better=info.mode == "max",
-            support=_support(info.metric, info.workload),
-            confidence=confidence,
-        )
+        curve, tied = _curve(validation, info, confidence)
+        if tied:
+            ties.append(
+                f"{arm}: tied {info.metric} values; the band is exact for a continuous metric, approximate here"
+            )
         expected = tuple(float(v) for v in expected_best(validation, higher_is_better=info.mode == "max"))
         out[arm] = ArmPool(arm, len(validation), curve, expected, chosen, wins)
-    notes = tuple(n for a in arms for n in per_arm[a][2])
+    notes = tuple(n for a in arms for n in per_arm[a][2]) + tuple(ties)
     return PoolCurves(info.name, info.metric, info.mode, reference, confidence, quantities, better, out, notes)
 
 
@@ -173,6 +173,21 @@ def _arm_chosen(pool: Sample, arm: str, quantities: Sequence[str], confidence: f
 def _wins(mine: Sequence[ChosenTrial], ref: Sequence[ChosenTrial], better: bool) -> Tuple[float, ...]:
     """P(this arm's pick beats the reference's) at each budget n both pools allow (NaN beyond)."""
     return tuple(_win(a, ref[i], higher_is_better=better) if i < len(ref) else math.nan for i, a in enumerate(mine))
+
+
+def _curve(validation: np.ndarray, info: Any, confidence: float) -> Tuple[TuningCurve, bool]:
+    """The validation metric's median tuning curve and band, and whether the pool has tied values (opda
+    warns then: its band's coverage is exact for a continuous metric; an accuracy over a finite split ties)."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", RuntimeWarning)
+        curve = median_tuning_curve(
+            validation,
+            higher_is_better=info.mode == "max",
+            support=_support(info.metric, info.workload),
+            confidence=confidence,
+        )
+    tied = any("Duplicates" in str(w.message) for w in seen) or len(set(validation.tolist())) < validation.size
+    return curve, tied
 
 
 def _support(metric: str, workload: Optional[str]) -> Tuple[float, float]:
@@ -226,6 +241,7 @@ def plot_curves(curves: PoolCurves, quantity: str, path: Path) -> Path:
         ax.plot(rows["n"], rows["median"], color=color, label=arm, marker="." if len(rows) < 15 else None)
         if quantity == curves.metric:
             ax.plot(rows["n"], rows["expected_best"], "--", color=color, linewidth=1)
+    _limit_y(ax, table, low, high)
     ax.set_xlabel("trials in the search (n)")
     ax.set_ylabel(quantity)
     what = (
@@ -241,6 +257,21 @@ def plot_curves(curves: PoolCurves, quantity: str, path: Path) -> Path:
     plain_numbers(ax)
     fig.savefig(path, dpi=110)
     return Path(path)
+
+
+def _limit_y(ax: Any, table: Any, low: str, high: str) -> None:
+    """The y range of the curves and of the band's finite edges inside the data's span: a band edge that
+    reaches the metric's bound (where the pool says nothing more, e.g. accuracy 1) leaves the plot at its
+    edge instead of flattening every curve."""
+    values = table[["median", low, high]].to_numpy(dtype=float)
+    span = table["median"].to_numpy(dtype=float)
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return
+    pad = 0.5 * (span.max() - span.min()) + 1e-12
+    top = min(finite.max(), span.max() + pad)
+    bottom = max(finite.min(), span.min() - pad)
+    ax.set_ylim(bottom - 0.05 * (top - bottom), top + 0.05 * (top - bottom))
 
 
 def write_curves(curves: PoolCurves, directory: Path) -> List[Path]:
