@@ -118,3 +118,11 @@ def test_a_note_every_tuning_has_is_said_once_and_the_others_name_their_tuning()
         "tuning 2: sam: seed 1000001 diverged; counted in the seeds run, no values from it."
     ]
     assert not any("tuning 1:" in n or "tuning 3:" in n for n in c.notes)
+
+
+def test_a_single_table_of_several_tunings_says_it_pools_them():
+    from flatlab.analysis.compare import compare_table
+
+    c = compare_table(final_stage([-2.0, -3.0, -2.5]))
+    assert c.row("flat/fisher_trace", "sam").summary.n == 9  # every tuning's seeds
+    assert any(n.startswith("pooled over 3 independent tunings") for n in c.notes)

@@ -281,6 +281,11 @@ def compare_table(
         raise ConfigError(f"confidence={confidence!r}; expected a number in (0, 1), e.g. 0.95")
     value_column("", rank_by)  # checked here: a study with a final stage never ranks, and would not see it
     sample, source, notes = select_sample(df, rank_by)
+    if "tuning" in sample.columns and sample["tuning"].nunique() > 1:
+        notes.append(
+            f"pooled over {sample['tuning'].nunique()} independent tunings, seeds paired within each: these intervals "
+            "leave the tuning's variance out; `flatlab compare STUDY` compares over the tunings"
+        )
     sample = at_target_view(sample)
     metric = metric or _test_metric(df) or "test/accuracy"
     if not has_values(sample, metric):
