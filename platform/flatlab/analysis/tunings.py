@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from flatlab.analysis.compare.statistics import CONFIDENCE, clip
-from flatlab.analysis.compare.table import Comparison, _by_seed, compare_table
+from flatlab.analysis.compare.table import Comparison, RowTable, _by_seed, compare_table
 from flatlab.analysis.replication import (
     AcrossTunings,
     PairedAcrossTunings,
@@ -53,7 +53,7 @@ class TuningRow:
 
 
 @dataclass(frozen=True)
-class TuningComparison:
+class TuningComparison(RowTable):
     """A multi-tuning study's comparison (:func:`compare_tunings`).
 
     Attributes:
@@ -76,30 +76,6 @@ class TuningComparison:
     rows: Tuple[TuningRow, ...]
     study: str = ""
     notes: Tuple[str, ...] = ()
-
-    @property
-    def arms(self) -> List[str]:
-        """Arms in table order (the reference first)."""
-        return list(dict.fromkeys(r.arm for r in self.rows))
-
-    @property
-    def alpha(self) -> float:
-        """The significance level of the per-tuning Holm-adjusted tests, ``1 − confidence``."""
-        return round(1.0 - self.confidence, 12)
-
-    def row(self, quantity: str, arm: str) -> TuningRow:
-        """The row of ``arm`` for ``quantity``.
-
-        Raises:
-            ConfigError: no such row (the message lists the quantities and arms).
-        """
-        for r in self.rows:
-            if r.quantity == quantity and r.arm == arm:
-                return r
-        raise ConfigError(
-            f"no row for quantity {quantity!r} and arm {arm!r}; quantities: {', '.join(self.quantities)}; "
-            f"arms: {', '.join(self.arms)}"
-        )
 
     def holding(self) -> List[TuningRow]:
         """The rows whose difference from the reference holds in every tuning."""

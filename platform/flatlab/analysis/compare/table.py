@@ -81,8 +81,37 @@ class Row:
         return self.diff is not None and finite(self.diff.p)
 
 
+class RowTable:
+    """What a table of rows, one per quantity and arm, answers (``rows``, ``quantities`` and ``confidence``
+    are the dataclass's): its arms in order, its significance level and the row of an arm."""
+
+    @property
+    def arms(self) -> List[str]:
+        """Arms in table order (the reference first)."""
+        return list(dict.fromkeys(r.arm for r in self.rows))
+
+    @property
+    def alpha(self) -> float:
+        """The significance level of the Holm-adjusted tests, ``1 − confidence`` (0.05 for 95 %)."""
+        return round(1.0 - self.confidence, 12)
+
+    def row(self, quantity: str, arm: str) -> Any:
+        """The row of ``arm`` for ``quantity``.
+
+        Raises:
+            ConfigError: no such quantity or arm in the table (the message lists the valid ones).
+        """
+        for r in self.rows:
+            if r.quantity == quantity and r.arm == arm:
+                return r
+        raise ConfigError(
+            f"no row for quantity {quantity!r} and arm {arm!r}; quantities: {', '.join(self.quantities)}; "
+            f"arms: {', '.join(self.arms)}"
+        )
+
+
 @dataclass(frozen=True)
-class Comparison:
+class Comparison(RowTable):
     """A study's paper table, as computed by :func:`compare_table`.
 
     Attributes:
@@ -119,16 +148,6 @@ class Comparison:
     warnings: Tuple[str, ...] = ()
     support: Mapping[str, Optional[Tuple[float, float]]] = field(default_factory=dict)
 
-    @property
-    def arms(self) -> List[str]:
-        """Arms in table order (the reference first)."""
-        return list(dict.fromkeys(r.arm for r in self.rows))
-
-    @property
-    def alpha(self) -> float:
-        """The significance level of the Holm-adjusted tests, ``1 − confidence`` (0.05 for 95 %)."""
-        return round(1.0 - self.confidence, 12)
-
     def family(self, quantity: str) -> List[Row]:
         """The rows of ``quantity``'s family of tests: its non-reference arms with a paired test."""
         return [r for r in self.rows if r.quantity == quantity and r.tested]
@@ -136,20 +155,6 @@ class Comparison:
     def significant(self, row: Row) -> Optional[bool]:
         """Whether ``row``'s Holm-adjusted p is below :attr:`alpha`; ``None`` where it has no test."""
         return bool(row.p_holm < self.alpha) if row.tested else None
-
-    def row(self, quantity: str, arm: str) -> Row:
-        """The row of ``arm`` for ``quantity``.
-
-        Raises:
-            ConfigError: no such quantity or arm in the table (the message lists the valid ones).
-        """
-        for r in self.rows:
-            if r.quantity == quantity and r.arm == arm:
-                return r
-        raise ConfigError(
-            f"no row for quantity {quantity!r} and arm {arm!r}; quantities: {', '.join(self.quantities)}; "
-            f"arms: {', '.join(self.arms)}"
-        )
 
     def frame(self):
         """The table as numbers, one row per (quantity, arm): ``quantity``, ``arm``, ``higher_is_better``,
