@@ -5,9 +5,11 @@ import ipaddress
 import subprocess
 import time
 
-import psutil
 import pytest
 import ray  # noqa: F401  (its bundled psutil goes on sys.path)
+
+# isort: split
+import psutil  # after ray, which puts the psutil it bundles on sys.path
 
 from flatlab_testing import BIN, env, write_study
 

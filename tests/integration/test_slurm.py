@@ -170,8 +170,10 @@ def describe(pids) -> list:
 
 
 def listening_addresses(pids) -> set:
-    import psutil
     import ray  # noqa: F401  (its bundled psutil goes on sys.path)
+
+    # isort: split
+    import psutil  # after ray, which puts the psutil it bundles on sys.path
 
     found = set()
     for pid in pids:
