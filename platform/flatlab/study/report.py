@@ -47,7 +47,9 @@ ARTIFACT_DIR = "report"
 IMPORTANCE_SEED = 0  # fANOVA's random forest: the same importances on every run of the report
 
 
-def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Path, console: Any = None) -> List[str]:
+def log_study_report(
+    study: Any, tracking_uri: str, parent_run_id: str, out: Path, console: Any = None, trials: Any = None
+) -> List[str]:
     """Log the study report of launch ``parent_run_id`` (see the module docstring) to that run.
 
     Args:
@@ -56,6 +58,7 @@ def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Pat
         parent_run_id: the launch's parent run.
         out: the study's output folder (``<root>/<study>``: ``launch.json``, ``optuna.db``).
         console: a rich console for the one-line summary (``None``: log only).
+        trials: the launch's trials table when the caller has read it (else read here).
     Returns:
         The artifact paths and metric names logged.
     """
@@ -63,7 +66,7 @@ def log_study_report(study: Any, tracking_uri: str, parent_run_id: str, out: Pat
     skipped: List[str] = []
     try:
         client = runs.client(runs.existing_store(tracking_uri))
-        df = trials_frame(tracking_uri, study.name)
+        df = trials if trials is not None else trials_frame(tracking_uri, study.name)
         if "launch" in df.columns:
             df = df[df["launch"] == parent_run_id]
     except Exception as exc:  # noqa: BLE001 - a report must never fail the study

@@ -96,15 +96,18 @@ def _comparison(df: Any, metric: Optional[str], reference: Optional[str], confid
     return {"comparison.md": to_markdown(c), "comparison.csv": to_csv(c)}, headers(c), cells(c), c
 
 
-def log_study_analysis(tracking_uri: str, parent_run_id: str, study: str, console: Optional[Any] = None) -> List[str]:
+def log_study_analysis(
+    tracking_uri: str, parent_run_id: str, study: str, console: Optional[Any] = None, sample: Optional[Sample] = None
+) -> List[str]:
     """Log what the launch's trials say beyond the paper table, where it applies: whether flatness predicts
     generalisation (``correlation/``: :mod:`flatlab.analysis.generalisation`, when trials measured
     flatness) and the tuning curves of a random-search pool (``tuning_curves/``: :mod:`flatlab.analysis.pool`,
-    for ``searcher="random"``, ``scheduler="fifo"``). Never raises; returns the artifact paths logged."""
+    for ``searcher="random"``, ``scheduler="fifo"``). ``sample``: the launch's trials when the caller has
+    read them (else read here). Never raises; returns the artifact paths logged."""
     logged: List[str] = []
     try:
         client = runs.client(runs.existing_store(tracking_uri))
-        sample = read_sample(tracking_uri, study, launch=parent_run_id)
+        sample = sample if sample is not None else read_sample(tracking_uri, study, launch=parent_run_id)
     except Exception as exc:  # noqa: BLE001 - the study's results stand
         logger.warning("analysis: trials of run %s not read: %s", parent_run_id, exc)
         return logged
@@ -143,9 +146,12 @@ def _write_curves(sample: Sample, folder: Path) -> List[Path]:
     return pool.write_curves(pool.pool_curves(sample), folder)
 
 
-def log_flatness_sweep(tracking_uri: str, parent_run_id: str, study: Any, console: Optional[Any] = None) -> List[str]:
+def log_flatness_sweep(
+    tracking_uri: str, parent_run_id: str, study: Any, console: Optional[Any] = None, sample: Optional[Sample] = None
+) -> List[str]:
     """After a study: log the sweep's CSV and figure (module docstring) on ``parent_run_id``, if the study
-    asked for a sweep (:func:`wants_sweep`); otherwise do nothing.
+    asked for a sweep (:func:`wants_sweep`); otherwise do nothing. ``sample``: the launch's trials when the
+    caller has read them (else the study's latest launch is read here).
 
     Never raises: a failure is logged as a warning (the trials are already recorded).
 
@@ -156,7 +162,7 @@ def log_flatness_sweep(tracking_uri: str, parent_run_id: str, study: Any, consol
         return []
     logged: List[str] = []
     try:
-        table = sweep_table(trials_frame(tracking_uri, study.name))
+        table = sweep_table(sample.trials if sample is not None else trials_frame(tracking_uri, study.name))
         if table.empty:
             logger.warning("flatness sweep: no trial of %s logged %s*", study.name, MEAN_PREFIX)
             return logged
