@@ -212,7 +212,7 @@ STUDY = Study(
     assert proc.returncode == 130 and "--resume" in out, out
     launch = json.loads((root / "res" / "launch.json").read_text())
     assert launch["status"] == "killed"
-    assert launch["overrides"] == {"trials": n, "epochs": epochs, "final_seeds": 1, "scale": None}
+    assert launch["overrides"] == {"trials": n, "epochs": epochs, "final_seeds": 1, "tunings": None, "scale": None}
     assert launch["checkpoint_every"] == 3
     c = runs.client(uri)
     exp = c.get_experiment_by_name("res")
