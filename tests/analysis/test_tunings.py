@@ -13,6 +13,7 @@ from flatlab.analysis import tunings_text
 from flatlab.analysis.compare.text import SINGLE_TUNING_NOTE, caption
 from flatlab.analysis.sample import Sample, StudyInfo
 from flatlab.analysis.tunings import compare_tunings
+from flatlab.errors import ConfigError
 
 SEEDS = (1, 2, 3)
 
@@ -88,6 +89,11 @@ def test_text_outputs_carry_every_arm_the_verdicts_and_the_summary():
     console = Console(width=250, record=True)
     tunings_text.render(c, console)
     assert "Holds in every one of 3 tunings" in console.export_text()
+    assert tunings_text.format_tunings(c, "markdown") == md
+    with pytest.raises(
+        ConfigError, match=r"--format 'latex' is not supported with tunings; expected one of table, markdown, csv$"
+    ):
+        tunings_text.format_tunings(c, "latex")
 
 
 def test_a_single_tuning_table_says_its_intervals_leave_the_tuning_out():

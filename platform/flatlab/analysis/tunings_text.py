@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any, List
 
 from flatlab.analysis.compare.statistics import finite
-from flatlab.analysis.compare.text import FORMATS, markdown_table, number
+from flatlab.analysis.compare.text import markdown_table, number, write_format
 from flatlab.analysis.console_table import make_table, print_table
 from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX
 from flatlab.analysis.tunings import TuningComparison, TuningRow
-from flatlab.errors import ConfigError
 
 
 def headers(c: TuningComparison) -> List[str]:
@@ -129,8 +128,4 @@ def format_tunings(c: TuningComparison, fmt: str) -> str:
     Raises:
         ConfigError: another format.
     """
-    writers = {"markdown": to_markdown, "csv": to_csv}
-    if fmt not in writers:
-        allowed = [f for f in FORMATS if f in writers or f == "table"]
-        raise ConfigError(f"--format {fmt!r} is not supported with tunings; expected one of {', '.join(allowed)}")
-    return writers[fmt](c)
+    return write_format(c, fmt, {"markdown": to_markdown, "csv": to_csv}, " with tunings")

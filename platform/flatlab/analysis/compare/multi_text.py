@@ -8,9 +8,8 @@ from typing import Any, List
 
 from flatlab.analysis.compare.multi import MultiSummary, wins
 from flatlab.analysis.compare.statistics import finite
-from flatlab.analysis.compare.text import FORMATS, latex_table, markdown_table, number
+from flatlab.analysis.compare.text import latex_table, markdown_table, number, write_format
 from flatlab.analysis.console_table import make_table, print_table
-from flatlab.errors import ConfigError
 
 
 def title(summary: MultiSummary) -> str:
@@ -134,7 +133,4 @@ def format_summary(summary: MultiSummary, fmt: str) -> str:
     Raises:
         ConfigError: another format.
     """
-    writers = {"markdown": to_markdown, "latex": to_latex, "csv": to_csv}
-    if fmt not in writers:
-        raise ConfigError(f"--format {fmt!r} is not supported; expected one of {', '.join(FORMATS)}")
-    return writers[fmt](summary)
+    return write_format(summary, fmt, {"markdown": to_markdown, "latex": to_latex, "csv": to_csv})

@@ -4,7 +4,7 @@ CSV and a rich table, with one set of headers, cells and caption."""
 from __future__ import annotations
 
 import math
-from typing import Any, List, Sequence
+from typing import Any, Callable, List, Mapping, Sequence
 
 from flatlab.analysis.compare.statistics import finite, paired_power
 from flatlab.analysis.compare.table import FEW_SEEDS, TARGETS, Comparison
@@ -301,13 +301,23 @@ def render(comparison: Comparison, console: Any) -> None:
         console.print(line, soft_wrap=True)
 
 
+def write_format(table, fmt: str, writers: Mapping[str, Callable[[Any], str]], context: str = "") -> str:
+    """``writers[fmt](table)``: the one dispatch of ``--format`` for every table kind.
+
+    Raises:
+        ConfigError: ``fmt`` not a key of ``writers``; the message names the allowed formats, ``table`` (the
+            console's) included, and ``context`` (e.g. ``" with tunings"``).
+    """
+    if fmt not in writers:
+        allowed = [f for f in FORMATS if f in writers or f == "table"]
+        raise ConfigError(f"--format {fmt!r} is not supported{context}; expected one of {', '.join(allowed)}")
+    return writers[fmt](table)
+
+
 def format_comparison(comparison: Comparison, fmt: str) -> str:
     """``markdown``, ``latex`` or ``csv`` text.
 
     Raises:
         ConfigError: another format.
     """
-    writers = {"markdown": to_markdown, "latex": to_latex, "csv": to_csv}
-    if fmt not in writers:
-        raise ConfigError(f"--format {fmt!r} is not supported; expected one of {', '.join(FORMATS)}")
-    return writers[fmt](comparison)
+    return write_format(comparison, fmt, {"markdown": to_markdown, "latex": to_latex, "csv": to_csv})
