@@ -331,3 +331,29 @@ def test_ranking_and_confidence_options_are_checked_before_any_store_is_read(tmp
     res = runner.invoke(app, [*args, "--root", str(tmp_path / "runs")])
     assert res.exit_code == 2 and said in " ".join(res.output.split()), res.output
     assert not (tmp_path / "runs").exists()
+
+
+def test_command_help_joins_each_paragraph_keeps_list_items_and_drops_rest_backticks():
+    from flatlab.cli.app import command_help
+
+    doc = """Run it.
+
+        Exit status: 0 when done; 1 when
+        every trial failed (``--resume`` continues).
+
+        Steps:
+        - first, on
+          two lines
+        - second
+        """
+    assert command_help(doc) == (
+        "Run it.\n\nExit status: 0 when done; 1 when every trial failed (--resume continues).\n\n"
+        "Steps:\n- first, on two lines\n- second"
+    )
+
+
+def test_run_help_wraps_its_paragraphs_once(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    res = runner.invoke(app, ["run", "--help"])
+    assert res.exit_code == 0
+    assert "1 when every trial of a study failed; 2 for invalid input" in res.output and "``" not in res.output

@@ -4,7 +4,9 @@ importing each other."""
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -28,6 +30,32 @@ app = typer.Typer(
 # Piped output: 160 columns unless COLUMNS says otherwise (rich would assume 80).
 console = Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 err = Console(stderr=True, highlight=False)
+
+
+def command_help(doc: str) -> str:
+    """A command's docstring as ``--help`` shows it: each paragraph joined into one line (Typer keeps the
+    line breaks of every paragraph after the first, and the terminal then wraps those lines a second
+    time), a line starting ``- `` kept as a list item, and reST's double backticks dropped."""
+    paragraphs = []
+    for paragraph in inspect.cleandoc(doc).split("\n\n"):
+        lines = [line.strip() for line in paragraph.splitlines()]
+        items: list = []
+        for line in lines:
+            if items and not line.startswith("- "):
+                items[-1] = f"{items[-1]} {line}"
+            else:
+                items.append(line)
+        paragraphs.append("\n".join(items))
+    return re.sub(r"``([^`]+)``", r"\1", "\n\n".join(paragraphs))
+
+
+def reflow_command_help() -> None:
+    """Give every registered command whose help is its docstring the :func:`command_help` form of it; run
+    once, after the command modules have registered on :data:`app`."""
+    for info in app.registered_commands:
+        if info.help is None and info.callback is not None and info.callback.__doc__:
+            info.help = command_help(info.callback.__doc__)
+
 
 ROOT_HELP = "output root: MLflow SQLite store, Optuna studies, Tune storage, logs (env FLATLAB_ROOT)"
 

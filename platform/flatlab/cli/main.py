@@ -15,7 +15,9 @@ import sys
 from typing import List
 
 from flatlab.cli import compare, curves, interpolation, listings, results, run  # noqa: F401 - register the commands
-from flatlab.cli.app import app
+from flatlab.cli.app import app, reflow_command_help
+
+reflow_command_help()
 
 _status: List[int] = []  # the status main() ends the process with, once the CLI has returned
 
