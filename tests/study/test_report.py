@@ -224,3 +224,25 @@ def test_best_per_arm_score_is_the_configurations_mean_over_its_seeds():
     df.attrs["metric"], df.attrs["mode"] = "val/loss", "min"
     table = best_per_arm_table(df, "val/loss")
     assert table[["val/loss", "search val/loss mean", "search seeds"]].values.tolist() == [[0.2, 0.3, 2]]
+
+
+@pytest.mark.parametrize(
+    "values, pngs, reason",
+    [
+        ([0.9, 0.8, 0.7], ["parallel_coordinate_sgd.png", "param_importances_sgd.png"], None),
+        ([0.94, 0.94, 0.94], ["parallel_coordinate_sgd.png"], "its 3 completed trials share one val/accuracy (0.94)"),
+    ],
+)
+def test_importances_are_skipped_with_a_reason_when_every_trial_scores_the_same(tmp_path, values, pngs, reason):
+    import optuna
+
+    from flatlab.study.report import _arm_plots
+
+    st = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    for v in values:
+        st.enqueue_trial({"lr": 0.1 * (1 + len(st.trials))})
+        st.optimize(lambda trial, v=v: v + 0 * trial.suggest_float("lr", 0.01, 1.0), n_trials=1)
+    skipped = []
+    paths = _arm_plots(st, "sgd", "val/accuracy", tmp_path, skipped)
+    assert [p.name for p in paths] == pngs and all(p.stat().st_size > 0 for p in paths)
+    assert skipped == ([f"importances of arm 'sgd': {reason}"] if reason else [])

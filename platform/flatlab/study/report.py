@@ -187,7 +187,8 @@ def optuna_plots(study: Any, out: Path, tmp: Path, skipped: List[str]) -> List[P
     """Per arm, Optuna's parallel-coordinate plot and fANOVA importance plot of its Optuna study
     (``<out>/optuna.db``, study ``<launch>.<arm>``, ``launch`` = launch.json's ``experiment_name``) as
     PNGs under ``tmp``. An arm that cannot have one gets a reason appended to ``skipped``: no Optuna
-    studies (grid searcher), no searched parameter, no completed trial, fewer than 2 for importances."""
+    studies (grid searcher), no searched parameter, no completed trial, fewer than 2 for importances or
+    all of one value (the importances are undefined)."""
     # Optuna on first use: importing this module stays light
     import optuna
 
@@ -237,6 +238,11 @@ def _arm_plots(st: Any, arm: str, metric: str, tmp: Path, skipped: List[str]) ->
     ]
     if len(done) < 2:
         skipped.append(f"importances of arm {arm!r}: {len(done)} completed trial (needs >= 2)")
+        return paths
+    if len({t.value for t in done}) == 1:  # fANOVA divides by the variance of the values
+        skipped.append(
+            f"importances of arm {arm!r}: its {len(done)} completed trials share one {metric} ({done[0].value:g})"
+        )
         return paths
     evaluator = optuna.importance.FanovaImportanceEvaluator(seed=IMPORTANCE_SEED)
     paths.append(
