@@ -253,6 +253,7 @@ def holds_run(tracking_uri: str, run_id: str, experiment_id: str, timeout_s: flo
             return False
     elif not tracking_uri.startswith(("http://", "https://")):
         return False
+    # MLflow on first use: importing this module stays light
     from mlflow.tracking import MlflowClient
 
     # MLflow reads these at each request; by default it retries a silent server for minutes
