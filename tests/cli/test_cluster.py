@@ -2,8 +2,6 @@
 `flatlab run --address` reaches a token-authenticated head or fails in one line within seconds."""
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +16,7 @@ from flatlab.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
-from flatlab_testing import BIN, env, free_port, write_study  # noqa: E402
+from flatlab_testing import BIN, env, free_port, ray_head, write_study  # noqa: E402
 
 runner = CliRunner()
 
@@ -120,56 +118,14 @@ def test_cluster_yaml_passes_rays_own_validation():
     assert config["available_node_types"]["gpu_worker"]["resources"] == {"CPU": 4, "GPU": 1}
 
 
-def _session_pids(sid):
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getsid(int(entry)) == sid:
-                    out.append(int(entry))
-            except OSError:
-                pass
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.integration
 def test_run_reaches_a_token_authenticated_head(tmp_path):
     token = "f1a7" * 8
     home = tmp_path / "home"  # no ~/.ray/auth_token: the token comes from RAY_AUTH_TOKEN alone
     home.mkdir()
-    gcs = free_port()
     head_env = {**env(), "HOME": str(home), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
-    head = subprocess.Popen(
-        [
-            str(BIN / "ray"),
-            "start",
-            "--head",
-            "--node-ip-address",
-            "127.0.0.1",
-            "--port",
-            str(gcs),
-            "--num-cpus",
-            "2",
-            "--include-dashboard",
-            "false",
-            "--disable-usage-stats",
-            "--block",
-        ],
-        env=head_env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", gcs), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and head.poll() is None, "the Ray head did not start"
-                time.sleep(1)
+    with ray_head("--num-cpus", "2", "--include-dashboard", "false", head_env=head_env) as gcs:
         study = write_study(
             tmp_path / "tok.py",
             """
@@ -196,14 +152,3 @@ STUDY = Study(name="tok", workload="digits", workload_params={"width": 8},
         )
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         assert "FINISHED" in res.stdout
-    finally:
-        os.killpg(head.pid, signal.SIGTERM)  # the head and the Ray processes it started (its own session)
-        try:
-            head.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            pass
-        for pid in _session_pids(head.pid):  # Ray's daemons that ignore SIGTERM, still of that session
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Iterator, Optional
 
 BIN = Path(sys.executable).parent
 
@@ -19,6 +24,59 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def ray_head(*args: str, head_env: Optional[dict] = None, timeout: float = 120) -> Iterator[int]:
+    """A Ray head on 127.0.0.1 for one test: ``ray start --head --block`` with ``args`` in a session of its
+    own and a Ray folder of its own (so that no ``ray.init()`` elsewhere on this machine finds it). Yields
+    its GCS port once it accepts connections; on exit its whole session gets SIGTERM and the folder goes.
+    Never ``ray stop``, which would stop every Ray instance on the machine (another test's, a user's)."""
+    gcs = free_port()
+    folder = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths live under it
+    head = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(gcs)]
+        + ["--temp-dir", folder, "--disable-usage-stats", "--block", *args],
+        env=head_env or env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", gcs), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and head.poll() is None, "the Ray head did not start"
+                time.sleep(1)
+        yield gcs
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)  # the head and the Ray processes it started (its own session)
+        try:
+            head.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        for pid in session_pids(head.pid):  # Ray's daemons that ignore SIGTERM, still of that session
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def session_pids(sid: int) -> list:
+    """The processes (``/proc``) of session ``sid``."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == sid:
+                    out.append(int(entry))
+            except OSError:
+                pass
+    return out
 
 
 def write_study(path: Path, body: str) -> Path:

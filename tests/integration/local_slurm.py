@@ -21,6 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from flatlab_testing import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scancel", "scontrol", "sinfo", "srun")
 NODE = "localhost"
@@ -48,14 +50,6 @@ def unavailable() -> Optional[str]:
     if os.geteuid() != 0:
         return "a local SLURM runs slurmd and munged as root; this test is not root"
     return None
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_hardware() -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import sys
 import tempfile
 
@@ -27,17 +26,13 @@ import ray._common.utils
 import ray._private.utils
 from ray.cluster_utils import Cluster
 
+from flatlab_testing import free_port
+
 FAST_HEALTH_CHECKS = {
     "health_check_initial_delay_ms": 0,
     "health_check_period_ms": 1000,
     "health_check_failure_threshold": 3,
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(head_cpus: int, workers: int, worker_cpus: int, worker_gpus: int, dashboard_port: int) -> None:

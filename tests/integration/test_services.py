@@ -10,7 +10,7 @@ import pytest
 
 from flatlab.tracking import runs, ui
 from flatlab.tracking.logged_model import run_model_id
-from flatlab_testing import BIN, env, flatlab, free_port, run_epoch_hook, wait_http, write_study
+from flatlab_testing import BIN, env, flatlab, free_port, ray_head, run_epoch_hook, wait_http, write_study
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -86,38 +86,12 @@ def test_study_logs_to_a_tracking_server_workers_included(tmp_path, mlflow_serve
 
 
 def test_submit_to_a_local_ray_head(tmp_path):
-    gcs, dash = free_port(), free_port()
-    e = env()
+    dash = free_port()
     # the dashboard agent (which starts submitted jobs) on a free port: Ray's default, 52365, may be another
     # Ray instance's on this machine, and then no job can start ("No available agent to submit job")
-    start = subprocess.run(
-        [
-            str(BIN / "ray"),
-            "start",
-            "--head",
-            "--node-ip-address",
-            "127.0.0.1",
-            "--port",
-            str(gcs),
-            "--num-cpus",
-            "2",
-            "--dashboard-host",
-            "127.0.0.1",
-            "--dashboard-port",
-            str(dash),
-            "--include-dashboard",
-            "true",
-            "--dashboard-agent-listen-port",
-            str(free_port()),
-            "--disable-usage-stats",
-        ],
-        capture_output=True,
-        text=True,
-        env=e,
-        timeout=180,
-    )
-    assert start.returncode == 0, start.stdout + start.stderr
-    try:
+    dashboard = ["--num-cpus", "2", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash)]
+    dashboard += ["--include-dashboard", "true", "--dashboard-agent-listen-port", str(free_port())]
+    with ray_head(*dashboard):
         wait_http(f"http://127.0.0.1:{dash}/api/version", timeout=120)
         work = tmp_path / "work"
         work.mkdir()
@@ -142,8 +116,6 @@ def test_submit_to_a_local_ray_head(tmp_path):
         exp = c.get_experiment_by_name("job")
         children = c.search_runs([exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'trial'")
         assert len(children) == 2 and all(r.info.status == "FINISHED" for r in children)
-    finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, env=e, timeout=120)
 
 
 def test_interrupted_study_resumes_without_rerunning_finished_trials(tmp_path):
