@@ -301,7 +301,7 @@ def render(comparison: Comparison, console: Any) -> None:
         console.print(line, soft_wrap=True)
 
 
-def write_format(table, fmt: str, writers: Mapping[str, Callable[[Any], str]], context: str = "") -> str:
+def write_format(table: Any, fmt: str, writers: Mapping[str, Callable[[Any], str]], context: str = "") -> str:
     """``writers[fmt](table)``: the one dispatch of ``--format`` for every table kind.
 
     Raises:
