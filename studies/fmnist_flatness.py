@@ -19,40 +19,48 @@ counted as a miss in the at-target rows and still gives its final-model values.
 
 The answer is asked of ``CPU_TUNINGS`` independent tunings (``Study(tunings=...)``): each arm is searched
 that many times, each search with its own Optuna study, seeds, ASHA rungs, best configuration and final
-seeds, and ``flatlab compare`` takes the tuning as its unit of replication (a claim holds in every
-tuning, depends on the tuning, or no difference was found; docs/comparing.md).
+seeds, and ``flatlab compare`` tests each claim at the level of the tuning (a t over the S per-tuning
+differences, Holm across arms; docs/comparing.md).
 
 Scales (``--scale``; the default is the one a laptop runs, so that ``flatlab run studies/fmnist_flatness.py``
-then ``flatlab compare fmnist_flatness`` is the real-data answer in at most 90 minutes on 2 cores):
+then ``flatlab compare fmnist_flatness`` is the real-data answer in well under 90 minutes on 2 cores):
 
 * ``paper`` (study ``fmnist_flatness_paper``): DeepOBS's ``fmnist_2c2d`` problem (3,274,634
   parameters, DeepOBS's architecture and initialisation) at DeepOBS's settings where it has them: batch
   128, the 50,000 training images left after DeepOBS's 10,000-image validation hold-out, 100 epochs;
-  ``PAPER_TRIALS`` trials per arm (ASHA grace 10), 10 final seeds (DeepOBS re-runs its best setting
-  with 10), one GPU per trial, one tuning; target training loss ``PAPER_TARGET_LOSS``, measures on 1,024
-  examples.
-* ``cpu`` (default; study ``fmnist_flatness``): the same eight arms on ``small_cnn`` (20,746 parameters), a
-  stratified ``CPU_TRAIN_SIZE``-image training subset, ``CPU_VAL_SIZE`` validation images, the official
-  10,000 test images; ``CPU_TUNINGS`` tunings of ``CPU_TRIALS`` trials per arm (AlgoPerf's external
-  tuning ruleset runs 3 studies of 5 trials), up to ``CPU_EPOCHS`` epochs, ASHA (grace 3, halving), two
-  1-core trials at a time, then ``CPU_SEEDS`` final seeds per tuning; target training loss
-  ``TARGET_LOSS``, measures on 512 examples. Sized for at most 90 minutes on 2 free cores (below).
+  all eight arms, ``PAPER_TRIALS`` trials per arm (ASHA grace 10), 10 final seeds (DeepOBS re-runs its
+  best setting with 10), one GPU per trial, one tuning; target training loss ``PAPER_TARGET_LOSS``,
+  measures on 1,024 examples.
+* ``cpu`` (default; study ``fmnist_flatness``): the arms ``CPU_ARMS`` on ``small_cnn`` (20,746
+  parameters), a stratified ``CPU_TRAIN_SIZE``-image training subset, ``CPU_VAL_SIZE`` validation images,
+  the official 10,000 test images; ``CPU_TUNINGS`` tunings of ``CPU_TRIALS`` trials per arm, up to
+  ``CPU_EPOCHS`` epochs, ASHA (grace 3, halving), two 1-core trials at a time, then ``CPU_SEEDS`` final
+  seeds per tuning; target training loss ``TARGET_LOSS``, measures on 512 examples.
+* ``cpu-replicate`` (study ``fmnist_flatness_replicate``): the ``cpu`` design again at another study
+  seed (``REPLICATE_SEED``: other data split, trial seeds and Optuna draws) and other final seeds
+  (``REPLICATE_SEEDS``), so a reader can see which labels a second launch reproduces.
 * ``smoke`` (study ``fmnist_flatness_smoke``): 1,024 synthetic Fashion-MNIST-shaped images, an 8-channel
   ``small_cnn``, the arms ``SMOKE_ARMS``, 2 trials of up to 3 epochs (IRE on in the third) and 2 final
   seeds, target training loss ``SMOKE_TARGET_LOSS`` (tests; seconds of training).
 
+The ``cpu`` design follows the nested-design arithmetic of docs/comparing.md. The variance of the
+tuning-level estimate is sigma_t^2 / S + sigma_s^2 / (S m) for S tunings of m final seeds; the earlier
+launch of three tunings of 4 seeds put the tuning's share of the Tr(F) differences at 46-70 % (sigma_t^2
+about sigma_s^2), and a search of ``CPU_TRIALS`` ASHA trials costs about twice one final run, so the
+cheapest m is sqrt(2 sigma_s^2 / sigma_t^2), about 1.4: two final seeds (two also let the heterogeneity
+F-test see the seed noise within a tuning), and the compute goes into tunings, which buy power.
+The arms were cut to SGD, SAM and TSAM, the claims the earlier launch made about flatness, and the
+training subset to ``CPU_TRAIN_SIZE`` images, to fit two launches on 2 cores.
+
 Sizing of ``cpu`` (from ``bench/fmnist_epoch_cost.py``: ``small_cnn`` trains at about 9 ms per step of 128
-on one thread, plain SGD): one epoch of 20,000 images is 157 steps, about 1.4 s for SGD, plus about 0.1 s
-to evaluate 5,000 validation images. Per step SAM, ASAM and SAM-IRE cost 2 forward/backward passes,
-TSAM 2s = 6 (s = 3), the IRE arms about 1.1x their base (the Fisher mask every 10 steps), so one epoch of
-every arm is about 16.3 x 1.4 + 8 x 0.1 = 24 one-core seconds. ASHA's halving at epochs 3, 6 and 12 runs a
-search trial 6.4 epochs on average, so a tuning's search is 6 x 6.4 x 24 = 910 s, its final stage
-4 x 15 x 24 = 1,430 s, and starting and logging its 80 trials about 4 s each, 320 s: 2,660 core-seconds a
-tuning, 8,000 for three, about 66 minutes on 2 free cores (one launch of the earlier single-tuning budget,
-12 trials and 5 final seeds, was estimated at 35 minutes this way and measured at 27.6). A tuning
-whose ASHA stops nothing costs 1.6 times as much. Three tunings of 12 trials and 5 final seeds would
-take about 105 minutes by the same arithmetic: the trials per tuning and the final seeds were cut to fit.
-On cores shared with other work every step is slower: run it on a quiet machine.
+on one thread, plain SGD): one epoch of 12,000 images is 94 steps, about 0.85 s for SGD, plus about 0.1 s
+to evaluate 5,000 validation images. Per step SAM costs 2 forward/backward passes and TSAM 2s = 6 (s = 3),
+so one epoch of every arm is about 9 x 0.85 + 3 x 0.1 = 7.9 one-core seconds. ASHA's halving at epochs
+3 and 6 runs a search trial 5.5 epochs on average, so a tuning's search is 4 x 5.5 x 7.9 = 174 s, its final
+stage 2 x 10 x 7.9 = 158 s, and starting and logging its 18 trials about 4 s each, 72 s: 404 core-seconds
+a tuning, 2,420 for six, about 20 minutes on 2 free cores. On cores shared with other work every step is
+slower (a probe of the three arms under a load average of 4 ran an epoch in 4.1, 5.1 and 12.2 s, about
+twice these figures): run it on a quiet machine.
 
 From the papers: the arms and their optimizers (SAM, Foret et al. 2021; ASAM, Kwon et al. 2021; TSAM's
 released procedure; IRE's SGD/SAM/AdamW variants with a Fisher mask refreshed every K = 10 steps), the
@@ -61,7 +69,7 @@ parameter noise), TSAM's grid of t (0, 1, 5, 20) with s = 3 samples, SGD momentu
 5e-4 (both papers' CNN recipes). From DeepOBS: the ``2c2d`` network, its data split, batch 128 and the
 100 epochs of the ``paper`` scale.
 
-Ours, not the papers': ``small_cnn`` and the 20,000-image subset (a CPU budget), every search range
+Ours, not the papers': ``small_cnn`` and the 12,000-image subset (a CPU budget), every search range
 (the papers tune on CIFAR and ImageNet), the cosine schedule (DeepOBS uses a constant rate), the target
 loss ``TARGET_LOSS`` (SGD, SAM and AdamW at the middle of their ranges, lr 0.055 / rho 0.055 and lr 1.7e-3,
 reach it at epoch 5 or 6 of 15 and end at 0.235 to 0.248, so the at-target and final measurements are
@@ -76,14 +84,16 @@ from _flatness_arms import flatness_arms
 from flatlab import Resources, Study
 from flatlab import space as sp
 
-SCALES = ("cpu", "paper", "smoke")
+SCALES = ("cpu", "cpu-replicate", "paper", "smoke")
 NAME = "fmnist_flatness"
 TARGET_LOSS = 0.35
 PAPER_TARGET_LOSS = 0.1
 SMOKE_TARGET_LOSS = 2.2  # synthetic data starts at ln 10 = 2.30; most of the range reaches 2.2 by epoch 2 or 3
 SIGMA = 0.05
-CPU_TRAIN_SIZE, CPU_VAL_SIZE = 20000, 5000
-CPU_TRIALS, CPU_EPOCHS, CPU_SEEDS, CPU_TUNINGS = 6, 15, (1, 2, 3, 4), 3
+CPU_TRAIN_SIZE, CPU_VAL_SIZE = 12000, 5000
+CPU_TRIALS, CPU_EPOCHS, CPU_SEEDS, CPU_TUNINGS = 4, 10, (1, 2), 6
+CPU_ARMS = ("sgd", "sam", "tsam")
+REPLICATE_SEED, REPLICATE_SEEDS = 7, (21, 22)
 PAPER_TRIALS = 32
 
 LR_SGD = sp.loguniform(0.01, 0.3)
@@ -144,11 +154,12 @@ def build(scale: str) -> Study:
             final_seeds=(1, 2),
             **common,
         )
+    replicate = scale == "cpu-replicate"
     return Study(
-        name=NAME,
+        name=f"{NAME}_replicate" if replicate else NAME,
         workload_params={"model": "small_cnn", "train_size": CPU_TRAIN_SIZE, "val_size": CPU_VAL_SIZE},
         train={"batch_size": 128, "schedule": "cosine", "measure_at_train_loss": TARGET_LOSS},
-        arms=tuple(ARMS.values()),
+        arms=tuple(ARMS[a] for a in CPU_ARMS),
         num_trials=CPU_TRIALS,
         max_epochs=CPU_EPOCHS,
         grace_period=3,
@@ -156,7 +167,8 @@ def build(scale: str) -> Study:
         max_concurrent=2,
         measures=measures(20),
         measure_examples=512,
-        final_seeds=CPU_SEEDS,
+        final_seeds=REPLICATE_SEEDS if replicate else CPU_SEEDS,
+        seed=REPLICATE_SEED if replicate else 0,
         tunings=CPU_TUNINGS,
         **common,
     )
