@@ -1,5 +1,5 @@
 """The tuning as the unit of replication: the two-level interval and the variance components against a
-hand-written one-way ANOVA, their coverage on simulated studies, and the verdicts."""
+hand-written one-way ANOVA, and their coverage on simulated studies (the claims: tests/analysis/test_claims.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from flatlab.analysis.compare.statistics import holm, t_estimate
-from flatlab.analysis.replication import across_tunings, paired_across_tunings, variance_components, verdict
+from flatlab.analysis.compare.statistics import t_estimate
+from flatlab.analysis.replication import across_tunings, paired_across_tunings, variance_components
 from flatlab.errors import ConfigError
 
 # 3 tunings x 3 seeds; tuning means 2, 6, 7 and grand mean 5
@@ -85,7 +85,7 @@ def test_one_tuning_has_no_interval_and_says_so():
     empty = across_tunings([[1.0, 2.0], [None, float("nan")], [3.0, 5.0]])
     assert empty.seeds == (2, 0, 2) and math.isnan(empty.tuning_means[1])
     assert empty.estimate.n == 2 and empty.estimate.mean == pytest.approx(2.75)
-    assert "tuning(s) 1 without a finite value" in empty.note
+    assert "tuning(s) 2 without a finite value" in empty.note  # tunings are numbered 1..S, as flatlab.tuning
 
 
 def test_coverage_of_the_two_level_interval_and_of_one_tunings_seeds():
@@ -125,16 +125,6 @@ def test_share_estimates_the_true_share_on_many_tunings():
     assert comp.share == pytest.approx(0.8, abs=0.04)
 
 
-def _arms(offsets, noise=((0.1, -0.1, 0.0), (0.05, 0.0, -0.05), (0.0, 0.1, -0.1))):
-    """Per tuning {seed: value} of a reference and an arm = reference + offsets[k] + noise."""
-    reference, arm = [], []
-    for k, offset in enumerate(offsets):
-        ref = {seed: 50.0 + 3 * k + seed for seed in range(3)}
-        reference.append(ref)
-        arm.append({seed: ref[seed] + offset + noise[k][seed] for seed in range(3)})
-    return arm, reference
-
-
 def test_paired_across_tunings_by_hand():
     reference = [{s: 10.0 * s for s in range(3)} for _ in range(3)]
     arm = [{s: reference[k][s] + TABLE[k][s] for s in range(3)} for k in range(3)]
@@ -151,56 +141,6 @@ def test_paired_across_tunings_by_hand():
         assert got.per_tuning[k].ref_better == 3  # lower is better and arm > reference
 
 
-def test_verdicts():
-    flip = verdict([0.01, 0.02, 0.03], [-1.0, -2.0, 0.5], across=-0.83)
-    assert (flip.kind, flip.agree, flip.tunings, flip.direction) == ("depends", 2, 3, -1)
-    assert flip.text == "depends on the tuning (2 of 3 agree; 1 against)"  # the third significant the other way
-    holds = verdict([0.01, 0.001, 0.049], [2.0, 1.0, 3.0], across=2.0)
-    assert (holds.kind, holds.agree, holds.text) == ("holds", 3, "holds in every tuning")
-    none = verdict([0.2, 0.06, float("nan")], [1.0, -1.0, 2.0], across=0.7)
-    assert (none.kind, none.agree, none.text) == ("none", 0, "no difference found")
-    one_weak = verdict([0.01, 0.01, 0.4], [1.0, 1.0, 1.0], across=1.0)
-    assert (one_weak.kind, one_weak.text) == ("depends", "depends on the tuning (2 of 3 agree)")
-    against = verdict([0.01, 0.3, 0.4], [-1.0, 0.5, 2.0], across=0.5)  # the only significant tuning opposes the mean
-    assert (against.kind, against.agree, against.text) == (
-        "depends",
-        0,
-        "depends on the tuning (0 of 3 agree; 1 against)",
-    )
-    at_alpha = verdict([0.05, 0.01], [1.0, 1.0], across=1.0, alpha=0.05)  # p < alpha, not <=
-    assert at_alpha.kind == "depends" and at_alpha.agree == 1
-    single = verdict([0.01], [1.0], across=1.0)
-    assert single.kind == "holds" and "only tuning" in single.text
-    nan_across = verdict([0.01, 0.01, 0.01], [-1.0, -1.0, 1.0], across=float("nan"))
-    assert nan_across.direction == -1 and nan_across.agree == 2
-
-
-def test_verdict_from_a_constructed_multi_tuning_comparison():
-    """Two arms against one reference over 3 tunings; Holm within each tuning's family of 2 arms."""
-    arms = {
-        "steady": _arms([-2.0, -1.5, -2.5]),  # lower in every tuning
-        "flips": _arms([-2.0, -1.5, +2.0]),  # tuning 3 reverses the sign
-    }
-    paired = {name: paired_across_tunings(a, r, higher_is_better=False) for name, (a, r) in arms.items()}
-    adjusted = {name: [] for name in arms}
-    for k in range(3):
-        family = holm([paired[name].per_tuning[k].p for name in arms])
-        for name, p in zip(arms, family):
-            adjusted[name].append(p)
-    got = {
-        name: verdict(
-            adjusted[name],
-            [t.estimate.mean for t in paired[name].per_tuning],
-            across=paired[name].across.estimate.mean,
-        )
-        for name in arms
-    }
-    assert all(p < 0.05 for p in adjusted["steady"]) and all(p < 0.05 for p in adjusted["flips"])
-    assert got["steady"].text == "holds in every tuning" and got["steady"].direction == -1
-    assert got["flips"].text == "depends on the tuning (2 of 3 agree; 1 against)"
-    assert paired["flips"].across.components.share > 0.99  # the differences vary by tuning, barely by seed
-
-
 def test_bad_input_is_named():
     with pytest.raises(ConfigError, match="values must be a non-empty sequence of tunings"):
         across_tunings([])
@@ -212,7 +152,3 @@ def test_bad_input_is_named():
         paired_across_tunings([{0: 1.0}, {0: 1.0}], [{0: 1.0}], higher_is_better=True)
     with pytest.raises(ConfigError, match=r"arm\[0\] must be a \{seed: value\}"):
         paired_across_tunings([[1.0, 2.0]], [{0: 1.0}], higher_is_better=True)
-    with pytest.raises(ConfigError, match="one value per tuning .* got 2 and 1"):
-        verdict([0.1, 0.2], [1.0], across=1.0)
-    with pytest.raises(ConfigError, match=r"alpha must be a number in \(0, 1\)"):
-        verdict([0.1], [1.0], across=1.0, alpha=5)

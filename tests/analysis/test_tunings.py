@@ -1,5 +1,5 @@
-"""The comparison of a multi-tuning study: per-tuning tests, two-level intervals and verdicts, checked by hand
-on constructed final stages of 3 tunings x 3 seeds."""
+"""The comparison of a multi-tuning study: two-level intervals and the claims tested over the tunings, checked by
+hand on constructed final stages of 3 tunings x 3 seeds."""
 
 import math
 
@@ -46,25 +46,42 @@ def final_stage(effects):
     return df
 
 
-def test_all_tunings_significant_and_agreeing_hold_in_every_tuning():
+def test_a_claim_is_tested_over_the_per_tuning_differences():
     c = compare_tunings(final_stage([-2.0, -3.0, -2.5]), study="toy")
     row = c.row("flat/fisher_trace", "sam")
-    assert row.verdict.kind == "holds" and row.verdict.text == "holds in every tuning" and row.verdict.agree == 3
-    assert all(p < 0.05 for p in row.p_holm)
-    # each tuning's Δ is its effect (the seed pattern sums to 0): -2, -3, -2.5; across: their t-interval
+    # each tuning's d_k is its effect (the seed pattern sums to 0): -2, -3, -2.5; the claim: a t over those three
     diffs = [-2.0, -3.0, -2.5]
-    assert [p.estimate.mean for p in row.paired.per_tuning] == pytest.approx(diffs)
-    d = row.paired.across.estimate
+    assert row.claim.per_tuning == pytest.approx(diffs)
+    d = row.claim.estimate
     half = stats.t.ppf(0.975, 2) * np.std(diffs, ddof=1) / math.sqrt(3)
     assert d.mean == pytest.approx(-2.5) and (d.low, d.high) == pytest.approx((-2.5 - half, -2.5 + half))
-    assert "sam flatter than sgd (flat/fisher_trace)" in tunings_text.summary(c)
+    assert row.claim.p == pytest.approx(stats.ttest_1samp(diffs, 0.0).pvalue) == row.claim.p_holm  # one arm
+    assert row.claim.label == "shown" and row.claim.text == "flatter than sgd"
+    assert row.claim.heterogeneity.depends(c.alpha)  # the tunings differ far more than the seeds (.005)
+    assert "sam flatter than sgd (flat/fisher_trace)" in tunings_text.summary(c)[0]
+    assert c.row("test/accuracy", "sam").claim.text == "more accurate than sgd"  # +0.01 in every tuning, seeds equal
 
 
-def test_one_tuning_flipping_the_sign_depends_on_the_tuning():
+def test_one_tuning_flipping_the_sign_is_inconclusive_and_depends_on_the_tuning():
     c = compare_tunings(final_stage([-2.0, -3.0, +2.0]))
     row = c.row("flat/fisher_trace", "sam")
-    assert row.verdict.kind == "depends" and row.verdict.text == "depends on the tuning (2 of 3 agree; 1 against)"
-    assert "flat/fisher_trace" not in tunings_text.summary(c)
+    assert row.claim.label == "inconclusive" and row.claim.text.startswith("inconclusive (detects ±")
+    assert row.claim.heterogeneity.depends(c.alpha) and row.claim.heterogeneity.disagree == 1
+    lines = tunings_text.summary(c)
+    assert "flat/fisher_trace" not in lines[0] and "sam vs sgd (flat/fisher_trace)" in lines[2]
+
+
+def test_margins_come_from_the_study_else_the_default_and_the_table_names_them():
+    df = final_stage([-0.1, 0.05, 0.02])
+    c = compare_tunings(df)
+    flat = c.row("flat/fisher_trace", "sam").claim
+    assert flat.margin == pytest.approx(0.1 * 12.0) and flat.margin_source == "default (10 % of sgd)"
+    assert c.row("test/accuracy", "sam").claim.margin_source == "default (1 point)"
+    df.attrs["margins"] = {"flat/fisher_trace": 0.5}  # Study(margins=...) as the launch records it
+    own = compare_tunings(df).row("flat/fisher_trace", "sam").claim
+    assert (own.margin, own.margin_source) == (0.5, "study")
+    cli = compare_tunings(df, margins={"flat/fisher_trace": 0.25}).row("flat/fisher_trace", "sam").claim
+    assert cli.margin == 0.25 and cli.label == "equivalent" and cli.text == "no difference larger than ±0.25"
 
 
 def test_the_reference_arm_has_the_two_level_interval_and_the_tuning_share_by_hand():
@@ -79,21 +96,41 @@ def test_the_reference_arm_has_the_two_level_interval_and_the_tuning_share_by_ha
     assert a.components.share == pytest.approx(tuning / (tuning + 0.0025))
 
 
-def test_text_outputs_carry_every_arm_the_verdicts_and_the_summary():
+def test_text_outputs_carry_every_arm_the_claims_and_the_summary():
     c = compare_tunings(final_stage([-2.0, -3.0, +2.0]), study="toy")
     md = tunings_text.to_markdown(c)
-    assert "depends on the tuning (2 of 3 agree; 1 against)" in md and "(reference)" in md and md.count("\n| ") >= 4
+    assert "inconclusive (detects ±" in md and "(reference)" in md and md.count("\n| ") >= 4
+    assert "depends on the tuning: SD" in md and "p Holm" in md
     frame = pd.read_csv(__import__("io").StringIO(tunings_text.to_csv(c)))
     sam = frame[(frame["arm"] == "sam") & (frame["quantity"] == "flat/fisher_trace")].iloc[0]
     assert [sam["diff_t1"], sam["diff_t2"], sam["diff_t3"]] == pytest.approx([-2.0, -3.0, 2.0])
+    assert sam["label"] == "inconclusive" and bool(sam["depends"]) and sam["het_disagree"] == 1
     console = Console(width=250, record=True)
     tunings_text.render(c, console)
-    assert "Holds in every one of 3 tunings" in console.export_text()
+    assert "Shown over 3 tunings" in console.export_text()
     assert tunings_text.format_tunings(c, "markdown") == md
     with pytest.raises(
         ConfigError, match=r"--format 'latex' is not supported with tunings; expected one of table, markdown, csv$"
     ):
         tunings_text.format_tunings(c, "latex")
+
+
+def test_a_new_statistic_is_one_registered_column():
+    c = compare_tunings(final_stage([-2.0, -3.0, -2.5]))
+    column = tunings_text.Column("p_raw", lambda c: "p (raw)", lambda c, r: f"{r.claim.p:.3f}" if r.claim else "-")
+    tunings_text.register_column(column, after="p_holm")
+    try:
+        head = tunings_text.headers(c)
+        assert head[head.index("p Holm") + 1] == "p (raw)"
+        rows = dict(zip([(r.quantity, r.arm) for r in c.rows], tunings_text.cells(c)))
+        cell = rows[("flat/fisher_trace", "sam")][head.index("p (raw)")]
+        assert (
+            cell == f"{c.row('flat/fisher_trace', 'sam').claim.p:.3f}" and rows[("flat/fisher_trace", "sgd")][9] == "-"
+        )
+        with pytest.raises(ConfigError, match="a column named 'p_raw' is registered already"):
+            tunings_text.register_column(column)
+    finally:
+        tunings_text.COLUMNS.remove(column)
 
 
 def test_a_single_tuning_table_says_its_intervals_leave_the_tuning_out():

@@ -4,7 +4,9 @@
 * :mod:`~flatlab.analysis.selection`: the one definition of completed, best configuration and reference arm;
 * :mod:`~flatlab.analysis.compare`: the paper table (seeds, paired tests, Holm), its text and plots;
 * :mod:`~flatlab.analysis.tunings`: the comparison with the tuning as the unit of replication, over
-  :mod:`~flatlab.analysis.replication` (two-level intervals, variance shares, verdicts);
+  :mod:`~flatlab.analysis.replication` (two-level intervals, variance shares) and
+  :mod:`~flatlab.analysis.claims` (each claim tested at the level of the tuning: Holm, equivalence,
+  heterogeneity), with :mod:`~flatlab.analysis.design` (power, detectable effect, the cheapest (S, m));
 * :mod:`~flatlab.analysis.tuning_curves`: expected best of n trials, median tuning curves with bands;
 * :mod:`~flatlab.analysis.correlation`: whether flatness predicts generalisation (Kendall's tau, Psi);
 * :mod:`~flatlab.analysis.results` and :mod:`~flatlab.analysis.query`: the tables of ``flatlab results``;

@@ -8,8 +8,9 @@ missing seed) or a mapping ``{seed: value}``; tunings may have different numbers
 * :func:`across_tunings`: each tuning's mean, their median, and the interval of the across-tuning mean
   that includes both levels of variance (tunings, then seeds within a tuning);
 * :func:`paired_across_tunings`: the same for the per-seed differences arm − reference (seeds matched
-  within each tuning), with each tuning's paired t-test;
-* :func:`verdict`: whether a difference holds in every tuning, depends on the tuning, or was not found.
+  within each tuning), with each tuning's paired t-test.
+
+The claim against the reference is tested over the tunings in :mod:`flatlab.analysis.claims`.
 
 The model is y_kj = μ + t_k + e_kj with t_k ~ N(0, σ²_tuning) (which configuration tuning k chose) and
 e_kj ~ N(0, σ²_seed) (Searle, Casella & McCulloch, *Variance Components*, Wiley 1992, the one-way random
@@ -73,22 +74,6 @@ class PairedAcrossTunings:
 
     per_tuning: Tuple[Paired, ...]
     across: AcrossTunings
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Whether a difference survives re-tuning (:func:`verdict`).
-
-    ``kind``: ``"holds"`` (same sign and significant in all S tunings), ``"none"`` (significant in
-    none) or ``"depends"``; ``agree``: how many tunings are significant in the direction of the
-    across-tuning estimate; ``tunings``: S; ``direction``: the sign of that estimate (+1, −1, 0);
-    ``text``: the verdict in words."""
-
-    kind: str
-    agree: int
-    tunings: int
-    direction: int
-    text: str
 
 
 def _rows(values: Sequence[Tuning], name: str) -> List[np.ndarray]:
@@ -180,7 +165,7 @@ def across_tunings(values: Sequence[Tuning], confidence: float = CONFIDENCE) -> 
     means = tuple(float(r.mean()) if r.size else NAN for r in rows)
     present = [m for m in means if finite(m)]
     notes = []
-    empty = [k for k, r in enumerate(rows) if not r.size]
+    empty = [k for k, r in enumerate(rows, start=1) if not r.size]  # tunings are numbered 1..S
     if empty:
         notes.append(f"tuning(s) {', '.join(map(str, empty))} without a finite value left out")
     if len(present) == 1:
@@ -232,49 +217,3 @@ def paired_across_tunings(
         per_tuning.append(paired_difference(a, r, higher_is_better=higher_is_better, confidence=confidence))
         differences.append([float(a[s]) - float(r[s]) for s in a if s in r and finite(a[s]) and finite(r[s])])
     return PairedAcrossTunings(tuple(per_tuning), across_tunings(differences, confidence))
-
-
-def verdict(
-    p_adjusted: Sequence[float], differences: Sequence[float], *, across: float, alpha: float = 0.05
-) -> Verdict:
-    """Whether a difference survives re-tuning, from each tuning's Holm-adjusted p-value and sign.
-
-    Tuning k is significant when ``p_adjusted[k] < alpha`` (NaN: not significant); its sign is that of
-    ``differences[k]`` (e.g. its mean difference arm − reference). The direction is the sign of
-    ``across``, the across-tuning estimate (if it is NaN or 0: the sign of the sum of the significant
-    tunings' signs). The verdict is ``"holds"`` when every tuning is significant with one same sign,
-    ``"none"`` when no tuning is significant ("no difference found"), otherwise ``"depends"``;
-    ``agree`` counts the tunings significant in the direction (the text adds those significant against
-    it). Holm's adjustment is the caller's, within each tuning's family of tests
-    (:func:`~flatlab.analysis.compare.statistics.holm`).
-
-    Raises:
-        ConfigError: ``p_adjusted`` and ``differences`` empty or of different lengths, or ``alpha``
-            outside (0, 1).
-    """
-    if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
-        raise ConfigError(f"alpha must be a number in (0, 1), e.g. 0.05; got {alpha!r}")
-    if not len(p_adjusted) or len(p_adjusted) != len(differences):
-        raise ConfigError(
-            "p_adjusted and differences must give one value per tuning (at least one); "
-            f"got {len(p_adjusted)} and {len(differences)}"
-        )
-    s = len(p_adjusted)
-    significant = [finite(p) and float(p) < alpha for p in p_adjusted]
-    signs = [int(np.sign(float(d))) if finite(d) else 0 for d in differences]
-    direction = int(np.sign(float(across))) if finite(across) else 0
-    if direction == 0:
-        direction = int(np.sign(sum(g for g, sig in zip(signs, significant) if sig)))
-    agree = sum(1 for g, sig in zip(signs, significant) if sig and g == direction != 0)
-    if all(significant) and len(set(signs)) == 1 and signs[0] != 0:
-        kind = "holds"
-        text = "holds in every tuning" if s > 1 else "holds in its only tuning (tuning variance not measured)"
-    elif not any(significant):
-        kind, text = "none", "no difference found"
-    else:
-        against = sum(1 for g, sig in zip(signs, significant) if sig and g == -direction != 0)
-        kind, text = (
-            "depends",
-            f"depends on the tuning ({agree} of {s} agree" + (f"; {against} against)" if against else ")"),
-        )
-    return Verdict(kind, agree, s, direction, text)

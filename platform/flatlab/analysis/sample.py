@@ -51,6 +51,7 @@ class StudyInfo:
             (text), or ``None``.
         searcher, scheduler: the launch's (``random``, ``fifo`` ...; the scheduler's text may carry its
             settings), or ``None`` where not recorded.
+        margins: the study's equivalence margins, quantity -> m (``Study.margins``; empty: the defaults).
     """
 
     name: str = ""
@@ -62,6 +63,7 @@ class StudyInfo:
     stop_at_train_loss: Optional[str] = None
     searcher: Optional[str] = None
     scheduler: Optional[str] = None
+    margins: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any]) -> StudyInfo:

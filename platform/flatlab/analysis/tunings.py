@@ -1,14 +1,14 @@
 """The comparison of a study of several independent tunings, with the tuning as the unit of replication.
 
-Each tuning is first compared on its own, exactly as a single-tuning study is
-(:func:`~flatlab.analysis.compare.table.compare_table` over its final seeds: means, paired per-seed
-tests against the reference arm, Holm within each quantity's family). Across tunings, per arm and
+Each tuning is first summarised on its own, as a single-tuning study is
+(:func:`~flatlab.analysis.compare.table.compare_table` over its final seeds). Across tunings, per arm and
 quantity (:mod:`flatlab.analysis.replication`): each tuning's final-seed mean, their median, the
 two-level interval of the mean (tunings, then seeds within a tuning) and the share of the variance that
-comes from the tuning; against the reference, the same for the per-seed differences, and a verdict
-from the S per-tuning Holm-adjusted tests: it **holds in every tuning** (same sign, significant in all),
-**depends on the tuning** (k of S agree) or **no difference found** (AlgoPerf's independent studies;
-Bouthillier et al., MLSys 2021). The rule is written out in ``docs/comparing.md``.
+comes from the tuning. Against the reference, the claim is tested at the level of the tuning
+(:mod:`flatlab.analysis.claims`): d_k, the mean over tuning k's matched seeds of arm − reference, a t over
+the S values d_k, Holm across the arms of the quantity, an equivalence test at the quantity's margin, and
+the heterogeneity across tunings beside it (AlgoPerf's independent studies; Bouthillier et al., MLSys
+2021). The rule is written out in ``docs/comparing.md``.
 """
 
 from __future__ import annotations
@@ -16,16 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from flatlab.analysis.compare.statistics import CONFIDENCE, clip
+from flatlab.analysis.claims import Claim, claims
+from flatlab.analysis.compare.statistics import CONFIDENCE, clip, finite
 from flatlab.analysis.compare.table import Comparison, RowTable, _by_seed, compare_table
-from flatlab.analysis.replication import (
-    AcrossTunings,
-    PairedAcrossTunings,
-    Verdict,
-    across_tunings,
-    paired_across_tunings,
-    verdict,
-)
+from flatlab.analysis.replication import AcrossTunings, PairedAcrossTunings, across_tunings, paired_across_tunings
 from flatlab.analysis.sample import Sample
 from flatlab.errors import ConfigError
 
@@ -38,18 +32,17 @@ class TuningRow:
         quantity, arm: which.
         across: the arm's values over tunings (each tuning's final-seed mean, median, two-level interval
             clipped to the quantity's range as a single table's, variance components).
-        paired: against the reference arm (``None`` for the reference itself).
-        p_holm: per tuning, the paired test's p-value Holm-adjusted within that tuning's family (NaN
-            where there is no test).
-        verdict: whether the difference survives re-tuning (``None`` for the reference).
+        paired: against the reference arm, the per-seed differences over tunings (their two-level
+            interval and variance components; ``None`` for the reference itself).
+        claim: the tuning-level test against the reference, its label and heterogeneity
+            (:class:`~flatlab.analysis.claims.Claim`; ``None`` for the reference).
     """
 
     quantity: str
     arm: str
     across: AcrossTunings
     paired: Optional[PairedAcrossTunings] = None
-    p_holm: Tuple[float, ...] = ()
-    verdict: Optional[Verdict] = None
+    claim: Optional[Claim] = None
 
 
 @dataclass(frozen=True)
@@ -77,15 +70,20 @@ class TuningComparison(RowTable):
     study: str = ""
     notes: Tuple[str, ...] = ()
 
-    def holding(self) -> List[TuningRow]:
-        """The rows whose difference from the reference holds in every tuning."""
-        return [r for r in self.rows if r.verdict is not None and r.verdict.kind == "holds"]
+    def with_label(self, label: str) -> List[TuningRow]:
+        """The rows whose claim has ``label`` (``shown``, ``equivalent`` or ``inconclusive``)."""
+        return [r for r in self.rows if r.claim is not None and r.claim.label == label]
+
+    def depending(self) -> List[TuningRow]:
+        """The rows whose difference depends on the tuning (significant heterogeneity after Holm)."""
+        return [r for r in self.rows if r.claim is not None and r.claim.heterogeneity.depends(self.alpha)]
 
     def frame(self) -> Any:
         """The table as numbers, one row per (quantity, arm): tuning means ``t<k>``, ``median``, ``mean``,
-        ``low``, ``high`` (two-level), ``tuning_share``, and against the reference ``diff_t<k>`` and
-        ``p_holm_t<k>`` per tuning, ``diff``, ``diff_low``, ``diff_high``, ``diff_tuning_share`` and
-        ``verdict``."""
+        ``low``, ``high`` (two-level), ``tuning_share``, and against the reference the tuning-level claim:
+        ``diff_t<k>`` (d_k), ``diff``, ``diff_low``, ``diff_high``, ``p``, ``p_holm``, ``label``, ``claim``
+        (its words), ``margin``, ``margin_source``, ``p_equivalence_holm``, ``detectable``, and the
+        heterogeneity ``het_sd``, ``het_f``, ``het_p_holm``, ``het_disagree``, ``depends``."""
         # pandas on first use: importing this module stays light
         import pandas as pd
 
@@ -96,15 +94,33 @@ class TuningComparison(RowTable):
             e = r.across.estimate
             row.update(median=r.across.median, mean=e.mean, low=e.low, high=e.high)
             row["tuning_share"] = r.across.components.share
-            if r.paired is not None:
-                row.update({f"diff_t{k}": p.estimate.mean for k, p in zip(self.tunings, r.paired.per_tuning)})
-                row.update({f"p_holm_t{k}": p for k, p in zip(self.tunings, r.p_holm)})
-                d = r.paired.across.estimate
-                row.update(diff=d.mean, diff_low=d.low, diff_high=d.high)
-                row["diff_tuning_share"] = r.paired.across.components.share
-                row["verdict"] = r.verdict.text if r.verdict is not None else ""
+            if r.claim is not None:
+                row.update(_claim_numbers(r.claim, self.tunings, self.alpha))
             out.append(row)
         return pd.DataFrame(out)
+
+
+def _claim_numbers(c: Claim, tunings: Sequence[int], alpha: float) -> Dict[str, Any]:
+    h = c.heterogeneity
+    return {
+        **{f"diff_t{k}": d for k, d in zip(tunings, c.per_tuning)},
+        "diff": c.estimate.mean,
+        "diff_low": c.estimate.low,
+        "diff_high": c.estimate.high,
+        "p": c.p,
+        "p_holm": c.p_holm,
+        "label": c.label,
+        "claim": c.text,
+        "margin": c.margin,
+        "margin_source": c.margin_source,
+        "p_equivalence_holm": c.p_equivalence_holm,
+        "detectable": c.detectable,
+        "het_sd": h.sd,
+        "het_f": h.f,
+        "het_p_holm": h.p_holm,
+        "het_disagree": h.disagree,
+        "depends": h.depends(alpha),
+    }
 
 
 def compare_tunings(
@@ -114,6 +130,7 @@ def compare_tunings(
     reference: Optional[str] = None,
     measures: Optional[Sequence[str]] = None,
     confidence: float = CONFIDENCE,
+    margins: Optional[Mapping[str, float]] = None,
     study: str = "",
 ) -> TuningComparison:
     """The comparison of a study's tunings (module docstring).
@@ -124,11 +141,16 @@ def compare_tunings(
             trials where it has no final stage).
         metric, reference, measures, confidence, study: as for
             :func:`~flatlab.analysis.compare.table.compare_table`; the reference and quantities are
-            those of the first tuning, and every tuning is compared on them.
+            those of the first tuning, and every tuning is compared on them. The family-wise level of the
+            claims is ``1 − confidence``.
+        margins: quantity -> equivalence margin m (the quantity's units), over the study's own
+            (:attr:`~flatlab.analysis.sample.StudyInfo.margins`); a quantity without one gets
+            :func:`default_margin`.
     Returns:
         A :class:`TuningComparison`.
     Raises:
-        ConfigError: as :func:`~flatlab.analysis.compare.table.compare_table`, for any tuning.
+        ConfigError: as :func:`~flatlab.analysis.compare.table.compare_table`, for any tuning; a margin
+            that is not a positive number.
     """
     sample = Sample.of(data)
     tunings = tuple(sample.tunings)
@@ -148,27 +170,10 @@ def compare_tunings(
         )
         for k in tunings[1:]
     ]
+    given = {**dict(sample.info.margins or {}), **dict(margins or {})}
     rows: List[TuningRow] = []
     for q in first.quantities:
-        better = first.higher_is_better[q]
-        for arm in first.arms:
-            values = [_by_seed(c.seeds, arm, q) if q in c.quantities else {} for c in tables]
-            across = across_tunings([dict(v) for v in values], confidence)
-            across = replace(across, estimate=clip(across.estimate, first.support.get(q)))  # as a single table
-            if arm == first.reference:
-                rows.append(TuningRow(q, arm, across))
-                continue
-            refs = [_by_seed(c.seeds, first.reference, q) if q in c.quantities else {} for c in tables]
-            paired = paired_across_tunings(values, refs, higher_is_better=better, confidence=confidence)
-            p_holm = tuple(_p_holm(c, q, arm) for c in tables)
-            call = verdict(
-                p_holm,
-                [p.estimate.mean for p in paired.per_tuning],
-                across=paired.across.estimate.mean,
-                alpha=round(1.0 - confidence, 12),
-            )
-            rows.append(TuningRow(q, arm, across, paired, p_holm, call))
-    notes = _notes(tunings, tables)
+        rows += _quantity_rows(q, first, tables, given, confidence)
     return TuningComparison(
         first.metric,
         first.reference,
@@ -179,8 +184,64 @@ def compare_tunings(
         tuple(tables),
         tuple(rows),
         study or sample.info.name,
-        notes,
+        _notes(tunings, tables),
     )
+
+
+def _quantity_rows(
+    q: str, first: Comparison, tables: Sequence[Comparison], margins: Mapping[str, float], confidence: float
+) -> List[TuningRow]:
+    """One quantity's rows: every arm over the tunings, and the family of claims against the reference."""
+    ref = first.reference
+    by_arm = {a: [_by_seed(c.seeds, a, q) if q in c.quantities else {} for c in tables] for a in first.arms}
+    across = {}
+    for arm, values in by_arm.items():
+        a = across_tunings([dict(v) for v in values], confidence)
+        across[arm] = replace(a, estimate=clip(a.estimate, first.support.get(q)))  # as a single table
+    others = [a for a in first.arms if a != ref]
+    paired = {
+        a: paired_across_tunings(
+            by_arm[a], by_arm[ref], higher_is_better=first.higher_is_better[q], confidence=confidence
+        )
+        for a in others
+    }
+    per_seed = {a: [_differences(x, r) for x, r in zip(by_arm[a], by_arm[ref])] for a in others}
+    margin, source = margins.get(q), "study"
+    if margin is None:
+        margin, source = default_margin(q, across[ref].estimate.mean, ref)
+    family = claims(
+        q, ref, per_seed, higher_is_better=first.higher_is_better[q], margin=margin, margin_source=source,
+        alpha=round(1.0 - confidence, 12),
+    )  # fmt: skip
+    found = dict(zip(others, family))
+    return [TuningRow(q, a, across[a], paired.get(a), found.get(a)) for a in first.arms]
+
+
+def _differences(arm: Mapping[Any, float], ref: Mapping[Any, float]) -> List[float]:
+    """The per-seed differences arm − reference over the seeds both have a finite value for."""
+    return [float(arm[s]) - float(ref[s]) for s in arm if s in ref and finite(arm[s]) and finite(ref[s])]
+
+
+DEFAULT_ACCURACY_MARGIN = 0.01
+"""The default equivalence margin of an accuracy (a fraction): one point."""
+DEFAULT_RELATIVE_MARGIN = 0.1
+"""The default equivalence margin of any other quantity: this fraction of the reference arm's mean."""
+
+
+def default_margin(quantity: str, reference_mean: float, reference: str) -> Tuple[Optional[float], str]:
+    """The equivalence margin of a quantity the study gives none for, and its source in words.
+
+    An accuracy (a fraction in [0, 1]): ``DEFAULT_ACCURACY_MARGIN``, one point. Any other quantity (flatness,
+    losses, epochs to a target): ``DEFAULT_RELATIVE_MARGIN`` of |the reference arm's across-tuning mean|, so
+    the margin is in the quantity's units whatever its scale. ``(None, "none")`` when that mean is 0 or
+    missing (no equivalence test).
+    """
+    if "accuracy" in quantity:
+        return DEFAULT_ACCURACY_MARGIN, "default (1 point)"
+    if finite(reference_mean) and reference_mean != 0:
+        pct = f"{100 * DEFAULT_RELATIVE_MARGIN:g} %"
+        return DEFAULT_RELATIVE_MARGIN * abs(float(reference_mean)), f"default ({pct} of {reference})"
+    return None, "none"
 
 
 def _notes(tunings: Sequence[int], tables: Sequence[Comparison]) -> Tuple[str, ...]:
@@ -189,11 +250,3 @@ def _notes(tunings: Sequence[int], tables: Sequence[Comparison]) -> Tuple[str, .
     shared = [n for n in tables[0].notes if n in every] if tables else []
     own = [f"tuning {k}: {n}" for k, c in zip(tunings, tables) for n in c.notes if n not in every]
     return tuple(shared + own)
-
-
-def _p_holm(comparison: Comparison, quantity: str, arm: str) -> float:
-    """``arm``'s Holm-adjusted p-value for ``quantity`` in one tuning's table (NaN where it has none)."""
-    for r in comparison.rows:
-        if r.quantity == quantity and r.arm == arm:
-            return r.p_holm
-    return float("nan")

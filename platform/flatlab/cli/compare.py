@@ -85,13 +85,31 @@ def compare(
     output: Optional[Path] = typer.Option(
         None, help="with --tuning-curves or --correlation: the folder for the CSVs and PNGs"
     ),
+    margin: Optional[List[str]] = typer.Option(
+        None,
+        "--margin",
+        metavar="QUANTITY=M",
+        help="over tunings: the equivalence margin of a quantity, in its units (repeatable), over the study's "
+        "margins; default 1 point of an accuracy, else 10 percent of the reference arm's mean",
+    ),
+    design: bool = typer.Option(
+        False,
+        "--design",
+        help="over tunings: per claim, the variance components and run costs this launch measured, the effect its "
+        "design detects at power 0.8, and the cheapest (tunings x final seeds) for --effect (default: the margin)",
+    ),
+    effect: Optional[List[str]] = typer.Option(
+        None, "--effect", metavar="QUANTITY=DELTA", help="with --design: the effect to detect (repeatable)"
+    ),
     tracking_uri: Optional[str] = typer.Option(None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI"),
     root: Optional[Path] = typer.Option(None, help=ROOT_HELP),
 ) -> None:
     """The paper table: per arm mean ± std and CI over seeds of the test metric, flatness and epochs or
     steps to target (final-stage trials, else each arm's best configuration), and paired per-seed
     differences against a reference arm, Holm-adjusted within each quantity. A study of several tunings
-    takes the tuning as its unit of replication: per tuning and across tunings, with a verdict per claim.
+    takes the tuning as its unit of replication: each claim is tested over the tunings (Holm across arms),
+    labelled shown, no difference larger than ±m, or inconclusive, with its heterogeneity across tunings;
+    --design says what effect the design detects and which tunings x seeds would detect a stated one.
 
     With several studies (one workload each): one summary over them, per arm and workload the rank by
     the test metric, the test metric and each shared flatness measure relative to the reference arm,
@@ -116,7 +134,11 @@ def compare(
         if tuning_curves or correlation:
             _extras(uri, study, reference, measure, confidence, fmt, folder, tuning_curves, correlation)
             return
-        _compare_one(uri, study, reference, metric, rank_by, fmt, confidence, measure, plot, tuning)
+        margins, effects = _pairs(margin, "--margin"), _pairs(effect, "--effect")
+        if design:
+            _print_design(uri, study, reference, metric, confidence, measure, margins, effects, fmt)
+            return
+        _compare_one(uri, study, reference, metric, rank_by, fmt, confidence, measure, plot, tuning, margins)
         if against is not None:
             _print_efficiency(_efficiency(uri, study, against, tolerance), fmt, study, against)
     except (FlatlabError, ValueError) as exc:
@@ -135,7 +157,73 @@ def _check_single_study_options(against, measure, tuning_curves: bool, correlati
         raise FlatlabError("--tuning-curves, --correlation and --tuning read one study; give one STUDY with them")
 
 
-def _compare_one(uri, study, reference, metric, rank_by, fmt, confidence, measure, plot, tuning) -> None:
+def _pairs(given: Optional[List[str]], option: str) -> dict:
+    """``QUANTITY=NUMBER`` options as a dict of positive numbers.
+
+    Raises:
+        FlatlabError: an item without ``=``, or a value that is not a positive number.
+    """
+    out = {}
+    for item in given or ():
+        q, sep, v = item.rpartition("=")
+        try:
+            value = float(v)
+        except ValueError:
+            value = float("nan")
+        if not sep or not q or not value > 0 or value == float("inf"):
+            raise FlatlabError(
+                f"{option} {item!r}: expected QUANTITY=NUMBER with a positive number, e.g. test/accuracy=0.005"
+            )
+        out[q] = value
+    return out
+
+
+def _print_design(uri, study, reference, metric, confidence, measure, margins, effects, fmt) -> None:
+    """``--design``: the design table of a study of several tunings."""
+    from flatlab.analysis import design_table
+
+    sample = stored_trials.read_sample(uri, study)
+    if len(sample.tunings) < 2:
+        raise FlatlabError(f"--design needs a study of several tunings; {study!r} has {len(sample.tunings)}")
+    c = compare_tunings(
+        sample, study=study, metric=metric, reference=reference, confidence=confidence, measures=measure or None,
+        margins=margins,
+    )  # fmt: skip
+    rows = design_table.study_design(c, sample, effects=effects)
+    if fmt == "csv":
+        sys.stdout.write(_design_frame(rows).to_csv(index=False))
+    elif fmt == "table":
+        print_table(console, make_table(list(design_table.HEADERS), design_table.cells(rows)), "use --format markdown")
+        for line in design_table.caption(c):
+            console.print(line, soft_wrap=True, markup=False)
+    else:
+        sys.stdout.write(design_table.to_markdown(c, rows))
+
+
+def _design_frame(rows):
+    # pandas on first use: the CLI starts without it
+    import pandas as pd
+
+    out = []
+    for d in rows:
+        a = d.allocation
+        out.append(
+            {
+                **{k: getattr(d, k) for k in ("quantity", "arm", "sigma2_tuning", "sigma2_seed", "tunings", "seeds")},
+                "detectable": d.detectable,
+                "effect": d.effect,
+                "cost_tuning": d.cost_tuning,
+                "cost_seed": d.cost_seed,
+                "best_tunings": a.tunings if a else None,
+                "best_seeds": a.seeds if a else None,
+                "best_power": a.power if a else None,
+                "best_cost": a.cost if a else None,
+            }  # fmt: skip
+        )
+    return pd.DataFrame(out)
+
+
+def _compare_one(uri, study, reference, metric, rank_by, fmt, confidence, measure, plot, tuning, margins) -> None:
     """One study's table: over its tunings where it has several (and ``tuning`` is not given), else the
     table of its one (or the given) tuning."""
     sample = stored_trials.read_sample(uri, study)
@@ -147,7 +235,7 @@ def _compare_one(uri, study, reference, metric, rank_by, fmt, confidence, measur
     if len(sample.tunings) > 1:
         if fmt == "latex":
             raise FlatlabError("--format latex is for one tuning's table (add --tuning K); use markdown or csv")
-        comparison = compare_tunings(sample, study=study, **kwargs)
+        comparison = compare_tunings(sample, study=study, margins=margins, **kwargs)
         if fmt == "table":
             tunings_text.render(comparison, console)
         else:

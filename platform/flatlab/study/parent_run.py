@@ -58,6 +58,8 @@ def open_parent_run(
     params.update(chained_params(study))  # <arm>.<field> and <arm>.<field>.source of chained values
     if study.reference_arm is not None:
         params["reference_arm"] = study.reference_arm
+    if study.margins:
+        params["margins"] = dict(study.margins)  # margins.<quantity> = m: flatlab compare's equivalence margins
     params.update(launch_param(study.published))  # `flatlab curves STUDY` finds the reference here (JSON)
     params.update({"source": opts.source, "wl": p["workload_params"], "train": p["train"]})
     # readable values: wl.width = 128, measures.neighbourhood_loss.sigma = 0.03, final_seeds = 1, 2, 3

@@ -184,6 +184,10 @@ class Study:
             many times with ``num_trials`` trials each, its own Optuna study, seeds, ASHA rungs, best
             configuration and final seeds; ``flatlab compare`` then takes the tuning as its unit of
             replication. 1 (default): one tuning.
+        margins: equivalence margins of ``flatlab compare``'s claims over tunings, quantity -> m > 0 in the
+            quantity's units (e.g. ``{"test/accuracy": 0.005, "flat/fisher_trace": 5.0}``): a difference
+            shown to lie within ±m is reported as "no difference larger than ±m" (docs/comparing.md). A
+            quantity not named gets the default: 1 point of an accuracy, else 10 % of the reference arm's mean.
         published: a published reference, :class:`~flatlab.analysis.curve_sets.Published`: a curve-set
             file (path relative to the study file) and arm -> curve; ``flatlab curves STUDY`` sets each
             arm's per-epoch values beside that curve's published runs (:mod:`flatlab.analysis.published`).
@@ -220,6 +224,7 @@ class Study:
     measure_split: str = "train"
     final_seeds: Tuple[int, ...] = ()
     tunings: int = 1
+    margins: Mapping[str, float] = field(default_factory=dict)
     published: Optional[Published] = None
     reports: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 

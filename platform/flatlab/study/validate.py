@@ -62,6 +62,7 @@ def validate(study: Study, source: str = "") -> Study:
     elif study.published is not None:
         errors.extend(f"{where}: {m}" for m in study.published.problems([a.name for a in study.arms]))
     errors += _report_problems(study, where)
+    errors += _margin_problems(study, where)
     for arm in study.arms:
         errors += _arm_problems(study, arm, where, workload_cls is not None)
     if errors:
@@ -390,3 +391,16 @@ def _is_number(x: Any) -> bool:
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _margin_problems(study: Study, where: str) -> List[str]:
+    """``margins`` maps quantity names (text) to positive finite numbers."""
+    margins = study.margins
+    if not isinstance(margins, Mapping):
+        return [f"{where}: margins={margins!r}; expected a dict of quantity -> margin, e.g. {{'test/accuracy': 0.005}}"]
+    bad = []
+    for q, m in margins.items():
+        ok = isinstance(m, (int, float)) and not isinstance(m, bool) and math.isfinite(m) and m > 0
+        if not isinstance(q, str) or not q or not ok:
+            bad.append(f"{where}: margins[{q!r}]={m!r}; expected a quantity name mapped to a positive number")
+    return bad

@@ -111,6 +111,8 @@ def trials_frame(
     df = sort_trials(df, metric, mode)
     df.attrs["metric"], df.attrs["mode"] = metric, mode
     df.attrs["reference_arm"] = parents[0].data.params.get("reference_arm")
+    params = parents[0].data.params
+    df.attrs["margins"] = {k[len("margins.") :]: float(v) for k, v in params.items() if k.startswith("margins.")}
     df.attrs["workload"] = parents[0].data.params.get("workload")  # the range of its loss (compare tables)
     # the launch's training-loss target: measured there and trained on (flat_at_target/*; flat/* at the end), or
     # stopped there (flat/* at the target where reached)
