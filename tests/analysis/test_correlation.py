@@ -1,5 +1,7 @@
 """Kendall's tau and the granulated coefficient (Jiang et al. 2020) against scipy, hand computations on
-a constructed grid, and the bootstrap interval against scipy's own and the null variance of tau."""
+a constructed grid; the cluster bootstrap's resampled tau against scipy on the expanded resample, its
+distribution by hand on a small clustered case, its width against the null variance of tau, and its error
+rate against the naive p-value's on simulated clustered models."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from flatlab.analysis.correlation import granulated_tau, kendall_tau
+from flatlab.analysis.correlation import bootstrap_p, granulated_tau, kendall_tau, resample_counts, weighted_tau
 from flatlab.errors import ConfigError
 
 MEASURE = [3.1, 1.2, None, 4.4, 2.0, 2.0, 5.3, float("nan"), 0.7, 3.9]
@@ -22,34 +24,85 @@ def test_tau_against_scipy_with_ties_and_missing_values():
     y = [TARGET[i] for i in keep]
     expected = stats.kendalltau(x, y, variant="b")
     got = kendall_tau(MEASURE, TARGET, n_resamples=200, seed=1)
-    assert got.n == 8 and got.reason == ""
-    assert got.tau == pytest.approx(expected.statistic) and got.p == pytest.approx(expected.pvalue)
+    assert got.n == 8 and got.reason == "" and got.units == ()
+    assert got.tau == pytest.approx(expected.statistic)
     # tau-b by hand. By measure: 0.7, 1.2, 2.0, 2.0, 3.1, 3.9, 4.4, 5.3 with targets
     # 0.10, 0.10, 0.22, 0.18, 0.30, 0.28, 0.35, 0.40: 28 pairs, 1 tied in the measure (2.0), 1 tied in the
     # target (0.10), 1 discordant (3.1 -> 0.30 vs 3.9 -> 0.28), so 25 concordant: (25 - 1) / sqrt(27 * 27)
     assert got.tau == pytest.approx(24 / 27)
-    assert got.low <= got.tau <= got.high and got.resamples <= 200
+    assert got.low <= got.tau <= got.high and got.resamples <= 200 and 0 < got.p < 0.05
 
 
-def test_bootstrap_interval_is_scipys_percentile_interval():
+def test_resampled_tau_is_scipys_tau_of_the_expanded_resample():
     rng = np.random.default_rng(11)
-    x = rng.normal(size=25)
-    y = x + rng.normal(size=25)
-    got = kendall_tau(x, y, n_resamples=300, confidence=0.9, seed=4)
-    direct = stats.bootstrap(
-        (x, y),
-        lambda a, b: stats.kendalltau(a, b).statistic,
-        paired=True,
-        vectorized=False,
-        n_resamples=300,
-        method="percentile",
-        confidence_level=0.9,
-        random_state=np.random.default_rng(4),
-    )
-    assert got.resamples == 300  # 25 distinct models: no constant resample
-    assert (got.low, got.high) == pytest.approx(tuple(direct.confidence_interval))
-    assert kendall_tau(x, y, n_resamples=300, confidence=0.9, seed=4) == got  # the seed fixes it
-    assert kendall_tau(x, y, n_resamples=300, confidence=0.9, seed=5).low != got.low
+    x = np.round(rng.normal(size=18), 1)  # ties in the measure
+    y = np.round(x + rng.normal(size=18), 0)  # and many in the target
+    paths = [(k // 6, k // 2) for k in range(18)]  # 3 tunings of 3 configurations of 2 models
+    counts = resample_counts(paths, 50, rng)
+    taus = weighted_tau(x, y, counts)
+    for row, tau in zip(counts, taus):
+        expanded = np.repeat(np.arange(18), row)
+        assert tau == pytest.approx(stats.kendalltau(x[expanded], y[expanded], variant="b").statistic, abs=1e-12)
+    assert weighted_tau(x, y, np.ones((1, 18)))[0] == pytest.approx(stats.kendalltau(x, y).statistic, abs=1e-12)
+    # every resample draws 3 tunings; each drawn tuning draws 3 configurations and each of those 2 models,
+    # so every resample has 18 models, and a configuration's models are drawn only with it
+    assert (counts.sum(axis=1) == 18).all()
+    got = kendall_tau(x, y, clusters=paths, n_resamples=300, confidence=0.9, seed=4)
+    assert got.units == (3, 9) and got == kendall_tau(x, y, clusters=paths, n_resamples=300, confidence=0.9, seed=4)
+    assert kendall_tau(x, y, clusters=paths, n_resamples=300, confidence=0.9, seed=5).low != got.low
+
+
+def test_cluster_bootstrap_distribution_by_hand():
+    # 3 tunings, each one configuration whose 2 seeds gave the same values: the seeds add no information, and
+    # a resample's tau depends only on how often it drew each tuning, (M1, M2, M3) ~ Multinomial(3, 1/3)
+    x = [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
+    y = [1.0, 1.0, 3.0, 3.0, 2.0, 2.0]
+    paths = [(1, "a"), (1, "a"), (2, "b"), (2, "b"), (3, "c"), (3, "c")]
+    # tau-b of the data: 12 pairs untied in both (the 3 within a tuning are tied in both); between tunings
+    # 1-2 and 1-3 concordant (4 pairs each), 2-3 discordant (4 pairs): (8 - 4) / 12
+    got = kendall_tau(x, y, clusters=paths, n_resamples=4000, confidence=0.9, seed=0)
+    assert got.tau == pytest.approx(1 / 3) and got.units == (3, 3)
+    # of the 27 equally likely tuning draws: 3 draw one tuning three times (no tau); 18 draw one tuning twice
+    # and another once, tau = the sign of that pair: +1 for {1, 2} and {1, 3} (12 draws), -1 for {2, 3} (6);
+    # 6 draw each tuning once, tau = 1/3. So P(no tau) = 1/9 and, among the rest, P(+1) = 1/2,
+    # P(-1) = 1/4, P(1/3) = 1/4: the 90% interval is [-1, +1], and p = 2 P(tau* <= 0) = 1/2
+    assert got.resamples / 4000 == pytest.approx(8 / 9, abs=4 * math.sqrt(8 / 81 / 4000))
+    assert (got.low, got.high) == (-1.0, 1.0)
+    assert got.p == pytest.approx(0.5, abs=4 * 2 * math.sqrt(3 / 16 / got.resamples))
+    # the naive bootstrap over the 6 models as independent almost never draws a single tuning (3 / 3**6)
+    naive = kendall_tau(x, y, n_resamples=4000, confidence=0.9, seed=0)
+    assert naive.resamples / 4000 > 0.99 and naive.p < got.p
+
+
+def test_bootstrap_p_is_where_the_percentile_interval_excludes_zero():
+    # 199 replicates: 4 at or below 0 -> p = 2 (1 + 4) / 200 = 0.05; no replicate on one side -> 2 / 200
+    taus = np.r_[np.full(4, -0.1), np.full(195, 0.3)]
+    assert bootstrap_p(taus) == pytest.approx(0.05)
+    assert bootstrap_p(np.full(199, 0.2)) == pytest.approx(0.01)
+    assert bootstrap_p(np.r_[np.zeros(10), np.full(189, 0.2)]) == pytest.approx(2 * 11 / 200)  # ties at 0 count
+    assert bootstrap_p(np.linspace(-1, 1, 199)) == 1.0 and math.isnan(bootstrap_p(np.array([])))
+
+
+def test_cluster_bootstrap_holds_its_error_rate_where_the_naive_p_does_not():
+    # 5 tunings x 4 configurations x 3 seeds; measure and target are independent at every level (tau = 0),
+    # each with a tuning and a configuration effect 3x the seed noise. scipy's p-value treats the 60 models
+    # as independent and rejects far more often than 5%; the cluster bootstrap's stays at or below it
+    rng = np.random.default_rng(2024)
+    S, C, M, runs = 5, 4, 3, 200
+    paths = [(k, c) for k in range(S) for c in range(C) for _ in range(M)]
+
+    def draw():
+        tuning = rng.normal(0, 3, (S, 1, 1))
+        config = rng.normal(0, 3, (S, C, 1))
+        return (tuning + config + rng.normal(size=(S, C, M))).ravel()
+
+    naive = cluster = 0
+    for run in range(runs):
+        x, y = draw(), draw()
+        naive += stats.kendalltau(x, y).pvalue < 0.05
+        cluster += kendall_tau(x, y, clusters=paths, n_resamples=200, seed=run).p < 0.05
+    assert naive / runs > 0.25
+    assert cluster / runs <= 0.05
 
 
 def test_bootstrap_width_matches_the_variance_of_tau_under_independence():
@@ -65,6 +118,7 @@ def test_bootstrap_width_matches_the_variance_of_tau_under_independence():
 def test_perfect_order_and_degenerate_resamples():
     got = kendall_tau([1, 2, 3, 4, 5, 6], [10, 20, 30, 40, 50, 60], n_resamples=200)
     assert got.tau == pytest.approx(1.0) and (got.low, got.high) == pytest.approx((1.0, 1.0))
+    assert got.p == pytest.approx(2 / 201)  # no replicate at or below 0: the smallest p of 200 resamples
     # 3 models: a resample drawing one model 3 times has no tau (probability 3 / 27) and is dropped
     small = kendall_tau([1.0, 2.0, 3.0], [3.0, 1.0, 2.0], n_resamples=400, seed=3)
     assert small.tau == pytest.approx(-1 / 3)
@@ -151,6 +205,14 @@ def test_bad_input_is_named():
         kendall_tau([1.0, 2.0], [1.0, 2.0], n_resamples=0)
     with pytest.raises(ConfigError, match=r"confidence must be a number in \(0, 1\)"):
         kendall_tau([1.0, 2.0], [1.0, 2.0], confidence=0)
+    with pytest.raises(ConfigError, match=r"clusters must have one path per model \(2\)"):
+        kendall_tau([1.0, 2.0], [1.0, 2.0], clusters=[(1,)])
+    with pytest.raises(ConfigError, match=r"clusters\[1\] must be a sequence such as \(tuning, configuration\)"):
+        kendall_tau([1.0, 2.0], [1.0, 2.0], clusters=[(1,), 2])
+    with pytest.raises(ConfigError, match=r"clusters\[0\] must hold hashable values"):
+        kendall_tau([1.0, 2.0], [1.0, 2.0], clusters=[([1],), (2,)])
+    with pytest.raises(ConfigError, match=r"the same depth; got \[1, 2\]"):
+        kendall_tau([1.0, 2.0], [1.0, 2.0], clusters=[(1,), (1, "a")])
     with pytest.raises(ConfigError, match="one entry per model; got 1 and 2"):
         granulated_tau([{"lr": 1}], [1.0, 2.0], [1.0, 2.0])
     with pytest.raises(

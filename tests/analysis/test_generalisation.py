@@ -1,11 +1,14 @@
 """Does flatness predict generalisation: Kendall's tau over trained models, pooled and per arm, against the
-test metric and the generalisation gap, checked against scipy; the granulated tau of a grid study by hand."""
+test metric and the generalisation gap, checked against scipy; the clusters the bootstrap resamples, Holm
+over the whole table by hand, and the granulated tau of a grid study by hand, arm-specific axes held fixed."""
+
+import math
 
 import pandas as pd
 import pytest
 from scipy import stats
 
-from flatlab.analysis.generalisation import GAP, POOLED, flatness_correlations, to_markdown
+from flatlab.analysis.generalisation import GAP, POOLED, cells, clusters, flatness_correlations, to_markdown
 from flatlab.analysis.sample import Sample, StudyInfo
 
 FLAT = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
@@ -32,10 +35,13 @@ def test_pooled_tau_against_scipy_and_per_arm_and_the_pruned_trial_left_out():
     assert pooled["test/accuracy"].tau == pytest.approx(stats.kendalltau(FLAT, ACC).statistic)
     assert pooled[GAP].tau == pytest.approx(stats.kendalltau(FLAT, GAPS).statistic)
     assert pooled[GAP].low <= pooled[GAP].tau <= pooled[GAP].high and pooled[GAP].n == 6
+    assert pooled[GAP].units == (1, 6)  # one tuning, six configurations of one trial each
     sam = next(r.correlation for r in p.rows if r.scope == "sam" and r.target == "test/accuracy")
     assert sam.tau == pytest.approx(stats.kendalltau(FLAT[::2], ACC[::2]).statistic) and sam.n == 3
     assert p.granulated == {}  # not a grid
-    assert "does flatness predict generalisation" in to_markdown(p)
+    text = to_markdown(p)
+    assert "does flatness predict generalisation" in text and "| 6 (1, 6) |" in text
+    assert "are associated with better generalisation" in text and "generalised better" not in text
 
 
 def grid_models():
@@ -62,3 +68,69 @@ def test_granulated_tau_of_a_grid_by_hand():
     assert g.psi == 0.0  # the mean over the two hyperparameter axes; the seed is held fixed, never averaged
     assert any(r.target == GAP for r in p.rows) is False  # no test/train loss recorded: no gap
     assert "no generalisation gap" in " ".join(p.notes)
+
+
+def test_clusters_are_tuning_then_arm_and_params():
+    df = pd.DataFrame(
+        [
+            {"arm": "sam", "tuning": 1, "stage": "search", "seed": 0, "param.lr": 0.1, "param.rho": 0.05},
+            {"arm": "sam", "tuning": 1, "stage": "final", "seed": 7, "param.lr": 0.1, "param.rho": 0.05},
+            {"arm": "sam", "tuning": 2, "stage": "final", "seed": 7, "param.lr": 0.1, "param.rho": 0.05},
+            {"arm": "sgd", "tuning": 1, "stage": "final", "seed": 7, "param.lr": 0.1, "param.rho": None},
+        ]
+    )
+    got = clusters(df)
+    assert got[0] == got[1] == (1, ("sam", (("param.lr", (0, 0.1)), ("param.rho", (0, 0.05)))))  # a re-run
+    assert got[2][0] == 2 and got[2][1] == got[0][1]  # the same configuration found by another tuning
+    assert got[3] == (1, ("sgd", (("param.lr", (0, 0.1)),)))  # rho not set: not part of sgd's configuration
+
+
+def test_holm_runs_over_every_tau_of_the_table():
+    # one arm, so each measure has two identical rows (all arms, sgd); no test/train loss, so one target
+    acc = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
+    rows = [
+        {"arm": "sgd", "seed": 0, "param.lr": i, "test/accuracy": a, "flat/a": i, "flat/b": -i, "flat/c": 2.0}
+        | {"flat/d": [4, 1, 6, 2, 8, 3, 7, 5][i]}
+        for i, a in enumerate(acc)
+    ]
+    p = flatness_correlations(Sample.of(pd.DataFrame(rows), StudyInfo(name="holm")), resamples=199)
+    raw = {(r.measure, r.scope): r.correlation.p for r in p.rows}
+    holm = {(r.measure, r.scope): r.p_holm for r in p.rows}
+    # flat/a and flat/b order the models perfectly (tau = +1, -1): no replicate crosses 0, p = 2 / 200
+    assert [raw[("flat/a", POOLED)], raw[("flat/b", "sgd")]] == pytest.approx([0.01, 0.01])
+    # flat/c is constant: no tau, no p, and not counted: m = 6 (a, b, d in two scopes each)
+    assert math.isnan(raw[("flat/c", POOLED)]) and math.isnan(holm[("flat/c", "sgd")])
+    p_d = raw[("flat/d", POOLED)]
+    assert raw[("flat/d", "sgd")] == p_d and 0.03 < p_d < 1
+    # Holm by hand: the four 0.01 come first, multiplied by 6, 5, 4, 3 with a running maximum: 0.06 each;
+    # flat/d's two: max(0.06, 2 p_d), then max(that, 1 p_d)
+    for key in [("flat/a", POOLED), ("flat/a", "sgd"), ("flat/b", POOLED), ("flat/b", "sgd")]:
+        assert holm[key] == pytest.approx(0.06)
+    assert holm[("flat/d", POOLED)] == holm[("flat/d", "sgd")] == pytest.approx(min(1.0, max(0.06, 2 * p_d)))
+    head, body = cells(p)
+    assert head[-2:] == ["p", "p Holm"] and body[0][-2:] == ["0.01", "0.06"]
+    assert "p Holm: Holm over the 6 τ of this table" in to_markdown(p)
+
+
+def test_granulated_tau_holds_an_arm_specific_axis_fixed():
+    """SGD on 3 learning rates; SAM on the same 3 x 2 rho. Within every fixed rho the measure rises and the
+    target falls with lr, so psi_lr = -1. Dropping rho (it is missing for SGD) would put SAM's two rho in
+    one group of 6, where the measure (i + 1.5 j) and target (-i + 1.5 j) of lr index i, rho index j give
+    7 concordant and 8 discordant pairs, tau = -1/15, and psi_lr = (-1 - 1/15) / 2 = -8/15 = -0.533."""
+    rows = []
+    for arm, rhos in (("sgd", [None]), ("sam", [0.05, 0.1])):
+        for i, lr in enumerate((0.01, 0.1, 1.0)):
+            for j, rho in enumerate(rhos):
+                rows.append(
+                    {"arm": arm, "seed": 0, "outcome": "completed", "param.lr": lr, "param.rho": rho}
+                    | {"flat/fisher_trace": i + 1.5 * j, "test/accuracy": -i + 1.5 * j}
+                )
+    grid = Sample.of(pd.DataFrame(rows), StudyInfo(name="grid", searcher="grid"))
+    g = flatness_correlations(grid, resamples=20).granulated[("flat/fisher_trace", "test/accuracy")]
+    assert g.per_axis["param.lr"] == pytest.approx(-1.0) and g.groups["param.lr"] == 3  # sgd, sam rho 0.05, 0.1
+    # rho: SAM's three learning rates each give one pair (+1.5, +1.5): +1; SGD's groups have one rho (missing)
+    assert g.per_axis["param.rho"] == pytest.approx(1.0) and g.groups["param.rho"] == 3
+    # the arm axis: SGD (rho missing) and SAM (rho set) never share every other axis's value
+    assert math.isnan(g.per_axis["arm"]) and g.groups["arm"] == 0
+    assert {s.reason for s in g.skipped if s.axis == "arm"} == {"only one value of arm in the group"}
+    assert g.psi == pytest.approx(0.0)

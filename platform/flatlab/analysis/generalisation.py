@@ -1,28 +1,35 @@
 """Does flatness predict generalisation in this study? Kendall's rank correlation between each flatness
 measure and (a) the test metric, (b) the generalisation gap (test loss − final training loss), over every
-completed trial of the study (search and final stage, every arm), pooled and per arm, each with a
-bootstrap interval (Jiang et al., ICLR 2020, "Fantastic Generalization Measures and Where to Find
-Them"); for a grid study also the granulated τ (Ψ) over its searched axes, the mean over axes of τ
-within groups where only that axis changes (:mod:`flatlab.analysis.correlation`).
+completed trial of the study (search and final stage, every arm), pooled and per arm (Jiang et al., ICLR
+2020, "Fantastic Generalization Measures and Where to Find Them"); for a grid study also the granulated
+τ (Ψ) over its searched axes, the mean over axes of τ within groups where only that axis changes
+(:mod:`flatlab.analysis.correlation`).
 
-A sharpness measure (``flat/*``: lower = flatter) that predicts generalisation has τ > 0 against the
-gap (flatter, smaller gap) and, for an accuracy, τ < 0 against the test metric.
+The models are clustered: the trials of one tuning share its search, and the final seeds of one
+configuration share its hyperparameters. Each τ's interval and p-value come from a cluster bootstrap
+that resamples tunings, then configurations (arm and ``param.*`` values) within each drawn tuning, then
+the trials of each drawn configuration; the p-values of one table are Holm-adjusted together (Holm 1979).
+
+A sharpness measure (``flat/*``: lower = flatter) is associated with better generalisation when τ > 0
+against the gap (flatter, smaller gap) or, for an accuracy, τ < 0 against the test metric: an association
+over the trained models, not a cause.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from flatlab.analysis.compare.statistics import CONFIDENCE
+from flatlab.analysis.compare.statistics import CONFIDENCE, holm
 from flatlab.analysis.compare.text import markdown_table, number
 from flatlab.analysis.console_table import make_table, print_table
 from flatlab.analysis.correlation import Correlation, Granulated, granulated_tau, kendall_tau
 from flatlab.analysis.plot_axes import plain_numbers
-from flatlab.analysis.sample import FLAT_PREFIX, Sample
+from flatlab.analysis.sample import FLAT_PREFIX, TUNING_KEY, Sample
+from flatlab.analysis.selection import canonical, config_key
 from flatlab.errors import ConfigError
 
 GAP = "gap (test loss - train loss)"
@@ -32,12 +39,14 @@ POOLED = "all arms"
 
 @dataclass(frozen=True)
 class CorrelationRow:
-    """τ of one measure against one target over one set of models (``scope``: an arm, or all arms)."""
+    """τ of one measure against one target over one set of models (``scope``: an arm, or all arms);
+    ``p_holm``: the cluster bootstrap p-value Holm-adjusted over every τ of the table (NaN: no τ)."""
 
     measure: str
     target: str
     scope: str
     correlation: Correlation
+    p_holm: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -54,16 +63,19 @@ class FlatnessPrediction:
     notes: Tuple[str, ...] = ()
 
     def frame(self) -> Any:
-        """One row per (measure, target, scope): ``n``, ``tau``, ``p``, ``low``, ``high``, ``reason``."""
+        """One row per (measure, target, scope): ``n``, ``tunings``, ``configurations``, ``tau``, ``p``,
+        ``p_holm``, ``low``, ``high``, ``reason``."""
         # pandas on first use: importing this module stays light
         import pandas as pd
 
         return pd.DataFrame(
             [
-                dict(measure=r.measure, target=r.target, scope=r.scope, n=c.n, tau=c.tau, p=c.p, low=c.low, high=c.high)
-                | {"reason": c.reason}
+                dict(
+                    measure=r.measure, target=r.target, scope=r.scope, n=c.n, tunings=units[0], configurations=units[1]
+                )
+                | dict(tau=c.tau, p=c.p, p_holm=r.p_holm, low=c.low, high=c.high, reason=c.reason)
                 for r in self.rows
-                for c in [r.correlation]
+                for c, units in [(r.correlation, r.correlation.units or (0, 0))]
             ]
         )
 
@@ -77,12 +89,14 @@ def flatness_correlations(
     seed: int = 0,
 ) -> FlatnessPrediction:
     """Kendall's τ between every flatness measure and the test metric and the generalisation gap
-    (module docstring).
+    (module docstring), each with a cluster bootstrap interval and p-value (tunings, then configurations,
+    then trials: :func:`~flatlab.analysis.correlation.kendall_tau` with :func:`clusters`), and the
+    p-values of the whole table Holm-adjusted together (every measure, target and scope is one family).
 
     Args:
         data: a :class:`~flatlab.analysis.sample.Sample` (or ``trials_frame`` table).
         measures: the ``flat/*`` measures (default every one recorded, auxiliary ones excluded).
-        confidence, resamples, seed: of the bootstrap intervals (over models).
+        confidence, resamples, seed: of the cluster bootstrap.
     Raises:
         ConfigError: no completed trial with a flatness measure; an unknown measure.
     """
@@ -104,35 +118,64 @@ def flatness_correlations(
         targets.append(GAP)
     else:
         notes.append("no generalisation gap: the trials recorded no test/loss and train/loss")
+    scopes = [(POOLED, df)] + [(arm, df[df["arm"] == arm]) for arm in sorted(set(df["arm"]))]
     rows: List[CorrelationRow] = []
     for m in wanted:
         for target in targets:
-            scopes = [(POOLED, df)] + [(arm, df[df["arm"] == arm]) for arm in sorted(set(df["arm"]))]
             for scope, part in scopes:
                 tau = kendall_tau(
-                    _column(part, m), _column(part, target), confidence=confidence, n_resamples=resamples, seed=seed
+                    _column(part, m),
+                    _column(part, target),
+                    clusters=clusters(part),
+                    confidence=confidence,
+                    n_resamples=resamples,
+                    seed=seed,
                 )
                 rows.append(CorrelationRow(m, target, scope, tau))
+    adjusted = holm([r.correlation.p for r in rows])
+    rows = [replace(r, p_holm=p) for r, p in zip(rows, adjusted)]
     granulated = _granulated(df, wanted, targets, sample.info.searcher, notes)
     return FlatnessPrediction(sample.info.name, test, tuple(rows), granulated, len(df), float(confidence), tuple(notes))
+
+
+def clusters(df: Any) -> List[Tuple[int, Tuple[Any, ...]]]:
+    """Each trial's cluster path ``(tuning, configuration)``: its tuning (1..S) and its configuration, the
+    arm with :func:`~flatlab.analysis.selection.config_key` of its ``param.*`` values (seed, stage and
+    tuning are not params), so a final-stage re-run shares the configuration of the search trial it
+    repeats and the arms of one tuning share that tuning."""
+    params = [c for c in df.columns if c.startswith("param.")]
+    tunings = df[TUNING_KEY] if TUNING_KEY in df.columns else [1] * len(df)
+    return [
+        (int(k), (arm, config_key(dict(zip(params, values)))))
+        for k, arm, values in zip(tunings, df["arm"], df[params].itertuples(index=False, name=None))
+    ]
 
 
 def _column(df: Any, name: str) -> np.ndarray:
     return df[name].astype(float).to_numpy() if name in df.columns else np.full(len(df), np.nan)
 
 
+def _level(value: Any) -> Any:
+    """An axis value as a group key: a missing value (NaN, None, pandas' NA) is the level ``None``."""
+    return None if value is None or canonical(value) is None else value
+
+
 def _granulated(df: Any, measures: List[str], targets: List[str], searcher: Optional[str], notes: List[str]):
-    """Ψ per (measure, target) over the searched axes of a grid study: the ``param.*`` columns that vary and
-    are set for every model, and the arm where there are several; the seed is held fixed within a group
-    and not averaged over. Empty for other searchers (Ψ needs a grid)."""
+    """Ψ per (measure, target) over the searched axes of a grid study: every ``param.*`` column that varies
+    within some arm, and the arm where there are several. A missing value (an arm-specific axis such as
+    SAM's rho is missing for SGD) is a level of its own. Each axis's groups hold every other axis fixed,
+    the arm-specific ones included, so a group varies along one axis only: arms that differ in an axis
+    (SGD, and SAM at some rho) share no group of the arm axis. The seed is held fixed within a group and
+    not averaged over. Empty for other searchers (Ψ needs a grid)."""
     if searcher != "grid":
         return {}
-    params = [c for c in df.columns if c.startswith("param.") and df[c].notna().all() and df[c].nunique() > 1]
+    levels = {c: df[c].map(_level) for c in df.columns if c.startswith("param.")}
+    params = [c for c, v in levels.items() if v.groupby(df["arm"]).nunique(dropna=False).max() > 1]
     axes = params + (["arm"] if df["arm"].nunique() > 1 else [])
     if not axes:
-        notes.append("no granulated tau: the grid has no axis that varies over every model")
+        notes.append("no granulated tau: the grid has no axis that varies over the models")
         return {}
-    records = [{**{a: row[a] for a in axes}, "seed": row.get("seed")} for _, row in df.iterrows()]
+    records = [{**{a: _level(row[a]) for a in axes}, "seed": row.get("seed")} for _, row in df.iterrows()]
     out = {}
     for m in measures:
         for target in targets:
@@ -147,15 +190,21 @@ def _granulated(df: Any, measures: List[str], targets: List[str], searcher: Opti
 
 
 def cells(p: FlatnessPrediction) -> Tuple[List[str], List[List[str]]]:
-    """Headers and rows of the table: measure, target, models (scope), n, τ with its interval, p."""
+    """Headers and rows of the table: measure, target, models (scope), n with its tunings and
+    configurations, τ with its cluster bootstrap interval, p and p Holm."""
     pct = f"{p.confidence * 100:g}%"
-    head = ["measure", "target", "models", "n", f"Kendall τ [{pct} CI]", "p"]
+    head = ["measure", "target", "models", "n (tunings, configs)", f"Kendall τ [{pct} CI]", "p", "p Holm"]
     body = []
     for r in p.rows:
         c = r.correlation
         tau = f"- ({c.reason})" if c.reason or not np.isfinite(c.tau) else f"{c.tau:+.3f} [{c.low:+.3f}, {c.high:+.3f}]"
-        body.append([r.measure, r.target, r.scope, str(c.n), tau, f"{c.p:.3g}" if np.isfinite(c.p) else "-"])
+        n = f"{c.n} ({', '.join(map(str, c.units))})" if c.units else str(c.n)
+        body.append([r.measure, r.target, r.scope, n, tau, _p(c.p), _p(r.p_holm)])
     return head, body
+
+
+def _p(value: float) -> str:
+    return f"{value:.3g}" if np.isfinite(value) else "-"
 
 
 def caption(p: FlatnessPrediction) -> List[str]:
@@ -164,11 +213,16 @@ def caption(p: FlatnessPrediction) -> List[str]:
     for (m, target), g in p.granulated.items():
         axes = ", ".join(f"{a} {number(v, signed=True)}" for a, v in g.per_axis.items())
         lines.append(f"granulated τ (Ψ) of {m} against {target}: {number(g.psi, signed=True)} ({axes})")
+    family = sum(np.isfinite(r.correlation.p) for r in p.rows)
     return lines + [
-        "Kendall's τ-b over the completed trials (search and final stage), pooled over arms and per arm, with a "
-        "percentile bootstrap interval over models (Jiang et al. 2020).",
-        "flat/* is lower = flatter: τ > 0 against the gap, or τ < 0 against an accuracy, means flatter models "
-        "generalised better here.",
+        "Kendall's τ-b over the completed trials (search and final stage), pooled over arms and per arm "
+        "(Jiang et al. 2020). Trials that share a tuning or a configuration are not independent: the interval "
+        "and p come from a cluster bootstrap that resamples tunings, then configurations within each drawn "
+        "tuning, then the trials of each drawn configuration (Davison & Hinkley 1997, §3.8); p is the "
+        f"two-sided level at which the percentile interval excludes 0. p Holm: Holm over the {family} τ of this "
+        "table.",
+        "flat/* is lower = flatter: τ > 0 against the gap, or τ < 0 against an accuracy, means that flatter "
+        "models are associated with better generalisation here; an association over these models, not a cause.",
         *p.notes,
     ]
 

@@ -80,7 +80,8 @@ def compare(
         False,
         "--correlation",
         help="whether flatness predicts generalisation: Kendall's tau of each measure against the test metric and "
-        "the generalisation gap over every completed trial, with bootstrap intervals (and Psi for a grid)",
+        "the generalisation gap over every completed trial, with cluster bootstrap intervals and p-values (tunings, "
+        "then configurations, resampled), Holm over the table (and Psi for a grid)",
     ),
     output: Optional[Path] = typer.Option(
         None, help="with --tuning-curves or --correlation: the folder for the CSVs and PNGs"
