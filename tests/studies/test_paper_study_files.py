@@ -24,6 +24,7 @@ EXPECTED_FILES = {
     "tsam_fig4_t_schedule.py",
     "ire_table2_resnet50_imagenet.py",
     "tsam_fig2_flatness.py",
+    "tsam_table2_objectives.py",
 }
 NO_OPTUNA = {
     "ire_fig4_llama.py",
@@ -31,6 +32,7 @@ NO_OPTUNA = {
     "tsam_fig4_t_schedule.py",  # fixed comparisons / ablations
     "ire_table2_resnet50_imagenet.py",
     "tsam_fig2_flatness.py",
+    "tsam_table2_objectives.py",
 }
 
 
@@ -212,3 +214,23 @@ def test_tsam_fig2_sweeps_sigma_for_erm_sam_and_tsam():
     assert list(nl["sigmas"]) == sorted(nl["sigmas"]) and len(nl["sigmas"]) >= 5 and s.measure_split == "train"
     assert s.workload == "cifar100" and s.seeds == (0, 1, 2)
     assert load("tsam_fig2_flatness.py", "smoke")[0].name == "tsam_fig2_flatness_smoke"
+
+
+def test_tsam_table2_crosses_three_models_with_three_objectives_on_train_and_test():
+    s = load("tsam_table2_objectives.py", "paper")[0]
+    assert [a.name for a in s.arms] == ["erm", "sam", "tsam"] and s.seeds == (0, 1, 2)
+    assert list(s.measures) == ["erm_objective", "sam_objective", "tilted_objective"]
+    tsam = s.arm("tsam").constants()
+    assert (
+        s.measures["tilted_objective"]
+        == {"t": tsam["t"], "s": tsam["s"], "rho": tsam["rho"]}
+        == {
+            "t": 20.0,
+            "s": 3,
+            "rho": 0.1,
+        }
+    )
+    assert s.measures["sam_objective"]["rho"] == s.arm("sam").constants()["rho"]
+    assert s.measure_split == "train" and s.measure_extra_splits == ("test",) and s.measure_examples == 0
+    assert s.reports == {"objectives": {"split": "train", "extra": "test"}}
+    assert s.train == {"batch_size": 64, "schedule": "constant", "label_smoothing": 0.1}
