@@ -29,11 +29,14 @@ run (``reference/train_loss_smoothed``, step = seed). Budgets are ours: wikitext
 (batch 128), minipile 1 epoch (batch 128), openwebtext the first 2.6B tokens (batch 256), i.e. roughly
 20k-30k steps each; an LM epoch is one pass over the training tokens, so metrics are reported once
 per pass.
+Table 6 (Tr(H) of the AdamW and AdmIRE solutions of Llama 60M): every trial measures Tr(H) of its final
+model (``hessian_trace``, Hutchinson with 10 Rademacher probes; ours) on 64 training sequences, the
+loss averaged per token as the training loss is: ``flat/hessian_trace``.
 There is no Optuna variant: the figure compares two optimizers at one fixed recipe.
 ``smoke`` scale (studies named ``<name>_smoke``):
 the three studies on tiny Llamas (2 layers; the 60M one has an odd width/heads ratio,
 as the paper's 410/10, so the head-width rounding runs) over synthetic token streams, 1 epoch, with the
-same reference arm.
+same reference arm, Tr(H) with 2 probes on 4 sequences.
 """
 
 from flatlab import Arm, Resources, Study
@@ -109,6 +112,8 @@ def build(scale: str):
                 resources=Resources(cpu=8, gpu=1) if paper else Resources(cpu=1),
                 max_concurrent=None if paper else 1,
                 reference_arm="adamw",
+                measures={"hessian_trace": {"probes": 10 if paper else 2}},  # Table 6: Tr(H) at the end
+                measure_examples=64 if paper else 4,
             )
         )
     return studies

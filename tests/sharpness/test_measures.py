@@ -216,7 +216,10 @@ def test_resolve_measures_reports_every_problem_at_once():
 
 
 def test_unknown_measure_names_list_the_valid_ones():
-    valid = r"valid measures: avg_sharpness, fisher_trace, hessian_trace, neighbourhood_loss"
+    valid = (
+        r"valid measures: avg_sharpness, erm_objective, fisher_trace, hessian_trace, neighbourhood_loss, "
+        r"sam_objective, tilted_objective"
+    )
     with pytest.raises(ConfigError, match=r"^s: unknown measure 'fisher' \(did you mean 'fisher_trace'\?\); " + valid):
         resolve_measures({"fisher": {}}, "s")
     with pytest.raises(UnknownNameError, match=r"unknown measure 'zzz'; " + valid):

@@ -24,6 +24,7 @@ EXPECTED_FILES = {
     "tsam_fig4_t_schedule.py",
     "ire_table2_resnet50_imagenet.py",
     "tsam_fig2_flatness.py",
+    "tsam_table2_objectives.py",
 }
 NO_OPTUNA = {
     "ire_fig4_llama.py",
@@ -31,6 +32,7 @@ NO_OPTUNA = {
     "tsam_fig4_t_schedule.py",  # fixed comparisons / ablations
     "ire_table2_resnet50_imagenet.py",
     "tsam_fig2_flatness.py",
+    "tsam_table2_objectives.py",
 }
 
 
@@ -79,11 +81,16 @@ def test_ire_fig2_grid():
     assert [a.optimizer for a in s.arms] == ["sam", "sam_ire"]
     assert grid_values(s, "sam_ire", "gamma") == [0.8, 0.9, 0.95]
     assert grid_values(s, "sam_ire", "kappa") == [2, 5, 10]  # kappa = 0 is the sam arm, once per seed
-    assert "schedule" not in s.arm("sam_ire").dims and s.train["schedule"] == "cosine"  # no schedule dimension
+    # panel (a): constant lr 0.1; panels (b)-(d): lr / 5 at epochs 20, 50 and 80
+    assert grid_values(s, "sam_ire", "schedule") == grid_values(s, "sam", "schedule") == ["constant", "milestones"]
+    assert s.train["milestones"] == [20, 50, 80] and s.train["step_factor"] == 0.2
     c = s.arm("sam_ire").constants()
-    assert c["switch_epoch"] == 30 and c["rho"] == 0.05 and c["momentum"] == 0.0 and s.max_epochs == 100
-    assert s.arm("sam").constants() == {k: c[k] for k in ("rho", "momentum", "lr", "weight_decay")}
-    assert s.seeds == (0, 1, 2) and s.num_total_trials() == (9 + 1) * 3
+    assert c["lr"] == 0.1 and c["switch_epoch"] == 30 and c["rho"] == 0.05 and c["momentum"] == 0.0
+    assert s.max_epochs == 100 and s.arm("sam").constants() == {
+        k: c[k] for k in ("rho", "momentum", "lr", "weight_decay")
+    }
+    assert s.seeds == (0, 1, 2) and s.num_total_trials() == (9 + 1) * 2 * 3
+    assert s.measures == {"fisher_trace": {}} and s.measure_every == 5  # Tr(F) over training, the figure's curve
 
 
 def test_ire_table1_grid():
@@ -143,6 +150,7 @@ def test_ire_lm_studies():
         assert (c["lr"], c["beta1"], c["beta2"], c["weight_decay"]) == (6e-4, 0.9, 0.95, 0.1)
         assert s.train["clip_norm"] == 1.0 and s.train["final_lr_factor"] == 0.05
         assert s.seeds == (0, 1, 2)  # a speed-up with an error bar, paired by seed
+        assert s.measures == {"hessian_trace": {"probes": 10}} and s.measure_split == "train"  # Table 6: Tr(H)
     smoke = load("ire_fig4_llama.py", "smoke")
     for s in [*fig4.values(), *smoke]:  # the speed-up is measured against AdamW's final smoothed loss, per seed
         assert s.reference_arm == "adamw" and s.target_loss is None and "target_loss" not in s.workload_params
@@ -212,3 +220,23 @@ def test_tsam_fig2_sweeps_sigma_for_erm_sam_and_tsam():
     assert list(nl["sigmas"]) == sorted(nl["sigmas"]) and len(nl["sigmas"]) >= 5 and s.measure_split == "train"
     assert s.workload == "cifar100" and s.seeds == (0, 1, 2)
     assert load("tsam_fig2_flatness.py", "smoke")[0].name == "tsam_fig2_flatness_smoke"
+
+
+def test_tsam_table2_crosses_three_models_with_three_objectives_on_train_and_test():
+    s = load("tsam_table2_objectives.py", "paper")[0]
+    assert [a.name for a in s.arms] == ["erm", "sam", "tsam"] and s.seeds == (0, 1, 2)
+    assert list(s.measures) == ["erm_objective", "sam_objective", "tilted_objective"]
+    tsam = s.arm("tsam").constants()
+    assert (
+        s.measures["tilted_objective"]
+        == {"t": tsam["t"], "s": tsam["s"], "rho": tsam["rho"]}
+        == {
+            "t": 20.0,
+            "s": 3,
+            "rho": 0.1,
+        }
+    )
+    assert s.measures["sam_objective"]["rho"] == s.arm("sam").constants()["rho"]
+    assert s.measure_split == "train" and s.measure_extra_splits == ("test",) and s.measure_examples == 0
+    assert s.reports == {"objectives": {"split": "train", "extra": "test"}}
+    assert s.train == {"batch_size": 64, "schedule": "constant", "label_smoothing": 0.1}

@@ -18,7 +18,7 @@ from flatlab.workloads import get_workload
 pytestmark = pytest.mark.integration
 
 STUDIES_DIR = Path(__file__).resolve().parents[2] / "studies"
-FAST = ("ire_fig2_wrn16_cifar10.py", "tsam_fig4_t_schedule.py")
+FAST = ("ire_fig2_wrn16_cifar10.py", "tsam_fig4_t_schedule.py", "tsam_table2_objectives.py")
 SLOW = (
     "ire_table1_cnn_cifar.py",
     "ire_table3_vit_cifar100.py",
@@ -72,6 +72,13 @@ def run_smoke(name, root):
                     assert 1 <= r.data.metrics["train/steps_to_target"] <= steps, study.name
                     assert r.data.metrics["train/speedup"] > 0, study.name
         assert client.get_run(outcome.parent_run_id).info.status == "FINISHED"
+        if "objectives" in study.reports:  # TSAM Table 2: a table per split, a row per arm, every cell filled
+            text = (Path(root) / study.name / "report" / "objectives.md").read_text()
+            for split in ("train", "test"):
+                assert f"{split} split: rows = trained model" in text, text
+            for arm in study.arms:
+                rows = [line for line in text.splitlines() if line.startswith(f"| {arm.name} |")]
+                assert len(rows) == 2 and all(" - " not in row for row in rows), text
 
 
 @pytest.mark.parametrize("name", FAST)

@@ -4,10 +4,13 @@ import numpy as np
 import pytest
 import torch
 
+from flatlab.errors import ConfigError
 from flatlab.train.closure import BatchClosure, sample_labels
+from flatlab.train.resolved import resolve_trainer
 from flatlab.train.schedules import Schedule
 from flatlab.train.trainer import Diverged, Trainer, TrialSpec
 from flatlab.workloads import build_workload
+from flatlab.workloads.base import TrainDefaults
 from flatlab.workloads.digits import stratified_split
 
 
@@ -106,6 +109,35 @@ def test_schedules_closed_forms():
     assert Schedule("constant", 10, 1).factor(9) == 1.0
     with pytest.raises(ValueError, match="schedule='linear' is not allowed"):
         Schedule("linear", 10, 1)
+
+
+def test_milestones_schedule_divides_the_lr_by_five_at_epochs_20_50_80():
+    # IRE paper, Fig. 2 (b-d): lr 0.1, / 5 at epochs 20, 50 and 80 of 100; 4 steps per epoch
+    ms = Schedule("milestones", total_steps=400, steps_per_epoch=4, milestones=(20, 50, 80), step_factor=0.2)
+    by_hand = {0: 1.0, 79: 1.0, 80: 0.2, 199: 0.2, 200: 0.04, 319: 0.04, 320: 0.008, 399: 0.008}
+    assert {s: ms.factor(s) for s in by_hand} == pytest.approx(by_hand)
+    torch_ref = torch.optim.lr_scheduler.MultiStepLR(
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), milestones=[20, 50, 80], gamma=0.2
+    )
+    for epoch in range(100):  # the same lr as torch's MultiStepLR, epoch by epoch
+        assert 0.1 * ms.factor(4 * epoch) == pytest.approx(torch_ref.get_last_lr()[0], rel=1e-12)
+        torch_ref.optimizer.step()
+        torch_ref.step()
+    with pytest.raises(ValueError, match="schedule='milestones' needs milestones"):
+        Schedule("milestones", 10, 1)
+
+
+def test_milestones_are_validated_before_a_trial_starts():
+    with pytest.raises(
+        ConfigError, match=r"milestones=\[50, 20\] is not allowed; expected None or a strictly increasing"
+    ):
+        resolve_trainer(TrainDefaults(), {"schedule": "milestones", "milestones": [50, 20]})
+    with pytest.raises(ConfigError, match="schedule='milestones' needs milestones"):
+        resolve_trainer(TrainDefaults(), {"schedule": "milestones"})
+    assert resolve_trainer(TrainDefaults(), {"schedule": "milestones", "milestones": [20, 50]})["milestones"] == (
+        20,
+        50,
+    )
 
 
 def test_extra_pass_leaves_batchnorm_statistics_untouched(digits):

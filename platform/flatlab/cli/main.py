@@ -14,7 +14,7 @@ import os
 import sys
 from typing import List
 
-from flatlab.cli import compare, curves, interpolation, listings, results, run  # noqa: F401 - register the commands
+from flatlab.cli import compare, curves, interpolation, listings, objectives, results, run  # noqa: F401 - register the commands
 from flatlab.cli.app import app, reflow_command_help
 
 reflow_command_help()

@@ -32,6 +32,13 @@ LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
 DEFAULT_BATCH_SIZE = 256
 
 
+def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every prediction: logits ``(B, C)`` with targets ``(B,)``, or token logits
+    ``(B, T, V)`` with targets ``(B, T)`` (the mean over the ``B*T`` tokens, nats per token; a language
+    model's loss). The default loss of the curvature measures."""
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 @dataclass(frozen=True)
 class EvalSubset:
     """A fixed, ordered evaluation subset of ``m`` examples split into batches.

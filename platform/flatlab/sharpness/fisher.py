@@ -5,14 +5,24 @@ flatness measure) uses ``tr(F)``, which approximates ``tr(Hessian)`` near a mini
 
     tr(F) = (1/m) sum_i E_{y ~ softmax(f(x_i))} || grad_w CE(f(x_i), y) ||^2
 
-over the fixed evaluation subset, in eval mode, restricted to the selected parameters. The model must
-return logits of shape ``(B, C)``. Two unbiased estimators, each repeated for ``n_samples`` label draws:
+over the fixed evaluation subset, in eval mode, restricted to the selected parameters. The model
+returns logits ``(B, C)``, or token logits ``(B, T, V)`` (a language model, IRE paper Table 6): then a
+label is sampled per token and the trace is averaged per token,
 
-* ``"per_example"``: per-example gradients (``torch.func.vmap`` over ``torch.func.grad``), exact up to
-  the label sampling; memory ``chunk_size x #params``.
+    tr(F) = (1/(m T)) sum_{i, t} E_{y_t ~ softmax(f(x_i)_t)} || grad_w log p(y_t | x_i) ||^2,
+
+the Fisher (Gauss-Newton) of the per-token mean loss. Given the inputs, the sampled labels of different
+tokens are independent and each score has zero mean, so the squared norm of a sum of token scores is,
+in expectation, the sum of their squared norms: both estimators below multiply the squared gradient of
+a mean over ``n`` predictions by ``n``. Two unbiased estimators, each repeated for ``n_samples`` label
+draws:
+
+* ``"per_example"``: per-example (per-sequence) gradients (``torch.func.vmap`` over ``torch.func.grad``),
+  ``T * ||grad of the sequence's mean loss||^2`` (``T = 1`` for ``(B, C)``), exact up to the label
+  sampling for ``(B, C)``; memory ``chunk_size x #params``.
 * ``"batch"`` (Sophia's estimator, as IRE's code): ``n_b * ||grad of the batch-mean loss||^2`` per
-  batch; unbiased because the score has zero mean under sampled labels, one backward per batch, higher
-  variance.
+  batch (``n_b`` its predictions: ``B``, or ``B * T`` tokens); unbiased because the score has zero
+  mean under sampled labels; one backward per batch, higher variance.
 """
 
 from __future__ import annotations
@@ -20,7 +30,6 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import grad, vmap
 
@@ -32,6 +41,7 @@ from flatlab.sharpness.data import (
     as_subset,
     call_model,
     functional_forward,
+    token_cross_entropy,
     weighted_batches,
 )
 from flatlab.sharpness.results import Estimate
@@ -41,9 +51,14 @@ FISHER_ESTIMATORS = ("per_example", "batch")
 
 
 def _sample_labels(logits: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    if logits.ndim != 2:
-        raise ConfigError(f"fisher_trace needs (B, C) logits from the model; got shape {tuple(logits.shape)}")
-    return sample_labels(logits, generator=gen)  # (B,), the trainer's sampler on this estimate's own RNG
+    """Labels ``(B,)`` or ``(B, T)`` drawn from the model's softmax, one per prediction (the trainer's
+    sampler on this estimate's own RNG)."""
+    if logits.ndim not in (2, 3):
+        raise ConfigError(
+            "fisher_trace needs (B, C) logits or (B, T, V) token logits from the model; "
+            f"got shape {tuple(logits.shape)}"
+        )
+    return sample_labels(logits.reshape(-1, logits.shape[-1]), generator=gen).reshape(logits.shape[:-1])
 
 
 def fisher_trace(
@@ -71,7 +86,7 @@ def fisher_trace(
         :class:`Estimate` of the trace (nats per parameter unit^2).
 
     Raises:
-        ConfigError: unknown ``estimator``, ``n_samples < 1``, non-(B, C) outputs, or non-tensor
+        ConfigError: unknown ``estimator``, ``n_samples < 1``, outputs neither (B, C) nor (B, T, V), or non-tensor
             inputs with ``"per_example"``.
     """
     if estimator not in FISHER_ESTIMATORS:
@@ -95,22 +110,22 @@ def fisher_trace(
                 if estimator == "batch":
                     leaves = {n: t.detach().requires_grad_(True) for n, t in base.items()}
                     with torch.enable_grad():
-                        loss = F.cross_entropy(functional_forward(model, leaves, inputs), labels)
+                        loss = token_cross_entropy(functional_forward(model, leaves, inputs), labels)
                         gs = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
                     sq = sum(float((g.double() ** 2).sum()) for g in gs if g is not None)
-                    values[s] += weight * len(labels) * sq
+                    values[s] += weight * labels.numel() * sq  # B * T: the predictions the mean is over
                 else:
                     if not isinstance(inputs, torch.Tensor):
                         raise ConfigError("estimator='per_example' needs tensor inputs; use estimator='batch'")
 
                     def one(ps, x, y):
                         out = functional_forward(model, ps, x.unsqueeze(0))
-                        return F.cross_entropy(out, y.unsqueeze(0))
+                        return token_cross_entropy(out, y.unsqueeze(0))
 
                     # math kernel: fused attention has no vmap rule; no_grad: do not record through the
                     # model's other parameters (torch.func.grad ignores it).
                     with torch.no_grad(), _state.math_attention():
                         per = vmap(grad(one), in_dims=(None, 0, 0), chunk_size=chunk_size)(base, inputs, labels)
                     sq = sum((per[n].double() ** 2).flatten(1).sum(1) for n in names)  # (B,)
-                    values[s] += weight * float(sq.mean())
+                    values[s] += weight * float(sq.mean()) * labels[0].numel()  # x T: a sequence's tokens
     return Estimate.from_values(values)

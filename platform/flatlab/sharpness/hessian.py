@@ -24,12 +24,19 @@ import math
 from typing import Callable, List, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from flatlab.errors import ConfigError
 from flatlab.sharpness import _state
-from flatlab.sharpness.data import DEFAULT_BATCH_SIZE, EvalData, LossFn, as_subset, functional_forward, weighted_batches
+from flatlab.sharpness.data import (
+    DEFAULT_BATCH_SIZE,
+    EvalData,
+    LossFn,
+    as_subset,
+    functional_forward,
+    token_cross_entropy,
+    weighted_batches,
+)
 from flatlab.sharpness.results import EigenEstimate, Estimate
 
 HVP_METHODS = ("jvp", "double_backward")
@@ -97,7 +104,7 @@ def _setup(model, data, params, loss_fn, batch_size, method):
     subset = as_subset(data, batch_size)
     named = _state.resolve_params(model, params)
     base = [p.detach() for _, p in named]
-    hvp = _HVP(model, [n for n, _ in named], base, loss_fn or F.cross_entropy, method)
+    hvp = _HVP(model, [n for n, _ in named], base, loss_fn or token_cross_entropy, method)
     return subset, named, base, hvp
 
 
@@ -151,7 +158,9 @@ def hessian_trace(
         n_probes: Rademacher probes ``v`` (entries +-1); ``values[j] = v_j^T H v_j``.
         params: parameter names (one group for a layer-wise trace); ``None`` = all.
         method: ``"double_backward"`` (default) or ``"jvp"`` (forward-over-reverse).
-        seed, loss_fn, batch_size: as :func:`~flatlab.sharpness.average_sharpness`.
+        seed, batch_size: as :func:`~flatlab.sharpness.average_sharpness`.
+        loss_fn: the batch-mean loss; default :func:`~flatlab.sharpness.data.token_cross_entropy` (``(B, C)``
+            logits, or ``(B, T, V)`` token logits with the loss averaged per token, IRE paper Table 6).
 
     Returns:
         :class:`Estimate` of the trace (loss units per parameter unit^2) with its standard error.

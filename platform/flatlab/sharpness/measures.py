@@ -12,7 +12,9 @@ A study declares the measures it wants as ``{name: {param: value}}``, e.g.::
 
 Registered measures (``flatlab measures`` lists them): ``fisher_trace`` (IRE paper: Tr(F) with sampled
 labels), ``hessian_trace`` (Hutchinson 1989), ``neighbourhood_loss`` (TSAM paper, Fig. 2; with a sweep
-over ``sigmas``) and ``avg_sharpness`` (seed "In Search of the Successful Interpolation", App. A).
+over ``sigmas``), ``avg_sharpness`` (seed "In Search of the Successful Interpolation", App. A) and the
+TSAM paper's three objectives of Table 2, ``erm_objective``, ``sam_objective`` and ``tilted_objective``
+(:mod:`flatlab.sharpness.objectives`).
 Each declares its metric keys (:attr:`Measure.metrics`) and their ranges (:attr:`Measure.support`, read
 by comparison tables to clip intervals of means). Every measure draws its noise, probes or labels from
 a generator seeded with ``compute_measures``' ``seed``: trials measured with the same seed on the same
@@ -28,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from flatlab.errors import ConfigError, did_you_mean
@@ -36,9 +37,10 @@ from flatlab.hparams import HParam, resolve
 from flatlab.registry import Registry
 from flatlab.sharpness import _state
 from flatlab.sharpness.average import average_sharpness, neighbourhood_loss
-from flatlab.sharpness.data import DEFAULT_BATCH_SIZE, EvalSubset, LossFn
+from flatlab.sharpness.data import DEFAULT_BATCH_SIZE, EvalSubset, LossFn, token_cross_entropy
 from flatlab.sharpness.fisher import FISHER_ESTIMATORS, fisher_trace
 from flatlab.sharpness.hessian import hessian_trace
+from flatlab.sharpness.objectives import NOISES, erm_objective, sam_objective, tilted_objective
 from flatlab.workloads.base import take
 
 Compute = Callable[[nn.Module, EvalSubset, LossFn, Mapping[str, Any], int], Dict[str, float]]
@@ -237,8 +239,8 @@ def _avg_sharpness(
 register_measure(
     Measure(
         name="fisher_trace",
-        doc="Tr(F), Fisher with labels sampled from the model's softmax; needs (B, C) logits "
-        "(nats per parameter unit^2)",
+        doc="Tr(F), Fisher with labels sampled from the model's softmax; (B, C) logits, or (B, T, V) token "
+        "logits averaged per token (nats per parameter unit^2)",
         source="IRE paper (Improving Generalization and Convergence by Enhancing Implicit Regularization), "
         "flatness measure Tr(F) ~ Tr(H)",
         hparams=(
@@ -343,6 +345,75 @@ register_measure(
 )
 
 
+def _erm_objective(
+    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
+) -> Dict[str, float]:
+    return {"flat/erm_objective": erm_objective(model, subset, loss_fn=loss_fn).value}
+
+
+def _sam_objective(
+    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
+) -> Dict[str, float]:
+    got = sam_objective(model, subset, rho=p["rho"], steps=p["steps"], seed=seed, loss_fn=loss_fn)
+    return {"flat/sam_objective": got.value, "flat/sam_objective_clean": got.clean_loss}
+
+
+def _tilted_objective(
+    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
+) -> Dict[str, float]:
+    got = tilted_objective(model, subset, seed=seed, loss_fn=loss_fn, **p)
+    return {"flat/tilted_objective": got.value, "flat/tilted_objective_clean": got.clean_loss}
+
+
+TSAM_TABLE2 = "TSAM paper (Reweighting Local Minima with Tilted SAM), section 5.2, Table 2"
+
+register_measure(
+    Measure(
+        name="erm_objective",
+        doc="L(theta), the mean loss over the subset: the ERM objective (loss units)",
+        source=TSAM_TABLE2,
+        hparams=(),
+        compute=_erm_objective,
+        metrics=("flat/erm_objective",),
+        support={"flat/erm_objective": LOSS},
+    )
+)
+
+register_measure(
+    Measure(
+        name="sam_objective",
+        doc="max over ||eps||_2 <= rho of L(theta + eps), by SAM's ascent (steps=1) or projected ascent (loss units)",
+        source=f"{TSAM_TABLE2}; Foret et al. 2021",
+        hparams=(
+            HParam("rho", 0.05, float, low=0.0, low_open=True, doc="L2 radius, global (TSAM paper grid: 0.05-0.2)"),
+            HParam("steps", 1, int, low=1, doc="ascent steps: 1 = SAM's ascent rho*g/||g||; more = projected ascent"),
+        ),
+        compute=_sam_objective,
+        metrics=("flat/sam_objective", "flat/sam_objective_clean"),
+        support={"flat/sam_objective": LOSS, "flat/sam_objective_clean": LOSS},
+    )
+)
+
+register_measure(
+    Measure(
+        name="tilted_objective",
+        doc="(1/t) log mean_j exp(t L(theta + eps_j)), eps_j = delta_j + rho g_j/||g_j|| as TSAM samples them "
+        "(loss units)",
+        source=f"{TSAM_TABLE2}; Eq. 1, Algorithms 1-2",
+        hparams=(
+            HParam("t", 1.0, float, low=0.0, high=1e6, doc="tilt (0: mean over samples; paper's best 1, 5 or 20)"),
+            HParam("s", 3, int, low=1, doc="perturbations sampled (paper: 3, 5)"),
+            HParam("rho", 0.05, float, low=0.0, doc="ascent step added to each delta_j (0: none)"),
+            HParam("noise_radius", 1.0, float, low=0.0, doc="radius r of delta_j, global L2 norm (TSAM's default)"),
+            HParam("noise", "gaussian", str, choices=NOISES, doc="delta_j: clipped Gaussian or uniform in the r-ball"),
+        ),
+        compute=_tilted_objective,
+        metrics=("flat/tilted_objective", "flat/tilted_objective_clean"),
+        support={"flat/tilted_objective": LOSS, "flat/tilted_objective_clean": LOSS},
+    )
+)
+
+
 # ---- validation ------------------------------------------------------------------------------------
 
 
@@ -409,7 +480,8 @@ def compute_measures(
     Args:
         model: the trial's final model, on the device it was trained on.
         subset: the fixed evaluation subset (:func:`measure_subset`).
-        loss_fn: ``loss_fn(outputs, targets) -> scalar`` batch-mean loss (``None``: cross-entropy);
+        loss_fn: ``loss_fn(outputs, targets) -> scalar`` batch-mean loss (``None``: cross-entropy, per token
+            for ``(B, T, V)`` logits);
             ``fisher_trace`` always uses cross-entropy on sampled labels.
         resolved: ``{measure: params}``, normally from :func:`resolve_measures` (validated again here).
         seed: seed of every measure's noise, probes and sampled labels; the same seed gives the same
@@ -431,7 +503,7 @@ def compute_measures(
         raise ConfigError(
             f"compute_measures: subset must be an EvalSubset (see measure_subset); got {type(subset).__name__}"
         )
-    loss_fn = loss_fn or F.cross_entropy
+    loss_fn = loss_fn or token_cross_entropy
     out: Dict[str, float] = {}
     start = time.perf_counter()
     with _state.eval_mode(model):

@@ -120,3 +120,18 @@ class NeighbourhoodLoss:
     values: Tuple[float, ...]
     clean_loss: float
     sigma: float
+
+
+@dataclass(frozen=True)
+class ObjectiveValue:
+    """A training objective evaluated at ``theta`` (TSAM paper, Table 2: ERM, SAM and tilted objectives).
+
+    Attributes:
+        value: the objective (loss units).
+        clean_loss: ``L(theta)`` on the same subset.
+        losses: the perturbed losses it was computed from, in order (``(clean_loss,)`` for ERM).
+    """
+
+    value: float
+    clean_loss: float
+    losses: Tuple[float, ...]

@@ -117,7 +117,7 @@ def worst_case_sharpness(
         clean = subset_loss(model, subset, loss_fn, device)
         losses: List[float] = []
         for _ in range(steps):
-            loss, grads = _loss_and_grad(model, subset, loss_fn, device, perturbed, u)
+            loss, grads = loss_and_grad(model, subset, loss_fn, device, perturbed, u)
             losses.append(loss)
             with torch.no_grad():
                 if norm == "l2":
@@ -127,18 +127,20 @@ def worst_case_sharpness(
                     u = [x + eta * g.sign() for x, g in zip(u, grads)]
                 u = _project(u, rho, norm)
         with torch.no_grad():
-            losses.append(_functional_loss(model, subset, loss_fn, device, perturbed(u)))
+            losses.append(functional_loss(model, subset, loss_fn, device, perturbed(u)))
     return WorstCaseSharpness(max(clean, *losses) - clean, clean, tuple(losses), norm, rho, bool(adaptive))
 
 
-def _functional_loss(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, device: torch.device, ps: dict) -> float:
+def functional_loss(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, device: torch.device, ps: dict) -> float:
+    """Full-subset mean loss ``L`` (float64 sum of example-weighted batch losses) at the parameters ``ps``
+    (``{name: tensor}``, :func:`~flatlab.sharpness.data.functional_forward`); the model is not modified."""
     total = torch.zeros((), dtype=torch.float64, device=device)
     for inputs, targets, weight in weighted_batches(subset, device):
         total += weight * loss_fn(functional_forward(model, ps, inputs), targets).double()
     return float(total)
 
 
-def _loss_and_grad(
+def loss_and_grad(
     model: nn.Module, subset: EvalSubset, loss_fn: LossFn, device: torch.device, perturbed, u: Sequence[torch.Tensor]
 ) -> Tuple[float, List[torch.Tensor]]:
     """Full-subset ``L(w + c*u)`` and its gradient with respect to ``u``, accumulated batch by batch."""

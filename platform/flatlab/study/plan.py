@@ -63,6 +63,8 @@ def plan(study: Study) -> Dict[str, Any]:
         "measures": {k: dict(v) for k, v in study.measures.items()},
         "measure_subset": {
             "split": study.measure_split,
+            "extra_splits": list(study.measure_extra_splits),
+            "every": study.measure_every,
             "examples": study.measure_examples,
             "seed": study.measure_seed,
         },
@@ -131,6 +133,8 @@ def render(study: Study, console: Any) -> None:
                 if sub["examples"]
                 else f" on all {sub['split']} examples"
             )
+            + "".join(f"; again on {x} (flat_{x}/<measure>)" for x in sub["extra_splits"])
+            + (f"; and every {sub['every']} epochs (flat_curve/<measure>, step = epoch)" if sub["every"] else "")
         )
     if p["final_seeds"]:
         each = "each arm's best configuration in each tuning" if p["tunings"] > 1 else "each arm's best configuration"

@@ -176,6 +176,15 @@ class Study:
             loss, whose minimum the optimizers reach; or an evaluation split such as ``val``), chosen with
             ``measure_seed``, which also seeds the measures' noise, probes and sampled labels: the same
             for every trial, so values are paired across arms and seeds.
+        measure_extra_splits: further splits the same measures run on (``"train"``, ``"val"`` or ``"test"``;
+            not ``measure_split``), the same number of rows chosen with the same seed, logged as
+            ``flat_<split>/<measure>`` beside ``flat/<measure>`` (TSAM paper, Table 2: each objective on
+            the training and on the test set: ``measure_split="train", measure_extra_splits=("test",)``).
+            Only on the final model (not at a training-loss target).
+        measure_every: also run the measures every this many epochs during training (IRE paper, Fig. 2:
+            Tr(F) over training), logged as ``flat_curve/<measure>`` (``flat_curve_<split>/<measure>`` for
+            an extra split) with MLflow step = epoch; the final model's ``flat/*`` stay summary values.
+            ``None`` (default): only at the end.
         final_seeds: after the search, each arm's best configuration (by ``metric`` among its completed
             trials) is re-run once per seed here, with no early stopping, as trials tagged
             ``flatlab.stage=final`` in the same MLflow parent run; ``flatlab compare`` reports them.
@@ -222,6 +231,8 @@ class Study:
     measure_examples: int = 512
     measure_seed: int = 0
     measure_split: str = "train"
+    measure_extra_splits: Tuple[str, ...] = ()
+    measure_every: Optional[int] = None
     final_seeds: Tuple[int, ...] = ()
     tunings: int = 1
     margins: Mapping[str, float] = field(default_factory=dict)
@@ -244,7 +255,7 @@ class Study:
                     f"e.g. arms=(Arm('sgd'), Arm('adamw'))"
                 )
         object.__setattr__(self, "arms", arms)
-        for name in ("seeds", "final_seeds"):
+        for name in ("seeds", "final_seeds", "measure_extra_splits"):
             value = getattr(self, name)
             if hasattr(value, "__iter__") and not isinstance(value, (str, bytes, Mapping)):
                 object.__setattr__(self, name, tuple(value))  # anything else is reported by validate

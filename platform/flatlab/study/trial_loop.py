@@ -9,7 +9,9 @@ last report (after ``max_epochs``, or at the first epoch whose mean training los
 trainer's ``measure_at_train_loss`` the first epoch whose mean training loss reaches it runs the measures
 on that epoch's model (:func:`measure_trial`, the one measuring function), keeps them in the trainer's
 state (``Trainer.target_metrics``) and trains on; the last report adds them as ``flat_at_target/*``
-(:func:`flatlab.tracking.runs.at_target`) beside the final model's ``flat/*``. A checkpoint (model,
+(:func:`flatlab.tracking.runs.at_target`) beside the final model's ``flat/*``. With the study's
+``measure_every`` = k every k-th epoch's report adds the measures of that epoch's model as
+``flat_curve/*`` (:func:`flatlab.tracking.runs.over_training`; MLflow step = epoch). A checkpoint (model,
 optimizer, scheduler, RNG states, the target's state) goes with the report of every epoch
 :func:`checkpoint_due` picks (the study's ``checkpoint_every``: every n-th epoch, or by default the first
 epoch ending :data:`CHECKPOINT_INTERVAL_S` seconds after the previous checkpoint), with the epoch measured
@@ -29,16 +31,17 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import torch
 
 from flatlab.analysis.selection import COMPLETED_KEY, DIVERGED_KEY
+from flatlab.errors import ConfigError
 from flatlab.sharpness.measures import compute_measures, measure_subset, resolve_measures
 from flatlab.study.spec import Study
 from flatlab.study.trial_spec import trial_spec
 from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
 from flatlab.tracking.checkpoints import local_params
-from flatlab.tracking.runs import EPOCH_END_KEY, SUMMARY_KEY, at_target
+from flatlab.tracking.runs import EPOCH_END_KEY, SUMMARY_KEY, at_target, on_split, over_training
 from flatlab.train.checkpoint import StateSnapshot
 from flatlab.train.evaluation import evaluate_trial
 from flatlab.train.trainer import Diverged, Trainer
-from flatlab.workloads.base import Data
+from flatlab.workloads.base import Data, Split
 from flatlab.workloads.registry import build_workload, get_workload
 
 #: With ``Study.checkpoint_every=None`` (the default), a trial checkpoints at the first epoch that ends at
@@ -126,10 +129,13 @@ def trial_loop(
         if measures_at_target and trainer.reached_target and main:
             measured = measure_trial(trainer, study)
             trainer.target_metrics = at_target(measured)  # in the state from now on: never measured again
+        point = _curve_point(trainer, study, measured) if main else None  # measure_every: a point of the curve
+        if point is not None:
+            metrics.update(over_training(point))
         if last and not main:  # DDP: Tune takes rank 0's report; the others only keep the report count
             metrics[COMPLETED_KEY] = 1
         elif last:
-            final = _final_metrics(trainer, study, measured)
+            final = _final_metrics(trainer, study, measured if measured is not None else point)
             metrics.update(final)
             # what only this report holds, about the final model: summary values, at step 0 in MLflow
             metrics[SUMMARY_KEY] = ",".join(sorted(k for k in final if k != COMPLETED_KEY))
@@ -152,6 +158,15 @@ def trial_loop(
             report(metrics, None)
         if last:
             return
+
+
+def _curve_point(trainer: Trainer, study: Study, measured: Optional[Dict[str, float]]) -> Optional[Dict[str, float]]:
+    """The measures of this epoch's model when ``Study.measure_every`` makes it a point of the curve over
+    training (``measured``: already taken on it, at the target), else ``None``."""
+    every = study.measure_every
+    if not study.measures or every is None or trainer.epoch % every != 0:
+        return None
+    return measured if measured is not None else measure_trial(trainer, study)
 
 
 def _worst(study: Study) -> float:
@@ -221,13 +236,42 @@ def measure_trial(trainer: Trainer, study: Study) -> Dict[str, float]:
     """The study's flatness measures on ``trainer``'s current model, over the study's fixed evaluation
     subset (``measure_examples`` rows of the ``measure_split`` split chosen with ``measure_seed``: the
     same examples, noise and probes for every trial), with the unsmoothed training loss: ``flat/*`` and
-    ``time/measures_s`` (:func:`flatlab.sharpness.measures.compute_measures`). The trial loop calls it on
-    the final model and, with ``measure_at_train_loss``, on the model at the target."""
-    split = trainer.data.train if study.measure_split == "train" else trainer.data.eval_splits()[study.measure_split]
-    subset = measure_subset(split, study.measure_examples, study.measure_seed, device=trainer.device)
+    ``time/measures_s`` (:func:`flatlab.sharpness.measures.compute_measures`), then the same on each of
+    ``measure_extra_splits`` (``flat_<split>/*``, :func:`flatlab.tracking.runs.on_split`). The trial loop
+    calls it on the final model, with ``measure_at_train_loss`` on the model at the target, and with
+    ``measure_every`` on the model of every k-th epoch.
+
+    Raises:
+        ConfigError: a split the workload's data does not have (e.g. ``test``)."""
     resolved = resolve_measures(study.measures, f"study {study.name!r}: measures")
 
     def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return trainer.workload.loss(outputs, targets, 0.0)
 
-    return compute_measures(trainer.model, subset, loss_fn, resolved, seed=study.measure_seed)
+    def on(name: str) -> Dict[str, float]:
+        subset = measure_subset(
+            _split(trainer.data, name, study.name), study.measure_examples, study.measure_seed, device=trainer.device
+        )
+        return compute_measures(trainer.model, subset, loss_fn, resolved, seed=study.measure_seed)
+
+    out = on(study.measure_split)
+    for name in study.measure_extra_splits:
+        out.update(on_split(on(name), name))
+    return out
+
+
+def _split(data: Data, name: str, study: str) -> Split:
+    """The split ``name`` (``train``, ``test`` or an evaluation split) of a trial's data.
+
+    Raises:
+        ConfigError: the workload has no such split (e.g. no test split), naming the study's fields.
+    """
+    if name == "train":
+        return data.train
+    found = data.test if name == "test" else data.eval_splits().get(name)
+    if found is None:
+        raise ConfigError(
+            f"study {study!r}: measure_split or measure_extra_splits names {name!r}, which this workload's data "
+            f"does not have (it has train, {', '.join(data.eval_splits())}{', test' if data.test is not None else ''})"
+        )
+    return found

@@ -190,6 +190,7 @@ def _measure_problems(study: Study, where: str) -> List[str]:
     splits = ("train", "val")
     if study.measure_split not in splits:
         errors.append(f"{where}: measure_split={study.measure_split!r}; expected one of {', '.join(map(repr, splits))}")
+    errors += _measure_more_problems(study, where)
     fs = study.final_seeds
     if not (isinstance(fs, tuple) and all(_is_int(x) and 0 <= x < 2**32 for x in fs)):
         errors.append(
@@ -201,6 +202,30 @@ def _measure_problems(study: Study, where: str) -> List[str]:
         errors.append(
             f"{where}: final_seeds={fs!r} with searcher='grid': a grid already runs every point with every "
             f"seed in seeds=...; put the seeds there and leave final_seeds empty"
+        )
+    return errors
+
+
+def _measure_more_problems(study: Study, where: str) -> List[str]:
+    """Problems with ``measure_extra_splits`` (a tuple of distinct splits other than ``measure_split``) and
+    ``measure_every`` (``None`` or an int >= 1), and either of them set without ``measures``."""
+    errors: List[str] = []
+    extra, every, allowed = study.measure_extra_splits, study.measure_every, ("train", "val", "test")
+    if not (isinstance(extra, tuple) and all(x in allowed for x in extra)):
+        errors.append(
+            f"{where}: measure_extra_splits={extra!r}; expected a tuple of splits from "
+            f"{', '.join(map(repr, allowed))}, e.g. ('test',)"
+        )
+    elif len(set(extra)) != len(extra) or study.measure_split in extra:
+        errors.append(
+            f"{where}: measure_extra_splits={extra!r} repeats a split or names measure_split={study.measure_split!r}"
+        )
+    if every is not None and not (_is_int(every) and every >= 1):
+        errors.append(f"{where}: measure_every={every!r}; expected None or an int >= 1 (epochs between measurements)")
+    if (extra or every is not None) and isinstance(study.measures, Mapping) and not study.measures:
+        errors.append(
+            f"{where}: measure_extra_splits or measure_every is set but measures is empty; set measures={{...}} "
+            f"(`flatlab measures` lists them)"
         )
     return errors
 

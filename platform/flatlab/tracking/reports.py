@@ -8,6 +8,10 @@ parent run in MLflow):
   (parameter ``end``, a metric) and the flatness (``flatness``, a metric) of every completed trial
   against the searched ``kappa`` or ``t``, one dot per seed and the mean per value; logged under
   ``toy/``. Both parameters are required.
+* ``objectives`` (TSAM paper, Table 2): :func:`objectives_report`, each trained model (arm) on the ERM,
+  SAM and tilted objectives (the measures ``erm_objective``, ``sam_objective``, ``tilted_objective``),
+  one table per split (``split``: the study's ``measure_split``; ``extra``: its ``measure_extra_splits``,
+  comma-separated); printed, written to ``objectives.md`` and logged under ``objectives/``.
 * ``interpolation`` (seed paper "In Search of the Successful Interpolation", Figs. 1, 3, 4, 5):
   :func:`flatlab.interpolation.report.interpolation_report` over an alpha study's trials, logged under
   ``report/`` with ``summary.json``; ``split``: the OOD split of Figs. 1 and 5 (default ``ood``).
@@ -204,6 +208,43 @@ def _interpolation(tracking_uri: str, study: str, out_dir: Path, params: Mapping
     ]
 
 
+def objectives_report(tracking_uri: str, study: str, out_dir: Path, split: str, extra: str) -> List[str]:
+    """TSAM paper, Table 2: the tables of :func:`flatlab.analysis.objectives.objective_tables` over the completed
+    trials of ``study``'s latest launch, one for ``split`` (the study's ``measure_split``, metrics ``flat/*``)
+    and one per comma-separated name of ``extra`` (``flat_<name>/*``); written to ``out_dir/objectives.md``
+    and logged under ``objectives/`` on the launch run.
+
+    Returns:
+        The tables' lines, for the terminal (a line saying why when no trial has the measures).
+    """
+    from flatlab.analysis.objectives import format_objective_table, objective_tables
+
+    splits = [(split, "flat"), *((x, f"flat_{x}") for x in extra.split(",") if x)]
+    tables = objective_tables(trials_frame(tracking_uri, study), splits)
+    if not tables:
+        return [f"objectives table: no completed trial of {study!r} has erm/sam/tilted_objective"]
+    lines: List[str] = []
+    for table in tables:
+        lines += [*format_objective_table(table), ""]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = out_dir / "objectives.md"
+    md.write_text("\n".join([f"# {study}: objectives of each trained model (TSAM paper, Table 2)", "", *lines]))
+    parent = parent_runs(tracking_uri, study)[0].info.run_id
+    runs.client(tracking_uri).log_artifact(parent, str(md), artifact_path="objectives")
+    return [*lines, f"objectives table: {md}, logged under objectives/ on run {parent}"]
+
+
+register_report(
+    StudyReport(
+        "objectives",
+        "each trained model on the ERM, SAM and tilted objectives, one table per split (TSAM paper, Table 2)",
+        lambda uri, study, out, p: objectives_report(uri, study, out, p["split"], p["extra"]),
+        hparams=(
+            HParam("split", "train", str, doc="the study's measure_split (its flat/* metrics)"),
+            HParam("extra", "test", str, doc="comma-separated extra splits (flat_<split>/* metrics), '' for none"),
+        ),
+    )
+)
 register_report(
     StudyReport(
         "toy_figure",

@@ -92,6 +92,35 @@ def at_target(measured: Mapping[str, float]) -> Dict[str, float]:
     return out
 
 
+def on_split(measured: Mapping[str, float], split: str) -> Dict[str, float]:
+    """The measures of a model on a study's extra split (``Study.measure_extra_splits``) under their names
+    for it: ``flat/<name>`` -> ``flat_<split>/<name>`` (``flat_test/sam_objective``), ``time/measures_s`` ->
+    ``time/measures_<split>_s`` (anything else dropped)."""
+    out = {f"flat_{split}/{k[len(FLAT_PREFIX) :]}": float(v) for k, v in measured.items() if k.startswith(FLAT_PREFIX)}
+    if "time/measures_s" in measured:
+        out[f"time/measures_{split}_s"] = float(measured["time/measures_s"])
+    return out
+
+
+#: the prefix of the measures taken during training (``Study.measure_every``), logged with step = epoch
+CURVE_PREFIX = "flat_curve"
+
+
+def over_training(measured: Mapping[str, float]) -> Dict[str, float]:
+    """A model's measures as a point of the curve over training: ``flat/<name>`` -> ``flat_curve/<name>``,
+    ``flat_<split>/<name>`` -> ``flat_curve_<split>/<name>``, ``time/measures_s`` ->
+    ``time/measures_curve_s`` (``flat_at_target/*`` and anything else dropped). Per-epoch values (MLflow
+    step = epoch), never summary values, so they do not shadow the final model's ``flat/*``."""
+    out: Dict[str, float] = {}
+    for k, v in measured.items():
+        head, sep, tail = k.partition("/")
+        if sep and (head == "flat" or head.startswith("flat_")) and not k.startswith(AT_TARGET_PREFIX):
+            out[f"{CURVE_PREFIX}{head[len('flat') :]}/{tail}"] = float(v)
+    if "time/measures_s" in measured:
+        out["time/measures_curve_s"] = float(measured["time/measures_s"])
+    return out
+
+
 # A report's key for the time its epoch ended (seconds since 1970, ``time.time()`` on the worker): the
 # timestamp of the epoch's metrics in MLflow. Not a metric (no "/"), never logged as one.
 EPOCH_END_KEY = "epoch_end_time"

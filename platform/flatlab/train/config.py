@@ -17,9 +17,32 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping, Optional
 
+from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.train.precision import PRECISIONS
 from flatlab.train.schedules import SCHEDULES
+
+
+class EpochList(HParam):
+    """``None`` or a non-empty, strictly increasing list of ints, each within the bounds (epochs)."""
+
+    def allowed(self) -> str:
+        return f"None or a strictly increasing non-empty list of ints >= {self.low:g}"
+
+    def validate(self, value: Any, where: str = "") -> Any:
+        if value is None and self.nullable:
+            return None
+        ok = (
+            isinstance(value, (list, tuple))
+            and value
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        )
+        if not ok or any(v < self.low for v in value) or any(b <= a for a, b in zip(value, value[1:])):
+            raise ConfigError(
+                f"{where + ': ' if where else ''}{self.name}={value!r} is not allowed; expected {self.allowed()}"
+            )
+        return tuple(value)
+
 
 TRAINER_HPARAMS = (
     HParam("batch_size", 64, int, low=1, doc="mini-batch size (examples)"),
@@ -27,7 +50,18 @@ TRAINER_HPARAMS = (
     HParam("warmup_epochs", 0.0, float, low=0.0, doc="linear LR warm-up length (epochs)"),
     HParam("final_lr_factor", 0.0, float, low=0.0, high=1.0, doc="cosine end lr as a fraction of the peak"),
     HParam("step_epochs", 30, int, low=1, doc="step schedule: epochs between decays"),
-    HParam("step_factor", 0.1, float, low=0.0, high=1.0, low_open=True, doc="step schedule: decay factor"),
+    HParam(
+        "step_factor", 0.1, float, low=0.0, high=1.0, low_open=True, doc="step and milestones schedules: decay factor"
+    ),
+    EpochList(
+        "milestones",
+        None,
+        int,
+        low=1,
+        nullable=True,
+        doc="milestones schedule: the epochs from which the lr is multiplied by step_factor once more, increasing "
+        "(IRE paper Fig. 2: [20, 50, 80] with step_factor 0.2)",
+    ),
     HParam(
         "label_smoothing", 0.0, float, low=0.0, high=1.0, high_open=True, doc="label smoothing of the training loss"
     ),
@@ -123,12 +157,15 @@ def loss_target(hp: Mapping[str, Any]) -> Optional[float]:
 def recipe_problems(hp: Mapping[str, Any]) -> List[str]:
     """What the trainer parameters ``hp`` (each already valid on its own) break together, one message per
     rule: ``stop_at_train_loss`` and ``measure_at_train_loss`` both set (a trial either stops at its target
-    or trains past it)."""
+    or trains past it); the ``milestones`` schedule without ``milestones``."""
+    out = []
+    if hp.get("schedule") == "milestones" and not hp.get("milestones"):
+        out.append("schedule='milestones' needs milestones, the epochs of the decays, e.g. milestones=[20, 50, 80]")
     stop, measure = (hp.get(name) for name in TARGET_HPARAMS)
     if stop is not None and measure is not None:
-        return [
+        return out + [
             f"stop_at_train_loss={stop!r} and measure_at_train_loss={measure!r} are both set; set at most one: "
             f"stop_at_train_loss ends the trial at the target (flat/* measured there), measure_at_train_loss "
             f"measures there (flat_at_target/*) and trains on to max_epochs (flat/* at the end)"
         ]
-    return []
+    return out

@@ -151,6 +151,7 @@ class Trainer:
             final_factor=self.hp["final_lr_factor"],
             step_epochs=self.hp["step_epochs"],
             step_factor=self.hp["step_factor"],
+            milestones=tuple(self.hp["milestones"] or ()),
         )
         self.scheduler = self.schedule.scheduler(self.optimizer)
         self.generator = torch.Generator().manual_seed(spec.seed)

@@ -1,0 +1,170 @@
+"""The three training objectives of the TSAM paper, evaluated on a fixed subset (TSAM paper, §5.2, Table 2).
+
+"Reweighting Local Minima with Tilted SAM" takes the models trained by ERM, SAM and TSAM and evaluates
+each of them on each objective, on the training and on the test set:
+
+* ERM: ``L(theta)``, the mean loss over the subset (:func:`~flatlab.sharpness.data.subset_loss`).
+* SAM: ``max_{||eps||_2 <= rho} L(theta + eps)`` (one global L2 norm over every parameter), estimated by
+  SAM's ascent (Foret et al. 2021): ``eps = rho * g / (||g||_2 + 1e-12)`` with ``g`` the full-subset
+  gradient at ``theta``, i.e. :func:`~flatlab.sharpness.worst_case.worst_case_sharpness` with ``c = 1``,
+  a start at ``delta = 0`` and one step of length ``rho``; ``steps > 1`` runs projected ascent within the
+  same ball (a tighter lower bound on the maximum). The value is the largest loss seen (``delta = 0``
+  included), so ``>= L(theta)``.
+* TSAM: ``L^t(theta) = (1/t) log E_eps[exp(t L(theta + eps))]``, estimated as the optimizer does it
+  (ALGORITHMS.md §2, the released procedure): for ``j = 1..s``, ``delta_j`` from the optimizer's own
+  :func:`~flatlab.optim.tsam.sample_noise` (radius ``noise_radius``, ``gaussian`` or ``uniform``, global
+  norm), the full-subset gradient ``g_j`` at ``theta + delta_j``, ``eps_j = delta_j + rho * g_j / (||g_j||_2
+  + 1e-12)``, ``L_j = L(theta + eps_j)``; then the stabilised log-mean-exp
+  ``m + (1/t) log((1/s) sum_j exp(t (L_j - m)))``, ``m = max_j L_j`` (``t = 0``: the mean of the ``L_j``).
+
+Both run in eval mode on the full subset (no mini-batch noise), never modify the model
+(``torch.func.functional_call``) and are reproducible: the draws of ``delta_j`` come from the global torch
+RNG seeded with ``seed`` inside :func:`torch.random.fork_rng` (the caller's RNG state is restored). Cost:
+SAM ``steps`` forward+backward passes and 2 forward passes; TSAM ``s`` forward+backward and ``s + 1``
+forward passes. Units: the loss's (nats for cross-entropy).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flatlab.errors import ConfigError
+from flatlab.optim.tsam import sample_noise
+from flatlab.sharpness import _state
+from flatlab.sharpness.data import DEFAULT_BATCH_SIZE, EvalData, LossFn, as_subset, subset_loss
+from flatlab.sharpness.results import ObjectiveValue
+from flatlab.sharpness.worst_case import functional_loss, loss_and_grad, worst_case_sharpness
+
+NOISES = ("gaussian", "uniform")
+
+
+def erm_objective(
+    model: nn.Module, data: EvalData, *, loss_fn: Optional[LossFn] = None, batch_size: int = DEFAULT_BATCH_SIZE
+) -> ObjectiveValue:
+    """``L(theta)``: the mean loss over ``data`` in eval mode (TSAM paper, Table 2's ERM objective)."""
+    subset = as_subset(data, batch_size)
+    named = _state.resolve_params(model, None)
+    with _state.eval_mode(model):
+        clean = subset_loss(model, subset, loss_fn or F.cross_entropy, _state.device_of(named))
+    return ObjectiveValue(clean, clean, (clean,))
+
+
+def sam_objective(
+    model: nn.Module,
+    data: EvalData,
+    *,
+    rho: float,
+    steps: int = 1,
+    seed: int = 0,
+    loss_fn: Optional[LossFn] = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> ObjectiveValue:
+    """SAM's objective ``max_{||eps||_2 <= rho} L(theta + eps)`` (module docstring; Foret et al. 2021).
+
+    Args:
+        rho: radius of the L2 ball, parameter units (> 0).
+        steps: ascent steps; 1 (default) is SAM's ascent ``eps = rho * g/||g||`` from ``theta``; more run
+            projected ascent with step ``2 rho / sqrt(steps)``.
+        seed: unused by the default start (``delta = 0``); kept for the measures' signature.
+
+    Returns:
+        :class:`ObjectiveValue`: ``value`` the largest loss found, ``clean_loss`` ``L(theta)``, ``losses``
+        the loss of every iterate.
+
+    Raises:
+        ConfigError: ``rho`` not finite and > 0, ``steps < 1``.
+    """
+    _state.check_count("steps", steps)
+    found = worst_case_sharpness(
+        model,
+        data,
+        rho=rho,
+        norm="l2",
+        steps=steps,
+        step_size=rho if steps == 1 else None,
+        init_radius=0.0,
+        adaptive=False,
+        seed=seed,
+        loss_fn=loss_fn,
+        batch_size=batch_size,
+    )
+    return ObjectiveValue(found.clean_loss + found.value, found.clean_loss, found.losses)
+
+
+def log_mean_exp(losses: Sequence[float], t: float) -> float:
+    """``(1/t) log((1/s) sum_j exp(t L_j))``, stabilised by the largest ``L_j``; the mean when ``t = 0``."""
+    if t == 0:
+        return math.fsum(losses) / len(losses)
+    top = max(losses)
+    return top + math.log(math.fsum(math.exp(t * (x - top)) for x in losses) / len(losses)) / t
+
+
+def tilted_objective(
+    model: nn.Module,
+    data: EvalData,
+    *,
+    t: float,
+    s: int = 3,
+    rho: float = 0.05,
+    noise_radius: float = 1.0,
+    noise: str = "gaussian",
+    seed: int = 0,
+    loss_fn: Optional[LossFn] = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> ObjectiveValue:
+    """TSAM's tilted objective ``L^t(theta)`` by the optimizer's estimator (module docstring; TSAM paper,
+    Eq. 1 and Algorithms 1-2).
+
+    Args:
+        t: tilt >= 0 (0: the mean of the ``L_j``; large: their max).
+        s: perturbations sampled (>= 1).
+        rho: length of the normalised ascent step added to each ``delta_j`` (>= 0; 0: no ascent).
+        noise_radius: radius ``r`` of ``delta_j`` (global L2 norm, >= 0; 0: no noise).
+        noise: ``gaussian`` (``N(0, I)`` clipped to norm ``r``, the released code) or ``uniform`` (in the ball).
+        seed: seed of the draws of ``delta_j``.
+
+    Returns:
+        :class:`ObjectiveValue`: ``value`` the log-mean-exp, ``clean_loss`` ``L(theta)``, ``losses`` the
+        ``L_j`` in draw order.
+
+    Raises:
+        ConfigError: ``t``, ``rho`` or ``noise_radius`` negative or not finite, ``s < 1``, unknown ``noise``,
+            a non-int ``seed``.
+    """
+    for name, value in (("t", t), ("rho", rho), ("noise_radius", noise_radius)):
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{name} must be a finite number >= 0; got {value!r}")
+    _state.check_count("s", s)
+    if noise not in NOISES:
+        raise ConfigError(f"noise={noise!r} is not allowed; expected one of {', '.join(map(repr, NOISES))}")
+    subset = as_subset(data, batch_size)
+    loss_fn = loss_fn or F.cross_entropy
+    named = _state.resolve_params(model, None)
+    names = [n for n, _ in named]
+    device = _state.device_of(named)
+    _state.make_generator(device, seed)  # validates the seed
+    losses: List[float] = []
+    with _state.eval_mode(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        base = [p.detach() for _, p in named]
+        clean = subset_loss(model, subset, loss_fn, device)
+
+        def at(us: Sequence[torch.Tensor]) -> dict:
+            return {n: b + x for n, b, x in zip(names, base, us)}
+
+        for _ in range(s):
+            delta = sample_noise(base, noise_radius, noise)
+            _, g = loss_and_grad(model, subset, loss_fn, device, at, delta)
+            with torch.no_grad():
+                g_norm = float(torch.sqrt(sum((x.double() ** 2).sum() for x in g))) + 1e-12
+                eps = [d + (rho / g_norm) * x for d, x in zip(delta, g)]
+                losses.append(functional_loss(model, subset, loss_fn, device, at(eps)))
+    return ObjectiveValue(log_mean_exp(losses, float(t)), clean, tuple(losses))
+
+
+__all__ = ["NOISES", "erm_objective", "log_mean_exp", "sam_objective", "tilted_objective"]
