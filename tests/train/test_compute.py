@@ -111,7 +111,9 @@ def test_counts_accumulate_over_epochs_and_survive_a_checkpoint(digits, tmp_path
     assert resumed.compute.train_s > t.compute.train_s
 
 
-@pytest.mark.parametrize("optimizer, passes, steps", [("sgd", 20, 20), ("sam", 20, 10), ("sam", 21, 10), ("tsam", 61, 10)])
+@pytest.mark.parametrize(
+    "optimizer, passes, steps", [("sgd", 20, 20), ("sam", 20, 10), ("sam", 21, 10), ("tsam", 61, 10)]
+)
 def test_a_pass_budget_stops_at_the_step(digits, optimizer, passes, steps, one_torch_thread):
     t = Trainer(spec(optimizer, epochs=99, max_passes=passes), digits)
     assert t.max_steps == steps and t.epochs == math.ceil(steps / STEPS) and t.schedule.total_steps == steps
@@ -124,7 +126,9 @@ def test_a_pass_budget_stops_at_the_step(digits, optimizer, passes, steps, one_t
 
 
 def test_a_budget_below_one_step_is_refused(digits):
-    with pytest.raises(ConfigError, match=r"max_passes=5 does not cover the first step of optimizer 'tsam' \(6 passes\)"):
+    with pytest.raises(
+        ConfigError, match=r"max_passes=5 does not cover the first step of optimizer 'tsam' \(6 passes\)"
+    ):
         Trainer(spec("tsam", max_passes=5), digits)
 
 

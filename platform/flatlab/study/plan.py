@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional
 
 from flatlab.analysis.console_table import make_table, print_table
+from flatlab.errors import FlatlabError
+from flatlab.study.budget import ArmBudget, budget_record
 from flatlab.study.space import Conditional, Fixed, inner
 from flatlab.study.spec import Study
-from flatlab.errors import FlatlabError
-from flatlab.study.budget import budget_record
 from flatlab.study.trial_spec import arm_budgets, route
 from flatlab.study.tunings import tuning_seeds
 from flatlab.train.config import loss_target
@@ -38,17 +38,7 @@ def plan(study: Study, rows: Optional[int] = None) -> Dict[str, Any]:
                 "conditions": {k: d.condition_text() for k, d in arm.dims.items() if isinstance(d, Conditional)},
                 "fixed": arm.constants(),
                 "routes": route(study, arm),
-                **(
-                    {
-                        "budget": {
-                            "steps": per_arm[arm.name].steps,
-                            "epochs": per_arm[arm.name].epochs,
-                            "passes_per_step": per_arm[arm.name].first_step_passes,
-                        }
-                    }
-                    if arm.name in per_arm
-                    else {}
-                ),
+                **({"budget": _arm_budget(per_arm[arm.name])} if arm.name in per_arm else {}),
             }
         )
     return {
@@ -95,6 +85,11 @@ def plan(study: Study, rows: Optional[int] = None) -> Dict[str, Any]:
         "reports": {k: dict(v) for k, v in study.reports.items()},
         "arms": arms,
     }
+
+
+def _arm_budget(b: ArmBudget) -> Dict[str, int]:
+    """An arm's share of a pass budget as the plan shows it."""
+    return {"steps": b.steps, "epochs": b.epochs, "passes_per_step": b.first_step_passes}
 
 
 def tunings_line(study: Study) -> str:
@@ -152,7 +147,7 @@ def budget_line(study: Study, p: Mapping[str, Any]) -> Optional[str]:
         )
     arms = [a for a in p["arms"] if "budget" in a]
     if not arms:
-        return f"budget in passes: {budget['amount']} per trial (each arm's epochs: the workload's data is not available)"
+        return f"budget in passes: {budget['amount']} per trial (each arm's epochs: the workload's data is missing)"
     each = ", ".join(
         f"{a['arm']} {a['budget']['epochs']} epochs ({a['budget']['steps']} steps x {a['budget']['passes_per_step']} "
         "passes)"

@@ -106,9 +106,9 @@ class ArmScheduler(FIFOScheduler):
 def build_scheduler(study: Study, fifo: bool = False) -> ArmScheduler:
     """The study's scheduler, an :class:`ArmScheduler`: ``asha`` -> one
     :class:`~ray.tune.schedulers.ASHAScheduler` per arm (rungs at ``grace_period * reduction_factor**k``
-    epochs, up to ``max_epochs``; under a pass budget each arm's own, :meth:`~flatlab.study.spec.Study.epochs_of`
-    and :meth:`~flatlab.study.spec.Study.grace_of`); ``fifo`` (or ``fifo=True``, the final stage) -> Tune's FIFO per arm:
-    every trial runs its whole budget."""
+    epochs, up to ``max_epochs``; under a pass budget each arm's own,
+    :meth:`~flatlab.study.spec.Study.epochs_of` and :meth:`~flatlab.study.spec.Study.grace_of`); ``fifo``
+    (or ``fifo=True``, the final stage) -> Tune's FIFO per arm: every trial runs its whole budget."""
     if study.scheduler != "asha" or fifo:
         return ArmScheduler(study_lanes(study), lambda _arm: FIFOScheduler(), metric=study.metric, mode=study.mode)
 

@@ -5,9 +5,9 @@
 Every epoch reports the workload's metrics and the trial's compute so far (``compute/*``,
 :mod:`flatlab.train.compute`) through the caller's ``report`` (Tune's or Ray Train's); the trial ends
 when its trainer is :attr:`~flatlab.train.trainer.Trainer.finished` (its epochs, or its budget in
-passes or seconds: :mod:`flatlab.study.budget`). The last report (at that end, or at the first epoch whose mean training loss reaches the trainer's
-``stop_at_train_loss``) adds the test metrics (every report holds them with the trainer's
-``test_every_epoch``), the study's flatness measures on the final model and ``completed = 1``. With the
+passes or seconds: :mod:`flatlab.study.budget`). The last report (at that end, or at the first epoch
+whose mean training loss reaches the trainer's ``stop_at_train_loss``) adds the test metrics (every
+report holds them with the trainer's ``test_every_epoch``), the study's flatness measures on the final model and ``completed = 1``. With the
 trainer's ``measure_at_train_loss`` the first epoch whose mean training loss reaches it runs the measures
 on that epoch's model (:func:`measure_trial`, the one measuring function), keeps them in the trainer's
 state (``Trainer.target_metrics``) and trains on; the last report adds them as ``flat_at_target/*``

@@ -16,8 +16,8 @@ from typing import Any, Dict, Mapping
 import torch
 
 from flatlab.analysis.sample import TRIAL_KEYS
-from flatlab.hparams import HParam
 from flatlab.errors import ConfigError
+from flatlab.hparams import HParam
 from flatlab.optim.protocol import Progress, passes_of
 from flatlab.optim.registry import get_optimizer
 from flatlab.study.budget import ArmBudget, Budget, arm_budget
@@ -104,7 +104,7 @@ def arm_budgets(study: Study, rows: int) -> Dict[str, ArmBudget]:
             warmup = int(round(float(resolve_spec(spec)["trainer"]["warmup_epochs"]) * per_epoch))
             hook(Progress(0, 0, per_epoch * study.max_epochs, per_epoch, warmup))
         try:
-            out[arm.name] = arm_budget(study.budget.passes, lambda i: passes_of(opt, i)[1], rows, batch)
+            out[arm.name] = arm_budget(study.budget.passes, lambda i, opt=opt: passes_of(opt, i)[1], rows, batch)
         except ValueError as exc:
             raise ConfigError(f"study {study.name!r}, arm {arm.name!r}: {exc}") from exc
     return out
