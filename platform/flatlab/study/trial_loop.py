@@ -3,22 +3,21 @@
 (:mod:`flatlab.study.ddp_trial`) run on a :class:`~flatlab.train.trainer.Trainer`.
 
 Every epoch reports the workload's metrics and the trial's compute so far (``compute/*``,
-:mod:`flatlab.train.compute`) through the caller's ``report`` (Tune's or Ray Train's); the trial ends
-when its trainer is :attr:`~flatlab.train.trainer.Trainer.finished` (its epochs, or its budget in
-passes or seconds: :mod:`flatlab.study.budget`). The last report (at that end, or at the first epoch
-whose mean training loss reaches the trainer's ``stop_at_train_loss``) adds the test metrics (every
-report holds them with the trainer's ``test_every_epoch``), the study's flatness measures on the final model and ``completed = 1``. With the
-trainer's ``measure_at_train_loss`` the first epoch whose mean training loss reaches it runs the measures
-on that epoch's model (:func:`measure_trial`, the one measuring function), keeps them in the trainer's
-state (``Trainer.target_metrics``) and trains on; the last report adds them as ``flat_at_target/*``
-(:func:`flatlab.tracking.runs.at_target`) beside the final model's ``flat/*``. A checkpoint (model,
-optimizer, scheduler, RNG states, the target's state) goes with the report of every epoch
-:func:`checkpoint_due` picks (the study's ``checkpoint_every``: every n-th epoch, or by default the first
-epoch ending :data:`CHECKPOINT_INTERVAL_S` seconds after the previous checkpoint), with the epoch measured
-at the target (a restarted trial never measures twice) and with the last, so a restarted trial resumes
-where it stopped. A diverged epoch reports the worst metric and ends
-the trial. An evaluation-only workload (``trains = False``) has no epochs: its trial is
-:func:`evaluation_trial`, one evaluation and one report.
+:mod:`flatlab.train.compute`) through the caller's ``report`` (Tune's or Ray Train's); the trial ends when its
+trainer is :attr:`~flatlab.train.trainer.Trainer.finished` (its epochs, or its budget in passes or seconds:
+:mod:`flatlab.study.budget`). The last report (at that end, or at the first epoch whose mean training loss
+reaches the trainer's ``stop_at_train_loss``) adds the test metrics (every report holds them with the
+trainer's ``test_every_epoch``), the study's flatness measures on the final model and ``completed = 1``. With
+the trainer's ``measure_at_train_loss`` the first epoch whose mean training loss reaches it runs the measures
+on that epoch's model (:func:`measure_trial`, the one measuring function), keeps them in the trainer's state
+(``Trainer.target_metrics``) and trains on; the last report adds them as ``flat_at_target/*``
+(:func:`flatlab.tracking.runs.at_target`) beside the final model's ``flat/*``. A checkpoint (model, optimizer,
+scheduler, RNG states, the target's state) goes with the report of every epoch :func:`checkpoint_due` picks
+(the study's ``checkpoint_every``: every n-th epoch, or by default the first epoch ending
+:data:`CHECKPOINT_INTERVAL_S` seconds after the previous checkpoint), with the epoch measured at the target (a
+restarted trial never measures twice) and with the last, so a restarted trial resumes where it stopped. A
+diverged epoch reports the worst metric and ends the trial. An evaluation-only workload (``trains = False``)
+has no epochs: its trial is :func:`evaluation_trial`, one evaluation and one report.
 """
 
 from __future__ import annotations
