@@ -6,9 +6,10 @@ disable_reporting()  # before Ray or MLflow is imported: nothing of a local stud
 
 from flatlab._version import __version__  # noqa: E402
 from flatlab.analysis.curve_sets import Published  # noqa: E402
+from flatlab.study.budget import Budget  # noqa: E402
 from flatlab.study.spec import Arm, Resources, Study  # noqa: E402
 
-__all__ = ["Arm", "Published", "Resources", "Study", "results", "run", "__version__"]
+__all__ = ["Arm", "Budget", "Published", "Resources", "Study", "results", "run", "__version__"]
 
 
 def __getattr__(name: str):

@@ -31,7 +31,15 @@ from flatlab.hparams import HParam
 from flatlab.optim import _amplified_adamw
 from flatlab.optim._flat import SELECT_CHUNK, at_most, kth_smallest_nonnegative, persistent_buffers, square_tie_ceiling
 from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
-from flatlab.optim.protocol import Closure, as_closure, local_pass, ranks_mean, step_may_be_skipped, step_skipped
+from flatlab.optim.protocol import (
+    Closure,
+    as_closure,
+    local_pass,
+    passes_of,
+    ranks_mean,
+    step_may_be_skipped,
+    step_skipped,
+)
 from flatlab.optim.registry import register_optimizer
 from flatlab.optim.sam import SAM_ADAMW_SPEC, SAM_SPEC
 from flatlab.optim.wrapper import WrappedOptimizer, require_closure, wrapped_spec
@@ -189,6 +197,7 @@ class IRE(WrappedOptimizer):
         # (buffer key, group index) -> (mask version, κ_t, tensors) the buffer was built from
         self._built: Dict[Tuple[str, int], Tuple[int, float, int]] = {}
         self._layer_fractions: Dict[str, float] = {}  # log_flat_fraction: per-tensor flat fractions of the mask
+        self._last_step: Optional[Tuple[int, bool]] = None  # (index, refreshed) of the step just taken
 
     def _describe(self) -> str:
         return f"kappa={self.kappa}, gamma={self.gamma}, mask_interval={self.mask_interval}"
@@ -420,10 +429,12 @@ class IRE(WrappedOptimizer):
             RuntimeError: the base did not call the closure on a refresh step.
         """
         self._maybe_switch()
+        index = self._progress.step if self._progress is not None else self._steps  # for step_passes
         self._steps += 1
         kappas = [self.kappa_at(i) for i in range(len(self.param_groups))]
         if not self._active or not any(k > 0 for k in kappas):
             loss = self.base.step(closure)  # exactly the base: no curvature pass, no copy
+            self._last_step = (index, False)
             if step_skipped(closure):
                 self._steps -= 1
                 return loss
@@ -434,6 +445,7 @@ class IRE(WrappedOptimizer):
 
         params = [p for p in self._params() if p.requires_grad]
         refresh = self._since_refresh is None or self._since_refresh >= self.mask_interval
+        self._last_step = (index, refresh)  # a skipped step (fp16) spent its passes too
         run_closure: Optional[Callable[[], torch.Tensor]] = closure
         wrapped = None
         if refresh:
@@ -482,6 +494,38 @@ class IRE(WrappedOptimizer):
         for name, fraction in self._layer_fractions.items():
             self._metrics.add(f"opt/flat_fraction/{name}", fraction)
         return loss
+
+    # ------------------------------------------------------------------ cost
+    def step_passes(self, step: int) -> Tuple[int, int]:
+        """The base's passes for step ``step`` (0-based), plus one backward when it refreshes the mask:
+        the sampled-label gradient reuses the primary pass's forward graph (``with_sampled_grads``), so
+        a refresh adds a backward, not a forward (:func:`flatlab.optim.protocol.passes_of`).
+
+        The step just taken answers what it did. Any other step is predicted for a run from step 0:
+        refreshes every K = ``mask_interval`` steps from switch-on, none with κ = 0. Switch-on is at
+        step 0 without criteria, else at the earliest of ``switch_step``, ``switch_epoch`` epochs and
+        the warm-up's end (both known once ``on_progress`` has been called); a loss criterion, or one
+        whose steps are unknown, is taken as met at step 0 (an upper bound on the cost). κ decayed to
+        0 by the schedule, and fp16-skipped steps, can make the actual refreshes fewer.
+        """
+        forward, backward = passes_of(self.base, step)
+        if self._last_step is not None and self._last_step[0] == step:
+            return forward, backward + int(self._last_step[1])
+        start = self._predicted_switch()
+        refresh = self.kappa > 0 and step >= start and (step - start) % self.mask_interval == 0
+        return forward, backward + int(refresh)
+
+    def _predicted_switch(self) -> int:
+        # the step from which IRE runs, as step_passes predicts it (see there)
+        if not self._needs_switch or self.switch_loss is not None:
+            return 0
+        p = self._progress
+        known = [self.switch_step] if self.switch_step is not None else []
+        if self.switch_epoch is not None:
+            known.append(self.switch_epoch * p.steps_per_epoch if p is not None else 0)
+        if self.switch_at_warmup_end:
+            known.append(p.warmup_steps if p is not None else 0)
+        return min(known)
 
     # ------------------------------------------------------------------ checkpoints
     def _extra_state(self) -> Dict[str, Any]:

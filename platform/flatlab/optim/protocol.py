@@ -8,7 +8,13 @@ statistics (the SAM paper's practice, davda54/sam#17). The trainer has no optimi
 
 Optional hooks an optimizer may implement, called by the trainer when present: ``on_progress(Progress)``
 before every step (IRE's switch-on and κ decay, TSAM's t schedule) and ``pop_metrics() -> dict`` once
-per epoch (``opt/...`` means since the last call).
+per epoch (``opt/...`` means since the last call). One more, read by the trainer's compute count
+(:mod:`flatlab.train.compute`) and the budget in passes (:mod:`flatlab.study.budget`):
+``step_passes(step: int) -> Tuple[int, int]``, the ``(forward, backward)`` passes over the mini-batch
+that the step with 0-based index ``step`` spends (SAM: (2, 2); TSAM: (2s, 2s); IRE: its base's, plus
+one backward at a curvature refresh). Absent: (1, 1), one plain gradient evaluation. Asked about a
+step not yet taken, it answers from the hyperparameters (what a fresh run would spend); about the
+step just taken, what that step spent. Read it through :func:`passes_of`.
 
 Skipped steps (fp16 loss scaling, :mod:`flatlab.train.precision`): a closure may carry ``can_skip``
 (:func:`step_may_be_skipped`) and ``overflowed``; once a pass of the step had a non-finite gradient,
@@ -109,6 +115,27 @@ def as_closure(closure: Callable[[], torch.Tensor]) -> Closure:
     if isinstance(closure, Closure):
         return closure
     return _CallableClosure(closure)
+
+
+def passes_of(optimizer: object, step: int) -> Tuple[int, int]:
+    """``(forward, backward)`` passes over the mini-batch that ``optimizer``'s step number ``step``
+    (0-based) spends: its ``step_passes(step)`` hook, or (1, 1) for an optimizer without one (one
+    forward and one backward: a plain gradient step).
+
+    Raises:
+        ValueError: the hook returned something other than two non-negative ints with ``backward >= 1``
+            or ``forward >= 1`` (every step evaluates the loss at least once).
+    """
+    hook = getattr(optimizer, "step_passes", None)
+    if hook is None:
+        return 1, 1
+    forward, backward = hook(step)
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in (forward, backward)):
+        raise ValueError(
+            f"{type(optimizer).__name__}.step_passes({step}) = ({forward!r}, {backward!r}); expected two ints >= 1 "
+            "(forward, backward passes over the mini-batch)"
+        )
+    return forward, backward
 
 
 def step_may_be_skipped(closure: object) -> bool:

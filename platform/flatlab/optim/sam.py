@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -215,6 +215,11 @@ class SAM(WrappedOptimizer):
         self.base.step()
         if zero_grad:
             self.zero_grad()
+
+    def step_passes(self, step: int) -> Tuple[int, int]:
+        """(2, 2): every step is the primary pass at θ and the extra one at θ+ε (SAM Alg. 1; ASAM Alg. 1),
+        whatever its index (:func:`flatlab.optim.protocol.passes_of`)."""
+        return 2, 2
 
     def step(self, closure: Optional[Callable[[], torch.Tensor]] = None) -> torch.Tensor:  # type: ignore[override]
         """One SAM/ASAM step: ``closure()`` at θ, ``closure.extra()`` at θ+ε, restore θ, base step.

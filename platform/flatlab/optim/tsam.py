@@ -17,7 +17,7 @@ paper's grids: ``docs/algorithms/tsam.md``.
 from __future__ import annotations
 
 import math
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -269,6 +269,12 @@ class TSAM(WrappedOptimizer):
         ps, grads = split_with_grad(params)
         if ps and self.rho > 0:
             add_scaled_(ps, grads, self.rho / (global_norm(grads) + NORM_EPS), src_is_scratch=True)
+
+    def step_passes(self, step: int) -> Tuple[int, int]:
+        """(2s, 2s) for every step: per sample j, the ascent gradient (at θ+δ_j, or at θ for sample 1
+        with ``primary_pass='center'``) and L_j, G_j at θ+ε_j (Algorithms 1 + 2;
+        :func:`flatlab.optim.protocol.passes_of`)."""
+        return 2 * self.s, 2 * self.s
 
     def step(self, closure: Optional[Callable[[], torch.Tensor]] = None) -> torch.Tensor:  # type: ignore[override]
         """One TSAM step (2s passes, one primary), then the base step with the tilted gradient.

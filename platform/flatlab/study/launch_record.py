@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from flatlab.errors import ConfigError
+from flatlab.study.budget import budget_record
 from flatlab.study.launches import Launch, continued_studies, launch_file
 from flatlab.study.options import RunOptions
 from flatlab.study.searchers import optuna_study_name
@@ -127,6 +128,7 @@ def record_launch(
         status="running",
         overrides=overrides,
         checkpoint_every=study.checkpoint_every,  # --resume keeps it (launches.resume_checkpoint_every)
+        budget=budget_record(study.budget, study.max_epochs),  # which unit: epochs, passes or seconds
         optuna_storage=f"sqlite:///{out / 'optuna.db'}",
         optuna_prefix=prefix,
         optuna_studies={lane: optuna_study_name(prefix, lane) for lane in study_lanes(study)}

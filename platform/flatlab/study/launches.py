@@ -72,6 +72,8 @@ class Launch:
         continues: for a ``--continue`` launch, the launch whose Optuna studies it grows
             (``experiment_name``, ``parent_run_id``, ``optuna_studies``).
         final_experiment_path: the final stage's Tune experiment, once it started.
+        budget: the unit and amount of each trial's budget (:func:`flatlab.study.budget.budget_record`:
+            ``{"unit": "passes", "amount": 100000, "arm_epochs": {...}}``); ``{}`` in older records.
     """
 
     path: Path
@@ -89,6 +91,7 @@ class Launch:
     optuna_studies: Dict[str, str] = field(default_factory=dict)
     continues: Dict[str, Any] = field(default_factory=dict)
     final_experiment_path: Optional[str] = None
+    budget: Dict[str, Any] = field(default_factory=dict)
     recorded: Tuple[str, ...] = field(default=(), repr=False, compare=False)  # the keys the file had
 
     @classmethod

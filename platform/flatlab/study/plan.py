@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Mapping, Optional
 
 from flatlab.analysis.console_table import make_table, print_table
+from flatlab.errors import FlatlabError
+from flatlab.study.budget import ArmBudget, budget_record
 from flatlab.study.space import Conditional, Fixed, inner
 from flatlab.study.spec import Study
-from flatlab.study.trial_spec import route
+from flatlab.study.trial_spec import arm_budgets, route
 from flatlab.study.tunings import tuning_seeds
 from flatlab.train.config import loss_target
+from flatlab.workloads.registry import build_workload
 
 
-def plan(study: Study) -> Dict[str, Any]:
-    """A JSON-able description of what ``flatlab run`` would launch (nothing is started)."""
+def plan(study: Study, rows: Optional[int] = None) -> Dict[str, Any]:
+    """A JSON-able description of what ``flatlab run`` would launch (nothing is started).
+
+    ``budget`` is the study's (:func:`~flatlab.study.budget.budget_record`); under a pass budget with
+    ``rows`` (training examples) known, each arm's ``budget`` holds its ``steps``, ``epochs`` and
+    ``passes_per_step`` from its optimizer's declared cost (:func:`~flatlab.study.trial_spec.arm_budgets`).
+
+    Raises:
+        ConfigError: the pass budget does not cover an arm's first step.
+    """
+    per_arm = arm_budgets(study, rows) if rows is not None else {}
     arms: List[Dict[str, Any]] = []
     for arm in study.arms:
         n = (len(study.grid(arm)) if study.searcher == "grid" else study.num_trials) * study.tunings
@@ -26,6 +38,7 @@ def plan(study: Study) -> Dict[str, Any]:
                 "conditions": {k: d.condition_text() for k, d in arm.dims.items() if isinstance(d, Conditional)},
                 "fixed": arm.constants(),
                 "routes": route(study, arm),
+                **({"budget": _arm_budget(per_arm[arm.name])} if arm.name in per_arm else {}),
             }
         )
     return {
@@ -43,6 +56,7 @@ def plan(study: Study) -> Dict[str, Any]:
             else ""
         ),
         "max_epochs": study.max_epochs,
+        "budget": budget_record(study.budget, study.max_epochs),
         "seeds": list(study.seeds),
         "tunings": study.tunings,
         "total_trials": study.num_total_trials(),
@@ -73,6 +87,11 @@ def plan(study: Study) -> Dict[str, Any]:
         "reports": {k: dict(v) for k, v in study.reports.items()},
         "arms": arms,
     }
+
+
+def _arm_budget(b: ArmBudget) -> Dict[str, int]:
+    """An arm's share of a pass budget as the plan shows it."""
+    return {"steps": b.steps, "epochs": b.epochs, "passes_per_step": b.first_step_passes}
 
 
 def tunings_line(study: Study) -> str:
@@ -106,9 +125,43 @@ def flatness_when(study: Study) -> str:
     return f"flatness of each completed trial's final model (flat/<measure>): at {at} (stop_at_train_loss), else {end}"
 
 
+def training_rows(study: Study) -> Optional[int]:
+    """The training examples of ``study``'s workload, for the dry run of a pass budget (its data is
+    loaded for that); ``None`` without a pass budget or when the data cannot be loaded."""
+    if study.budget is None or study.budget.unit != "passes":
+        return None
+    try:
+        return len(build_workload(study.workload, **dict(study.workload_params)).load_data(study.seed).train)
+    except (FlatlabError, OSError):
+        return None
+
+
+def budget_line(study: Study, p: Mapping[str, Any]) -> Optional[str]:
+    """The dry run's line on a budget in passes or seconds (``None`` for epochs): each arm's epochs and
+    steps under a pass budget, from its declared passes per step."""
+    budget = p["budget"]
+    if budget["unit"] == "epochs":
+        return None
+    if budget["unit"] == "seconds":
+        return (
+            f"budget in seconds: {budget['amount']:g} training seconds per trial, ending at the first epoch boundary "
+            f"past them (at most {study.max_epochs} epochs, which the LR schedule and ASHA's rungs span)"
+        )
+    arms = [a for a in p["arms"] if "budget" in a]
+    if not arms:
+        return f"budget in passes: {budget['amount']} per trial (each arm's epochs: the workload's data is missing)"
+    each = ", ".join(
+        f"{a['arm']} {a['budget']['epochs']} epochs ({a['budget']['steps']} steps x {a['budget']['passes_per_step']} "
+        "passes)"
+        for a in arms
+    )
+    return f"budget in passes: {budget['amount']} per trial, the LR schedule over each arm's own: {each}"
+
+
 def render(study: Study, console: Any) -> None:
-    """Print :func:`plan` as a rich table to ``console`` (no cell split: :mod:`flatlab.analysis.console_table`)."""
-    p = plan(study)
+    """Print :func:`plan` as a rich table to ``console`` (no cell split: :mod:`flatlab.analysis.console_table`);
+    a pass budget's arms with their epochs (:func:`training_rows` loads the data to count them)."""
+    p = plan(study, training_rows(study))
     params = f" {p['workload_params']}" if p["workload_params"] else ""
     console.print(
         f"[bold]{p['study']}[/bold]: workload {p['workload']}{params}, metric {p['metric']} ({p['mode']}), "
@@ -119,6 +172,8 @@ def render(study: Study, console: Any) -> None:
         f"trial-epochs), seeds {p['seeds']}, per trial {p['resources_per_trial']}, "
         f"max_concurrent {p['max_concurrent'] or 'as resources allow'}"
     )
+    if budget_line(study, p):
+        console.print(budget_line(study, p))
     if p["tunings"] > 1:
         console.print(tunings_line(study))
     if p["train"]:

@@ -43,6 +43,7 @@ from flatlab.study.post_study import post_study
 from flatlab.study.ray_compat import check_ray_version, retry_system_failures_only
 from flatlab.study.ray_start import check_local_resources, init_ray
 from flatlab.study.spec import Study
+from flatlab.study.trial_spec import with_arm_epochs
 from flatlab.study.tuner import Started, build_tuner
 from flatlab.tracking import runs
 from flatlab.workloads.registry import build_workload
@@ -171,6 +172,7 @@ def _open(
             check_local_resources(study, opts)  # a GPU study on a CPU machine fails here, not by waiting for ever
             logger.info("Ray ready (%.1f s)", time.monotonic() - t0)
             data = workload.load_data(study.seed)  # once per study; reaches trials through the object store
+            study = with_arm_epochs(study, len(data.train))  # a pass budget as each arm's epochs (study.budget)
             experiment_id, parent_run_id, exp_name = opened.result()
             logger.info("MLflow ready, data loaded (%.1f s)", time.monotonic() - t0)
             launch = record_launch(

@@ -22,7 +22,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from flatlab.study.ray_compat import asha_rung_count
 from flatlab.study.spec import Study
-from flatlab.study.tunings import lane_of, study_lanes
+from flatlab.study.tunings import lane_of, split_lane, study_lanes
 
 
 class ArmScheduler(FIFOScheduler):
@@ -106,16 +106,18 @@ class ArmScheduler(FIFOScheduler):
 def build_scheduler(study: Study, fifo: bool = False) -> ArmScheduler:
     """The study's scheduler, an :class:`ArmScheduler`: ``asha`` -> one
     :class:`~ray.tune.schedulers.ASHAScheduler` per arm (rungs at ``grace_period * reduction_factor**k``
-    epochs, up to ``max_epochs``); ``fifo`` (or ``fifo=True``, the final stage) -> Tune's FIFO per arm:
-    every trial runs its whole budget."""
+    epochs, up to ``max_epochs``; under a pass budget each arm's own,
+    :meth:`~flatlab.study.spec.Study.epochs_of` and :meth:`~flatlab.study.spec.Study.grace_of`); ``fifo``
+    (or ``fifo=True``, the final stage) -> Tune's FIFO per arm: every trial runs its whole budget."""
     if study.scheduler != "asha" or fifo:
         return ArmScheduler(study_lanes(study), lambda _arm: FIFOScheduler(), metric=study.metric, mode=study.mode)
 
-    def asha(_arm: str) -> TrialScheduler:
+    def asha(lane: str) -> TrialScheduler:
+        arm = split_lane(lane)[0]
         return ASHAScheduler(
             time_attr="training_iteration",
-            max_t=study.max_epochs,
-            grace_period=study.grace_period,
+            max_t=study.epochs_of(arm),
+            grace_period=study.grace_of(arm),
             reduction_factor=study.reduction_factor,
         )
 
@@ -128,10 +130,14 @@ def decision_epochs(study: Study) -> FrozenSet[int]:
     ``max_epochs`` (Li et al. 2020, "A System for Massively Parallel Hyperparameter Tuning", Algorithm 2;
     the same rungs as Ray's ``ASHAScheduler`` with one bracket), rounded up to whole epochs; empty for
     ``fifo``. A trial's batched reports end at these epochs (:func:`flatlab.study.trainable.make_trainable`),
-    so every decision is made on time."""
+    so every decision is made on time. Under a pass budget, the rungs of every arm together."""
     if study.scheduler != "asha":
         return frozenset()
 
     rf = study.reduction_factor
-    rungs = asha_rung_count(study.max_epochs, study.grace_period, rf)
-    return frozenset(int(math.ceil(study.grace_period * rf**k)) for k in range(rungs))
+    out = set()
+    for arm in {a.name for a in study.arms}:
+        grace = study.grace_of(arm)
+        rungs = asha_rung_count(study.epochs_of(arm), grace, rf)
+        out.update(int(math.ceil(grace * rf**k)) for k in range(rungs))
+    return frozenset(out)

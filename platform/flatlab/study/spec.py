@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from flatlab.analysis.curve_sets import Published
 from flatlab.errors import ConfigError, UnknownNameError
+from flatlab.study.budget import Budget, arm_grace_period
 from flatlab.study.space import Dim, as_dim, grid_points, inner, is_searched
 from flatlab.study.tunings import tuning_seeds, with_tuning
 
@@ -144,6 +145,13 @@ class Study:
         metric, mode: what the searcher and the scheduler optimise (a metric the workload reports).
         num_trials: trials per arm (``grid``: the grid size x seeds, this field is then ignored).
         max_epochs: epochs per trial (the LR schedule spans them; ASHA's ``max_t``).
+        budget: what each trial may spend, :class:`~flatlab.study.budget.Budget`: ``None`` (default) or
+            ``Budget(epochs=E)`` (``max_epochs = E``), ``Budget(passes=P)`` (every arm trains until its
+            declared passes reach P, so SGD gets about twice SAM's epochs; ``max_epochs`` and
+            ``grace_period`` then count epochs of the arm with the most, and each arm's own are set at
+            launch: :meth:`epochs_of`, :meth:`grace_of`) or ``Budget(seconds=S)`` (training seconds,
+            stopping at an epoch boundary; ``max_epochs`` still bounds the trial). See
+            :mod:`flatlab.study.budget`.
         scheduler: ``asha`` (early stopping, ``grace_period`` epochs, ``reduction_factor``) or ``fifo``.
         seeds: trial seeds; ``grid`` runs every point with every seed, ``optuna``/``random`` cycle
             through them (trial i of an arm gets ``seeds[i % len(seeds)]``).
@@ -238,6 +246,7 @@ class Study:
     margins: Mapping[str, float] = field(default_factory=dict)
     published: Optional[Published] = None
     reports: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    budget: Optional[Budget] = None
 
     def __post_init__(self) -> None:
         arms = self.arms
@@ -259,6 +268,8 @@ class Study:
             value = getattr(self, name)
             if hasattr(value, "__iter__") and not isinstance(value, (str, bytes, Mapping)):
                 object.__setattr__(self, name, tuple(value))  # anything else is reported by validate
+        if isinstance(self.budget, Budget) and self.budget.unit == "epochs" and self.budget.epochs is not None:
+            object.__setattr__(self, "max_epochs", self.budget.epochs)  # Budget(epochs=E) is max_epochs=E
         if self.grace_period is None:  # ASHA's default first rung: 2 epochs, or the whole budget if shorter
             given = isinstance(self.max_epochs, int) and not isinstance(self.max_epochs, bool)
             budget = self.max_epochs if given and self.max_epochs >= 1 else 2
@@ -282,9 +293,30 @@ class Study:
         if trials is not None:
             changes["num_trials"] = trials
         if epochs is not None:
+            if isinstance(self.budget, Budget) and self.budget.unit == "passes":
+                raise ConfigError(
+                    f"study {self.name!r}: an epoch budget (epochs={epochs}) with budget=Budget(passes="
+                    f"{self.budget.passes}): each arm's epochs follow from its passes; change the passes instead"
+                )
+            if isinstance(self.budget, Budget) and self.budget.unit == "epochs":
+                changes["budget"] = dataclasses.replace(self.budget, epochs=epochs)
             changes["max_epochs"] = epochs
             changes["grace_period"] = max(1, min(self.grace_period, epochs))
         return dataclasses.replace(self, **changes)
+
+    def epochs_of(self, arm: str) -> int:
+        """The epochs of arm ``arm``'s trials: its share of a pass budget once the launch has set it
+        (:attr:`Budget.arm_epochs`), else ``max_epochs``."""
+        per_arm = self.budget.arm_epochs if isinstance(self.budget, Budget) else {}
+        return int(per_arm.get(arm, self.max_epochs))
+
+    def grace_of(self, arm: str) -> int:
+        """ASHA's first rung for arm ``arm``, in its epochs: ``grace_period`` scaled to its share of a pass
+        budget (:func:`~flatlab.study.budget.arm_grace_period`), else ``grace_period``."""
+        per_arm = self.budget.arm_epochs if isinstance(self.budget, Budget) else {}
+        if arm not in per_arm:
+            return int(self.grace_period)  # type: ignore[arg-type]
+        return arm_grace_period(int(self.grace_period), int(per_arm[arm]), max(per_arm.values()))  # type: ignore[arg-type]
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:

@@ -2,6 +2,7 @@
 (:func:`flatlab.study.trainable.run_trial`) and every rank of a multi-worker (DDP) trial
 (:mod:`flatlab.study.ddp_trial`) run on a :class:`~flatlab.train.trainer.Trainer`.
 
+<<<<<<< HEAD
 Every epoch reports the workload's metrics through the caller's ``report`` (Tune's or Ray Train's); the
 last report (after ``max_epochs``, or at the first epoch whose mean training loss reaches the trainer's
 ``stop_at_train_loss``) adds the test metrics (every report holds them with the trainer's
@@ -19,6 +20,24 @@ at the target (a restarted trial never measures twice) and with the last, so a r
 where it stopped. A diverged epoch reports the worst metric and ends
 the trial. An evaluation-only workload (``trains = False``) has no epochs: its trial is
 :func:`evaluation_trial`, one evaluation and one report.
+=======
+Every epoch reports the workload's metrics and the trial's compute so far (``compute/*``,
+:mod:`flatlab.train.compute`) through the caller's ``report`` (Tune's or Ray Train's); the trial ends when its
+trainer is :attr:`~flatlab.train.trainer.Trainer.finished` (its epochs, or its budget in passes or seconds:
+:mod:`flatlab.study.budget`). The last report (at that end, or at the first epoch whose mean training loss
+reaches the trainer's ``stop_at_train_loss``) adds the test metrics (every report holds them with the
+trainer's ``test_every_epoch``), the study's flatness measures on the final model and ``completed = 1``. With
+the trainer's ``measure_at_train_loss`` the first epoch whose mean training loss reaches it runs the measures
+on that epoch's model (:func:`measure_trial`, the one measuring function), keeps them in the trainer's state
+(``Trainer.target_metrics``) and trains on; the last report adds them as ``flat_at_target/*``
+(:func:`flatlab.tracking.runs.at_target`) beside the final model's ``flat/*``. A checkpoint (model, optimizer,
+scheduler, RNG states, the target's state) goes with the report of every epoch :func:`checkpoint_due` picks
+(the study's ``checkpoint_every``: every n-th epoch, or by default the first epoch ending
+:data:`CHECKPOINT_INTERVAL_S` seconds after the previous checkpoint), with the epoch measured at the target (a
+restarted trial never measures twice) and with the last, so a restarted trial resumes where it stopped. A
+diverged epoch reports the worst metric and ends the trial. An evaluation-only workload (``trains = False``)
+has no epochs: its trial is :func:`evaluation_trial`, one evaluation and one report.
+>>>>>>> compute
 """
 
 from __future__ import annotations
@@ -39,6 +58,7 @@ from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
 from flatlab.tracking.checkpoints import local_params
 from flatlab.tracking.runs import EPOCH_END_KEY, SUMMARY_KEY, at_target, on_split, over_training
 from flatlab.train.checkpoint import StateSnapshot
+from flatlab.train.compute import TOTAL_PREFIX
 from flatlab.train.evaluation import evaluate_trial
 from flatlab.train.trainer import Diverged, Trainer
 from flatlab.workloads.base import Data, Split
@@ -104,7 +124,7 @@ def trial_loop(
     extra = dict(extra or {})
     saved_at = time.monotonic()
     curve_times = [(trainer.curve.step, time.time())]  # (optimizer step, time): the curve's timestamps
-    while trainer.epoch < study.max_epochs:
+    while not trainer.finished:
         try:
             metrics = trainer.run_epoch()
         except Diverged as exc:
@@ -124,14 +144,18 @@ def trial_loop(
         metrics[EPOCH_END_KEY] = time.time()  # the epoch's metrics are timed when it ended, not when sent
         curve_times.append((trainer.curve.step, metrics[EPOCH_END_KEY]))
         _not_diverged(metrics, study)
-        last = (stops and trainer.reached_target) or trainer.epoch == study.max_epochs
+        last = (stops and trainer.reached_target) or trainer.finished
         measured: Optional[Dict[str, float]] = None  # this epoch's model measured (at its target)
         if measures_at_target and trainer.reached_target and main:
             measured = measure_trial(trainer, study)
             trainer.target_metrics = at_target(measured)  # in the state from now on: never measured again
+<<<<<<< HEAD
         point = _curve_point(trainer, study, measured) if main else None  # measure_every: a point of the curve
         if point is not None:
             metrics.update(over_training(point))
+=======
+            metrics.update(trainer.compute.metrics())  # with the measures' seconds
+>>>>>>> compute
         if last and not main:  # DDP: Tune takes rank 0's report; the others only keep the report count
             metrics[COMPLETED_KEY] = 1
         elif last:
@@ -139,6 +163,7 @@ def trial_loop(
             metrics.update(final)
             # what only this report holds, about the final model: summary values, at step 0 in MLflow
             metrics[SUMMARY_KEY] = ",".join(sorted(k for k in final if k != COMPLETED_KEY))
+            metrics.update(trainer.compute.metrics())  # this epoch's compute/*, with the test and measures' time
             if tracking is not None and trial_id:
                 log_trial_artifacts(
                     tracking,
@@ -217,8 +242,8 @@ def _final_metrics(trainer: Trainer, study: Study, measured: Optional[Dict[str, 
     """What a trial adds to its last report: the test metrics, the study's flatness measures on the final
     model (``flat/<measure>``, ``time/measures_s``; ``measured``: already computed on it, at the target of
     its last epoch), the measures at the training-loss target (``flat_at_target/*``, from the trainer's
-    state), the target's outcome (``train/target_reached`` 1/0 and ``train/epochs_to_target``) and the
-    completion flag."""
+    state), the target's outcome (``train/target_reached`` 1/0 and ``train/epochs_to_target``), the
+    trial's compute totals (``compute_total/*``, :mod:`flatlab.train.compute`) and the completion flag."""
     # with test_every_epoch the last epoch's report already holds the test metrics of this model
     out: Dict[str, float] = {} if trainer.hp["test_every_epoch"] else dict(trainer.evaluate_test())
     if study.measures:
@@ -228,6 +253,7 @@ def _final_metrics(trainer: Trainer, study: Study, measured: Optional[Dict[str, 
         out["train/target_reached"] = 1.0 if trainer.target_epoch is not None else 0.0
         if trainer.target_epoch is not None:
             out["train/epochs_to_target"] = float(trainer.target_epoch)
+    out.update(trainer.compute.metrics(TOTAL_PREFIX))  # the totals, as summary values
     out[COMPLETED_KEY] = 1
     return out
 
@@ -248,6 +274,7 @@ def measure_trial(trainer: Trainer, study: Study) -> Dict[str, float]:
     def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return trainer.workload.loss(outputs, targets, 0.0)
 
+<<<<<<< HEAD
     def on(name: str) -> Dict[str, float]:
         subset = measure_subset(
             _split(trainer.data, name, study.name), study.measure_examples, study.measure_seed, device=trainer.device
@@ -275,3 +302,9 @@ def _split(data: Data, name: str, study: str) -> Split:
             f"does not have (it has train, {', '.join(data.eval_splits())}{', test' if data.test is not None else ''})"
         )
     return found
+=======
+    t0 = time.perf_counter()
+    out = compute_measures(trainer.model, subset, loss_fn, resolved, seed=study.measure_seed)
+    trainer.compute.measure_s += time.perf_counter() - t0  # compute/measure_s
+    return out
+>>>>>>> compute

@@ -9,12 +9,19 @@ config). Each field of an arm's space is declared by the arm's optimizer, the tr
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any, Dict, Mapping
 
+import torch
+
 from flatlab.analysis.sample import TRIAL_KEYS
+from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
+from flatlab.optim.protocol import Progress, passes_of
 from flatlab.optim.registry import get_optimizer
-from flatlab.study.space import SOURCE_SUFFIX
+from flatlab.study.budget import ArmBudget, Budget, arm_budget
+from flatlab.study.space import SOURCE_SUFFIX, BestOf, inner, representatives
 from flatlab.study.spec import Arm, Study
 from flatlab.train.config import TRAINER_HPARAMS
 from flatlab.train.resolved import resolve_spec
@@ -57,16 +64,66 @@ def trial_spec(study: Study, config: Mapping[str, Any], device: str = "cpu") -> 
         if k in TRIAL_KEYS or k.endswith(SOURCE_SUFFIX):  # <field>.source: a chained value's origin
             continue
         {"optimizer": opt, "trainer": trn, "workload": wl}.get(routes.get(k, ""), opt)[k] = v
+    budget = study.budget if study.budget is not None else Budget()
     return TrialSpec(
         workload=study.workload,
         optimizer=arm.optimizer,
-        epochs=study.max_epochs,
+        epochs=study.epochs_of(arm.name),
         seed=int(config["seed"]),
         workload_params=wl,
         optimizer_params=opt,
         trainer_params=trn,
         device=device,
+        max_passes=budget.passes,
+        max_seconds=budget.seconds,
     )
+
+
+def arm_budgets(study: Study, rows: int) -> Dict[str, ArmBudget]:
+    """Each arm's steps and epochs under ``study``'s pass budget (:func:`flatlab.study.budget.arm_budget`),
+    with ``rows`` training examples: the arm's optimizer built on a dummy parameter with its fixed values
+    and a representative of each searched one, its batch size resolved as its trials' (workload default,
+    ``Study.train``, the arm's fixed value). Empty without a pass budget.
+
+    Raises:
+        ConfigError: the budget does not cover an arm's first step.
+    """
+    if study.budget is None or study.budget.passes is None:
+        return {}
+    out: Dict[str, ArmBudget] = {}
+    for arm in study.arms:
+        typical = representatives(arm.dims)[0]  # a chained value (best_of) is resolved by the launch, not here
+        fixed = {k: v for k, v in typical.items() if not isinstance(inner(arm.dims.get(k)), BestOf)}
+        config = {"arm": arm.name, "seed": 0, **fixed}
+        spec = trial_spec(study, config)
+        batch = int(resolve_spec(spec)["trainer"]["batch_size"])
+        opt = get_optimizer(arm.optimizer).create([torch.zeros(1, requires_grad=True)], **dict(spec.optimizer_params))
+        per_epoch = math.ceil(rows / batch)
+        hook = getattr(opt, "on_progress", None)
+        if hook is not None:  # IRE's switch-on by epoch or warm-up: known from here
+            warmup = int(round(float(resolve_spec(spec)["trainer"]["warmup_epochs"]) * per_epoch))
+            hook(Progress(0, 0, per_epoch * study.max_epochs, per_epoch, warmup))
+        try:
+            out[arm.name] = arm_budget(study.budget.passes, lambda i, opt=opt: passes_of(opt, i)[1], rows, batch)
+        except ValueError as exc:
+            raise ConfigError(f"study {study.name!r}, arm {arm.name!r}: {exc}") from exc
+    return out
+
+
+def with_arm_epochs(study: Study, rows: int) -> Study:
+    """``study`` with each arm's epochs under its pass budget set (:attr:`Budget.arm_epochs`, from
+    :func:`arm_budgets`) and ``max_epochs`` the largest of them; ``study`` itself without a pass budget.
+    The launch calls it once the data is loaded (``rows``: training examples), before any trial.
+
+    Raises:
+        ConfigError: as :func:`arm_budgets`.
+    """
+    budgets = arm_budgets(study, rows)
+    if not budgets:
+        return study
+    epochs = {name: b.epochs for name, b in budgets.items()}
+    budget = dataclasses.replace(study.budget, arm_epochs=epochs)
+    return dataclasses.replace(study, budget=budget, max_epochs=max(epochs.values()))
 
 
 def resolved_config(study: Study, config: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:

@@ -21,7 +21,8 @@ from flatlab.errors import ConfigError, UnknownNameError, did_you_mean
 from flatlab.hparams import resolve
 from flatlab.optim.registry import get_optimizer
 from flatlab.sharpness.measures import resolve_measures
-from flatlab.study.space import BestOf, condition_problems, grid_points, inner, representatives
+from flatlab.study.budget import Budget
+from flatlab.study.space import BestOf, Fixed, condition_problems, grid_points, inner, is_searched, representatives
 from flatlab.study.spec import MODES, SCHEDULERS, SEARCHERS, Arm, Resources, Study
 from flatlab.study.trial_spec import declared, route
 from flatlab.study.tunings import overlapping_seeds
@@ -63,6 +64,7 @@ def validate(study: Study, source: str = "") -> Study:
         errors.extend(f"{where}: {m}" for m in study.published.problems([a.name for a in study.arms]))
     errors += _report_problems(study, where)
     errors += _margin_problems(study, where)
+    errors += [f"{where}: {m}" for m in _budget_problems(study)]
     for arm in study.arms:
         errors += _arm_problems(study, arm, where, workload_cls is not None)
     if errors:
@@ -228,6 +230,29 @@ def _measure_more_problems(study: Study, where: str) -> List[str]:
             f"(`flatlab measures` lists them)"
         )
     return errors
+
+
+def _budget_problems(study: Study) -> List[str]:
+    """``budget`` is ``None`` or a valid :class:`~flatlab.study.budget.Budget`; under a pass budget no arm
+    searches ``batch_size`` (an arm's steps per epoch, so its epochs and ASHA rungs, must be known before
+    its trials start)."""
+    budget = study.budget
+    if budget is None:
+        return []
+    if not isinstance(budget, Budget):
+        return [
+            f"budget={budget!r} ({type(budget).__name__}); expected None or Budget(epochs=...), Budget(passes=...) "
+            "or Budget(seconds=...)"
+        ]
+    out = budget.problems()
+    if budget.unit == "passes":
+        for arm in study.arms:
+            if isinstance(arm.space, Mapping) and is_searched(arm.dims.get("batch_size", Fixed(None))):
+                out.append(
+                    f"arm {arm.name!r}: field 'batch_size' is searched under budget=Budget(passes=...); fix it per arm "
+                    "(an arm's epochs under a pass budget need its steps per epoch)"
+                )
+    return out
 
 
 def _report_problems(study: Study, where: str) -> List[str]:

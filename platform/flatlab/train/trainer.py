@@ -20,11 +20,12 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 
 from flatlab.errors import ConfigError
-from flatlab.optim.protocol import Progress
+from flatlab.optim.protocol import Progress, passes_of
 from flatlab.optim.registry import get_optimizer
 from flatlab.train.checkpoint import STATE_FILE, CheckpointError, StateSnapshot, load_state, save_state, snapshot_state
 from flatlab.train.closure import BatchClosure
 from flatlab.train.compiled import compile_model
+from flatlab.train.compute import ComputeCounter, steps_within
 from flatlab.train.config import loss_target
 from flatlab.train.curve import LossCurve
 from flatlab.train.parallel import DataParallel, unwrap
@@ -70,6 +71,11 @@ class TrialSpec:
         epochs: length of the run (the LR schedule spans all of it).
         seed: model initialisation, shuffling and any sampling inside optimizers.
         device: torch device string.
+        max_passes: a budget in passes (gradient evaluations over mini-batches, as the optimizer declares
+            them: :func:`flatlab.optim.protocol.passes_of`) instead of ``epochs``: the run is the most steps
+            whose passes fit in it (the last epoch may end part-way), and the LR schedule spans them.
+        max_seconds: a budget in training seconds: the run ends at the first epoch boundary at or past it
+            (``epochs`` still bounds it, and the LR schedule spans ``epochs``).
     """
 
     workload: str
@@ -80,6 +86,8 @@ class TrialSpec:
     optimizer_params: Mapping[str, Any] = field(default_factory=dict)
     trainer_params: Mapping[str, Any] = field(default_factory=dict)
     device: str = "cpu"
+    max_passes: Optional[int] = None
+    max_seconds: Optional[float] = None
 
 
 class Trainer:
@@ -94,6 +102,10 @@ class Trainer:
     ``target_metrics``: what the caller measured on the model of that epoch (the trial loop's
     ``flat_at_target/*``), ``{name: float}``. Both are part of the state, so a resumed trial knows it has
     reached and measured its target and does neither again.
+
+    ``compute``: the :class:`~flatlab.train.compute.ComputeCounter` of the run (passes, examples, seconds),
+    logged every epoch as ``compute/*``; ``max_steps`` and ``epochs``: the run's length (``max_steps``
+    ``None`` unless the spec has a pass budget); :attr:`finished`: whether it is over.
 
     ``parallel``: data parallelism (DDP; :mod:`flatlab.train.parallel`): every rank builds the same
     Trainer and trains on its slice of every global batch of ``batch_size`` rows; the metrics are those
@@ -143,11 +155,15 @@ class Trainer:
         )
         n = len(data.train)
         self.steps_per_epoch = math.ceil(n / self.hp["batch_size"])
+        warmup_steps = int(round(self.hp["warmup_epochs"] * self.steps_per_epoch))
+        self.compute = ComputeCounter()
+        self.max_steps = None if spec.max_passes is None else self._steps_in_budget(spec.max_passes, warmup_steps)
+        self.epochs = spec.epochs if self.max_steps is None else math.ceil(self.max_steps / self.steps_per_epoch)
         self.schedule = Schedule(
             kind=self.hp["schedule"],
-            total_steps=self.steps_per_epoch * spec.epochs,
+            total_steps=self.steps_per_epoch * spec.epochs if self.max_steps is None else self.max_steps,
             steps_per_epoch=self.steps_per_epoch,
-            warmup_steps=int(round(self.hp["warmup_epochs"] * self.steps_per_epoch)),
+            warmup_steps=warmup_steps,
             final_factor=self.hp["final_lr_factor"],
             step_epochs=self.hp["step_epochs"],
             step_factor=self.hp["step_factor"],
@@ -176,6 +192,45 @@ class Trainer:
     def _loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.workload.loss(outputs, targets, self.hp["label_smoothing"])
 
+    def _steps_in_budget(self, max_passes: int, warmup_steps: int) -> int:
+        """The steps of a run with ``max_passes`` passes, from the optimizer's declared cost
+        (:func:`~flatlab.train.compute.steps_within`); the optimizer first learns the epoch length and
+        the warm-up (``on_progress``), which IRE's prediction of its switch-on reads.
+
+        Raises:
+            ConfigError: the budget does not cover the first step.
+        """
+        on_progress = getattr(self.optimizer, "on_progress", None)
+        if on_progress is not None:
+            total = self.steps_per_epoch * self.spec.epochs
+            on_progress(Progress(0, 0, total, self.steps_per_epoch, warmup_steps))
+        steps = steps_within(max_passes, lambda i: passes_of(self.optimizer, i)[1])
+        if steps == 0:
+            raise ConfigError(
+                f"trainer: max_passes={max_passes} does not cover the first step of optimizer "
+                f"{self.spec.optimizer!r} ({passes_of(self.optimizer, 0)[1]} passes); give a larger budget"
+            )
+        return steps
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run is over: its pass budget's steps taken, its seconds budget spent (training
+        seconds, checked at epoch boundaries), or its epochs done."""
+        if self.max_steps is not None:
+            return self.step >= self.max_steps
+        if self.spec.max_seconds is not None and self.compute.train_s >= self.spec.max_seconds:
+            return True
+        return self.epoch >= self.epochs
+
+    def _evaluate(self, split: Any) -> Dict[str, float]:
+        """The workload's metrics on ``split``, its time and examples counted as evaluation (forward only)."""
+        t0 = time.perf_counter()
+        with self.precision.autocast():
+            out = self.workload.evaluate(self.model, split)
+        self.compute.eval_s += time.perf_counter() - t0
+        self.compute.eval_examples += len(split)
+        return out
+
     def run_epoch(self) -> Dict[str, float]:
         """Train one epoch and evaluate; returns the epoch's metrics.
 
@@ -199,7 +254,10 @@ class Trainer:
         augment_generator = self.generator
         if dp is not None:
             augment_generator = torch.Generator().manual_seed(dp.augment_seed(self.spec.seed, self.epoch))
+        rows = 0  # training rows stepped on (a pass budget may end the epoch part-way)
         for start in range(0, len(train), bs):
+            if self.max_steps is not None and self.step >= self.max_steps:
+                break
             idx = perm[start : start + bs]
             nxt = perm[start + bs : start + 2 * bs]
             global_rows, shard = len(idx), None
@@ -238,6 +296,7 @@ class Trainer:
                 shard=shard,
             )
             self.optimizer.step(closure)
+            self.compute.add_step(*passes_of(self.optimizer, self.step), global_rows)
             if self.precision.scaler is not None:
                 self.precision.scaler.update(closure.overflowed)  # an overflowed step was skipped: back off
             loss = closure.loss
@@ -254,18 +313,20 @@ class Trainer:
             if (self.step + 1) % self.check_every == 0:
                 self._raise_if_diverged(first_bad, bad_loss)
             loss_sum += wide_loss * global_rows
+            rows += global_rows
             self.curve.update(loss)
             lr = self.optimizer.param_groups[0]["lr"]
             self.scheduler.step()
             self.step += 1
         self._raise_if_diverged(first_bad, bad_loss)
+        self.compute.train_s += time.perf_counter() - t0
         if dp is not None:  # -- data parallelism: training accuracy over every rank's rows
             both = dp.sum(
                 torch.tensor([float(stats.correct), float(stats.counted)], dtype=torch.float64, device=self.device)
             )
             stats.correct, stats.counted = int(round(float(both[0]))), int(round(float(both[1])))
         self.epoch += 1
-        self.last_train_loss = float(loss_sum) / len(train)
+        self.last_train_loss = float(loss_sum) / max(1, rows)
         if self.target_epoch is None and self.loss_target is not None and self.last_train_loss <= self.loss_target:
             self.target_epoch = self.epoch
         metrics: Dict[str, float] = {
@@ -279,14 +340,14 @@ class Trainer:
             metrics["train/skipped_steps"] = self.precision.scaler.pop_skipped()
             metrics["train/loss_scale"] = self.precision.scaler.scale
         for prefix, split in self.data.eval_splits().items():
-            with self.precision.autocast():
-                for k, v in self.workload.evaluate(self.model, split).items():
-                    metrics[f"{prefix}/{k}"] = v
+            for k, v in self._evaluate(split).items():
+                metrics[f"{prefix}/{k}"] = v
         if self.hp["test_every_epoch"]:
             metrics.update(self._epoch_test(metrics))
         pop = getattr(self.optimizer, "pop_metrics", None)
         if pop is not None:
             metrics.update(pop())
+        metrics.update(self.compute.metrics())
         metrics["time/epoch_s"] = time.perf_counter() - t0
         return metrics
 
@@ -315,8 +376,7 @@ class Trainer:
         """``test/loss`` and ``test/accuracy`` (empty if the workload has no test split)."""
         if self.data.test is None:
             return {}
-        with self.precision.autocast():
-            return {f"test/{k}": v for k, v in self.workload.evaluate(self.model, self.data.test).items()}
+        return {f"test/{k}": v for k, v in self._evaluate(self.data.test).items()}
 
     def state_dict(self) -> Dict[str, Any]:
         """Model, optimizer (wrapped bases included), scheduler, RNG states, counters, the loss curve and the
@@ -333,6 +393,7 @@ class Trainer:
             "curve": self.curve.state_dict(),
             "target_epoch": self.target_epoch,
             "target_metrics": dict(self.target_metrics),
+            "compute": self.compute.state_dict(),
             **({"loss_scaler": self.precision.scaler.state_dict()} if self.precision.scaler is not None else {}),
         }
 
@@ -353,6 +414,7 @@ class Trainer:
         self.last_train_loss = state["last_train_loss"]
         self.target_epoch = state.get("target_epoch")
         self.target_metrics = {str(k): float(v) for k, v in (state.get("target_metrics") or {}).items()}
+        self.compute.load_state_dict(state.get("compute"))  # a checkpoint from before the count: from 0
         if self.precision.scaler is not None and "loss_scaler" in state:
             self.precision.scaler.load_state_dict(state["loss_scaler"])
         if "curve" in state:
