@@ -113,6 +113,7 @@ def main(argv=None) -> Dict[str, float]:
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     p.add_argument("--unguarded", action="store_true", help="IRE's own flush off: the cost without it")
     args = p.parse_args(argv)
+    threads, guard = torch.get_num_threads(), ire_mod.flushed_subnormals
     torch.set_num_threads(1)
     if args.unguarded:
         ire_mod.flushed_subnormals = contextlib.nullcontext  # type: ignore[assignment]
@@ -120,7 +121,11 @@ def main(argv=None) -> Dict[str, float]:
     print(f"cpu: {cpu_model()}; torch {torch.__version__}; 1 thread; caller flushes subnormals: {flushing_now()}")
     print(f"IRE's flush around its step: {'off' if args.unguarded else 'on'}")
     sizes = [int(s) for s in args.sizes.split(",")]
-    return report(run(args.steps, args.block, sizes, args.batch, clock), args.block)
+    try:
+        return report(run(args.steps, args.block, sizes, args.batch, clock), args.block)
+    finally:
+        torch.set_num_threads(threads)
+        ire_mod.flushed_subnormals = guard  # type: ignore[assignment]
 
 
 if __name__ == "__main__":
