@@ -1,26 +1,41 @@
-"""TSAM paper, Table 1 (images): ERM, SAM and TSAM on CIFAR-100/ResNet-18, DTD/ViT and noisy CIFAR-100.
+"""TSAM paper, Table 1 (images): ERM, SAM, ESAM1, ESAM2, PGN, RSAM and TSAM on CIFAR-100/ResNet-18, DTD/ViT
+and noisy CIFAR-100.
 
-Studies (``build(scale)``, run in this order; the first three use searcher ``grid``, the paper's grid):
+Studies (``build(scale)``, run in this order; all but the last use searcher ``grid``, the paper's grid):
 
 1. ``tsam_table1_cifar100``: ResNet-18 (CIFAR stem) on CIFAR-100.
 2. ``tsam_table1_dtd``: fine-tuning an ImageNet-pretrained ViT-S/16 (timm) on DTD, 224x224.
 3. ``tsam_table1_cifar100_noisy``: ResNet-18 on CIFAR-100 with 20% uniform label noise (study-level
    ``label_noise``: the data are loaded once per study, so data parameters never go in an arm).
+4. ``tsam_table1_<dataset>_esam1`` for each of the three: the ESAM1 column.
 
-Arms: ``erm`` (SGD), ``sam``, ``tsam``; lr in {1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1} (constant),
-momentum 0.9, weight decay 5e-4, label smoothing 0.1, batch 64; SAM and TSAM x rho in {0.05, 0.1, 0.2};
-TSAM x t in {0, 1, 5, 20, 100} x s in {3, 5} (noise radius, distribution: the optimizer's defaults).
-3 seeds (the table reports means). Trials per study: (7 + 21 + 210) x 3 = 714, FIFO. Epochs are our
-choice (200 for CIFAR-100 from scratch, 30 for DTD fine-tuning). Paper scale: one GPU, 8 CPUs per trial.
-The paper's best t: 20 (CIFAR-100), 5 (DTD), 1 (noisy CIFAR-100).
+Arms of 1-3: ``erm`` (SGD), ``sam``, ``esam2``, ``pgn``, ``rsam``, ``tsam``; lr in {1e-4, 3e-4, 1e-3, 3e-3,
+1e-2, 3e-2, 0.1} (constant), momentum 0.9, weight decay 5e-4, label smoothing 0.1, batch 64. TSAM x rho in
+{0.05, 0.1, 0.2} x t in {0, 1, 5, 20, 100} x s in {3, 5} (noise radius, distribution: the optimizer's
+defaults). The SAM family (``sam``, ``esam1``, ``esam2``, ``pgn``, ``rsam``) x rho in {0.05, 0.1, 0.5, 1, 5,
+15} (Appendix C). The compute-matched baselines (``docs/algorithms/sam_variants.md``): ``esam2`` tries k = 5
+step sizes (6 passes a step, TSAM's 2s at s = 3); ``pgn`` x its coefficient alpha in {0.3, 0.5, 0.7, 0.9}
+(the paper's grid; r is ``rho``); ``rsam`` x lambda (``noise_std``) in {5e-4, 2.5e-3} x gamma in {1, 2}:
+ours, around the released code's values (lambda from 5e-4 to 2.5e-3 over its run, gamma 2), as the
+paper's recommended values were not at hand. PGN and RSAM cost 2 passes a step, as SAM; the paper runs
+them as long as TSAM, which the epoch budget cannot state per arm yet, so they get the study's epochs.
+3 seeds (the table reports means). Trials per study:
+(7 + 42 + 42 + 168 + 168 + 210) x 3 = 1911, FIFO. Epochs are our choice (200 for CIFAR-100 from scratch,
+30 for DTD fine-tuning). Paper scale: one GPU, 8 CPUs per trial. The paper's best t: 20 (CIFAR-100), 5
+(DTD), 1 (noisy CIFAR-100).
 
-4. ``tsam_table1_optuna`` (searcher ``optuna``): CIFAR-100/ResNet-18, the three arms with
+ESAM1 is SAM run longer, to TSAM's compute. Until a study can state its budget in passes, it is expressed
+as SAM with ``max_epochs`` multiplied by TSAM's passes per step over SAM's, 2s/2 = s = 3 (TSAM's s = 3), in
+a study of its own per dataset (a study has one ``max_epochs``): arm ``esam1`` (optimizer ``sam``), the
+SAM grid, 600 / 90 epochs; (7 x 6) x 3 = 126 trials each.
+
+5. ``tsam_table1_optuna`` (searcher ``optuna``): CIFAR-100/ResNet-18, ERM, SAM and TSAM with
    lr ~ logU(1e-4, 0.1), rho ~ U(0.05, 0.2), t in {0, 1, 5, 20, 100}, s in {3, 5}; 24 trials per arm
    (every arm gets the same budget), ASHA.
 
 ``smoke`` scale (studies named ``<name>_smoke``):
-the same four studies on synthetic data (1/16-width ResNet-18; a tiny random-weight
-ViT at 32x32 for DTD), one point of each grid, 1 epoch, 1 CPU.
+the same studies on synthetic data (1/16-width ResNet-18; a tiny random-weight ViT at 32x32 for DTD), one
+point of each grid, 1 epoch (ESAM1: 3), 1 CPU: all seven arms run.
 """
 
 from flatlab import Arm, Resources, Study
@@ -29,18 +44,40 @@ from flatlab import space as sp
 SCALES = ("paper", "smoke")
 LRS = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1]
 RHOS = [0.05, 0.1, 0.2]
+SAM_RHOS = [0.05, 0.1, 0.5, 1.0, 5.0, 15.0]  # Appendix C, for SAM and the compute-matched baselines
 TS = [0.0, 1.0, 5.0, 20.0, 100.0]
 SS = [3, 5]
+PGN_ALPHAS = [0.3, 0.5, 0.7, 0.9]
+RSAM_NOISE_STDS = [5e-4, 2.5e-3]
+RSAM_GAMMAS = [1.0, 2.0]
+ESAM2_K = 5  # 1 + k = 6 passes a step: TSAM's 2s at s = 3
+ESAM1_FACTOR = 3  # TSAM's passes per step over SAM's, 2s / 2, at s = 3
+
+
+def _base(paper: bool):
+    return {"momentum": 0.9, "weight_decay": 5e-4, "lr": sp.grid(LRS if paper else [0.01])}
+
+
+def _sam_rho(paper: bool):
+    return {"rho": sp.grid(SAM_RHOS if paper else [0.05])}
 
 
 def _grid_arms(paper: bool):
-    base = {"momentum": 0.9, "weight_decay": 5e-4, "lr": sp.grid(LRS if paper else [0.01])}
+    base, sam_rho = _base(paper), _sam_rho(paper)
     rho = {"rho": sp.grid(RHOS if paper else [0.05])}
+    one = (lambda grid: sp.grid(grid)) if paper else (lambda grid: sp.grid(grid[-1:]))
     return (
         Arm("sgd", name="erm", space=base),
-        Arm("sam", space={**base, **rho}),
+        Arm("sam", space={**base, **sam_rho}),
+        Arm("esam2", space={**base, **sam_rho, "k": ESAM2_K}),
+        Arm("pgn", space={**base, **sam_rho, "alpha": one(PGN_ALPHAS)}),
+        Arm("rsam", space={**base, **sam_rho, "noise_std": one(RSAM_NOISE_STDS), "gamma": one(RSAM_GAMMAS)}),
         Arm("tsam", space={**base, **rho, "t": sp.grid(TS if paper else [5.0]), "s": sp.grid(SS if paper else [3])}),
     )
+
+
+def _esam1_arms(paper: bool):
+    return (Arm("sam", name="esam1", space={**_base(paper), **_sam_rho(paper)}),)
 
 
 def build(scale: str):
@@ -81,21 +118,34 @@ def build(scale: str):
         resources=Resources(cpu=8, gpu=1) if paper else Resources(cpu=1),
         max_concurrent=None if paper else 1,
     )
-    studies = [
-        Study(
-            name=f"tsam_table1_{name}" + suffix,
-            description=f"ERM vs SAM vs TSAM, {name} (TSAM Table 1)",
+    studies = []
+    for name, workload, wp_paper, wp_smoke, epochs in settings:
+        grid = dict(
             workload=workload,
             workload_params=wp_paper if paper else wp_smoke,
-            arms=_grid_arms(paper),
             searcher="grid",
             scheduler="fifo",
             grace_period=1,
-            max_epochs=epochs if paper else 1,
             **common,
         )
-        for name, workload, wp_paper, wp_smoke, epochs in settings
-    ]
+        studies.append(
+            Study(
+                name=f"tsam_table1_{name}" + suffix,
+                description=f"ERM, SAM, ESAM2, PGN, RSAM and TSAM, {name} (TSAM Table 1)",
+                arms=_grid_arms(paper),
+                max_epochs=epochs if paper else 1,
+                **grid,
+            )
+        )
+        studies.append(
+            Study(
+                name=f"tsam_table1_{name}_esam1" + suffix,
+                description=f"ESAM1: SAM for {ESAM1_FACTOR}x the epochs (TSAM's compute, s = 3), {name} (TSAM Table 1)",
+                arms=_esam1_arms(paper),
+                max_epochs=(epochs if paper else 1) * ESAM1_FACTOR,
+                **grid,
+            )
+        )
     base = {"momentum": 0.9, "weight_decay": 5e-4, "lr": sp.loguniform(1e-4, 0.1)}
     rho = {"rho": sp.uniform(0.05, 0.2)}
     studies.append(

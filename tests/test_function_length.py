@@ -25,10 +25,6 @@ EXCEPTIONS: Dict[str, str] = {
         "the trainer's set-up kept whole: model, precision, data parallelism, optimizer and schedule, each "
         "built from the one before"
     ),
-    "optim/ire.py::IRE.step": (
-        "numerical kernel kept whole: one IRE step with its curvature refresh and its undo of a skipped "
-        "(fp16 overflow) step side by side"
-    ),
     "train/closure.py::BatchClosure._pass": (
         "numerical kernel kept whole: the forward and backward pass over a chunked batch, with its "
         "sampled-label gradients and loss scaling"

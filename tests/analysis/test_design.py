@@ -25,7 +25,9 @@ def test_power_is_the_noncentral_t_tail_and_matches_a_simulation():
     simulated = np.mean(stats.ttest_1samp(x, 0.0, axis=1).pvalue < 0.05)
     assert power(1.2, 1.0, 6, 0.05) == pytest.approx(simulated, abs=0.01)
     assert power(0.0, 1.0, 6, 0.05) == pytest.approx(0.05)  # no effect: the level
-    assert 0.3 < power(5.0, 1.0, 3, 0.05 / 7) < 0.5 and np.isfinite(power(40.0, 1.0, 3, 0.05 / 7))  # far tail underflows
+    assert 0.3 < power(5.0, 1.0, 3, 0.05 / 7) < 0.5 and np.isfinite(
+        power(40.0, 1.0, 3, 0.05 / 7)
+    )  # far tail underflows
 
 
 def test_the_detectable_effect_inverts_the_power():

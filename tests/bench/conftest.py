@@ -59,3 +59,9 @@ def select_bench() -> ModuleType:
 def cli_exit_bench() -> ModuleType:
     """bench/cli_exit.py as a module."""
     return load_bench("cli_exit.py")
+
+
+@pytest.fixture(scope="session")
+def admire_bench() -> ModuleType:
+    """bench/admire_standalone.py as a module."""
+    return load_bench("admire_standalone.py")

@@ -66,9 +66,11 @@ def test_file_loads_at_both_scales_and_smoke_is_small_and_offline(name):
     assert all(s.name.endswith("_smoke") for s in smoke) and not any(s.name.endswith("_smoke") for s in paper)
     assert {s.name.removesuffix("_smoke") for s in smoke} <= {s.name for s in paper}
     for s in smoke:
-        assert s.max_epochs <= 2 and s.resources.gpu == 0 and s.max_concurrent == 1
+        # ESAM1 (TSAM Table 1) is SAM for TSAM's 3x compute: 3 epochs where TSAM gets 1
+        assert s.max_epochs <= (3 if s.name.endswith("_esam1_smoke") else 2)
+        assert s.resources.gpu == 0 and s.max_concurrent == 1
         assert s.workload_params.get("data_path") == "synthetic"
-        assert s.num_total_trials() <= 4
+        assert s.num_total_trials() <= max(4, len(s.arms))  # one trial per arm at most, where arms are many
         twin = next(p for p in paper if p.name == s.name.removesuffix("_smoke"))
         assert [a.name for a in s.arms] == [a.name for a in twin.arms]  # same structure
     with pytest.raises(ConfigError, match=r"scale='huge' is not defined; valid scales: paper, smoke"):
@@ -158,13 +160,23 @@ def test_ire_lm_studies():
 
 def test_tsam_table1_grid():
     studies = {s.name: s for s in load("tsam_table1_images.py", "paper")}
-    assert set(studies) == {
-        "tsam_table1_cifar100",
-        "tsam_table1_dtd",
-        "tsam_table1_cifar100_noisy",
-        "tsam_table1_optuna",
+    datasets = ("cifar100", "dtd", "cifar100_noisy")
+    assert set(studies) == {f"tsam_table1_{d}" for d in datasets} | {f"tsam_table1_{d}_esam1" for d in datasets} | {
+        "tsam_table1_optuna"
     }
     s = studies["tsam_table1_cifar100"]
+    assert [a.name for a in s.arms] == ["erm", "sam", "esam2", "pgn", "rsam", "tsam"]
+    assert [a.optimizer for a in s.arms] == ["sgd", "sam", "esam2", "pgn", "rsam", "tsam"]
+    for arm in ("sam", "esam2", "pgn", "rsam"):  # Appendix C's rho grid for SAM and its compute-matched variants
+        assert grid_values(s, arm, "rho") == [0.05, 0.1, 0.5, 1, 5, 15]
+    assert grid_values(s, "pgn", "alpha") == [0.3, 0.5, 0.7, 0.9]
+    assert s.arm("esam2").constants()["k"] == 5  # 6 passes a step: TSAM's 2s at s = 3
+    assert grid_values(s, "rsam", "gamma") == [1, 2] and grid_values(s, "rsam", "noise_std") == [5e-4, 2.5e-3]
+    for d in datasets:  # ESAM1: SAM for 3x the epochs (TSAM's passes per step over SAM's at s = 3)
+        esam1, twin = studies[f"tsam_table1_{d}_esam1"], studies[f"tsam_table1_{d}"]
+        assert [(a.name, a.optimizer) for a in esam1.arms] == [("esam1", "sam")]
+        assert esam1.max_epochs == 3 * twin.max_epochs and esam1.arm("esam1").dims == twin.arm("sam").dims
+        assert esam1.workload_params == twin.workload_params and esam1.train == twin.train
     assert grid_values(s, "tsam", "t") == [0, 1, 5, 20, 100] and grid_values(s, "tsam", "rho") == [0.05, 0.1, 0.2]
     assert grid_values(s, "tsam", "s") == [3, 5] and grid_values(s, "erm", "lr") == [
         1e-4,

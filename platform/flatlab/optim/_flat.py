@@ -13,6 +13,8 @@ from typing import Any, Callable, Dict, Iterable, List, MutableMapping, Optional
 import numpy as np
 import torch
 
+from flatlab.optim._subnormal import ieee_subnormals
+
 Number = Union[float, int]
 
 # Added to every global norm before dividing by it (as in the SAM authors' code).
@@ -432,7 +434,8 @@ def _f32_squares(bits: Sequence[int]) -> List[int]:
     # fl(x·x) of the non-negative float32 numbers with these bit patterns, as bit patterns: torch's
     # float32 multiply on the CPU (IEEE round-to-nearest-even, gradual underflow), a few numbers at once
     x = torch.tensor(list(bits), dtype=torch.int32).view(torch.float32)
-    return torch.mul(x, x).view(torch.int32).tolist()
+    with ieee_subnormals():  # also on a thread that flushes them (a trial, IRE's step): squares as defined
+        return torch.mul(x, x).view(torch.int32).tolist()
 
 
 def square_tie_ceiling(value: torch.Tensor) -> int:

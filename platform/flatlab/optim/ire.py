@@ -30,6 +30,7 @@ import torch
 from flatlab.hparams import HParam
 from flatlab.optim import _amplified_adamw
 from flatlab.optim._flat import SELECT_CHUNK, at_most, kth_smallest_nonnegative, persistent_buffers, square_tie_ceiling
+from flatlab.optim._subnormal import flushed_subnormals
 from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
 from flatlab.optim.protocol import (
     Closure,
@@ -418,6 +419,10 @@ class IRE(WrappedOptimizer):
     def step(self, closure: Optional[Callable[[], torch.Tensor]] = None) -> Optional[torch.Tensor]:  # type: ignore[override]
         """The base step, then the flat coordinates' part of it amplified by κ (once switched on).
 
+        The whole step, the closure's passes included, runs with subnormal floats flushed to zero on the
+        calling thread, as in a trial; the caller's mode is given back after it
+        (:func:`flatlab.optim._subnormal.flushed_subnormals`).
+
         Args:
             closure: a :class:`flatlab.optim.Closure`; needed on refresh steps (``with_sampled_grads``).
                 May be ``None`` on other steps if the gradients are already in ``p.grad`` and the base
@@ -428,6 +433,10 @@ class IRE(WrappedOptimizer):
             ValueError: a curvature refresh is due and ``closure`` is None.
             RuntimeError: the base did not call the closure on a refresh step.
         """
+        with flushed_subnormals():
+            return self._step(closure)
+
+    def _step(self, closure: Optional[Callable[[], torch.Tensor]]) -> Optional[torch.Tensor]:
         self._maybe_switch()
         index = self._progress.step if self._progress is not None else self._steps  # for step_passes
         self._steps += 1
@@ -466,16 +475,7 @@ class IRE(WrappedOptimizer):
             self._keep_theta(params)
             loss, blend = self.base.step(run_closure), True
         if step_skipped(closure):  # a pass overflowed (fp16): the base stepped nothing; undo our own state
-            self._steps -= 1
-            for p, mask, curvature in kept:
-                for key, value in (("mask", mask), ("curvature", curvature)):
-                    if value is None:
-                        self.state[p].pop(key, None)
-                    else:
-                        self.state[p][key] = value
-            if refresh:
-                self._flat_fraction = kept_fraction
-                self._mask_version += 1  # the lerp weights are rebuilt from the restored masks
+            self._undo(kept, kept_fraction if refresh else None)
             return loss
         if wrapped is not None:
             if not wrapped.called:
@@ -526,6 +526,19 @@ class IRE(WrappedOptimizer):
         if self.switch_at_warmup_end:
             known.append(p.warmup_steps if p is not None else 0)
         return min(known)
+
+    def _undo(self, kept: Sequence[Tuple[torch.Tensor, Any, Any]], kept_fraction: Optional[Any]) -> None:
+        # a skipped step: the step counter, and the masks and curvature a refresh replaced, as they were
+        self._steps -= 1
+        for p, mask, curvature in kept:
+            for key, value in (("mask", mask), ("curvature", curvature)):
+                if value is None:
+                    self.state[p].pop(key, None)
+                else:
+                    self.state[p][key] = value
+        if kept_fraction is not None:  # the step refreshed the mask
+            self._flat_fraction = kept_fraction
+            self._mask_version += 1  # the lerp weights are rebuilt from the restored masks
 
     # ------------------------------------------------------------------ checkpoints
     def _extra_state(self) -> Dict[str, Any]:

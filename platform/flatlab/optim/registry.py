@@ -55,7 +55,13 @@ class OptimizerSpec:
 
 def _load_builtins() -> None:
     # Import side effects register the built-in optimizers; a missing optional module is not an error.
-    for mod in ("flatlab.optim.basic", "flatlab.optim.sam", "flatlab.optim.tsam", "flatlab.optim.ire"):
+    for mod in (
+        "flatlab.optim.basic",
+        "flatlab.optim.sam",
+        "flatlab.optim.sam_variants",
+        "flatlab.optim.tsam",
+        "flatlab.optim.ire",
+    ):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as exc:

@@ -173,17 +173,30 @@ class SAM(WrappedOptimizer):
         unless ``zero_grad=True``: then it is used as scratch and cleared.
         """
         params, grads = split_with_grad(self._params())
-        saved = persistent_buffers(self.state, params, "theta")
+        self._hold(params)
         if params:
-            torch._foreach_copy_(saved, params)
             if self.adaptive:
                 self._asam_ascent(params, grads)
             else:
-                scale = self.rho / (global_norm(grads) + NORM_EPS)  # 0-d tensor
-                add_scaled_(params, grads, scale, src_is_scratch=zero_grad)  # zero_grad: grads are scratch
-        self._perturbed = params
+                self._climb(params, grads, self.rho, scratch=zero_grad)  # zero_grad: grads are scratch
         if zero_grad:
             self.zero_grad()
+
+    @torch.no_grad()
+    def _hold(self, params: List[torch.Tensor]) -> List[torch.Tensor]:
+        """Store θ of ``params`` (returned: buffers reused across steps) for :meth:`second_step` to restore."""
+        saved = persistent_buffers(self.state, params, "theta")
+        if params:
+            torch._foreach_copy_(saved, params)
+        self._perturbed = params
+        return saved
+
+    @torch.no_grad()
+    def _climb(self, params: List[torch.Tensor], direction: List[torch.Tensor], radius: float, scratch: bool) -> None:
+        """``params += radius·d/(‖d‖₂ + 1e-12)``, one global norm over ``direction`` (shaped like ``params``);
+        ``scratch``: ``direction`` may be overwritten (accelerators scale it in place)."""
+        if params:
+            add_scaled_(params, direction, radius / (global_norm(direction) + NORM_EPS), src_is_scratch=scratch)
 
     def _asam_ascent(self, params: List[torch.Tensor], grads: List[torch.Tensor]) -> None:
         # T_w ⊙ g for the scaled tensors; computed tensor by tensor to keep the peak at one extra copy.

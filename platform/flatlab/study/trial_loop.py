@@ -2,25 +2,6 @@
 (:func:`flatlab.study.trainable.run_trial`) and every rank of a multi-worker (DDP) trial
 (:mod:`flatlab.study.ddp_trial`) run on a :class:`~flatlab.train.trainer.Trainer`.
 
-<<<<<<< HEAD
-Every epoch reports the workload's metrics through the caller's ``report`` (Tune's or Ray Train's); the
-last report (after ``max_epochs``, or at the first epoch whose mean training loss reaches the trainer's
-``stop_at_train_loss``) adds the test metrics (every report holds them with the trainer's
-``test_every_epoch``), the study's flatness measures on the final model and ``completed = 1``. With the
-trainer's ``measure_at_train_loss`` the first epoch whose mean training loss reaches it runs the measures
-on that epoch's model (:func:`measure_trial`, the one measuring function), keeps them in the trainer's
-state (``Trainer.target_metrics``) and trains on; the last report adds them as ``flat_at_target/*``
-(:func:`flatlab.tracking.runs.at_target`) beside the final model's ``flat/*``. With the study's
-``measure_every`` = k every k-th epoch's report adds the measures of that epoch's model as
-``flat_curve/*`` (:func:`flatlab.tracking.runs.over_training`; MLflow step = epoch). A checkpoint (model,
-optimizer, scheduler, RNG states, the target's state) goes with the report of every epoch
-:func:`checkpoint_due` picks (the study's ``checkpoint_every``: every n-th epoch, or by default the first
-epoch ending :data:`CHECKPOINT_INTERVAL_S` seconds after the previous checkpoint), with the epoch measured
-at the target (a restarted trial never measures twice) and with the last, so a restarted trial resumes
-where it stopped. A diverged epoch reports the worst metric and ends
-the trial. An evaluation-only workload (``trains = False``) has no epochs: its trial is
-:func:`evaluation_trial`, one evaluation and one report.
-=======
 Every epoch reports the workload's metrics and the trial's compute so far (``compute/*``,
 :mod:`flatlab.train.compute`) through the caller's ``report`` (Tune's or Ray Train's); the trial ends when its
 trainer is :attr:`~flatlab.train.trainer.Trainer.finished` (its epochs, or its budget in passes or seconds:
@@ -30,14 +11,15 @@ trainer's ``test_every_epoch``), the study's flatness measures on the final mode
 the trainer's ``measure_at_train_loss`` the first epoch whose mean training loss reaches it runs the measures
 on that epoch's model (:func:`measure_trial`, the one measuring function), keeps them in the trainer's state
 (``Trainer.target_metrics``) and trains on; the last report adds them as ``flat_at_target/*``
-(:func:`flatlab.tracking.runs.at_target`) beside the final model's ``flat/*``. A checkpoint (model, optimizer,
+(:func:`flatlab.tracking.runs.at_target`) beside the final model's ``flat/*``. With the study's
+``measure_every`` = k every k-th epoch's report adds the measures of that epoch's model as ``flat_curve/*``
+(:func:`flatlab.tracking.runs.over_training`; MLflow step = epoch). A checkpoint (model, optimizer,
 scheduler, RNG states, the target's state) goes with the report of every epoch :func:`checkpoint_due` picks
 (the study's ``checkpoint_every``: every n-th epoch, or by default the first epoch ending
 :data:`CHECKPOINT_INTERVAL_S` seconds after the previous checkpoint), with the epoch measured at the target (a
 restarted trial never measures twice) and with the last, so a restarted trial resumes where it stopped. A
 diverged epoch reports the worst metric and ends the trial. An evaluation-only workload (``trains = False``)
 has no epochs: its trial is :func:`evaluation_trial`, one evaluation and one report.
->>>>>>> compute
 """
 
 from __future__ import annotations
@@ -149,13 +131,11 @@ def trial_loop(
         if measures_at_target and trainer.reached_target and main:
             measured = measure_trial(trainer, study)
             trainer.target_metrics = at_target(measured)  # in the state from now on: never measured again
-<<<<<<< HEAD
         point = _curve_point(trainer, study, measured) if main else None  # measure_every: a point of the curve
         if point is not None:
             metrics.update(over_training(point))
-=======
+        if measured is not None or point is not None:
             metrics.update(trainer.compute.metrics())  # with the measures' seconds
->>>>>>> compute
         if last and not main:  # DDP: Tune takes rank 0's report; the others only keep the report count
             metrics[COMPLETED_KEY] = 1
         elif last:
@@ -274,16 +254,17 @@ def measure_trial(trainer: Trainer, study: Study) -> Dict[str, float]:
     def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return trainer.workload.loss(outputs, targets, 0.0)
 
-<<<<<<< HEAD
     def on(name: str) -> Dict[str, float]:
         subset = measure_subset(
             _split(trainer.data, name, study.name), study.measure_examples, study.measure_seed, device=trainer.device
         )
         return compute_measures(trainer.model, subset, loss_fn, resolved, seed=study.measure_seed)
 
+    t0 = time.perf_counter()
     out = on(study.measure_split)
     for name in study.measure_extra_splits:
         out.update(on_split(on(name), name))
+    trainer.compute.measure_s += time.perf_counter() - t0  # compute/measure_s
     return out
 
 
@@ -302,9 +283,3 @@ def _split(data: Data, name: str, study: str) -> Split:
             f"does not have (it has train, {', '.join(data.eval_splits())}{', test' if data.test is not None else ''})"
         )
     return found
-=======
-    t0 = time.perf_counter()
-    out = compute_measures(trainer.model, subset, loss_fn, resolved, seed=study.measure_seed)
-    trainer.compute.measure_s += time.perf_counter() - t0  # compute/measure_s
-    return out
->>>>>>> compute
