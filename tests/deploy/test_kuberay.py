@@ -1,9 +1,10 @@
-"""deploy/kuberay: the RayJob and RayCluster against KubeRay's CRD schema (deploy/kuberay/schema, an excerpt
-with its source and version), unknown fields refused as `kubectl apply` refuses them, the MLflow Service and
-the claim wired to the Ray pods, and the image's install steps against pyproject.toml. Nothing here starts
-a Kubernetes cluster."""
+"""deploy/kuberay: the RayJob and RayCluster against KubeRay's published CRDs (tests/deploy/crds, v1.7.0 as
+released, their README says from where), unknown fields refused as `kubectl apply` refuses them, the MLflow
+Service and the claim wired to the Ray pods, and the image's install steps and CUDA build against pyproject.toml
+and the Makefile's torch. Nothing here starts a Kubernetes cluster."""
 
 import copy
+import functools
 import json
 import re
 from pathlib import Path
@@ -15,24 +16,27 @@ from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
 KUBERAY = REPO / "deploy" / "kuberay"
-SCHEMA = json.loads((KUBERAY / "schema" / "kuberay-crd-excerpt.json").read_text())
+CRDS = Path(__file__).resolve().parent / "crds"
+CRD_FILES = {"RayJob": "ray.io_rayjobs.yaml", "RayCluster": "ray.io_rayclusters.yaml"}
 
 
-def validator(kind: str) -> Draft202012Validator:
-    return Draft202012Validator({**SCHEMA, "$ref": f"#/$defs/{kind}"})
-
-
-def resolve(node: dict) -> dict:
-    while "$ref" in node:
-        node = SCHEMA["$defs"][node["$ref"].rsplit("/", 1)[1]]
-    return node
+@functools.lru_cache(maxsize=None)
+def schema(kind: str) -> dict:
+    """The ``openAPIV3Schema`` of the CRD's ``ray.io/v1`` version (the one the manifests use)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRDs are ~1 MB each: libyaml when there
+    crd = yaml.load((CRDS / CRD_FILES[kind]).read_text(), Loader=loader)
+    assert crd["kind"] == "CustomResourceDefinition" and crd["spec"]["names"]["kind"] == kind
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    return version["schema"]["openAPIV3Schema"]
 
 
 def unknown_fields(doc, node: dict, path: str = "") -> list:
     """Paths of ``doc``'s fields that the schema ``node`` does not declare (Kubernetes would drop them
-    silently; `kubectl apply`'s strict validation refuses them). Maps (``additionalProperties``) take any key."""
-    node = resolve(node)
+    silently; `kubectl apply`'s strict validation refuses them). Maps (``additionalProperties``) take any key,
+    and so do objects marked ``x-kubernetes-preserve-unknown-fields``."""
     found = []
+    if node.get("x-kubernetes-preserve-unknown-fields"):
+        return found
     if isinstance(doc, dict):
         props, extra = node.get("properties"), node.get("additionalProperties")
         for key, value in doc.items():
@@ -49,12 +53,28 @@ def unknown_fields(doc, node: dict, path: str = "") -> list:
 
 
 def problems(doc: dict) -> list:
-    """Every schema error and unknown field of a RayJob or RayCluster document, one line each."""
+    """Every schema error and unknown field of a RayJob or RayCluster document, one line each. The CRDs'
+    CEL rules (``x-kubernetes-validations``) are not evaluated: only an API server runs CEL."""
     kind = doc.get("kind")
-    if doc.get("apiVersion") != "ray.io/v1" or kind not in ("RayJob", "RayCluster"):
+    if doc.get("apiVersion") != "ray.io/v1" or kind not in CRD_FILES:
         return [f"apiVersion/kind: expected ray.io/v1 RayJob or RayCluster, got {doc.get('apiVersion')} {kind}"]
-    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator(kind).iter_errors(doc)]
-    return errors + [f"{p}: unknown field" for p in unknown_fields(doc, SCHEMA["$defs"][kind])]
+    errors = [
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in Draft202012Validator(schema(kind)).iter_errors(doc)
+    ]
+    return errors + [f"{p}: unknown field" for p in unknown_fields(doc, schema(kind))]
+
+
+def test_the_vendored_crds_are_kuberays_release():
+    readme = (CRDS / "README.md").read_text()
+    assert "v1.7.0" in readme and "59d663aeec13760646da3db9c1cf8cfe883e30b7" in readme
+    for kind in CRD_FILES:  # fields of releases after v1.2 that the hand excerpt lacked, and the manifests use
+        pod = schema(kind)["properties"]["spec"]["properties"]
+        if kind == "RayJob":
+            pod = pod["rayClusterSpec"]["properties"]
+        template = pod["headGroupSpec"]["properties"]["template"]["properties"]["spec"]["properties"]
+        assert {"securityContext", "imagePullSecrets"} <= set(template), kind
+        assert "rayStartParams" not in pod["headGroupSpec"].get("required", []), kind  # optional since v1.4
 
 
 @pytest.mark.parametrize("kind, name", [("RayJob", "flatlab-study"), ("RayCluster", "flatlab")])
@@ -119,6 +139,12 @@ def test_every_ray_pod_mounts_the_claim_and_reaches_mlflow_through_its_service(k
     claim, deployment = kuberay[("PersistentVolumeClaim", "flatlab-runs")], kuberay[("Deployment", "flatlab-mlflow")]
     service = kuberay[("Service", "flatlab-mlflow")]
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # head, workers and MLflow at once
+    assert claim["spec"]["storageClassName"]  # not the cluster's default class, often ReadWriteOnce only
+    mlflow_pod = deployment["spec"]["template"]["spec"]
+    security = [g["template"]["spec"]["securityContext"] for _, g in pods(kuberay[("RayCluster", "flatlab")])]
+    for context in security + [mlflow_pod["securityContext"]]:  # the image's user; the claim's group
+        assert context == {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000}, context
+    assert re.search(r"^USER 1000$", dockerfile(), re.M)
     for name, group in pods(kuberay[("RayCluster", "flatlab")]):
         pod = group["template"]["spec"]
         assert "hostNetwork" not in pod, name  # the pod's own network: its address and loopback only
@@ -136,8 +162,6 @@ def test_every_ray_pod_mounts_the_claim_and_reaches_mlflow_through_its_service(k
     )  # one SQLite writer
     (mlflow,) = deployment["spec"]["template"]["spec"]["containers"]
     args = mlflow["args"]
-    assert args[args.index("--host") + 1] == "$(POD_IP)"  # its pod's address, not 0.0.0.0
-    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in mlflow["env"]
     assert args[args.index("--backend-store-uri") + 1] == "sqlite:////data/flatlab-runs/mlflow.db"
     assert service["spec"]["ports"][0]["targetPort"] == int(args[args.index("--port") + 1])
 
@@ -169,20 +193,54 @@ def test_the_image_installs_what_pyproject_pins():
     ray = next(Requirement(d) for d in project["dependencies"] if Requirement(d).name == "ray")
     version = arg_default("RAY_VERSION")
     assert version in ray.specifier, (version, str(ray.specifier))
-    installs = re.findall(
-        r'"([^"]+)"',
-        " ".join(line for line in dockerfile().splitlines() if "pip install" in line or line.startswith(" &&")),
-    )
-    ray_install = Requirement(next(i for i in installs if i.startswith("ray[")).replace("${RAY_VERSION}", version))
+    text = dockerfile()
+    ray_install = Requirement(re.search(r'"(ray\[[^"]+)"', text).group(1).replace("${RAY_VERSION}", version))
     assert ray_install.extras == ray.extras and str(ray_install.specifier) == f"=={version}"
-    extras = [m for i in installs if i.startswith(".[") for m in i[2:-1].split(",")]
-    assert extras and set(extras) <= set(project["optional-dependencies"]), extras  # extras pyproject declares
+    extras = re.findall(r"\['optional-dependencies'\]\['(\w+)'\]", text)
+    assert extras == ["vision"] and set(extras) <= set(project["optional-dependencies"]), extras
+    assert "['dependencies']" in text  # pyproject's dependencies, read from the file the layer copies
+    # the dependency layer comes before the source: a code edit does not reinstall the dependencies
+    deps, source = text.index("pip install -r /tmp/requirements.txt"), text.index("COPY platform ./platform")
+    assert text.index("COPY pyproject.toml README.md ./") < deps < source < text.index("pip install --no-deps -e .")
+    assert "COPY studies ./studies" in text
+
+
+#: The CUDA of PyPI's default torch wheels (pytorch.org's install matrix: ``pip install torch`` gets this build,
+#: its torchvision the matching ``+cuNNN``), by torch release.
+PYPI_TORCH_CUDA = {"2.14": "13.0"}
+
+
+def test_the_image_has_one_cuda_build_the_makefiles_torch():
     pins = makefile_pins()  # the torch build the project is tested with
-    assert f"torchvision=={pins['torchvision']}" in installs
-    assert arg_default("BASE_IMAGE").startswith(f"pytorch/pytorch:{pins['torch']}-cuda")
-    assert (
-        "-e" in dockerfile() and "COPY platform ./platform" in dockerfile() and "COPY studies ./studies" in dockerfile()
-    )
+    assert arg_default("TORCH_VERSION") == pins["torch"] and arg_default("TORCHVISION_VERSION") == pins["torchvision"]
+    minor = ".".join(pins["torch"].split(".")[:2])
+    assert minor in PYPI_TORCH_CUDA, f"torch {pins['torch']}: add its PyPI CUDA to PYPI_TORCH_CUDA"
+    cuda = arg_default("CUDA_VERSION")
+    assert cuda == PYPI_TORCH_CUDA[minor]
+    torch = pytest.importorskip("torch")
+    if torch.__version__.split("+")[0] == pins["torch"] and torch.version.cuda:  # `make venv`'s PyPI wheel
+        assert torch.version.cuda == cuda, torch.__version__
+    # the base image is that torch on that CUDA; torch and torchvision are installed at the pins, not upgraded
+    assert arg_default("BASE_IMAGE") == "pytorch/pytorch:${TORCH_VERSION}-cuda${CUDA_VERSION}-cudnn9-runtime"
+    text = dockerfile()
+    assert '"torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"' in text
+    # the build fails unless torch and torchvision both import and are CUDA_VERSION builds, and says which
+    check = text[text.index('python -c "import torch, torchvision, ray;') :]
+    for part in (
+        "torch.version.cuda, '| torchvision', torchvision.__version__",
+        "'CUDA', torchvision.version.cuda",
+        "assert torch.version.cuda == '${CUDA_VERSION}'",
+        "assert torchvision.version.cuda == major * 1000 + minor * 10",
+    ):
+        assert part in check, part
+
+
+def test_the_image_runs_as_uid_1000_on_any_base_and_has_what_the_probes_need():
+    text = dockerfile()
+    # Ubuntu 24.04 has uid 1000 (ubuntu): create one only where none exists
+    assert "if ! getent passwd 1000 >/dev/null; then useradd --create-home --uid 1000" in text
+    assert re.search(r"^USER 1000$", text, re.M) and text.rstrip().endswith("USER 1000")
+    assert "apt-get install -y --no-install-recommends wget" in text  # KubeRay <= 1.5's probes run wget
 
 
 def test_the_image_bakes_in_no_secret():

@@ -4,6 +4,7 @@ pins, the ports and where MLflow and the outputs live agree everywhere, GPUs are
 scheduler gave them, and nothing asks Ray or MLflow to listen on every interface."""
 
 import re
+import socket
 import subprocess
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from flatlab.study.ray_compat import TESTED_RAY_VERSIONS
 
 REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "deploy" / "slurm" / "flatlab.sbatch"
+LIB = REPO / "deploy" / "slurm" / "lib.sh"
 
 
 def ray_requirement() -> Requirement:
@@ -29,6 +31,9 @@ def test_the_settings_file_reads_as_the_slurm_script_reads_it(settings, parse_se
         "FLATLAB_DASHBOARD_HOST",
         "FLATLAB_DASHBOARD_PORT",
         "FLATLAB_MLFLOW_PORT",
+        "FLATLAB_MLFLOW_SERVICE",
+        "FLATLAB_MLFLOW_HOSTS",
+        "FLATLAB_MLFLOW_WORKERS",
         "FLATLAB_MLFLOW_STORE",
         "FLATLAB_MLFLOW_ARTIFACTS",
     }
@@ -91,12 +96,13 @@ def test_the_ports_and_the_dashboards_address_agree(settings, kuberay):
     assert f"--port {ml_port}" in head and all(
         f"$RAY_HEAD_IP:{port}" in c for c in launcher["worker_start_ray_commands"][1:]
     )
-    script = SBATCH.read_text()
+    script = SBATCH.read_text() + LIB.read_text()
     for flag in (
         '--port="$FLATLAB_RAY_PORT"',
         '--dashboard-host="$FLATLAB_DASHBOARD_HOST"',
         '--dashboard-port="$FLATLAB_DASHBOARD_PORT"',
         '--port "$FLATLAB_MLFLOW_PORT"',
+        '--workers "$FLATLAB_MLFLOW_WORKERS"',
         "ray_address=$head_addr:$FLATLAB_RAY_PORT",
         "mlflow_uri=http://$head_addr:$FLATLAB_MLFLOW_PORT",
     ):
@@ -150,11 +156,43 @@ def test_gpus_are_declared_as_the_scheduler_gave_them(kuberay):
 
 def test_nothing_listens_on_every_interface(kuberay):
     assert "0.0.0.0" not in (REPO / "cluster.yaml").read_text()
-    code = [line.split("  # ")[0] for line in SBATCH.read_text().splitlines() if not line.lstrip().startswith("#")]
+    text = SBATCH.read_text() + LIB.read_text()
+    code = [line.split("  # ")[0] for line in text.splitlines() if not line.lstrip().startswith("#")]
     assert [line.strip() for line in code if "0.0.0.0" in line] == [
         '[[ -n $addr && $addr != 0.0.0.0 ]] || { echo "no address for node $1" >&2; return 1; }'
     ]
-    script = SBATCH.read_text()
-    assert '--node-ip-address="$addr"' in script and 'mlflow server --host "$head_addr"' in script
+    assert '--node-ip-address="$addr"' in text and 'mlflow server --host "$1"' in text
+    assert 'start_mlflow "$head_addr" "$head_node"' in text  # the head's private address
+    # MLflow's pod: 0.0.0.0 in a pod's own network is its IP (the Service) and loopback (kubectl port-forward)
+    deployment = kuberay[("Deployment", "flatlab-mlflow")]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--host") + 1] == "0.0.0.0" and "hostNetwork" not in deployment["spec"]["template"]["spec"]
     for doc in kuberay.values():  # the manifests' values, not their comments
-        assert "0.0.0.0" not in yaml.safe_dump(doc), doc["metadata"]["name"]
+        if doc is not deployment:
+            assert "0.0.0.0" not in yaml.safe_dump(doc), doc["metadata"]["name"]
+
+
+def test_mlflow_answers_the_names_each_path_gives_it(settings, kuberay):
+    """The allowed Host headers follow the settings: loopback everywhere; the Service's names at its port in
+    Kubernetes; the job's port after the head's names on SLURM (tests/deploy/test_mlflow_hosts.py sends them)."""
+    loopback, service, port = (
+        settings[k] for k in ("FLATLAB_MLFLOW_HOSTS", "FLATLAB_MLFLOW_SERVICE", "FLATLAB_MLFLOW_PORT")
+    )
+    (mlflow,) = kuberay[("Deployment", "flatlab-mlflow")]["spec"]["template"]["spec"]["containers"]
+    allowed = next(e["value"] for e in mlflow["env"] if e["name"] == "MLFLOW_SERVER_ALLOWED_HOSTS").split(",")
+    ns = "$(POD_NAMESPACE)"
+    names = [service, f"{service}.{ns}", f"{service}.{ns}.svc", f"{service}.{ns}.svc.cluster.local"]
+    assert allowed == [f"{n}:{port}" for n in names] + loopback.split(",")
+    assert {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in mlflow["env"]
+    assert kuberay[("Service", service)]["spec"]["ports"][0]["port"] == int(port)
+    assert mlflow["args"][mlflow["args"].index("--workers") + 1] == settings["FLATLAB_MLFLOW_WORKERS"] == "1"
+    out = subprocess.run(
+        ["bash", "-c", f"source {LIB}; mlflow_hosts 40123 10.1.2.3 node017"],
+        env={"PATH": "/usr/bin:/bin", "FLATLAB_MLFLOW_HOSTS": loopback},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    hosts = out.stdout.strip().split(",")
+    assert hosts[:4] == [*loopback.split(","), "10.1.2.3:40123", "node017:40123"], out
+    assert f"{socket.gethostname()}:40123" in hosts and len(hosts) == len(set(hosts))

@@ -9,6 +9,7 @@ instead."""
 
 import json
 import os
+import re
 import sys
 import time
 from collections import Counter
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from flatlab_testing import env, free_port, write_study
+from flatlab_testing import env, write_study
 from local_slurm import LocalSlurm, unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -101,8 +102,9 @@ def slurm():
         cluster.stop()
 
 
-def job_env(slurm: LocalSlurm, root: Path, mlflow_port: int) -> dict:
-    """What sbatch passes on: this venv, this checkout, a root and free ports; nothing of Ray's own."""
+def job_env(slurm: LocalSlurm, root: Path) -> dict:
+    """What sbatch passes on: this venv, this checkout, a root; nothing of Ray's own, and no ports (each job
+    probes its own)."""
     e = env()
     for key in (
         "RAY_AUTH_MODE",
@@ -110,16 +112,15 @@ def job_env(slurm: LocalSlurm, root: Path, mlflow_port: int) -> dict:
         "RAY_AUTH_TOKEN_PATH",
         "FLATLAB_ROOT",
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",
+        "FLATLAB_RAY_PORT",
+        "FLATLAB_DASHBOARD_PORT",
+        "FLATLAB_MLFLOW_PORT",
     ):
         e.pop(key, None)
     e.update(
         FLATLAB_VENV=sys.prefix,
         FLATLAB_HOME=str(REPO),
         FLATLAB_ROOT=str(root),
-        FLATLAB_RAY_PORT=str(free_port()),
-        FLATLAB_DASHBOARD_PORT=str(free_port()),
-        FLATLAB_MLFLOW_PORT=str(mlflow_port),
-        FLATLAB_MLFLOW_WORKERS="1",
         FLATLAB_RAY_TMPDIR=str(slurm.dir / "ray"),
     )
     return e
@@ -139,6 +140,17 @@ def submit(slurm: LocalSlurm, work: Path, e: dict, *args: str) -> str:
         *args,
         env=e,
     )
+
+
+def mlflow_port(work: Path, job: str):
+    """The MLflow port job ``job`` chose (its output's ports line), or None before it says."""
+    out = work / f"job-{job}.out"
+    found = (
+        re.search(r"ports: Ray \d+, dashboard \d+ \(head loopback\), MLflow (\d+)", out.read_text())
+        if out.exists()
+        else None
+    )
+    return int(found.group(1)) if found else None
 
 
 def wait_for(what: str, check, timeout: float, slurm: LocalSlurm, job: str, work: Path) -> None:
@@ -222,22 +234,24 @@ def test_a_study_cancelled_by_scancel_is_finished_by_resubmitting_with_resume(sl
 
     # 1. submit; once FREE trials are done and the next two are held mid-way, a plain scancel: SLURM sends
     #    every process of the job TERM (the driver dies at once), KILL after KillWait
-    port1 = free_port()
-    job1 = submit(slurm, work, job_env(slurm, root, port1))
+    job1 = submit(slurm, work, job_env(slurm, root))
 
-    def held(n, port):
+    def held(n, job):
         def check():  # the gate's files, and the job's MLflow server while it runs
             if len(list(gate.glob("held-*"))) < n:
                 return False
-            _, found = trial_runs(f"http://127.0.0.1:{port}")
+            _, found = trial_runs(f"http://127.0.0.1:{mlflow_port(work, job)}")
             return sum(r.info.status == "FINISHED" for r in found) >= FREE
 
         return check
 
-    wait_for(f"{FREE} trials done and two held by the gate", held(2, port1), 600, slurm, job1, work)
+    wait_for(f"{FREE} trials done and two held by the gate", held(2, job1), 600, slurm, job1, work)
     sockets = listening_addresses(slurm.processes(job1))
     assert len(sockets) >= 4 and all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for ip, _ in sockets), sockets
-    assert ("127.0.0.1", port1) in sockets  # the MLflow server, on the head's (here: loopback) address
+    assert (
+        "127.0.0.1",
+        mlflow_port(work, job1),
+    ) in sockets  # MLflow, on the head's (loopback) address
     slurm.scancel(job1)
     slurm.wait_gone(job1, timeout=120)
     wait_no_processes(slurm, job1)  # the trap stopped Ray and MLflow; nothing of the job is left
@@ -253,9 +267,8 @@ def test_a_study_cancelled_by_scancel_is_finished_by_resubmitting_with_resume(sl
     # 2. --resume, its MLflow server at another address (as on another head node); with the gate still
     #    there, its trials are held again, and USR1 to the batch script (what --signal=B:USR1@300 sends
     #    before the time limit) stops the study cleanly: the driver ends its runs, the launch is "killed"
-    port2 = free_port()
-    job2 = submit(slurm, work, job_env(slurm, root, port2), "--resume")
-    wait_for("two resumed trials held by the gate", held(4, port2), 600, slurm, job2, work)
+    job2 = submit(slurm, work, job_env(slurm, root), "--resume")
+    wait_for("two resumed trials held by the gate", held(4, job2), 600, slurm, job2, work)
     slurm.scancel(job2, "--batch", "--signal=USR1")
     slurm.wait_gone(job2, timeout=300)
     wait_no_processes(slurm, job2)
@@ -270,8 +283,7 @@ def test_a_study_cancelled_by_scancel_is_finished_by_resubmitting_with_resume(sl
     gate.joinpath("hold").unlink()  # let the next job's trials run through
 
     # 3. --resume again: the launch ends
-    port3 = free_port()
-    job3 = submit(slurm, work, job_env(slurm, root, port3), "--resume")
+    job3 = submit(slurm, work, job_env(slurm, root), "--resume")
     wait_for(f"job {job3} (--resume) to end", lambda: slurm.state(job3) is None, 900, slurm, job3, work)
     wait_no_processes(slurm, job3)
     t3 = time.monotonic()
@@ -298,7 +310,7 @@ def test_a_study_cancelled_by_scancel_is_finished_by_resubmitting_with_resume(sl
         )
         assert final == list(FINAL_SEEDS)
     launch = json.loads(launch_file.read_text())
-    assert launch["status"] == "finished" and launch["tracking_uri"] == f"http://127.0.0.1:{port3}"
+    assert launch["status"] == "finished" and launch["tracking_uri"] == f"http://127.0.0.1:{mlflow_port(work, job3)}"
     for arm in ARMS:
         study = optuna.load_study(
             study_name=launch["optuna_studies"][arm], storage=f"sqlite:///{root / 'on_slurm' / 'optuna.db'}"
