@@ -126,7 +126,7 @@ def test_ire_table3_grid():
 def test_ire_lm_studies():
     fig3 = load("ire_fig3_transformer_wikitext2.py", "paper")[0]
     assert fig3.workload == "lm/wikitext2" and fig3.metric == "val/loss" and fig3.mode == "min"
-    assert grid_values(fig3, "adamw", "lr")[0] == 1.5e-4 and grid_values(fig3, "adamw", "lr")[-1] == 3e-3
+    assert grid_values(fig3, "adamw", "lr") == [1.5e-4, 3e-4, 6e-4, 1.2e-3, 1.8e-3, 3e-3]  # the paper's grid
     assert fig3.train["clip_norm"] == 1.0 and fig3.train["final_lr_factor"] == 0.05
     admire = load("ire_fig3_transformer_wikitext2.py", "paper")[1]  # chained: AdamW's best lr from the first study
     assert admire.name == "ire_fig3_transformer_wikitext2_admire" and [a.name for a in admire.arms] == [
@@ -136,23 +136,35 @@ def test_ire_lm_studies():
     for arm in ("adamw", "adamw_ire"):
         assert admire.arm(arm).dims["lr"] == sp.best_of("ire_fig3_transformer_wikitext2", arm="adamw", param="lr")
     assert grid_values(admire, "adamw_ire", "kappa") == [2, 5, 10] and admire.num_total_trials() == (1 + 9) * 3
+    assert admire.reference_arm == "adamw"  # the speed-up, paired by seed
+    assert load("ire_fig3_transformer_wikitext2.py", "paper")[2].reference_arm == "adamw"
     smoke_admire = load("ire_fig3_transformer_wikitext2.py", "smoke")[1]
     assert smoke_admire.arm("adamw").dims["lr"].study == "ire_fig3_transformer_wikitext2_smoke"
-    fig4 = {s.name: s for s in load("ire_fig4_llama.py", "paper")}
-    assert {(s.workload, s.workload_params["model"]) for s in fig4.values()} == {
+    fig4 = load("ire_fig4_llama.py", "paper")
+    assert {(s.workload, s.workload_params["model"]) for s in fig4} == {
         ("lm/wikitext103", "llama_60m"),
         ("lm/minipile", "llama_119m"),
         ("lm/openwebtext", "llama_229m"),
     }
-    for s in fig4.values():
-        assert [a.optimizer for a in s.arms] == ["adamw", "adamw_ire"]
-        c = s.arm("adamw").constants()
-        assert (c["lr"], c["beta1"], c["beta2"], c["weight_decay"]) == (6e-4, 0.9, 0.95, 0.1)
-        assert s.train["clip_norm"] == 1.0 and s.train["final_lr_factor"] == 0.05
-        assert s.seeds == (0, 1, 2)  # a speed-up with an error bar, paired by seed
-        assert s.measures == {"hessian_trace": {"probes": 10}} and s.measure_split == "train"  # Table 6: Tr(H)
+    assert len(fig4) == 3 * 2 * 2  # sizes x budgets x (lr grid, AdamW vs AdmIRE at its best lr)
+    for grid, pair in zip(fig4[::2], fig4[1::2]):
+        assert [a.optimizer for a in grid.arms] == ["adamw"] and grid_values(grid, "adamw", "lr") == [
+            3e-4,
+            6e-4,
+            1.2e-3,
+            1.8e-3,
+        ]
+        assert [a.optimizer for a in pair.arms] == ["adamw", "adamw_ire"] and pair.name == grid.name + "_admire"
+        for arm in ("adamw", "adamw_ire"):
+            assert pair.arm(arm).dims["lr"] == sp.best_of(grid.name, arm="adamw", param="lr")
+        c = pair.arm("adamw").constants()
+        assert (c["beta1"], c["beta2"], c["eps"], c["weight_decay"]) == (0.9, 0.95, 1e-16, 0.1)
+        for s in (grid, pair):
+            assert s.train["clip_norm"] == 1.0 and s.train["final_lr_factor"] == 0.05
+            assert s.seeds == (0, 1, 2)  # a speed-up with an error bar, paired by seed
+        assert pair.measures == {"hessian_trace": {"probes": 10}} and pair.measure_split == "train"  # Table 6: Tr(H)
     smoke = load("ire_fig4_llama.py", "smoke")
-    for s in [*fig4.values(), *smoke]:  # the speed-up is measured against AdamW's final smoothed loss, per seed
+    for s in [*fig4[1::2], *smoke[1::2]]:  # the speed-up is measured against AdamW's final smoothed loss, per seed
         assert s.reference_arm == "adamw" and s.target_loss is None and "target_loss" not in s.workload_params
 
 
@@ -206,8 +218,12 @@ def test_ire_table2_grid():
     assert [a.optimizer for a in s.arms] == ["sgd", "sgd_ire", "sam", "sam_ire"]
     for arm in ("sgd_ire", "sam_ire"):
         assert grid_values(s, arm, "gamma") == [0.8, 0.6] and grid_values(s, arm, "kappa") == [2, 4]
-        assert s.arm(arm).constants()["switch_loss"] == 1.5  # the paper's threshold, no label smoothing
-    assert s.train["label_smoothing"] == 0.0 and s.seeds == (0, 1, 2) and s.num_total_trials() == 30
+        assert s.arm(arm).constants()["switch_loss"] == 1.5  # the paper's threshold, above smoothing's floor
+    # the appendix recipe: lr 0.2, batch 1024, label smoothing 0.1, 200 epochs
+    assert {s.arm(a).constants()["lr"] for a in ("sgd", "sgd_ire", "sam", "sam_ire")} == {0.2}
+    assert s.train["batch_size"] == 1024 and s.train["label_smoothing"] == 0.1 and s.max_epochs == 200
+    assert s.train["micro_batch_size"] == 256  # accumulation: the same update as one batch of 1024
+    assert s.seeds == (0, 1, 2) and s.num_total_trials() == 30
     smoke = load("ire_table2_resnet50_imagenet.py", "smoke")[0]
     assert smoke.name == "ire_table2_resnet50_imagenet_smoke" and smoke.resources.gpu == 0
 
