@@ -25,6 +25,8 @@ EXPECTED_FILES = {
     "ire_table2_resnet50_imagenet.py",
     "tsam_fig2_flatness.py",
     "tsam_table2_objectives.py",
+    "tsam_appc_sam_rho.py",
+    "tsam_fig8_naive_sampling.py",
 }
 NO_OPTUNA = {
     "ire_fig4_llama.py",
@@ -33,6 +35,8 @@ NO_OPTUNA = {
     "ire_table2_resnet50_imagenet.py",
     "tsam_fig2_flatness.py",
     "tsam_table2_objectives.py",
+    "tsam_appc_sam_rho.py",
+    "tsam_fig8_naive_sampling.py",
 }
 
 
@@ -187,7 +191,9 @@ def test_tsam_table1_grid():
         3e-2,
         0.1,
     ]
-    assert s.train == {"batch_size": 64, "schedule": "constant", "label_smoothing": 0.1}
+    assert s.train == {"batch_size": 64, "schedule": "constant", "label_smoothing": 0.1, "test_every_epoch": True}
+    for name in ("tsam_table1_cifar100", "tsam_table1_dtd", "tsam_table1_cifar100_noisy"):  # Figs. 3 and 7 per t
+        assert studies[name].reports == {"curves_by": {"metrics": "test/accuracy,train/loss", "arm": "tsam", "by": "t"}}
     assert studies["tsam_table1_cifar100_noisy"].workload_params["label_noise"] == 0.2
     assert (
         studies["tsam_table1_dtd"].workload == "dtd"
@@ -199,17 +205,35 @@ def test_tsam_glue_and_ablations():
     glue = {s.name: s for s in load("tsam_glue.py", "paper")}
     assert glue["tsam_glue_cola"].metric == "val/matthews" and glue["tsam_glue_stsb"].metric == "val/pearson"
     assert glue["tsam_glue_mrpc"].metric == "val/f1" and glue["tsam_glue_rte"].metric == "val/accuracy"
-    samples = load("tsam_table3_samples.py", "paper")[0]
-    assert grid_values(samples, "tsam", "s") == [3, 5]
+    tasks = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")  # GLUE's nine, as the paper
+    assert set(glue) == {f"tsam_glue_{t}" for t in tasks} | {"tsam_glue_optuna"}
+    assert glue["tsam_glue_wnli"].workload == "glue/wnli" and glue["tsam_glue_wnli"].metric == "val/accuracy"
+    for s in glue.values():
+        assert s.train["batch_size"] == 64
+    assert grid_values(glue["tsam_glue_rte"], "tsam", "s") == [3, 5] and glue["tsam_glue_rte"].num_total_trials() == 714
+    samples = {s.name: s for s in load("tsam_table3_samples.py", "paper")}
+    # Table 3 on the three settings of Table 1, each at the paper's best t there, lr and rho chained from it
+    expected = {"cifar100": (20.0, "cifar100"), "dtd": (5.0, "dtd"), "cifar100_noisy": (1.0, "cifar100")}
+    assert set(samples) == {f"tsam_table3_samples_{n}" for n in expected}
+    for name, (t, workload) in expected.items():
+        study = samples[f"tsam_table3_samples_{name}"]
+        assert grid_values(study, "tsam", "s") == [3, 5] and study.workload == workload
+        assert study.arm("tsam").constants()["t"] == t
+        for field in ("lr", "rho"):
+            assert study.arm("tsam").dims[field] == sp.best_of(f"tsam_table1_{name}", "tsam", field, where={"t": t})
+    assert samples["tsam_table3_samples_cifar100_noisy"].workload_params["label_noise"] == 0.2
     sched = load("tsam_fig4_t_schedule.py", "paper")[0]
     assert grid_values(sched, "tsam", "t_schedule") == ["constant", "increase", "decrease"]
-    # lr and rho chained from TSAM Table 1's CIFAR-100 grid, at the t (and s) these studies fix
-    for study, where in ((samples, {"t": 20.0}), (sched, {"t": 20.0, "s": 3})):
-        for field in ("lr", "rho"):
-            assert study.arm("tsam").dims[field] == sp.best_of("tsam_table1_cifar100", "tsam", field, where=where)
-        assert study.arm("tsam").constants()["t"] == 20.0
+    # Fig. 4 on noisy CIFAR-100 at its best t = 1, lr and rho chained from Table 1's noisy grid
+    assert sched.workload == "cifar100" and sched.workload_params == {"model": "resnet18", "label_noise": 0.2}
+    assert sched.arm("tsam").constants()["t"] == 1.0
+    for field in ("lr", "rho"):
+        assert sched.arm("tsam").dims[field] == sp.best_of(
+            "tsam_table1_cifar100_noisy", "tsam", field, where={"t": 1.0, "s": 3}
+        )
+    assert load("tsam_fig4_t_schedule.py", "smoke")[0].workload_params["label_noise"] == 0.2
     for name in ("tsam_table3_samples.py", "tsam_fig4_t_schedule.py"):  # smoke runs on its own: constants
-        assert load(name, "smoke")[0].arm("tsam").constants()["lr"] == 0.03
+        assert {s.arm("tsam").constants()["lr"] for s in load(name, "smoke")} == {0.03}
 
 
 def test_ire_table2_grid():
@@ -232,6 +256,13 @@ def test_tsam_fig2_sweeps_sigma_for_erm_sam_and_tsam():
     s = load("tsam_fig2_flatness.py", "paper")[0]
     assert [(a.name, a.optimizer) for a in s.arms] == [("erm", "sgd"), ("sam", "sam"), ("tsam", "tsam")]
     assert s.arm("tsam").constants()["t"] == 20  # the paper's best t on CIFAR-100 / ResNet-18
+    # each arm at its tuned best in Table 1's CIFAR-100 grid (chained), TSAM's among the trials at t = 20
+    src = "tsam_table1_cifar100"
+    assert s.arm("erm").dims["lr"] == sp.best_of(src, "erm", "lr")
+    assert [s.arm("sam").dims[p] for p in ("lr", "rho")] == [sp.best_of(src, "sam", p) for p in ("lr", "rho")]
+    assert [s.arm("tsam").dims[p] for p in ("lr", "rho", "s")] == [
+        sp.best_of(src, "tsam", p, where={"t": 20.0}) for p in ("lr", "rho", "s")
+    ]
     nl = s.measures["neighbourhood_loss"]
     assert list(nl["sigmas"]) == sorted(nl["sigmas"]) and len(nl["sigmas"]) >= 5 and s.measure_split == "train"
     assert s.workload == "cifar100" and s.seeds == (0, 1, 2)
@@ -256,3 +287,21 @@ def test_tsam_table2_crosses_three_models_with_three_objectives_on_train_and_tes
     assert s.measure_split == "train" and s.measure_extra_splits == ("test",) and s.measure_examples == 0
     assert s.reports == {"objectives": {"split": "train", "extra": "test"}}
     assert s.train == {"batch_size": 64, "schedule": "constant", "label_smoothing": 0.1}
+
+
+def test_tsam_appendix_c_sam_rho_grid():
+    s = load("tsam_appc_sam_rho.py", "paper")[0]
+    assert [a.optimizer for a in s.arms] == ["sam"] and grid_values(s, "sam", "rho") == [0.05, 0.1, 0.5, 1, 5, 15]
+    assert s.arm("sam").dims["lr"] == sp.best_of("tsam_table1_cifar100", "sam", "lr") and s.num_total_trials() == 18
+    assert s.train == {"batch_size": 64, "schedule": "constant", "label_smoothing": 0.1}
+
+
+def test_tsam_fig8_naive_uniform_sampling_up_to_s_10():
+    s = load("tsam_fig8_naive_sampling.py", "paper")[0]
+    assert [(a.name, a.optimizer) for a in s.arms] == [("tsam", "tsam"), ("naive", "tsam")]
+    naive = s.arm("naive").constants()
+    # no ascent step, each perturbation uniform in the ball of TSAM's tuned rho
+    assert (naive["rho"], naive["noise"], naive["t"]) == (0.0, "uniform", 20.0)
+    assert s.arm("naive").dims["noise_radius"] == sp.best_of("tsam_table1_cifar100", "tsam", "rho", where={"t": 20.0})
+    assert grid_values(s, "naive", "s") == [3, 5, 10] and s.train["test_every_epoch"] is True
+    assert s.reports["curves_by"] == {"metrics": "test/accuracy,train/loss", "arm": "naive", "by": "s"}
