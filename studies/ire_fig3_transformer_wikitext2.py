@@ -1,64 +1,79 @@
-"""IRE paper, Fig. 3: a 2-layer decoder-only transformer (about 8M) on wikitext-2, AdamW vs AdmIRE.
+"""IRE paper, Fig. 3 and Fig. 5 (left): a 2-layer decoder-only transformer (about 8M) on wikitext-2, AdamW vs
+AdmIRE.
 
 Studies (``build(scale)``, run in this order; ``flatlab run`` runs them in file order):
 
-1. ``ire_fig3_transformer_wikitext2`` (searcher ``grid``): arm ``adamw`` over the learning-rate grid
-   {1.5e-4, 3e-4, 6e-4, 1e-3, 1.5e-3, 3e-3} (the figure's range; the intermediate points are our
-   reading). 6 x 3 seeds = 18 trials, FIFO.
+1. ``ire_fig3_transformer_wikitext2`` (searcher ``grid``): arm ``adamw`` over the paper's learning-rate
+   grid {1.5e-4, 3e-4, 6e-4, 1.2e-3, 1.8e-3, 3e-3}. 6 x 3 seeds = 18 trials, FIFO.
 2. ``ire_fig3_transformer_wikitext2_admire`` (searcher ``grid``, a chained study): AdmIRE at the best
    AdamW learning rate of study 1, as the paper does, over gamma {0.7, 0.8, 0.9} x kappa {2, 5, 10}
-   (grid values ours), IRE on from the end of warm-up; and arm ``adamw`` at that same learning rate, so
-   that this study's comparison (``flatlab compare``) pairs AdmIRE with AdamW seed by seed.
+   (grid values ours), IRE on from the end of warm-up; and arm ``adamw`` at that same learning rate, the
+   reference arm (``reference_arm="adamw"``): every trial gets ``train/steps_to_target``, the first step
+   at which its smoothed training loss reaches the final smoothed loss of the AdamW trial of its seed, and
+   ``train/speedup`` = AdamW's steps / steps_to_target, the figure's speed-up, paired by seed.
    ``lr = sp.best_of("ire_fig3_transformer_wikitext2", arm="adamw", param="lr")``: resolved when this
    study is launched, from study 1's latest finished launch (its best completed trial by ``val/loss``),
    and logged as param ``lr`` with ``lr.source`` = ``<study>/<run_id>`` on the launch and every trial.
    Launching it before study 1 has finished is an error that starts nothing; ``flatlab run --dry-run``
    shows the value it would use now. (1 + 9) x 3 seeds = 30 trials, FIFO.
 3. ``ire_fig3_transformer_wikitext2_optuna`` (searcher ``optuna``): both arms with
-   lr ~ logU(1.5e-4, 3e-3) and gamma ~ U(0.6, 0.95), kappa ~ logU(1, 20); 10 trials per arm, ASHA.
+   lr ~ logU(1.5e-4, 3e-3) and gamma ~ U(0.6, 0.95), kappa ~ logU(1, 20); 10 trials per arm, ASHA; the
+   speed-up against the best AdamW trial of each seed, as in study 2.
 
-Studies 1 and 2: betas (0.9, 0.95), eps 1e-16, weight decay 0.1, gradient clipping 1.0, warm-up 2 epochs
-then cosine to lr_max/20, batch 32 windows of 512 tokens, 40 epochs (ours); 3 seeds. Metric: ``val/loss``
-(min); ``val/perplexity`` = exp(val/loss) is reported too. Study 2's AdamW arm re-runs study 1's best
+From the paper: the model, the lr grid, AdamW betas (0.9, 0.95), eps 1e-16, weight decay 0.1, gradient
+clipping 1.0, cosine to lr_max/20, a budget of 100k optimizer steps with a linear warm-up of 3k steps.
+Ours: batch 32 windows of 512 tokens (not in our notes of the paper); 3 seeds. The step budget is
+expressed in epochs (``_lm_steps.step_budget``): 800 passes over the first 2,048,001 training tokens
+(125 steps each, so exactly 100,000 steps, the warm-up 24 epochs); wikitext-2's training split holds
+about 2.4M GPT-2 tokens, so about 15 % of it is left out to make the budget exact (a step budget in the
+study, the compute-budget feature, will replace this). Metric: ``val/loss`` (min), measured once per
+pass; ``val/perplexity`` = exp(val/loss) is reported too. Study 2's AdamW arm re-runs study 1's best
 configuration on the same seeds (3 trials, 10 % of the study): the price of a paired comparison in one
 launch.
 Paper scale: one GPU and 4 CPUs per trial (GPT-2 BPE, 50,257 tokens: 6.9M parameters with tied
 embeddings). ``smoke`` scale (studies named ``<name>_smoke``; study 2 chains to study 1's smoke run): a
-2-layer width-32 model, context 32, on a synthetic 256-token Markov stream, 1 epoch, 2 learning rates,
-one AdmIRE point, 1 CPU.
+2-layer width-32 model, context 32, batch 16, on a synthetic Markov stream cut to 6 steps an epoch,
+warm-up 2 steps, 1 epoch, 2 learning rates, one AdmIRE point, 1 CPU.
 """
+
+from _lm_steps import step_budget
 
 from flatlab import Arm, Resources, Study
 from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
 BASE = {"beta1": 0.9, "beta2": 0.95, "eps": 1e-16, "weight_decay": 0.1}
+LRS = [1.5e-4, 3e-4, 6e-4, 1.2e-3, 1.8e-3, 3e-3]  # IRE paper, Fig. 3: AdamW's learning-rate grid
+# steps, warm-up steps (the paper's), batch, context (ours), epochs: see the module docstring
+PAPER_BUDGET = dict(steps=100_000, warmup_steps=3_000, batch=32, context=512, epochs=800)
+SMOKE_BUDGET = dict(steps=6, warmup_steps=2, batch=16, context=32, epochs=1)
 
 
 def build(scale: str):
     paper = scale == "paper"
     suffix = "" if paper else f"_{scale}"  # each scale its own MLflow experiments
-    workload_params = {"model": "transformer_2l"}
+    budget = step_budget(**(PAPER_BUDGET if paper else SMOKE_BUDGET))
+    workload_params = {"model": "transformer_2l", "max_train_tokens": budget["max_train_tokens"]}
     if not paper:
         workload_params.update(data_path="synthetic", synthetic_tokens=4096, width=32, n_heads=2, context=32)
     common = dict(
         workload="lm/wikitext2",
         workload_params=workload_params,
         train={
-            "batch_size": 32 if paper else 16,
+            "batch_size": PAPER_BUDGET["batch"] if paper else SMOKE_BUDGET["batch"],
             "schedule": "cosine",
-            "warmup_epochs": 2.0 if paper else 0.25,
+            "warmup_epochs": budget["warmup_epochs"],
             "final_lr_factor": 0.05,
             "clip_norm": 1.0,
         },
         metric="val/loss",
         mode="min",
-        max_epochs=40 if paper else 1,
+        max_epochs=budget["max_epochs"],
         seeds=(0, 1, 2) if paper else (0,),
         resources=Resources(cpu=4, gpu=1) if paper else Resources(cpu=1),
         max_concurrent=None if paper else 1,
     )
-    lrs = [1.5e-4, 3e-4, 6e-4, 1e-3, 1.5e-3, 3e-3] if paper else [1e-3, 3e-3]
+    lrs = LRS if paper else [1e-3, 3e-3]
     grid = Study(
         name="ire_fig3_transformer_wikitext2" + suffix,
         description="AdamW learning-rate grid, 2-layer transformer on wikitext-2 (IRE Fig. 3)",
@@ -88,6 +103,7 @@ def build(scale: str):
         searcher="grid",
         scheduler="fifo",
         grace_period=1,
+        reference_arm="adamw",
         **common,
     )
     lr = sp.loguniform(1.5e-4, 3e-3)
@@ -112,6 +128,7 @@ def build(scale: str):
         scheduler="asha" if paper else "fifo",
         grace_period=10 if paper else 1,
         reduction_factor=3,
+        reference_arm="adamw",
         **common,
     )
     return [grid, admire, optuna]

@@ -16,34 +16,57 @@ arm, error bars over seeds) and its data as ``.csv``; the usual comparison table
 
 From the paper (ALGORITHMS.md section 2): the models compared (ERM, SAM, TSAM), the measure (mean and
 variance of the loss under Gaussian parameter noise), CIFAR-100 / ResNet-18, batch 64, SGD momentum
-0.9, weight decay 5e-4, label smoothing 0.1, constant lr, TSAM's best t = 20 on this task.
+0.9, weight decay 5e-4, label smoothing 0.1, constant lr, TSAM's best t = 20 on this task, each model
+at its tuned best.
 
-Ours: lr 0.03 and rho 0.1 for every arm (points of the paper's grids; replace them with
-``tsam_table1_cifar100``'s best when that study has run), TSAM s = 3; 200 epochs; the sigmas
+Each arm at its tuned best (a chained study): its lr (and SAM's and TSAM's rho, TSAM's s) are those of
+the arm's best completed trial in ``tsam_table1_cifar100`` (TSAM's among the trials at t = 20), by that
+study's ``val/accuracy``: ``sp.best_of("tsam_table1_cifar100", arm=..., param=...)``, resolved when this
+study is launched and logged with ``<param>.source``; launching before that study has finished starts
+nothing and says so (``flatlab run --dry-run`` shows the values it would use now).
+
+Ours: 200 epochs; the sigmas
 (0.001 ... 0.05, log-spaced: the loss moves from its clean value to well above it for a ResNet-18 of
 this size); 40 draws per sigma; the loss measured is the unsmoothed cross-entropy on 1,024 training
 examples (the minimum the optimizers reached). One GPU and 8 CPUs per trial.
 
 ``smoke`` scale: ``tsam_fig2_flatness_smoke`` (its own MLflow experiment): synthetic CIFAR-100-shaped
-data (32 images), 1/16-width ResNet-18, 1 epoch, one seed, 3 sigmas x 4 draws on 16 examples, 1 CPU.
+data (32 images), 1/16-width ResNet-18, 1 epoch, one seed, 3 sigmas x 4 draws on 16 examples, 1 CPU, and
+the constants lr 0.01, rho 0.1, s = 3 instead of the chained values, so that it runs on its own.
 """
 
 from flatlab import Arm, Resources, Study
+from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
 NAME = "tsam_fig2_flatness"
 SIGMAS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
 SMOKE_SIGMAS = (0.01, 0.05, 0.2)
+SOURCE = "tsam_table1_cifar100"  # TSAM Table 1's ResNet-18 / CIFAR-100 grid (studies/tsam_table1_images.py)
+T = 20.0  # the paper's best t on CIFAR-100 / ResNet-18
+
+
+def tuned(arm: str, params, where=None):
+    """``{param: sp.best_of(SOURCE, arm, param, where)}``: the arm's best trial's values in the source study."""
+    return {p: sp.best_of(SOURCE, arm=arm, param=p, where=where) for p in params}
+
+
+def _arms(paper: bool):
+    base = {"momentum": 0.9, "weight_decay": 5e-4}
+    if paper:
+        erm, sam, tsam = tuned("erm", ["lr"]), tuned("sam", ["lr", "rho"]), tuned("tsam", ["lr", "rho", "s"], {"t": T})
+    else:
+        erm, sam, tsam = {"lr": 0.01}, {"lr": 0.01, "rho": 0.1}, {"lr": 0.01, "rho": 0.1, "s": 3}
+    return (
+        Arm("sgd", name="erm", space={**base, **erm}),
+        Arm("sam", space={**base, **sam}),
+        Arm("tsam", space={**base, **tsam, "t": T}),
+    )
 
 
 def build(scale: str):
     paper = scale == "paper"
-    base = {"momentum": 0.9, "weight_decay": 5e-4, "lr": 0.03 if paper else 0.01}
-    arms = (
-        Arm("sgd", name="erm", space=base),
-        Arm("sam", space={**base, "rho": 0.1}),
-        Arm("tsam", space={**base, "rho": 0.1, "t": 20.0, "s": 3}),
-    )
+    arms = _arms(paper)
     sigmas = SIGMAS if paper else SMOKE_SIGMAS
     return [
         Study(

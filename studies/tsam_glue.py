@@ -2,16 +2,20 @@
 
 Studies (``build(scale)``, run in this order):
 
-1. ``tsam_glue_<task>`` for task in cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte (searcher ``grid``):
-   arms ``erm`` (SGD), ``sam``, ``tsam``; lr in {1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1} (constant),
-   momentum 0.9, no weight decay, batch 32, max 128 tokens, 3 epochs (ours); SAM and TSAM x rho in
-   {0.05, 0.1, 0.2}; TSAM x t in {0, 1, 5, 20, 100} with s = 3 (s = 5 is the subject of
-   ``tsam_table3_samples``). 3 seeds. Trials per task: (7 + 21 + 105) x 3 = 399, FIFO. Metric: the
-   task's GLUE metric on the validation hold-out (``val/matthews`` for CoLA, ``val/pearson`` for
-   STS-B, ``val/f1`` for MRPC and QQP, ``val/accuracy`` otherwise); GLUE's dev set is the ``test``
+1. ``tsam_glue_<task>`` for task in cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli (searcher
+   ``grid``; GLUE's nine tasks): arms ``erm`` (SGD), ``sam``, ``tsam``; lr in {1e-4, 3e-4, 1e-3, 3e-3,
+   1e-2, 3e-2, 0.1} (constant), momentum 0.9, batch 64 (the paper's grids, as its image tasks); SAM and
+   TSAM x rho in {0.05, 0.1, 0.2}; TSAM x t in {0, 1, 5, 20, 100} x s in {3, 5} (the paper's). No weight
+   decay, max 128 tokens and 3 epochs are ours. 3 seeds. Trials per task: (7 + 21 + 210) x 3 = 714, FIFO.
+   Metric: the task's GLUE metric on the validation hold-out (``val/matthews`` for CoLA, ``val/pearson``
+   for STS-B, ``val/f1`` for MRPC and QQP, ``val/accuracy`` otherwise); GLUE's dev set is the ``test``
    split, scored once at the end. Paper scale: one GPU and 4 CPUs per trial.
 2. ``tsam_glue_optuna`` (searcher ``optuna``): CoLA, the three arms with lr ~ logU(1e-4, 0.1),
-   rho ~ U(0.05, 0.2), t in {0, 1, 5, 20, 100}; 12 trials per arm, ASHA (grace 1 epoch).
+   rho ~ U(0.05, 0.2), t in {0, 1, 5, 20, 100}, s in {3, 5}; 12 trials per arm, ASHA (grace 1 epoch).
+
+The table with its AVG column: ``flatlab compare tsam_glue_cola tsam_glue_sst2 ... tsam_glue_wnli`` (the
+nine task studies) prints each arm's test metric per task and, under the table, its average over the
+tasks (:attr:`flatlab.analysis.compare.multi.MultiSummary.averages`).
 
 ``smoke`` scale (studies named ``<name>_smoke``):
 CoLA, STS-B (the regression task) and the Optuna study, on a tiny random-weight
@@ -23,10 +27,12 @@ from flatlab import Arm, Resources, Study
 from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
-TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
+TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 SMOKE_TASKS = ("cola", "stsb")
 METRIC = {"cola": "val/matthews", "stsb": "val/pearson", "mrpc": "val/f1", "qqp": "val/f1"}
 LRS = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1]
+TS = [0.0, 1.0, 5.0, 20.0, 100.0]
+SS = [3, 5]
 TINY = {
     "pretrained": False,
     "data_path": "synthetic",
@@ -47,7 +53,7 @@ def build(scale: str):
     )  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
     common = dict(
         workload_params={"max_length": 128} if paper else dict(TINY),
-        train={"batch_size": 32 if paper else 16, "schedule": "constant"},
+        train={"batch_size": 64 if paper else 16, "schedule": "constant"},
         mode="max",
         max_epochs=3 if paper else 1,
         seeds=(0, 1, 2) if paper else (0,),
@@ -59,7 +65,7 @@ def build(scale: str):
     arms = (
         Arm("sgd", name="erm", space=base),
         Arm("sam", space={**base, **rho}),
-        Arm("tsam", space={**base, **rho, "t": sp.grid([0.0, 1.0, 5.0, 20.0, 100.0] if paper else [5.0]), "s": 3}),
+        Arm("tsam", space={**base, **rho, "t": sp.grid(TS if paper else [5.0]), "s": sp.grid(SS if paper else [3])}),
     )
     studies = [
         Study(
@@ -85,7 +91,7 @@ def build(scale: str):
             arms=(
                 Arm("sgd", name="erm", space=tpe),
                 Arm("sam", space={**tpe, **rho_tpe}),
-                Arm("tsam", space={**tpe, **rho_tpe, "t": sp.choice([0.0, 1.0, 5.0, 20.0, 100.0]), "s": 3}),
+                Arm("tsam", space={**tpe, **rho_tpe, "t": sp.choice(TS), "s": sp.choice(SS) if paper else 3}),
             ),
             metric="val/matthews",
             searcher="optuna",

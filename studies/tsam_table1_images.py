@@ -9,6 +9,9 @@ Studies (``build(scale)``, run in this order; all but the last use searcher ``gr
    ``label_noise``: the data are loaded once per study, so data parameters never go in an arm).
 4. ``tsam_table1_<dataset>_esam1`` for each of the three: the ESAM1 column.
 
+The three settings (workloads, epochs, the paper's best t) are ``_tsam_settings.SETTINGS``, shared with
+the Table 3 and Fig. 4 study files.
+
 Arms of 1-3: ``erm`` (SGD), ``sam``, ``esam2``, ``pgn``, ``rsam``, ``tsam``; lr in {1e-4, 3e-4, 1e-3, 3e-3,
 1e-2, 3e-2, 0.1} (constant), momentum 0.9, weight decay 5e-4, label smoothing 0.1, batch 64. TSAM x rho in
 {0.05, 0.1, 0.2} x t in {0, 1, 5, 20, 100} x s in {3, 5} (noise radius, distribution: the optimizer's
@@ -29,6 +32,13 @@ as SAM with ``max_epochs`` multiplied by TSAM's passes per step over SAM's, 2s/2
 a study of its own per dataset (a study has one ``max_epochs``): arm ``esam1`` (optimizer ``sam``), the
 SAM grid, 600 / 90 epochs; (7 x 6) x 3 = 126 trials each.
 
+Figs. 3 and 7 (test accuracy and training loss over training, per t): every trial of the grid studies of 1-3 logs the
+test split after every epoch (``test_every_epoch``; never selected on), and each study's ``curves_by``
+report draws, for each t, the per-epoch ``test/accuracy`` and ``train/loss`` of TSAM's best
+configuration at that t (chosen on ``val/accuracy``), the mean over its seeds
+(``report/curves_t_test_accuracy.png``, ``report/curves_t_train_loss.png`` and their JSON, also
+under ``curves/`` on the launch run).
+
 5. ``tsam_table1_optuna`` (searcher ``optuna``): CIFAR-100/ResNet-18, ERM, SAM and TSAM with
    lr ~ logU(1e-4, 0.1), rho ~ U(0.05, 0.2), t in {0, 1, 5, 20, 100}, s in {3, 5}; 24 trials per arm
    (every arm gets the same budget), ASHA.
@@ -37,6 +47,8 @@ SAM grid, 600 / 90 epochs; (7 x 6) x 3 = 126 trials each.
 the same studies on synthetic data (1/16-width ResNet-18; a tiny random-weight ViT at 32x32 for DTD), one
 point of each grid, 1 epoch (ESAM1: 3), 1 CPU: all seven arms run.
 """
+
+from _tsam_settings import SETTINGS
 
 from flatlab import Arm, Resources, Study
 from flatlab import space as sp
@@ -52,6 +64,7 @@ RSAM_NOISE_STDS = [5e-4, 2.5e-3]
 RSAM_GAMMAS = [1.0, 2.0]
 ESAM2_K = 5  # 1 + k = 6 passes a step: TSAM's 2s at s = 3
 ESAM1_FACTOR = 3  # TSAM's passes per step over SAM's, 2s / 2, at s = 3
+CURVES = {"metrics": "test/accuracy,train/loss", "arm": "tsam", "by": "t"}  # Figs. 3 and 7, per t
 
 
 def _base(paper: bool):
@@ -85,33 +98,9 @@ def build(scale: str):
     suffix = (
         "" if paper else f"_{scale}"
     )  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
-    small = {"data_path": "synthetic", "synthetic_size": 32, "width_mult": 1 / 16}
-    settings = (
-        # name, workload, workload params (paper / smoke), epochs
-        ("cifar100", "cifar100", {"model": "resnet18"}, {"model": "resnet18", **small}, 200),
-        (
-            "dtd",
-            "dtd",
-            {"model": "vit_small_patch16_224.augreg_in21k_ft_in1k", "pretrained": True},
-            {
-                "model": "vit_tiny_patch16_224",
-                "pretrained": False,
-                "image_size": 32,
-                "data_path": "synthetic",
-                "synthetic_size": 47,
-            },
-            30,
-        ),
-        (
-            "cifar100_noisy",
-            "cifar100",
-            {"model": "resnet18", "label_noise": 0.2},
-            {"model": "resnet18", "label_noise": 0.2, **small},
-            200,
-        ),
-    )
+    train = {"batch_size": 64 if paper else 16, "schedule": "constant", "label_smoothing": 0.1}
     common = dict(
-        train={"batch_size": 64 if paper else 16, "schedule": "constant", "label_smoothing": 0.1},
+        train=train,
         metric="val/accuracy",
         mode="max",
         seeds=(0, 1, 2) if paper else (0,),
@@ -119,10 +108,11 @@ def build(scale: str):
         max_concurrent=None if paper else 1,
     )
     studies = []
-    for name, workload, wp_paper, wp_smoke, epochs in settings:
+    for st in SETTINGS:
+        name, epochs = st.name, st.epochs
         grid = dict(
-            workload=workload,
-            workload_params=wp_paper if paper else wp_smoke,
+            workload=st.workload,
+            workload_params=st.paper if paper else st.smoke,
             searcher="grid",
             scheduler="fifo",
             grace_period=1,
@@ -134,7 +124,8 @@ def build(scale: str):
                 description=f"ERM, SAM, ESAM2, PGN, RSAM and TSAM, {name} (TSAM Table 1)",
                 arms=_grid_arms(paper),
                 max_epochs=epochs if paper else 1,
-                **grid,
+                reports={"curves_by": CURVES},  # Figs. 3 and 7
+                **{**grid, "train": {**train, "test_every_epoch": True}},
             )
         )
         studies.append(
@@ -153,7 +144,7 @@ def build(scale: str):
             name="tsam_table1_optuna" + suffix,
             description="ERM vs SAM vs TSAM on ResNet-18/CIFAR-100, Optuna TPE (smaller budget)",
             workload="cifar100",
-            workload_params=settings[0][2] if paper else settings[0][3],
+            workload_params=SETTINGS[0].paper if paper else SETTINGS[0].smoke,
             arms=(
                 Arm("sgd", name="erm", space=base),
                 Arm("sam", space={**base, **rho}),

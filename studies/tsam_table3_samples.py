@@ -1,49 +1,58 @@
-"""TSAM paper, Table 3: the number of sampled perturbations per step, s = 3 vs s = 5.
+"""TSAM paper, Table 3: the number of sampled perturbations per step, s = 3 vs s = 5, on the three image
+settings of Table 1.
 
-One study, ``tsam_table3_samples`` (searcher ``grid``): TSAM on ResNet-18 / CIFAR-100 at the paper's
-best tilt for that setting (t = 20), momentum 0.9, weight decay 5e-4, label smoothing 0.1, batch 64,
-constant lr, 200 epochs (ours), s in {3, 5} x 3 seeds = 6 trials, FIFO. A step costs 2s
-forward/backward passes, so ``time/epoch_s`` shows the price of s = 5 next to its accuracy.
+Studies (searcher ``grid``, one per setting of ``_tsam_settings.SETTINGS``): ``tsam_table3_samples_cifar100``
+(ResNet-18 / CIFAR-100, t = 20), ``tsam_table3_samples_dtd`` (ViT-S/16 fine-tuned on DTD, t = 5) and
+``tsam_table3_samples_cifar100_noisy`` (ResNet-18 / CIFAR-100 with 20 % label noise, t = 1): TSAM at the
+paper's best t of that setting, momentum 0.9, weight decay 5e-4, label smoothing 0.1, batch 64, constant
+lr, the setting's epochs (ours: 200, 30, 200), s in {3, 5} x 3 seeds = 6 trials each, FIFO. A step costs
+2s forward/backward passes, so ``time/epoch_s`` shows the price of s = 5 next to its accuracy.
 
-lr and rho are chained from TSAM Table 1 (a chained study): ``sp.best_of("tsam_table1_cifar100",
-arm="tsam", param=..., where={"t": 20.0})``, the best completed TSAM trial at t = 20 (either s) of that
-study's latest finished launch, by its ``val/accuracy``. They are resolved when this study is
-launched and logged as params ``lr``/``rho`` with ``lr.source``/``rho.source`` = ``<study>/<run_id>``;
-launching before ``tsam_table1_cifar100`` has finished starts nothing and says so, and
+lr and rho are chained from the setting's TSAM Table 1 study (a chained study): ``sp.best_of(
+"tsam_table1_<setting>", arm="tsam", param=..., where={"t": t})``, the best completed TSAM trial at this
+t (either s) of that study's latest finished launch, by its ``val/accuracy``. They are resolved when this
+study is launched and logged as params ``lr``/``rho`` with ``lr.source``/``rho.source`` =
+``<study>/<run_id>``; launching before the source has finished starts nothing and says so, and
 ``flatlab run --dry-run`` shows the values it would use now.
-Paper scale: one GPU, 8 CPUs per trial. ``smoke`` scale (study ``tsam_table3_samples_smoke``):
-1/16-width ResNet-18, 32 synthetic images, both values of s, 1 epoch, 1 CPU, and the constants lr 0.03,
-rho 0.1 instead of the chained values, so that it runs on its own.
+Paper scale: one GPU, 8 CPUs per trial. ``smoke`` scale (studies ``<name>_smoke``): the three settings on
+synthetic data (1/16-width ResNet-18; a tiny random-weight ViT at 32x32 for DTD), both values of s, 1
+epoch, 1 CPU, and the constants lr 0.03, rho 0.1 instead of the chained values, so that they run on their
+own.
 """
+
+from _tsam_settings import SETTINGS
 
 from flatlab import Arm, Resources, Study
 from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
-SOURCE = "tsam_table1_cifar100"  # TSAM Table 1's ResNet-18 / CIFAR-100 grid (studies/tsam_table1_images.py)
 SMOKE_LR, SMOKE_RHO = 0.03, 0.1  # smoke scale: constants, so that it runs without the source study
-T = 20.0
 
 
-def build(scale: str):
-    paper = scale == "paper"
-    if paper:  # resolved at launch from the source study's best TSAM trial at this study's fixed settings
-        lr = sp.best_of(SOURCE, arm="tsam", param="lr", where={"t": T})
-        rho = sp.best_of(SOURCE, arm="tsam", param="rho", where={"t": T})
+def _study(st, paper: bool, suffix: str) -> Study:
+    source = f"tsam_table1_{st.name}"  # studies/tsam_table1_images.py
+    if paper:  # resolved at launch from the source study's best TSAM trial at this study's fixed t
+        lr = sp.best_of(source, arm="tsam", param="lr", where={"t": st.best_t})
+        rho = sp.best_of(source, arm="tsam", param="rho", where={"t": st.best_t})
     else:
         lr, rho = SMOKE_LR, SMOKE_RHO
     return Study(
-        name="tsam_table3_samples" + ("" if paper else f"_{scale}"),
-        description="TSAM with s = 3 vs s = 5 sampled perturbations, ResNet-18/CIFAR-100 (TSAM Table 3)",
-        workload="cifar100",
-        workload_params={"model": "resnet18"}
-        if paper
-        else {"model": "resnet18", "data_path": "synthetic", "synthetic_size": 32, "width_mult": 1 / 16},
+        name=f"tsam_table3_samples_{st.name}" + suffix,
+        description=f"TSAM with s = 3 vs s = 5 sampled perturbations, {st.name} (TSAM Table 3)",
+        workload=st.workload,
+        workload_params=st.paper if paper else st.smoke,
         train={"batch_size": 64 if paper else 16, "schedule": "constant", "label_smoothing": 0.1},
         arms=(
             Arm(
                 "tsam",
-                space={"lr": lr, "momentum": 0.9, "weight_decay": 5e-4, "rho": rho, "t": T, "s": sp.grid([3, 5])},
+                space={
+                    "lr": lr,
+                    "momentum": 0.9,
+                    "weight_decay": 5e-4,
+                    "rho": rho,
+                    "t": st.best_t,
+                    "s": sp.grid([3, 5]),
+                },
             ),
         ),
         metric="val/accuracy",
@@ -51,8 +60,13 @@ def build(scale: str):
         searcher="grid",
         scheduler="fifo",
         grace_period=1,
-        max_epochs=200 if paper else 1,
+        max_epochs=st.epochs if paper else 1,
         seeds=(0, 1, 2) if paper else (0,),
         resources=Resources(cpu=8, gpu=1) if paper else Resources(cpu=1),
         max_concurrent=None if paper else 1,
     )
+
+
+def build(scale: str):
+    paper = scale == "paper"
+    return [_study(st, paper, "" if paper else f"_{scale}") for st in SETTINGS]

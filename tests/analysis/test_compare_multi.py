@@ -173,6 +173,22 @@ def test_the_summary_in_every_format(summary):
         multi_text.format_summary(summary, "html")
 
 
+def test_average_over_workloads_is_glues_avg_column(summary):
+    # digits, fmnist and toy mix accuracies with a loss: no average, and a note says why
+    assert summary.averages == {} and any("differ in direction" in n for n in summary.notes)
+    accuracies = fixed_table()
+    accuracies = accuracies[accuracies["workload"] != "toy"]
+    two = multi.summarize(accuracies)
+    # by hand: sgd (0.97 + 0.90) / 2, sam (0.98 + 0.88) / 2, ire (0.96 + 0.90) / 2
+    assert two.averages == pytest.approx({"sgd": 0.935, "sam": 0.93, "ire": 0.93})
+    assert "workloads (the AVG column of a GLUE table; '-': an arm without a value in some workload): " in (
+        multi_text.to_markdown(two)
+    )
+    assert "sgd 0.935, ire 0.93, sam 0.93." in multi_text.to_markdown(two)
+    missing = accuracies[~((accuracies["arm"] == "ire") & (accuracies["workload"] == "fmnist"))]
+    assert math.isnan(multi.summarize(missing).averages["ire"])  # ire has no fmnist value: no average
+
+
 def test_plot_profiles_writes_a_png(summary, tmp_path):
     path = profiles.plot_profiles(summary.ratios, tmp_path / "sub" / "profiles.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000

@@ -25,6 +25,8 @@ EXPECTED_FILES = {
     "ire_table2_resnet50_imagenet.py",
     "tsam_fig2_flatness.py",
     "tsam_table2_objectives.py",
+    "tsam_appc_sam_rho.py",
+    "tsam_fig8_naive_sampling.py",
 }
 NO_OPTUNA = {
     "ire_fig4_llama.py",
@@ -33,6 +35,8 @@ NO_OPTUNA = {
     "ire_table2_resnet50_imagenet.py",
     "tsam_fig2_flatness.py",
     "tsam_table2_objectives.py",
+    "tsam_appc_sam_rho.py",
+    "tsam_fig8_naive_sampling.py",
 }
 
 
@@ -128,7 +132,7 @@ def test_ire_table3_grid():
 def test_ire_lm_studies():
     fig3 = load("ire_fig3_transformer_wikitext2.py", "paper")[0]
     assert fig3.workload == "lm/wikitext2" and fig3.metric == "val/loss" and fig3.mode == "min"
-    assert grid_values(fig3, "adamw", "lr")[0] == 1.5e-4 and grid_values(fig3, "adamw", "lr")[-1] == 3e-3
+    assert grid_values(fig3, "adamw", "lr") == [1.5e-4, 3e-4, 6e-4, 1.2e-3, 1.8e-3, 3e-3]  # the paper's grid
     assert fig3.train["clip_norm"] == 1.0 and fig3.train["final_lr_factor"] == 0.05
     admire = load("ire_fig3_transformer_wikitext2.py", "paper")[1]  # chained: AdamW's best lr from the first study
     assert admire.name == "ire_fig3_transformer_wikitext2_admire" and [a.name for a in admire.arms] == [
@@ -138,23 +142,35 @@ def test_ire_lm_studies():
     for arm in ("adamw", "adamw_ire"):
         assert admire.arm(arm).dims["lr"] == sp.best_of("ire_fig3_transformer_wikitext2", arm="adamw", param="lr")
     assert grid_values(admire, "adamw_ire", "kappa") == [2, 5, 10] and admire.num_total_trials() == (1 + 9) * 3
+    assert admire.reference_arm == "adamw"  # the speed-up, paired by seed
+    assert load("ire_fig3_transformer_wikitext2.py", "paper")[2].reference_arm == "adamw"
     smoke_admire = load("ire_fig3_transformer_wikitext2.py", "smoke")[1]
     assert smoke_admire.arm("adamw").dims["lr"].study == "ire_fig3_transformer_wikitext2_smoke"
-    fig4 = {s.name: s for s in load("ire_fig4_llama.py", "paper")}
-    assert {(s.workload, s.workload_params["model"]) for s in fig4.values()} == {
+    fig4 = load("ire_fig4_llama.py", "paper")
+    assert {(s.workload, s.workload_params["model"]) for s in fig4} == {
         ("lm/wikitext103", "llama_60m"),
         ("lm/minipile", "llama_119m"),
         ("lm/openwebtext", "llama_229m"),
     }
-    for s in fig4.values():
-        assert [a.optimizer for a in s.arms] == ["adamw", "adamw_ire"]
-        c = s.arm("adamw").constants()
-        assert (c["lr"], c["beta1"], c["beta2"], c["weight_decay"]) == (6e-4, 0.9, 0.95, 0.1)
-        assert s.train["clip_norm"] == 1.0 and s.train["final_lr_factor"] == 0.05
-        assert s.seeds == (0, 1, 2)  # a speed-up with an error bar, paired by seed
-        assert s.measures == {"hessian_trace": {"probes": 10}} and s.measure_split == "train"  # Table 6: Tr(H)
+    assert len(fig4) == 3 * 2 * 2  # sizes x budgets x (lr grid, AdamW vs AdmIRE at its best lr)
+    for grid, pair in zip(fig4[::2], fig4[1::2]):
+        assert [a.optimizer for a in grid.arms] == ["adamw"] and grid_values(grid, "adamw", "lr") == [
+            3e-4,
+            6e-4,
+            1.2e-3,
+            1.8e-3,
+        ]
+        assert [a.optimizer for a in pair.arms] == ["adamw", "adamw_ire"] and pair.name == grid.name + "_admire"
+        for arm in ("adamw", "adamw_ire"):
+            assert pair.arm(arm).dims["lr"] == sp.best_of(grid.name, arm="adamw", param="lr")
+        c = pair.arm("adamw").constants()
+        assert (c["beta1"], c["beta2"], c["eps"], c["weight_decay"]) == (0.9, 0.95, 1e-16, 0.1)
+        for s in (grid, pair):
+            assert s.train["clip_norm"] == 1.0 and s.train["final_lr_factor"] == 0.05
+            assert s.seeds == (0, 1, 2)  # a speed-up with an error bar, paired by seed
+        assert pair.measures == {"hessian_trace": {"probes": 10}} and pair.measure_split == "train"  # Table 6: Tr(H)
     smoke = load("ire_fig4_llama.py", "smoke")
-    for s in [*fig4.values(), *smoke]:  # the speed-up is measured against AdamW's final smoothed loss, per seed
+    for s in [*fig4[1::2], *smoke[1::2]]:  # the speed-up is measured against AdamW's final smoothed loss, per seed
         assert s.reference_arm == "adamw" and s.target_loss is None and "target_loss" not in s.workload_params
 
 
@@ -187,7 +203,9 @@ def test_tsam_table1_grid():
         3e-2,
         0.1,
     ]
-    assert s.train == {"batch_size": 64, "schedule": "constant", "label_smoothing": 0.1}
+    assert s.train == {"batch_size": 64, "schedule": "constant", "label_smoothing": 0.1, "test_every_epoch": True}
+    for name in ("tsam_table1_cifar100", "tsam_table1_dtd", "tsam_table1_cifar100_noisy"):  # Figs. 3 and 7 per t
+        assert studies[name].reports == {"curves_by": {"metrics": "test/accuracy,train/loss", "arm": "tsam", "by": "t"}}
     assert studies["tsam_table1_cifar100_noisy"].workload_params["label_noise"] == 0.2
     assert (
         studies["tsam_table1_dtd"].workload == "dtd"
@@ -199,17 +217,35 @@ def test_tsam_glue_and_ablations():
     glue = {s.name: s for s in load("tsam_glue.py", "paper")}
     assert glue["tsam_glue_cola"].metric == "val/matthews" and glue["tsam_glue_stsb"].metric == "val/pearson"
     assert glue["tsam_glue_mrpc"].metric == "val/f1" and glue["tsam_glue_rte"].metric == "val/accuracy"
-    samples = load("tsam_table3_samples.py", "paper")[0]
-    assert grid_values(samples, "tsam", "s") == [3, 5]
+    tasks = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")  # GLUE's nine, as the paper
+    assert set(glue) == {f"tsam_glue_{t}" for t in tasks} | {"tsam_glue_optuna"}
+    assert glue["tsam_glue_wnli"].workload == "glue/wnli" and glue["tsam_glue_wnli"].metric == "val/accuracy"
+    for s in glue.values():
+        assert s.train["batch_size"] == 64
+    assert grid_values(glue["tsam_glue_rte"], "tsam", "s") == [3, 5] and glue["tsam_glue_rte"].num_total_trials() == 714
+    samples = {s.name: s for s in load("tsam_table3_samples.py", "paper")}
+    # Table 3 on the three settings of Table 1, each at the paper's best t there, lr and rho chained from it
+    expected = {"cifar100": (20.0, "cifar100"), "dtd": (5.0, "dtd"), "cifar100_noisy": (1.0, "cifar100")}
+    assert set(samples) == {f"tsam_table3_samples_{n}" for n in expected}
+    for name, (t, workload) in expected.items():
+        study = samples[f"tsam_table3_samples_{name}"]
+        assert grid_values(study, "tsam", "s") == [3, 5] and study.workload == workload
+        assert study.arm("tsam").constants()["t"] == t
+        for field in ("lr", "rho"):
+            assert study.arm("tsam").dims[field] == sp.best_of(f"tsam_table1_{name}", "tsam", field, where={"t": t})
+    assert samples["tsam_table3_samples_cifar100_noisy"].workload_params["label_noise"] == 0.2
     sched = load("tsam_fig4_t_schedule.py", "paper")[0]
     assert grid_values(sched, "tsam", "t_schedule") == ["constant", "increase", "decrease"]
-    # lr and rho chained from TSAM Table 1's CIFAR-100 grid, at the t (and s) these studies fix
-    for study, where in ((samples, {"t": 20.0}), (sched, {"t": 20.0, "s": 3})):
-        for field in ("lr", "rho"):
-            assert study.arm("tsam").dims[field] == sp.best_of("tsam_table1_cifar100", "tsam", field, where=where)
-        assert study.arm("tsam").constants()["t"] == 20.0
+    # Fig. 4 on noisy CIFAR-100 at its best t = 1, lr and rho chained from Table 1's noisy grid
+    assert sched.workload == "cifar100" and sched.workload_params == {"model": "resnet18", "label_noise": 0.2}
+    assert sched.arm("tsam").constants()["t"] == 1.0
+    for field in ("lr", "rho"):
+        assert sched.arm("tsam").dims[field] == sp.best_of(
+            "tsam_table1_cifar100_noisy", "tsam", field, where={"t": 1.0, "s": 3}
+        )
+    assert load("tsam_fig4_t_schedule.py", "smoke")[0].workload_params["label_noise"] == 0.2
     for name in ("tsam_table3_samples.py", "tsam_fig4_t_schedule.py"):  # smoke runs on its own: constants
-        assert load(name, "smoke")[0].arm("tsam").constants()["lr"] == 0.03
+        assert {s.arm("tsam").constants()["lr"] for s in load(name, "smoke")} == {0.03}
 
 
 def test_ire_table2_grid():
@@ -218,8 +254,12 @@ def test_ire_table2_grid():
     assert [a.optimizer for a in s.arms] == ["sgd", "sgd_ire", "sam", "sam_ire"]
     for arm in ("sgd_ire", "sam_ire"):
         assert grid_values(s, arm, "gamma") == [0.8, 0.6] and grid_values(s, arm, "kappa") == [2, 4]
-        assert s.arm(arm).constants()["switch_loss"] == 1.5  # the paper's threshold, no label smoothing
-    assert s.train["label_smoothing"] == 0.0 and s.seeds == (0, 1, 2) and s.num_total_trials() == 30
+        assert s.arm(arm).constants()["switch_loss"] == 1.5  # the paper's threshold, above smoothing's floor
+    # the appendix recipe: lr 0.2, batch 1024, label smoothing 0.1, 200 epochs
+    assert {s.arm(a).constants()["lr"] for a in ("sgd", "sgd_ire", "sam", "sam_ire")} == {0.2}
+    assert s.train["batch_size"] == 1024 and s.train["label_smoothing"] == 0.1 and s.max_epochs == 200
+    assert s.train["micro_batch_size"] == 256  # accumulation: the same update as one batch of 1024
+    assert s.seeds == (0, 1, 2) and s.num_total_trials() == 30
     smoke = load("ire_table2_resnet50_imagenet.py", "smoke")[0]
     assert smoke.name == "ire_table2_resnet50_imagenet_smoke" and smoke.resources.gpu == 0
 
@@ -228,6 +268,13 @@ def test_tsam_fig2_sweeps_sigma_for_erm_sam_and_tsam():
     s = load("tsam_fig2_flatness.py", "paper")[0]
     assert [(a.name, a.optimizer) for a in s.arms] == [("erm", "sgd"), ("sam", "sam"), ("tsam", "tsam")]
     assert s.arm("tsam").constants()["t"] == 20  # the paper's best t on CIFAR-100 / ResNet-18
+    # each arm at its tuned best in Table 1's CIFAR-100 grid (chained), TSAM's among the trials at t = 20
+    src = "tsam_table1_cifar100"
+    assert s.arm("erm").dims["lr"] == sp.best_of(src, "erm", "lr")
+    assert [s.arm("sam").dims[p] for p in ("lr", "rho")] == [sp.best_of(src, "sam", p) for p in ("lr", "rho")]
+    assert [s.arm("tsam").dims[p] for p in ("lr", "rho", "s")] == [
+        sp.best_of(src, "tsam", p, where={"t": 20.0}) for p in ("lr", "rho", "s")
+    ]
     nl = s.measures["neighbourhood_loss"]
     assert list(nl["sigmas"]) == sorted(nl["sigmas"]) and len(nl["sigmas"]) >= 5 and s.measure_split == "train"
     assert s.workload == "cifar100" and s.seeds == (0, 1, 2)
@@ -252,3 +299,21 @@ def test_tsam_table2_crosses_three_models_with_three_objectives_on_train_and_tes
     assert s.measure_split == "train" and s.measure_extra_splits == ("test",) and s.measure_examples == 0
     assert s.reports == {"objectives": {"split": "train", "extra": "test"}}
     assert s.train == {"batch_size": 64, "schedule": "constant", "label_smoothing": 0.1}
+
+
+def test_tsam_appendix_c_sam_rho_grid():
+    s = load("tsam_appc_sam_rho.py", "paper")[0]
+    assert [a.optimizer for a in s.arms] == ["sam"] and grid_values(s, "sam", "rho") == [0.05, 0.1, 0.5, 1, 5, 15]
+    assert s.arm("sam").dims["lr"] == sp.best_of("tsam_table1_cifar100", "sam", "lr") and s.num_total_trials() == 18
+    assert s.train == {"batch_size": 64, "schedule": "constant", "label_smoothing": 0.1}
+
+
+def test_tsam_fig8_naive_uniform_sampling_up_to_s_10():
+    s = load("tsam_fig8_naive_sampling.py", "paper")[0]
+    assert [(a.name, a.optimizer) for a in s.arms] == [("tsam", "tsam"), ("naive", "tsam")]
+    naive = s.arm("naive").constants()
+    # no ascent step, each perturbation uniform in the ball of TSAM's tuned rho
+    assert (naive["rho"], naive["noise"], naive["t"]) == (0.0, "uniform", 20.0)
+    assert s.arm("naive").dims["noise_radius"] == sp.best_of("tsam_table1_cifar100", "tsam", "rho", where={"t": 20.0})
+    assert grid_values(s, "naive", "s") == [3, 5, 10] and s.train["test_every_epoch"] is True
+    assert s.reports["curves_by"] == {"metrics": "test/accuracy,train/loss", "arm": "naive", "by": "s"}

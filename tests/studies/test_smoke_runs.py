@@ -5,6 +5,7 @@ database; each smoke study runs one trial at a time. The cheapest files run by d
 are marked ``slow`` (all of them together take about three minutes on two cores).
 """
 
+import json
 import math
 from pathlib import Path
 
@@ -29,6 +30,8 @@ SLOW = (
     "tsam_table3_samples.py",
     "ire_table2_resnet50_imagenet.py",
     "tsam_fig2_flatness.py",
+    "tsam_appc_sam_rho.py",
+    "tsam_fig8_naive_sampling.py",
 )
 
 
@@ -79,6 +82,12 @@ def run_smoke(name, root):
             for arm in study.arms:
                 rows = [line for line in text.splitlines() if line.startswith(f"| {arm.name} |")]
                 assert len(rows) == 2 and all(" - " not in row for row in rows), text
+        if "curves_by" in study.reports:  # TSAM Figs. 3, 7 and 8: a curve per value, a point per epoch
+            curves = study.reports["curves_by"]
+            for metric in curves["metrics"].split(","):
+                path = Path(root) / study.name / "report" / f"curves_{curves['by']}_{metric.replace('/', '_')}.json"
+                values = json.loads(path.read_text())["values"]
+                assert values and all(len(v["points"]) == study.max_epochs for v in values), (path, values)
 
 
 @pytest.mark.parametrize("name", FAST)

@@ -12,6 +12,11 @@ parent run in MLflow):
   SAM and tilted objectives (the measures ``erm_objective``, ``sam_objective``, ``tilted_objective``),
   one table per split (``split``: the study's ``measure_split``; ``extra``: its ``measure_extra_splits``,
   comma-separated); printed, written to ``objectives.md`` and logged under ``objectives/``.
+* ``curves_by`` (TSAM paper, Figs. 3 and 7): :func:`curves_by_report`, per-epoch metrics (``metrics``,
+  comma-separated; default ``test/accuracy``, which needs the trainer's ``test_every_epoch``) of ``arm``
+  (default ``tsam``), one curve per value of its parameter ``by`` (default ``t``) at that value's best
+  configuration, the mean over its seeds (:mod:`flatlab.analysis.param_curves`); written to
+  ``curves_<by>_<metric>.png`` and ``.json`` and logged under ``curves/``.
 * ``interpolation`` (seed paper "In Search of the Successful Interpolation", Figs. 1, 3, 4, 5):
   :func:`flatlab.interpolation.report.interpolation_report` over an alpha study's trials, logged under
   ``report/`` with ``summary.json``; ``split``: the OOD split of Figs. 1 and 5 (default ``ood``).
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Tuple
 
@@ -234,6 +239,64 @@ def objectives_report(tracking_uri: str, study: str, out_dir: Path, split: str, 
     return [*lines, f"objectives table: {md}, logged under objectives/ on run {parent}"]
 
 
+def curves_by_report(tracking_uri: str, study: str, out_dir: Path, metrics: str, arm: str, by: str) -> List[str]:
+    """TSAM paper, Figs. 3 and 7: :mod:`flatlab.analysis.param_curves` over ``study``'s latest launch, each curve
+    the mean over seeds of a metric's MLflow history (step = epoch), one figure per comma-separated name of
+    ``metrics``; written to ``out_dir`` (``curves_<by>_<metric>.png`` and ``.json``, the metric's ``/`` as
+    ``_``) and logged under ``curves/`` on the launch run.
+
+    Returns:
+        Per metric, one line per value (its best configuration's score and last point), then where the files
+        are; a line saying why for a metric no trial recorded.
+
+    Raises:
+        ConfigError: no trial of ``arm``, or ``by`` not among its parameters.
+    """
+    from flatlab.analysis.param_curves import best_per_value
+
+    df = trials_frame(tracking_uri, study)
+    best = best_per_value(df, arm, by)
+    parent = parent_runs(tracking_uri, study)[0].info.run_id
+    lines: List[str] = []
+    for metric in [m.strip() for m in metrics.split(",") if m.strip()]:
+        lines += _curves_of(tracking_uri, df, best, metric, (study, arm, by, parent), out_dir)
+    return lines
+
+
+def _curves_of(tracking_uri: str, df: Any, best: List[Any], metric: str, what: Tuple[str, ...], out_dir: Path):
+    """The figure, JSON and lines of one metric of :func:`curves_by_report` (``what``: study, arm, by, parent)."""
+    from flatlab.analysis.param_curves import curves_summary, mean_curve, plot_value_curves
+
+    study, arm, by, parent = what
+    client = runs.client(tracking_uri)
+    curves = []
+    for c in best:
+        histories = [
+            {m.step: m.value for m in sorted(client.get_metric_history(df.loc[r, "run_id"], metric), key=_time)}
+            for r in c.runs
+        ]
+        curves.append(replace(c, points=mean_curve(histories)))
+    if not any(c.points for c in curves):
+        return [f"curves by {by}: no trial of {arm!r} in {study!r} recorded {metric!r} per epoch"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"curves_{by}_{metric.replace('/', '_')}"
+    png, js = out_dir / f"{stem}.png", out_dir / f"{stem}.json"
+    plot_value_curves(curves, by, metric, f"{study}: {arm}, {metric} per epoch, best configuration per {by}", png)
+    js.write_text(json.dumps(curves_summary(curves, by, metric), indent=2))
+    for f in (png, js):
+        client.log_artifact(parent, str(f), artifact_path="curves")
+    lines = [
+        f"{by} = {c.value}: {df.attrs.get('metric')} {c.score:.4g} over {len(c.runs)} seed(s); "
+        + (f"{metric} {c.points[-1][1]:.4g} at epoch {c.points[-1][0]}" if c.points else f"no {metric} recorded")
+        for c in curves
+    ]
+    return [*lines, f"curves by {by}: {png.name} and {js.name} in {out_dir}, logged under curves/ on run {parent}"]
+
+
+def _time(m: Any) -> Any:
+    return m.timestamp
+
+
 register_report(
     StudyReport(
         "objectives",
@@ -242,6 +305,23 @@ register_report(
         hparams=(
             HParam("split", "train", str, doc="the study's measure_split (its flat/* metrics)"),
             HParam("extra", "test", str, doc="comma-separated extra splits (flat_<split>/* metrics), '' for none"),
+        ),
+    )
+)
+register_report(
+    StudyReport(
+        "curves_by",
+        "an arm's per-epoch metric, one curve per value of a parameter at its best configuration (TSAM Fig. 3)",
+        lambda uri, study, out, p: curves_by_report(uri, study, out, p["metrics"], p["arm"], p["by"]),
+        hparams=(
+            HParam(
+                "metrics",
+                "test/accuracy",
+                str,
+                doc="comma-separated per-epoch metrics, a figure each (test/*: needs test_every_epoch)",
+            ),
+            HParam("arm", "tsam", str, doc="the arm whose trials are split"),
+            HParam("by", "t", str, doc="the parameter, one curve per value"),
         ),
     )
 )

@@ -12,7 +12,11 @@ arm and quantity). :func:`summarize` then gives, per arm and workload:
   reference arm's (< 1: flatter than the reference); in a workload whose study measured at a matched
   training loss, its ``flat_at_target/m`` (the IRE paper's comparison), else its ``flat/m``;
 * ``error`` and ``r``: the test error and its performance ratio to the workload's best arm
-  (:mod:`~flatlab.analysis.compare.profiles`).
+  (:mod:`~flatlab.analysis.compare.profiles`);
+
+and per arm, ``average``: the mean of its test-metric means over the workloads (the AVG column of the
+TSAM paper's GLUE table), defined where the arm has a value in every workload and every workload's
+metric has the same direction (an average of accuracies and losses means nothing).
 
 A ratio is defined where both means are positive (else NaN, shown ``-``). An arm absent from a study
 (or without a value there) shows NaN/``-`` for that workload and counts as not solved (``r = inf``) in
@@ -50,6 +54,8 @@ class MultiSummary:
             ``rank``, ``ranked`` (arms with a value in the workload), ``diff``, ``ratio``, ``error``,
             ``r`` and one ``<measure> ratio`` column per shared measure; NaN where the arm has no value.
         ratios: the performance ratios (arms × workloads; ``inf``: not solved).
+        averages: arm -> the mean of its test-metric means over the workloads (NaN where it lacks one;
+            empty where the workloads' metrics differ in direction).
         notes: what is missing and why.
     """
 
@@ -60,6 +66,7 @@ class MultiSummary:
     measures: Tuple[str, ...]
     frame: Any = field(repr=False)
     ratios: Any = field(repr=False)
+    averages: Mapping[str, float] = field(default_factory=dict)
     notes: Tuple[str, ...] = ()
 
 
@@ -148,7 +155,24 @@ def summarize(table, *, reference: Optional[str] = None, recorded: Optional[str]
             notes.append(f"{arm}: no value of the test metric in {', '.join(novalue)} (counted as not solved).")
     frame = pd.DataFrame(rows)
     frame["rank"] = frame["rank"].astype("Int64")
-    return MultiSummary(reference, tuple(workloads), tuple(arms), metrics, tuple(measures), frame, ratios, tuple(notes))
+    averages = _averages(table, frame, arms, metrics, notes)
+    return MultiSummary(
+        reference, tuple(workloads), tuple(arms), metrics, tuple(measures), frame, ratios, averages, tuple(notes)
+    )
+
+
+def _averages(table, frame, arms: Sequence[str], metrics: Mapping[str, str], notes: List[str]) -> Dict[str, float]:
+    """arm -> the mean over the workloads of its test-metric means (NaN where one is missing); ``{}``, with a
+    note, where the workloads' test metrics differ in direction."""
+    tests = table[table["test_metric"].astype(bool)]
+    if tests["higher_is_better"].astype(bool).nunique() > 1:
+        notes.append("no average over the workloads: their test metrics differ in direction.")
+        return {}
+    out = {}
+    for arm in arms:
+        means = frame.loc[frame["arm"] == arm, "mean"]
+        out[arm] = float(means.mean()) if len(means) == len(metrics) and means.notna().all() else float("nan")
+    return out
 
 
 def _test_metrics(table, workloads: Sequence[str]) -> Dict[str, str]:

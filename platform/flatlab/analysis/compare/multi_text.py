@@ -93,6 +93,13 @@ def caption(summary: MultiSummary) -> List[str]:
         + ", ".join(f"{a} {won[a]:.2g}" for a in summary.arms)
         + ".",
     ]
+    if summary.averages:
+        lines.append(
+            f"Average of the test metric over the {len(summary.workloads)} workloads (the AVG column of a GLUE "
+            "table; '-': an arm without a value in some workload): "
+            + ", ".join(f"{a} {number(summary.averages[a])}" for a in summary.arms)
+            + "."
+        )
     return lines + list(summary.notes)
 
 
