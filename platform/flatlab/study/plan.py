@@ -25,22 +25,7 @@ def plan(study: Study, rows: Optional[int] = None) -> Dict[str, Any]:
     Raises:
         ConfigError: the pass budget does not cover an arm's first step.
     """
-    per_arm = arm_budgets(study, rows) if rows is not None else {}
-    arms: List[Dict[str, Any]] = []
-    for arm in study.arms:
-        n = (len(study.grid(arm)) if study.searcher == "grid" else study.num_trials) * study.tunings
-        arms.append(
-            {
-                "arm": arm.name,
-                "optimizer": arm.optimizer,
-                "trials": n,
-                "searched": {k: d.describe() for k, d in arm.searched().items()},  # with "if <condition>"
-                "conditions": {k: d.condition_text() for k, d in arm.dims.items() if isinstance(d, Conditional)},
-                "fixed": arm.constants(),
-                "routes": route(study, arm),
-                **({"budget": _arm_budget(per_arm[arm.name])} if arm.name in per_arm else {}),
-            }
-        )
+    arms = _arm_plans(study, arm_budgets(study, rows) if rows is not None else {})
     return {
         "study": study.name,
         "workload": study.workload,
@@ -87,6 +72,27 @@ def plan(study: Study, rows: Optional[int] = None) -> Dict[str, Any]:
         "reports": {k: dict(v) for k, v in study.reports.items()},
         "arms": arms,
     }
+
+
+def _arm_plans(study: Study, per_arm: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Each arm's part of the plan: trials, searched and fixed values, routes and (under a pass budget) its
+    epochs."""
+    arms: List[Dict[str, Any]] = []
+    for arm in study.arms:
+        n = (len(study.grid(arm)) if study.searcher == "grid" else study.num_trials) * study.tunings
+        arms.append(
+            {
+                "arm": arm.name,
+                "optimizer": arm.optimizer,
+                "trials": n,
+                "searched": {k: d.describe() for k, d in arm.searched().items()},  # with "if <condition>"
+                "conditions": {k: d.condition_text() for k, d in arm.dims.items() if isinstance(d, Conditional)},
+                "fixed": arm.constants(),
+                "routes": route(study, arm),
+                **({"budget": _arm_budget(per_arm[arm.name])} if arm.name in per_arm else {}),
+            }
+        )
+    return arms
 
 
 def _arm_budget(b: ArmBudget) -> Dict[str, int]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
@@ -127,15 +127,7 @@ def trial_loop(
         curve_times.append((trainer.curve.step, metrics[EPOCH_END_KEY]))
         _not_diverged(metrics, study)
         last = (stops and trainer.reached_target) or trainer.finished
-        measured: Optional[Dict[str, float]] = None  # this epoch's model measured (at its target)
-        if measures_at_target and trainer.reached_target and main:
-            measured = measure_trial(trainer, study)
-            trainer.target_metrics = at_target(measured)  # in the state from now on: never measured again
-        point = _curve_point(trainer, study, measured) if main else None  # measure_every: a point of the curve
-        if point is not None:
-            metrics.update(over_training(point))
-        if measured is not None or point is not None:
-            metrics.update(trainer.compute.metrics())  # with the measures' seconds
+        measured, point = _measure_epoch(trainer, study, metrics, measures_at_target and main, main)
         if last and not main:  # DDP: Tune takes rank 0's report; the others only keep the report count
             metrics[COMPLETED_KEY] = 1
         elif last:
@@ -163,6 +155,25 @@ def trial_loop(
             report(metrics, None)
         if last:
             return
+
+
+def _measure_epoch(
+    trainer: Trainer, study: Study, metrics: Dict[str, Any], at_target_due: bool, main: bool
+) -> Tuple[Optional[Dict[str, float]], Optional[Dict[str, float]]]:
+    """This epoch's measurements: at the training-loss target (the first epoch that reaches it; kept in the
+    trainer's state, so never measured twice) and the ``measure_every`` point of the curve, each added to
+    ``metrics`` with the compute spent so far. Returns ``(measured at the target, curve point)``, ``None``
+    where not measured."""
+    measured: Optional[Dict[str, float]] = None
+    if at_target_due and trainer.reached_target:
+        measured = measure_trial(trainer, study)
+        trainer.target_metrics = at_target(measured)  # in the state from now on: never measured again
+    point = _curve_point(trainer, study, measured) if main else None  # measure_every: a point of the curve
+    if point is not None:
+        metrics.update(over_training(point))
+    if measured is not None or point is not None:
+        metrics.update(trainer.compute.metrics())  # with the measures' seconds
+    return measured, point
 
 
 def _curve_point(trainer: Trainer, study: Study, measured: Optional[Dict[str, float]]) -> Optional[Dict[str, float]]:

@@ -4,7 +4,7 @@ the table ``flatlab results`` shows and every analysis reads (:class:`flatlab.an
 from __future__ import annotations
 
 import re
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from flatlab.analysis.results import sort_trials
 from flatlab.analysis.sample import Sample, StudyInfo
@@ -109,18 +109,22 @@ def trials_frame(
     numeric = df.select_dtypes("number").columns
     df[numeric] = df[numeric].mask(df[numeric].abs() >= SENTINEL)  # +-inf as older MLflow stores kept it
     df = sort_trials(df, metric, mode)
-    df.attrs["metric"], df.attrs["mode"] = metric, mode
-    df.attrs["reference_arm"] = parents[0].data.params.get("reference_arm")
-    params = parents[0].data.params
-    df.attrs["margins"] = {k[len("margins.") :]: float(v) for k, v in params.items() if k.startswith("margins.")}
-    df.attrs["workload"] = parents[0].data.params.get("workload")  # the range of its loss (compare tables)
-    # the launch's training-loss target: measured there and trained on (flat_at_target/*; flat/* at the end), or
-    # stopped there (flat/* at the target where reached)
-    for key in ("measure_at_train_loss", "stop_at_train_loss"):
-        df.attrs[key] = parents[0].data.params.get(f"train.{key}")
-    for key in ("searcher", "scheduler"):  # whether the trials are an i.i.d. pool (flatlab.analysis.pool)
-        df.attrs[key] = parents[0].data.params.get(key)
+    df.attrs.update(_launch_attrs(parents[0].data.params, metric, mode))
     return df
+
+
+def _launch_attrs(params: Dict[str, str], metric: str, mode: str) -> Dict[str, Any]:
+    """What the launch's parent run recorded that the analysis needs (:class:`~flatlab.analysis.sample.StudyInfo`):
+    the metric and mode, the reference arm, the workload (the range of its loss), the training-loss target
+    (measured there and trained on, or stopped there), the searcher and scheduler (whether the trials are an
+    i.i.d. pool, :mod:`flatlab.analysis.pool`) and the equivalence margins."""
+    out: Dict[str, Any] = {"metric": metric, "mode": mode}
+    for key in ("reference_arm", "workload", "searcher", "scheduler"):
+        out[key] = params.get(key)
+    for key in ("measure_at_train_loss", "stop_at_train_loss"):
+        out[key] = params.get(f"train.{key}")
+    out["margins"] = {k[len("margins.") :]: float(v) for k, v in params.items() if k.startswith("margins.")}
+    return out
 
 
 _INTEGER = re.compile(r"[+-]?\d+")
