@@ -89,3 +89,23 @@ def test_admire_restores_the_callers_mode_and_steps_as_under_a_flushing_caller(c
     unguarded = spec.create(kept_model.named_parameters(), kappa=1.0, mask_interval=2)
     _steps(unguarded, kept_model, batch)
     assert int(torch.count_nonzero(kept_model[0].weight[:, 1])) >= 4  # the units the ReLU lets through
+
+
+def test_torchs_worker_threads_started_during_a_flushed_step_keep_ieee_subnormals(caller_mode):
+    """A new thread takes its creator's mode: the first parallel op inside the block would start torch's pool
+    flushing for good. In a fresh process (no pool yet), after one flushed block a parallel comparison over
+    65,537 elements still sees a subnormal as non-zero."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from flatlab.optim._subnormal import flushed_subnormals\n"
+        "torch.set_num_threads(2)\n"
+        "with flushed_subnormals():\n"
+        "    torch.ones(1 << 17).sum()\n"
+        "h = torch.zeros(65537); h[-1] = 1e-42\n"
+        "print(int((h <= 0).sum()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "65536"

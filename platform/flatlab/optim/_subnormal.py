@@ -5,7 +5,9 @@ slow path for them, a saturating classifier's backward pass runs orders of magni
 optimizer used in one's own training loop has no trial to set that mode, so IRE sets it around its own
 step (the closure's passes included) with :func:`flushed_subnormals`. The mode is a per-thread CPU
 register (MXCSR on x86): the calling thread's is set and restored; threads of torch's intra-op pool keep
-their own (set at process start, before the pool, to have them all flush: ``cpu_threads.configure``).
+their own (set at process start, before the pool, to have them all flush: ``cpu_threads.configure``). A
+new thread takes its creator's register, so the pool is started (:func:`_start_pool`) before the first
+switch: threads started inside the block would flush for the rest of the process.
 :func:`ieee_subnormals` does the opposite for the few host multiplications whose definition is IEEE
 arithmetic with gradual underflow (IRE's tie ceiling, :func:`flatlab.optim._flat.square_tie_ceiling`).
 """
@@ -38,13 +40,29 @@ def flushed_subnormals() -> Iterator[None]:
     """Within the block the calling thread flushes subnormals to zero (``torch.set_flush_denormal``);
     afterwards it is in the mode it was in before, also when the block raises. Nothing changes on a thread
     that flushes already or on a CPU without the mode."""
-    if flushing_now() or not torch.set_flush_denormal(True):
+    if flushing_now():
+        yield
+        return
+    _start_pool()
+    if not torch.set_flush_denormal(True):
         yield
         return
     try:
         yield
     finally:
         torch.set_flush_denormal(False)
+
+
+_POOL_STARTED = False
+
+
+def _start_pool() -> None:
+    """Start torch's intra-op worker threads in the caller's mode, once per process: a reduction over more
+    elements than one thread's grain (32,768) runs in parallel, which starts the pool."""
+    global _POOL_STARTED
+    if not _POOL_STARTED and torch.get_num_threads() > 1:
+        torch.ones(1 << 17).sum()
+    _POOL_STARTED = True
 
 
 @contextlib.contextmanager
