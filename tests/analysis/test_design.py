@@ -96,3 +96,18 @@ def test_the_design_table_reads_components_from_the_claims_and_costs_from_the_ru
     assert row.allocation == allocate(2.0, comp.tuning, comp.seed, 90.0, 60.0, alpha=0.05)
     planned = study_design(c, sample, planned=(8, 1))[-1]
     assert (planned.tunings, planned.seeds) == (8, 1)
+
+
+def test_the_dry_runs_lines_say_what_a_planned_design_detects():
+    from flatlab.analysis.design_table import planned_lines
+
+    sample = Sample.of(_timed_study())
+    c = compare_tunings(sample)
+    lines = planned_lines(c, sample, (12, 1))
+    assert lines[0].startswith(
+        "with 12 tunings x 1 final seeds, the variance components of the last launch (4 tunings)"
+    )
+    comp = c.row("flat/x", "sam").paired.across.components
+    expected = detectable_effect(math.sqrt(comp.tuning + comp.seed), 12, 0.05)
+    (flat,) = [line for line in lines if line.strip().startswith("flat/x:")]
+    assert flat.strip() == f"flat/x: sam ±{expected:.4g}"

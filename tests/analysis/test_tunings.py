@@ -81,7 +81,11 @@ def test_margins_come_from_the_study_else_the_default_and_the_table_names_them()
     own = compare_tunings(df).row("flat/fisher_trace", "sam").claim
     assert (own.margin, own.margin_source) == (0.5, "study")
     cli = compare_tunings(df, margins={"flat/fisher_trace": 0.25}).row("flat/fisher_trace", "sam").claim
-    assert cli.margin == 0.25 and cli.label == "equivalent" and cli.text == "no difference larger than ±0.25"
+    assert (
+        (cli.margin, cli.margin_source) == (0.25, "given")
+        and cli.label == "equivalent"
+        and cli.text == "no difference larger than ±0.25"
+    )
 
 
 def test_the_reference_arm_has_the_two_level_interval_and_the_tuning_share_by_hand():

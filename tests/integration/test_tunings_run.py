@@ -4,6 +4,8 @@ configuration re-runs on that tuning's final seeds, every run carries its tuning
 exactly ``tunings x num_trials`` search trials per arm and none RUNNING. Then ``flatlab compare`` takes the
 tuning as its unit of replication, and refuses tuning curves for this TPE/ASHA search."""
 
+import csv
+import io
 import json
 import subprocess
 
@@ -109,7 +111,18 @@ STUDY = Study(
 
     out = flatlab("compare", "twotunings", "--root", str(root), "--format", "markdown")
     assert out.returncode == 0, out.stderr
-    assert "Holds in every one of 2 tunings" in out.stdout and "mean per tuning" in out.stdout
+    assert "Shown over 2 tunings (p Holm < 0.05)" in out.stdout and "per tuning" in out.stdout
+    assert "heterogeneity" in out.stdout and "| m |" in out.stdout
+    margin = flatlab("compare", "twotunings", "--root", str(root), "--format", "csv", "--margin", "test/accuracy=0.5")
+    assert margin.returncode == 0, margin.stderr
+    rows = list(csv.DictReader(io.StringIO(margin.stdout)))
+    acc = [r for r in rows if r["quantity"] == "test/accuracy" and r["label"]]
+    assert acc and all(float(r["margin"]) == 0.5 and r["margin_source"] == "given" for r in acc)
+    design = flatlab("compare", "twotunings", "--root", str(root), "--design", "--format", "markdown")
+    assert design.returncode == 0, design.stderr
+    assert "design of the comparison against" in design.stdout and "2 × " in design.stdout
+    bad = flatlab("compare", "twotunings", "--root", str(root), "--margin", "test/accuracy=-1")
+    assert bad.returncode == 2 and "expected QUANTITY=NUMBER with a positive number" in bad.stderr
     one = flatlab("compare", "twotunings", "--root", str(root), "--tuning", "2", "--format", "csv")
     assert one.returncode == 0 and one.stdout.count("\n") == 1 + 2 * 2  # header + 2 arms x (accuracy, fisher)
     curves = flatlab("compare", "twotunings", "--root", str(root), "--tuning-curves")

@@ -159,3 +159,19 @@ def to_markdown(c: TuningComparison, rows: Sequence[DesignRow]) -> str:
     title = f"### {c.study + ': ' if c.study else ''}design of the comparison against {c.reference}"
     body = markdown_table(list(HEADERS), cells(rows), left=2)
     return "\n".join([title, "", body, ""] + [f"- {line}" for line in caption(c)]) + "\n"
+
+
+def planned_lines(c: TuningComparison, sample: Sample, planned: Tuple[int, int]) -> List[str]:
+    """What a planned design of S tunings x m final seeds detects, from the variance components of an earlier
+    launch (``c``, ``sample``): one line per quantity, each arm's smallest effect found with power 0.8."""
+    rows = study_design(c, sample, planned=planned)
+    s, m = planned
+    out = [
+        f"with {s} tunings x {m} final seeds, the variance components of the last launch ({len(c.tunings)} tunings) "
+        f"say this design detects, with power {POWER:g} (docs/comparing.md):"
+    ]
+    for q in c.quantities:
+        mine = [d for d in rows if d.quantity == q]
+        if mine:
+            out.append(f"  {q}: " + ", ".join(f"{d.arm} ±{number(d.detectable)}" for d in mine))
+    return out

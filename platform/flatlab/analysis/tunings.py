@@ -143,9 +143,9 @@ def compare_tunings(
             :func:`~flatlab.analysis.compare.table.compare_table`; the reference and quantities are
             those of the first tuning, and every tuning is compared on them. The family-wise level of the
             claims is ``1 − confidence``.
-        margins: quantity -> equivalence margin m (the quantity's units), over the study's own
-            (:attr:`~flatlab.analysis.sample.StudyInfo.margins`); a quantity without one gets
-            :func:`default_margin`.
+        margins: quantity -> equivalence margin m (the quantity's units; source ``given``), over the
+            study's own (:attr:`~flatlab.analysis.sample.StudyInfo.margins`; source ``study``); a quantity
+            without one gets :func:`default_margin`.
     Returns:
         A :class:`TuningComparison`.
     Raises:
@@ -170,7 +170,8 @@ def compare_tunings(
         )
         for k in tunings[1:]
     ]
-    given = {**dict(sample.info.margins or {}), **dict(margins or {})}
+    given = {q: (m, "study") for q, m in dict(sample.info.margins or {}).items()}
+    given.update({q: (m, "given") for q, m in dict(margins or {}).items()})
     rows: List[TuningRow] = []
     for q in first.quantities:
         rows += _quantity_rows(q, first, tables, given, confidence)
@@ -189,9 +190,14 @@ def compare_tunings(
 
 
 def _quantity_rows(
-    q: str, first: Comparison, tables: Sequence[Comparison], margins: Mapping[str, float], confidence: float
+    q: str,
+    first: Comparison,
+    tables: Sequence[Comparison],
+    margins: Mapping[str, Tuple[float, str]],
+    confidence: float,
 ) -> List[TuningRow]:
-    """One quantity's rows: every arm over the tunings, and the family of claims against the reference."""
+    """One quantity's rows: every arm over the tunings, and the family of claims against the reference
+    (``margins``: quantity -> (m, its source))."""
     ref = first.reference
     by_arm = {a: [_by_seed(c.seeds, a, q) if q in c.quantities else {} for c in tables] for a in first.arms}
     across = {}
@@ -206,9 +212,7 @@ def _quantity_rows(
         for a in others
     }
     per_seed = {a: [_differences(x, r) for x, r in zip(by_arm[a], by_arm[ref])] for a in others}
-    margin, source = margins.get(q), "study"
-    if margin is None:
-        margin, source = default_margin(q, across[ref].estimate.mean, ref)
+    margin, source = margins.get(q) or default_margin(q, across[ref].estimate.mean, ref)
     family = claims(
         q, ref, per_seed, higher_is_better=first.higher_is_better[q], margin=margin, margin_source=source,
         alpha=round(1.0 - confidence, 12),

@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from flatlab.analysis import compare as cmp
-from flatlab.analysis import tunings_text
+from flatlab.analysis import design_table, tunings_text
 from flatlab.analysis.query import select
 from flatlab.analysis.results import render as render_results
 from flatlab.analysis.sample import Sample
@@ -125,6 +125,26 @@ def _print_plans(studies: List[Study], tracking_uri: str) -> None:
         render_plan(s, console)
         for line in describe_chained(s, tracking_uri):
             console.print(line, soft_wrap=True)
+        for line in _planned_power(s, tracking_uri):
+            console.print(line, soft_wrap=True, markup=False)
+
+
+def _planned_power(study: Study, tracking_uri: str) -> List[str]:
+    """``--dry-run``: the effect the planned tunings x final seeds detect, when an earlier launch of the study
+    with two or more tunings gives the variance components; nothing otherwise."""
+    if not study.final_seeds:
+        return []
+    try:
+        sample = stored_trials.read_sample(tracking_uri, study.name)
+    except FlatlabError:
+        return []
+    if len(sample.tunings) < 2:
+        return []
+    try:
+        c = compare_tunings(sample, study=study.name)
+    except FlatlabError:
+        return []
+    return design_table.planned_lines(c, sample, (study.tunings, len(study.final_seeds)))
 
 
 def _check_before_launch(studies: List[Study], resume: bool, address: Optional[str]) -> None:
