@@ -79,6 +79,17 @@ RESULTS: Dict[str, Entry] = {
             studies=("digits_flatness_demo", "fmnist_flatness"),
         ),
         Entry(
+            "fmnist_flatness_replicate",
+            (("run", "studies/fmnist_flatness.py", "--scale", "cpu-replicate"),),
+            ("compare", "fmnist_flatness_replicate", "--format", "markdown"),
+        ),
+        Entry(
+            "fmnist_flatness_design",
+            (),
+            ("compare", "fmnist_flatness", "--design", "--format", "markdown"),
+            studies=("fmnist_flatness",),
+        ),
+        Entry(
             "fmnist_flatness_correlation",
             (),
             (
