@@ -1,4 +1,4 @@
-"""Flatness comparison of SGD, SAM, ASAM, TSAM, IRE and AdamW arms on Fashion-MNIST, each tuned on its own.
+"""Flatness comparison on Fashion-MNIST, each arm tuned on its own: SGD, SAM and TSAM (cpu), eight arms (paper).
 
 The question of ``digits_flatness``, on real data: which optimizer, fairly tuned, reaches flatter minima and
 generalises better? Fashion-MNIST (Xiao, Rasul & Vollgraf 2017; workload ``fashion_mnist``, Debian's IDX

@@ -73,7 +73,7 @@ def test_listings(monkeypatch):
     lines = {line.split()[0]: line.split(None, 1)[1] for line in res.output.splitlines() if line.startswith("studies/")}
     assert lines["studies/digits_demo.py"].startswith("-  ") and "SGD vs AdamW" in lines["studies/digits_demo.py"]
     assert lines["studies/deepobs_fmnist.py"].startswith("paper, cpu  ")  # SCALES = ("paper", "cpu")
-    assert lines["studies/fmnist_flatness.py"].startswith("cpu, paper, smoke  ")
+    assert lines["studies/fmnist_flatness.py"].startswith("cpu, cpu-replicate, paper, smoke  ")
     assert (
         lines["studies/examples/extensions.py"].startswith("-  ")
         and "Lion against SGD on two moons" in lines["studies/examples/extensions.py"]
