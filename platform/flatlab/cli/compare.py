@@ -102,6 +102,23 @@ def compare(
     effect: Optional[List[str]] = typer.Option(
         None, "--effect", metavar="QUANTITY=DELTA", help="with --design: the effect to detect (repeatable)"
     ),
+    time_to_target: bool = typer.Option(
+        False,
+        "--time-to-target",
+        help="AlgoPerf-style: per arm the median passes and training seconds its final runs took to reach the "
+        "validation target (a miss is infinite), and the speed-up over the reference with its interval over tunings",
+    ),
+    target: Optional[float] = typer.Option(
+        None,
+        help="with --time-to-target: the target of the study metric (default: the median final value of the "
+        "reference arm's final runs)",
+    ),
+    at_equal: Optional[str] = typer.Option(
+        None,
+        "--at-equal",
+        help="passes or seconds: the arms compared at the largest budget every final run reached (the study metric, "
+        "test metrics logged every epoch, flat_curve measures), with the main table's claims",
+    ),
     tracking_uri: Optional[str] = typer.Option(None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI"),
     root: Optional[Path] = typer.Option(None, help=ROOT_HELP),
 ) -> None:
@@ -136,6 +153,9 @@ def compare(
             _extras(uri, study, reference, measure, confidence, fmt, folder, tuning_curves, correlation)
             return
         margins, effects = _pairs(margin, "--margin"), _pairs(effect, "--effect")
+        if time_to_target or at_equal is not None:
+            _at_cost(uri, study, reference, confidence, fmt, margins, time_to_target, target, at_equal)
+            return
         if design:
             _print_design(uri, study, reference, metric, confidence, measure, margins, effects, fmt)
             return
@@ -144,6 +164,18 @@ def compare(
             _print_efficiency(_efficiency(uri, study, against, tolerance), fmt, study, against)
     except (FlatlabError, ValueError) as exc:
         _fail(exc)
+
+
+def _at_cost(uri, study, reference, confidence, fmt, margins, time_to_target: bool, target, at_equal) -> None:
+    """``--time-to-target`` and ``--at-equal``: the compute-based tables (:mod:`flatlab.cli.equal`)."""
+    from flatlab.cli import equal
+
+    if fmt == "latex":
+        raise FlatlabError("--time-to-target and --at-equal are written as table, markdown or csv")
+    if time_to_target:
+        equal.print_time_to_target(uri, study, reference=reference, target=target, confidence=confidence, fmt=fmt)
+    if at_equal is not None:
+        equal.print_at_equal(uri, study, at_equal, reference=reference, confidence=confidence, margins=margins, fmt=fmt)
 
 
 def _check_single_study_options(against, measure, tuning_curves: bool, correlation: bool, tuning) -> None:
