@@ -1,6 +1,7 @@
 """Per-epoch histories read back from MLflow, and the CLI's compute-based comparisons over them, on a
 temporary SQLite store (no Ray)."""
 
+import io
 import math
 import time
 
@@ -35,7 +36,7 @@ def store(tmp_path_factory):
     exp = runs.get_or_create_experiment(uri, "eq", runs.artifact_location(root))
     c = runs.client(uri)
     parent = c.create_run(exp, tags={runs.TAG_ROLE: "study"}).info.run_id
-    for k, v in {"metric": "val/accuracy", "mode": "max", "reference_arm": "sgd"}.items():
+    for k, v in {"metric": "val/accuracy", "mode": "max", "reference_arm": "sgd", "target_metric": "0.8"}.items():
         c.log_param(parent, k, v)
     now = int(time.time() * 1000)
     for (arm, tuning, seed), acc in ACC.items():
@@ -60,7 +61,7 @@ def store(tmp_path_factory):
 def test_read_histories(store):
     uri, _ = store
     h, info = read_histories(uri, "eq")
-    assert info.metric == "val/accuracy" and info.reference_arm == "sgd"
+    assert info.metric == "val/accuracy" and info.reference_arm == "sgd" and info.target_metric == 0.8
     assert len(h) == 8 * 3 and set(h["epoch"]) == {1, 2, 3}
     assert "test/accuracy" not in h.columns or h["test/accuracy"].isna().all()
     row = h[(h["arm"] == "ire") & (h["tuning"] == 1) & (h["seed"] == 1) & (h["epoch"] == 2)].iloc[0]
@@ -71,21 +72,22 @@ def test_read_histories(store):
 
 def test_cli_time_to_target_and_at_equal(store):
     uri, _ = store
-    out = runner.invoke(
-        app,
-        ["compare", "eq", "--time-to-target", "--target", "0.8", "--format", "csv"],
-        env={"MLFLOW_TRACKING_URI": uri},
-    )
+    env = {"MLFLOW_TRACKING_URI": uri, "COLUMNS": "200"}
+    out = runner.invoke(app, ["compare", "eq", "--time-to-target", "--target", "0.8", "--format", "csv"], env=env)
     assert out.exit_code == 0, out.output
-    rows = pd.read_csv(__import__("io").StringIO(out.output)).set_index("arm")
+    rows = pd.read_csv(io.StringIO(out.output)).set_index("arm")
     assert rows.loc["sgd", "passes"] == 250 and rows.loc["ire", "passes"] == 110
     assert rows.loc["ire", "passes_speedup"] == pytest.approx(math.exp((math.log(250 / 165) + math.log(200 / 110)) / 2))
-    out = runner.invoke(
-        app, ["compare", "eq", "--at-equal", "passes"], env={"MLFLOW_TRACKING_URI": uri, "COLUMNS": "200"}
+    study_target = runner.invoke(app, ["compare", "eq", "--time-to-target", "--format", "markdown"], env=env)
+    assert "val/accuracy >= 0.8 (study)" in study_target.output  # Study(target_metric=0.8)
+    given = runner.invoke(
+        app, ["compare", "eq", "--time-to-target", "--target", "0.9", "--format", "markdown"], env=env
     )
+    assert "val/accuracy >= 0.9 (given)" in given.output
+    out = runner.invoke(app, ["compare", "eq", "--at-equal", "passes"], env=env)
     assert out.exit_code == 0, out.output
     assert "at 300 passes" in out.output  # sgd's 300, the smaller total
-    out = runner.invoke(app, ["compare", "eq", "--at-equal", "steps"], env={"MLFLOW_TRACKING_URI": uri})
+    out = runner.invoke(app, ["compare", "eq", "--at-equal", "steps"], env=env)
     assert out.exit_code != 0 and "--at-equal 'steps': expected one of passes, seconds" in out.output
 
 

@@ -158,6 +158,7 @@ def time_to_target(
     target: Optional[float] = None,
     higher_is_better: bool = True,
     confidence: float = CONFIDENCE,
+    target_source: str = "given",
 ) -> TimeToTarget:
     """The time to target of every final run, each arm's medians and its speed-up (module docstring).
 
@@ -169,6 +170,7 @@ def time_to_target(
         target: the target value in the metric's units (``None``: :func:`reference_target`).
         higher_is_better: the metric's direction (``False`` for a loss).
         confidence: of the intervals; the claims' family-wise level is ``1 − confidence``.
+        target_source: where a given ``target`` came from, in words (``given``, ``study``).
     Raises:
         ConfigError: a missing column, an unknown reference arm, a non-finite target.
     """
@@ -177,7 +179,7 @@ def time_to_target(
     elif not finite(target):
         raise ConfigError(f"the target of {metric} must be a finite number; got {target!r}")
     else:
-        source = "given"
+        source = target_source
     per_run = runs_to_target(histories, metric, float(target), higher_is_better)
     if reference not in set(per_run["arm"]):
         raise ConfigError(

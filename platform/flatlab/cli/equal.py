@@ -26,9 +26,12 @@ def print_time_to_target(uri: str, study: str, *, reference, target, confidence:
 
     h, info = read_histories(uri, study)
     ref = reference_arm(h["arm"], reference or info.reference_arm)
+    source = "given" if target is not None else "study"
+    target = target if target is not None else info.target_metric
     r = time_to_target(
-        h, metric=info.metric, reference=ref, target=target, higher_is_better=info.mode != "min", confidence=confidence
-    )
+        h, metric=info.metric, reference=ref, target=target, higher_is_better=info.mode != "min",
+        confidence=confidence, target_source=source,
+    )  # fmt: skip
     if fmt == "csv":
         sys.stdout.write(r.frame().to_csv(index=False))
         return
