@@ -113,3 +113,21 @@ def test_bad_input():
         time_to_target(histories().drop(columns="compute/train_s"), metric="val/accuracy", reference="sgd")
     with pytest.raises(ConfigError, match="finite number"):
         time_to_target(histories(), metric="val/accuracy", reference="sgd", target=math.nan)
+
+
+def test_profiles_across_studies_in_one_unit():
+    from flatlab.analysis.compare.profiles import performance_ratios
+    from flatlab.analysis.time_to_target import cost_matrix
+
+    a = time_to_target(histories(), metric="val/accuracy", reference="sgd", target=0.8)
+    only = {k: v for k, v in ACC.items() if k[0] != "ire"}
+    b = time_to_target(histories(only), metric="val/accuracy", reference="sgd", target=0.9)
+    m = cost_matrix({"a": a, "b": b}, "passes")
+    assert m.loc["ire", "a"] == 110 and math.isnan(m.loc["ire", "b"]) and m.loc["sam", "a"] == 400
+    # b at 0.9: sgd 300, miss, 100, miss -> median (300 + inf) / 2 = inf; sam 400, 600, 400, miss -> 500
+    assert math.isinf(m.loc["sgd", "b"]) and m.loc["sam", "b"] == 500
+    r = performance_ratios(m)
+    assert r.loc["ire", "a"] == 1 and r.loc["sgd", "a"] == pytest.approx(250 / 110)
+    assert r.loc["sam", "b"] == 1 and math.isinf(r.loc["sgd", "b"]) and math.isinf(r.loc["ire", "b"])
+    with pytest.raises(ConfigError, match="cost unit 'steps'"):
+        cost_matrix({"a": a}, "steps")

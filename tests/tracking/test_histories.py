@@ -29,32 +29,38 @@ ACC = {  # (arm, tuning, seed) -> val/accuracy per epoch
 }
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    exp = runs.get_or_create_experiment(uri, "eq", runs.artifact_location(root))
+def launch(uri, root, name, acc, params):
+    exp = runs.get_or_create_experiment(uri, name, runs.artifact_location(root))
     c = runs.client(uri)
     parent = c.create_run(exp, tags={runs.TAG_ROLE: "study"}).info.run_id
-    for k, v in {"metric": "val/accuracy", "mode": "max", "reference_arm": "sgd", "target_metric": "0.8"}.items():
+    for k, v in {"metric": "val/accuracy", "mode": "max", **params}.items():
         c.log_param(parent, k, v)
     now = int(time.time() * 1000)
-    for (arm, tuning, seed), acc in ACC.items():
+    for (arm, tuning, seed), values in acc.items():
         tags = {runs.PARENT: parent, runs.TAG_ROLE: "trial", runs.TAG_ARM: arm, runs.TAG_SEED: str(seed)}
         tags.update({runs.TAG_TUNING: str(tuning), runs.TAG_STAGE: "final", runs.TAG_OUTCOME: "completed"})
         run_id = c.create_run(exp, tags=tags).info.run_id
         passes, seconds = COST[arm]
         m = []
-        for e, v in enumerate(acc, start=1):
+        for e, v in enumerate(values, start=1):
             m += [Metric("val/accuracy", v, now + e, e), Metric("compute/passes", passes * e, now + e, e)]
             m += [Metric("compute/train_s", seconds * e, now + e, e)]
-        m.append(Metric("test/accuracy", acc[-1], now + 9, len(acc)))  # the final model's only: not per epoch
+        m.append(Metric("test/accuracy", values[-1], now + 9, len(values)))  # the final model's only: not per epoch
         m.append(Metric("val/accuracy", 0.0, now - 1, 1))  # an older value at epoch 1: the latest counts
         c.log_batch(run_id, metrics=m)
         c.set_terminated(run_id)
     # a search trial: not read
     search = c.create_run(exp, tags={runs.PARENT: parent, runs.TAG_ROLE: "trial", runs.TAG_ARM: "sgd"}).info.run_id
     c.set_terminated(search)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    launch(uri, root, "eq", ACC, {"reference_arm": "sgd", "target_metric": "0.8"})
+    # a second workload: sgd only, whose target (its median final value) two of its four runs reach
+    launch(uri, root, "eq2", {k: v for k, v in ACC.items() if k[0] == "sgd"}, {})
     return uri, root
 
 
@@ -99,3 +105,18 @@ def test_cli_cost_curves(store, tmp_path):
     c = pd.read_csv(tmp_path / "val_accuracy_by_seconds.csv")
     assert set(c["arm"]) == {"sgd", "ire"} and c["cost"].max() == pytest.approx(3.3)
     assert (tmp_path / "val_accuracy_by_seconds.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_time_to_target_profiles_over_studies(store, tmp_path):
+    uri, _ = store
+    plot = tmp_path / "p.png"
+    args = ["compare", "eq", "eq2", "--time-to-target", "--format", "csv", "--plot", str(plot)]
+    out = runner.invoke(app, args, env={"MLFLOW_TRACKING_URI": uri})
+    assert out.exit_code == 0, out.output
+    passes = out.output.split("# seconds")[0]
+    assert "# passes" in passes and "ire,110.0,,1.0,inf" in passes  # ire is absent from eq2: not solved
+    # eq2's target 0.875: sgd 300, miss, 100, miss -> median inf in its only arm
+    assert "sgd,250.0,inf,2.272727" in passes
+    assert (tmp_path / "time_profiles_passes.png").exists() and (tmp_path / "time_profiles_seconds.png").exists()
+    out = runner.invoke(app, ["compare", "eq", "eq2", "--at-equal", "passes"], env={"MLFLOW_TRACKING_URI": uri})
+    assert out.exit_code != 0 and "--at-equal read one study" in out.output

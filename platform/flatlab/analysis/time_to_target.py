@@ -20,13 +20,16 @@ trials (:mod:`flatlab.analysis.histories`):
   10 % in time) are :func:`flatlab.analysis.claims.claims`'. An arm with a unit where either median is ∞
   (more than half its seeds missed) has no finite d_k there, and gets no interval: it is reported with
   the count of such units instead of being tested on the rest.
+
+Across studies (one workload each), :func:`cost_matrix` gives each arm's median time per study for the
+performance profiles of :mod:`flatlab.analysis.compare.profiles`, in the same unit.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -195,6 +198,29 @@ def time_to_target(
     }
     speedups = tuple(s for u in UNITS for s in _speedups(per_run, medians, u, reference, confidence))
     return TimeToTarget(metric, float(target), source, higher_is_better, reference, per_run, medians, speedups)
+
+
+def cost_matrix(results: Mapping[str, TimeToTarget], unit: str) -> Any:
+    """The median time to target of every arm on every study, arms × studies, for performance profiles
+    in a compute unit (:func:`flatlab.analysis.compare.profiles.performance_ratios`: a miss, ∞, and an arm
+    absent from a study, NaN, are both "not solved").
+
+    Args:
+        results: study name -> its :class:`TimeToTarget` (each against its own target).
+        unit: ``passes`` or ``seconds``.
+    Raises:
+        ConfigError: another unit.
+    """
+    # pandas on first use: importing this module stays light
+    import pandas as pd
+
+    if unit not in UNITS:
+        raise ConfigError(f"cost unit {unit!r} is not supported; expected one of {', '.join(UNITS)}")
+    arms = sorted({a for r in results.values() for a in r.medians})
+    return pd.DataFrame(
+        {w: [r.medians[a][unit] if a in r.medians else math.nan for a in arms] for w, r in results.items()},
+        index=pd.Index(arms, name="arm"),
+    )
 
 
 def _speedups(per_run: Any, medians: Dict, unit: str, reference: str, confidence: float) -> Tuple[Speedup, ...]:

@@ -38,6 +38,43 @@ def print_time_to_target(uri: str, study: str, *, reference, target, confidence:
     _show(f"{study}: time to target", *time_to_target_cells(r), fmt)
 
 
+def time_profiles(
+    uri: str, studies: List[str], *, reference, target, confidence: float, fmt: str, folder: Path
+) -> List[Path]:
+    """Several studies: each arm's median passes and training seconds to each study's own target (its
+    ``target_metric``, else the reference arm's median final value; ``target`` for every study), printed
+    as one table per unit, and the performance profiles in each unit saved as PNGs under ``folder``."""
+    # pandas on first use: the CLI starts without it
+    import pandas as pd
+
+    from flatlab.analysis.compare.profiles import performance_ratios, plot_profiles
+    from flatlab.analysis.compute_text import cell
+    from flatlab.analysis.time_to_target import cost_matrix, time_to_target
+
+    results = {}
+    for study in studies:
+        h, info = read_histories(uri, study)
+        given = target if target is not None else info.target_metric
+        results[study] = time_to_target(
+            h, metric=info.metric, reference=reference_arm(h["arm"], reference or info.reference_arm),
+            target=given, higher_is_better=info.mode != "min", confidence=confidence,
+            target_source="given" if target is not None else "study",
+        )  # fmt: skip
+    paths = []
+    for unit in UNITS:
+        m = cost_matrix(results, unit)
+        ratios = performance_ratios(m)
+        if fmt == "csv":
+            both = pd.concat({"median": m, "ratio": ratios}, axis=1)
+            sys.stdout.write(f"# {unit}\n" + both.to_csv())
+        else:
+            body = [[a, *(f"{cell(m.loc[a, w])} ({cell(ratios.loc[a, w])}×)" for w in m.columns)] for a in m.index]
+            caption = [f"{w}: {r.metric} target {cell(r.target)} ({r.target_source})" for w, r in results.items()]
+            _show(f"median {unit} to target (ratio to the best arm)", ["arm", *m.columns], body, caption, fmt)
+        paths.append(plot_profiles(ratios, folder / f"time_profiles_{unit}.png", title=f"time to target in {unit}"))
+    return paths
+
+
 def print_at_equal(
     uri: str, study: str, unit: str, *, reference, confidence: float, margins: Mapping[str, float], fmt: str
 ) -> None:
