@@ -120,3 +120,24 @@ def test_cli_time_to_target_profiles_over_studies(store, tmp_path):
     assert (tmp_path / "time_profiles_passes.png").exists() and (tmp_path / "time_profiles_seconds.png").exists()
     out = runner.invoke(app, ["compare", "eq", "eq2", "--at-equal", "passes"], env={"MLFLOW_TRACKING_URI": uri})
     assert out.exit_code != 0 and "--at-equal read one study" in out.output
+
+
+def test_a_launch_logs_its_cost_curves(store):
+    from flatlab.tracking.publish import log_study_analysis
+    from flatlab.tracking.trials import parent_runs
+
+    uri, _ = store
+    parent = parent_runs(uri, "eq")[0].info.run_id
+    logged = log_study_analysis(uri, parent, "eq")
+    want = {f"cost_curves/val_accuracy_by_{u}.{x}" for u in ("passes", "seconds") for x in ("csv", "png")}
+    assert want <= set(logged)
+    names = {f.path for f in runs.client(uri).list_artifacts(parent, "cost_curves")}
+    assert want <= names
+
+
+def test_cli_cost_curves_of_an_unknown_metric(store, tmp_path):
+    uri, _ = store
+    args = ["curves", "eq", "--cost", "passes", "--metric", "test/accuracy", "--output", str(tmp_path)]
+    out = runner.invoke(app, args, env={"MLFLOW_TRACKING_URI": uri})
+    assert out.exit_code != 0
+    assert "metric 'test/accuracy' has no per-epoch history here; these have: val/accuracy" in out.output

@@ -99,25 +99,11 @@ def write_cost_curves(
 ) -> List[Path]:
     """Each arm's metric against ``unit``: a CSV and a PNG per metric under ``folder`` (default metrics:
     the study's, the test metrics logged every epoch, the measures over training)."""
-    from flatlab.analysis.cost_curves import cost_curves, plot_cost_curves
-    from flatlab.analysis.equal_compute import quantities_of
+    from flatlab.tracking.histories import write_cost_curves as write
 
     check_unit(unit, "--cost")
     h, info = read_histories(uri, study)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for m in metrics or quantities_of(h, info.metric):
-        if m not in h.columns:
-            known = ", ".join(quantities_of(h, info.metric))
-            raise FlatlabError(f"--metric {m!r} has no per-epoch history in {study!r}; it has {known}")
-        c = cost_curves(h, m, unit, points)
-        stem = f"{m.replace('/', '_')}_by_{unit}"
-        c.to_csv(folder / f"{stem}.csv", index=False)
-        paths += [
-            folder / f"{stem}.csv",
-            plot_cost_curves(c, m, folder / f"{stem}.png", f"{study}: {m} against {unit}"),
-        ]
-    return paths
+    return write(h, info.metric, folder, units=(unit,), metrics=metrics, points=points, title=study)
 
 
 def check_unit(unit: str, option: str) -> None:
