@@ -48,7 +48,7 @@ def time_to_target_cells(r: Any) -> Tuple[List[str], List[List[str]], List[str]]
         "at the target; a miss is ∞; medians over final seeds and tunings.",
         f"speed-up over {r.reference}: exp of the mean over tunings (seeds in a study of one tuning) of "
         "ln(median reference time / median arm time), with its t interval; Holm across arms; "
-        "'no difference' within ±10 % in time.",
+        "'no difference' within ±10 % in time; a detectable effect is in ln units.",
     ]
     return head, body, caption
 
