@@ -101,6 +101,8 @@ def test_valid_study_passes_and_routes_fields():
         ),
         (dict(target_loss=0.0), r"target_loss=0.0; expected None or a finite float > 0"),
         (dict(target_loss=math.inf), r"target_loss=inf; expected None or a finite float > 0"),
+        (dict(target_metric=math.nan), r"target_metric=nan; expected None or a finite number \(the value of val/"),
+        (dict(target_metric="0.9"), r"target_metric='0.9'; expected None or a finite number"),
         (
             dict(train={"curve_smoothing": 1.0}),
             r"field 'train': curve_smoothing=1.0 is not allowed; expected float in \[0, 1\)",

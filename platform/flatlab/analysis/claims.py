@@ -286,11 +286,12 @@ def label(p_holm: float, eq_holm: float, low: float, high: float, alpha: float) 
 
 
 def words(quantity: str, better: bool) -> str:
-    """How the arm compares in the quantity's own words: flatness ``flatter``/``sharper``, accuracy ``more
-    accurate``/``less accurate``, a loss or perplexity ``lower``/``higher``, steps or epochs to a target
-    ``faster``/``slower``; otherwise ``better``/``worse``. ``better``: in the quantity's good direction."""
+    """How the arm compares in the quantity's own words: flatness (``flat/``, ``flat_at_target/``, the measures
+    over training ``flat_curve*/``) ``flatter``/``sharper``, accuracy ``more accurate``/``less accurate``, a
+    loss or perplexity ``lower``/``higher``, steps or epochs to a target ``faster``/``slower``; otherwise
+    ``better``/``worse``. ``better``: in the quantity's good direction."""
     q = quantity.lower()
-    if q.startswith((FLAT_PREFIX, AT_TARGET_PREFIX)):
+    if q.startswith((FLAT_PREFIX, AT_TARGET_PREFIX, "flat_curve")):
         return "flatter" if better else "sharper"
     if "accuracy" in q:
         return "more accurate" if better else "less accurate"

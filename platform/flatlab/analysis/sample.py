@@ -52,6 +52,7 @@ class StudyInfo:
         searcher, scheduler: the launch's (``random``, ``fifo`` ...; the scheduler's text may carry its
             settings), or ``None`` where not recorded.
         margins: the study's equivalence margins, quantity -> m (``Study.margins``; empty: the defaults).
+        target_metric: the study's target of ``metric`` for time to target (``Study.target_metric``), or ``None``.
     """
 
     name: str = ""
@@ -64,6 +65,7 @@ class StudyInfo:
     searcher: Optional[str] = None
     scheduler: Optional[str] = None
     margins: Mapping[str, float] = field(default_factory=dict)
+    target_metric: Optional[float] = None
 
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any]) -> StudyInfo:

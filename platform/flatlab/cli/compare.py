@@ -102,6 +102,23 @@ def compare(
     effect: Optional[List[str]] = typer.Option(
         None, "--effect", metavar="QUANTITY=DELTA", help="with --design: the effect to detect (repeatable)"
     ),
+    time_to_target: bool = typer.Option(
+        False,
+        "--time-to-target",
+        help="AlgoPerf-style: per arm the median passes and training seconds its final runs took to reach the "
+        "validation target (a miss is infinite), and the speed-up over the reference with its interval over tunings",
+    ),
+    target: Optional[float] = typer.Option(
+        None,
+        help="with --time-to-target: the target of the study metric (default: the median final value of the "
+        "reference arm's final runs)",
+    ),
+    at_equal: Optional[str] = typer.Option(
+        None,
+        "--at-equal",
+        help="passes or seconds: the arms compared at the largest budget every final run reached (the study metric, "
+        "test metrics logged every epoch, flat_curve measures), with the main table's claims",
+    ),
     tracking_uri: Optional[str] = typer.Option(None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI"),
     root: Optional[Path] = typer.Option(None, help=ROOT_HELP),
 ) -> None:
@@ -122,7 +139,10 @@ def compare(
         if fmt not in cmp.FORMATS:
             raise FlatlabError(f"--format {fmt!r} is not supported; expected one of {', '.join(cmp.FORMATS)}")
         if len(studies) > 1:
-            _check_single_study_options(against, measure, tuning_curves, correlation, tuning)
+            _check_single_study_options(against, measure, tuning_curves, correlation, tuning, at_equal)
+            if time_to_target:
+                _time_profiles(studies, uri, reference, target, confidence, fmt, plot, _root(root))
+                return
             _compare_workloads(
                 studies, uri, reference=reference, metric=metric, rank_by=rank_by, fmt=fmt, plot=plot,
                 tau_max=tau_max, root=_root(root),
@@ -136,6 +156,9 @@ def compare(
             _extras(uri, study, reference, measure, confidence, fmt, folder, tuning_curves, correlation)
             return
         margins, effects = _pairs(margin, "--margin"), _pairs(effect, "--effect")
+        if time_to_target or at_equal is not None:
+            _at_cost(uri, study, reference, confidence, fmt, margins, time_to_target, target, at_equal)
+            return
         if design:
             _print_design(uri, study, reference, metric, confidence, measure, margins, effects, fmt)
             return
@@ -146,7 +169,33 @@ def compare(
         _fail(exc)
 
 
-def _check_single_study_options(against, measure, tuning_curves: bool, correlation: bool, tuning) -> None:
+def _at_cost(uri, study, reference, confidence, fmt, margins, time_to_target: bool, target, at_equal) -> None:
+    """``--time-to-target`` and ``--at-equal``: the compute-based tables (:mod:`flatlab.cli.equal`)."""
+    from flatlab.cli import equal
+
+    if fmt == "latex":
+        raise FlatlabError("--time-to-target and --at-equal are written as table, markdown or csv")
+    if time_to_target:
+        equal.print_time_to_target(uri, study, reference=reference, target=target, confidence=confidence, fmt=fmt)
+    if at_equal is not None:
+        equal.print_at_equal(uri, study, at_equal, reference=reference, confidence=confidence, margins=margins, fmt=fmt)
+
+
+def _time_profiles(studies, uri, reference, target, confidence, fmt, plot, root: Path) -> None:
+    """``flatlab compare A B --time-to-target``: the median time to target per arm and study, and the
+    performance profiles in passes and in seconds (PNGs in ``plot``'s folder, default ``<root>/compare``)."""
+    from flatlab.cli import equal
+
+    if fmt == "latex":
+        raise FlatlabError("--time-to-target is written as table, markdown or csv")
+    folder = plot.parent if plot is not None else root / "compare"
+    paths = equal.time_profiles(
+        uri, studies, reference=reference, target=target, confidence=confidence, fmt=fmt, folder=folder
+    )
+    err.print(f"wrote the performance profiles to {', '.join(map(str, paths))}", soft_wrap=True)
+
+
+def _check_single_study_options(against, measure, tuning_curves: bool, correlation: bool, tuning, at_equal) -> None:
     """Options that only one study's table takes, refused with several studies."""
     if against is not None:
         raise FlatlabError("--against compares one grid study with a search study; give one STUDY with it")
@@ -154,8 +203,10 @@ def _check_single_study_options(against, measure, tuning_curves: bool, correlati
         raise FlatlabError(
             "--measure selects rows of one study's table; the summary of several shows every shared measure"
         )
-    if tuning_curves or correlation or tuning is not None:
-        raise FlatlabError("--tuning-curves, --correlation and --tuning read one study; give one STUDY with them")
+    if tuning_curves or correlation or tuning is not None or at_equal is not None:
+        raise FlatlabError(
+            "--tuning-curves, --correlation, --tuning and --at-equal read one study; give one STUDY with them"
+        )
 
 
 def _pairs(given: Optional[List[str]], option: str) -> dict:

@@ -74,14 +74,30 @@ def curves(
     ),
     confidence: float = typer.Option(0.95, help="of flatlab's t-interval over seeds"),
     fmt: str = typer.Option("table", "--format", help="table, markdown or csv (text formats go to stdout)"),
+    cost: Optional[str] = typer.Option(
+        None,
+        "--cost",
+        help="passes or seconds: instead, each arm's metric against its compute (median and 25-75th percentile band "
+        "over final seeds and tunings), a CSV and PNG per metric in --output",
+    ),
+    output: Optional[Path] = typer.Option(None, help="with --cost: the folder (default <root>/<study>/cost_curves)"),
+    points: int = typer.Option(50, min=2, help="with --cost: the grid of costs the curves are read at"),
     tracking_uri: Optional[str] = typer.Option(None, envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI"),
     root: Optional[Path] = typer.Option(None, help=ROOT_HELP),
 ) -> None:
     """flatlab's per-epoch mean and t-interval over seeds beside published runs (mean, min-max), per
     arm, metric and epoch: whether flatlab's mean falls inside the published range, whether the
-    intervals overlap, and where it falls outside."""
+    intervals overlap, and where it falls outside. With --cost passes|seconds: each arm's metric against
+    its passes or training seconds instead."""
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
+        if cost is not None:
+            from flatlab.cli.equal import write_cost_curves
+
+            folder = output or _root(root) / study / "cost_curves"
+            paths = write_cost_curves(uri, study, cost, metric, folder, points)
+            console.print(f"wrote {len(paths)} files to {folder}", soft_wrap=True, markup=False)
+            return
         check_confidence(confidence)
         if fmt not in FORMATS:
             raise FlatlabError(f"--format {fmt!r} is not supported; expected one of {', '.join(FORMATS)}")

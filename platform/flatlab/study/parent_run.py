@@ -58,6 +58,8 @@ def open_parent_run(
     params.update(chained_params(study))  # <arm>.<field> and <arm>.<field>.source of chained values
     if study.reference_arm is not None:
         params["reference_arm"] = study.reference_arm
+    if study.target_metric is not None:
+        params["target_metric"] = study.target_metric  # flatlab compare --time-to-target's target
     if study.margins:
         params["margins"] = dict(study.margins)  # margins.<quantity> = m: flatlab compare's equivalence margins
     params.update(launch_param(study.published))  # `flatlab curves STUDY` finds the reference here (JSON)

@@ -172,6 +172,10 @@ class Study:
             runs of up to 1024 steps, then doubling), so steps_to_target is an upper bound within it.
         target_loss: a fixed target training loss (> 0, the workload's loss units, e.g. nats per token)
             instead of ``reference_arm``: only ``train/steps_to_target`` is logged. Not both.
+        target_metric: the target of ``metric`` (a validation value in its units, e.g. 0.9 for
+            ``val/accuracy``) for ``flatlab compare --time-to-target``: the passes and training seconds each
+            final run takes to reach it (:mod:`flatlab.analysis.time_to_target`). ``None`` (default): the
+            median final value of the reference arm's final runs. ``--target`` overrides it.
         measures: flatness measures every completed trial computes on its final model, measure name ->
             parameters (``flatlab measures`` lists them), e.g. ``{"fisher_trace": {}, "neighbourhood_loss":
             {"sigma": 0.03, "draws": 40}}``; logged as ``flat/<measure>`` metrics and in ``trial.json``. With
@@ -235,6 +239,7 @@ class Study:
     description: str = ""
     reference_arm: Optional[str] = None
     target_loss: Optional[float] = None
+    target_metric: Optional[float] = None
     measures: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     measure_examples: int = 512
     measure_seed: int = 0

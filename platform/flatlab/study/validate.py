@@ -122,7 +122,8 @@ def _choice_problems(study: Study) -> List[str]:
 
 def _arm_name_problems(study: Study) -> List[str]:
     """At least one arm; arm names unique and usable as MLflow run, Optuna study and Tune trial names;
-    ``reference_arm`` one of them; ``target_loss`` a finite positive loss; not both a reference and a target."""
+    ``reference_arm`` one of them; ``target_loss`` a finite positive loss; not both a reference and a target;
+    ``target_metric`` a finite number."""
     out: List[str] = []
     if len(study.arms) == 0:
         out.append("arms is empty; give at least one Arm(optimizer=..., space={...})")
@@ -141,6 +142,11 @@ def _arm_name_problems(study: Study) -> List[str]:
     if study.reference_arm is not None and target is not None:
         out.append(
             f"reference_arm={study.reference_arm!r} and target_loss={target!r} are both set; set at most one of them"
+        )
+    if not (study.target_metric is None or _is_number(study.target_metric)):
+        out.append(
+            f"target_metric={study.target_metric!r}; expected None or a finite number (the value of "
+            f"{study.metric} to reach, in its units)"
         )
     return out
 

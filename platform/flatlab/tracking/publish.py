@@ -1,6 +1,7 @@
 """Analysis outputs as artifacts of a launch's MLflow parent run: the comparison (``compare/``, over the
 tunings where there are several), whether flatness predicts generalisation (``correlation/``), a random
-pool's tuning curves (``tuning_curves/``) and the flatness sweep (``flatness_sweep/``). Computed by
+pool's tuning curves (``tuning_curves/``), the curves against passes and seconds (``cost_curves/``) and the
+flatness sweep (``flatness_sweep/``). Computed by
 :mod:`flatlab.analysis`; nothing here raises, since every
 trial is already recorded."""
 
@@ -17,10 +18,12 @@ from flatlab.analysis.compare.statistics import CONFIDENCE
 from flatlab.analysis.compare.table import compare_table
 from flatlab.analysis.compare.text import cells, headers, to_csv, to_markdown
 from flatlab.analysis.flatness_sweep import ARTIFACT_DIR, MEAN_PREFIX, STEM, plot_sweep, sweep_table, wants_sweep
+from flatlab.analysis.histories import UNITS
 from flatlab.analysis.sample import Sample
 from flatlab.analysis.tunings import compare_tunings
 from flatlab.errors import ConfigError
 from flatlab.tracking import runs
+from flatlab.tracking.histories import sample_histories, write_cost_curves
 from flatlab.tracking.trials import read_sample, trials_frame
 
 logger = logging.getLogger(__name__)
@@ -102,7 +105,9 @@ def log_study_analysis(
     """Log what the launch's trials say beyond the paper table, where it applies: whether flatness predicts
     generalisation (``correlation/``: :mod:`flatlab.analysis.generalisation`, when trials measured
     flatness) and the tuning curves of a random-search pool (``tuning_curves/``: :mod:`flatlab.analysis.pool`,
-    for ``searcher="random"``, ``scheduler="fifo"``). ``sample``: the launch's trials when the caller has
+    for ``searcher="random"``, ``scheduler="fifo"``) and each arm's quantities against passes and training
+    seconds (``cost_curves/``: :mod:`flatlab.analysis.cost_curves`, where final trials logged their compute).
+    ``sample``: the launch's trials when the caller has
     read them (else read here). Never raises; returns the artifact paths logged."""
     logged: List[str] = []
     try:
@@ -111,7 +116,12 @@ def log_study_analysis(
     except Exception as exc:  # noqa: BLE001 - the study's results stand
         logger.warning("analysis: trials of run %s not read: %s", parent_run_id, exc)
         return logged
-    for folder, write in (("correlation", _write_correlation), ("tuning_curves", _write_curves)):
+    writers = (
+        ("correlation", _write_correlation),
+        ("tuning_curves", _write_curves),
+        ("cost_curves", lambda s, folder: _write_cost_curves(tracking_uri, s, folder)),
+    )
+    for folder, write in writers:
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 paths = write(sample, Path(tmp))
@@ -121,8 +131,16 @@ def log_study_analysis(
         except Exception as exc:  # noqa: BLE001
             logger.warning("analysis: %s not logged to run %s: %s", folder, parent_run_id, exc)
     if console is not None and logged:
-        console.print(f"analysis: {len(logged)} files on the launch run (correlation/, tuning_curves/)")
+        console.print(f"analysis: {len(logged)} files on the launch run (correlation/, tuning_curves/, cost_curves/)")
     return logged
+
+
+def _write_cost_curves(tracking_uri: str, sample: Sample, folder: Path) -> List[Path]:
+    """Each arm's per-epoch quantities against passes and seconds, where the final trials logged compute."""
+    final = sample.final().completed()
+    if final.empty or not final.has_values(UNITS["passes"]):
+        return []
+    return write_cost_curves(sample_histories(tracking_uri, sample), sample.info.metric, folder, title=sample.info.name)
 
 
 def _write_correlation(sample: Sample, folder: Path) -> List[Path]:

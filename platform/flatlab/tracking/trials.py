@@ -117,13 +117,14 @@ def _launch_attrs(params: Dict[str, str], metric: str, mode: str) -> Dict[str, A
     """What the launch's parent run recorded that the analysis needs (:class:`~flatlab.analysis.sample.StudyInfo`):
     the metric and mode, the reference arm, the workload (the range of its loss), the training-loss target
     (measured there and trained on, or stopped there), the searcher and scheduler (whether the trials are an
-    i.i.d. pool, :mod:`flatlab.analysis.pool`) and the equivalence margins."""
+    i.i.d. pool, :mod:`flatlab.analysis.pool`), the equivalence margins and the target of the metric."""
     out: Dict[str, Any] = {"metric": metric, "mode": mode}
     for key in ("reference_arm", "workload", "searcher", "scheduler"):
         out[key] = params.get(key)
     for key in ("measure_at_train_loss", "stop_at_train_loss"):
         out[key] = params.get(f"train.{key}")
     out["margins"] = {k[len("margins.") :]: float(v) for k, v in params.items() if k.startswith("margins.")}
+    out["target_metric"] = float(params["target_metric"]) if params.get("target_metric") else None
     return out
 
 
