@@ -80,6 +80,8 @@ def curves(
     """flatlab's per-epoch mean and t-interval over seeds beside published runs (mean, min-max), per
     arm, metric and epoch: whether flatlab's mean falls inside the published range, whether the
     intervals overlap, and where it falls outside."""
+    from flatlab.workloads.ranges import ranges_of  # torch: the registries that declare the ranges
+
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
         check_confidence(confidence)
@@ -93,6 +95,7 @@ def curves(
             metrics=metric or None,
             epochs=parse_epochs(epochs),
             confidence=confidence,
+            ranges_of=ranges_of,
         )
         if fmt == "table":
             pub.render(comparison, console)

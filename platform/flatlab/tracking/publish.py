@@ -6,6 +6,7 @@ trial is already recorded."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 from pathlib import Path
@@ -20,6 +21,7 @@ from flatlab.analysis.flatness_sweep import ARTIFACT_DIR, MEAN_PREFIX, STEM, plo
 from flatlab.analysis.sample import Sample
 from flatlab.analysis.tunings import compare_tunings
 from flatlab.errors import ConfigError
+from flatlab.ranges import NO_RANGES, Ranges
 from flatlab.tracking import runs
 from flatlab.tracking.trials import read_sample, trials_frame
 
@@ -36,6 +38,7 @@ def log_comparison(
     confidence: float = CONFIDENCE,
     artifact_path: str = "compare",
     study: str = "",
+    ranges: Ranges = NO_RANGES,
 ) -> List[str]:
     """Log the comparison of ``df`` to the launch's parent run: ``<artifact_path>/comparison.md``,
     ``comparison.csv``, ``comparison.json`` (the text table through ``log_table``, which MLflow's UI
@@ -43,7 +46,8 @@ def log_comparison(
     (``MlflowClient.log_text``/``log_artifact``).
 
     ``reference`` defaults to :func:`flatlab.analysis.selection.reference_arm` of the compared arms and
-    the launch's ``reference_arm`` (``df.attrs``, as ``trials_frame`` reads it). Never raises (and never creates a
+    the launch's ``reference_arm`` (``df.attrs``, as ``trials_frame`` reads it); ``ranges``: the values the
+    quantities can take (:func:`flatlab.analysis.compare.table.compare_table`). Never raises (and never creates a
     store): a failure is logged as a warning and that artifact is
     skipped.
 
@@ -53,7 +57,7 @@ def log_comparison(
     logged: List[str] = []
     try:
         client = runs.client(runs.existing_store(tracking_uri))  # never creates a store
-        texts, head, body, table = _comparison(df, metric, reference, confidence, study)
+        texts, head, body, table = _comparison(df, metric, reference, confidence, study, ranges)
     except Exception as exc:  # noqa: BLE001
         logger.warning("compare: no comparison table for run %s: %s", parent_run_id, exc)
         return logged
@@ -83,11 +87,13 @@ def log_comparison(
     return logged
 
 
-def _comparison(df: Any, metric: Optional[str], reference: Optional[str], confidence: float, study: str):
+def _comparison(
+    df: Any, metric: Optional[str], reference: Optional[str], confidence: float, study: str, ranges: Ranges
+):
     """``(texts by file name, headers, cells, one tuning's table)`` of the study's comparison: over its
     tunings where it has several (:func:`flatlab.analysis.tunings.compare_tunings`), else the one table."""
     sample = Sample.of(df)
-    kwargs = dict(metric=metric, reference=reference, confidence=confidence, study=study)
+    kwargs = dict(metric=metric, reference=reference, confidence=confidence, study=study, ranges=ranges)
     if len(sample.tunings) > 1:
         c = compare_tunings(sample, **kwargs)
         texts = {"comparison.md": tunings_text.to_markdown(c), "comparison.csv": tunings_text.to_csv(c)}
@@ -97,13 +103,19 @@ def _comparison(df: Any, metric: Optional[str], reference: Optional[str], confid
 
 
 def log_study_analysis(
-    tracking_uri: str, parent_run_id: str, study: str, console: Optional[Any] = None, sample: Optional[Sample] = None
+    tracking_uri: str,
+    parent_run_id: str,
+    study: str,
+    console: Optional[Any] = None,
+    sample: Optional[Sample] = None,
+    ranges: Ranges = NO_RANGES,
 ) -> List[str]:
     """Log what the launch's trials say beyond the paper table, where it applies: whether flatness predicts
     generalisation (``correlation/``: :mod:`flatlab.analysis.generalisation`, when trials measured
     flatness) and the tuning curves of a random-search pool (``tuning_curves/``: :mod:`flatlab.analysis.pool`,
     for ``searcher="random"``, ``scheduler="fifo"``). ``sample``: the launch's trials when the caller has
-    read them (else read here). Never raises; returns the artifact paths logged."""
+    read them (else read here); ``ranges``: the values the validation metric can take (the tuning curves'
+    support). Never raises; returns the artifact paths logged."""
     logged: List[str] = []
     try:
         client = runs.client(runs.existing_store(tracking_uri))
@@ -111,7 +123,8 @@ def log_study_analysis(
     except Exception as exc:  # noqa: BLE001 - the study's results stand
         logger.warning("analysis: trials of run %s not read: %s", parent_run_id, exc)
         return logged
-    for folder, write in (("correlation", _write_correlation), ("tuning_curves", _write_curves)):
+    curves = functools.partial(_write_curves, ranges=ranges)
+    for folder, write in (("correlation", _write_correlation), ("tuning_curves", curves)):
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 paths = write(sample, Path(tmp))
@@ -138,12 +151,12 @@ def _write_correlation(sample: Sample, folder: Path) -> List[Path]:
     return [folder / "flatness_correlation.csv", folder / "flatness_correlation.md", *scatters]
 
 
-def _write_curves(sample: Sample, folder: Path) -> List[Path]:
+def _write_curves(sample: Sample, folder: Path, ranges: Ranges) -> List[Path]:
     try:
         pool.check_independent(sample)
     except ConfigError:
         return []  # not a pool of independent trials: no tuning curves
-    return pool.write_curves(pool.pool_curves(sample), folder)
+    return pool.write_curves(pool.pool_curves(sample, ranges=ranges), folder)
 
 
 def log_flatness_sweep(
