@@ -238,7 +238,7 @@ def timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
 
 
 def part_c(args: argparse.Namespace, device: torch.device) -> List[Row]:
-    from flatlab.optim._flat import kth_smallest_with_count
+    from flatlab.optim._select import kth_smallest_with_count
     from flatlab.optim.ire import flat_count
 
     n = 1_000_000 if args.dry_run else 100_000_000

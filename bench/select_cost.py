@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-import flatlab.optim._flat as flat
+import flatlab.optim._select as flat
 from flatlab.optim.ire import flat_count
 from flatlab.train.closure import BatchClosure
 from flatlab.train.cpu_threads import configure as configure_cpu

@@ -17,10 +17,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "flatlab"
 MAX_BODY_LINES = 60
 
 EXCEPTIONS: Dict[str, str] = {
-    "train/trainer.py::Trainer.run_epoch": (
-        "the training loop kept whole: batching, augmentation, the optimizer step, divergence checks and the "
-        "epoch's metrics read in the order they happen"
-    ),
     "train/trainer.py::Trainer.__init__": (
         "the trainer's set-up kept whole: model, precision, data parallelism, optimizer and schedule, each "
         "built from the one before"

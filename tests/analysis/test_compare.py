@@ -15,6 +15,7 @@ from rich.console import Console
 from flatlab.analysis import compare as cmp
 from flatlab.errors import ConfigError
 from flatlab.tracking.publish import log_comparison
+from flatlab.workloads.ranges import ranges_of
 
 # Student t quantiles t_{0.975, nu}: nu = 2 in closed form, nu = 3 checked against the closed-form CDF below.
 T975_2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)
@@ -840,7 +841,7 @@ def test_rich_table_never_splits_a_number_or_an_arm_name(width):
     """Every cell (intervals included) on one line at any width; a table wider than the console says so."""
     df = final_frame()
     df["arm"] = df["arm"].replace({"sam": "adam_with_sam"})
-    comparison = cmp.compare_table(df, reference="sgd", study="toy")
+    comparison = cmp.compare_table(df, reference="sgd", study="toy", ranges=ranges_of("digits"))
     console = Console(record=True, width=width)
     cmp.render(comparison, console)
     lines = console.export_text().splitlines()

@@ -300,7 +300,7 @@ def test_trials_frame_reads_the_launchs_target(tmp_path):
 
 
 def test_the_mlflow_view_shows_both_sets():
-    from flatlab.tracking.ui import study_columns
+    from flatlab.study.parent_run import study_columns
 
     s = Study(
         name="v",

@@ -10,7 +10,9 @@ from rich.console import Console
 from flatlab.analysis import compare as cmp
 from flatlab.analysis.compare.statistics import clip, t_estimate
 from flatlab.analysis.compare.table import quantity_support
-from flatlab.sharpness.measures import LOSS, NONNEGATIVE, Measure, measure_support
+from flatlab.ranges import LOSS, NO_RANGES, NONNEGATIVE, Ranges
+from flatlab.sharpness.measures import Measure, measure_support
+from flatlab.workloads.ranges import ranges_of
 
 T975_1 = math.tan(math.pi * 0.475)  # t_{0.975, 1} in closed form: 12.7062...
 T975_2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)  # t_{0.975, 2}: 4.3027...
@@ -63,20 +65,32 @@ def test_clip_by_hand():
 
 
 def test_ranges_per_quantity():
-    assert quantity_support("test/accuracy") == (0.0, 1.0) == quantity_support("val/accuracy", "toy/tsam_wave")
-    assert quantity_support("test/loss", "digits") == (0.0, math.inf) == quantity_support("train/loss", "digits")
-    assert quantity_support("test/loss") is None  # no workload known: a loss may be negative (the toys')
-    assert quantity_support("val/loss", "toy/tsam_kink") is None and quantity_support("test/loss", "no_such_wl") is None
-    assert quantity_support("test/perplexity", "lm/wikitext2") == (1.0, math.inf)  # exp of a loss >= 0
-    assert quantity_support("test/matthews", "glue/cola") == (-1.0, 1.0)
-    assert quantity_support("flat/fisher_trace") == NONNEGATIVE == quantity_support("flat_at_target/fisher_trace")
-    assert quantity_support("flat/hessian_trace", "digits") is None  # Tr(H) < 0 at a saddle; v^T H v of any sign
-    assert quantity_support("flat/avg_sharpness", "digits") is None  # a difference of losses
-    assert quantity_support("flat/neighbourhood_loss/sigma_0.01", "digits") == NONNEGATIVE
-    assert quantity_support("flat/neighbourhood_loss/sigma_0.01", "toy/tsam_wave") is None
-    assert quantity_support("flat/neighbourhood_loss/sigma_0.01_var", "toy/tsam_wave") == NONNEGATIVE
+    def q(quantity, workload=None):
+        return quantity_support(quantity, ranges_of(workload))
+
+    assert q("test/accuracy") == (0.0, 1.0) == q("val/accuracy", "toy/tsam_wave")
+    assert q("test/loss", "digits") == (0.0, math.inf) == q("train/loss", "digits")
+    assert q("test/loss") is None  # no workload known: a loss may be negative (the toys')
+    assert q("val/loss", "toy/tsam_kink") is None and q("test/loss", "no_such_wl") is None
+    assert q("test/perplexity", "lm/wikitext2") == (1.0, math.inf)  # exp of a loss >= 0
+    assert q("test/matthews", "glue/cola") == (-1.0, 1.0)
+    assert q("flat/fisher_trace") == NONNEGATIVE == q("flat_at_target/fisher_trace")
+    assert q("flat/hessian_trace", "digits") is None  # Tr(H) < 0 at a saddle; v^T H v of any sign
+    assert q("flat/avg_sharpness", "digits") is None  # a difference of losses
+    assert q("flat/neighbourhood_loss/sigma_0.01", "digits") == NONNEGATIVE
+    assert q("flat/neighbourhood_loss/sigma_0.01", "toy/tsam_wave") is None
+    assert q("flat/neighbourhood_loss/sigma_0.01_var", "toy/tsam_wave") == NONNEGATIVE
     assert measure_support("flat/param_norm", NONNEGATIVE) is None  # not declared: unbounded
-    assert quantity_support("train/epochs_to_target") is None
+    assert q("train/epochs_to_target") is None
+
+
+def test_the_analysis_knows_only_the_names_unless_handed_the_ranges():
+    assert quantity_support("test/accuracy") == (0.0, 1.0) and quantity_support("test/loss") is None
+    assert quantity_support("flat/fisher_trace") is None and NO_RANGES == Ranges()
+    given = Ranges(loss=(0.0, math.inf), measures={"flat/x_<s>": LOSS, "flat/y": (0.0, 2.0)})
+    assert quantity_support("test/loss", given) == (0.0, math.inf) == quantity_support("flat/x_0.1", given)
+    assert quantity_support("flat_at_target/y", given) == (0.0, 2.0) and quantity_support("flat/z", given) is None
+    assert quantity_support("test/perplexity", given) == (1.0, math.inf)
 
 
 def test_a_measures_support_must_name_its_metrics():
@@ -88,7 +102,9 @@ def test_a_measures_support_must_name_its_metrics():
 
 
 def test_arm_intervals_are_clipped_and_differences_tests_are_not():
-    c = cmp.compare_table(frame(), reference="ref", measures=["fisher_trace", "hessian_trace"])
+    c = cmp.compare_table(
+        frame(), reference="ref", measures=["fisher_trace", "hessian_trace"], ranges=ranges_of("digits")
+    )
     ref_acc = c.row("test/accuracy", "ref")
     assert ref_acc.clipped and ref_acc.summary.high == 1.0 and ref_acc.summary.mean == pytest.approx(2.99 / 3)
     assert not c.row("test/accuracy", "arm").clipped  # [0.8852, 0.9348]: inside [0, 1]
@@ -114,15 +130,19 @@ def test_arm_intervals_are_clipped_and_differences_tests_are_not():
 
 
 def test_a_loss_is_clipped_only_where_the_workload_says_it_is_nonnegative():
-    digits = cmp.compare_table(frame("digits"), metric="test/loss", reference="ref", measures=[])
+    digits = cmp.compare_table(frame(), metric="test/loss", reference="ref", measures=[], ranges=ranges_of("digits"))
     assert digits.row("test/loss", "ref").summary.low == 0.0  # [0.0, 1.0]: 0.5 - t_1 / 2 < 0
-    toy = cmp.compare_table(frame("toy/tsam_wave"), metric="test/loss", reference="ref", measures=[])
+    toy = cmp.compare_table(
+        frame(), metric="test/loss", reference="ref", measures=[], ranges=ranges_of("toy/tsam_wave")
+    )
     assert toy.row("test/loss", "ref").summary.low == pytest.approx(0.5 - T975_1 / 2, rel=1e-12)
     assert not any("clipped" in line for line in cmp.caption(toy))
 
 
 def test_one_test_and_no_test_read_correctly():
-    c = cmp.compare_table(frame(), reference="ref", measures=["hessian_trace"])  # hessian: arm has 1 seed, no test
+    c = cmp.compare_table(
+        frame(), reference="ref", measures=["hessian_trace"], ranges=ranges_of("digits")
+    )  # hessian: arm has 1 seed, no test
     text = " ".join(cmp.caption(c))
     assert "1 quantity, 1 test in all" in text and "1 tests" not in text
     assert "against ref: test/accuracy: arm." in text  # differences -0.09, -0.09, -0.08: t = -26, p = 0.0015

@@ -16,6 +16,7 @@ import pytest
 from flatlab.analysis import curve_sets
 from flatlab.analysis import published as pub
 from flatlab.errors import ConfigError
+from flatlab.workloads.ranges import ranges_of
 
 REPO = Path(__file__).resolve().parents[2]
 DEEPOBS = REPO / "studies" / "published" / "deepobs_fmnist_2c2d.json"
@@ -139,7 +140,7 @@ def test_the_interval_stays_inside_the_values_the_metric_can_take(toy):
     _, loss_low, loss_high = hand_ci([0.01, 0.2, 0.4])
     assert loss_low == pytest.approx(-0.2811274, abs=1e-6)
     for workload, expect_loss_low in (("fashion_mnist", 0.0), (None, loss_low)):
-        rows = pub.compare_curves(toy, frame, {"a": "c"}, workload=workload).rows.set_index("metric")
+        rows = pub.compare_curves(toy, frame, {"a": "c"}, ranges=ranges_of(workload)).rows.set_index("metric")
         acc, loss = rows.loc["test/accuracy"], rows.loc["test/loss"]
         assert (acc["mean"], acc["ci_low"], acc["ci_high"]) == pytest.approx((mean, low, 1.0), abs=1e-12)
         assert (loss["ci_low"], loss["ci_high"]) == pytest.approx((expect_loss_low, loss_high), abs=1e-12)

@@ -14,6 +14,7 @@ from flatlab.analysis.compare.text import SINGLE_TUNING_NOTE, caption
 from flatlab.analysis.sample import Sample, StudyInfo
 from flatlab.analysis.tunings import compare_tunings
 from flatlab.errors import ConfigError
+from flatlab.workloads.ranges import ranges_of
 
 SEEDS = (1, 2, 3)
 
@@ -153,7 +154,7 @@ def test_an_arms_two_level_interval_is_clipped_to_the_quantitys_range_as_in_a_si
         df["flat/fisher_trace"] - 11.5
     )  # sgd's tuning means -0.5, 0.5, 1.5: the raw interval dips below 0
     df.loc[df["flat/fisher_trace"] < 0, "flat/fisher_trace"] = 0.01
-    a = compare_tunings(df).row("flat/fisher_trace", "sgd").across.estimate
+    a = compare_tunings(df, ranges=ranges_of("digits")).row("flat/fisher_trace", "sgd").across.estimate
     assert a.low == 0.0 and a.high > 0  # a Fisher trace is >= 0 (flatlab.sharpness.measures declares it)
 
 

@@ -1,4 +1,4 @@
-"""IRE's threshold select on the CPU (flatlab.optim._flat._bracketed_select): a sampled bracket, one
+"""IRE's threshold select on the CPU (flatlab.optim._select._bracketed_select): a sampled bracket, one
 counting pass and an introselect over the few entries inside it. Its answer must be torch.kthvalue's
 (value and count) in every case; the sample only decides whether it answers or hands over to the radix
 select. The cases below make it answer, miss on either side, overflow its bracket, and answer a tie
@@ -11,7 +11,7 @@ import pytest
 import torch
 from _optim_testlib import closure_for, mlp, vector_batch
 
-import flatlab.optim._flat as flat_mod
+import flatlab.optim._select as flat_mod
 from flatlab.optim.ire import IRE, flat_count
 
 

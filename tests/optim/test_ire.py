@@ -393,8 +393,8 @@ def test_toy_larger_kappa_reaches_flatter_minima():
 def test_radix_select_equals_kthvalue(n, select):
     # on the CPU the first selects through a sampled bracket (from a copy up to 2^17 entries), the second
     # by the radix passes alone; 300,001 entries take the bracket
-    import flatlab.optim._flat as flat_mod
-    from flatlab.optim._flat import kth_smallest_nonnegative
+    import flatlab.optim._select as flat_mod
+    from flatlab.optim._select import kth_smallest_nonnegative
 
     kth_smallest_with_count = getattr(flat_mod, select)
     g = torch.Generator().manual_seed(n)
@@ -414,7 +414,7 @@ def test_radix_select_equals_kthvalue(n, select):
 
 @pytest.mark.parametrize("select", ["kth_smallest_with_count", "radix_kth_smallest_with_count"])
 def test_radix_select_ignores_signs_and_rejects_bad_input(select):
-    import flatlab.optim._flat as flat_mod
+    import flatlab.optim._select as flat_mod
 
     kth_smallest_with_count = getattr(flat_mod, select)
     kth_smallest_nonnegative = lambda h, k: kth_smallest_with_count(h, k)[0]  # noqa: E731
@@ -437,7 +437,7 @@ def test_radix_select_ignores_signs_and_rejects_bad_input(select):
 def test_radix_select_at_both_ends_of_the_bit_range(select):
     # bucket 0 (below 2^-126·2^-7: subnormal bit patterns under 0x10000) with the largest NaN pattern
     # present, and the largest NaN pattern itself selected (bucket 0x7FFF: nothing above it)
-    import flatlab.optim._flat as flat_mod
+    import flatlab.optim._select as flat_mod
 
     kth_smallest_with_count = getattr(flat_mod, select)
 
@@ -464,7 +464,7 @@ def test_radix_select_keeps_the_bucket_apart_from_entries_with_the_same_lower_bi
     # the second pass bins entries inside the k-th value's bucket by their lower 16 bits and every other
     # entry by the same bits in a separate range: entries of the neighbouring buckets (and of far ones)
     # share their lower bits with the bucket's entries here, so any mixing would move the answer
-    from flatlab.optim._flat import radix_kth_smallest_with_count as kth_smallest_with_count
+    from flatlab.optim._select import radix_kth_smallest_with_count as kth_smallest_with_count
 
     gen = torch.Generator().manual_seed(3)
     lows = torch.randint(0, 1 << 16, (40,), generator=gen, dtype=torch.int32)
@@ -482,7 +482,7 @@ def test_radix_select_keeps_the_bucket_apart_from_entries_with_the_same_lower_bi
 def test_at_most_writes_the_mask_and_counts_it(monkeypatch, chunk):
     # on the CPU numpy compares straight into the mask; on other devices torch compares in pieces of
     # SELECT_CHUNK (that path run here on the CPU)
-    import flatlab.optim._flat as flat_mod
+    import flatlab.optim._select as flat_mod
 
     if chunk is None:
         compare = flat_mod.at_most
@@ -505,7 +505,7 @@ def test_at_most_writes_the_mask_and_counts_it(monkeypatch, chunk):
 @pytest.mark.parametrize("select", ["kth_smallest_with_count", "radix_kth_smallest_with_count"])
 @pytest.mark.parametrize("chunk", [5, 64, 1 << 22])  # pieces smaller than the k-th bucket, and not
 def test_radix_select_over_several_tensors_equals_kthvalue_of_their_concatenation(monkeypatch, chunk, select):
-    import flatlab.optim._flat as flat_mod
+    import flatlab.optim._select as flat_mod
 
     monkeypatch.setattr(flat_mod, "SELECT_CHUNK", chunk)
     g = torch.Generator().manual_seed(3)
@@ -533,7 +533,7 @@ def test_radix_select_packs_small_tensors_and_stays_exact(monkeypatch, chunk, ca
     # Consecutive small pieces are binned into one scratch run and counted by one bincount per pass: the
     # value and count still equal torch.kthvalue of the concatenation, for every k (1 and n included),
     # with float32 and int32 (bit pattern) tensors mixed
-    import flatlab.optim._flat as flat_mod
+    import flatlab.optim._select as flat_mod
 
     monkeypatch.setattr(flat_mod, "SELECT_CHUNK", chunk)
     g = torch.Generator().manual_seed(7)

@@ -3,7 +3,7 @@
 Once the loss saturates, many sampled-label gradient entries fall below 2^-63 ≈ 1.1e-19, so h = g² is
 subnormal or 0 in float32 and every operation on it takes the CPU's slow path. IRE never forms h: the
 mask ``fl(g_i²) ≤ kthvalue(fl(g²), k)`` equals ``|g_i| ≤ G``, G the largest float32 whose square rounds to
-at most the k-th smallest one (``flatlab.optim._flat.square_tie_ceiling``). These tests check that the
+at most the k-th smallest one (``flatlab.optim._select.square_tie_ceiling``). These tests check that the
 mask is still bit for bit the squared one, ties through underflow included, and that 100 AdmIRE steps on
 a saturating MLP do no floating-point work on subnormals in IRE's own code.
 """
@@ -22,10 +22,10 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-import flatlab.optim._flat as flat_mod
+import flatlab.optim._select as flat_mod
 import flatlab.optim.ire as ire_mod
 from flatlab.optim import get_optimizer
-from flatlab.optim._flat import F32_INF_BITS, square_tie_ceiling
+from flatlab.optim._select import F32_INF_BITS, square_tie_ceiling
 from flatlab.optim.ire import IRE, flat_count
 from flatlab.train.closure import BatchClosure
 

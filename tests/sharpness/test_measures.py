@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
+from flatlab.batch import sample_labels
 from flatlab.cli.main import app
 from flatlab.errors import ConfigError, UnknownNameError
 from flatlab.sharpness import (
@@ -21,7 +22,6 @@ from flatlab.sharpness import (
     measure_subset,
     resolve_measures,
 )
-from flatlab.train.closure import sample_labels
 from flatlab.workloads.base import Split
 
 ALL = {

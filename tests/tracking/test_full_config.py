@@ -149,13 +149,19 @@ def test_pickled_callback_keeps_its_study_and_an_old_state_has_none(tmp_path):
 
 def test_trial_json_holds_the_resolved_config(tmp_path):
     from flatlab.tracking.artifacts import WorkerTracking, log_trial_artifacts
+    from flatlab.train.resolved import resolve_spec
 
     uri, exp, parent, c = _store(tmp_path)
     c.create_run(exp, tags={runs.PARENT: parent, runs.TAG_TRIAL: "t9"})
     config = {"arm": "sgd", "seed": 2, "lr": 0.2}
     spec = trial_spec(STUDY, config)
     run_id = log_trial_artifacts(
-        WorkerTracking(uri, exp, parent, log_models=False), "t9", torch.nn.Linear(1, 1), spec, {"val/accuracy": 0.5}
+        WorkerTracking(uri, exp, parent, log_models=False),
+        "t9",
+        torch.nn.Linear(1, 1),
+        spec,
+        {"val/accuracy": 0.5},
+        resolved=resolve_spec(spec),
     )
     path = c.download_artifacts(run_id, "trial.json", str(tmp_path))
     info = json.loads(open(path).read())

@@ -8,6 +8,7 @@ from urllib.parse import parse_qs, urlparse
 
 from flatlab import Arm, Study
 from flatlab import space as sp
+from flatlab.study.parent_run import study_columns
 from flatlab.tracking import runs, ui
 from flatlab.tracking.callback import MLflowTrialLogger
 from flatlab.tracking.param_text import flat_params
@@ -56,7 +57,7 @@ def test_default_view_is_an_experiment_tag_with_the_researchers_columns(tmp_path
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     exp = runs.get_or_create_experiment(uri, STUDY.name, (tmp_path / "art").as_uri())
     c = runs.client(uri)
-    view = ui.set_default_view(c, exp, STUDY, "parent1", test_metrics=["test/accuracy"])
+    view = ui.set_default_view(c, exp, STUDY, "parent1", study_columns(STUDY, test_metrics=["test/accuracy"]))
     tag = c.get_experiment(exp).tags["mlflow.sharedViewState.flatlab"]
     assert json.loads(tag) == view
     assert view["selectedColumns"] == [

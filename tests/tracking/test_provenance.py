@@ -1,5 +1,5 @@
 """Which flatlab code a launch ran: the commit, whether the package differed from it, and a digest of
-the package's source that needs no git (flatlab.tracking.runs.provenance_tags)."""
+the package's source that needs no git (flatlab.tracking.provenance.provenance_tags)."""
 
 import hashlib
 import subprocess

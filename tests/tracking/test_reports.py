@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import flatlab.interpolation.report  # noqa: F401 (registers the interpolation report)
 from flatlab import Arm, Study
 from flatlab.errors import ConfigError
 from flatlab.study.validate import validate

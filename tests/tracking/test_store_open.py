@@ -3,10 +3,11 @@
 
 import multiprocessing as mp
 import time
+from pathlib import Path
 
 import pytest
 
-from flatlab.tracking import runs
+from flatlab.tracking import runs, store
 
 
 def _open(uri, start, out):
@@ -39,7 +40,7 @@ def test_concurrent_first_opens_of_a_new_sqlite_store_all_succeed(tmp_path):
 
 def test_sqlite_file_of_tracking_uris(tmp_path):
     assert runs.sqlite_file(runs.default_tracking_uri(tmp_path)) == (tmp_path / "mlflow.db").resolve()
-    assert runs.sqlite_file("sqlite:///rel/x.db") == runs.Path("rel/x.db")
+    assert runs.sqlite_file("sqlite:///rel/x.db") == Path("rel/x.db")
     assert runs.sqlite_file("sqlite://") is None
     assert runs.sqlite_file("http://localhost:5000") is None
     assert runs.sqlite_file("postgresql://u@h/db") is None
@@ -52,16 +53,16 @@ def test_a_settled_store_is_stamped_and_a_stale_stamp_is_not_trusted(tmp_path, m
     db = runs.sqlite_file(uri)
     runs.client(uri)
     stamp = (tmp_path / "mlflow.db.schema").read_text()
-    revision = runs._alembic_revision(db)
+    revision = store._alembic_revision(db)
     assert revision and stamp == f"mlflow {mlflow.__version__} schema {revision}"
     # a new process (no in-process memo) with the same MLflow opens without the lock
-    monkeypatch.setattr(runs, "_SCHEMA_READY", set())
+    monkeypatch.setattr(store, "_SCHEMA_READY", set())
     monkeypatch.setattr("filelock.FileLock.acquire", lambda *a, **k: (_ for _ in ()).throw(AssertionError("locked")))
     runs.client(uri)
     # the file replaced by a new, empty one: the stamp no longer matches, so the lock is taken again
-    monkeypatch.setattr(runs, "_SCHEMA_READY", set())
+    monkeypatch.setattr(store, "_SCHEMA_READY", set())
     db.unlink()
-    assert runs._alembic_revision(db) is None
+    assert store._alembic_revision(db) is None
     with pytest.raises(AssertionError, match="locked"):
         runs.client(uri)
 

@@ -6,8 +6,9 @@ import math
 import pytest
 import torch
 
+from flatlab.analysis.curve_points import first_step_at_or_below
 from flatlab.errors import ConfigError
-from flatlab.train.curve import LossCurve, first_step_at_or_below
+from flatlab.train.curve import LossCurve
 from flatlab.train.trainer import Trainer, TrialSpec
 from flatlab.workloads import build_workload
 

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from flatlab.batch import sample_labels
 from flatlab.errors import ConfigError
-from flatlab.train.closure import BatchClosure, sample_labels
+from flatlab.train.closure import BatchClosure
 from flatlab.train.resolved import resolve_trainer
 from flatlab.train.schedules import Schedule
 from flatlab.train.trainer import Diverged, Trainer, TrialSpec

@@ -30,6 +30,7 @@ from flatlab.analysis.selection import reference_arm
 from flatlab.analysis.tuning_curves import ChosenTrial, TuningCurve, chosen_trial, expected_best, median_tuning_curve
 from flatlab.analysis.tuning_curves import win_probability as _win
 from flatlab.errors import ConfigError
+from flatlab.ranges import NO_RANGES, Ranges
 
 AUXILIARY = ("_stderr", "_clean")
 CAPTION = (
@@ -107,6 +108,7 @@ def pool_curves(
     measures: Optional[Sequence[str]] = None,
     confidence: float = CONFIDENCE,
     test_metric: Optional[str] = None,
+    ranges: Ranges = NO_RANGES,
 ) -> PoolCurves:
     """The tuning curves of every arm of a pool study (module docstring).
 
@@ -116,6 +118,8 @@ def pool_curves(
         measures: the flatness quantities (default every ``flat/*`` recorded, auxiliary ones excluded).
         confidence: of the bands and intervals.
         test_metric: default the sample's (``test/accuracy`` ...).
+        ranges: the values the validation metric can take, the tuning curves' support
+            (:func:`~flatlab.analysis.compare.table.quantity_support`).
     Raises:
         ConfigError: as :func:`check_independent`; no completed search trial; an unknown reference arm.
     """
@@ -140,7 +144,7 @@ def pool_curves(
         wins = {q: _wins(chosen[q], per_arm[reference][1][q], better[q]) for q in quantities}
         if arm == reference:
             wins = {q: tuple(math.nan for _ in chosen[q]) for q in quantities}
-        curve, tied = _curve(validation, info, confidence)
+        curve, tied = _curve(validation, info, confidence, ranges)
         if tied:
             ties.append(
                 f"{arm}: tied {info.metric} values; the band is exact for a continuous metric, approximate here"
@@ -175,7 +179,7 @@ def _wins(mine: Sequence[ChosenTrial], ref: Sequence[ChosenTrial], better: bool)
     return tuple(_win(a, ref[i], higher_is_better=better) if i < len(ref) else math.nan for i, a in enumerate(mine))
 
 
-def _curve(validation: np.ndarray, info: Any, confidence: float) -> Tuple[TuningCurve, bool]:
+def _curve(validation: np.ndarray, info: Any, confidence: float, ranges: Ranges) -> Tuple[TuningCurve, bool]:
     """The validation metric's median tuning curve and band, and whether the pool has tied values (opda
     warns then: its band's coverage is exact for a continuous metric; an accuracy over a finite split ties)."""
     with warnings.catch_warnings(record=True) as seen:
@@ -183,15 +187,15 @@ def _curve(validation: np.ndarray, info: Any, confidence: float) -> Tuple[Tuning
         curve = median_tuning_curve(
             validation,
             higher_is_better=info.mode == "max",
-            support=_support(info.metric, info.workload),
+            support=_support(info.metric, ranges),
             confidence=confidence,
         )
     tied = any("Duplicates" in str(w.message) for w in seen) or len(set(validation.tolist())) < validation.size
     return curve, tied
 
 
-def _support(metric: str, workload: Optional[str]) -> Tuple[float, float]:
-    bounds = quantity_support(metric, workload)
+def _support(metric: str, ranges: Ranges) -> Tuple[float, float]:
+    bounds = quantity_support(metric, ranges)
     return (-math.inf, math.inf) if bounds is None else (float(bounds[0]), float(bounds[1]))
 
 

@@ -26,6 +26,7 @@ from flatlab.analysis.compare.table import quantity_support
 from flatlab.analysis.console_table import make_table, print_table
 from flatlab.analysis.curve_sets import CurveSet
 from flatlab.errors import ConfigError
+from flatlab.ranges import NO_RANGES, Ranges
 
 CONFIDENCE = 0.95
 
@@ -94,13 +95,13 @@ def compare_curves(
     metrics: Optional[Sequence[str]] = None,
     epochs: Optional[Sequence[int]] = None,
     confidence: float = CONFIDENCE,
-    workload: Optional[str] = None,
+    ranges: Ranges = NO_RANGES,
 ) -> CurveComparison:
     """flatlab's per-epoch mean and t-interval beside each mapped curve's published runs.
 
     The interval is intersected with the values the metric can take, as ``flatlab compare`` does
-    (:func:`flatlab.analysis.compare.table.quantity_support`: accuracy in [0, 1], a loss in ``workload``'s
-    loss range): the same coverage, no impossible values such as an accuracy of 1.0001.
+    (:func:`flatlab.analysis.compare.table.quantity_support` with ``ranges``: accuracy in [0, 1], a loss in
+    the workload's loss range): the same coverage, no impossible values such as an accuracy of 1.0001.
 
     Args:
         curves: the published curve set (:func:`flatlab.analysis.curve_sets.load_curves`).
@@ -111,7 +112,8 @@ def compare_curves(
         metrics: the flatlab metrics to compare (default: every metric the curve set maps to).
         epochs: only these epochs (default: every epoch both sides have).
         confidence: of flatlab's t-interval, in (0, 1).
-        workload: the study's registered workload name (its loss range); ``None``: losses unbounded.
+        ranges: the values the metrics can take (:func:`flatlab.workloads.ranges.ranges_of` the study's
+            workload); default: losses unbounded.
     Returns:
         A :class:`CurveComparison`.
     Raises:
@@ -140,7 +142,7 @@ def compare_curves(
             if not common:
                 notes.append(f"arm {arm!r}, {metric}: no epoch with values on both sides.")
             for e in common:
-                row = _epoch_row(ours, theirs, metric, e, confidence, workload)
+                row = _epoch_row(ours, theirs, metric, e, confidence, ranges)
                 if row is not None:
                     rows.append({"arm": arm, "curve": curve, "metric": metric, **row})
     frame = pd.DataFrame(rows, columns=ROW_COLUMNS)
@@ -184,15 +186,13 @@ def _checked_metrics(curves: CurveSet, flatlab, arms: Mapping[str, str], metrics
     return metrics
 
 
-def _epoch_row(
-    ours, theirs, metric: str, epoch: int, confidence: float, workload: Optional[str]
-) -> Optional[Dict[str, Any]]:
+def _epoch_row(ours, theirs, metric: str, epoch: int, confidence: float, ranges: Ranges) -> Optional[Dict[str, Any]]:
     """One epoch of one arm and metric: flatlab's t-estimate over seeds (clipped to the metric's support)
     beside the published runs' mean and range; ``None`` where flatlab has only non-finite values (a
     diverged seed: nothing to place)."""
     est = clip(
         t_estimate(ours.loc[ours["epoch"] == epoch, "value"].tolist(), confidence),
-        quantity_support(metric, workload),
+        quantity_support(metric, ranges),
     )
     if est.n == 0:
         return None

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from flatlab.analysis import selection
+from flatlab.analysis.curve_points import Point, first_step_at_or_below
 from flatlab.analysis.sample import STAGE_FINAL
-from flatlab.train.curve import Point, first_step_at_or_below
 
 
 @dataclass

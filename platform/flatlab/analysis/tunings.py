@@ -22,6 +22,7 @@ from flatlab.analysis.compare.table import Comparison, RowTable, _by_seed, compa
 from flatlab.analysis.replication import AcrossTunings, PairedAcrossTunings, across_tunings, paired_across_tunings
 from flatlab.analysis.sample import Sample
 from flatlab.errors import ConfigError
+from flatlab.ranges import NO_RANGES, Ranges
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,7 @@ def compare_tunings(
     confidence: float = CONFIDENCE,
     margins: Optional[Mapping[str, float]] = None,
     study: str = "",
+    ranges: Ranges = NO_RANGES,
 ) -> TuningComparison:
     """The comparison of a study's tunings (module docstring).
 
@@ -139,7 +141,7 @@ def compare_tunings(
         data: a :class:`~flatlab.analysis.sample.Sample` (or a ``trials_frame`` table) with a ``tuning``
             column; each tuning's final-stage trials are compared (its best configuration's search
             trials where it has no final stage).
-        metric, reference, measures, confidence, study: as for
+        metric, reference, measures, confidence, study, ranges: as for
             :func:`~flatlab.analysis.compare.table.compare_table`; the reference and quantities are
             those of the first tuning, and every tuning is compared on them. The family-wise level of the
             claims is ``1 − confidence``.
@@ -157,7 +159,12 @@ def compare_tunings(
     if not tunings:
         raise ConfigError("no trials recorded for this study: nothing to compare")
     first = compare_table(
-        sample.tuning(tunings[0]).trials, metric=metric, reference=reference, measures=measures, confidence=confidence
+        sample.tuning(tunings[0]).trials,
+        metric=metric,
+        reference=reference,
+        measures=measures,
+        confidence=confidence,
+        ranges=ranges,
     )
     flat = [q for q in first.quantities[1:] if q.startswith(("flat/", "flat_at_target/"))]
     tables = [first] + [
@@ -167,6 +174,7 @@ def compare_tunings(
             reference=first.reference,
             measures=measures if measures is not None else flat,
             confidence=confidence,
+            ranges=ranges,
         )
         for k in tunings[1:]
     ]

@@ -233,13 +233,14 @@ def _pairs(given: Optional[List[str]], option: str) -> dict:
 def _print_design(uri, study, reference, metric, confidence, measure, margins, effects, fmt) -> None:
     """``--design``: the design table of a study of several tunings."""
     from flatlab.analysis import design_table
+    from flatlab.workloads.ranges import ranges_of  # torch: the registries that declare the ranges
 
     sample = stored_trials.read_sample(uri, study)
     if len(sample.tunings) < 2:
         raise FlatlabError(f"--design needs a study of several tunings; {study!r} has {len(sample.tunings)}")
     c = compare_tunings(
         sample, study=study, metric=metric, reference=reference, confidence=confidence, measures=measure or None,
-        margins=margins,
+        margins=margins, ranges=ranges_of(sample.info.workload),
     )  # fmt: skip
     rows = design_table.study_design(c, sample, effects=effects)
     if fmt == "csv":
@@ -278,12 +279,15 @@ def _design_frame(rows):
 def _compare_one(uri, study, reference, metric, rank_by, fmt, confidence, measure, plot, tuning, margins) -> None:
     """One study's table: over its tunings where it has several (and ``tuning`` is not given), else the
     table of its one (or the given) tuning."""
+    from flatlab.workloads.ranges import ranges_of  # torch: the registries that declare the ranges
+
     sample = stored_trials.read_sample(uri, study)
     if tuning is not None:
         if tuning not in sample.tunings:
             raise FlatlabError(f"--tuning {tuning}: study {study!r} has tunings {sample.tunings}")
         sample = sample.tuning(tuning)
-    kwargs = dict(metric=metric, reference=reference, confidence=confidence, measures=measure or None)
+    ranges = ranges_of(sample.info.workload)
+    kwargs = dict(metric=metric, reference=reference, confidence=confidence, measures=measure or None, ranges=ranges)
     if len(sample.tunings) > 1:
         if fmt == "latex":
             raise FlatlabError("--format latex is for one tuning's table (add --tuning K); use markdown or csv")
@@ -306,9 +310,14 @@ def _compare_one(uri, study, reference, metric, rank_by, fmt, confidence, measur
 
 def _extras(uri, study, reference, measure, confidence, fmt, folder: Path, curves: bool, correlation: bool) -> None:
     """``--tuning-curves`` and ``--correlation``: the tables printed, the CSVs and PNGs written to ``folder``."""
+    from flatlab.workloads.ranges import ranges_of  # torch: the registries that declare the ranges
+
     sample = stored_trials.read_sample(uri, study)
     if curves:
-        c = pool.pool_curves(sample, reference=reference, measures=measure or None, confidence=confidence)
+        ranges = ranges_of(sample.info.workload)
+        c = pool.pool_curves(
+            sample, reference=reference, measures=measure or None, confidence=confidence, ranges=ranges
+        )
         paths = pool.write_curves(c, folder / "tuning_curves")
         _print_curves(c, fmt)
         err.print(f"wrote {len(paths)} files to {folder / 'tuning_curves'}", soft_wrap=True)

@@ -89,6 +89,8 @@ def curves(
     arm, metric and epoch: whether flatlab's mean falls inside the published range, whether the
     intervals overlap, and where it falls outside. With --cost passes|seconds: each arm's metric against
     its passes or training seconds instead."""
+    from flatlab.workloads.ranges import ranges_of  # torch: the registries that declare the ranges
+
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
         if cost is not None:
@@ -109,6 +111,7 @@ def curves(
             metrics=metric or None,
             epochs=parse_epochs(epochs),
             confidence=confidence,
+            ranges_of=ranges_of,
         )
         if fmt == "table":
             pub.render(comparison, console)

@@ -231,10 +231,17 @@ def failure_line(study: str, errors: int, trials: int, source: str, log: Path) -
 def _print_comparison(df, study, out) -> None:
     """The ``flatlab compare`` table of a launch that just ended, over its tunings where it has several (a
     failure here is one warning line)."""
+    from flatlab.workloads.ranges import ranges_of  # torch: the registries that declare the ranges
+
     try:  # the launch's reference arm (selection.reference_arm)
         sample = Sample.of(df)
         several = len(sample.tunings) > 1
-        comparison = compare_tunings(sample, study=study.name) if several else cmp.compare_table(df, study=study.name)
+        ranges = ranges_of(study.workload)
+        comparison = (
+            compare_tunings(sample, study=study.name, ranges=ranges)
+            if several
+            else cmp.compare_table(df, study=study.name, ranges=ranges)
+        )
     except (FlatlabError, ValueError) as exc:
         err.print(f"[yellow]warning:[/yellow] no comparison table: {exc}", soft_wrap=True)
         return

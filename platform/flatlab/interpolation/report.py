@@ -27,13 +27,15 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from flatlab.errors import ConfigError
+from flatlab.hparams import HParam
 from flatlab.interpolation.sweep import SweepResult
 from flatlab.sharpness.results import Estimate
 from flatlab.tracking import runs
 from flatlab.tracking.checkpoints import RUN_PREFIX, is_reference, parse_reference
+from flatlab.tracking.reports import StudyReport, register_report
 from flatlab.tracking.trials import parent_runs, trials_frame
 
 _LAYER = "sharpness/layer/"
@@ -303,3 +305,21 @@ def launch_sources(params: Dict[str, str]) -> Dict[str, str]:
     return {
         params[k[: -len(suffix)]]: v for k, v in params.items() if k.endswith(suffix) and k[: -len(suffix)] in params
     }
+
+
+def _interpolation(tracking_uri: str, study: str, out_dir: Path, params: Mapping[str, Any]) -> List[str]:
+    rep = interpolation_report(tracking_uri, study, out_dir=out_dir, split=params["split"])
+    return [
+        f"report: {len(rep.figures)} figures and {rep.summary_path.name} in {rep.out_dir}, logged under report/ on run "
+        f"{rep.parent_run_id}"
+    ]
+
+
+register_report(
+    StudyReport(
+        "interpolation",
+        "an alpha study's figures (seed paper Figs. 1, 3, 4, 5) and summary.json",
+        _interpolation,
+        hparams=(HParam("split", "ood", str, doc="the OOD split of Figs. 1 and 5"),),
+    )
+)

@@ -9,7 +9,7 @@ their own (set at process start, before the pool, to have them all flush: ``cpu_
 new thread takes its creator's register, so the pool is started (:func:`_start_pool`) before the first
 switch: threads started inside the block would flush for the rest of the process.
 :func:`ieee_subnormals` does the opposite for the few host multiplications whose definition is IEEE
-arithmetic with gradual underflow (IRE's tie ceiling, :func:`flatlab.optim._flat.square_tie_ceiling`).
+arithmetic with gradual underflow (IRE's tie ceiling, :func:`flatlab.optim._select.square_tie_ceiling`).
 """
 
 from __future__ import annotations

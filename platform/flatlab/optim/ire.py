@@ -29,7 +29,8 @@ import torch
 
 from flatlab.hparams import HParam
 from flatlab.optim import _amplified_adamw
-from flatlab.optim._flat import SELECT_CHUNK, at_most, kth_smallest_nonnegative, persistent_buffers, square_tie_ceiling
+from flatlab.optim._flat import persistent_buffers
+from flatlab.optim._select import SELECT_CHUNK, at_most, kth_smallest_nonnegative, square_tie_ceiling
 from flatlab.optim._subnormal import flushed_subnormals
 from flatlab.optim.basic import ADAMW_SPEC, SGD_SPEC
 from flatlab.optim.protocol import (

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.func import grad, vmap
 
+from flatlab.batch import sample_labels
 from flatlab.errors import ConfigError
 from flatlab.sharpness import _state
 from flatlab.sharpness.data import (
@@ -45,7 +46,6 @@ from flatlab.sharpness.data import (
     weighted_batches,
 )
 from flatlab.sharpness.results import Estimate
-from flatlab.train.closure import sample_labels
 
 FISHER_ESTIMATORS = ("per_example", "batch")
 

@@ -24,7 +24,6 @@ subset see the same draws. Equations, units, metric keys and defaults: ``docs/al
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
@@ -32,8 +31,10 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 import torch
 from torch import nn
 
+from flatlab.batch import take
 from flatlab.errors import ConfigError, did_you_mean
 from flatlab.hparams import HParam, resolve
+from flatlab.ranges import LOSS, NONNEGATIVE, Support, declared_support
 from flatlab.registry import Registry
 from flatlab.sharpness import _state
 from flatlab.sharpness.average import average_sharpness, neighbourhood_loss
@@ -41,18 +42,11 @@ from flatlab.sharpness.data import DEFAULT_BATCH_SIZE, EvalSubset, LossFn, token
 from flatlab.sharpness.fisher import FISHER_ESTIMATORS, fisher_trace
 from flatlab.sharpness.hessian import hessian_trace
 from flatlab.sharpness.objectives import NOISES, erm_objective, sam_objective, tilted_objective
-from flatlab.workloads.base import take
 
 Compute = Callable[[nn.Module, EvalSubset, LossFn, Mapping[str, Any], int], Dict[str, float]]
 """``compute(model, subset, loss_fn, params, seed) -> {metric name: value}`` (params already resolved)."""
 
 TIME_KEY = "time/measures_s"
-
-Support = Tuple[float, float]
-NONNEGATIVE: Support = (0.0, math.inf)
-LOSS = "loss"
-"""A measure's ``support`` entry for a loss-valued metric: the range of the workload's loss
-(:attr:`flatlab.workloads.base.Workload.loss_support`), ``>= 0`` for cross-entropy, unbounded for a toy."""
 
 
 @dataclass(frozen=True)
@@ -142,15 +136,17 @@ def list_measures() -> Tuple[str, ...]:
     return tuple(MEASURES.names())
 
 
+def declared_ranges() -> Dict[str, Union[Support, str]]:
+    """Every registered measure's declared ranges (:attr:`Measure.support`), ``{flat/* metric: (low, high)
+    or LOSS}``, in the order of :func:`list_measures`."""
+    return {key: rng for name in list_measures() for key, rng in get_measure(name).support.items()}
+
+
 def measure_support(metric: str, loss_support: Optional[Support]) -> Optional[Support]:
     """The range of a ``flat/*`` metric as its measure declares it (:attr:`Measure.support`), ``LOSS``
     read as ``loss_support``; ``None`` (unbounded) for a metric no registered measure bounds.
     ``flat/neighbourhood_loss/sigma_0.01`` matches the declared ``flat/neighbourhood_loss/sigma_<s>``."""
-    for name in list_measures():
-        for key, rng in get_measure(name).support.items():
-            if re.fullmatch(re.escape(key).replace(re.escape("<s>"), r"[^/_]+"), metric):
-                return loss_support if rng == LOSS else rng
-    return None
+    return declared_support(metric, declared_ranges(), loss_support)
 
 
 # ---- the registered measures ---------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from mlflow.entities import Param
 
@@ -19,7 +19,7 @@ from flatlab.tracking import runs
 from flatlab.tracking.environment import environment_tags, log_packages
 from flatlab.tracking.param_text import flat_params
 from flatlab.tracking.published_runs import launch_param
-from flatlab.tracking.ui import set_default_view
+from flatlab.tracking.ui import TEST_METRICS, default_columns, set_default_view
 
 
 def open_parent_run(
@@ -66,7 +66,8 @@ def open_parent_run(
     params.update({"source": opts.source, "wl": p["workload_params"], "train": p["train"]})
     # readable values: wl.width = 128, measures.neighbourhood_loss.sigma = 0.03, final_seeds = 1, 2, 3
     client.log_batch(parent.info.run_id, params=[Param(k, v) for k, v in flat_params(params).items()])
-    set_default_view(client, experiment_id, study, parent.info.run_id)  # the runs table MLflow's UI opens
+    # the runs table MLflow's UI opens
+    set_default_view(client, experiment_id, study, parent.info.run_id, study_columns(study))
     client.log_dict(parent.info.run_id, p, "plan.json")
     log_packages(client, parent.info.run_id)  # environment/requirements.txt (tracking/environment.py)
     if opts.source and Path(opts.source).is_file():
@@ -84,3 +85,15 @@ def common_tags(study: Study, opts: RunOptions) -> Dict[str, str]:
         **environment_tags(),  # python, torch, CUDA, Ray ... versions (tracking/environment.py)
         **opts.extra_tags,
     }
+
+
+def study_columns(study: Study, test_metrics: Iterable[str] = TEST_METRICS) -> List[str]:
+    """:func:`~flatlab.tracking.ui.default_columns` of ``study``: its metric, measures, target and the
+    parameters its arms search (in the order the arms declare them)."""
+    # torch on first use: importing this module stays light
+    from flatlab.train.config import TARGET_HPARAMS
+
+    searched = [name for arm in study.arms for name in arm.searched()]
+    target = any(study.train.get(name) is not None for name in TARGET_HPARAMS)
+    at_target = study.train.get("measure_at_train_loss") is not None
+    return default_columns(study.metric, searched, study.measures, test_metrics, target, at_target)

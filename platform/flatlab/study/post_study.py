@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from flatlab.analysis.sample import Sample
+from flatlab.interpolation import report as _interpolation_report  # noqa: F401 (registers the interpolation report)
 from flatlab.study.report import log_study_report
 from flatlab.study.spec import Study
 from flatlab.tracking.publish import log_comparison, log_flatness_sweep, log_study_analysis
@@ -17,6 +18,7 @@ from flatlab.tracking.published_runs import log_curves
 from flatlab.tracking.reports import run_reports
 from flatlab.tracking.speedup import log_steps_to_target
 from flatlab.tracking.trials import read_sample
+from flatlab.workloads.ranges import ranges_of
 
 logger = logging.getLogger("flatlab")
 
@@ -29,11 +31,12 @@ def post_study(
     if study.reference_arm is not None or study.target_loss is not None:
         _steps_to_target(study, tracking_uri, experiment_id, parent_run_id, console)
     sample = _launch_sample(tracking_uri, study.name, parent_run_id)  # read once, after steps-to-target logged
+    ranges = ranges_of(study.workload)
     if sample is not None and (study.final_seeds or (study.searcher == "grid" and len(study.seeds) > 1)):
-        log_comparison(tracking_uri, parent_run_id, sample, study=study.name)
-    log_study_analysis(tracking_uri, parent_run_id, study.name, console, sample)  # correlation/, tuning_curves/
+        log_comparison(tracking_uri, parent_run_id, sample, study=study.name, ranges=ranges)
+    log_study_analysis(tracking_uri, parent_run_id, study.name, console, sample, ranges)  # correlation/, tuning_curves/
     if study.published is not None:  # flatlab's per-epoch curves beside the declared published ones
-        log_curves(tracking_uri, parent_run_id, study, console)
+        log_curves(tracking_uri, parent_run_id, study, console, ranges)
     log_flatness_sweep(tracking_uri, parent_run_id, study, console, sample)  # TSAM Fig. 2, when measures sweep sigma
     trials = sample.trials if sample is not None else None
     log_study_report(study, tracking_uri, parent_run_id, out, console, trials)  # best per arm and plots

@@ -38,6 +38,7 @@ from flatlab.analysis.plot_axes import integer_ticks, plain_figure, plain_number
 from flatlab.analysis.report import best_per_arm_table
 from flatlab.analysis.results import _test_metric
 from flatlab.study.launches import Launch, log_file
+from flatlab.study.parent_run import study_columns
 from flatlab.tracking import runs, ui
 from flatlab.tracking.trials import trials_frame
 
@@ -75,7 +76,8 @@ def log_study_report(
     try:  # the default runs view names the test metric the trials logged (flatlab.tracking.ui)
         test = _test_metric(df) if not df.empty else None
         experiment_id = client.get_run(parent_run_id).info.experiment_id
-        ui.set_default_view(client, experiment_id, study, parent_run_id, [test] if test else ui.TEST_METRICS)
+        columns = study_columns(study, [test] if test else ui.TEST_METRICS)
+        ui.set_default_view(client, experiment_id, study, parent_run_id, columns)
     except Exception as exc:  # noqa: BLE001
         logger.warning("study report: default MLflow view not updated for run %s: %s", parent_run_id, exc)
     try:

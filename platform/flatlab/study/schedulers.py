@@ -2,8 +2,8 @@
 
 One ``ASHAScheduler`` holds one set of rungs, so every trial it sees is compared with every other: in a
 study with several optimizer arms a slow-starting arm (SAM, TSAM, IRE before switch-on) is pruned
-against a fast-starting one (AdamW) and loses by construction. ``ALGORITHMS.md`` section 5 (and the
-benchmarks it cites) asks that each arm's early stopping be blind to the other arms.
+against a fast-starting one (AdamW) and loses by construction. Each arm is therefore tuned blind to the
+others, its early stopping included (``docs/comparing.md``, "The answer a study gives").
 
 :class:`ArmScheduler` routes each trial, by its config's ``arm`` and ``tuning`` (its lane,
 :mod:`flatlab.study.tunings`), to that lane's own scheduler (built by a factory, so any scheduler added

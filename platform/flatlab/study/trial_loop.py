@@ -25,6 +25,7 @@ has no epochs: its trial is :func:`evaluation_trial`, one evaluation and one rep
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
@@ -42,9 +43,12 @@ from flatlab.tracking.runs import EPOCH_END_KEY, SUMMARY_KEY, at_target, on_spli
 from flatlab.train.checkpoint import StateSnapshot
 from flatlab.train.compute import TOTAL_PREFIX
 from flatlab.train.evaluation import evaluate_trial
+from flatlab.train.resolved import resolve_spec
 from flatlab.train.trainer import Diverged, Trainer
 from flatlab.workloads.base import Data, Split
 from flatlab.workloads.registry import build_workload, get_workload
+
+logger = logging.getLogger(__name__)
 
 #: With ``Study.checkpoint_every=None`` (the default), a trial checkpoints at the first epoch that ends at
 #: least this many seconds after its previous checkpoint (or its start), and at its last epoch: a
@@ -145,6 +149,7 @@ def trial_loop(
                     metrics,
                     curve=trainer.curve.points(),
                     curve_times=curve_times,
+                    resolved=_resolved(trainer.spec, trial_id),
                 )
         if measured is not None or checkpoint_due(
             study.checkpoint_every, trainer.epoch, last, time.monotonic() - saved_at
@@ -225,7 +230,8 @@ def evaluation_trial(
     _not_diverged(metrics, study)
     metrics[COMPLETED_KEY] = 1
     if tracking is not None and trial_id:
-        log_trial_artifacts(dataclasses.replace(tracking, log_models=False), trial_id, done.model, spec, metrics)
+        untracked = dataclasses.replace(tracking, log_models=False)
+        log_trial_artifacts(untracked, trial_id, done.model, spec, metrics, resolved=_resolved(spec, trial_id))
     report(metrics, None)
 
 
@@ -294,3 +300,12 @@ def _split(data: Data, name: str, study: str) -> Split:
             f"does not have (it has train, {', '.join(data.eval_splits())}{', test' if data.test is not None else ''})"
         )
     return found
+
+
+def _resolved(spec: Any, trial_id: str) -> Optional[Dict[str, Dict[str, Any]]]:
+    """``spec``'s resolved configuration for ``trial.json``, or ``None`` (logged) where it cannot be resolved."""
+    try:
+        return resolve_spec(spec)
+    except Exception:  # noqa: BLE001 - artifacts must never fail a trial
+        logger.warning("could not resolve the configuration of trial %s", trial_id, exc_info=True)
+        return None

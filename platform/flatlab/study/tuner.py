@@ -164,7 +164,7 @@ def restore_tuner(path: str, trainable: Any, callbacks: List[Any], records: Any 
             if type(cb) is type(live):
                 restored[i] = live
     scheduler = tuner_scheduler(tuner)
-    if records is not None and isinstance(scheduler, ArmScheduler):  # an older launch's FIFOScheduler: as before
+    if records is not None and isinstance(scheduler, ArmScheduler):  # a plain FIFOScheduler: left as restored
         scheduler.recorded = records.on_add
     return tuner
 

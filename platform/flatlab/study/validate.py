@@ -19,6 +19,7 @@ import torch
 from flatlab.analysis.curve_sets import Published
 from flatlab.errors import ConfigError, UnknownNameError, did_you_mean
 from flatlab.hparams import resolve
+from flatlab.interpolation import report as _interpolation_report  # noqa: F401 (registers the interpolation report)
 from flatlab.optim.registry import get_optimizer
 from flatlab.sharpness.measures import resolve_measures
 from flatlab.study.budget import Budget

@@ -18,19 +18,18 @@ import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from flatlab.tracking import runs, ui
 from flatlab.tracking.logged_model import log_trial_model
-from flatlab.train.resolved import resolve_spec
 
 logger = logging.getLogger(__name__)
 
 CURVE_METRIC = "train_step/loss_smoothed"  # step = optimizer step (every other metric: step = epoch)
-LEGACY_CURVE_METRIC = "train/loss_smoothed"  # its name in runs logged before it had a section of its own
+LEGACY_CURVE_METRIC = "train/loss_smoothed"  # the same curve's other name, still read back (tracking.speedup)
 
 
 @dataclass(frozen=True)
@@ -78,11 +77,12 @@ def log_trial_artifacts(
     metrics: Dict[str, Any],
     curve: Optional[Sequence[Tuple[int, float]]] = None,
     curve_times: Sequence[Tuple[int, float]] = (),
+    resolved: Optional[Mapping[str, Mapping[str, Any]]] = None,
 ) -> Optional[str]:
     """Log a trial's end to its run: ``trial.json`` (``spec``: the values the study set; ``resolved``:
     every value the trial ran with, defaults included, as :func:`flatlab.train.resolved.resolve_spec`
-    gives it; ``final_metrics``), ``model`` as the run's MLflow logged model
-    (:func:`flatlab.tracking.logged_model.log_trial_model`, named like the run, at the step of
+    gives it, or ``None`` where the caller could not resolve it; ``final_metrics``), ``model`` as the run's
+    MLflow logged model (:func:`flatlab.tracking.logged_model.log_trial_model`, named like the run, at the step of
     ``metrics["epoch"]``; its id is added to ``metrics`` under :data:`flatlab.tracking.runs.MODEL_ID_KEY`,
     so that the driver, which logs the report, links the final metrics to it) and ``curve``
     (``trainer.curve.points()``: ``(optimizer step, smoothed training loss)``, the loss in the
@@ -107,7 +107,7 @@ def log_trial_artifacts(
         except Exception:  # noqa: BLE001 - a tracking hiccup must not fail the trial
             logger.warning("could not log %s for trial %s", CURVE_METRIC, trial_id, exc_info=True)
     with tempfile.TemporaryDirectory() as tmp:
-        info = {"spec": asdict(spec), "resolved": _resolved(spec, trial_id), "final_metrics": metrics}
+        info = {"spec": asdict(spec), "resolved": resolved, "final_metrics": metrics}
         with open(os.path.join(tmp, "trial.json"), "w") as f:
             json.dump(info, f, indent=2, default=str)
         client.log_artifact(run_id, os.path.join(tmp, "trial.json"))
@@ -123,12 +123,3 @@ def log_trial_artifacts(
             client, run_id, name, model, spec, step=int(metrics.get("epoch", 0))
         )
     return run_id
-
-
-def _resolved(spec: Any, trial_id: str) -> Optional[Dict[str, Dict[str, Any]]]:
-    """``spec``'s resolved configuration, or ``None`` (logged) where it cannot be resolved."""
-    try:
-        return resolve_spec(spec)
-    except Exception:  # noqa: BLE001 - artifacts must never fail a trial
-        logger.warning("could not resolve the configuration of trial %s", trial_id, exc_info=True)
-        return None

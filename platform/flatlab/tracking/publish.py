@@ -7,6 +7,7 @@ trial is already recorded."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 from pathlib import Path
@@ -22,6 +23,7 @@ from flatlab.analysis.histories import UNITS
 from flatlab.analysis.sample import Sample
 from flatlab.analysis.tunings import compare_tunings
 from flatlab.errors import ConfigError
+from flatlab.ranges import NO_RANGES, Ranges
 from flatlab.tracking import runs
 from flatlab.tracking.histories import sample_histories, write_cost_curves
 from flatlab.tracking.trials import read_sample, trials_frame
@@ -39,6 +41,7 @@ def log_comparison(
     confidence: float = CONFIDENCE,
     artifact_path: str = "compare",
     study: str = "",
+    ranges: Ranges = NO_RANGES,
 ) -> List[str]:
     """Log the comparison of ``df`` to the launch's parent run: ``<artifact_path>/comparison.md``,
     ``comparison.csv``, ``comparison.json`` (the text table through ``log_table``, which MLflow's UI
@@ -46,7 +49,8 @@ def log_comparison(
     (``MlflowClient.log_text``/``log_artifact``).
 
     ``reference`` defaults to :func:`flatlab.analysis.selection.reference_arm` of the compared arms and
-    the launch's ``reference_arm`` (``df.attrs``, as ``trials_frame`` reads it). Never raises (and never creates a
+    the launch's ``reference_arm`` (``df.attrs``, as ``trials_frame`` reads it); ``ranges``: the values the
+    quantities can take (:func:`flatlab.analysis.compare.table.compare_table`). Never raises (and never creates a
     store): a failure is logged as a warning and that artifact is
     skipped.
 
@@ -56,7 +60,7 @@ def log_comparison(
     logged: List[str] = []
     try:
         client = runs.client(runs.existing_store(tracking_uri))  # never creates a store
-        texts, head, body, table = _comparison(df, metric, reference, confidence, study)
+        texts, head, body, table = _comparison(df, metric, reference, confidence, study, ranges)
     except Exception as exc:  # noqa: BLE001
         logger.warning("compare: no comparison table for run %s: %s", parent_run_id, exc)
         return logged
@@ -86,11 +90,13 @@ def log_comparison(
     return logged
 
 
-def _comparison(df: Any, metric: Optional[str], reference: Optional[str], confidence: float, study: str):
+def _comparison(
+    df: Any, metric: Optional[str], reference: Optional[str], confidence: float, study: str, ranges: Ranges
+):
     """``(texts by file name, headers, cells, one tuning's table)`` of the study's comparison: over its
     tunings where it has several (:func:`flatlab.analysis.tunings.compare_tunings`), else the one table."""
     sample = Sample.of(df)
-    kwargs = dict(metric=metric, reference=reference, confidence=confidence, study=study)
+    kwargs = dict(metric=metric, reference=reference, confidence=confidence, study=study, ranges=ranges)
     if len(sample.tunings) > 1:
         c = compare_tunings(sample, **kwargs)
         texts = {"comparison.md": tunings_text.to_markdown(c), "comparison.csv": tunings_text.to_csv(c)}
@@ -100,15 +106,20 @@ def _comparison(df: Any, metric: Optional[str], reference: Optional[str], confid
 
 
 def log_study_analysis(
-    tracking_uri: str, parent_run_id: str, study: str, console: Optional[Any] = None, sample: Optional[Sample] = None
+    tracking_uri: str,
+    parent_run_id: str,
+    study: str,
+    console: Optional[Any] = None,
+    sample: Optional[Sample] = None,
+    ranges: Ranges = NO_RANGES,
 ) -> List[str]:
     """Log what the launch's trials say beyond the paper table, where it applies: whether flatness predicts
     generalisation (``correlation/``: :mod:`flatlab.analysis.generalisation`, when trials measured
     flatness) and the tuning curves of a random-search pool (``tuning_curves/``: :mod:`flatlab.analysis.pool`,
     for ``searcher="random"``, ``scheduler="fifo"``) and each arm's quantities against passes and training
     seconds (``cost_curves/``: :mod:`flatlab.analysis.cost_curves`, where final trials logged their compute).
-    ``sample``: the launch's trials when the caller has
-    read them (else read here). Never raises; returns the artifact paths logged."""
+    ``sample``: the launch's trials when the caller has read them (else read here); ``ranges``: the values the
+    validation metric can take (the tuning curves' support). Never raises; returns the artifact paths logged."""
     logged: List[str] = []
     try:
         client = runs.client(runs.existing_store(tracking_uri))
@@ -116,9 +127,10 @@ def log_study_analysis(
     except Exception as exc:  # noqa: BLE001 - the study's results stand
         logger.warning("analysis: trials of run %s not read: %s", parent_run_id, exc)
         return logged
+    curves = functools.partial(_write_curves, ranges=ranges)
     writers = (
         ("correlation", _write_correlation),
-        ("tuning_curves", _write_curves),
+        ("tuning_curves", curves),
         ("cost_curves", lambda s, folder: _write_cost_curves(tracking_uri, s, folder)),
     )
     for folder, write in writers:
@@ -156,12 +168,12 @@ def _write_correlation(sample: Sample, folder: Path) -> List[Path]:
     return [folder / "flatness_correlation.csv", folder / "flatness_correlation.md", *scatters]
 
 
-def _write_curves(sample: Sample, folder: Path) -> List[Path]:
+def _write_curves(sample: Sample, folder: Path, ranges: Ranges) -> List[Path]:
     try:
         pool.check_independent(sample)
     except ConfigError:
         return []  # not a pool of independent trials: no tuning curves
-    return pool.write_curves(pool.pool_curves(sample), folder)
+    return pool.write_curves(pool.pool_curves(sample, ranges=ranges), folder)
 
 
 def log_flatness_sweep(

@@ -16,7 +16,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from flatlab.analysis.compare import select_sample
 from flatlab.analysis.curve_sets import CurveSet, Published, load_curves
@@ -29,6 +29,7 @@ from flatlab.analysis.published import (
     to_markdown,
 )
 from flatlab.errors import ConfigError
+from flatlab.ranges import NO_RANGES, Ranges
 from flatlab.tracking import runs
 from flatlab.tracking.trials import parent_runs, trials_frame
 
@@ -209,6 +210,7 @@ def compare_study(
     metrics: Optional[Sequence[str]] = None,
     epochs: Optional[Sequence[int]] = None,
     confidence: float = CONFIDENCE,
+    ranges_of: Callable[[Optional[str]], Ranges] = lambda workload: NO_RANGES,
 ) -> CurveComparison:
     """``flatlab curves``: the latest launch of ``study`` beside its published reference.
 
@@ -217,6 +219,8 @@ def compare_study(
             its note, when the recorded file has moved, goes to stderr).
         arms: arm -> curve (default: :func:`resolve_arms`).
         metrics, epochs, confidence: as :func:`~flatlab.analysis.published.compare_curves`.
+        ranges_of: the study's workload name -> the values its metrics can take
+            (:func:`flatlab.workloads.ranges.ranges_of`; default: losses unbounded).
     Raises:
         ConfigError: no reference declared and no ``path``; the recorded file gone and no same one under
             the working directory; an invalid file; no arm that maps to a curve; an unknown metric;
@@ -250,12 +254,14 @@ def compare_study(
         metrics=compared,
         epochs=epochs,
         confidence=confidence,
-        workload=trials.attrs.get("workload"),
+        ranges=ranges_of(trials.attrs.get("workload")),
     )
     return CurveComparison(result.rows, result.summary, tuple(notes) + result.notes, result.curves, result.confidence)
 
 
-def log_curves(tracking_uri: str, parent_run_id: str, study: Any, console: Any = None) -> List[str]:
+def log_curves(
+    tracking_uri: str, parent_run_id: str, study: Any, console: Any = None, ranges: Ranges = NO_RANGES
+) -> List[str]:
     """After a launch of a study that declares a published reference: :func:`compare_study` logged to the
     launch run as ``published/curves.md`` and ``published/curves.csv``, and its summary printed to
     ``console``. Never raises: a failure is one warning (every trial is already in MLflow).
@@ -266,7 +272,7 @@ def log_curves(tracking_uri: str, parent_run_id: str, study: Any, console: Any =
     logger = logging.getLogger(__name__)
     logged: List[str] = []
     try:
-        comparison = compare_study(tracking_uri, study.name)
+        comparison = compare_study(tracking_uri, study.name, ranges_of=lambda workload: ranges)
         client = runs.client(tracking_uri)
         for name, text in (("curves.md", to_markdown(comparison)), ("curves.csv", comparison.rows.to_csv(index=False))):
             client.log_text(parent_run_id, text, f"published/{name}")

@@ -17,7 +17,8 @@ parent run in MLflow):
   (default ``tsam``), one curve per value of its parameter ``by`` (default ``t``) at that value's best
   configuration, the mean over its seeds (:mod:`flatlab.analysis.param_curves`); written to
   ``curves_<by>_<metric>.png`` and ``.json`` and logged under ``curves/``.
-* ``interpolation`` (seed paper "In Search of the Successful Interpolation", Figs. 1, 3, 4, 5):
+* ``interpolation`` (seed paper "In Search of the Successful Interpolation", Figs. 1, 3, 4, 5),
+  registered by :mod:`flatlab.interpolation.report` (the layer above, which the study layer loads):
   :func:`flatlab.interpolation.report.interpolation_report` over an alpha study's trials, logged under
   ``report/`` with ``summary.json``; ``split``: the OOD split of Figs. 1 and 5 (default ``ood``).
   ``flatlab interpolation-report STUDY`` rebuilds it on demand.
@@ -202,17 +203,6 @@ def toy_figure(tracking_uri: str, study: str, out_dir: Path, end_metric: str, fl
     return [f"toy figure: {png.name} and {js.name} in {out_dir}, logged under toy/ on run {parent}"]
 
 
-def _interpolation(tracking_uri: str, study: str, out_dir: Path, params: Mapping[str, Any]) -> List[str]:
-    # torch on first use: importing this module stays light
-    from flatlab.interpolation.report import interpolation_report
-
-    rep = interpolation_report(tracking_uri, study, out_dir=out_dir, split=params["split"])
-    return [
-        f"report: {len(rep.figures)} figures and {rep.summary_path.name} in {rep.out_dir}, logged under report/ on run "
-        f"{rep.parent_run_id}"
-    ]
-
-
 def objectives_report(tracking_uri: str, study: str, out_dir: Path, split: str, extra: str) -> List[str]:
     """TSAM paper, Table 2: the tables of :func:`flatlab.analysis.objectives.objective_tables` over the completed
     trials of ``study``'s latest launch, one for ``split`` (the study's ``measure_split``, metrics ``flat/*``)
@@ -335,13 +325,5 @@ register_report(
             HParam("flatness", "", str, doc="the flatness metric, e.g. val/trace_hessian"),
         ),
         required=("end", "flatness"),
-    )
-)
-register_report(
-    StudyReport(
-        "interpolation",
-        "an alpha study's figures (seed paper Figs. 1, 3, 4, 5) and summary.json",
-        _interpolation,
-        hparams=(HParam("split", "ood", str, doc="the OOD split of Figs. 1 and 5"),),
     )
 )

@@ -22,11 +22,11 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from flatlab.analysis import selection
+from flatlab.analysis.curve_points import Point
 from flatlab.analysis.sample import is_completed
 from flatlab.analysis.speedup import CurveTrial, goals, seed_targets, steps_and_speedup
 from flatlab.tracking import runs
 from flatlab.tracking.artifacts import CURVE_METRIC, LEGACY_CURVE_METRIC
-from flatlab.train.curve import Point
 
 logger = logging.getLogger(__name__)
 

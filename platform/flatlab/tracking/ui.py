@@ -28,7 +28,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 from urllib.parse import urlencode
 
 from flatlab.tracking.runs import AT_TARGET_PREFIX
@@ -247,24 +247,12 @@ def default_view(columns: List[str], metric: str, mode: str, parent_run_id: str)
     }
 
 
-def study_columns(study: Any, test_metrics: Iterable[str] = TEST_METRICS) -> List[str]:
-    """:func:`default_columns` of a :class:`~flatlab.study.spec.Study`: its metric, measures, target and
-    the parameters its arms search (in the order the arms declare them)."""
-    # torch on first use: importing this module stays light
-    from flatlab.train.config import TARGET_HPARAMS
-
-    searched = [name for arm in study.arms for name in arm.searched()]
-    target = any(study.train.get(name) is not None for name in TARGET_HPARAMS)
-    at_target = study.train.get("measure_at_train_loss") is not None
-    return default_columns(study.metric, searched, study.measures, test_metrics, target, at_target)
-
-
 def set_default_view(
-    client: Any, experiment_id: str, study: Any, parent_run_id: str, test_metrics: Iterable[str] = TEST_METRICS
+    client: Any, experiment_id: str, study: Any, parent_run_id: str, columns: Sequence[str]
 ) -> Dict[str, Any]:
     """Write flatlab's default view of ``study``'s runs (launch ``parent_run_id``) to the experiment tag
-    :data:`VIEW_TAG`; returns the view. ``test_metrics``: the test metric columns (after a launch, the one
-    its trials logged)."""
-    view = default_view(study_columns(study, test_metrics), study.metric, study.mode, parent_run_id)
+    :data:`VIEW_TAG`; returns the view. ``columns``: the view's columns (:func:`default_columns`, e.g.
+    :func:`flatlab.study.parent_run.study_columns` of the study)."""
+    view = default_view(list(columns), study.metric, study.mode, parent_run_id)
     client.set_experiment_tag(experiment_id, VIEW_TAG, json.dumps(view, separators=(",", ":")))
     return view

@@ -8,42 +8,12 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from flatlab.batch import Inputs, draw_labels, take
 from flatlab.optim.protocol import frozen_bn_stats
 from flatlab.train import parallel as dp  # data parallelism (DDP): see flatlab.train.parallel
 from flatlab.train.precision import Precision
-from flatlab.workloads.base import Inputs, take
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def _draw(
-    probs: torch.Tensor, generator: Optional[torch.Generator] = None, u: Optional[torch.Tensor] = None
-) -> torch.Tensor:
-    """One label per row of ``probs`` ``(N, C)`` by inverse-CDF sampling: ``(N,)`` int64 (``u``: the
-    ``(N, 1)`` uniforms to use instead of drawing them)."""
-    cdf = probs.cumsum(dim=-1)
-    if u is None:
-        u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=probs.dtype, generator=generator)
-    u = u * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1).reshape(-1)
-
-
-def sample_labels(logits: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """Labels drawn from the model's predictive distribution, ``ŷ ~ Categorical(softmax(logits))``.
-
-    Inverse-CDF sampling (one uniform per row, ``searchsorted`` in the cumulative softmax): the same
-    distribution as ``torch.multinomial`` at a fraction of its cost on wide outputs (LM vocabularies).
-    The sampler of IRE's curvature pass and of the sampled-label Fisher trace (Wang et al. 2024).
-
-    Args:
-        logits: ``(..., C)`` unnormalised class scores.
-        generator: the RNG to draw from (on ``logits``' device); ``None``: the global torch RNG
-            (seeded by the trainer, saved in checkpoints).
-    Returns:
-        ``(...)`` int64 labels.
-    """
-    probs = torch.softmax(logits.detach().reshape(-1, logits.shape[-1]), dim=-1, dtype=torch.float32)
-    return _draw(probs, generator).reshape(logits.shape[:-1])
 
 
 def sampled_label_logit_grad(
@@ -51,7 +21,7 @@ def sampled_label_logit_grad(
 ) -> torch.Tensor:
     """Gradient w.r.t. ``logits`` of the mean cross-entropy against labels sampled from their softmax.
 
-    With p = softmax(logits) per row and ŷ ~ Categorical(p) (drawn exactly as :func:`sample_labels`
+    With p = softmax(logits) per row and ŷ ~ Categorical(p) (drawn exactly as :func:`flatlab.batch.sample_labels`
     draws, from the same RNG stream), the gradient of ``mean_rows CE(logits, ŷ)`` is
     ``(p − onehot(ŷ)) / N``: built here from the softmax the sampling needs anyway, so the curvature
     pass skips a second log-softmax forward and backward (IRE's Fisher estimator, Wang et al. 2024).
@@ -65,7 +35,7 @@ def sampled_label_logit_grad(
         ``(..., C)`` tensor of ``logits``' dtype (the softmax itself is taken in float32).
     """
     probs = torch.softmax(logits.detach().reshape(-1, logits.shape[-1]), dim=-1, dtype=torch.float32)
-    labels = _draw(probs, u=u)  # its cumulative sum is freed on return: two (N, C) float32 buffers at the peak
+    labels = draw_labels(probs, u=u)  # its cumulative sum is freed on return: two (N, C) float32 buffers at the peak
     rows = torch.arange(probs.shape[0], device=probs.device)
     probs[rows, labels] -= 1.0
     probs.div_(probs.shape[0])

@@ -18,10 +18,10 @@ def compile_model(model: nn.Module) -> nn.Module:
     with ``retain_graph=True``, then the true loss), which a compiled backward that donates its saved
     buffers refuses; donation is therefore switched off, process-wide (a little more activation memory
     in compiled backward graphs). The compile caches on disk are switched off too (AOTAutograd's and
-    inductor's FX graph cache): with torch 2.14 on the CPU, a process reading a cache in which this
-    model's backward had been compiled WITH donation got wrong IRE gradients silently (every IRE step
-    off by the size of the step), where a fresh cache gave the eager result. Each process therefore
-    compiles afresh (tens of seconds per graph). Needs a C compiler on the machine (inductor).
+    inductor's FX graph cache): on the CPU (torch 2.14) a backward read from a cache that was compiled
+    with donation gives silently wrong IRE gradients, where a fresh compile gives the eager result.
+    Each process therefore compiles afresh (tens of seconds per graph). Needs a C compiler on the
+    machine (inductor).
     """
     from torch._inductor import config as inductor_config  # deferred: loads the compiler stack (seconds)
 

@@ -2,19 +2,18 @@
 
 IRE paper, Fig. 4 compares optimizers by the number of optimizer steps each needs to reach the final
 training loss of AdamW ("2x speed-up"). :class:`LossCurve` keeps that curve cheaply during training
-(on the training device, no host sync per step); :func:`first_step_at_or_below` reads a target off it.
+(on the training device, no host sync per step);
+:func:`flatlab.analysis.curve_points.first_step_at_or_below` reads a target off it.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping
 
 import torch
 
+from flatlab.analysis.curve_points import Point
 from flatlab.train.precision import accumulation_dtype
-
-Point = Tuple[int, float]
 
 
 class LossCurve:
@@ -124,21 +123,3 @@ class LossCurve:
         self._ema = torch.tensor(float(state["ema"]), dtype=self.dtype, device=self.device)
         self._steps = [int(s) for s in state["steps"]]
         self._values = [torch.tensor(float(v), dtype=self.dtype, device=self.device) for v in state["values"]]
-
-
-def first_step_at_or_below(points: Sequence[Point], target: float) -> Optional[int]:
-    """The first recorded step whose smoothed loss is <= ``target`` (``None``: never reached).
-
-    Args:
-        points: ``(step, value)`` pairs in increasing step order (:meth:`LossCurve.points`, or the
-            ``train_step/loss_smoothed`` history of a run); NaN values never count as reached.
-        target: the loss to reach, in the curve's units (nats per token for language models).
-
-    The resolution is the curve's stride: the exact step at which the smoothed loss first reached the
-    target lies in ``(previous recorded step, result]``, so the result is an upper bound within one
-    stride of it (IRE paper, Fig. 4 "steps to reach AdamW's final loss").
-    """
-    for step, value in points:
-        if not math.isnan(value) and value <= target:
-            return int(step)
-    return None

@@ -15,10 +15,11 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 import torch
 
+from flatlab.batch import Inputs, take
 from flatlab.errors import ConfigError
 from flatlab.optim.protocol import Progress, passes_of
 from flatlab.optim.registry import get_optimizer
@@ -28,12 +29,12 @@ from flatlab.train.compiled import compile_model
 from flatlab.train.compute import ComputeCounter, steps_within
 from flatlab.train.config import loss_target
 from flatlab.train.curve import LossCurve
-from flatlab.train.parallel import DataParallel, unwrap
+from flatlab.train.parallel import DataParallel, Shard, unwrap
 from flatlab.train.precision import Precision, accumulation_dtype
 from flatlab.train.resolved import resolve_trainer
 from flatlab.train.schedules import Schedule
 from flatlab.train.seeding import rng_state, seed_everything, set_rng_state
-from flatlab.workloads.base import Data, Workload, take, to_device
+from flatlab.workloads.base import Data, Workload, to_device
 from flatlab.workloads.registry import build_workload
 
 
@@ -239,71 +240,14 @@ class Trainer:
         """
         t0 = time.perf_counter()
         self.model.train()
-        train = self.data.train
-        perm = torch.randperm(len(train), generator=self.generator)
-        bs = self.hp["batch_size"]
         wide = accumulation_dtype(self.device)  # float64 (float32 on MPS)
         loss_sum = torch.zeros((), dtype=wide, device=self.device)  # on the device: no per-step copy
         stats = _TrainStats(self.workload)  # running train accuracy, fed by the primary pass's outputs
         first_bad = torch.full((), -1, dtype=torch.int64, device=self.device)  # first step with a non-finite loss
         bad_loss = torch.zeros((), dtype=wide, device=self.device)  # and that loss
-        on_progress = getattr(self.optimizer, "on_progress", None)
-        prefetch = getattr(train.inputs, "prefetch", None)  # inputs decoded on demand (e.g. LazyImages)
-        # -- data parallelism: each rank augments its own rows with its own generator (reseeded per epoch)
-        dp = self.parallel
-        augment_generator = self.generator
-        if dp is not None:
-            augment_generator = torch.Generator().manual_seed(dp.augment_seed(self.spec.seed, self.epoch))
-        rows = 0  # training rows stepped on (a pass budget may end the epoch part-way)
-        for start in range(0, len(train), bs):
-            if self.max_steps is not None and self.step >= self.max_steps:
-                break
-            idx = perm[start : start + bs]
-            nxt = perm[start + bs : start + 2 * bs]
-            global_rows, shard = len(idx), None
-            if dp is not None:  # this rank's rows of the global batch (and of the next one)
-                shard = dp.shard_of(global_rows)
-                idx, nxt = idx[dp.shard(global_rows)], nxt[dp.shard(len(nxt))]
-            batch = take(train.inputs, idx)
-            if prefetch is not None and start + bs < len(train):
-                prefetch(nxt)  # decode the next mini-batch while this one trains
-            if self._augment_on_device:  # in-memory data on an accelerator: copy the uint8 batch, augment there
-                x = self.workload.augment(to_device(batch, self.device), augment_generator)
-            else:
-                x = to_device(self.workload.augment(batch, augment_generator), self.device)
-            y = to_device(train.targets[idx], self.device)
-            if on_progress is not None:
-                on_progress(
-                    Progress(
-                        step=self.step,
-                        epoch=self.epoch,
-                        total_steps=self.schedule.total_steps,
-                        steps_per_epoch=self.steps_per_epoch,
-                        warmup_steps=self.schedule.warmup_steps,
-                        last_epoch_train_loss=self.last_train_loss,
-                    )
-                )
-            closure = BatchClosure(
-                self.net,
-                self._loss,
-                x,
-                y,
-                clip_norm=self.hp["clip_norm"],
-                micro_batch=self.hp["micro_batch_size"],
-                on_outputs=stats.add,
-                precision=self.precision,
-                parallel=dp,
-                shard=shard,
-            )
-            self.optimizer.step(closure)
-            self.compute.add_step(*passes_of(self.optimizer, self.step), global_rows)
-            if self.precision.scaler is not None:
-                self.precision.scaler.update(closure.overflowed)  # an overflowed step was skipped: back off
-            loss = closure.loss
-            if loss is None:
-                raise Diverged(self.step, float("nan"))
-            if dp is not None:  # the global batch's mean loss (NaN on one rank: NaN on all, all stop alike)
-                loss = dp.mean(loss)
+        rows, lr = 0, self.optimizer.param_groups[0]["lr"]  # training rows stepped on (a pass budget may stop early)
+        for x, y, global_rows, shard in self._batches():
+            loss = self._train_step(x, y, global_rows, shard, stats)
             # Divergence is flagged on the device and read every `check_every` steps (and at the end of the
             # epoch), so the loop never waits for an accelerator; the step it reports is still exact.
             newly_bad = ~torch.isfinite(loss) & (first_bad < 0)
@@ -320,20 +264,96 @@ class Trainer:
             self.step += 1
         self._raise_if_diverged(first_bad, bad_loss)
         self.compute.train_s += time.perf_counter() - t0
+        self.epoch += 1
+        self.last_train_loss = float(loss_sum) / max(1, rows)
+        if self.target_epoch is None and self.loss_target is not None and self.last_train_loss <= self.loss_target:
+            self.target_epoch = self.epoch
+        metrics = self._epoch_metrics(stats, lr)
+        metrics["time/epoch_s"] = time.perf_counter() - t0
+        return metrics
+
+    def _batches(self) -> Iterator[Tuple[Inputs, torch.Tensor, int, Optional[Shard]]]:
+        """The epoch's mini-batches in a fresh random order, augmented and on the device: ``(inputs,
+        targets, rows of the global batch, this rank's shard of it or None)``; stops at ``max_steps``. With
+        data parallelism each rank takes its rows of each global batch and augments them with its own
+        generator (reseeded per epoch); inputs decoded on demand are prefetched one batch ahead."""
+        train, bs, dp = self.data.train, self.hp["batch_size"], self.parallel
+        perm = torch.randperm(len(train), generator=self.generator)
+        prefetch = getattr(train.inputs, "prefetch", None)  # inputs decoded on demand (e.g. LazyImages)
+        augment_generator = self.generator
+        if dp is not None:
+            augment_generator = torch.Generator().manual_seed(dp.augment_seed(self.spec.seed, self.epoch))
+        for start in range(0, len(train), bs):
+            if self.max_steps is not None and self.step >= self.max_steps:
+                return
+            idx = perm[start : start + bs]
+            nxt = perm[start + bs : start + 2 * bs]
+            global_rows, shard = len(idx), None
+            if dp is not None:  # this rank's rows of the global batch (and of the next one)
+                shard = dp.shard_of(global_rows)
+                idx, nxt = idx[dp.shard(global_rows)], nxt[dp.shard(len(nxt))]
+            batch = take(train.inputs, idx)
+            if prefetch is not None and start + bs < len(train):
+                prefetch(nxt)  # decode the next mini-batch while this one trains
+            if self._augment_on_device:  # in-memory data on an accelerator: copy the uint8 batch, augment there
+                x = self.workload.augment(to_device(batch, self.device), augment_generator)
+            else:
+                x = to_device(self.workload.augment(batch, augment_generator), self.device)
+            yield x, to_device(train.targets[idx], self.device), global_rows, shard
+
+    def _train_step(
+        self, x: Inputs, y: torch.Tensor, global_rows: int, shard: Optional[Shard], stats: "_TrainStats"
+    ) -> torch.Tensor:
+        """One optimizer step on a mini-batch; returns its loss (the global batch's mean under data
+        parallelism: NaN on one rank is NaN on all, so all stop alike).
+
+        Raises:
+            Diverged: the closure computed no loss.
+        """
+        on_progress = getattr(self.optimizer, "on_progress", None)
+        if on_progress is not None:
+            on_progress(
+                Progress(
+                    step=self.step,
+                    epoch=self.epoch,
+                    total_steps=self.schedule.total_steps,
+                    steps_per_epoch=self.steps_per_epoch,
+                    warmup_steps=self.schedule.warmup_steps,
+                    last_epoch_train_loss=self.last_train_loss,
+                )
+            )
+        closure = BatchClosure(
+            self.net,
+            self._loss,
+            x,
+            y,
+            clip_norm=self.hp["clip_norm"],
+            micro_batch=self.hp["micro_batch_size"],
+            on_outputs=stats.add,
+            precision=self.precision,
+            parallel=self.parallel,
+            shard=shard,
+        )
+        self.optimizer.step(closure)
+        self.compute.add_step(*passes_of(self.optimizer, self.step), global_rows)
+        if self.precision.scaler is not None:
+            self.precision.scaler.update(closure.overflowed)  # an overflowed step was skipped: back off
+        loss = closure.loss
+        if loss is None:
+            raise Diverged(self.step, float("nan"))
+        return self.parallel.mean(loss) if self.parallel is not None else loss
+
+    def _epoch_metrics(self, stats: "_TrainStats", lr: float) -> Dict[str, float]:
+        """The metrics of the epoch just trained (:attr:`epoch` already counts it): training loss, accuracy
+        (over every rank's rows) and learning rate, the loss scaler's, each evaluation split's, the test
+        split's when tested every epoch, the optimizer's and the compute spent."""
+        dp = self.parallel
         if dp is not None:  # -- data parallelism: training accuracy over every rank's rows
             both = dp.sum(
                 torch.tensor([float(stats.correct), float(stats.counted)], dtype=torch.float64, device=self.device)
             )
             stats.correct, stats.counted = int(round(float(both[0]))), int(round(float(both[1])))
-        self.epoch += 1
-        self.last_train_loss = float(loss_sum) / max(1, rows)
-        if self.target_epoch is None and self.loss_target is not None and self.last_train_loss <= self.loss_target:
-            self.target_epoch = self.epoch
-        metrics: Dict[str, float] = {
-            "epoch": self.epoch,
-            "train/loss": self.last_train_loss,
-            "lr": lr,
-        }
+        metrics: Dict[str, float] = {"epoch": self.epoch, "train/loss": self.last_train_loss, "lr": lr}
         if stats.counted:
             metrics["train/accuracy"] = int(stats.correct) / stats.counted
         if self.precision.scaler is not None:
@@ -348,7 +368,6 @@ class Trainer:
         if pop is not None:
             metrics.update(pop())
         metrics.update(self.compute.metrics())
-        metrics["time/epoch_s"] = time.perf_counter() - t0
         return metrics
 
     @staticmethod

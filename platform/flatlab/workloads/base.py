@@ -17,22 +17,15 @@ from typing import Any, ClassVar, Dict, Optional, Tuple, Union
 import torch
 from torch import nn
 
+from flatlab.batch import Inputs, take  # noqa: F401 (take re-exported)
 from flatlab.hparams import HParam, resolve
-
-Inputs = Union[torch.Tensor, Dict[str, torch.Tensor]]
-
-
-def take(inputs: Inputs, idx: Any) -> Inputs:
-    """Rows ``idx`` of ``inputs`` (a tensor, or a dict of tensors sharing their first dimension)."""
-    if isinstance(inputs, dict):
-        return {k: v[idx] for k, v in inputs.items()}
-    return inputs[idx]
+from flatlab.ranges import CORRELATIONS, SHARES, Support, metric_support  # noqa: F401 (re-exported)
 
 
 def _move(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     # Host -> CUDA copies are asynchronous only from pinned (page-locked) memory: stage the batch there
     # first (torch's caching host allocator reuses the pinned blocks, and keeps each one until its copy
-    # has finished). Anything else, CPU -> CPU included, is ``t.to(device)`` as before (a no-op on CPU).
+    # has finished). Anything else, CPU -> CPU included, is a plain ``t.to(device)`` (a no-op on CPU).
     if device.type == "cuda" and t.device.type == "cpu":
         t = t if t.is_pinned() else t.pin_memory()
     return t.to(device, non_blocking=True)
@@ -102,32 +95,6 @@ class TrainDefaults:
     schedule: str = "cosine"
     warmup_epochs: float = 0.0
     label_smoothing: float = 0.0
-
-
-Support = Tuple[float, float]
-"""``(low, high)``: the values a quantity can take (``math.inf`` for no upper bound)."""
-
-SHARES = ("accuracy", "f1")
-"""Metric names (the part after the last ``/``) that are fractions, in [0, 1]."""
-CORRELATIONS = ("matthews", "pearson", "spearman")
-"""Metric names that are correlation coefficients, in [-1, 1] (GLUE's CoLA and STS-B metrics)."""
-
-
-def metric_support(metric: str, loss_support: Optional[Support]) -> Optional[Support]:
-    """The range of a workload metric, by the name after its last ``/`` (``test/accuracy`` -> ``accuracy``):
-    :data:`SHARES` [0, 1]; :data:`CORRELATIONS` [-1, 1]; ``loss`` ``loss_support``; ``perplexity``
-    = exp(loss) ``[exp(low), inf)`` (``(0, inf)`` without a loss range); anything else ``None``
-    (unknown: unbounded)."""
-    leaf = metric.rsplit("/", 1)[-1]
-    if leaf in SHARES:
-        return (0.0, 1.0)
-    if leaf in CORRELATIONS:
-        return (-1.0, 1.0)
-    if leaf == "loss":
-        return loss_support
-    if leaf == "perplexity":
-        return (math.exp(loss_support[0]), math.inf) if loss_support else (0.0, math.inf)
-    return None
 
 
 class Workload(ABC):

@@ -193,8 +193,9 @@ def markov_tokens(n: int, vocab: int, seed: int) -> np.ndarray:
 class CausalLM(nn.Module):
     """A transformers causal LM: ``forward((B, T) int64 ids) -> (B, T, V)`` float logits.
 
-    State dicts written by earlier flatlab versions held a ``progress`` buffer (a steps-to-target
-    tracker, now the trainer's loss curve); loading drops it, so their checkpoints still resume.
+    Loading drops a ``progress`` buffer from the state dict (:func:`_drop_legacy_progress`), so a checkpoint
+    that holds one resumes; the steps to a target are the trainer's loss curve's
+    (:class:`flatlab.train.curve.LossCurve`).
     """
 
     def __init__(self, hf_model: nn.Module) -> None:

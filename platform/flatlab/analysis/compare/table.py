@@ -42,7 +42,8 @@ from flatlab.analysis.compare.statistics import (
 from flatlab.analysis.results import _test_metric
 from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX, has_values
 from flatlab.analysis.selection import completed, reference_arm, value_column
-from flatlab.errors import ConfigError, UnknownNameError
+from flatlab.errors import ConfigError
+from flatlab.ranges import NO_RANGES, Ranges
 
 MEASURE_AT_TARGET = (
     "measure_at_train_loss"  # the frame's attrs key: the launch's trainer target, when it measured and trained on
@@ -219,31 +220,18 @@ def higher_is_better(quantity: str, study_metric: str = "", study_mode: str = "m
     return True
 
 
-def quantity_support(quantity: str, workload: Optional[str] = None) -> Optional[Tuple[float, float]]:
+def quantity_support(quantity: str, ranges: Ranges = NO_RANGES) -> Optional[Tuple[float, float]]:
     """The values ``quantity`` can take, ``(low, high)``, or ``None`` (unbounded, also when unsure).
 
-    ``flat/<m>`` and ``flat_at_target/<m>``: as measure ``m`` declares it
-    (:func:`flatlab.sharpness.measures.measure_support`); the epochs and steps to a target: ``None``;
-    any other metric: by its name (:func:`flatlab.workloads.base.metric_support`: accuracy [0, 1],
-    loss in the workload's loss range). A loss's range is the registered ``workload``'s
-    :attr:`~flatlab.workloads.base.Workload.loss_support`; with no or an unregistered workload, unbounded.
+    ``flat_at_target/<m>`` as ``flat/<m>``; the epochs and steps to a target: ``None``; anything else as
+    ``ranges`` gives it (:meth:`flatlab.ranges.Ranges.of`: a ``flat/*`` metric as its measure declares it,
+    any other metric by its name: accuracy [0, 1], a loss in the workload's loss range). ``ranges`` comes
+    from the layer that knows the workload (:func:`flatlab.workloads.ranges.ranges_of`); by default only
+    the metric names are known (losses and ``flat/*`` unbounded).
     """
-    # torch on first use: importing this module stays light
-    from flatlab.sharpness.measures import measure_support
-    from flatlab.workloads.base import metric_support
-    from flatlab.workloads.registry import get_workload
-
-    loss = None
-    if workload:
-        try:
-            loss = get_workload(workload).loss_support
-        except UnknownNameError:  # an extension's workload not loaded here: its loss may be negative
-            loss = None
     if quantity.startswith(AT_TARGET_PREFIX):
         quantity = FLAT_PREFIX + quantity[len(AT_TARGET_PREFIX) :]
-    if quantity.startswith(FLAT_PREFIX):
-        return measure_support(quantity, loss)
-    return None if quantity in TARGETS else metric_support(quantity, loss)
+    return None if quantity in TARGETS else ranges.of(quantity)
 
 
 def compare_table(
@@ -255,12 +243,12 @@ def compare_table(
     confidence: float = CONFIDENCE,
     study: str = "",
     rank_by: str = "final",
+    ranges: Ranges = NO_RANGES,
 ) -> Comparison:
     """The paper table of a study's trials (see the module docstring for the statistics).
 
     Args:
-        df: a :func:`flatlab.tracking.trials.trials_frame` table (``attrs`` metric, mode and workload,
-            the last for the range of a loss: :func:`quantity_support`).
+        df: a :func:`flatlab.tracking.trials.trials_frame` table (``attrs`` metric and mode).
         metric: the test metric (default ``test/perplexity``, ``test/accuracy`` or ``test/loss``, the
             first recorded).
         reference: the arm every other arm is paired against (default
@@ -273,6 +261,8 @@ def compare_table(
         study: the study's name, for titles.
         rank_by: how a grid study's best configuration is chosen (:func:`select_sample`): ``final``
             (the rule) or ``best-epoch`` (an explicit alternative).
+        ranges: the values the quantities can take, which the arms' intervals are clipped to
+            (:func:`quantity_support`; :func:`flatlab.workloads.ranges.ranges_of` the study's workload).
     Returns:
         A :class:`Comparison`; quantities: the metric, the measures (``flat/*``, then ``flat_at_target/*``),
         then ``train/epochs_to_target``
@@ -314,7 +304,7 @@ def compare_table(
     quantities = (metric, *flat, *targets)
     mode = df.attrs.get("mode", "max")
     better = {q: higher_is_better(q, df.attrs.get("metric", ""), mode) for q in quantities}
-    support = {q: quantity_support(q, df.attrs.get("workload")) for q in quantities}
+    support = {q: quantity_support(q, ranges) for q in quantities}
     seeds = seed_values(sample, quantities)
     ordered = [reference] + [a for a in arms if a != reference]
     notes += _seed_notes(seeds, completed(sample), ordered, targets)
