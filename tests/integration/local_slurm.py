@@ -197,6 +197,10 @@ class LocalSlurm:
         if res.returncode != 0:
             raise RuntimeError(f"scancel {' '.join(options)} {job} exited {res.returncode}: {res.stderr.strip()}")
 
+    def scontrol(self, *args: str) -> subprocess.CompletedProcess:
+        """``scontrol ARGS`` (requeue, update ...), its exit status and output."""
+        return self._client("scontrol", *args)
+
     def wait_gone(self, job: str, timeout: float) -> None:
         """Until squeue no longer lists the job; raises TimeoutError after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout

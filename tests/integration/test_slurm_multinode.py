@@ -1,15 +1,17 @@
 """deploy/slurm/flatlab.sbatch across two SLURM nodes on real addresses (:mod:`netns_slurm`: slurmctld on a
 bridge's address, a slurmd per node in a network namespace of its own, ``fln1`` and ``fln2``, each with its
 own address, hostname and hosts file). A small digits study runs with ``--nodes=2``: the Ray head on
-``fln1`` and a Ray worker on ``fln2``, one trial at a time on each, MLflow on fln1's address. It is
-cancelled with ``scancel`` in the middle of its search; resubmitted with ``--resume`` (and ``--requeue``) and
-requeued in the middle with ``scontrol requeue``; the requeued job resumes by itself (SLURM_RESTART_COUNT)
-and finishes. The MLflow store then holds every trial once, none RUNNING; no process of any job is left;
-every process the jobs started ran in a node's namespace; the namespaces, veth pairs and bridge are gone.
+``fln1`` and a Ray worker on ``fln2``, one trial at a time on each, MLflow on fln1's address and reached
+from fln2 by the name ``fln1``. With two trials held mid-way the job is requeued (``scontrol requeue``)
+and resumes its launch by itself (SLURM_RESTART_COUNT); with two more held it is cancelled (``scancel``);
+resubmitted with ``--resume`` it finishes. The MLflow store then holds every trial once, none RUNNING; no
+process of any job is left; every process the jobs started ran, and listened, in a node's namespace; the
+namespaces, veth pairs and bridge are gone.
 
 Without root, ``ip`` or SLURM the test skips, saying why; with ``FLATLAB_REQUIRE_SLURM=1`` (``.ci/run``) it
 fails instead."""
 
+import ipaddress
 import json
 import os
 import re
@@ -105,28 +107,35 @@ def node_env(slurm: NetnsSlurm, root: Path) -> dict:
 
 
 def listeners(pid: int) -> set:
-    """(address, port) of every TCP socket process ``pid`` listens on, read in its own network namespace."""
+    """(address, port) of every TCP socket process ``pid`` listens on, read in its own network namespace
+    (``/proc/PID/net/tcp*``: addresses as 32-bit words in host order); IPv4-mapped IPv6 addresses as IPv4."""
+    inodes = set()
     try:
-        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        fds = os.listdir(f"/proc/{pid}/fd")
         tables = [Path(f"/proc/{pid}/net/{name}").read_text().splitlines()[1:] for name in ("tcp", "tcp6")]
     except OSError:
         return set()
+    for fd in fds:
+        try:
+            inodes.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:  # closed meanwhile
+            pass
     found = set()
-    for line in (row for table in tables for row in table):
-        fields = line.split()
+    for fields in (row.split() for table in tables for row in table):
         if fields[3] == "0A" and f"socket:[{fields[9]}]" in inodes:  # 0A: LISTEN
             hex_addr, port = fields[1].split(":")
-            raw = bytes.fromhex(hex_addr)
-            addr = ".".join(str(b) for b in raw[::-1]) if len(raw) == 4 else ".".join(str(b) for b in raw[-1:-5:-1])
-            found.add((addr, int(port, 16)))
+            raw = b"".join(bytes.fromhex(hex_addr[i : i + 8])[::-1] for i in range(0, len(hex_addr), 8))
+            addr = ipaddress.ip_address(raw)
+            mapped = getattr(addr, "ipv4_mapped", None)
+            found.add((str(mapped or addr), int(port, 16)))
     return found
 
 
-def check_placement(slurm: NetnsSlurm, job: str) -> None:
-    """Every process of the job runs in a node's network namespace and listens only on that node's address,
-    loopback or every address of that namespace."""
+def check_placement(slurm: NetnsSlurm, job: str, port: int) -> None:
+    """Every process of the job runs in a node's network namespace, both nodes have some, and each listens
+    only on its node's address, loopback or every address of its namespace; MLflow listens on the head's."""
     spaces = {str(Path(f"/run/netns/{slurm.netns[n]}").stat().st_ino): n for n in NODES}
-    by_node = Counter()
+    by_node, heard = Counter(), set()
     for pid in slurm.processes(job):
         ns = namespace_of(pid)
         if ns is None:
@@ -134,9 +143,12 @@ def check_placement(slurm: NetnsSlurm, job: str) -> None:
         node = spaces.get(ns.split("[")[1].rstrip("]"))
         assert node is not None, f"process {describe([pid])} of job {job} runs outside the nodes' namespaces ({ns})"
         by_node[node] += 1
-        allowed = {slurm.addr[node], "127.0.0.1", "0.0.0.0"}
-        assert {a for a, _ in listeners(pid)} <= allowed, (node, describe([pid]), listeners(pid))
+        sockets = listeners(pid)
+        allowed = {slurm.addr[node], "127.0.0.1", "::1", "0.0.0.0", "::"}
+        assert {a for a, _ in sockets} <= allowed, (node, describe([pid]), sockets)
+        heard |= sockets
     assert set(by_node) == set(NODES), by_node  # the job runs on both nodes
+    assert (slurm.addr[NODES[0]], port) in heard, heard
 
 
 def fetch_in_node(slurm: NetnsSlurm, node: str, url: str, host: str = "") -> int:
@@ -190,25 +202,25 @@ def test_a_two_node_study_survives_scancel_and_requeue_and_finishes_every_trial_
     assert f"ray node worker on {NODES[1]} ({slurm.addr[NODES[1]]})" in text, text[-3000:]
     assert "Ray: 2 of 2 nodes joined" in text, text[-3000:]
     assert f"--tracking-uri http://{head}:" in text, text[-3000:]
-    check_placement(slurm, job1)
     port = latest_mlflow_port(work, job1)
+    check_placement(slurm, job1, port)
     search = "/api/2.0/mlflow/experiments/search?max_results=1"
     assert fetch_in_node(slurm, NODES[1], f"http://{NODES[0]}:{port}{search}") == 200  # by the head's name
     assert fetch_in_node(slurm, NODES[1], f"http://{head}:{port}{search}", host=f"evil.example:{port}") == 403
     assert {(gate / f"host-{i}").read_text() for i in range(FREE, FREE + 2)} == set(NODES)  # one per node
-    res = slurm._client("scontrol", "requeue", job1)
+    res = slurm.scontrol("requeue", job1)
     assert res.returncode == 0, res.stderr
 
     # 2. SLURM stops the job (TERM) and starts it again; the script sees SLURM_RESTART_COUNT and resumes; its
     #    trials are held again, and a plain scancel stops it
     def restarted():
         if slurm.state(job1) == "PENDING":  # a requeued job waits for its begin time; start it now
-            slurm._client("scontrol", "update", f"JobId={job1}", "StartTime=now")
+            slurm.scontrol("update", f"JobId={job1}", "StartTime=now")
         return "SLURM requeued this job (restart 1): resuming its launch" in out.read_text()
 
     wait_for("the requeued job to resume its launch", restarted, 600, slurm, job1, work)
     wait_for("two resumed trials held by the gate", held(4, job1), 600, slurm, job1, work)
-    check_placement(slurm, job1)
+    check_placement(slurm, job1, latest_mlflow_port(work, job1))
     slurm.scancel(job1)
     slurm.wait_gone(job1, timeout=120)
     wait_no_processes(slurm, job1)
