@@ -8,7 +8,8 @@ the machine uses. No other interface or address is touched. Each slurmd runs in 
 the node's name as its hostname (a UTS namespace) and, in a mount namespace of its own, a hosts file that
 names the controller and the nodes over ``/etc/hosts`` and a folder of its own over ``DIR/node`` (its spool,
 log and Ray's temporary files, as a node's local disk). Everything a job starts inherits them. slurmctld
-binds the bridge's address only; each slurmd listens inside its namespace.
+runs in this namespace as ``flctl`` with the same hosts file and binds the bridge's address only; each slurmd
+listens inside its namespace.
 """
 
 from __future__ import annotations
