@@ -46,12 +46,14 @@ data:
 	  echo "data: $(FMNIST_DIR) is missing (install Debian's dataset-fashion-mnist as root, or see \`flatlab workloads fashion_mnist\`); its tests will skip"; \
 	fi
 
-## slurm: a one-node SLURM for tests/integration/test_slurm.py (Debian's slurmctld, slurmd, slurm-client and munge,
-## 22.05 on Debian 12): installed with apt-get when missing and this runs as root; otherwise (or if apt fails) one
-## line says so, and its test skips (or fails under FLATLAB_REQUIRE_SLURM=1). The test starts the daemons itself.
-SLURM_PACKAGES ?= slurmctld slurmd slurm-client munge
+## slurm: SLURM for tests/integration/test_slurm.py (one node) and test_slurm_multinode.py (two nodes in network
+## namespaces; iproute2's ip): Debian's slurmctld, slurmd, slurm-client, munge (22.05 on Debian 12) and iproute2,
+## installed with apt-get when missing and this runs as root; otherwise (or if apt fails) one line says so, and the
+## tests skip (or fail under FLATLAB_REQUIRE_SLURM=1). The tests start the daemons and make the namespaces themselves.
+SLURM_PACKAGES ?= slurmctld slurmd slurm-client munge iproute2
 slurm:
-	@if command -v sbatch >/dev/null 2>&1 && [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ]; then :; \
+	@if command -v sbatch >/dev/null 2>&1 && [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] \
+	  && { command -v ip || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ]; } >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  echo "slurm: installing Debian's $(SLURM_PACKAGES) (apt-get)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) >/dev/null) \
@@ -60,8 +62,9 @@ slurm:
 	  echo "slurm: SLURM is missing (install Debian's $(SLURM_PACKAGES) as root); the SLURM test will skip"; \
 	fi
 
-## test: the whole suite (unit + integration with local Ray, an MLflow server and a Ray head on 127.0.0.1, and a
-## one-node SLURM on 127.0.0.1 running deploy/slurm/flatlab.sbatch)
+## test: the whole suite (unit + integration with local Ray, an MLflow server and a Ray head on 127.0.0.1, a
+## one-node SLURM on 127.0.0.1 and a two-node SLURM on the test's own namespaced addresses running
+## deploy/slurm/flatlab.sbatch)
 test: venv-test data slurm
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

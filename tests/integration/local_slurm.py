@@ -80,11 +80,11 @@ class LocalSlurm:
         key = d / "key" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        socket_path = d / "run" / "munge.sock"
+        self.munge_socket = d / "run" / "munge.sock"
         self._run(
             find("munged"),
             f"--key-file={key}",
-            f"--socket={socket_path}",
+            f"--socket={self.munge_socket}",
             f"--pid-file={d / 'key' / 'munged.pid'}",
             f"--log-file={d / 'log' / 'munged.log'}",
             f"--seed-file={d / 'key' / 'munged.seed'}",
@@ -92,65 +92,73 @@ class LocalSlurm:
         self._pids["munged"] = int((d / "key" / "munged.pid").read_text())
         hardware = node_hardware()
         self.cpus = int(hardware.split("CPUs=")[1].split()[0])
-        self.conf.write_text(
-            "\n".join(
-                [
-                    f"ClusterName=fl{uuid.uuid4().hex[:8]}",
-                    "SlurmctldHost=localhost",
-                    f"SlurmctldPort={free_port()}",
-                    f"SlurmdPort={free_port()}",
-                    "SlurmUser=root",
-                    "SlurmdUser=root",
-                    "AuthType=auth/munge",
-                    "CredType=cred/munge",
-                    f"AuthInfo=socket={socket_path}",
-                    "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny",  # bind 127.0.0.1, not every interface
-                    f"StateSaveLocation={d / 'state'}",
-                    f"SlurmdSpoolDir={d / 'spool'}",
-                    f"SlurmctldPidFile={d / 'run' / 'slurmctld.pid'}",
-                    f"SlurmdPidFile={d / 'run' / 'slurmd.pid'}",
-                    f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}",
-                    f"SlurmdLogFile={d / 'log' / 'slurmd.log'}",
-                    "ProctrackType=proctrack/linuxproc",
-                    "TaskPlugin=task/none",
-                    "SelectType=select/cons_tres",
-                    "SelectTypeParameters=CR_Core",
-                    "SchedulerType=sched/backfill",
-                    "JobAcctGatherType=jobacct_gather/none",
-                    "AccountingStorageType=accounting_storage/none",
-                    "JobCompType=jobcomp/none",
-                    "MpiDefault=none",
-                    "SwitchType=switch/none",
-                    "ReturnToService=2",
-                    "KillWait=30",  # SLURM's default: TERM, then KILL 30 s later
-                    f"NodeName={NODE} NodeAddr=127.0.0.1 {hardware} RealMemory=1000 State=UNKNOWN",
-                    f"PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
-                    "",
-                ]
-            )
-        )
-        self._run(find("slurmctld"), "-f", str(self.conf), "-i")
-        self._pids["slurmctld"] = self._pid_file("slurmctld.pid")
-        self._run(find("slurmd"), "-f", str(self.conf), "-N", NODE)
-        self._pids["slurmd"] = self._pid_file("slurmd.pid")
+        self.conf.write_text("\n".join([*self._common_lines(), *self._site_lines(hardware), ""]))
+        self._start_daemons()
         deadline = time.monotonic() + 90
-        while self._client("sinfo", "-h", "-o", "%T").stdout.strip() != "idle":
+        while set(self._client("sinfo", "-h", "-N", "-o", "%T").stdout.split()) != {"idle"}:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the local SLURM node did not become idle within 90 s\n{self.logs()}")
+                raise RuntimeError(f"the local SLURM's nodes did not become idle within 90 s\n{self.logs()}")
             time.sleep(1)
         return self
+
+    def _common_lines(self) -> List[str]:
+        """slurm.conf's lines that do not depend on where the daemons run."""
+        d = self.dir
+        return [
+            f"ClusterName=fl{uuid.uuid4().hex[:8]}",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            f"StateSaveLocation={d / 'state'}",
+            f"SlurmctldPidFile={d / 'run' / 'slurmctld.pid'}",
+            f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "SchedulerType=sched/backfill",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "MpiDefault=none",
+            "SwitchType=switch/none",
+            "ReturnToService=2",
+            "KillWait=30",  # SLURM's default: TERM, then KILL 30 s later
+        ]
+
+    def _site_lines(self, hardware: str) -> List[str]:
+        """The controller, the node and where its slurmd keeps its files: one node on 127.0.0.1."""
+        d = self.dir
+        return [
+            "SlurmctldHost=localhost",
+            "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny",  # bind 127.0.0.1, not every interface
+            f"SlurmdSpoolDir={d / 'spool'}",
+            f"SlurmdPidFile={d / 'run' / 'slurmd.pid'}",
+            f"SlurmdLogFile={d / 'log' / 'slurmd.log'}",
+            f"NodeName={NODE} NodeAddr=127.0.0.1 {hardware} RealMemory=1000 State=UNKNOWN",
+            f"PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
+        ]
+
+    def _start_daemons(self) -> None:
+        self._run(find("slurmctld"), "-f", str(self.conf), "-i")
+        self._pids["slurmctld"] = self._pid_file(self.dir / "run" / "slurmctld.pid")
+        self._run(find("slurmd"), "-f", str(self.conf), "-N", NODE)
+        self._pids["slurmd"] = self._pid_file(self.dir / "run" / "slurmd.pid")
 
     def _run(self, *cmd: str) -> None:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=self.env)
         if res.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {res.returncode}: {res.stderr.strip()}\n{self.logs()}")
 
-    def _pid_file(self, name: str) -> int:
-        path = self.dir / "run" / name
+    def _pid_file(self, path: Path) -> int:
         deadline = time.monotonic() + 30
         while not path.exists() or not path.read_text().strip():
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} was not written within 30 s\n{self.logs()}")
+                raise RuntimeError(f"{path} was not written within 30 s\n{self.logs()}")
             time.sleep(0.2)
         return int(path.read_text())
 
@@ -159,9 +167,9 @@ class LocalSlurm:
 
     def logs(self, lines: int = 15) -> str:
         out = []
-        for log in sorted((self.dir / "log").glob("*.log")):
+        for log in sorted([*self.dir.glob("log/*.log"), *self.dir.glob("nodes/*/*.log")]):
             tail = log.read_text(errors="replace").splitlines()[-lines:]
-            out.append(f"--- {log.name}\n" + "\n".join(tail))
+            out.append(f"--- {log.relative_to(self.dir)}\n" + "\n".join(tail))
         return "\n".join(out)
 
     # --- jobs ---------------------------------------------------------------------------------------------
@@ -188,6 +196,10 @@ class LocalSlurm:
         res = self._client("scancel", *options, job)
         if res.returncode != 0:
             raise RuntimeError(f"scancel {' '.join(options)} {job} exited {res.returncode}: {res.stderr.strip()}")
+
+    def scontrol(self, *args: str) -> subprocess.CompletedProcess:
+        """``scontrol ARGS`` (requeue, update ...), its exit status and output."""
+        return self._client("scontrol", *args)
 
     def wait_gone(self, job: str, timeout: float) -> None:
         """Until squeue no longer lists the job; raises TimeoutError after ``timeout`` seconds."""
@@ -225,10 +237,8 @@ class LocalSlurm:
                 time.sleep(2)
         except Exception:  # noqa: BLE001 - the daemons may be down already
             pass
-        for name in ("slurmd", "slurmctld", "munged"):
-            pid = self._pids.pop(name, None)
-            if pid is not None:
-                _end(pid)
+        for name in reversed(list(self._pids)):  # the slurmds, slurmctld, then munged
+            _end(self._pids.pop(name))
         for pid in self.processes():  # a job's process that outlived its job (there should be none)
             _end(pid, grace=0)
         shutil.rmtree(self.dir, ignore_errors=True)
