@@ -161,7 +161,8 @@ def test_streamed_training_is_bit_identical_to_in_memory(params, folders, monkey
         )
         trainer = Trainer(spec, data, workload=wl)
         metrics = trainer.run_epoch()
-        metrics.pop("time/epoch_s")
+        # wall-clock figures differ between any two runs: the time and the compute's seconds
+        metrics = {k: v for k, v in metrics.items() if k != "time/epoch_s" and not k.endswith("_s")}
         runs[in_memory] = (metrics, trainer.model.state_dict(), data)
     (m_mem, w_mem, d_mem), (m_lazy, w_lazy, d_lazy) = runs[True], runs[False]
     assert torch.equal(d_lazy.train.inputs[:], d_mem.train.inputs) and torch.equal(
