@@ -134,7 +134,7 @@ def build(scale: str):
                 description=f"ESAM1: SAM for {ESAM1_FACTOR}x the epochs (TSAM's compute, s = 3), {name} (TSAM Table 1)",
                 arms=_esam1_arms(paper),
                 max_epochs=(epochs if paper else 1) * ESAM1_FACTOR,
-                **grid,
+                **{**grid, "train": {**train, "test_every_epoch": True}},
             )
         )
     base = {"momentum": 0.9, "weight_decay": 5e-4, "lr": sp.loguniform(1e-4, 0.1)}

@@ -82,3 +82,17 @@ def test_unknown_arm_or_parameter():
         pc.best_per_value(table(), "sam", "t")
     with pytest.raises(ConfigError, match=r"arm 'tsam' has no parameter 's'; its parameters: lr, t"):
         pc.best_per_value(table(), "tsam", "s")
+
+
+def test_the_summary_leaves_out_pandas_missing_parameters_and_writes_plain_numbers():
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    from flatlab.analysis.param_curves import ValueCurve, curves_summary
+
+    c = ValueCurve(value=1.0, config={"k": pd.NA, "rho": np.float64(0.1), "s": np.int64(3), "t": float("nan")},
+                   score=0.5, runs=(0,), points=((1, 0.9, 0.0, 1),))  # fmt: skip
+    out = json.loads(json.dumps(curves_summary([c], "t", "test/accuracy")))
+    assert out["values"][0]["config"] == {"rho": 0.1, "s": 3}

@@ -144,10 +144,23 @@ def curves_summary(curves: Sequence[ValueCurve], by: str, metric: str) -> Dict[s
         "values": [
             {
                 "value": c.value,
-                "config": {k: v for k, v in c.config.items() if v == v},  # NaN: not a parameter of this trial
+                "config": {k: _plain(v) for k, v in c.config.items() if _present(v)},
                 "score": c.score,
                 "points": [list(p) for p in c.points],
             }
             for c in curves
         ],
     }
+
+
+def _present(v: Any) -> bool:
+    """Whether ``v`` is a value, not NaN or pandas' NA (a parameter this trial's arm does not have)."""
+    try:
+        return bool(v == v)
+    except TypeError:  # pandas.NA: its truth value is ambiguous
+        return False
+
+
+def _plain(v: Any) -> Any:
+    """A numpy scalar as the Python number JSON writes."""
+    return v.item() if hasattr(v, "item") else v
