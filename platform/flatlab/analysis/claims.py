@@ -306,8 +306,13 @@ def _text(label: str, quantity: str, direction: int, higher: bool, ref: str, m: 
     if label == SHOWN:
         return f"{words(quantity, (direction > 0) == higher)} than {ref}"
     if label == EQUIVALENT:
-        return f"no difference larger than ±{_num(m)}"
+        return f"no difference larger than {margin_text(m)}"
     return f"inconclusive (detects ±{_num(detect)})" if finite(detect) else "inconclusive"
+
+
+def margin_text(m: float) -> str:
+    """A margin as the labels write it: ``±0.01``."""
+    return f"±{_num(m)}"
 
 
 def _num(v: float) -> str:

@@ -215,5 +215,13 @@ def paired_across_tunings(
     per_tuning, differences = [], []
     for a, r in zip(arm, reference):
         per_tuning.append(paired_difference(a, r, higher_is_better=higher_is_better, confidence=confidence))
-        differences.append([float(a[s]) - float(r[s]) for s in a if s in r and finite(a[s]) and finite(r[s])])
+        differences.append(seed_differences(a, r))
     return PairedAcrossTunings(tuple(per_tuning), across_tunings(differences, confidence))
+
+
+def seed_differences(arm: Mapping[Any, float], reference: Mapping[Any, float]) -> List[float]:
+    """One tuning's per-seed differences arm − reference (``{seed: value}`` each) over the seeds both have a
+    finite value for, in ``arm``'s seed order."""
+    return [
+        float(arm[s]) - float(reference[s]) for s in arm if s in reference and finite(arm[s]) and finite(reference[s])
+    ]

@@ -19,7 +19,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from flatlab.analysis.claims import Claim, claims
 from flatlab.analysis.compare.statistics import CONFIDENCE, clip, finite
 from flatlab.analysis.compare.table import Comparison, RowTable, _by_seed, compare_table
-from flatlab.analysis.replication import AcrossTunings, PairedAcrossTunings, across_tunings, paired_across_tunings
+from flatlab.analysis.replication import (
+    AcrossTunings,
+    PairedAcrossTunings,
+    across_tunings,
+    paired_across_tunings,
+    seed_differences,
+)
 from flatlab.analysis.sample import Sample
 from flatlab.errors import ConfigError
 from flatlab.ranges import NO_RANGES, Ranges
@@ -219,7 +225,7 @@ def _quantity_rows(
         )
         for a in others
     }
-    per_seed = {a: [_differences(x, r) for x, r in zip(by_arm[a], by_arm[ref])] for a in others}
+    per_seed = {a: [seed_differences(x, r) for x, r in zip(by_arm[a], by_arm[ref])] for a in others}
     margin, source = margins.get(q) or default_margin(q, across[ref].estimate.mean, ref)
     family = claims(
         q, ref, per_seed, higher_is_better=first.higher_is_better[q], margin=margin, margin_source=source,
@@ -227,11 +233,6 @@ def _quantity_rows(
     )  # fmt: skip
     found = dict(zip(others, family))
     return [TuningRow(q, a, across[a], paired.get(a), found.get(a)) for a in first.arms]
-
-
-def _differences(arm: Mapping[Any, float], ref: Mapping[Any, float]) -> List[float]:
-    """The per-seed differences arm − reference over the seeds both have a finite value for."""
-    return [float(arm[s]) - float(ref[s]) for s in arm if s in ref and finite(arm[s]) and finite(ref[s])]
 
 
 DEFAULT_ACCURACY_MARGIN = 0.01

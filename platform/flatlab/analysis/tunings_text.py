@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
-from flatlab.analysis.claims import EQUIVALENT, INCONCLUSIVE, SHOWN, Claim
+from flatlab.analysis.claims import EQUIVALENT, INCONCLUSIVE, SHOWN, Claim, margin_text
 from flatlab.analysis.compare.statistics import finite
 from flatlab.analysis.compare.text import markdown_table, number, write_format
 from flatlab.analysis.console_table import make_table, print_table
@@ -134,7 +134,7 @@ def summary(c: TuningComparison) -> List[str]:
 def _words(c: TuningComparison, r: TuningRow) -> str:
     """A shown claim's words; an equivalence as "within ±m of <reference>"."""
     k = r.claim
-    return f"within ±{k.text.rsplit('±', 1)[-1]} of {c.reference}" if k.label == EQUIVALENT else k.text
+    return f"within {margin_text(k.margin)} of {c.reference}" if k.label == EQUIVALENT else k.text
 
 
 def caption(c: TuningComparison) -> List[str]:
