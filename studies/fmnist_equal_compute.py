@@ -1,0 +1,111 @@
+"""Flat-minima optimizers on Fashion-MNIST at equal compute: SGD, SAM, TSAM, SGD-IRE, AdamW and AdmIRE,
+every trial of every arm given the same number of passes.
+
+``fmnist_flatness`` gives every arm the same epochs, so TSAM (s = 3, six passes a step) spends six times
+SGD's compute and SAM twice. Here every trial spends ``CPU_PASSES`` passes (gradient evaluations over
+mini-batches of 128, as each optimizer declares them, :func:`flatlab.optim.protocol.passes_of`;
+``Study(budget=Budget(passes=...))``, :mod:`flatlab.study.budget`): SGD and AdamW train 20 epochs of the
+12,000-image subset, SAM 10 (``fmnist_flatness``'s epochs), TSAM about 3.3, and the IRE arms a little less
+than their base optimizer (one extra backward pass per mask refresh, every K = 10 steps). Each arm's
+cosine schedule spans its own steps and its ASHA rungs sit at the same fraction of its budget, so at about
+the same passes.
+
+The questions (docs/results.md):
+
+* do SAM's and TSAM's flatness and accuracy hold when SGD gets the same compute? ``flatlab compare
+  fmnist_equal_compute`` (reference SGD), at the level of the tuning;
+* does IRE reach the target in fewer passes than its base optimizer? ``flatlab compare
+  fmnist_equal_compute --time-to-target`` (SGD-IRE against SGD; the target is SGD's median final
+  validation accuracy) and ``--time-to-target --reference adamw`` (AdmIRE against AdamW, at AdamW's
+  median);
+* ``--at-equal passes`` compares every arm at the largest budget every arm reached, from the per-epoch
+  histories.
+
+The design is ``fmnist_flatness``'s (docs/comparing.md's nested-design arithmetic): ``CPU_TUNINGS``
+independent tunings of ``CPU_TRIALS`` ASHA trials per arm (Optuna TPE, each arm on its own), two final
+seeds per tuning; the same workload, subset, measures (Tr(F) and the neighbourhood loss, at the end and at
+the first epoch whose training loss is <= ``TARGET_LOSS``), search ranges and arms (``_flatness_arms``).
+
+Sizing of ``cpu`` (``small_cnn`` at about 9 ms per pass of 128 on one thread): a trial is 1,880 passes,
+about 17 one-core seconds of training at any arm. ASHA at a third of the budget and halving runs a search
+trial about 0.55 of the budget, so a tuning is 6 arms x (4 x 0.55 + 2) budgets = 25 budgets, 430 s, plus
+evaluation, measures and starting its 36 trials (about 250 s): about 680 core-seconds, 34 minutes for six
+on 2 free cores.
+
+Scales: ``cpu`` (default; study ``fmnist_equal_compute``) and ``smoke`` (study
+``fmnist_equal_compute_smoke``: 1,024 synthetic images, SGD and SAM at 96 passes, 2 trials, 2 final
+seeds; tests).
+
+Ours, not the papers': the pass budget (SAM's 10 epochs of ``fmnist_flatness``), and everything
+``fmnist_flatness`` lists as its own choices.
+"""
+
+from fmnist_flatness import (
+    ARMS,
+    CPU_SEEDS,
+    CPU_TRAIN_SIZE,
+    CPU_TRIALS,
+    CPU_TUNINGS,
+    CPU_VAL_SIZE,
+    TARGET_LOSS,
+    measures,
+)
+
+from flatlab import Budget, Resources, Study
+
+SCALES = ("cpu", "smoke")
+NAME = "fmnist_equal_compute"
+CPU_ARMS = ("sgd", "sam", "tsam", "sgd_ire", "adamw", "adamw_ire")
+STEPS_PER_EPOCH = -(-CPU_TRAIN_SIZE // 128)
+CPU_PASSES = 20 * STEPS_PER_EPOCH  # SGD's 20 epochs, SAM's 10
+SMOKE_PASSES = 96  # synthetic 1,024 images / 32 = 32 steps per epoch: SGD 3 epochs, SAM 1.5
+
+
+def build(scale: str) -> Study:
+    common = dict(
+        description="flat-minima optimizers on Fashion-MNIST at equal passes: per-arm tuning, flatness, accuracy "
+        "and time to target",
+        workload="fashion_mnist",
+        metric="val/accuracy",
+        mode="max",
+        scheduler="asha",
+        reduction_factor=2,
+        resources=Resources(cpu=1),
+        max_concurrent=2,
+    )
+    if scale == "smoke":
+        return Study(
+            name=f"{NAME}_smoke",
+            workload_params={
+                "model": "small_cnn",
+                "width": 8,
+                "data_path": "synthetic",
+                "synthetic_size": 1024,
+                "val_size": 64,
+            },
+            train={"batch_size": 32, "schedule": "cosine"},
+            arms=(ARMS["sgd"], ARMS["sam"]),
+            num_trials=2,
+            budget=Budget(passes=SMOKE_PASSES),
+            max_epochs=3,
+            grace_period=1,
+            measures=measures(4),
+            measure_examples=32,
+            final_seeds=(1, 2),
+            **common,
+        )
+    return Study(
+        name=NAME,
+        workload_params={"model": "small_cnn", "train_size": CPU_TRAIN_SIZE, "val_size": CPU_VAL_SIZE},
+        train={"batch_size": 128, "schedule": "cosine", "measure_at_train_loss": TARGET_LOSS},
+        arms=tuple(ARMS[a] for a in CPU_ARMS),
+        num_trials=CPU_TRIALS,
+        budget=Budget(passes=CPU_PASSES),
+        max_epochs=20,
+        grace_period=6,
+        measures=measures(20),
+        measure_examples=512,
+        final_seeds=CPU_SEEDS,
+        tunings=CPU_TUNINGS,
+        **common,
+    )
