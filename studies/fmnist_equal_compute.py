@@ -28,9 +28,9 @@ the first epoch whose training loss is <= ``TARGET_LOSS``), search ranges and ar
 
 Sizing of ``cpu`` (``small_cnn`` at about 9 ms per pass of 128 on one thread): a trial is 1,880 passes,
 about 17 one-core seconds of training at any arm. ASHA at a third of the budget and halving runs a search
-trial about 0.55 of the budget, so a tuning is 6 arms x (4 x 0.55 + 2) budgets = 25 budgets, 430 s, plus
-evaluation, measures and starting its 36 trials (about 250 s): about 680 core-seconds, 34 minutes for six
-on 2 free cores.
+trial about 0.58 of the budget, so a tuning is 6 arms x (4 x 0.58 + 2) budgets = 26 budgets, 440 s, plus
+evaluation, measures and starting its 36 trials (about 7 s each, 250 s): about 690 core-seconds, 35 minutes
+for six on 2 free cores.
 
 Scales: ``cpu`` (default; study ``fmnist_equal_compute``) and ``smoke`` (study
 ``fmnist_equal_compute_smoke``: 1,024 synthetic images, SGD and SAM at 96 passes, 2 trials, 2 final
@@ -58,7 +58,7 @@ NAME = "fmnist_equal_compute"
 CPU_ARMS = ("sgd", "sam", "tsam", "sgd_ire", "adamw", "adamw_ire")
 STEPS_PER_EPOCH = -(-CPU_TRAIN_SIZE // 128)
 CPU_PASSES = 20 * STEPS_PER_EPOCH  # SGD's 20 epochs, SAM's 10
-SMOKE_PASSES = 96  # synthetic 1,024 images / 32 = 32 steps per epoch: SGD 3 epochs, SAM 1.5
+SMOKE_PASSES = 96  # 960 synthetic training images / 32 = 30 steps an epoch: SGD 3.2 epochs, SAM 1.6
 
 
 def build(scale: str) -> Study:

@@ -104,6 +104,44 @@ RESULTS: Dict[str, Entry] = {
             studies=("fmnist_flatness",),
         ),
         Entry(
+            "fmnist_equal_compute",
+            (("run", "studies/fmnist_equal_compute.py"),),
+            ("compare", "fmnist_equal_compute", "--format", "markdown"),
+        ),
+        Entry(
+            "fmnist_equal_compute_time_to_target",
+            (),
+            ("compare", "fmnist_equal_compute", "--time-to-target", "--format", "markdown"),
+            studies=("fmnist_equal_compute",),
+        ),
+        Entry(
+            "fmnist_equal_compute_time_to_target_adamw",
+            (),
+            ("compare", "fmnist_equal_compute", "--time-to-target", "--reference", "adamw", "--format", "markdown"),
+            studies=("fmnist_equal_compute",),
+        ),
+        Entry(
+            "fmnist_equal_compute_at_equal_seconds",
+            (),
+            ("compare", "fmnist_equal_compute", "--at-equal", "seconds", "--format", "markdown"),
+            studies=("fmnist_equal_compute",),
+        ),
+        Entry(
+            "fmnist_equal_compute_curves",
+            (),
+            (
+                "curves",
+                "fmnist_equal_compute",
+                "--cost",
+                "passes",
+                "--format",
+                "markdown",
+                "--output",
+                "docs/img/fmnist_equal_compute",
+            ),
+            studies=("fmnist_equal_compute",),
+        ),
+        Entry(
             "fmnist_tuning_curves",
             (("run", "studies/fmnist_tuning_curves.py"),),
             (
