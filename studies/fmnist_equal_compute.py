@@ -32,7 +32,9 @@ trial about 0.58 of the budget, so a tuning is 6 arms x (4 x 0.58 + 2) budgets =
 evaluation, measures and starting its 36 trials (about 7 s each, 250 s): about 690 core-seconds, 35 minutes
 for six on 2 free cores.
 
-Scales: ``cpu`` (default; study ``fmnist_equal_compute``) and ``smoke`` (study
+Scales: ``cpu`` (default; study ``fmnist_equal_compute``), ``cpu-replicate`` (study
+``fmnist_equal_compute_replicate``: the ``cpu`` design at ``fmnist_flatness``'s other study seed and final
+seeds, so a reader sees which labels a second launch reproduces) and ``smoke`` (study
 ``fmnist_equal_compute_smoke``: 1,024 synthetic images, SGD and SAM at 96 passes, 2 trials, 2 final
 seeds; tests).
 
@@ -47,13 +49,15 @@ from fmnist_flatness import (
     CPU_TRIALS,
     CPU_TUNINGS,
     CPU_VAL_SIZE,
+    REPLICATE_SEED,
+    REPLICATE_SEEDS,
     TARGET_LOSS,
     measures,
 )
 
 from flatlab import Budget, Resources, Study
 
-SCALES = ("cpu", "smoke")
+SCALES = ("cpu", "cpu-replicate", "smoke")
 NAME = "fmnist_equal_compute"
 CPU_ARMS = ("sgd", "sam", "tsam", "sgd_ire", "adamw", "adamw_ire")
 STEPS_PER_EPOCH = -(-CPU_TRAIN_SIZE // 128)
@@ -94,8 +98,9 @@ def build(scale: str) -> Study:
             final_seeds=(1, 2),
             **common,
         )
+    replicate = scale == "cpu-replicate"
     return Study(
-        name=NAME,
+        name=f"{NAME}_replicate" if replicate else NAME,
         workload_params={"model": "small_cnn", "train_size": CPU_TRAIN_SIZE, "val_size": CPU_VAL_SIZE},
         train={"batch_size": 128, "schedule": "cosine", "measure_at_train_loss": TARGET_LOSS},
         arms=tuple(ARMS[a] for a in CPU_ARMS),
@@ -105,7 +110,8 @@ def build(scale: str) -> Study:
         grace_period=6,
         measures=measures(20),
         measure_examples=512,
-        final_seeds=CPU_SEEDS,
+        final_seeds=REPLICATE_SEEDS if replicate else CPU_SEEDS,
+        seed=REPLICATE_SEED if replicate else 0,
         tunings=CPU_TUNINGS,
         **common,
     )

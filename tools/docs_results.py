@@ -109,6 +109,11 @@ RESULTS: Dict[str, Entry] = {
             ("compare", "fmnist_equal_compute", "--format", "markdown"),
         ),
         Entry(
+            "fmnist_equal_compute_replicate",
+            (("run", "studies/fmnist_equal_compute.py", "--scale", "cpu-replicate"),),
+            ("compare", "fmnist_equal_compute_replicate", "--format", "markdown"),
+        ),
+        Entry(
             "fmnist_equal_compute_time_to_target",
             (),
             ("compare", "fmnist_equal_compute", "--time-to-target", "--format", "markdown"),

@@ -27,14 +27,17 @@ SMALL_CNN_STEP_S = 0.009  # bench/fmnist_epoch_cost.py: small_cnn, one pass of 1
 
 @pytest.fixture(scope="module")
 def scales():
-    return {scale: load_studies(FILE, scale)[0] for scale in ("cpu", "smoke")}
+    return {scale: load_studies(FILE, scale)[0] for scale in ("cpu", "cpu-replicate", "smoke")}
 
 
 def test_cpu_scale_is_fmnist_flatness_at_equal_passes(scales):
     module = load_module(FILE)
     (flat,) = load_studies(str(STUDIES / "fmnist_flatness.py"), "cpu")
     cpu = scales["cpu"]
-    assert module.SCALES == ("cpu", "smoke") and cpu.name == "fmnist_equal_compute"
+    assert module.SCALES == ("cpu", "cpu-replicate", "smoke") and cpu.name == "fmnist_equal_compute"
+    rep = scales["cpu-replicate"]  # the same design at fmnist_flatness's second study seed and final seeds
+    assert (rep.name, rep.seed, rep.final_seeds) == ("fmnist_equal_compute_replicate", 7, (21, 22))
+    assert (rep.arms, rep.budget, rep.train, rep.tunings) == (cpu.arms, cpu.budget, cpu.train, cpu.tunings)
     assert [a.name for a in cpu.arms] == ["sgd", "sam", "tsam", "sgd_ire", "adamw", "adamw_ire"]
     assert cpu.budget == Budget(passes=20 * 94) and cpu.budget.passes == 1880  # 12,000 / 128 = 94 steps an epoch
     same = ("workload", "workload_params", "metric", "mode", "measures", "measure_examples", "final_seeds", "tunings")
@@ -42,8 +45,8 @@ def test_cpu_scale_is_fmnist_flatness_at_equal_passes(scales):
     assert cpu.train == flat.train and cpu.num_trials == flat.num_trials
     for arm in cpu.arms:
         assert arm.space == load_module(str(STUDIES / "fmnist_flatness.py")).ARMS[arm.name].space
-    plan(cpu)
-    plan(scales["smoke"])
+    for s in scales.values():
+        plan(s)
 
 
 def test_each_arms_epochs_are_the_hand_counts_of_its_cost_per_step(scales):
