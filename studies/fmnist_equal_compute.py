@@ -15,9 +15,11 @@ The questions (docs/results.md):
 * do SAM's and TSAM's flatness and accuracy hold when SGD gets the same compute? ``flatlab compare
   fmnist_equal_compute`` (reference SGD), at the level of the tuning;
 * does IRE reach the target in fewer passes than its base optimizer? ``flatlab compare
-  fmnist_equal_compute --time-to-target`` (SGD-IRE against SGD; the target is SGD's median final
-  validation accuracy) and ``--time-to-target --reference adamw`` (AdmIRE against AdamW, at AdamW's
-  median);
+  fmnist_equal_compute --time-to-target`` (SGD-IRE against SGD) and ``--time-to-target --reference
+  adamw`` (AdmIRE against AdamW), to ``TARGET_ACCURACY`` validation accuracy (``Study(target_metric=...)``),
+  a target every final run of SGD and AdamW reached in the first launch. A target at the reference's median
+  final value is missed by about half its runs, so with two seeds per tuning most tunings' median time is
+  infinite and the speed-up cannot be tested: AlgoPerf likewise sets targets its baselines reach;
 * ``--at-equal passes`` compares every arm at the largest budget every arm reached, from the per-epoch
   histories.
 
@@ -62,6 +64,7 @@ NAME = "fmnist_equal_compute"
 CPU_ARMS = ("sgd", "sam", "tsam", "sgd_ire", "adamw", "adamw_ire")
 STEPS_PER_EPOCH = -(-CPU_TRAIN_SIZE // 128)
 CPU_PASSES = 20 * STEPS_PER_EPOCH  # SGD's 20 epochs, SAM's 10
+TARGET_ACCURACY = 0.87
 SMOKE_PASSES = 96  # 960 synthetic training images / 32 = 30 steps an epoch: SGD 3.2 epochs, SAM 1.6
 
 
@@ -108,6 +111,7 @@ def build(scale: str) -> Study:
         budget=Budget(passes=CPU_PASSES),
         max_epochs=20,
         grace_period=6,
+        target_metric=TARGET_ACCURACY,
         measures=measures(20),
         measure_examples=512,
         final_seeds=REPLICATE_SEEDS if replicate else CPU_SEEDS,

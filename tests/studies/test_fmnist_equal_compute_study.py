@@ -40,6 +40,7 @@ def test_cpu_scale_is_fmnist_flatness_at_equal_passes(scales):
     assert (rep.arms, rep.budget, rep.train, rep.tunings) == (cpu.arms, cpu.budget, cpu.train, cpu.tunings)
     assert [a.name for a in cpu.arms] == ["sgd", "sam", "tsam", "sgd_ire", "adamw", "adamw_ire"]
     assert cpu.budget == Budget(passes=20 * 94) and cpu.budget.passes == 1880  # 12,000 / 128 = 94 steps an epoch
+    assert cpu.target_metric == module.TARGET_ACCURACY == 0.87  # every final run of sgd and adamw reached it
     same = ("workload", "workload_params", "metric", "mode", "measures", "measure_examples", "final_seeds", "tunings")
     assert all(getattr(cpu, f) == getattr(flat, f) for f in same)
     assert cpu.train == flat.train and cpu.num_trials == flat.num_trials

@@ -18,8 +18,9 @@ trials (:mod:`flatlab.analysis.histories`):
   the arm as tuned by the study's protocol; exp of the estimate and of its interval is the geometric-mean
   speed-up and its interval. The test, interval, Holm across arms and equivalence margin (±ln 1.1: within
   10 % in time) are :func:`flatlab.analysis.claims.claims`'. An arm with a unit where either median is ∞
-  (more than half its seeds missed) has no finite d_k there, and gets no interval: it is reported with
-  the count of such units instead of being tested on the rest.
+  (half or more of an even number of seeds missed, so one of two; more than half of an odd number) has no
+  finite d_k there, and gets no interval: it is reported with the count of such units instead of being
+  tested on the rest.
 
 Across studies (one workload each), :func:`cost_matrix` gives each arm's median time per study for the
 performance profiles of :mod:`flatlab.analysis.compare.profiles`, in the same unit.
