@@ -183,14 +183,9 @@ LAYERS = {
     # the measures run in any training loop, on any model: no trainer, no workload
     "flatlab.sharpness": ("flatlab.train", "flatlab.workloads"),
 }
-LAYER_EXEMPT = {
-    # MLflow loads a flatlab model by this module's name (the pyfunc flavour's loader_module, written into
-    # every logged model): rebuilding the network needs its workload
-    ("flatlab.tracking.logged_model", "flatlab.workloads.registry"),
-}
 
 
-def _layer_violations(layers=LAYERS, root: Path = PACKAGE, exempt=LAYER_EXEMPT) -> List[str]:
+def _layer_violations(layers=LAYERS, root: Path = PACKAGE) -> List[str]:
     return [
         f"{path.relative_to(root.parent)}:{line}: {imported}"
         for name, path in modules(root).items()
@@ -198,7 +193,6 @@ def _layer_violations(layers=LAYERS, root: Path = PACKAGE, exempt=LAYER_EXEMPT) 
         if name == layer or name.startswith(layer + ".")
         for imported, line in imports(path, name)
         if any(imported == f or imported.startswith(f + ".") for f in forbidden)
-        and not any(name == m and imported.startswith(i) for m, i in exempt)
     ]
 
 
@@ -216,7 +210,7 @@ def test_the_layer_check_names_each_forbidden_layer(tmp_path):
             "flatlab/analysis/t.py": "import torch\nfrom flatlab.workloads.base import x\n",
             "flatlab/tracking/__init__.py": "",
             "flatlab/tracking/a.py": "from flatlab.train import curve\nfrom flatlab.analysis import t\n",
-            "flatlab/tracking/logged_model.py": "from flatlab.workloads.registry import build_workload\n",
+            "flatlab/tracking/m.py": "def load():\n    from flatlab.workloads.registry import build_workload\n",
             "flatlab/sharpness/__init__.py": "",
             "flatlab/sharpness/f.py": "def f():\n    from flatlab.train.closure import sample_labels\n",
         },
@@ -226,7 +220,8 @@ def test_the_layer_check_names_each_forbidden_layer(tmp_path):
         "flatlab/analysis/t.py:2: flatlab.workloads.base.x",
         "flatlab/sharpness/f.py:2: flatlab.train.closure.sample_labels",
         "flatlab/tracking/a.py:1: flatlab.train.curve",
-    ]  # logged_model's loader is the one exemption
+        "flatlab/tracking/m.py:2: flatlab.workloads.registry.build_workload",
+    ]
 
 
 def test_the_layer_check_finds_an_import_inside_a_function(tmp_path):

@@ -27,7 +27,7 @@ Extensions = Dict[str, Dict[str, Any]]
 def _registries() -> Dict[str, Any]:
     # deferred: the registries load torch, and the study loader reads USER_MODULES without it
     from flatlab.optim.registry import OPTIMIZERS
-    from flatlab.sharpness.measures import MEASURES
+    from flatlab.sharpness.registry import MEASURES
     from flatlab.workloads.registry import WORKLOADS
 
     return {"workload": WORKLOADS, "optimizer": OPTIMIZERS, "measure": MEASURES}

@@ -3,7 +3,7 @@ intervals of means to.
 
 A metric's range follows from its name (:func:`metric_support`: accuracy in [0, 1], a correlation in
 [-1, 1], a loss in the workload's loss range); a ``flat/*`` metric's from its measure's declaration
-(:attr:`flatlab.sharpness.measures.Measure.support`). :class:`Ranges` holds both for one study; the layer
+(:attr:`flatlab.sharpness.registry.Measure.support`). :class:`Ranges` holds both for one study; the layer
 that knows the workload and the measures builds it (:func:`flatlab.workloads.ranges.ranges_of`) and hands
 it to the analysis, which imports neither.
 """

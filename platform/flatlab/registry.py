@@ -1,10 +1,18 @@
-"""A small name -> entry registry shared by optimizers, workloads and studies."""
+"""A small name -> entry registry shared by optimizers, measures, workloads and studies.
+
+One registration style: an entry is registered by the module that defines it, at its definition, with
+its kind's ``register_<kind>`` (``@register_workload`` on a class; ``@register_measure(name=...)`` on a
+compute function; ``register_optimizer(spec)`` on a spec built from another one), and the registry
+names those modules (``Registry(kind, modules=...)``), imported on the first lookup so that importing
+:mod:`flatlab` stays cheap. A study file's own entries use the same functions (:mod:`flatlab.extensions`).
+"""
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
-from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 from flatlab.errors import UnknownNameError, did_you_mean
 
@@ -46,21 +54,21 @@ def is_builtin(entry: Any) -> bool:
 class Registry(Generic[T]):
     """Maps names to entries; lookups of unknown names raise :class:`UnknownNameError` listing the valid ones.
 
-    ``loader`` (optional) is called once, on the first lookup, to import the modules that register the
-    built-in entries, so that importing :mod:`flatlab` stays cheap.
+    ``modules`` (optional) names the modules that register the built-in entries; they are imported once,
+    on the first lookup.
     """
 
-    def __init__(self, kind: str, loader: Optional[Callable[[], None]] = None) -> None:
+    def __init__(self, kind: str, modules: Sequence[str] = ()) -> None:
         self.kind = kind
+        self.modules = tuple(modules)
         self._entries: Dict[str, T] = {}
-        self._loader = loader
-        self._loaded = loader is None
+        self._loaded = not self.modules
 
     def _ensure_loaded(self) -> None:
         if not self._loaded:
             self._loaded = True
-            assert self._loader is not None
-            self._loader()
+            for module in self.modules:
+                importlib.import_module(module)
 
     def register(self, name: str, entry: T, *, overwrite: bool = False) -> T:
         """Register ``entry`` under ``name``. The same definition registered again (a study file loaded

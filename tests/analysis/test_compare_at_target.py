@@ -13,7 +13,7 @@ import pytest
 from flatlab import Arm, Study
 from flatlab.analysis import compare as cmp
 from flatlab.analysis.compare import multi
-from flatlab.analysis.compare.table import MEASURE_AT_TARGET, STOP_AT_TARGET
+from flatlab.analysis.compare.at_target import MEASURE_AT_TARGET, STOP_AT_TARGET
 from flatlab.errors import ConfigError
 
 # seed: (test/accuracy, flat/fisher_trace at the end, flat_at_target/fisher_trace or None = missed, epochs_to_target)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from flatlab.study.loader import load_studies
-from flatlab.workloads.lm import PRESETS, TokenWindows
+from flatlab.workloads.lm import PRESETS
+from flatlab.workloads.token_stream import TokenWindows
 
 STUDIES_DIR = Path(__file__).resolve().parents[2] / "studies"
 sys.path.insert(0, str(STUDIES_DIR))

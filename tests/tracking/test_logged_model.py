@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from flatlab import models
 from flatlab.tracking import logged_model as lm
 from flatlab.tracking import runs
 
@@ -55,7 +56,7 @@ def test_the_model_loads_through_mlflow_with_the_trained_outputs(logged):
         for (k, a), (_, b) in zip(net.state_dict().items(), model.state_dict().items()):
             assert torch.equal(a, b), k
         assert torch.equal(
-            lm.load_torch_model(f"models:/{model_id}")(torch.from_numpy(x)).detach(), torch.from_numpy(expected)
+            models.load_torch_model(f"models:/{model_id}")(torch.from_numpy(x)).detach(), torch.from_numpy(expected)
         )
     finally:
         mlflow.set_tracking_uri(None)
@@ -78,7 +79,7 @@ def test_flavours_and_stored_files_hold_no_pickle_and_no_code(logged):
     assert not [f for f in files if f.endswith((".pkl", ".pickle", ".py", ".pt", ".pth", ".cloudpickle"))], files
     mlmodel = yaml.safe_load((folder / "MLmodel").read_text())
     pyfunc = mlmodel["flavors"]["python_function"]
-    assert pyfunc["loader_module"] == "flatlab.tracking.logged_model" and pyfunc["data"] == "data/flatlab"
+    assert pyfunc["loader_module"] == "flatlab.models" and pyfunc["data"] == "data/flatlab"
     assert "python_model" not in pyfunc and pyfunc.get("code") is None
     assert mlmodel["flavors"]["flatlab"]["weights"] == "data/flatlab/model.safetensors"
     assert mlmodel["flavors"]["flatlab"]["workload"] == "digits"
@@ -118,4 +119,4 @@ def test_weights_download_from_the_model_and_from_runs_logged_before(logged, tmp
 
 def test_a_folder_that_is_not_a_flatlab_model_is_refused(tmp_path):
     with pytest.raises(ValueError, match="not a flatlab model: .* holds no model.json"):
-        lm._load_pyfunc(str(tmp_path))
+        models._load_pyfunc(str(tmp_path))

@@ -10,7 +10,8 @@ import torch
 from flatlab.errors import ConfigError
 from flatlab.train.trainer import Trainer, TrialSpec
 from flatlab.workloads import build_workload, get_workload
-from flatlab.workloads.lm import TokenWindows, perplexity
+from flatlab.workloads.lm import perplexity
+from flatlab.workloads.token_stream import TokenWindows
 
 
 def n_params(m: torch.nn.Module) -> int:

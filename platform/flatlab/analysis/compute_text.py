@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Tuple
 
+from flatlab.analysis.compare.columns import number
 from flatlab.analysis.compare.statistics import finite
-from flatlab.analysis.compare.text import number
 
 
 def cell(v: Any) -> str:
-    """A number as :func:`~flatlab.analysis.compare.text.number`, ``∞`` for +inf (a miss)."""
+    """A number as :func:`~flatlab.analysis.compare.columns.number`, ``∞`` for +inf (a miss)."""
     return "∞" if isinstance(v, float) and v == math.inf else number(v)
 
 

@@ -16,8 +16,9 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from flatlab.analysis.compare.columns import number
 from flatlab.analysis.compare.statistics import finite
-from flatlab.analysis.compare.text import markdown_table, number
+from flatlab.analysis.compare.text import markdown_table
 from flatlab.analysis.design import POWER, Allocation, allocate, detectable_effect
 from flatlab.analysis.sample import STAGE_FINAL, Sample
 from flatlab.analysis.tunings import TuningComparison

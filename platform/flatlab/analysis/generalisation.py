@@ -23,8 +23,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from flatlab.analysis.compare.columns import number
 from flatlab.analysis.compare.statistics import CONFIDENCE, holm
-from flatlab.analysis.compare.text import markdown_table, number
+from flatlab.analysis.compare.text import markdown_table
 from flatlab.analysis.console_table import make_table, print_table
 from flatlab.analysis.correlation import Correlation, Granulated, granulated_tau, kendall_tau
 from flatlab.analysis.plot_axes import plain_numbers

@@ -21,6 +21,11 @@ FLAT_PREFIX = "flat/"
 """Metric prefix of a flatness measure of the final model (``flat/fisher_trace``)."""
 AT_TARGET_PREFIX = "flat_at_target/"
 """Metric prefix of a flatness measure taken at the training-loss target (``measure_at_train_loss``)."""
+EPOCHS_TO_TARGET = "train/epochs_to_target"
+STEPS_TO_TARGET = "train/steps_to_target"
+TARGET_REACHED = "train/target_reached"  # 1.0 reached, 0.0 missed (a training-loss target)
+TARGETS = (EPOCHS_TO_TARGET, STEPS_TO_TARGET)
+"""A trial's epochs and steps to the training-loss target (a quantity of the comparison tables)."""
 STAGE_KEY, STAGE_SEARCH, STAGE_FINAL = "stage", "search", "final"
 """A trial config's stage key and its values: a search (tuning) trial, or a final-stage re-run."""
 TUNING_KEY = "tuning"

@@ -8,45 +8,29 @@ A column is a header and a cell function; :func:`register_column` adds one, and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
 from flatlab.analysis.claims import EQUIVALENT, INCONCLUSIVE, SHOWN, Claim, margin_text
+from flatlab.analysis.compare.columns import Column, insert_column, number
 from flatlab.analysis.compare.statistics import finite
-from flatlab.analysis.compare.text import markdown_table, number, write_format
+from flatlab.analysis.compare.text import markdown_table, write_format
 from flatlab.analysis.console_table import make_table, print_table
 from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX
 from flatlab.analysis.tunings import TuningComparison, TuningRow
-from flatlab.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class Column:
-    """One column of the table over tunings: ``name`` its key, ``header(c)`` its title and ``cell(c, row)``
-    its text for one row."""
-
-    name: str
-    header: Callable[[TuningComparison], str]
-    cell: Callable[[TuningComparison, TuningRow], str]
-
 
 COLUMNS: List[Column] = []
 """The table's columns in order (after ``quantity`` and ``arm``)."""
 
 
 def register_column(column: Column, *, after: Optional[str] = None) -> Column:
-    """Add ``column`` to :data:`COLUMNS`, at the end or after the column named ``after``.
+    """Add ``column`` (:class:`~flatlab.analysis.compare.columns.Column`: its ``header(c)`` and
+    ``cell(c, row)`` get the :class:`TuningComparison` and a :class:`TuningRow`) to :data:`COLUMNS`, at
+    the end or after the column named ``after``.
 
     Raises:
         ConfigError: a column of that name exists, or ``after`` names none.
     """
-    names = [c.name for c in COLUMNS]
-    if column.name in names:
-        raise ConfigError(f"a column named {column.name!r} is registered already; columns: {', '.join(names)}")
-    if after is not None and after not in names:
-        raise ConfigError(f"after={after!r} names no column; columns: {', '.join(names)}")
-    COLUMNS.insert(names.index(after) + 1 if after is not None else len(COLUMNS), column)
-    return column
+    return insert_column(COLUMNS, column, after)
 
 
 def _pct(c: TuningComparison) -> str:

@@ -13,7 +13,8 @@ import typer
 from flatlab.analysis import compare as cmp
 from flatlab.analysis import generalisation, pool, tunings_text
 from flatlab.analysis.compare import multi, multi_text, profiles
-from flatlab.analysis.compare.text import markdown_table, number
+from flatlab.analysis.compare.columns import number
+from flatlab.analysis.compare.text import markdown_table
 from flatlab.analysis.console_table import make_table, print_table
 from flatlab.analysis.tunings import compare_tunings
 from flatlab.cli.app import ROOT_HELP, _fail, _root, app, check_confidence, check_rank_by, console, err

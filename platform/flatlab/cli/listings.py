@@ -160,7 +160,8 @@ def measures(
     """List the registered flatness measures (a study's `measures=`) with their parameters, defaults,
     allowed ranges, source and the metrics they log."""
     # torch on first use: the CLI starts without it
-    from flatlab.sharpness.measures import TIME_KEY, get_measure, list_measures
+    from flatlab.sharpness.measures import TIME_KEY
+    from flatlab.sharpness.registry import get_measure, list_measures
 
     _load_extensions(study_file)
 

@@ -16,6 +16,10 @@ authors' code: ``docs/algorithms/ire.md``.
 
 Over torch's CPU AdamW the update is computed inside AdamW's own passes
 (:mod:`flatlab.optim._amplified_adamw`); over any other base, θ_old is kept and blended after its step.
+
+This module is one algorithm kept whole (over 500 lines): the hyperparameters, the mask's refresh,
+switch-on, the step and its metrics are the one IRE update (``docs/algorithms/ire.md``), read together;
+the exact select of the threshold is :mod:`flatlab.optim._select`.
 """
 
 from __future__ import annotations

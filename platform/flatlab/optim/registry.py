@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
 
@@ -53,23 +52,17 @@ class OptimizerSpec:
         return self.build(params, **self.resolve(hparams))
 
 
-def _load_builtins() -> None:
-    # Import side effects register the built-in optimizers; a missing optional module is not an error.
-    for mod in (
+#: Each module registers its own optimizers where it defines them (:mod:`flatlab.registry`).
+OPTIMIZERS: Registry[OptimizerSpec] = Registry(
+    "optimizer",
+    modules=(
         "flatlab.optim.basic",
         "flatlab.optim.sam",
         "flatlab.optim.sam_variants",
         "flatlab.optim.tsam",
         "flatlab.optim.ire",
-    ):
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name != mod:
-                raise
-
-
-OPTIMIZERS: Registry[OptimizerSpec] = Registry("optimizer", loader=_load_builtins)
+    ),
+)
 
 
 def register_optimizer(

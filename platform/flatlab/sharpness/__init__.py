@@ -12,8 +12,9 @@ Public surface (everything takes ``model, data`` first; ``params`` restricts a m
 * curvature: :func:`hessian_trace` (Hutchinson 1989), :func:`top_hessian_eigenvalue`,
   :func:`hessian_vector_product`, :func:`fisher_trace` (IRE's measure);
 * TSAM's flatness measure: :func:`neighbourhood_loss`;
-* the measures registry trials and studies use (:mod:`flatlab.sharpness.measures`): :class:`Measure`,
-  :func:`get_measure`, :func:`list_measures`, :func:`resolve_measures`, :func:`compute_measures`,
+* the measures registry (:mod:`flatlab.sharpness.registry`: :class:`Measure`, :func:`get_measure`,
+  :func:`list_measures`; each measure registers itself beside its estimator) and what trials and studies
+  run (:mod:`flatlab.sharpness.measures`): :func:`resolve_measures`, :func:`compute_measures`,
   :func:`measure_subset`.
 
 Equations, units, defaults and metric keys: ``docs/algorithms/flatness.md``.

@@ -36,6 +36,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import vmap
 
+from flatlab.errors import ConfigError
+from flatlab.hparams import HParam
+from flatlab.ranges import LOSS, NONNEGATIVE
 from flatlab.sharpness import _state
 from flatlab.sharpness.data import (
     DEFAULT_BATCH_SIZE,
@@ -48,6 +51,7 @@ from flatlab.sharpness.data import (
     weighted_batches,
 )
 from flatlab.sharpness.grouping import GroupingLike, Groups, group_parameters, select_group
+from flatlab.sharpness.registry import register_measure, with_stderr
 from flatlab.sharpness.results import NeighbourhoodLoss, SharpnessEstimate, mean_and_stderr
 
 __all__ = [
@@ -58,6 +62,7 @@ __all__ = [
     "average_sharpness",
     "neighbourhood_loss",
     "layerwise_sharpness",
+    "sigma_key",
 ]
 
 DEFAULT_RHO = 1.0  # seed paper, App. A
@@ -285,3 +290,129 @@ def layerwise_sharpness(
     measure = measure or average_sharpness
     subset = as_subset(data, measure_kwargs.pop("batch_size", DEFAULT_BATCH_SIZE))
     return {g: measure(model, subset, params=select_group(resolved, g), **measure_kwargs) for g in names}
+
+
+# ---- the registered measures (flatlab.sharpness.measures runs them) ----------------------------------
+
+
+def sigma_key(sigma: Union[float, str], stat: str = "") -> str:
+    """The metric name of ``neighbourhood_loss``'s sweep at noise scale ``sigma``:
+    ``flat/neighbourhood_loss/sigma_0.01`` (the mean), then ``stat`` = ``_var`` or ``_stderr`` appended
+    (``sigma`` with ``:g``; MLflow names allow no ``@`` or ``=``; the ``_stderr`` ending keeps it among
+    the auxiliary columns of comparison tables)."""
+    return f"flat/neighbourhood_loss/sigma_{sigma if isinstance(sigma, str) else format(sigma, 'g')}{stat}"
+
+
+class _FloatList(HParam):
+    """An optional non-empty list of distinct floats, each checked like a float ``HParam`` with the same bounds."""
+
+    def _element(self, name: str) -> HParam:
+        return HParam(name, 0.0, float, self.low, self.high, self.low_open, self.high_open)
+
+    def allowed(self) -> str:
+        each = self._element(self.name).allowed().removeprefix("float ")
+        return f"None or a non-empty list of distinct floats, each {each}"
+
+    def validate(self, value: Any, where: str = "") -> Any:
+        if value is None:
+            return None
+        bad = ConfigError(
+            f"{where + ': ' if where else ''}{self.name}={value!r} is not allowed; expected {self.allowed()}"
+        )
+        if not isinstance(value, (list, tuple)) or not value:
+            raise bad
+        out = tuple(self._element(f"{self.name}[{i}]").validate(v, where) for i, v in enumerate(value))
+        if len(set(out)) != len(out):
+            raise bad
+        return out
+
+
+@register_measure(
+    name="neighbourhood_loss",
+    doc="mean and variance of L(theta + eps), eps ~ N(0, sigma^2 I) (loss units; _var in loss units^2)",
+    source="TSAM paper (Reweighting Local Minima with Tilted SAM), Fig. 2",
+    hparams=(
+        HParam(
+            "sigma",
+            0.03,
+            float,
+            low=0.0,
+            low_open=True,
+            doc="noise standard deviation per coordinate, parameter units "
+            "(default 0.03: ours; the TSAM paper plots a range of scales)",
+        ),
+        HParam("draws", 40, int, low=2, doc="noise draws (>= 2 for the variance)"),
+        _FloatList(
+            "sigmas",
+            None,
+            float,
+            low=0.0,
+            low_open=True,
+            doc="optional further noise scales (a sweep, TSAM Fig. 2): per sigma s, the keys "
+            "flat/neighbourhood_loss/sigma_<s>, .../sigma_<s>_var, .../sigma_<s>_stderr",
+        ),
+    ),
+    metrics=(
+        "flat/neighbourhood_loss",
+        "flat/neighbourhood_loss_var",
+        "flat/neighbourhood_loss_stderr",
+        "flat/neighbourhood_loss_clean",
+        sigma_key("<s>"),
+        sigma_key("<s>", "_var"),
+        sigma_key("<s>", "_stderr"),
+    ),
+    support={
+        "flat/neighbourhood_loss": LOSS,
+        "flat/neighbourhood_loss_var": NONNEGATIVE,
+        "flat/neighbourhood_loss_stderr": NONNEGATIVE,
+        "flat/neighbourhood_loss_clean": LOSS,
+        sigma_key("<s>"): LOSS,
+        sigma_key("<s>", "_var"): NONNEGATIVE,
+        sigma_key("<s>", "_stderr"): NONNEGATIVE,
+    },
+)
+def _neighbourhood_measure(
+    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
+) -> Dict[str, float]:
+    est = neighbourhood_loss(model, subset, sigma=p["sigma"], n_draws=p["draws"], seed=seed, loss_fn=loss_fn)
+    out = with_stderr("flat/neighbourhood_loss", est.mean, est.stderr)
+    out["flat/neighbourhood_loss_var"] = float(est.variance)
+    out["flat/neighbourhood_loss_clean"] = float(est.clean_loss)
+    for sigma in p["sigmas"] or ():  # the same seed: the same standard-normal draws z at every sigma (eps = sigma z)
+        at = neighbourhood_loss(model, subset, sigma=sigma, n_draws=p["draws"], seed=seed, loss_fn=loss_fn)
+        out[sigma_key(sigma)] = float(at.mean)
+        out[sigma_key(sigma, "_var")] = float(at.variance)
+        if math.isfinite(at.stderr):
+            out[sigma_key(sigma, "_stderr")] = float(at.stderr)
+    return out
+
+
+@register_measure(
+    name="avg_sharpness",
+    doc="adaptive average sharpness E[L(theta + delta)] - L(theta), delta ~ N(0, rho^2 diag(|theta|^2)) (loss units)",
+    source="'In Search of the Successful Interpolation' (robust fine-tuning of CLIP), App. A; "
+    "Andriushchenko et al. 2023",
+    hparams=(
+        HParam(
+            "rho",
+            1.0,
+            float,
+            low=0.0,
+            low_open=True,
+            doc="noise scale, relative to |theta| when adaptive (seed paper App. A: 1.0)",
+        ),
+        HParam("draws", 20, int, low=1, doc="noise draws (seed paper: 20)"),
+        HParam("adaptive", True, bool, doc="c = |theta| elementwise (True) or c = 1 (False)"),
+    ),
+    metrics=("flat/avg_sharpness", "flat/avg_sharpness_stderr", "flat/avg_sharpness_clean"),
+    support={"flat/avg_sharpness_stderr": NONNEGATIVE, "flat/avg_sharpness_clean": LOSS},  # the value: unbounded
+)
+def _avg_sharpness_measure(
+    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
+) -> Dict[str, float]:
+    est = average_sharpness(
+        model, subset, rho=p["rho"], n_draws=p["draws"], adaptive=p["adaptive"], seed=seed, loss_fn=loss_fn
+    )
+    out = with_stderr("flat/avg_sharpness", est.value, est.stderr)
+    out["flat/avg_sharpness_clean"] = float(est.clean_loss)
+    return out

@@ -27,7 +27,7 @@ draws:
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -35,16 +35,21 @@ from torch.func import grad, vmap
 
 from flatlab.batch import sample_labels
 from flatlab.errors import ConfigError
+from flatlab.hparams import HParam
+from flatlab.ranges import NONNEGATIVE
 from flatlab.sharpness import _state
 from flatlab.sharpness.data import (
     DEFAULT_BATCH_SIZE,
     EvalData,
+    EvalSubset,
+    LossFn,
     as_subset,
     call_model,
     functional_forward,
     token_cross_entropy,
     weighted_batches,
 )
+from flatlab.sharpness.registry import register_measure, with_stderr
 from flatlab.sharpness.results import Estimate
 
 FISHER_ESTIMATORS = ("per_example", "batch")
@@ -129,3 +134,31 @@ def fisher_trace(
                     sq = sum((per[n].double() ** 2).flatten(1).sum(1) for n in names)  # (B,)
                     values[s] += weight * float(sq.mean()) * labels[0].numel()  # x T: a sequence's tokens
     return Estimate.from_values(values)
+
+
+@register_measure(
+    name="fisher_trace",
+    doc="Tr(F), Fisher with labels sampled from the model's softmax; (B, C) logits, or (B, T, V) token "
+    "logits averaged per token (nats per parameter unit^2)",
+    source="IRE paper (Improving Generalization and Convergence by Enhancing Implicit Regularization), "
+    "flatness measure Tr(F) ~ Tr(H)",
+    hparams=(
+        HParam("samples", 1, int, low=1, doc="independent label draws per example (the estimate averages them)"),
+        HParam(
+            "estimator",
+            "per_example",
+            str,
+            choices=FISHER_ESTIMATORS,
+            doc="per_example: per-example gradients (tensor inputs); batch: Sophia/IRE's batch-gradient estimator",
+        ),
+    ),
+    metrics=("flat/fisher_trace", "flat/fisher_trace_stderr"),
+    support={"flat/fisher_trace": NONNEGATIVE, "flat/fisher_trace_stderr": NONNEGATIVE},
+)
+def _fisher_measure(
+    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
+) -> Dict[str, float]:
+    # The Fisher of the model's own predictive distribution: cross-entropy on sampled labels whatever
+    # the training loss (label smoothing, a subset of logits ...), so loss_fn is not used.
+    est = fisher_trace(model, subset, n_samples=p["samples"], estimator=p["estimator"], seed=seed)
+    return with_stderr("flat/fisher_trace", est.value, est.stderr)

@@ -21,22 +21,26 @@ all floating-point parameters), in eval mode. The model is never modified.
 from __future__ import annotations
 
 import math
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 
 from flatlab.errors import ConfigError
+from flatlab.hparams import HParam
+from flatlab.ranges import NONNEGATIVE
 from flatlab.sharpness import _state
 from flatlab.sharpness.data import (
     DEFAULT_BATCH_SIZE,
     EvalData,
+    EvalSubset,
     LossFn,
     as_subset,
     functional_forward,
     token_cross_entropy,
     weighted_batches,
 )
+from flatlab.sharpness.registry import register_measure, with_stderr
 from flatlab.sharpness.results import EigenEstimate, Estimate
 
 HVP_METHODS = ("jvp", "double_backward")
@@ -230,3 +234,18 @@ def top_hessian_eigenvalue(
                 break
             prev = eig
     return EigenEstimate(eig, it, converged)
+
+
+@register_measure(
+    name="hessian_trace",
+    doc="Hutchinson estimate of Tr(H) of the loss, Rademacher probes (loss units per parameter unit^2)",
+    source="Hutchinson 1989; IRE paper's Tr(nabla^2 L)",
+    hparams=(HParam("probes", 30, int, low=1, doc="Rademacher probes v, each giving v^T H v"),),
+    metrics=("flat/hessian_trace", "flat/hessian_trace_stderr"),
+    support={"flat/hessian_trace_stderr": NONNEGATIVE},  # the trace itself: unbounded (saddles, single probes)
+)
+def _hessian_measure(
+    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
+) -> Dict[str, float]:
+    est = hessian_trace(model, subset, n_probes=p["probes"], seed=seed, loss_fn=loss_fn)
+    return with_stderr("flat/hessian_trace", est.value, est.stderr)

@@ -1,4 +1,4 @@
-"""The flatness measures registry: one place where trials and studies compute flatness.
+"""The flatness measures a study declares, validated and run: one place where trials compute flatness.
 
 A study declares the measures it wants as ``{name: {param: value}}``, e.g.::
 
@@ -10,11 +10,12 @@ A study declares the measures it wants as ``{name: {param: value}}``, e.g.::
 :func:`compute_measures` runs the measures on a trial's final model and returns ``flat/*`` metrics and
 ``time/measures_s`` (wall seconds of all measures together).
 
-Registered measures (``flatlab measures`` lists them): ``fisher_trace`` (IRE paper: Tr(F) with sampled
-labels), ``hessian_trace`` (Hutchinson 1989), ``neighbourhood_loss`` (TSAM paper, Fig. 2; with a sweep
-over ``sigmas``), ``avg_sharpness`` (seed "In Search of the Successful Interpolation", App. A) and the
-TSAM paper's three objectives of Table 2, ``erm_objective``, ``sam_objective`` and ``tilted_objective``
-(:mod:`flatlab.sharpness.objectives`).
+Registered measures (``flatlab measures`` lists them; :mod:`flatlab.sharpness.registry`, where the
+registry and its lookups live, names where each is defined): ``fisher_trace`` (IRE paper: Tr(F) with
+sampled labels), ``hessian_trace`` (Hutchinson 1989), ``neighbourhood_loss`` (TSAM paper, Fig. 2; with
+a sweep over ``sigmas``), ``avg_sharpness`` (seed "In Search of the Successful Interpolation", App. A)
+and the TSAM paper's three objectives of Table 2, ``erm_objective``, ``sam_objective`` and
+``tilted_objective`` (:mod:`flatlab.sharpness.objectives`).
 Each declares its metric keys (:attr:`Measure.metrics`) and their ranges (:attr:`Measure.support`, read
 by comparison tables to clip intervals of means). Every measure draws its noise, probes or labels from
 a generator seeded with ``compute_measures``' ``seed``: trials measured with the same seed on the same
@@ -23,391 +24,29 @@ subset see the same draws. Equations, units, metric keys and defaults: ``docs/al
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Union
 
 import torch
 from torch import nn
 
 from flatlab.batch import take
 from flatlab.errors import ConfigError, did_you_mean
-from flatlab.hparams import HParam, resolve
-from flatlab.ranges import LOSS, NONNEGATIVE, Support, declared_support
-from flatlab.registry import Registry
+from flatlab.ranges import LOSS, NONNEGATIVE
 from flatlab.sharpness import _state
-from flatlab.sharpness.average import average_sharpness, neighbourhood_loss
+from flatlab.sharpness.average import sigma_key
 from flatlab.sharpness.data import DEFAULT_BATCH_SIZE, EvalSubset, LossFn, token_cross_entropy
-from flatlab.sharpness.fisher import FISHER_ESTIMATORS, fisher_trace
-from flatlab.sharpness.hessian import hessian_trace
-from flatlab.sharpness.objectives import NOISES, erm_objective, sam_objective, tilted_objective
-
-Compute = Callable[[nn.Module, EvalSubset, LossFn, Mapping[str, Any], int], Dict[str, float]]
-"""``compute(model, subset, loss_fn, params, seed) -> {metric name: value}`` (params already resolved)."""
+from flatlab.sharpness.registry import (
+    MEASURES,
+    Measure,
+    declared_ranges,
+    get_measure,
+    list_measures,
+    measure_support,
+    register_measure,
+)
 
 TIME_KEY = "time/measures_s"
-
-
-@dataclass(frozen=True)
-class Measure:
-    """A registered flatness measure.
-
-    Attributes:
-        name: registry name used in studies (``fisher_trace``, ``hessian_trace`` ...).
-        doc: one line: what is measured, units.
-        source: paper and figure/equation the measure comes from.
-        hparams: declared parameters with defaults and allowed ranges.
-        compute: see :data:`Compute`; returns the metrics listed in ``metrics`` (the ``_stderr`` key only
-            when the estimate has one, i.e. two or more draws/probes).
-        metrics: every metric name ``compute`` may return.
-        support: ``{metric: (low, high) or LOSS}``, the values a metric of ``metrics`` can take (``<s>``
-            standing for any sweep value, as in ``metrics``); a metric not named is unbounded. Comparison
-            tables clip the intervals of means to it (:func:`measure_support`).
-
-    Raises:
-        ValueError: a ``support`` key that is not in ``metrics``, or a range that is not ``low <= high``.
-    """
-
-    name: str
-    doc: str
-    source: str
-    hparams: Tuple[HParam, ...]
-    compute: Compute
-    metrics: Tuple[str, ...] = ()
-    support: Mapping[str, Union[Support, str]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for key, rng in self.support.items():
-            if key not in self.metrics:
-                raise ValueError(f"measure {self.name!r}: support names {key!r}, not one of its metrics {self.metrics}")
-            if rng != LOSS and not (isinstance(rng, tuple) and len(rng) == 2 and rng[0] <= rng[1]):
-                raise ValueError(
-                    f"measure {self.name!r}: support of {key!r} must be (low, high) with low <= high or LOSS; "
-                    f"got {rng!r}"
-                )
-
-    def resolve(self, given: Mapping[str, Any], where: str = "") -> Dict[str, Any]:
-        """Defaults filled in and values validated; raises ``ConfigError`` naming every bad field."""
-        return resolve(self.hparams, given, where or f"measure {self.name!r}")
-
-
-MEASURES: Registry[Measure] = Registry("measure")
-
-
-def register_measure(
-    measure: Optional[Measure] = None,
-    *,
-    name: str = "",
-    doc: str = "",
-    source: str = "",
-    hparams: Tuple[HParam, ...] = (),
-    metrics: Tuple[str, ...] = (),
-    support: Optional[Mapping[str, Union[Support, str]]] = None,
-) -> Any:
-    """Add a measure to :data:`MEASURES`: ``register_measure(Measure(...))`` returns the measure; as a
-    decorator of a :data:`Compute` function, ``@register_measure(name=..., doc=..., source=...,
-    hparams=..., metrics=(...), support={...})`` registers ``Measure(name, doc, source, hparams, <the
-    function>, metrics, support)`` and returns the function. Its metrics are named ``flat/<something>``.
-
-    Raises:
-        ValueError: the name is taken by a different definition (the same one again is fine: a study
-            file loaded twice); a decorator without ``name``.
-    """
-    return MEASURES.register_or_decorate(
-        measure,
-        name,
-        lambda compute: Measure(name, doc, source, tuple(hparams), compute, tuple(metrics), dict(support or {})),
-        "register_measure(name=..., doc=..., source=...)",
-    )
-
-
-def get_measure(name: str) -> Measure:
-    """Look up a registered measure.
-
-    Raises:
-        UnknownNameError: ``name`` is not registered (the message lists the valid names).
-    """
-    return MEASURES.get(name)
-
-
-def list_measures() -> Tuple[str, ...]:
-    """The registered measure names, sorted."""
-    return tuple(MEASURES.names())
-
-
-def declared_ranges() -> Dict[str, Union[Support, str]]:
-    """Every registered measure's declared ranges (:attr:`Measure.support`), ``{flat/* metric: (low, high)
-    or LOSS}``, in the order of :func:`list_measures`."""
-    return {key: rng for name in list_measures() for key, rng in get_measure(name).support.items()}
-
-
-def measure_support(metric: str, loss_support: Optional[Support]) -> Optional[Support]:
-    """The range of a ``flat/*`` metric as its measure declares it (:attr:`Measure.support`), ``LOSS``
-    read as ``loss_support``; ``None`` (unbounded) for a metric no registered measure bounds.
-    ``flat/neighbourhood_loss/sigma_0.01`` matches the declared ``flat/neighbourhood_loss/sigma_<s>``."""
-    return declared_support(metric, declared_ranges(), loss_support)
-
-
-# ---- the registered measures ---------------------------------------------------------------------
-
-
-def _with_stderr(key: str, value: float, stderr: float) -> Dict[str, float]:
-    out = {key: float(value)}
-    if math.isfinite(stderr):  # nan with a single draw: no standard error to report
-        out[f"{key}_stderr"] = float(stderr)
-    return out
-
-
-def _fisher(model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int) -> Dict[str, float]:
-    # The Fisher of the model's own predictive distribution: cross-entropy on sampled labels whatever
-    # the training loss (label smoothing, a subset of logits ...), so loss_fn is not used.
-    est = fisher_trace(model, subset, n_samples=p["samples"], estimator=p["estimator"], seed=seed)
-    return _with_stderr("flat/fisher_trace", est.value, est.stderr)
-
-
-def _hessian(
-    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
-) -> Dict[str, float]:
-    est = hessian_trace(model, subset, n_probes=p["probes"], seed=seed, loss_fn=loss_fn)
-    return _with_stderr("flat/hessian_trace", est.value, est.stderr)
-
-
-def sigma_key(sigma: Union[float, str], stat: str = "") -> str:
-    """The metric name of ``neighbourhood_loss``'s sweep at noise scale ``sigma``:
-    ``flat/neighbourhood_loss/sigma_0.01`` (the mean), then ``stat`` = ``_var`` or ``_stderr`` appended
-    (``sigma`` with ``:g``; MLflow names allow no ``@`` or ``=``; the ``_stderr`` ending keeps it among
-    the auxiliary columns of comparison tables)."""
-    return f"flat/neighbourhood_loss/sigma_{sigma if isinstance(sigma, str) else format(sigma, 'g')}{stat}"
-
-
-def _neighbourhood(
-    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
-) -> Dict[str, float]:
-    est = neighbourhood_loss(model, subset, sigma=p["sigma"], n_draws=p["draws"], seed=seed, loss_fn=loss_fn)
-    out = _with_stderr("flat/neighbourhood_loss", est.mean, est.stderr)
-    out["flat/neighbourhood_loss_var"] = float(est.variance)
-    out["flat/neighbourhood_loss_clean"] = float(est.clean_loss)
-    for sigma in p["sigmas"] or ():  # the same seed: the same standard-normal draws z at every sigma (eps = sigma z)
-        at = neighbourhood_loss(model, subset, sigma=sigma, n_draws=p["draws"], seed=seed, loss_fn=loss_fn)
-        out[sigma_key(sigma)] = float(at.mean)
-        out[sigma_key(sigma, "_var")] = float(at.variance)
-        if math.isfinite(at.stderr):
-            out[sigma_key(sigma, "_stderr")] = float(at.stderr)
-    return out
-
-
-class _FloatList(HParam):
-    """An optional non-empty list of distinct floats, each checked like a float ``HParam`` with the same bounds."""
-
-    def _element(self, name: str) -> HParam:
-        return HParam(name, 0.0, float, self.low, self.high, self.low_open, self.high_open)
-
-    def allowed(self) -> str:
-        each = self._element(self.name).allowed().removeprefix("float ")
-        return f"None or a non-empty list of distinct floats, each {each}"
-
-    def validate(self, value: Any, where: str = "") -> Any:
-        if value is None:
-            return None
-        bad = ConfigError(
-            f"{where + ': ' if where else ''}{self.name}={value!r} is not allowed; expected {self.allowed()}"
-        )
-        if not isinstance(value, (list, tuple)) or not value:
-            raise bad
-        out = tuple(self._element(f"{self.name}[{i}]").validate(v, where) for i, v in enumerate(value))
-        if len(set(out)) != len(out):
-            raise bad
-        return out
-
-
-def _avg_sharpness(
-    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
-) -> Dict[str, float]:
-    est = average_sharpness(
-        model, subset, rho=p["rho"], n_draws=p["draws"], adaptive=p["adaptive"], seed=seed, loss_fn=loss_fn
-    )
-    out = _with_stderr("flat/avg_sharpness", est.value, est.stderr)
-    out["flat/avg_sharpness_clean"] = float(est.clean_loss)
-    return out
-
-
-register_measure(
-    Measure(
-        name="fisher_trace",
-        doc="Tr(F), Fisher with labels sampled from the model's softmax; (B, C) logits, or (B, T, V) token "
-        "logits averaged per token (nats per parameter unit^2)",
-        source="IRE paper (Improving Generalization and Convergence by Enhancing Implicit Regularization), "
-        "flatness measure Tr(F) ~ Tr(H)",
-        hparams=(
-            HParam("samples", 1, int, low=1, doc="independent label draws per example (the estimate averages them)"),
-            HParam(
-                "estimator",
-                "per_example",
-                str,
-                choices=FISHER_ESTIMATORS,
-                doc="per_example: per-example gradients (tensor inputs); batch: Sophia/IRE's batch-gradient estimator",
-            ),
-        ),
-        compute=_fisher,
-        metrics=("flat/fisher_trace", "flat/fisher_trace_stderr"),
-        support={"flat/fisher_trace": NONNEGATIVE, "flat/fisher_trace_stderr": NONNEGATIVE},
-    )
-)
-
-register_measure(
-    Measure(
-        name="hessian_trace",
-        doc="Hutchinson estimate of Tr(H) of the loss, Rademacher probes (loss units per parameter unit^2)",
-        source="Hutchinson 1989; IRE paper's Tr(nabla^2 L)",
-        hparams=(HParam("probes", 30, int, low=1, doc="Rademacher probes v, each giving v^T H v"),),
-        compute=_hessian,
-        metrics=("flat/hessian_trace", "flat/hessian_trace_stderr"),
-        support={"flat/hessian_trace_stderr": NONNEGATIVE},  # the trace itself: unbounded (saddles, single probes)
-    )
-)
-
-register_measure(
-    Measure(
-        name="neighbourhood_loss",
-        doc="mean and variance of L(theta + eps), eps ~ N(0, sigma^2 I) (loss units; _var in loss units^2)",
-        source="TSAM paper (Reweighting Local Minima with Tilted SAM), Fig. 2",
-        hparams=(
-            HParam(
-                "sigma",
-                0.03,
-                float,
-                low=0.0,
-                low_open=True,
-                doc="noise standard deviation per coordinate, parameter units "
-                "(default 0.03: ours; the TSAM paper plots a range of scales)",
-            ),
-            HParam("draws", 40, int, low=2, doc="noise draws (>= 2 for the variance)"),
-            _FloatList(
-                "sigmas",
-                None,
-                float,
-                low=0.0,
-                low_open=True,
-                doc="optional further noise scales (a sweep, TSAM Fig. 2): per sigma s, the keys "
-                "flat/neighbourhood_loss/sigma_<s>, .../sigma_<s>_var, .../sigma_<s>_stderr",
-            ),
-        ),
-        compute=_neighbourhood,
-        metrics=(
-            "flat/neighbourhood_loss",
-            "flat/neighbourhood_loss_var",
-            "flat/neighbourhood_loss_stderr",
-            "flat/neighbourhood_loss_clean",
-            sigma_key("<s>"),
-            sigma_key("<s>", "_var"),
-            sigma_key("<s>", "_stderr"),
-        ),
-        support={
-            "flat/neighbourhood_loss": LOSS,
-            "flat/neighbourhood_loss_var": NONNEGATIVE,
-            "flat/neighbourhood_loss_stderr": NONNEGATIVE,
-            "flat/neighbourhood_loss_clean": LOSS,
-            sigma_key("<s>"): LOSS,
-            sigma_key("<s>", "_var"): NONNEGATIVE,
-            sigma_key("<s>", "_stderr"): NONNEGATIVE,
-        },
-    )
-)
-
-register_measure(
-    Measure(
-        name="avg_sharpness",
-        doc="adaptive average sharpness E[L(theta + delta)] - L(theta), delta ~ N(0, rho^2 diag(|theta|^2)) "
-        "(loss units)",
-        source="'In Search of the Successful Interpolation' (robust fine-tuning of CLIP), App. A; "
-        "Andriushchenko et al. 2023",
-        hparams=(
-            HParam(
-                "rho",
-                1.0,
-                float,
-                low=0.0,
-                low_open=True,
-                doc="noise scale, relative to |theta| when adaptive (seed paper App. A: 1.0)",
-            ),
-            HParam("draws", 20, int, low=1, doc="noise draws (seed paper: 20)"),
-            HParam("adaptive", True, bool, doc="c = |theta| elementwise (True) or c = 1 (False)"),
-        ),
-        compute=_avg_sharpness,
-        metrics=("flat/avg_sharpness", "flat/avg_sharpness_stderr", "flat/avg_sharpness_clean"),
-        support={"flat/avg_sharpness_stderr": NONNEGATIVE, "flat/avg_sharpness_clean": LOSS},  # the value: unbounded
-    )
-)
-
-
-def _erm_objective(
-    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
-) -> Dict[str, float]:
-    return {"flat/erm_objective": erm_objective(model, subset, loss_fn=loss_fn).value}
-
-
-def _sam_objective(
-    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
-) -> Dict[str, float]:
-    got = sam_objective(model, subset, rho=p["rho"], steps=p["steps"], seed=seed, loss_fn=loss_fn)
-    return {"flat/sam_objective": got.value, "flat/sam_objective_clean": got.clean_loss}
-
-
-def _tilted_objective(
-    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
-) -> Dict[str, float]:
-    got = tilted_objective(model, subset, seed=seed, loss_fn=loss_fn, **p)
-    return {"flat/tilted_objective": got.value, "flat/tilted_objective_clean": got.clean_loss}
-
-
-TSAM_TABLE2 = "TSAM paper (Reweighting Local Minima with Tilted SAM), section 5.2, Table 2"
-
-register_measure(
-    Measure(
-        name="erm_objective",
-        doc="L(theta), the mean loss over the subset: the ERM objective (loss units)",
-        source=TSAM_TABLE2,
-        hparams=(),
-        compute=_erm_objective,
-        metrics=("flat/erm_objective",),
-        support={"flat/erm_objective": LOSS},
-    )
-)
-
-register_measure(
-    Measure(
-        name="sam_objective",
-        doc="max over ||eps||_2 <= rho of L(theta + eps), by SAM's ascent (steps=1) or projected ascent (loss units)",
-        source=f"{TSAM_TABLE2}; Foret et al. 2021",
-        hparams=(
-            HParam("rho", 0.05, float, low=0.0, low_open=True, doc="L2 radius, global (TSAM paper grid: 0.05-0.2)"),
-            HParam("steps", 1, int, low=1, doc="ascent steps: 1 = SAM's ascent rho*g/||g||; more = projected ascent"),
-        ),
-        compute=_sam_objective,
-        metrics=("flat/sam_objective", "flat/sam_objective_clean"),
-        support={"flat/sam_objective": LOSS, "flat/sam_objective_clean": LOSS},
-    )
-)
-
-register_measure(
-    Measure(
-        name="tilted_objective",
-        doc="(1/t) log mean_j exp(t L(theta + eps_j)), eps_j = delta_j + rho g_j/||g_j|| as TSAM samples them "
-        "(loss units)",
-        source=f"{TSAM_TABLE2}; Eq. 1, Algorithms 1-2",
-        hparams=(
-            HParam("t", 1.0, float, low=0.0, high=1e6, doc="tilt (0: mean over samples; paper's best 1, 5 or 20)"),
-            HParam("s", 3, int, low=1, doc="perturbations sampled (paper: 3, 5)"),
-            HParam("rho", 0.05, float, low=0.0, doc="ascent step added to each delta_j (0: none)"),
-            HParam("noise_radius", 1.0, float, low=0.0, doc="radius r of delta_j, global L2 norm (TSAM's default)"),
-            HParam("noise", "gaussian", str, choices=NOISES, doc="delta_j: clipped Gaussian or uniform in the r-ball"),
-        ),
-        compute=_tilted_objective,
-        metrics=("flat/tilted_objective", "flat/tilted_objective_clean"),
-        support={"flat/tilted_objective": LOSS, "flat/tilted_objective_clean": LOSS},
-    )
-)
 
 
 # ---- validation ------------------------------------------------------------------------------------
@@ -579,6 +218,7 @@ __all__ = [
     "LOSS",
     "MEASURES",
     "Measure",
+    "declared_ranges",
     "NONNEGATIVE",
     "TIME_KEY",
     "compute_measures",

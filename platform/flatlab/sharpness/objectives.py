@@ -27,16 +27,19 @@ forward passes. Units: the loss's (nats for cross-entropy).
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from flatlab.errors import ConfigError
+from flatlab.hparams import HParam
 from flatlab.optim.tsam import sample_noise
+from flatlab.ranges import LOSS
 from flatlab.sharpness import _state
-from flatlab.sharpness.data import DEFAULT_BATCH_SIZE, EvalData, LossFn, as_subset, subset_loss
+from flatlab.sharpness.data import DEFAULT_BATCH_SIZE, EvalData, EvalSubset, LossFn, as_subset, subset_loss
+from flatlab.sharpness.registry import register_measure
 from flatlab.sharpness.results import ObjectiveValue
 from flatlab.sharpness.worst_case import functional_loss, loss_and_grad, worst_case_sharpness
 
@@ -165,6 +168,64 @@ def tilted_objective(
                 eps = [d + (rho / g_norm) * x for d, x in zip(delta, g)]
                 losses.append(functional_loss(model, subset, loss_fn, device, at(eps)))
     return ObjectiveValue(log_mean_exp(losses, float(t)), clean, tuple(losses))
+
+
+# ---- the registered measures (flatlab.sharpness.measures runs them) ----------------------------------
+
+TSAM_TABLE2 = "TSAM paper (Reweighting Local Minima with Tilted SAM), section 5.2, Table 2"
+
+
+@register_measure(
+    name="erm_objective",
+    doc="L(theta), the mean loss over the subset: the ERM objective (loss units)",
+    source=TSAM_TABLE2,
+    hparams=(),
+    metrics=("flat/erm_objective",),
+    support={"flat/erm_objective": LOSS},
+)
+def _erm_objective_measure(
+    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
+) -> Dict[str, float]:
+    return {"flat/erm_objective": erm_objective(model, subset, loss_fn=loss_fn).value}
+
+
+@register_measure(
+    name="sam_objective",
+    doc="max over ||eps||_2 <= rho of L(theta + eps), by SAM's ascent (steps=1) or projected ascent (loss units)",
+    source=f"{TSAM_TABLE2}; Foret et al. 2021",
+    hparams=(
+        HParam("rho", 0.05, float, low=0.0, low_open=True, doc="L2 radius, global (TSAM paper grid: 0.05-0.2)"),
+        HParam("steps", 1, int, low=1, doc="ascent steps: 1 = SAM's ascent rho*g/||g||; more = projected ascent"),
+    ),
+    metrics=("flat/sam_objective", "flat/sam_objective_clean"),
+    support={"flat/sam_objective": LOSS, "flat/sam_objective_clean": LOSS},
+)
+def _sam_objective_measure(
+    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
+) -> Dict[str, float]:
+    got = sam_objective(model, subset, rho=p["rho"], steps=p["steps"], seed=seed, loss_fn=loss_fn)
+    return {"flat/sam_objective": got.value, "flat/sam_objective_clean": got.clean_loss}
+
+
+@register_measure(
+    name="tilted_objective",
+    doc="(1/t) log mean_j exp(t L(theta + eps_j)), eps_j = delta_j + rho g_j/||g_j|| as TSAM samples them (loss units)",
+    source=f"{TSAM_TABLE2}; Eq. 1, Algorithms 1-2",
+    hparams=(
+        HParam("t", 1.0, float, low=0.0, high=1e6, doc="tilt (0: mean over samples; paper's best 1, 5 or 20)"),
+        HParam("s", 3, int, low=1, doc="perturbations sampled (paper: 3, 5)"),
+        HParam("rho", 0.05, float, low=0.0, doc="ascent step added to each delta_j (0: none)"),
+        HParam("noise_radius", 1.0, float, low=0.0, doc="radius r of delta_j, global L2 norm (TSAM's default)"),
+        HParam("noise", "gaussian", str, choices=NOISES, doc="delta_j: clipped Gaussian or uniform in the r-ball"),
+    ),
+    metrics=("flat/tilted_objective", "flat/tilted_objective_clean"),
+    support={"flat/tilted_objective": LOSS, "flat/tilted_objective_clean": LOSS},
+)
+def _tilted_objective_measure(
+    model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
+) -> Dict[str, float]:
+    got = tilted_objective(model, subset, seed=seed, loss_fn=loss_fn, **p)
+    return {"flat/tilted_objective": got.value, "flat/tilted_objective_clean": got.clean_loss}
 
 
 __all__ = ["NOISES", "erm_objective", "log_mean_exp", "sam_objective", "tilted_objective"]

@@ -1,21 +1,17 @@
-"""A trial's final model as an MLflow logged model, stored as safetensors and loaded without pickle.
+"""A trial's final model written as an MLflow logged model, stored as safetensors (no pickle).
 
 A trial that trains logs its final model as an MLflow 3 logged model (``models:/<model_id>``) of its run:
 MLflow's Models column and Logged models page list it, the best one can be registered
-(``mlflow.register_model("models:/<model_id>", name)``) and any of them loads through MLflow's own API::
-
-    import mlflow
-    model = mlflow.pyfunc.load_model(f"models:/{model_id}")
-    logits = model.predict(x)            # x: numpy (N, ...) inputs of the workload -> numpy (N, classes)
-    net = model.get_raw_model()          # the torch.nn.Module itself
+(``mlflow.register_model("models:/<model_id>", name)``) and any of them loads through MLflow's own API
+(``mlflow.pyfunc.load_model``; :mod:`flatlab.models`).
 
 The model folder holds ``data/flatlab/model.safetensors`` (the state dict: tensors only) and ``model.json``
 (the workload name and parameters that rebuild the network, :data:`FLAVOR`'s description). Its
-``python_function`` flavour names this module as its ``loader_module``: MLflow imports flatlab's
-installed code by name and calls :func:`_load_pyfunc`, which rebuilds the network from
-``model.json`` and loads the safetensors file. Nothing in the folder is executed or unpickled (a
-``PythonModel`` would be pickled with cloudpickle, and a models-from-code file would be executed);
-:func:`load_torch_model` does the same without MLflow's wrapper.
+``python_function`` flavour names :data:`LOADER_MODULE` as its ``loader_module``: MLflow imports flatlab's
+installed code by that name, which rebuilds the network from ``model.json`` and loads the safetensors
+file. Nothing in the folder is executed or unpickled (a ``PythonModel`` would be pickled with
+cloudpickle, and a models-from-code file would be executed). This module writes and finds models; it
+knows no workload (the loader, which builds the workload's network, sits above the workloads).
 
 The logged model carries the run's params, its ``flatlab.*`` identity tags, and the final metrics of
 the trial (linked to the model, at the steps and timestamp the driver logs them with: the same metric
@@ -31,12 +27,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from flatlab._version import __version__
-from flatlab.workloads.registry import build_workload
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +39,8 @@ DATA_DIR = "data/flatlab"  # in the model folder (MLflow copies the data folder 
 WEIGHTS = "model.safetensors"
 DESCRIPTION = "model.json"
 MODEL_TYPE = "flatlab"
+#: The module MLflow imports to load a flatlab model (its ``_load_pyfunc``): :mod:`flatlab.models`.
+LOADER_MODULE = "flatlab.models"
 LEGACY_ARTIFACT = "model/model.safetensors"  # where runs logged before logged models kept the weights
 _IDENTITY_TAGS = (
     "flatlab.study",
@@ -101,7 +97,7 @@ def _save(path: Path, model: torch.nn.Module, spec: Any, mlflow_model: Any) -> A
         )
         mlflow.pyfunc.save_model(
             str(path),
-            loader_module=__name__,
+            loader_module=LOADER_MODULE,
             data_path=str(data),
             mlflow_model=mlflow_model,
             pip_requirements=requirements(),
@@ -183,57 +179,3 @@ def download_weights(client: Any, run_id: str, dst: str) -> str:
     return mlflow.artifacts.download_artifacts(
         artifact_uri=f"{location}/{DATA_DIR}/{WEIGHTS}", dst_path=dst, tracking_uri=client.tracking_uri
     )
-
-
-def load_torch_model(model_uri: str, tracking_uri: Optional[str] = None) -> torch.nn.Module:
-    """The ``torch.nn.Module`` of a flatlab logged model (``models:/<model_id>`` or a local model folder),
-    rebuilt by its workload and loaded from safetensors, in eval mode, on the CPU.
-
-    Raises:
-        ValueError: the folder is not a flatlab model (no ``data/flatlab/model.json``).
-    """
-    # MLflow on first use: importing this module stays light
-    import mlflow.artifacts
-
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, tracking_uri=tracking_uri))
-    return _build(local / DATA_DIR)
-
-
-def _build(data: Path) -> torch.nn.Module:
-    if not (data / DESCRIPTION).is_file():
-        raise ValueError(f"not a flatlab model: {data} holds no {DESCRIPTION}")
-    info = json.loads((data / DESCRIPTION).read_text())
-    model = build_workload(info["workload"], **info.get("workload_params", {})).build_model()
-    model.load_state_dict(load_file(str(data / WEIGHTS)))
-    return model.eval()
-
-
-class PyfuncModel:
-    """What ``mlflow.pyfunc.load_model`` wraps for a flatlab model: ``predict`` runs the network."""
-
-    def __init__(self, module: torch.nn.Module) -> None:
-        self.module = module
-
-    def get_raw_model(self) -> torch.nn.Module:
-        """The ``torch.nn.Module`` (``PyFuncModel.get_raw_model()``)."""
-        return self.module
-
-    def predict(self, model_input: Any, params: Optional[Dict[str, Any]] = None) -> Any:
-        """The network's outputs (numpy) for ``model_input``: a numpy array, a tensor or a pandas
-        DataFrame of the workload's inputs, ``(N, ...)``; floating inputs are cast to the network's
-        dtype. No gradients, eval mode."""
-        if hasattr(model_input, "to_numpy"):
-            model_input = model_input.to_numpy()
-        x = torch.as_tensor(np.asarray(model_input) if not isinstance(model_input, torch.Tensor) else model_input)
-        first = next(self.module.parameters(), None)
-        if x.is_floating_point() and first is not None:
-            x = x.to(first.dtype)
-        with torch.no_grad():
-            out = self.module(x)
-        return out.detach().cpu().numpy()
-
-
-def _load_pyfunc(data_path: str) -> PyfuncModel:
-    """MLflow's entry point for the ``python_function`` flavour (``loader_module``): ``data_path`` is the
-    model's ``data`` folder."""
-    return PyfuncModel(_build(Path(data_path)))

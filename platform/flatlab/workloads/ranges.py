@@ -1,6 +1,6 @@
 """The :class:`~flatlab.ranges.Ranges` of a study's quantities, from the registries that declare them: the
 workload's loss range (:attr:`flatlab.workloads.base.Workload.loss_support`) and every registered
-measure's (:attr:`flatlab.sharpness.measures.Measure.support`). Built here, above both registries, and
+measure's (:attr:`flatlab.sharpness.registry.Measure.support`). Built here, above both registries, and
 handed to the analysis (:func:`flatlab.analysis.compare.table.compare_table` and the other comparisons)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Optional
 
 from flatlab.errors import UnknownNameError
 from flatlab.ranges import Ranges
-from flatlab.sharpness.measures import declared_ranges
+from flatlab.sharpness.registry import declared_ranges
 from flatlab.workloads.registry import get_workload
 
 

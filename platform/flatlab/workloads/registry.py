@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Type
 
 from flatlab.registry import Registry, describe
 from flatlab.workloads.base import Workload
 
-
-def _load_builtins() -> None:
-    for mod in (
+#: Each module registers its own workloads where it defines them (``@register_workload``).
+WORKLOADS: Registry[Type[Workload]] = Registry(
+    "workload",
+    modules=(
         "flatlab.workloads.digits",
         "flatlab.workloads.clip",
         "flatlab.workloads.cifar",
@@ -20,11 +20,8 @@ def _load_builtins() -> None:
         "flatlab.workloads.lm",
         "flatlab.workloads.imagenet",
         "flatlab.workloads.toys",
-    ):
-        importlib.import_module(mod)
-
-
-WORKLOADS: Registry[Type[Workload]] = Registry("workload", loader=_load_builtins)
+    ),
+)
 
 
 def register_workload(cls: Type[Workload]) -> Type[Workload]:

@@ -7,7 +7,9 @@
   the rules of :mod:`flatlab.analysis.selection`, which also names the default reference arm);
 * :mod:`~flatlab.analysis.compare.table`: the comparison table itself (:func:`compare_table`,
   :class:`Comparison`);
-* :mod:`~flatlab.analysis.compare.text`: its markdown, LaTeX, CSV and rich renderings;
+* :mod:`~flatlab.analysis.compare.columns`: its columns, each statistic one registered :class:`Column`
+  (:func:`register_column`, :data:`COLUMNS`);
+* :mod:`~flatlab.analysis.compare.text`: its markdown, LaTeX, CSV and rich renderings, over those columns;
 * :mod:`~flatlab.analysis.compare.plot`: the test metric against flatness (:func:`plot_metric_vs_flatness`);
 * :mod:`~flatlab.analysis.compare.efficiency`: HPO efficiency, a search's share of a grid's compute
   (:func:`hpo_efficiency`);
@@ -21,6 +23,7 @@ Logging the table and plot to a launch's MLflow run is :func:`flatlab.tracking.p
 The names below are the package's public surface (``from flatlab.analysis import compare as cmp``).
 """
 
+from flatlab.analysis.compare.columns import COLUMNS, SIGNIFICANCE, Column, register_column
 from flatlab.analysis.compare.efficiency import efficiency_cells, hpo_efficiency
 from flatlab.analysis.compare.multi import MultiSummary, summarize, summary_from_frames, workload_table
 from flatlab.analysis.compare.plot import plot_metric_vs_flatness
@@ -44,12 +47,7 @@ from flatlab.analysis.compare.statistics import (
     t_estimate,
 )
 from flatlab.analysis.compare.table import (
-    EPOCHS_TO_TARGET,
     FEW_SEEDS,
-    FLAT_PREFIX,
-    STEPS_TO_TARGET,
-    TARGET_REACHED,
-    TARGETS,
     Comparison,
     Row,
     compare_table,
@@ -58,7 +56,6 @@ from flatlab.analysis.compare.table import (
 )
 from flatlab.analysis.compare.text import (
     FORMATS,
-    SIGNIFICANCE,
     caption,
     cells,
     format_comparison,
@@ -72,8 +69,10 @@ from flatlab.analysis.compare.text import (
     to_latex,
     to_markdown,
 )
+from flatlab.analysis.sample import EPOCHS_TO_TARGET, FLAT_PREFIX, STEPS_TO_TARGET, TARGET_REACHED, TARGETS
 
 __all__ = [
+    "COLUMNS",
     "CONFIDENCE",
     "EPOCHS_TO_TARGET",
     "FEW_SEEDS",
@@ -83,6 +82,7 @@ __all__ = [
     "STEPS_TO_TARGET",
     "TARGETS",
     "TARGET_REACHED",
+    "Column",
     "Comparison",
     "Estimate",
     "MultiSummary",
@@ -110,6 +110,7 @@ __all__ = [
     "plot_metric_vs_flatness",
     "plot_profiles",
     "profile",
+    "register_column",
     "render",
     "rho",
     "seed_values",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from flatlab.analysis.compare.columns import number
 from flatlab.analysis.compare.statistics import finite
-from flatlab.analysis.compare.text import number
 from flatlab.analysis.sample import has_values
 from flatlab.analysis.selection import completed
 from flatlab.errors import ConfigError

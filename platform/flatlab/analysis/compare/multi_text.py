@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any, List
 
+from flatlab.analysis.compare.columns import number
 from flatlab.analysis.compare.multi import MultiSummary, wins
 from flatlab.analysis.compare.statistics import finite
-from flatlab.analysis.compare.text import latex_table, markdown_table, number, write_format
+from flatlab.analysis.compare.text import latex_table, markdown_table, write_format
 from flatlab.analysis.console_table import make_table, print_table
 
 

@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from flatlab.analysis.compare.at_target import at_target_view, target_misses, target_notes
+from flatlab.analysis.compare.columns import frame_fields
 from flatlab.analysis.compare.select import select_sample
 from flatlab.analysis.compare.statistics import (
     CONFIDENCE,
@@ -40,20 +42,19 @@ from flatlab.analysis.compare.statistics import (
     t_estimate,
 )
 from flatlab.analysis.results import _test_metric
-from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX, has_values
+from flatlab.analysis.sample import (
+    AT_TARGET_PREFIX,
+    EPOCHS_TO_TARGET,
+    FLAT_PREFIX,
+    TARGET_REACHED,
+    TARGETS,
+    has_values,
+)
 from flatlab.analysis.selection import completed, reference_arm, value_column
 from flatlab.errors import ConfigError
 from flatlab.ranges import NO_RANGES, Ranges
 
-MEASURE_AT_TARGET = (
-    "measure_at_train_loss"  # the frame's attrs key: the launch's trainer target, when it measured and trained on
-)
-STOP_AT_TARGET = "stop_at_train_loss"  # the frame's attrs key: the launch's trainer target, when trials stopped there
 AUXILIARY = ("_stderr", "_clean")  # flat/<measure>_stderr, _clean: shown only when asked for by name
-EPOCHS_TO_TARGET = "train/epochs_to_target"
-STEPS_TO_TARGET = "train/steps_to_target"
-TARGET_REACHED = "train/target_reached"  # 1.0 reached, 0.0 missed (a training-loss target)
-TARGETS = (EPOCHS_TO_TARGET, STEPS_TO_TARGET)
 _HIGHER_BETTER = ("accuracy", "acc", "top1", "top5", "f1", "auc", "bleu")
 _LOWER_BETTER = ("loss", "perplexity", "error", "nll")
 FEW_SEEDS = 5
@@ -65,7 +66,9 @@ freedom and little power (a non-significant p is then weak evidence of no differ
 class Row:
     """One arm, one quantity: ``summary`` over its seeds, ``runs`` seeds run (counting failures and
     misses), ``diff`` against the reference (``None`` for the reference arm itself) and ``p_holm``,
-    ``diff.p`` Holm-adjusted over the quantity's family of tests (NaN where there is no test)."""
+    ``diff.p`` Holm-adjusted over the quantity's family of tests (NaN where there is no test);
+    ``values`` and ``reference_values``, ``{seed: value}``, the arm's and the reference's seeds with a
+    value, from which a registered column computes its statistic (:mod:`flatlab.analysis.compare.columns`)."""
 
     quantity: str
     arm: str
@@ -75,6 +78,8 @@ class Row:
     p_holm: float = float("nan")
     clipped: bool = False
     """Whether ``summary``'s t-interval reached outside the quantity's range and was clipped to it."""
+    values: Mapping[Any, float] = field(default_factory=dict, compare=False, repr=False)
+    reference_values: Mapping[Any, float] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def tested(self) -> bool:
@@ -159,48 +164,22 @@ class Comparison(RowTable):
 
     def frame(self):
         """The table as numbers, one row per (quantity, arm): ``quantity``, ``arm``, ``higher_is_better``,
-        ``runs``, ``n``, ``mean``, ``std``, ``ci_low``, ``ci_high`` and, against the reference,
-        ``diff_n``, ``diff_mean``, ``diff_std``, ``diff_low``, ``diff_high``, ``d_z`` (Cohen's d_z),
-        ``p`` (paired t-test), ``p_holm`` (Holm-adjusted within the quantity), ``tests`` (the size of
-        that family), ``significant`` (``p_holm < alpha``; empty without a test), ``arm_better``,
-        ``ref_better``, ``ties`` (NaN for the reference arm)."""
+        then each registered column's numbers (:mod:`flatlab.analysis.compare.columns`): ``runs``, ``n``,
+        ``mean``, ``std``, ``ci_low``, ``ci_high`` and, against the reference, ``diff_n``, ``diff_mean``,
+        ``diff_std``, ``diff_low``, ``diff_high``, ``d_z`` (Cohen's d_z), ``p`` (paired t-test),
+        ``p_holm`` (Holm-adjusted within the quantity), ``tests`` (the size of that family),
+        ``significant`` (``p_holm < alpha``; empty without a test), ``arm_better``, ``ref_better``,
+        ``ties`` (NaN for the reference arm)."""
         # pandas on first use: importing this module stays light
         import pandas as pd
 
-        out = []
-        for r in self.rows:
-            s, d = r.summary, r.diff
-            row = {
-                "quantity": r.quantity,
-                "arm": r.arm,
-                "higher_is_better": self.higher_is_better[r.quantity],
-                "runs": r.runs,
-                "n": s.n,
-                "mean": s.mean,
-                "std": s.std,
-                "ci_low": s.low,
-                "ci_high": s.high,
-            }
-            nan = float("nan")
-            row.update(
-                {
-                    "diff_n": d.estimate.n if d else nan,
-                    "diff_mean": d.estimate.mean if d else nan,
-                    "diff_std": d.estimate.std if d else nan,
-                    "diff_low": d.estimate.low if d else nan,
-                    "diff_high": d.estimate.high if d else nan,
-                    "d_z": d.d_z if d else nan,
-                    "p": d.p if d else nan,
-                    "p_holm": r.p_holm,
-                    "tests": len(self.family(r.quantity)) if d else nan,
-                    "significant": self.significant(r),
-                    "arm_better": d.arm_better if d else nan,
-                    "ref_better": d.ref_better if d else nan,
-                    "ties": d.ties if d else nan,
-                }
-            )
-            out.append(row)
-        return pd.DataFrame(out)
+        return pd.DataFrame(
+            [
+                {"quantity": r.quantity, "arm": r.arm, "higher_is_better": self.higher_is_better[r.quantity]}
+                | frame_fields(self, r)
+                for r in self.rows
+            ]
+        )
 
 
 def higher_is_better(quantity: str, study_metric: str = "", study_mode: str = "max") -> bool:
@@ -308,7 +287,7 @@ def compare_table(
     seeds = seed_values(sample, quantities)
     ordered = [reference] + [a for a in arms if a != reference]
     notes += _seed_notes(seeds, completed(sample), ordered, targets)
-    notes += _target_notes(df, sample, flat)
+    notes += target_notes(df, sample, flat)
     rows = _rows(seeds, quantities, ordered, better, support, confidence)
     return Comparison(
         metric,
@@ -378,32 +357,6 @@ def _seed_notes(seeds, done, ordered: Sequence[str], targets: Sequence[str]) -> 
     return notes
 
 
-def _target_notes(df, sample, flat: Sequence[str]) -> List[str]:
-    """What the flatness rows measured where the launch had a training-loss target: at the target and at
-    the end (``measure_at_train_loss``), or where ``stop_at_train_loss`` ended the trials."""
-    measured_at = df.attrs.get(MEASURE_AT_TARGET)
-    stopped_at = df.attrs.get(STOP_AT_TARGET)
-    if measured_at is not None and any(q.startswith(AT_TARGET_PREFIX) for q in flat):
-        return [
-            f"flat_at_target/* rows: measured at the first epoch whose mean training loss was <= {measured_at} "
-            "(measure_at_train_loss); seeds that missed it are counted in the seeds run and give no value. "
-            "flat/* rows: the final models, after the last epoch."
-        ]
-    if not (flat and _stopped_at_target(sample)):  # sample.attrs: df's (select_sample and at_target_view keep them)
-        return []
-    loss = f"mean training loss <= {stopped_at}" if stopped_at is not None else "the training-loss target"
-    if any(q.startswith(AT_TARGET_PREFIX) for q in flat):
-        return [
-            f"flat_at_target/* rows: the flat/* of the seeds that reached {loss}, where stop_at_train_loss "
-            "ended them; seeds that missed it are counted in the seeds run and give no value. flat/* rows: "
-            "every completed seed's final model (a seed that missed the target trained to its last epoch)."
-        ]
-    return [
-        f"flat/* rows: measured at {loss} (stop_at_train_loss), where every completed seed "
-        "stopped: flatness at a matched training loss."
-    ]
-
-
 def _rows(seeds, quantities, ordered: Sequence[str], better, support, confidence: float) -> List[Row]:
     """One :class:`Row` per quantity and arm (``ordered``: the reference first): the t-estimate over seeds,
     clipped to the quantity's support, and the paired difference against the reference with its
@@ -423,93 +376,12 @@ def _rows(seeds, quantities, ordered: Sequence[str], better, support, confidence
             runs = int((seeds["arm"] == arm).sum())
             raw = t_estimate(list(mine.values()), confidence)
             summary = clip(raw, support[q])
-            block.append(Row(q, arm, runs, summary, diff, clipped=summary is not raw))
+            block.append(
+                Row(q, arm, runs, summary, diff, clipped=summary is not raw, values=mine, reference_values=ref)
+            )
         adjusted = holm([r.diff.p if r.diff is not None else float("nan") for r in block])  # the quantity's family
         rows += [replace(r, p_holm=p) for r, p in zip(block, adjusted)]
     return rows
-
-
-def _stopped_at_target(sample) -> bool:
-    """Whether ``sample``'s trials stopped at a training-loss target (``stop_at_train_loss``): a target
-    outcome is recorded and the launch did not measure at the target and train on."""
-    return sample.attrs.get(MEASURE_AT_TARGET) is None and has_values(sample, TARGET_REACHED)
-
-
-def _missed(sample):
-    """Per row of ``sample``: a completed trial that recorded missing its training-loss target."""
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
-    if TARGET_REACHED not in sample.columns:
-        return pd.Series(False, index=sample.index)
-    return completed(sample) & (pd.to_numeric(sample[TARGET_REACHED], errors="coerce") == 0.0)
-
-
-def at_target_view(sample):
-    """``sample`` with the flatness at the training-loss target as ``flat_at_target/*`` columns, for a
-    ``stop_at_train_loss`` launch where a completed trial missed the target.
-
-    A trial that reached the target stopped there and measured that model: its ``flat/<m>`` is its
-    ``flat/<m>`` at the target. A trial that missed it trained to ``max_epochs``: its ``flat/<m>`` is
-    of that model, at a higher training loss. So, where some trial missed, each ``flat/<m>`` column
-    (auxiliary ``_stderr``/``_clean`` included) gets a ``flat_at_target/<m>`` copy with the values of the
-    trials that reached the target (NaN elsewhere), and :func:`compare_table` shows both rows: at the
-    matched training loss, and every completed seed's final model. Anything else (no target, every trial
-    reached it, a ``measure_at_train_loss`` launch that logged its own ``flat_at_target/*``) is
-    returned as it is. ``attrs`` are kept."""
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
-    if not (_stopped_at_target(sample) and _missed(sample).any()):
-        return sample
-    reached = pd.to_numeric(sample[TARGET_REACHED], errors="coerce") == 1.0
-    flat = [
-        c
-        for c in sample.columns
-        if c.startswith(FLAT_PREFIX) and AT_TARGET_PREFIX + c[len(FLAT_PREFIX) :] not in sample
-    ]
-    out = sample.assign(
-        **{
-            AT_TARGET_PREFIX + c[len(FLAT_PREFIX) :]: pd.to_numeric(sample[c], errors="coerce").where(reached)
-            for c in flat
-        }
-    )
-    out.attrs.update(sample.attrs)
-    return out
-
-
-def target_misses(sample, arms: Optional[Sequence[str]] = None) -> List[str]:
-    """The line a reader must see when seeds missed the training-loss target: which arms, how many of
-    their completed seeds, the target, and what the flatness rows then hold (empty: no seed missed).
-
-    Args:
-        sample: the compared trials (:func:`select_sample`), with ``train/target_reached`` and the
-            launch's target in ``attrs`` (``measure_at_train_loss`` or ``stop_at_train_loss``).
-        arms: in this order (default: alphabetical).
-    """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
-    missed = _missed(sample)
-    if not missed.any():
-        return []
-    done = completed(sample) & pd.to_numeric(sample[TARGET_REACHED], errors="coerce").notna()
-    arms = [a for a in (arms or sorted(sample["arm"].unique())) if missed[sample["arm"] == a].any()]
-    counts = ", ".join(
-        f"{a} {int(missed[sample['arm'] == a].sum())} of {int(done[sample['arm'] == a].sum())}" for a in arms
-    )
-    measured_at = sample.attrs.get(MEASURE_AT_TARGET)
-    kind, value = (
-        (MEASURE_AT_TARGET, measured_at)
-        if measured_at is not None
-        else (STOP_AT_TARGET, sample.attrs.get(STOP_AT_TARGET))
-    )
-    target = f"{kind}: mean training loss <= {value}" if value is not None else kind
-    return [
-        f"Training-loss target missed ({target}): {counts} completed seeds. Those seeds have no flat_at_target/* "
-        "value; their flat/* values are of the model after their last epoch, at a higher training loss than the "
-        "target."
-    ]
 
 
 def seed_values(sample, quantities: Sequence[str]):

@@ -1,12 +1,14 @@
 """Text outputs of a :class:`~flatlab.analysis.compare.table.Comparison`: markdown, LaTeX (booktabs),
-CSV and a rich table, with one set of headers, cells and caption."""
+CSV and a rich table, with one set of headers and cells (the registered columns,
+:mod:`flatlab.analysis.compare.columns`) and one caption."""
 
 from __future__ import annotations
 
 import math
 from typing import Any, Callable, List, Mapping, Sequence
 
-from flatlab.analysis.compare.statistics import finite, paired_power
+from flatlab.analysis.compare.columns import COLUMNS, SIGNIFICANCE
+from flatlab.analysis.compare.statistics import paired_power
 from flatlab.analysis.compare.table import FEW_SEEDS, TARGETS, Comparison
 from flatlab.analysis.console_table import make_table, print_table
 from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX
@@ -20,64 +22,15 @@ SINGLE_TUNING_NOTE = (  # the last caption line of a one-tuning table
 )
 
 
-def number(v: Any, signed: bool = False) -> str:
-    """4 significant digits, the whole integer part always (no exponent for step counts); ``-`` for NaN."""
-    if not finite(v):
-        return "-"
-    v = float(v)
-    digits = max(4, int(math.floor(math.log10(abs(v)))) + 1 if v else 1)
-    return f"{v:{'+' if signed else ''}.{digits}g}"
-
-
-def _p(v: float) -> str:
-    return f"{v:.3g}" if finite(v) else "-"
-
-
 def headers(comparison: Comparison) -> List[str]:
-    """Column headers of the text tables (the markdown, LaTeX and rich outputs share them)."""
-    pct = f"{comparison.confidence * 100:g}%"
-    ref = comparison.reference
-    return [
-        "quantity",
-        "arm",
-        "seeds",
-        "mean ± std",
-        f"{pct} CI",
-        f"Δ vs {ref}",
-        f"Δ {pct} CI",
-        "d_z",
-        "p (paired t)",
-        "p Holm",
-        SIGNIFICANCE,
-        f"seeds better arm:{ref}:tie",
-    ]
-
-
-SIGNIFICANCE = "sig."
-"""The marker column: ``*`` where the Holm-adjusted p is below ``alpha = 1 − confidence``, ``ns`` where
-it is not, ``-`` without a test (the caption says so)."""
+    """Column headers of the text tables (the markdown, LaTeX and rich outputs share them): ``quantity``,
+    ``arm``, then each registered column's (:data:`~flatlab.analysis.compare.columns.COLUMNS`)."""
+    return ["quantity", "arm"] + [column.header(comparison) for column in COLUMNS]
 
 
 def cells(comparison: Comparison) -> List[List[str]]:
     """The text cells of each row, in :func:`headers` order."""
-    out = []
-    for r in comparison.rows:
-        s, d = r.summary, r.diff
-        seeds = f"{s.n}/{r.runs}" + (" reached" if r.quantity in TARGETS else "")
-        spread = "-" if s.n == 0 else number(s.mean) + ("" if not finite(s.std) else f" ± {number(s.std)}")
-        ci = f"[{number(s.low)}, {number(s.high)}]" if finite(s.low) else "-"
-        if d is None:
-            delta = dci = dz = p = holm = mark = fav = "-"
-        else:
-            e = d.estimate
-            delta = number(e.mean, signed=True)
-            dci = f"[{number(e.low, signed=True)}, {number(e.high, signed=True)}]" if finite(e.low) else "-"
-            dz = f"{d.d_z:+.2f}" if finite(d.d_z) else "-"
-            p, holm = _p(d.p), _p(r.p_holm)
-            mark = {True: "*", False: "ns", None: "-"}[comparison.significant(r)]
-            fav = f"{d.arm_better}:{d.ref_better}:{d.ties}" if e.n else "-"
-        out.append([r.quantity, r.arm, seeds, spread, ci, delta, dci, dz, p, holm, mark, fav])
-    return out
+    return [[r.quantity, r.arm] + [column.cell(comparison, r) for column in COLUMNS] for r in comparison.rows]
 
 
 def caption(comparison: Comparison) -> List[str]:
