@@ -90,7 +90,7 @@ def test_general_sharpness_is_adaptive_average_sharpness_on_the_seeded_ood_subse
     # The workload goes through the measures registry (avg_sharpness); pin its value to a direct call of the
     # estimator on the subset chosen by hand: 4 of the 6 OOD rows, permutation seeded by sharpness_seed, sorted.
     from flatlab.sharpness import EvalSubset, average_sharpness
-    from flatlab.workloads.clip import _SubsetCrossEntropy
+    from flatlab.workloads.clip import SubsetCrossEntropy
 
     kw = dict(
         finetuned=str(finetuned["path"]),
@@ -111,7 +111,7 @@ def test_general_sharpness_is_adaptive_average_sharpness_on_the_seeded_ood_subse
         rho=0.5,
         n_draws=3,
         seed=2,
-        loss_fn=_SubsetCrossEntropy(ood.classes),
+        loss_fn=SubsetCrossEntropy(ood.classes),
     )
     assert m["sharpness/general"] == pytest.approx(direct.value, rel=1e-6, abs=1e-9)
     assert m["sharpness/general_stderr"] == pytest.approx(direct.stderr, rel=1e-6, abs=1e-9)
@@ -171,7 +171,7 @@ def test_mlflow_reference_finds_the_trial_by_study_arm_and_params(store, tmp_pat
     from flatlab.interpolation.report import label_of
     from flatlab.study.chain import resolve_reference
     from flatlab.tracking.checkpoints import fetch_run, local_params
-    from flatlab.workloads.clip import producing_trial
+    from flatlab.interpolation.workload import producing_trial
 
     uri, ids = store
     monkeypatch.setenv("FLATLAB_CACHE", str(tmp_path / "cache"))

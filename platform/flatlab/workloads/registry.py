@@ -13,6 +13,7 @@ def _load_builtins() -> None:
     for mod in (
         "flatlab.workloads.digits",
         "flatlab.workloads.clip",
+        "flatlab.interpolation.workload",
         "flatlab.workloads.cifar",
         "flatlab.workloads.dtd",
         "flatlab.workloads.fashion_mnist",
