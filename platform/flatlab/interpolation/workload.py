@@ -7,8 +7,11 @@ It loads a fine-tuned checkpoint file (``finetuned``; in a study also an earlier
 ``mlflow:<study>/<arm>?param=value&...`` resolved at launch or ``run:<run_id>``, which the platform fetches
 from MLflow before the workload is built: :mod:`flatlab.tracking.checkpoints`), interpolates with the
 zero-shot model at ``alpha`` (weight on the FINE-TUNED model, WiSE-FT's convention; the seed paper's alpha
-is our ``1 - alpha``), and reports ID/OOD loss and accuracy, optionally adaptive average sharpness (App. A;
-general and per layer) on a fixed OOD subset, and optionally after straggler pruning (Algorithm 1).
+is our ``1 - alpha``), and reports ID/OOD loss and accuracy; optionally adaptive average sharpness (App. A)
+on a fixed OOD subset, general and per layer (Fig. 4; by default as §3.1 defines it, the fine-tuned model's
+layer perturbed, then interpolated: :mod:`flatlab.interpolation.along_path`), logged under the ``flat/*``
+names the flatness correlation reads; optionally layer-wise interpolation at ``alpha``, one layer group at a
+time (Def. 1.1, Fig. 2); and optionally all of it after straggler pruning (Algorithm 1).
 ``alpha`` is then an ordinary search dimension, e.g. ``sp.grid(alpha_grid(0.05))`` with the grid searcher.
 The procedures: ``docs/algorithms/rft.md``.
 """
@@ -26,8 +29,10 @@ from torch import nn
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam, resolve
+from flatlab.interpolation.along_path import LAYER_SHARPNESS, finetuned_layer_sharpness
 from flatlab.interpolation.state import check_compatible, interpolate
 from flatlab.interpolation.stragglers import find_stragglers, prune_stragglers
+from flatlab.interpolation.sweep import layerwise_alpha_sweep
 from flatlab.sharpness import compute_measures, group_parameters, layerwise_sharpness, measure_subset
 from flatlab.workloads.base import Data, Split, Workload
 from flatlab.workloads.clip import (
@@ -107,7 +112,21 @@ class ClipInterpolate(ClipWorkload):
                 low_open=True,
                 doc="sharpness noise scale rho, relative to |w| (seed: 1.0)",
             ),
-            HParam("sharpness_layerwise", True, bool, doc="also per layer (clip grouping), as sharpness/layer/<group>"),
+            HParam(
+                "sharpness_layerwise",
+                True,
+                bool,
+                doc="also per layer (clip grouping), as flat/layer_sharpness/<group> (layer_sharpness=finetuned) or "
+                "flat/layer_sharpness_interpolated/<group> (interpolated)",
+            ),
+            HParam(
+                "layer_sharpness",
+                "finetuned",
+                str,
+                choices=LAYER_SHARPNESS,
+                doc="layer-wise sharpness along alpha: finetuned (seed §3.1: perturb the fine-tuned model's layer, "
+                "then interpolate) or interpolated (perturb the layer of theta_alpha)",
+            ),
             HParam(
                 "sharpness_examples",
                 1000,
@@ -122,6 +141,14 @@ class ClipInterpolate(ClipWorkload):
                 low=0,
                 doc="seed of the subset choice and of the noise (the same for every alpha)",
             ),
+            HParam(
+                "layerwise_interpolation",
+                "",
+                str,
+                doc="seed Fig. 2: also evaluate layer-wise interpolation at alpha (Def. 1.1: zero-shot weights "
+                "except one layer group, interpolated), one group at a time: '' = off, 'all' = every group of the "
+                "clip grouping, or 'g1,g2,...'; metrics layer_interp/<split>/{accuracy,loss}/<group>",
+            ),
         )
     )
     metrics = (
@@ -129,9 +156,9 @@ class ClipInterpolate(ClipWorkload):
         + EVAL_METRICS
         + (
             "interp/alpha",
-            "sharpness/general",
-            "sharpness/general_stderr",
-            "sharpness/clean_loss",
+            "flat/avg_sharpness",
+            "flat/avg_sharpness_stderr",
+            "flat/avg_sharpness_clean",
             "prune/n_stragglers",
         )
     )
@@ -148,21 +175,26 @@ class ClipInterpolate(ClipWorkload):
     # ---- the trial ----------------------------------------------------------------------------
     def evaluate_only(self, model: nn.Module, data: Data) -> Dict[str, float]:
         """One trial: read ``finetuned``, optionally prune stragglers, load ``theta_alpha`` into
-        ``model`` (which holds the zero-shot weights, from :meth:`build_model`), evaluate every split and,
-        with ``sharpness_draws > 0``, measure adaptive average sharpness.
+        ``model`` (which holds the zero-shot weights, from :meth:`build_model`), evaluate every split,
+        with ``sharpness_draws > 0`` measure adaptive average sharpness and, with ``layerwise_interpolation``,
+        evaluate every split with one layer group interpolated at a time (Fig. 2). ``model`` ends holding
+        ``theta_alpha``.
 
         Returns:
             ``interp/alpha``; ``val/loss``, ``val/accuracy`` (ID), ``ood/loss``, ``ood/accuracy`` (and other OOD
-            sets); with sharpness: ``sharpness/general`` (nats), ``sharpness/general_stderr``,
-            ``sharpness/clean_loss`` and ``sharpness/layer/<group>``; with ``prune``:
-            ``prune/n_stragglers``, ``prune/straggler/<group>`` = 1 and
-            ``prune/layer_sharpness/<group>`` (the fine-tuned model's, that found them).
+            sets); with sharpness, under the measures registry's names (what the flatness correlation reads):
+            ``flat/avg_sharpness`` (nats), ``flat/avg_sharpness_stderr``, ``flat/avg_sharpness_clean`` and,
+            per layer group, ``flat/layer_sharpness/<group>`` (§3.1) or
+            ``flat/layer_sharpness_interpolated/<group>``; with ``prune``: ``prune/n_stragglers``,
+            ``prune/straggler/<group>`` = 1 and ``prune/layer_sharpness/<group>`` (the fine-tuned model's,
+            that found them); with ``layerwise_interpolation``: ``layer_interp/<split>/accuracy/<group>`` and
+            ``layer_interp/<split>/loss/<group>``.
 
         Raises:
             ConfigError: an empty ``finetuned`` or one that is not a file; a checkpoint fine-tuned from
                 another zero-shot model (architecture, weights, classes or templates differ; known when
                 the file comes with its trial's record, :func:`producing_trial`) or whose keys or
-                shapes differ.
+                shapes differ; ``layerwise_interpolation`` naming a group the model does not have.
         """
         p = self.params
         path = self._checkpoint_file()
@@ -190,8 +222,53 @@ class ClipInterpolate(ClipWorkload):
             for k, v in self.evaluate(model, split).items():
                 metrics[f"{prefix}/{k}"] = v
         if p["sharpness_draws"] > 0:
-            metrics.update(self._sharpness(model, subset, loss_fn))
+            metrics.update(self._sharpness(model, zs, ft, subset, loss_fn))
+        if p["layerwise_interpolation"].strip():
+            metrics.update(self._layerwise_interpolation(model, zs, ft, data))
         return metrics
+
+    def _interpolated_groups(self, model: nn.Module) -> Dict[str, Tuple[str, ...]]:
+        """The layer groups ``layerwise_interpolation`` names (clip grouping), in the model's order.
+
+        Raises:
+            ConfigError: a name that is not a group of the model (listing the groups).
+        """
+        groups = group_parameters(model, "clip")
+        choice = self.params["layerwise_interpolation"].strip()
+        if choice == "all":
+            return dict(groups)
+        wanted = [g.strip() for g in choice.split(",") if g.strip()]
+        unknown = [g for g in wanted if g not in groups]
+        if unknown:
+            raise ConfigError(
+                f"layerwise_interpolation names {unknown[0]!r}, not a layer group of this model; use 'all' or "
+                f"some of: {', '.join(groups)}"
+            )
+        return {g: groups[g] for g in groups if g in wanted}
+
+    def _layerwise_interpolation(self, model: nn.Module, zs, ft, data: Data) -> Dict[str, float]:
+        """Layer-wise interpolation at ``alpha`` (seed Def. 1.1 and Fig. 2) on every evaluation split, one
+        group at a time (:func:`~flatlab.interpolation.sweep.layerwise_alpha_sweep` at this trial's alpha);
+        ``theta_alpha`` is loaded back afterwards."""
+        splits = data.eval_splits()
+
+        def evaluate(state, split: str) -> Dict[str, float]:
+            model.load_state_dict(state)
+            return self.evaluate(model, splits[split])
+
+        alpha = self.params["alpha"]
+        try:
+            sweeps = layerwise_alpha_sweep(
+                zs, ft, evaluate, self._interpolated_groups(model), alphas=(alpha,), splits=tuple(splits)
+            )
+        finally:
+            model.load_state_dict(interpolate(zs, ft, alpha))
+        return {
+            f"layer_interp/{split}/{quantity}/{g}": values[split][0]
+            for g, sweep in sweeps.items()
+            for quantity, values in (("accuracy", sweep.accuracy), ("loss", sweep.loss))
+            for split in splits
+        }
 
     def _checkpoint_file(self) -> Path:
         """``finetuned`` as an existing file.
@@ -275,25 +352,31 @@ class ClipInterpolate(ClipWorkload):
                 _STRAGGLERS.popitem(last=False)
         return result
 
-    def _sharpness(self, model, subset, loss_fn) -> Dict[str, float]:
-        """Adaptive average sharpness (seed paper App. A), general and (optionally) per layer.
+    def _sharpness(self, model, zs, ft, subset, loss_fn) -> Dict[str, float]:
+        """Adaptive average sharpness (seed paper App. A) of ``model`` (holding theta_alpha), general and
+        (optionally) per layer.
 
         The general value is the measures registry's ``avg_sharpness`` (:func:`flatlab.sharpness.compute_measures`,
-        the same measure every study's ``measures=`` runs), under this workload's metric names; the per-layer
-        values are the same estimator restricted to one group (:func:`flatlab.sharpness.layerwise_sharpness`).
+        the same measure every study's ``measures=`` runs, under its own metric names). The per-layer values
+        are the same estimator on one group: with ``layer_sharpness=finetuned`` the fine-tuned model's
+        layer perturbed, then interpolated (§3.1, :func:`~flatlab.interpolation.finetuned_layer_sharpness`),
+        with ``interpolated`` theta_alpha's layer (:func:`flatlab.sharpness.layerwise_sharpness`).
         """
         p = self.params
         measure = {"avg_sharpness": {"rho": p["sharpness_rho"], "draws": p["sharpness_draws"], "adaptive": True}}
         flat = compute_measures(model, subset, loss_fn, measure, seed=p["sharpness_seed"])
-        out = {
-            "sharpness/general": flat["flat/avg_sharpness"],
-            "sharpness/general_stderr": flat.get("flat/avg_sharpness_stderr", 0.0),  # absent with one draw
-            "sharpness/clean_loss": flat["flat/avg_sharpness_clean"],
-        }
-        if p["sharpness_layerwise"]:
-            kw = dict(rho=p["sharpness_rho"], n_draws=p["sharpness_draws"], seed=p["sharpness_seed"], loss_fn=loss_fn)
-            for g, est in layerwise_sharpness(model, subset, "clip", **kw).items():
-                out[f"sharpness/layer/{g}"] = est.value
+        out = {k: flat[k] for k in ("flat/avg_sharpness", "flat/avg_sharpness_clean")}
+        out["flat/avg_sharpness_stderr"] = flat.get("flat/avg_sharpness_stderr", 0.0)  # absent with one draw
+        if not p["sharpness_layerwise"]:
+            return out
+        kw = dict(rho=p["sharpness_rho"], n_draws=p["sharpness_draws"], seed=p["sharpness_seed"], loss_fn=loss_fn)
+        if p["layer_sharpness"] == "finetuned":
+            groups = group_parameters(model, "clip")
+            values = finetuned_layer_sharpness(model, zs, ft, p["alpha"], subset, groups, **kw)
+            out.update({f"flat/layer_sharpness/{g}": est.value for g, est in values.items()})
+        else:
+            values = layerwise_sharpness(model, subset, "clip", **kw)
+            out.update({f"flat/layer_sharpness_interpolated/{g}": est.value for g, est in values.items()})
         return out
 
 
