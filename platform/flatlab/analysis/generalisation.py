@@ -120,7 +120,7 @@ def flatness_correlations(
             f"measures there: {', '.join(recorded) or '(none)'}"
         )
     df = models.trials.copy()
-    test = target or models.test_metric() or sample.info.metric
+    test = target or default_target(models)
     for column, what in ((by, "by"), (target, "target")):
         if column is not None and column not in df.columns:
             raise ConfigError(f"{what}={column!r} is not a column of study {sample.info.name!r}'s trials")
@@ -150,6 +150,12 @@ def flatness_correlations(
     rows = [replace(r, p_holm=p) for r, p in zip(rows, adjusted)]
     granulated = _granulated(df, wanted, targets, sample.info.searcher, notes)
     return FlatnessPrediction(sample.info.name, test, tuple(rows), granulated, len(df), float(confidence), tuple(notes))
+
+
+def default_target(sample: Sample) -> str:
+    """What τ is taken against unless told: the first test metric recorded (:meth:`Sample.test_metric`),
+    else the study's metric (an alpha study's ``ood/accuracy``)."""
+    return sample.test_metric() or sample.info.metric
 
 
 def clusters(df: Any) -> List[Tuple[int, Tuple[Any, ...]]]:
@@ -269,7 +275,7 @@ def plot_scatter(data: Any, measure: str, path: Path) -> Path:
 
     sample = Sample.of(data).completed()
     df = sample.trials.copy()
-    test = sample.test_metric() or "test/accuracy"
+    test = default_target(sample)
     targets = [test] + ([GAP] if {"test/loss", "train/loss"} <= set(df.columns) else [])
     if GAP in targets:
         df[GAP] = df["test/loss"].astype(float) - df["train/loss"].astype(float)

@@ -18,6 +18,7 @@ layer along alpha (Fig. 4). Two definitions of the layer-wise value (:data:`LAYE
 * ``interpolated``: perturb layer i of theta_alpha itself, ``c = |theta_alpha|`` (or 1): the plain
   layer-wise sharpness of the interpolated model (:func:`flatlab.sharpness.layerwise_sharpness`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
