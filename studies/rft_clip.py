@@ -10,8 +10,12 @@ Search of the Successful Interpolation").
    schedule with warm-up. Every trial uploads ``model/model.safetensors`` to MLflow.
 2. ``<prefix>_alpha`` (workload ``clip_interpolate``, no training): a grid over the 9 models x alpha
    in 0, 0.05, ..., 1 (alpha = weight on the FINE-TUNED model, WiSE-FT's convention; the paper plots
-   its 1 - alpha). Arm ``unpruned`` measures ID/OOD loss and accuracy and adaptive average sharpness
-   (rho = 1.0, 20 draws, on a fixed OOD subset; general and per layer); arm ``pruned`` first finds
+   its 1 - alpha). Arm ``unpruned`` measures ID/OOD loss and accuracy, adaptive average sharpness
+   (rho = 1.0, 20 draws, on a fixed OOD subset; general, and per layer as §3.1 defines it: the
+   fine-tuned model's layer perturbed, then interpolated, ``layer_sharpness="finetuned"``; the other
+   definition, theta_alpha's own layer perturbed, is ``"interpolated"``), and ID/OOD accuracy with one
+   layer group interpolated at a time (Def. 1.1, Fig. 2; ``layers``: ``"all"`` groups of the clip
+   grouping, or a comma-separated list of them, ``""`` = off); arm ``pruned`` first finds
    the straggler layers of the fine-tuned model (layer-wise sharpness, 5 draws) and zeroes a random
    half of their entries (Algorithm 1). Each fine-tuned model is named by the first study's NAME, arm
    and params (``mlflow:<prefix>_finetune/adamw?lr=...&augment=...``): when the alpha study is launched,
@@ -23,10 +27,13 @@ Search of the Successful Interpolation").
    resolves to its ``run:<run_id>``).
 
 When the alpha study finishes, ``flatlab run`` draws Figs. 1 (OOD accuracy/loss vs alpha per
-model), 3 (sharpness vs alpha), 4 (layer-wise sharpness heat maps) and 5 (pruned vs unpruned) and logs
-them with ``summary.json`` (instability, gain, failure mode per model) on the alpha study's launch run
-(the alpha study's ``reports={"interpolation": {}}``; ``flatlab interpolation-report <prefix>_alpha``
-rebuilds them on demand).
+model), 2 (ID/OOD accuracy vs alpha with one layer group interpolated, per model), 3 (sharpness vs
+alpha), 4 (layer-wise sharpness heat maps) and 5 (pruned vs unpruned), writes Kendall's tau between each
+sharpness measure (``flat/*``) and OOD accuracy, pooled and per model over its alpha grid
+(``sharpness_correlation.md``), and logs them with ``summary.json`` (instability, gain, failure mode and
+tau per model) on the alpha study's launch run (the alpha study's ``reports={"interpolation": {}}``;
+``flatlab interpolation-report <prefix>_alpha`` rebuilds them on demand). The launch's ``correlation/``
+holds the same tau pooled and per arm, as for every study that measures flatness.
 
 Scales:
 
@@ -57,7 +64,9 @@ SCALES = ("paper", "smoke")
 AUGMENTATIONS = ("none", "flip-crop", "randaug")
 
 
-def _studies(prefix, model, data, train_data, lrs, alphas, *, train, epochs, resources, concurrent, eval_extra):
+def _studies(
+    prefix, model, data, train_data, lrs, alphas, *, train, epochs, resources, concurrent, eval_extra, layers="all"
+):
     common = {**model, **data}
     finetune = Study(
         name=f"{prefix}_finetune",
@@ -96,6 +105,8 @@ def _studies(prefix, model, data, train_data, lrs, alphas, *, train, epochs, res
                     "sharpness_draws": 20,
                     "sharpness_rho": 1.0,
                     "sharpness_layerwise": True,
+                    "layer_sharpness": "finetuned",
+                    "layerwise_interpolation": layers,
                 },
             ),
             Arm("adamw", name="pruned", space={**shared, "prune": True, "straggler_draws": 5, "sharpness_draws": 0}),

@@ -10,6 +10,7 @@ from scipy import stats
 
 from flatlab.analysis.generalisation import GAP, POOLED, cells, clusters, flatness_correlations, to_markdown
 from flatlab.analysis.sample import Sample, StudyInfo
+from flatlab.errors import ConfigError
 
 FLAT = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
 ACC = [0.95, 0.93, 0.94, 0.90, 0.91, 0.88]
@@ -134,3 +135,35 @@ def test_granulated_tau_holds_an_arm_specific_axis_fixed():
     assert math.isnan(g.per_axis["arm"]) and g.groups["arm"] == 0
     assert {s.reason for s in g.skipped if s.axis == "arm"} == {"only one value of arm in the group"}
     assert g.psi == pytest.approx(0.0)
+
+
+def alpha_study():
+    """Two fine-tuned models x four alphas, as an alpha study records them: no test metric, the study's
+    metric ood/accuracy, the sharpness of every theta_alpha under the measure's flat/* name."""
+    sharp = {"A": (1.0, 2.0, 3.0, 4.0), "B": (4.0, 3.0, 2.0, 1.0)}
+    acc = {"A": (0.5, 0.6, 0.7, 0.65), "B": (0.1, 0.2, 0.3, 0.4)}
+    rows = [
+        {"arm": "unpruned", "seed": 0, "outcome": "completed", "param.finetuned": m, "param.alpha": alpha}
+        | {"flat/avg_sharpness": sharp[m][i], "flat/avg_sharpness_stderr": 0.1, "ood/accuracy": acc[m][i]}
+        for m in ("A", "B")
+        for i, alpha in enumerate((0.0, 0.25, 0.5, 0.75))
+    ]
+    return Sample.of(pd.DataFrame(rows), StudyInfo(name="alpha", metric="ood/accuracy", searcher="grid")), sharp, acc
+
+
+def test_an_alpha_study_gets_tau_against_its_metric_per_model_over_the_alpha_grid():
+    sample, sharp, acc = alpha_study()
+    p = flatness_correlations(sample, by="param.finetuned", resamples=50)
+    assert p.test_metric == "ood/accuracy"  # no test metric recorded: the study's metric
+    tau = {r.scope: r.correlation.tau for r in p.rows if r.target == "ood/accuracy"}
+    # by hand: model A has 5 concordant pairs of 6 and one discordant ((3, 0.7), (4, 0.65)): (5 - 1) / 6
+    assert tau["param.finetuned=A"] == pytest.approx(2 / 3) and tau["param.finetuned=B"] == pytest.approx(-1.0)
+    pooled = stats.kendalltau(sharp["A"] + sharp["B"], acc["A"] + acc["B"]).statistic
+    assert tau[POOLED] == pytest.approx(pooled)
+    assert [r.measure for r in p.rows] == ["flat/avg_sharpness"] * 4  # the stderr is not a measure
+    # the granulated tau's alpha axis is the mean over the models of their tau along alpha
+    assert p.granulated[("flat/avg_sharpness", "ood/accuracy")].per_axis["param.alpha"] == pytest.approx(
+        (2 / 3 - 1) / 2
+    )
+    with pytest.raises(ConfigError, match=r"by='param.model' is not a column of study 'alpha'"):
+        flatness_correlations(sample, by="param.model")

@@ -34,10 +34,14 @@ def frame():
                 if not prune:
                     row.update(
                         {
-                            "sharpness/general": 0.1 + alpha,
-                            "sharpness/general_stderr": 0.01,
-                            "sharpness/layer/visual.transformer.resblocks.0": alpha,
-                            "sharpness/layer/head": 0.5,
+                            "flat/avg_sharpness": 0.1 + alpha,
+                            "flat/avg_sharpness_stderr": 0.01,
+                            "flat/layer_sharpness/visual.transformer.resblocks.0": alpha,
+                            "flat/layer_sharpness/head": 0.5,
+                            "layer_interp/ood/accuracy/head": 0.5 + 0.1 * alpha,
+                            "layer_interp/ood/loss/head": 0.5,
+                            "layer_interp/val/accuracy/head": 0.9 - 0.1 * alpha,
+                            "layer_interp/val/loss/head": 0.2,
                         }
                     )
                 else:
@@ -55,7 +59,9 @@ def test_curves_group_by_model_and_variant():
     assert a.unpruned.alphas == (0.0, 0.5, 1.0) and a.unpruned.accuracy["ood"] == OOD_ACC[REF_A]
     assert a.pruned.accuracy["ood"] == pytest.approx((0.5, 0.75, 0.5))
     assert [e.value for e in a.sharpness] == pytest.approx([0.1, 0.6, 1.1])
-    assert a.layerwise["visual.transformer.resblocks.0"] == (0.0, 0.5, 1.0)
+    assert a.layerwise["visual.transformer.resblocks.0"] == (0.0, 0.5, 1.0) and a.layer_definition == "finetuned"
+    assert list(a.layer_interpolation) == ["head"]
+    assert a.layer_interpolation["head"].accuracy == {"ood": (0.5, 0.55, 0.6), "val": (0.9, 0.85, 0.8)}
     assert a.stragglers == ("visual.ln_post",)
     assert a.unpruned.gain() == pytest.approx(0.3) and not a.unpruned.failure_mode()
     assert curves[1].unpruned.failure_mode()
@@ -87,6 +93,8 @@ def test_report_files(tmp_path):
     assert names == sorted(
         [
             "fig1_ood_vs_alpha.png",
+            "fig2_layerwise_interpolation_0_lr_0.001_augment_none.png",
+            "fig2_layerwise_interpolation_1_lr_0.01_augment_randaug.png",
             "fig3_sharpness_vs_alpha.png",
             "fig4_layerwise_0_lr_0.001_augment_none.png",
             "fig4_layerwise_1_lr_0.01_augment_randaug.png",
@@ -99,7 +107,30 @@ def test_report_files(tmp_path):
     first = summary["models"][0]
     assert first["unpruned"]["summary"]["ood/gain"] == pytest.approx(0.3)
     assert summary["models"][1]["unpruned"]["summary"]["ood/failure_mode"] == 1.0
-    assert first["stragglers"] == ["visual.ln_post"]
+    assert first["stragglers"] == ["visual.ln_post"] and first["layer_sharpness"] == "finetuned"
+    assert first["layer_interpolation"]["head"]["summary"]["ood/gain"] == pytest.approx(0.1)
+
+
+def test_tau_of_sharpness_against_ood_accuracy_per_model_over_its_alphas(tmp_path):
+    from flatlab.interpolation.report import attach_correlation, sharpness_correlation
+
+    df = frame()
+    prediction = sharpness_correlation(df)
+    curves = collect_curves(df)
+    attach_correlation(curves, prediction)
+    a, b = curves
+    # by hand, model A: sharpness 0.1 < 0.6 < 1.1 against OOD accuracy 0.5, 0.8, 0.6 over alpha 0, 0.5, 1:
+    # pairs (0, 0.5) and (0, 1) concordant, (0.5, 1) discordant: tau = (2 - 1) / 3
+    assert a.kendall_tau["flat/avg_sharpness"] == pytest.approx(1 / 3)
+    assert b.kendall_tau["flat/avg_sharpness"] == pytest.approx(-1.0)  # B's accuracy falls as sharpness rises
+    assert a.kendall_tau["flat/layer_sharpness/visual.transformer.resblocks.0"] == pytest.approx(1 / 3)
+    assert a.kendall_tau["flat/layer_sharpness/head"] != a.kendall_tau["flat/layer_sharpness/head"]  # constant
+    write_report(curves, tmp_path, correlation=prediction)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["models"][1]["kendall_tau"]["flat/avg_sharpness"] == pytest.approx(-1.0)
+    assert summary["models"][0]["kendall_tau"]["flat/layer_sharpness/head"] is None
+    assert "ood/accuracy" in (tmp_path / "sharpness_correlation.md").read_text()
+    assert sharpness_correlation(df.drop(columns=[c for c in df.columns if c.startswith("flat/")])) is None
 
 
 def test_not_an_alpha_study():

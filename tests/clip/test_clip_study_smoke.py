@@ -98,12 +98,14 @@ def test_alpha_study_metrics_per_alpha(smoke):
         assert m["interp/alpha"] == alpha
         if arm == "unpruned":
             assert {
-                "sharpness/general",
-                "sharpness/layer/visual.transformer.resblocks.0",
-                "sharpness/layer/head",
+                "flat/avg_sharpness",
+                "flat/layer_sharpness/visual.transformer.resblocks.0",  # §3.1's definition
+                "flat/layer_sharpness/head",
+                "layer_interp/ood/accuracy/head",  # Fig. 2: one group interpolated at a time
+                "layer_interp/val/accuracy/visual.transformer.resblocks.0",
             } <= set(m)
         else:
-            assert "prune/n_stragglers" in m and "sharpness/general" not in m
+            assert "prune/n_stragglers" in m and "flat/avg_sharpness" not in m
         assert "model" not in {a.path for a in c.list_artifacts(k.info.run_id)}  # evaluation-only: no weights
     # alpha = 0 is the zero-shot model for every fine-tuned model, pruned or not
     zero = {round(k.data.metrics["ood/loss"], 6) for (_, a, _), k in by.items() if a == 0.0}
@@ -131,6 +133,8 @@ def test_report_artifacts_on_the_alpha_launch(smoke):
     parent, _ = _children(c, uri, ALPHA)
     names = {Path(a.path).name for a in c.list_artifacts(parent.info.run_id, "report")}
     assert {"fig1_ood_vs_alpha.png", "fig3_sharpness_vs_alpha.png", "summary.json"} <= names
+    assert "sharpness_correlation.md" in names  # Kendall's tau of sharpness against OOD accuracy
+    assert sum(n.startswith("fig2_layerwise_interpolation_") for n in names) == 6
     assert sum(n.startswith("fig4_layerwise_") for n in names) == 6
     assert sum(n.startswith("fig5_pruned_vs_unpruned_") for n in names) == 6
     assert (smoke / ALPHA / "report" / "summary.json").is_file()
@@ -138,6 +142,6 @@ def test_report_artifacts_on_the_alpha_launch(smoke):
 
 def test_flatlab_run_builds_the_report_after_the_alpha_study(smoke):
     text = (smoke / "after_run.txt").read_text()
-    assert "report: 14 figures and summary.json" in text  # printed by flatlab run itself
+    assert "report: 20 figures and summary.json" in text  # printed by flatlab run itself
     listed = set(text.splitlines())
     assert {"fig1_ood_vs_alpha.png", "fig3_sharpness_vs_alpha.png", "summary.json"} <= listed

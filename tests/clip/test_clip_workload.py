@@ -90,7 +90,7 @@ def test_general_sharpness_is_adaptive_average_sharpness_on_the_seeded_ood_subse
     # The workload goes through the measures registry (avg_sharpness); pin its value to a direct call of the
     # estimator on the subset chosen by hand: 4 of the 6 OOD rows, permutation seeded by sharpness_seed, sorted.
     from flatlab.sharpness import EvalSubset, average_sharpness
-    from flatlab.workloads.clip import _SubsetCrossEntropy
+    from flatlab.workloads.clip import SubsetCrossEntropy
 
     kw = dict(
         finetuned=str(finetuned["path"]),
@@ -111,12 +111,12 @@ def test_general_sharpness_is_adaptive_average_sharpness_on_the_seeded_ood_subse
         rho=0.5,
         n_draws=3,
         seed=2,
-        loss_fn=_SubsetCrossEntropy(ood.classes),
+        loss_fn=SubsetCrossEntropy(ood.classes),
     )
-    assert m["sharpness/general"] == pytest.approx(direct.value, rel=1e-6, abs=1e-9)
-    assert m["sharpness/general_stderr"] == pytest.approx(direct.stderr, rel=1e-6, abs=1e-9)
-    assert m["sharpness/clean_loss"] == pytest.approx(direct.clean_loss, rel=1e-6)
-    assert not any(k.startswith("sharpness/layer/") for k in m)
+    assert m["flat/avg_sharpness"] == pytest.approx(direct.value, rel=1e-6, abs=1e-9)
+    assert m["flat/avg_sharpness_stderr"] == pytest.approx(direct.stderr, rel=1e-6, abs=1e-9)
+    assert m["flat/avg_sharpness_clean"] == pytest.approx(direct.clean_loss, rel=1e-6)
+    assert not any(k.startswith("flat/layer_sharpness") for k in m)
 
 
 def test_sharpness_and_straggler_pruning(finetuned, params, eval_data):
@@ -126,8 +126,8 @@ def test_sharpness_and_straggler_pruning(finetuned, params, eval_data):
     plain = interp_trial(params, eval_data, **kw).metrics
     again = interp_trial(params, eval_data, **kw).metrics
     groups = group_parameters(finetuned["trainer"].model, "clip")
-    assert plain["sharpness/general"] == again["sharpness/general"]  # same subset, same noise seed
-    assert {f"sharpness/layer/{g}" for g in groups} <= set(plain)
+    assert plain["flat/avg_sharpness"] == again["flat/avg_sharpness"]  # same subset, same noise seed
+    assert {f"flat/layer_sharpness/{g}" for g in groups} <= set(plain)  # §3.1's definition by default
     assert "prune/n_stragglers" not in plain
     kw["sharpness_draws"] = 0
     none = interp_trial(params, eval_data, **kw, prune=True, straggler_threshold=-1e9).metrics
@@ -169,9 +169,9 @@ def store(tmp_path_factory, finetuned):
 
 def test_mlflow_reference_finds_the_trial_by_study_arm_and_params(store, tmp_path, monkeypatch):
     from flatlab.interpolation.report import label_of
+    from flatlab.interpolation.workload import producing_trial
     from flatlab.study.chain import resolve_reference
     from flatlab.tracking.checkpoints import fetch_run, local_params
-    from flatlab.workloads.clip import producing_trial
 
     uri, ids = store
     monkeypatch.setenv("FLATLAB_CACHE", str(tmp_path / "cache"))
@@ -371,3 +371,56 @@ def test_trains_false_needs_evaluate_only():
         ConfigError, match=r"workload 'digits' trains; an evaluation-only trial is for workloads with trains = False"
     ):
         evaluate_trial(TrialSpec(workload="digits", optimizer="sgd", epochs=1), digits.load_data(0), workload=digits)
+
+
+def test_layer_sharpness_is_the_papers_by_default_and_the_interpolated_models_on_request(finetuned, params, eval_data):
+    from flatlab.interpolation import finetuned_layer_sharpness
+    from flatlab.sharpness import EvalSubset, group_parameters, layerwise_sharpness
+    from flatlab.workloads.clip import SubsetCrossEntropy
+
+    kw = dict(finetuned=str(finetuned["path"]), alpha=0.5, sharpness_draws=2, sharpness_examples=0, sharpness_seed=1)
+    paper = interp_trial(params, eval_data, **kw)
+    other = interp_trial(params, eval_data, **kw, layer_sharpness="interpolated").metrics
+    ood = eval_data.extra["ood"]
+    subset, loss_fn = EvalSubset(((ood.inputs, ood.targets),)), SubsetCrossEntropy(ood.classes)
+    zs = finetuned["workload"].build_model().state_dict()
+    ft = finetuned["trainer"].model.state_dict()
+    groups = group_parameters(paper.model, "clip")
+    kw = dict(rho=1.0, n_draws=2, seed=1, loss_fn=loss_fn)
+    direct = finetuned_layer_sharpness(paper.model, zs, ft, 0.5, subset, groups, **kw)
+    at_alpha = layerwise_sharpness(paper.model, subset, "clip", **kw)  # paper.model holds theta_alpha
+    for g in groups:
+        assert paper.metrics[f"flat/layer_sharpness/{g}"] == pytest.approx(direct[g].value, rel=1e-5, abs=1e-9)
+        assert other[f"flat/layer_sharpness_interpolated/{g}"] == pytest.approx(at_alpha[g].value, rel=1e-5, abs=1e-9)
+    assert not any(k.startswith("flat/layer_sharpness_interpolated/") for k in paper.metrics)
+    with pytest.raises(ConfigError, match=r"layer_sharpness"):
+        build_workload("clip_interpolate", **params, layer_sharpness="theta")
+
+
+def test_layerwise_interpolation_evaluates_one_group_interpolated_at_a_time(finetuned, params, eval_data):
+    from flatlab.interpolation import interpolate_keys
+    from flatlab.sharpness import group_parameters
+
+    wl = finetuned["workload"]
+    zs = wl.build_model().state_dict()
+    ft = finetuned["trainer"].model.state_dict()
+    kw = dict(finetuned=str(finetuned["path"]), alpha=0.75)
+    trial = interp_trial(params, eval_data, **kw, layerwise_interpolation="visual.transformer.resblocks.1, head")
+    m = trial.metrics
+    assert sorted(k for k in m if k.startswith("layer_interp/ood/accuracy/")) == [
+        "layer_interp/ood/accuracy/head",
+        "layer_interp/ood/accuracy/visual.transformer.resblocks.1",
+    ]
+    groups = group_parameters(trial.model, "clip")
+    probe = wl.build_model()
+    probe.load_state_dict(interpolate_keys(zs, ft, 0.75, groups["head"]))  # by hand: only the head moves
+    for split, data in (("val", eval_data.val), ("ood", eval_data.extra["ood"])):
+        want = wl.evaluate(probe, data)
+        assert m[f"layer_interp/{split}/loss/head"] == pytest.approx(want["loss"], rel=1e-6)
+        assert m[f"layer_interp/{split}/accuracy/head"] == pytest.approx(want["accuracy"])
+    expected = interpolate(zs, ft, 0.75)  # the trial's model is theta_alpha again afterwards
+    assert all(torch.allclose(trial.model.state_dict()[k], expected[k]) for k in expected)
+    every = interp_trial(params, eval_data, **kw, layerwise_interpolation="all").metrics
+    assert {f"layer_interp/val/loss/{g}" for g in groups} <= set(every)
+    with pytest.raises(ConfigError, match=r"layerwise_interpolation names 'block9', not a layer group of this model"):
+        interp_trial(params, eval_data, **kw, layerwise_interpolation="block9")

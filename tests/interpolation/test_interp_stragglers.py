@@ -86,7 +86,18 @@ def test_sharpness_along_the_path_general_and_layerwise():
     g = torch.Generator().manual_seed(0)
     data = [(torch.randn(16, 4, generator=g), torch.randint(0, 3, (16,), generator=g))]
     groups = group_parameters(model)
-    path = sharpness_along_path(model, zs, ft, data, alphas=(0.0, 0.5, 1.0), groups=groups, rho=0.5, n_draws=4, seed=5)
+    path = sharpness_along_path(
+        model,
+        zs,
+        ft,
+        data,
+        alphas=(0.0, 0.5, 1.0),
+        groups=groups,
+        layer_sharpness="interpolated",
+        rho=0.5,
+        n_draws=4,
+        seed=5,
+    )
     assert all(torch.equal(model.state_dict()[k], original[k]) for k in original)  # model restored
     assert path.matrix().shape == (3, 3) and list(path.layerwise) == ["0", "2", "3"]
     # the alpha = 0.5 entry is exactly average_sharpness of the interpolated model with the same seed

@@ -1,7 +1,9 @@
 """Does flatness predict generalisation in this study? Kendall's rank correlation between each flatness
 measure and (a) the test metric, (b) the generalisation gap (test loss − final training loss), over every
 completed trial of the study (search and final stage, every arm), pooled and per arm (Jiang et al., ICLR
-2020, "Fantastic Generalization Measures and Where to Find Them"); for a grid study also the granulated
+2020, "Fantastic Generalization Measures and Where to Find Them"), and on request per value of a parameter
+(``by``: e.g. per fine-tuned model of an alpha study, τ over its alpha grid, the seed "In Search of the
+Successful Interpolation"'s sharpness against OOD accuracy along the path); for a grid study also the granulated
 τ (Ψ) over its searched axes, the mean over axes of τ within groups where only that axis changes
 (:mod:`flatlab.analysis.correlation`).
 
@@ -88,6 +90,8 @@ def flatness_correlations(
     confidence: float = CONFIDENCE,
     resamples: int = 1000,
     seed: int = 0,
+    target: Optional[str] = None,
+    by: Optional[str] = None,
 ) -> FlatnessPrediction:
     """Kendall's τ between every flatness measure and the test metric and the generalisation gap
     (module docstring), each with a cluster bootstrap interval and p-value (tunings, then configurations,
@@ -98,8 +102,13 @@ def flatness_correlations(
         data: a :class:`~flatlab.analysis.sample.Sample` (or ``trials_frame`` table).
         measures: the ``flat/*`` measures (default every one recorded, auxiliary ones excluded).
         confidence, resamples, seed: of the cluster bootstrap.
+        target: the metric τ is taken against (beside the gap); default the first test metric recorded
+            (:meth:`Sample.test_metric`), else the study's metric (an alpha study's ``ood/accuracy``).
+        by: a column (``param.finetuned``, ``arm`` ...): the rows also hold one scope per its value, named
+            ``<by>=<value>``, after the per-arm ones.
     Raises:
-        ConfigError: no completed trial with a flatness measure; an unknown measure.
+        ConfigError: no completed trial with a flatness measure; an unknown measure; ``by`` or ``target``
+            not a column of the trials.
     """
     sample = Sample.of(data)
     models = sample.completed()
@@ -112,7 +121,10 @@ def flatness_correlations(
             f"measures there: {', '.join(recorded) or '(none)'}"
         )
     df = models.trials.copy()
-    test = models.test_metric() or "test/accuracy"
+    test = target or default_target(models)
+    for column, what in ((by, "by"), (target, "target")):
+        if column is not None and column not in df.columns:
+            raise ConfigError(f"{what}={column!r} is not a column of study {sample.info.name!r}'s trials")
     targets, notes = [test], []
     if {"test/loss", "train/loss"} <= set(df.columns):
         df[GAP] = df["test/loss"].astype(float) - df["train/loss"].astype(float)
@@ -120,6 +132,8 @@ def flatness_correlations(
     else:
         notes.append("no generalisation gap: the trials recorded no test/loss and train/loss")
     scopes = [(POOLED, df)] + [(arm, df[df["arm"] == arm]) for arm in sorted(set(df["arm"]))]
+    if by is not None:
+        scopes += [(f"{by}={v}", df[df[by] == v]) for v in sorted(set(df[by].dropna()), key=str)]
     rows: List[CorrelationRow] = []
     for m in wanted:
         for target in targets:
@@ -137,6 +151,12 @@ def flatness_correlations(
     rows = [replace(r, p_holm=p) for r, p in zip(rows, adjusted)]
     granulated = _granulated(df, wanted, targets, sample.info.searcher, notes)
     return FlatnessPrediction(sample.info.name, test, tuple(rows), granulated, len(df), float(confidence), tuple(notes))
+
+
+def default_target(sample: Sample) -> str:
+    """What τ is taken against unless told: the first test metric recorded (:meth:`Sample.test_metric`),
+    else the study's metric (an alpha study's ``ood/accuracy``)."""
+    return sample.test_metric() or sample.info.metric
 
 
 def clusters(df: Any) -> List[Tuple[int, Tuple[Any, ...]]]:
@@ -256,7 +276,7 @@ def plot_scatter(data: Any, measure: str, path: Path) -> Path:
 
     sample = Sample.of(data).completed()
     df = sample.trials.copy()
-    test = sample.test_metric() or "test/accuracy"
+    test = default_target(sample)
     targets = [test] + ([GAP] if {"test/loss", "train/loss"} <= set(df.columns) else [])
     if GAP in targets:
         df[GAP] = df["test/loss"].astype(float) - df["train/loss"].astype(float)

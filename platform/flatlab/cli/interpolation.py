@@ -20,7 +20,8 @@ def interpolation_report(
     output: Optional[Path] = typer.Option(None, help="folder for the figures (default: <root>/<study>/report)"),
     split: str = typer.Option("ood", help="the OOD split shown in the accuracy/loss figures"),
 ) -> None:
-    """Plot an alpha study's curves (seed paper Figs. 1, 3, 4, 5) and log them on its launch run."""
+    """Plot an alpha study's curves (seed paper Figs. 1 to 5), its tau of sharpness against OOD accuracy, and log them
+    on its launch run."""
     # torch on first use: the CLI starts without it
     from flatlab.interpolation.report import interpolation_report as build
 

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Tuple, Union
 
+import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -96,7 +97,12 @@ def plot_sharpness_vs_alpha(
 
 
 def plot_layerwise_heatmap(
-    alphas: Sequence[float], layerwise: Mapping[str, Sequence[Any]], path: PathLike, *, dpi: int = 120
+    alphas: Sequence[float],
+    layerwise: Mapping[str, Sequence[Any]],
+    path: PathLike,
+    *,
+    title: str = "layer-wise sharpness",
+    dpi: int = 120,
 ) -> Path:
     """Heat map of layer-wise sharpness: one row per layer (``{layer: values per alpha}``, e.g.
     ``SharpnessPath.layerwise``), one column per alpha.
@@ -117,7 +123,7 @@ def plot_layerwise_heatmap(
     ax.set_yticks(range(len(names)), labels=names, fontsize="x-small")
     step = max(1, len(alphas) // 10)
     ax.set_xticks(range(0, len(alphas), step), labels=[f"{a:g}" for a in alphas[::step]])
-    ax.set(xlabel=_XLABEL, title="layer-wise sharpness")
+    ax.set(xlabel=_XLABEL, title=title)
     fig.colorbar(image, ax=ax, label="sharpness (loss units)")
     fig.tight_layout()
     return _save(fig, path, dpi)
@@ -128,3 +134,38 @@ def plot_pruned_vs_unpruned(
 ) -> Path:
     """Accuracy and loss on ``split`` vs alpha with and without straggler pruning (seed Algorithm 1)."""
     return plot_sweeps({"interpolation": unpruned, "straggler-pruned": pruned}, path, split=split, dpi=dpi)
+
+
+def plot_layerwise_interpolation(
+    full: SweepResult,
+    layers: Mapping[str, SweepResult],
+    path: PathLike,
+    *,
+    splits: Sequence[str] = ("val", "ood"),
+    dpi: int = 120,
+) -> Path:
+    """Seed paper Fig. 2: accuracy vs alpha on each of ``splits`` (one panel each) when only one layer group
+    is interpolated (Def. 1.1; ``{group: sweep}``, one line per group, coloured by depth in the given
+    order), with the whole-model interpolation ``full`` dashed for reference.
+
+    Raises:
+        ConfigError: no layers, a sweep without one of ``splits``, a non-PNG path.
+    """
+    if not layers:
+        raise ConfigError("plot_layerwise_interpolation needs at least one layer group")
+    fig = Figure(figsize=(5.5 * len(splits), 4.5))
+    axes = fig.subplots(1, len(splits), squeeze=False)[0]
+    cmap = matplotlib.colormaps["viridis"]
+    for ax, split in zip(axes, splits):
+        for i, (group, sweep) in enumerate(layers.items()):
+            if split not in sweep.accuracy:
+                raise ConfigError(f"layer {group!r} has no split {split!r}; it has: {', '.join(sweep.accuracy)}")
+            colour = cmap(i / max(1, len(layers) - 1))
+            ax.plot(sweep.alphas, sweep.accuracy[split], marker=".", color=colour, label=group, linewidth=1)
+        if split in full.accuracy:
+            ax.plot(full.alphas, full.accuracy[split], "k--", label="whole model", linewidth=1.5)
+        ax.set(xlabel=_XLABEL, ylabel=f"{split} accuracy", title=f"{split}: one layer interpolated")
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize="xx-small", ncol=2 if len(layers) > 10 else 1)
+    fig.tight_layout()
+    return _save(fig, path, dpi)

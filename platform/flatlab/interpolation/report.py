@@ -8,12 +8,19 @@ param, and writes, with :mod:`flatlab.interpolation.plots` (seed paper "In Searc
 Interpolation"; alpha = weight on the FINE-TUNED model, the paper's ``1 - alpha``):
 
 * ``fig1_<split>_vs_alpha.png``: OOD accuracy and loss vs alpha, one line per model (Fig. 1);
+* ``fig2_layerwise_interpolation_<i>_<label>.png``: ID and OOD accuracy vs alpha with one layer group
+  interpolated at a time (Def. 1.1, Fig. 2), per model (trials with ``layerwise_interpolation``);
 * ``fig3_sharpness_vs_alpha.png``: general adaptive average sharpness vs alpha (Fig. 3), +-1 s.e.;
-* ``fig4_layerwise_<i>_<label>.png``: layer-wise sharpness, layer x alpha heat map, per model (Fig. 4);
+* ``fig4_layerwise_<i>_<label>.png``: layer-wise sharpness, layer x alpha heat map, per model (Fig. 4;
+  §3.1's definition, or the interpolated model's layer where the trials measured that);
 * ``fig5_pruned_vs_unpruned_<i>_<label>.png``: straggler-pruned vs plain interpolation (Fig. 5,
   Algorithm 1);
+* ``sharpness_correlation.md`` / ``.csv``: Kendall's τ between each sharpness measure (``flat/*``) and
+  OOD accuracy, pooled, per arm and per model over its alpha grid
+  (:func:`flatlab.analysis.generalisation.flatness_correlations` with ``by="param.finetuned"``);
 * ``summary.json``: per model and variant the alphas and :meth:`SweepResult.summary` numbers
-  (instability Def. 1, barrier, gain Eq. 2, best alpha, failure mode) and the straggler layers.
+  (instability Def. 1, barrier, gain Eq. 2, best alpha, failure mode), the straggler layers, and the
+  model's τ per measure.
 
 :func:`interpolation_report` logs them under ``report/`` on the launch's parent run; the CLI command
 ``flatlab interpolation-report STUDY`` calls it.
@@ -29,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from flatlab.analysis.generalisation import FlatnessPrediction, flatness_correlations, to_markdown
+from flatlab.analysis.sample import Sample
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.interpolation.sweep import SweepResult
@@ -38,8 +47,11 @@ from flatlab.tracking.checkpoints import RUN_PREFIX, is_reference, parse_referen
 from flatlab.tracking.reports import StudyReport, register_report
 from flatlab.tracking.trials import parent_runs, trials_frame
 
-_LAYER = "sharpness/layer/"
+_GENERAL = "flat/avg_sharpness"
+_LAYERS = {"finetuned": "flat/layer_sharpness/", "interpolated": "flat/layer_sharpness_interpolated/"}
+_LAYER_INTERP = "layer_interp/"
 _STRAGGLER = "prune/straggler/"
+_BY = "param.finetuned"
 
 
 @dataclass
@@ -52,7 +64,10 @@ class ModelCurves:
         unpruned, pruned: loss/accuracy sweeps per split (``None`` when that variant was not run).
         sharpness: general sharpness per alpha of the unpruned sweep (empty if not measured).
         layerwise: ``{layer: sharpness per alpha}`` of the unpruned sweep (empty if not measured).
+        layer_definition: how ``layerwise`` was measured (``finetuned``: §3.1, or ``interpolated``).
+        layer_interpolation: ``{layer: sweep}`` with only that layer interpolated (Fig. 2; empty if not run).
         stragglers: straggler layers reported by the pruned trials.
+        kendall_tau: ``{flat/* measure: τ}`` against OOD accuracy over this model's alpha grid.
     """
 
     label: str
@@ -61,7 +76,10 @@ class ModelCurves:
     pruned: Optional[SweepResult] = None
     sharpness: Tuple[Estimate, ...] = ()
     layerwise: Dict[str, Tuple[float, ...]] = field(default_factory=dict)
+    layer_definition: str = ""
+    layer_interpolation: Dict[str, SweepResult] = field(default_factory=dict)
     stragglers: Tuple[str, ...] = ()
+    kendall_tau: Dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,14 +109,15 @@ def _finite(value: Any) -> bool:
         return False
 
 
-def _sweep(rows, splits: List[str]) -> SweepResult:
-    """Rows of one (model, variant), sorted by alpha; repeated alphas (seeds) are averaged."""
+def _sweep(rows, splits: List[str], prefix: str = "", suffix: str = "") -> SweepResult:
+    """Rows of one (model, variant), sorted by alpha; repeated alphas (seeds) are averaged. The columns
+    read are ``<prefix><split>/loss<suffix>`` and ``.../accuracy<suffix>``."""
     by_alpha: Dict[float, List[Any]] = {}
     for _, r in rows.iterrows():
         by_alpha.setdefault(round(float(r["_alpha"]), 10), []).append(r)
     alphas = tuple(sorted(by_alpha))
-    loss = {s: tuple(_mean(by_alpha[a], f"{s}/loss") for a in alphas) for s in splits}
-    acc = {s: tuple(_mean(by_alpha[a], f"{s}/accuracy") for a in alphas) for s in splits}
+    loss = {s: tuple(_mean(by_alpha[a], f"{prefix}{s}/loss{suffix}") for a in alphas) for s in splits}
+    acc = {s: tuple(_mean(by_alpha[a], f"{prefix}{s}/accuracy{suffix}") for a in alphas) for s in splits}
     return SweepResult(alphas, loss, acc)
 
 
@@ -163,16 +182,7 @@ def collect_curves(df, split: str = "ood", sources: Optional[Dict[str, str]] = N
         curves = ModelCurves(label=label, key=str(key))
         plain, pruned = rows[~rows["_pruned"]], rows[rows["_pruned"]]
         if len(plain):
-            curves.unpruned = _sweep(plain, splits)
-            if "sharpness/general" in plain.columns and plain["sharpness/general"].map(_finite).all():
-                se = plain["sharpness/general_stderr"] if "sharpness/general_stderr" in plain.columns else None
-                curves.sharpness = tuple(
-                    Estimate(float(v), float(se.iloc[i]) if se is not None and _finite(se.iloc[i]) else 0.0, 0, ())
-                    for i, v in enumerate(plain["sharpness/general"])
-                )
-            for col in (c for c in plain.columns if c.startswith(_LAYER)):
-                if plain[col].map(_finite).all():
-                    curves.layerwise[col[len(_LAYER) :]] = tuple(float(v) for v in plain[col])
+            _read_unpruned(curves, plain, splits)
         if len(pruned):
             curves.pruned = _sweep(pruned, splits)
             found = [
@@ -183,6 +193,51 @@ def collect_curves(df, split: str = "ood", sources: Optional[Dict[str, str]] = N
             curves.stragglers = tuple(found)
         out.append(curves)
     return out
+
+
+def _read_unpruned(curves: ModelCurves, plain, splits: List[str]) -> None:
+    """The unpruned trials' sweep, sharpness (general and layer-wise) and layer-wise interpolation into
+    ``curves`` (``plain``: one model's unpruned rows sorted by alpha)."""
+    curves.unpruned = _sweep(plain, splits)
+    if _GENERAL in plain.columns and plain[_GENERAL].map(_finite).all():
+        se = plain[f"{_GENERAL}_stderr"] if f"{_GENERAL}_stderr" in plain.columns else None
+        curves.sharpness = tuple(
+            Estimate(float(v), float(se.iloc[i]) if se is not None and _finite(se.iloc[i]) else 0.0, 0, ())
+            for i, v in enumerate(plain[_GENERAL])
+        )
+    for definition, prefix in _LAYERS.items():
+        for col in (c for c in plain.columns if c.startswith(prefix)):
+            if plain[col].map(_finite).all():
+                curves.layerwise[col[len(prefix) :]] = tuple(float(v) for v in plain[col])
+                curves.layer_definition = definition
+    marker = f"{_LAYER_INTERP}{splits[0]}/accuracy/" if splits else None
+    for col in (c for c in plain.columns if marker and c.startswith(marker)):
+        if plain[col].map(_finite).all():
+            group = col[len(marker) :]
+            curves.layer_interpolation[group] = _sweep(plain, splits, prefix=_LAYER_INTERP, suffix=f"/{group}")
+
+
+def sharpness_correlation(df, split: str = "ood") -> Optional[FlatnessPrediction]:
+    """Kendall's τ between every sharpness measure (``flat/*``) of the alpha study's trials ``df`` and
+    ``<split>/accuracy``: pooled, per arm and per fine-tuned model over its alpha grid
+    (:func:`~flatlab.analysis.generalisation.flatness_correlations`, ``by="param.finetuned"``); ``None``
+    when no trial measured sharpness."""
+    sample = Sample.of(df)
+    if not sample.completed().measures():
+        return None
+    by = _BY if _BY in sample.trials.columns else None
+    return flatness_correlations(sample, target=f"{split}/accuracy", by=by)
+
+
+def attach_correlation(curves: List[ModelCurves], prediction: FlatnessPrediction, split: str = "ood") -> None:
+    """Each model's τ per measure (its ``param.finetuned=<key>`` scope against ``<split>/accuracy``) into
+    its :attr:`ModelCurves.kendall_tau`."""
+    for c in curves:
+        c.kendall_tau = {
+            r.measure: r.correlation.tau
+            for r in prediction.rows
+            if r.scope == f"{_BY}={c.key}" and r.target == f"{split}/accuracy"
+        }
 
 
 def _safe_summary(sweep: Optional[SweepResult]) -> Optional[Dict[str, Any]]:
@@ -196,8 +251,14 @@ def _safe_summary(sweep: Optional[SweepResult]) -> Optional[Dict[str, Any]]:
     return out
 
 
-def write_report(curves: List[ModelCurves], out_dir: Path, split: str = "ood") -> Tuple[List[Path], Path]:
-    """Write the figures (module docstring) and ``summary.json`` for ``curves`` into ``out_dir``.
+def write_report(
+    curves: List[ModelCurves],
+    out_dir: Path,
+    split: str = "ood",
+    correlation: Optional[FlatnessPrediction] = None,
+) -> Tuple[List[Path], Path]:
+    """Write the figures (module docstring) and ``summary.json`` for ``curves`` into ``out_dir``, and with
+    ``correlation`` (:func:`sharpness_correlation`) its table as ``sharpness_correlation.md`` / ``.csv``.
 
     Returns:
         ``(figure paths, summary path)``. Figures whose data were not measured are skipped.
@@ -234,11 +295,38 @@ def write_report(curves: List[ModelCurves], out_dir: Path, split: str = "ood") -
                     out_dir / f"fig3_sharpness_vs_alpha_{i}_{_slug(c.label)}.png",
                 )
             )
+    figures += _per_model_figures(curves, out_dir, split)
+    summary_path = _write_summary(curves, out_dir, split)
+    if correlation is not None:
+        correlation.frame().to_csv(out_dir / "sharpness_correlation.csv", index=False)
+        (out_dir / "sharpness_correlation.md").write_text(to_markdown(correlation))
+    return figures, summary_path
+
+
+def _per_model_figures(curves: List[ModelCurves], out_dir: Path, split: str) -> List[Path]:
+    """Figs. 2, 4 and 5 of every model that has their data."""
+    from flatlab.interpolation import plots  # deferred: plots loads matplotlib
+
+    titles = {"finetuned": "layer-wise sharpness (§3.1: fine-tuned layer perturbed, then interpolated)"}
+    figures: List[Path] = []
     for i, c in enumerate(curves):
+        if c.unpruned is not None and c.layer_interpolation:
+            splits = [s for s in ("val", split) if s in c.unpruned.accuracy]
+            figures.append(
+                plots.plot_layerwise_interpolation(
+                    c.unpruned,
+                    c.layer_interpolation,
+                    out_dir / f"fig2_layerwise_interpolation_{i}_{_slug(c.label)}.png",
+                    splits=splits,
+                )
+            )
         if c.unpruned is not None and c.layerwise:
             figures.append(
                 plots.plot_layerwise_heatmap(
-                    c.unpruned.alphas, c.layerwise, out_dir / f"fig4_layerwise_{i}_{_slug(c.label)}.png"
+                    c.unpruned.alphas,
+                    c.layerwise,
+                    out_dir / f"fig4_layerwise_{i}_{_slug(c.label)}.png",
+                    title=titles.get(c.layer_definition, "layer-wise sharpness (the interpolated model's layer)"),
                 )
             )
         if c.unpruned is not None and c.pruned is not None:
@@ -247,6 +335,10 @@ def write_report(curves: List[ModelCurves], out_dir: Path, split: str = "ood") -
                     c.unpruned, c.pruned, out_dir / f"fig5_pruned_vs_unpruned_{i}_{_slug(c.label)}.png", split=split
                 )
             )
+    return figures
+
+
+def _write_summary(curves: List[ModelCurves], out_dir: Path, split: str) -> Path:
     summary = {
         "split": split,
         "alpha": "weight on the fine-tuned model (WiSE-FT); the seed paper's alpha is 1 - alpha",
@@ -257,14 +349,17 @@ def write_report(curves: List[ModelCurves], out_dir: Path, split: str = "ood") -
                 "unpruned": _safe_summary(c.unpruned),
                 "pruned": _safe_summary(c.pruned),
                 "sharpness_general": [e.value for e in c.sharpness],
+                "layer_sharpness": c.layer_definition or None,
+                "layer_interpolation": {g: _safe_summary(s) for g, s in c.layer_interpolation.items()},
                 "stragglers": list(c.stragglers),
+                "kendall_tau": {m: (t if math.isfinite(t) else None) for m, t in c.kendall_tau.items()},
             }
             for c in curves
         ],
     }
     summary_path = out_dir / "summary.json"
     summary_path.write_text(json.dumps(summary, indent=2, default=float))
-    return figures, summary_path
+    return summary_path
 
 
 def interpolation_report(
@@ -284,11 +379,13 @@ def interpolation_report(
     parents = parent_runs(tracking_uri, study)
     if not parents:
         raise ConfigError(f"study {study!r} has no launches recorded in {tracking_uri}")
-    curves = collect_curves(
-        trials_frame(tracking_uri, study), split=split, sources=launch_sources(parents[0].data.params)
-    )
+    df = trials_frame(tracking_uri, study)
+    curves = collect_curves(df, split=split, sources=launch_sources(parents[0].data.params))
+    correlation = sharpness_correlation(df, split)
+    if correlation is not None:
+        attach_correlation(curves, correlation, split)
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"flatlab-report-{study}-"))
-    figures, summary_path = write_report(curves, out, split=split)
+    figures, summary_path = write_report(curves, out, split=split, correlation=correlation)
     parent_id = None
     if log:
         parent_id = parents[0].info.run_id
@@ -318,7 +415,8 @@ def _interpolation(tracking_uri: str, study: str, out_dir: Path, params: Mapping
 register_report(
     StudyReport(
         "interpolation",
-        "an alpha study's figures (seed paper Figs. 1, 3, 4, 5) and summary.json",
+        "an alpha study's figures (seed paper Figs. 1 to 5), Kendall's tau of sharpness against OOD accuracy "
+        "and summary.json",
         _interpolation,
         hparams=(HParam("split", "ood", str, doc="the OOD split of Figs. 1 and 5"),),
     )

@@ -83,6 +83,7 @@ def perturbed_losses(
     batch_size: int,
     draws_per_forward: Optional[int] = None,
     math_attention: bool = True,
+    c: Optional[Mapping[str, torch.Tensor]] = None,
 ) -> Tuple[float, List[float]]:
     """``(L(w), [L(w + delta_k) for k < n_draws])`` with ``delta_k = scale * c * z_k`` (module docstring).
 
@@ -92,11 +93,15 @@ def perturbed_losses(
             ``k >= 1``: ``k`` draws per forward under ``torch.func.vmap``, with perturbed copies of shape
             ``(k, *w.shape)`` of the selected parameters.
         math_attention: with ``draws_per_forward``, run attention with the math kernel inside ``vmap``.
+        c: ``{parameter name: tensor of its shape}``, the per-entry ``c`` given explicitly for every
+            perturbed parameter (``adaptive`` is then ignored); e.g. ``alpha * |theta_ft|`` when the
+            interpolated model is perturbed as its fine-tuned end is (seed paper §3.1,
+            :func:`flatlab.interpolation.finetuned_layer_sharpness`). A zero ``c`` leaves an entry unperturbed.
         model, data, adaptive, n_draws, params, seed, loss_fn, batch_size: as :func:`average_sharpness`.
 
     Raises:
         ConfigError: ``scale`` not finite and > 0, ``n_draws`` or ``draws_per_forward`` < 1, empty data
-            or parameter selection.
+            or parameter selection; ``c`` missing a perturbed parameter or of another shape.
         UnknownNameError: a name in ``params`` that is not a parameter of ``model``.
     """
     scale = _state.check_positive(scale_name, scale)
@@ -112,7 +117,7 @@ def perturbed_losses(
     unperturbed = _state.preserved(named) if in_place else contextlib.nullcontext([p.detach() for _, p in named])
     with _state.eval_mode(model), torch.no_grad(), unperturbed as base:
         clean = subset_loss(model, subset, loss_fn, device)
-        scales = _state.noise_scales(base, scale, adaptive)
+        scales = _state.noise_scales(base, scale, adaptive) if c is None else _given_scales(named, c, scale)
         reused = [_state.noise_buffer(w, (1,)) for w in base] if in_place else None  # one draw at a time
         done = 0
         while done < n_draws:
@@ -133,6 +138,18 @@ def perturbed_losses(
                 losses.extend(_vmapped_losses(model, perturbed, subset, loss_fn, device, k, math_attention))
             done += k
     return clean, losses
+
+
+def _given_scales(named: _state.NamedParams, c: Mapping[str, torch.Tensor], scale: float) -> List[torch.Tensor]:
+    # scale * c per perturbed parameter, on its device and in its dtype
+    out = []
+    for name, p in named:
+        if name not in c:
+            raise ConfigError(f"c has no entry for the perturbed parameter {name!r}; it has {len(c)} entries")
+        if tuple(c[name].shape) != tuple(p.shape):
+            raise ConfigError(f"c[{name!r}] has shape {tuple(c[name].shape)}; the parameter has {tuple(p.shape)}")
+        out.append(c[name].detach().to(device=p.device, dtype=p.dtype).abs().mul(scale))
+    return out
 
 
 def _perturb(

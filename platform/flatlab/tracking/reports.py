@@ -17,8 +17,9 @@ parent run in MLflow):
   (default ``tsam``), one curve per value of its parameter ``by`` (default ``t``) at that value's best
   configuration, the mean over its seeds (:mod:`flatlab.analysis.param_curves`); written to
   ``curves_<by>_<metric>.png`` and ``.json`` and logged under ``curves/``.
-* ``interpolation`` (seed paper "In Search of the Successful Interpolation", Figs. 1, 3, 4, 5),
-  registered by :mod:`flatlab.interpolation.report` (the layer above, which the study layer loads):
+* ``interpolation`` (seed paper "In Search of the Successful Interpolation", Figs. 1 to 5, and Kendall's
+  tau of sharpness against OOD accuracy), registered by :mod:`flatlab.interpolation.report` (the layer
+  above, which the study layer loads):
   :func:`flatlab.interpolation.report.interpolation_report` over an alpha study's trials, logged under
   ``report/`` with ``summary.json``; ``split``: the OOD split of Figs. 1 and 5 (default ``ood``).
   ``flatlab interpolation-report STUDY`` rebuilds it on demand.

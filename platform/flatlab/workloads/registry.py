@@ -13,6 +13,7 @@ WORKLOADS: Registry[Type[Workload]] = Registry(
     modules=(
         "flatlab.workloads.digits",
         "flatlab.workloads.clip",
+        "flatlab.interpolation.workload",
         "flatlab.workloads.cifar",
         "flatlab.workloads.dtd",
         "flatlab.workloads.fashion_mnist",
