@@ -285,20 +285,22 @@ def test_tsam_table2_crosses_three_models_with_three_objectives_on_train_and_tes
     s = load("tsam_table2_objectives.py", "paper")[0]
     assert [a.name for a in s.arms] == ["erm", "sam", "tsam"] and s.seeds == (0, 1, 2)
     assert list(s.measures) == ["erm_objective", "sam_objective", "tilted_objective"]
-    tsam = s.arm("tsam").constants()
-    assert (
-        s.measures["tilted_objective"]
-        == {"t": tsam["t"], "s": tsam["s"], "rho": tsam["rho"]}
-        == {
-            "t": 20.0,
-            "s": 3,
-            "rho": 0.1,
-        }
-    )
-    assert s.measures["sam_objective"]["rho"] == s.arm("sam").constants()["rho"]
+    # each arm at its tuned best in Table 1's CIFAR-100 grid (chained), TSAM's among the trials at t = 20, s = 3
+    src, at = "tsam_table1_cifar100", {"t": 20.0, "s": 3}
+    assert s.arm("erm").dims["lr"] == sp.best_of(src, "erm", "lr")
+    assert [s.arm("sam").dims[p] for p in ("lr", "rho")] == [sp.best_of(src, "sam", p) for p in ("lr", "rho")]
+    assert [s.arm("tsam").dims[p] for p in ("lr", "rho")] == [
+        sp.best_of(src, "tsam", p, where=at) for p in ("lr", "rho")
+    ]
+    assert {k: s.arm("tsam").constants()[k] for k in ("t", "s")} == at
+    # every model scored on the same objectives: one rho for all rows, TSAM's t and s
+    assert s.measures["tilted_objective"] == {"t": 20.0, "s": 3, "rho": 0.1}
+    assert s.measures["sam_objective"]["rho"] == 0.1
     assert s.measure_split == "train" and s.measure_extra_splits == ("test",) and s.measure_examples == 0
     assert s.reports == {"objectives": {"split": "train", "extra": "test"}}
     assert s.train == {"batch_size": 64, "schedule": "constant", "label_smoothing": 0.1}
+    smoke = load("tsam_table2_objectives.py", "smoke")[0]
+    assert smoke.arm("sam").constants()["lr"] == 0.01 and smoke.arm("tsam").constants()["rho"] == 0.1  # runs alone
 
 
 def test_tsam_appendix_c_sam_rho_grid():
