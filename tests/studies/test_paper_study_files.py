@@ -23,6 +23,7 @@ EXPECTED_FILES = {
     "tsam_table3_samples.py",
     "tsam_fig4_t_schedule.py",
     "ire_table2_resnet50_imagenet.py",
+    "ire_table4_vit_imagenet.py",
     "tsam_fig2_flatness.py",
     "tsam_table2_objectives.py",
     "tsam_appc_sam_rho.py",
@@ -33,6 +34,7 @@ NO_OPTUNA = {
     "tsam_table3_samples.py",
     "tsam_fig4_t_schedule.py",  # fixed comparisons / ablations
     "ire_table2_resnet50_imagenet.py",
+    "ire_table4_vit_imagenet.py",
     "tsam_fig2_flatness.py",
     "tsam_table2_objectives.py",
     "tsam_appc_sam_rho.py",
@@ -262,6 +264,21 @@ def test_ire_table2_grid():
     assert s.seeds == (0, 1, 2) and s.num_total_trials() == 30
     smoke = load("ire_table2_resnet50_imagenet.py", "smoke")[0]
     assert smoke.name == "ire_table2_resnet50_imagenet_smoke" and smoke.resources.gpu == 0
+
+
+def test_ire_table4_vit_s16_imagenet_adamw_against_admire_with_randaugment_and_mixup():
+    s = load("ire_table4_vit_imagenet.py", "paper")[0]
+    assert [(a.name, a.optimizer) for a in s.arms] == [("adamw", "adamw"), ("adamw_ire", "adamw_ire")]
+    assert s.workload == "imagenet" and s.workload_params["model"] == "vit_small_patch16_224"
+    wp = s.workload_params
+    assert (wp["augment"], wp["randaug_ops"], wp["randaug_magnitude"], wp["mixup_alpha"]) == ("randaug", 2, 10, 0.2)
+    assert s.arm("adamw_ire").constants()["switch_loss"] == 1.5  # the paper's ImageNet threshold
+    assert grid_values(s, "adamw_ire", "gamma") == [0.99, 0.9, 0.8] and grid_values(s, "adamw_ire", "kappa") == [20, 50]
+    assert s.train["batch_size"] == 1024 and s.train["micro_batch_size"] == 256 and s.max_epochs == 90
+    assert s.seeds == (0, 1, 2) and s.num_total_trials() == 21
+    smoke = load("ire_table4_vit_imagenet.py", "smoke")[0]
+    assert smoke.workload_params["model"] == "test_vit" and smoke.workload_params["data_path"] == "synthetic"
+    assert smoke.workload_params["mixup_alpha"] == 0.2 and smoke.resources.gpu == 0
 
 
 def test_tsam_fig2_sweeps_sigma_for_erm_sam_and_tsam():
