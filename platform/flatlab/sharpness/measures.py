@@ -41,7 +41,7 @@ from flatlab.sharpness.average import average_sharpness, neighbourhood_loss
 from flatlab.sharpness.data import DEFAULT_BATCH_SIZE, EvalSubset, LossFn, token_cross_entropy
 from flatlab.sharpness.fisher import FISHER_ESTIMATORS, fisher_trace
 from flatlab.sharpness.hessian import hessian_trace
-from flatlab.sharpness.objectives import NOISES, erm_objective, sam_objective, tilted_objective
+from flatlab.sharpness.objectives import NOISES, erm_objective, log_mean_exp, sam_objective, tilted_objective
 
 Compute = Callable[[nn.Module, EvalSubset, LossFn, Mapping[str, Any], int], Dict[str, float]]
 """``compute(model, subset, loss_fn, params, seed) -> {metric name: value}`` (params already resolved)."""
@@ -173,12 +173,19 @@ def _hessian(
     return _with_stderr("flat/hessian_trace", est.value, est.stderr)
 
 
+def sweep_key(measure: str, param: str, value: Union[float, str], stat: str = "") -> str:
+    """The metric name of a measure's sweep over one of its parameters at ``value``:
+    ``flat/<measure>/<param>_<value>`` (``value`` with ``:g``; MLflow names allow no ``@`` or ``=``), then
+    ``stat`` appended (``_var``, ``_stderr``: the ``_stderr`` ending keeps it among the auxiliary columns of
+    comparison tables). The sweeps: ``neighbourhood_loss`` over ``sigma``, ``sam_objective`` over ``rho``,
+    ``tilted_objective`` over ``t`` (:data:`flatlab.ranges.SWEEPS`)."""
+    return f"flat/{measure}/{param}_{value if isinstance(value, str) else format(value, 'g')}{stat}"
+
+
 def sigma_key(sigma: Union[float, str], stat: str = "") -> str:
-    """The metric name of ``neighbourhood_loss``'s sweep at noise scale ``sigma``:
-    ``flat/neighbourhood_loss/sigma_0.01`` (the mean), then ``stat`` = ``_var`` or ``_stderr`` appended
-    (``sigma`` with ``:g``; MLflow names allow no ``@`` or ``=``; the ``_stderr`` ending keeps it among
-    the auxiliary columns of comparison tables)."""
-    return f"flat/neighbourhood_loss/sigma_{sigma if isinstance(sigma, str) else format(sigma, 'g')}{stat}"
+    """``neighbourhood_loss``'s sweep at noise scale ``sigma`` (:func:`sweep_key`):
+    ``flat/neighbourhood_loss/sigma_0.01`` (the mean), then ``stat`` = ``_var`` or ``_stderr`` appended."""
+    return sweep_key("neighbourhood_loss", "sigma", sigma, stat)
 
 
 def _neighbourhood(
@@ -350,15 +357,26 @@ def _erm_objective(
 def _sam_objective(
     model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
 ) -> Dict[str, float]:
-    got = sam_objective(model, subset, rho=p["rho"], steps=p["steps"], seed=seed, loss_fn=loss_fn)
-    return {"flat/sam_objective": got.value, "flat/sam_objective_clean": got.clean_loss}
+    def at(rho: float):
+        return sam_objective(
+            model, subset, rho=rho, steps=p["steps"], init_radius=p["init_radius"], seed=seed, loss_fn=loss_fn
+        )
+
+    got = at(p["rho"])
+    out = {"flat/sam_objective": got.value, "flat/sam_objective_clean": got.clean_loss}
+    for rho in p["rhos"] or ():  # the same seed: the same random start direction at every rho
+        out[sweep_key("sam_objective", "rho", rho)] = at(rho).value
+    return out
 
 
 def _tilted_objective(
     model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
 ) -> Dict[str, float]:
-    got = tilted_objective(model, subset, seed=seed, loss_fn=loss_fn, **p)
-    return {"flat/tilted_objective": got.value, "flat/tilted_objective_clean": got.clean_loss}
+    got = tilted_objective(model, subset, seed=seed, loss_fn=loss_fn, **{k: v for k, v in p.items() if k != "ts"})
+    out = {"flat/tilted_objective": got.value, "flat/tilted_objective_clean": got.clean_loss}
+    for t in p["ts"] or ():  # the same perturbed losses L_j at every t: the curve against t is paired
+        out[sweep_key("tilted_objective", "t", t)] = log_mean_exp(got.losses, t)
+    return out
 
 
 TSAM_TABLE2 = "TSAM paper (Reweighting Local Minima with Tilted SAM), section 5.2, Table 2"
@@ -383,10 +401,30 @@ register_measure(
         hparams=(
             HParam("rho", 0.05, float, low=0.0, low_open=True, doc="L2 radius, global (TSAM paper grid: 0.05-0.2)"),
             HParam("steps", 1, int, low=1, doc="ascent steps: 1 = SAM's ascent rho*g/||g||; more = projected ascent"),
+            HParam(
+                "init_radius",
+                0.0,
+                float,
+                low=0.0,
+                high=1.0,
+                doc="start: 0 = theta (SAM's ascent); more = a random point at init_radius * rho (stationary points)",
+            ),
+            _FloatList(
+                "rhos",
+                None,
+                float,
+                low=0.0,
+                low_open=True,
+                doc="optional further radii (a sweep, TSAM Figs. 5-6): per radius r, flat/sam_objective/rho_<r>",
+            ),
         ),
         compute=_sam_objective,
-        metrics=("flat/sam_objective", "flat/sam_objective_clean"),
-        support={"flat/sam_objective": LOSS, "flat/sam_objective_clean": LOSS},
+        metrics=("flat/sam_objective", "flat/sam_objective_clean", sweep_key("sam_objective", "rho", "<s>")),
+        support={
+            "flat/sam_objective": LOSS,
+            "flat/sam_objective_clean": LOSS,
+            sweep_key("sam_objective", "rho", "<s>"): LOSS,
+        },
     )
 )
 
@@ -402,10 +440,23 @@ register_measure(
             HParam("rho", 0.05, float, low=0.0, doc="ascent step added to each delta_j (0: none)"),
             HParam("noise_radius", 1.0, float, low=0.0, doc="radius r of delta_j, global L2 norm (TSAM's default)"),
             HParam("noise", "gaussian", str, choices=NOISES, doc="delta_j: clipped Gaussian or uniform in the r-ball"),
+            _FloatList(
+                "ts",
+                None,
+                float,
+                low=0.0,
+                high=1e6,
+                doc="optional further tilts (a sweep, TSAM Figs. 5-6), from the same L_j: per tilt v, "
+                "flat/tilted_objective/t_<v>",
+            ),
         ),
         compute=_tilted_objective,
-        metrics=("flat/tilted_objective", "flat/tilted_objective_clean"),
-        support={"flat/tilted_objective": LOSS, "flat/tilted_objective_clean": LOSS},
+        metrics=("flat/tilted_objective", "flat/tilted_objective_clean", sweep_key("tilted_objective", "t", "<s>")),
+        support={
+            "flat/tilted_objective": LOSS,
+            "flat/tilted_objective_clean": LOSS,
+            sweep_key("tilted_objective", "t", "<s>"): LOSS,
+        },
     )
 )
 

@@ -8,8 +8,10 @@ each of them on each objective, on the training and on the test set:
   SAM's ascent (Foret et al. 2021): ``eps = rho * g / (||g||_2 + 1e-12)`` with ``g`` the full-subset
   gradient at ``theta``, i.e. :func:`~flatlab.sharpness.worst_case.worst_case_sharpness` with ``c = 1``,
   a start at ``delta = 0`` and one step of length ``rho``; ``steps > 1`` runs projected ascent within the
-  same ball (a tighter lower bound on the maximum). The value is the largest loss seen (``delta = 0``
-  included), so ``>= L(theta)``.
+  same ball (a tighter lower bound on the maximum). At a stationary point (``g = 0``: an exact minimum,
+  or a kink where autograd takes the subgradient 0) that ascent cannot leave ``theta``; ``init_radius > 0``
+  starts instead from a random point at ``init_radius * rho`` (seeded by ``seed``). The value is the
+  largest loss seen (``delta = 0`` included), so ``>= L(theta)``.
 * TSAM: ``L^t(theta) = (1/t) log E_eps[exp(t L(theta + eps))]``, estimated as the optimizer does it
   (ALGORITHMS.md §2, the released procedure): for ``j = 1..s``, ``delta_j`` from the optimizer's own
   :func:`~flatlab.optim.tsam.sample_noise` (radius ``noise_radius``, ``gaussian`` or ``uniform``, global
@@ -60,6 +62,7 @@ def sam_objective(
     *,
     rho: float,
     steps: int = 1,
+    init_radius: float = 0.0,
     seed: int = 0,
     loss_fn: Optional[LossFn] = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -70,14 +73,16 @@ def sam_objective(
         rho: radius of the L2 ball, parameter units (> 0).
         steps: ascent steps; 1 (default) is SAM's ascent ``eps = rho * g/||g||`` from ``theta``; more run
             projected ascent with step ``2 rho / sqrt(steps)``.
-        seed: unused by the default start (``delta = 0``); kept for the measures' signature.
+        init_radius: ``||delta_0|| / rho`` in [0, 1]: 0 (default) starts at ``theta`` (SAM's ascent); more
+            starts at a random point of that norm (stationary points, module docstring).
+        seed: the random start's seed (unused when ``init_radius = 0``).
 
     Returns:
         :class:`ObjectiveValue`: ``value`` the largest loss found, ``clean_loss`` ``L(theta)``, ``losses``
         the loss of every iterate.
 
     Raises:
-        ConfigError: ``rho`` not finite and > 0, ``steps < 1``.
+        ConfigError: ``rho`` not finite and > 0, ``steps < 1``, ``init_radius`` outside [0, 1].
     """
     _state.check_count("steps", steps)
     found = worst_case_sharpness(
@@ -87,7 +92,7 @@ def sam_objective(
         norm="l2",
         steps=steps,
         step_size=rho if steps == 1 else None,
-        init_radius=0.0,
+        init_radius=init_radius,
         adaptive=False,
         seed=seed,
         loss_fn=loss_fn,
