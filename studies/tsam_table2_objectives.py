@@ -17,34 +17,62 @@ tsam_table2_objectives`` prints them again.
 
 From the paper (ALGORITHMS.md section 2): the three trained models and three objectives, on train and
 test; CIFAR-100 / ResNet-18, batch 64, SGD momentum 0.9, weight decay 5e-4, label smoothing 0.1, constant
-lr; TSAM's best t = 20 on this task and s = 3; rho from the paper's grid {0.05, 0.1, 0.2}.
+lr; TSAM's best t = 20 on this task and s = 3; rho from the paper's grid {0.05, 0.1, 0.2}; each model
+at its tuned best.
 
-Ours: lr 0.03 and rho 0.1 for every arm (points of the paper's grids; ``tsam_table1_images``'s tuned best
-can replace them), 200 epochs, the objectives over the whole training and test sets
-(``measure_examples=0``), the loss evaluated being the unsmoothed cross-entropy in eval mode, the tilted
-objective with s = 3 draws seeded by ``measure_seed`` (the same draws for every trial). One GPU and 8 CPUs
-per trial.
+Each arm at its tuned best (a chained study, as ``tsam_fig2_flatness``): its lr (and SAM's and TSAM's
+rho) are those of the arm's best completed trial in ``tsam_table1_cifar100`` (TSAM's among the trials at
+t = 20 and s = 3), by that study's ``val/accuracy``: ``sp.best_of("tsam_table1_cifar100", arm=...,
+param=...)``, resolved when this study is launched and logged with ``<param>.source``; launching before
+that study has finished starts nothing and says so (``flatlab run --dry-run`` shows the values it would
+use now).
+
+Ours: the objectives' rho 0.1 (one value of the paper's grid, the same for every row so that the three
+models are scored on the same objective, whatever rho each trained with), 200 epochs, the objectives over
+the whole training and test sets (``measure_examples=0``), the loss evaluated being the unsmoothed
+cross-entropy in eval mode, the tilted objective with s = 3 draws seeded by ``measure_seed`` (the same
+draws for every trial). One GPU and 8 CPUs per trial.
 
 ``smoke`` scale: ``tsam_table2_objectives_smoke`` (its own MLflow experiment): synthetic CIFAR-100-shaped
 data (32 images, 8 test images), 1/16-width ResNet-18, 1 epoch, one seed, the objectives on 8 examples
-of each split, 1 CPU.
+of each split, 1 CPU, and the constants lr 0.01 and rho 0.1 instead of the chained values, so that it
+runs on its own.
 """
 
 from flatlab import Arm, Resources, Study
+from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
 NAME = "tsam_table2_objectives"
-RHO, T, S = 0.1, 20.0, 3
+SOURCE = "tsam_table1_cifar100"  # TSAM Table 1's ResNet-18 / CIFAR-100 grid (studies/tsam_table1_images.py)
+RHO, T, S = 0.1, 20.0, 3  # the objectives' rho, TSAM's t and s (the paper's best on CIFAR-100 / ResNet-18)
+
+
+def tuned(arm: str, params, where=None):
+    """``{param: sp.best_of(SOURCE, arm, param, where)}``: the arm's best trial's values in the source study."""
+    return {p: sp.best_of(SOURCE, arm=arm, param=p, where=where) for p in params}
+
+
+def _arms(paper: bool):
+    base = {"momentum": 0.9, "weight_decay": 5e-4}
+    if paper:
+        erm, sam, tsam = (
+            tuned("erm", ["lr"]),
+            tuned("sam", ["lr", "rho"]),
+            tuned("tsam", ["lr", "rho"], {"t": T, "s": S}),
+        )
+    else:
+        erm, sam, tsam = {"lr": 0.01}, {"lr": 0.01, "rho": RHO}, {"lr": 0.01, "rho": RHO}
+    return (
+        Arm("sgd", name="erm", space={**base, **erm}),
+        Arm("sam", space={**base, **sam}),
+        Arm("tsam", space={**base, **tsam, "t": T, "s": S}),
+    )
 
 
 def build(scale: str):
     paper = scale == "paper"
-    base = {"momentum": 0.9, "weight_decay": 5e-4, "lr": 0.03 if paper else 0.01}
-    arms = (
-        Arm("sgd", name="erm", space=base),
-        Arm("sam", space={**base, "rho": RHO}),
-        Arm("tsam", space={**base, "rho": RHO, "t": T, "s": S}),
-    )
+    arms = _arms(paper)
     return [
         Study(
             name=NAME if paper else f"{NAME}_smoke",

@@ -23,6 +23,11 @@ LOSS = "loss"
 """A measure's ``support`` entry for a loss-valued metric: the range of the workload's loss
 (:attr:`flatlab.workloads.base.Workload.loss_support`), ``>= 0`` for cross-entropy, unbounded for a toy."""
 
+SWEEPS = {"neighbourhood_loss": ("sigmas", "sigma"), "sam_objective": ("rhos", "rho"), "tilted_objective": ("ts", "t")}
+"""``{measure: (its list parameter, the parameter it sweeps)}``: the measures that evaluate a list of values
+in one trial (:mod:`flatlab.sharpness.measures`), each value logged as ``flat/<measure>/<param>_<value>``
+(:func:`flatlab.sharpness.registry.sweep_key`) and drawn after the study (:mod:`flatlab.analysis.flatness_sweep`)."""
+
 SHARES = ("accuracy", "f1")
 """Metric names (the part after the last ``/``) that are fractions, in [0, 1]."""
 CORRELATIONS = ("matthews", "pearson", "spearman")

@@ -60,7 +60,7 @@ def test_plot_sweep_writes_a_two_panel_png(tmp_path):
     png = plot_sweep(sweep_table(_frame()), tmp_path / "fig.png")
     with Image.open(png) as im:
         assert im.size == (1200, 480)  # 10 x 4 inches at 120 dpi
-    with pytest.raises(ValueError, match="no neighbourhood-loss sweep to plot"):
+    with pytest.raises(ValueError, match="no neighbourhood_loss sweep to plot"):
         plot_sweep(sweep_table(None), tmp_path / "none.png")
 
 

@@ -23,6 +23,7 @@ EXPECTED_FILES = {
     "tsam_table3_samples.py",
     "tsam_fig4_t_schedule.py",
     "ire_table2_resnet50_imagenet.py",
+    "ire_table4_vit_imagenet.py",
     "tsam_fig2_flatness.py",
     "tsam_table2_objectives.py",
     "tsam_appc_sam_rho.py",
@@ -33,6 +34,7 @@ NO_OPTUNA = {
     "tsam_table3_samples.py",
     "tsam_fig4_t_schedule.py",  # fixed comparisons / ablations
     "ire_table2_resnet50_imagenet.py",
+    "ire_table4_vit_imagenet.py",
     "tsam_fig2_flatness.py",
     "tsam_table2_objectives.py",
     "tsam_appc_sam_rho.py",
@@ -264,6 +266,21 @@ def test_ire_table2_grid():
     assert smoke.name == "ire_table2_resnet50_imagenet_smoke" and smoke.resources.gpu == 0
 
 
+def test_ire_table4_vit_s16_imagenet_adamw_against_admire_with_randaugment_and_mixup():
+    s = load("ire_table4_vit_imagenet.py", "paper")[0]
+    assert [(a.name, a.optimizer) for a in s.arms] == [("adamw", "adamw"), ("adamw_ire", "adamw_ire")]
+    assert s.workload == "imagenet" and s.workload_params["model"] == "vit_small_patch16_224"
+    wp = s.workload_params
+    assert (wp["augment"], wp["randaug_ops"], wp["randaug_magnitude"], wp["mixup_alpha"]) == ("randaug", 2, 10, 0.2)
+    assert s.arm("adamw_ire").constants()["switch_loss"] == 1.5  # the paper's ImageNet threshold
+    assert grid_values(s, "adamw_ire", "gamma") == [0.99, 0.9, 0.8] and grid_values(s, "adamw_ire", "kappa") == [20, 50]
+    assert s.train["batch_size"] == 1024 and s.train["micro_batch_size"] == 256 and s.max_epochs == 90
+    assert s.seeds == (0, 1, 2) and s.num_total_trials() == 21
+    smoke = load("ire_table4_vit_imagenet.py", "smoke")[0]
+    assert smoke.workload_params["model"] == "test_vit" and smoke.workload_params["data_path"] == "synthetic"
+    assert smoke.workload_params["mixup_alpha"] == 0.2 and smoke.resources.gpu == 0
+
+
 def test_tsam_fig2_sweeps_sigma_for_erm_sam_and_tsam():
     s = load("tsam_fig2_flatness.py", "paper")[0]
     assert [(a.name, a.optimizer) for a in s.arms] == [("erm", "sgd"), ("sam", "sam"), ("tsam", "tsam")]
@@ -285,20 +302,22 @@ def test_tsam_table2_crosses_three_models_with_three_objectives_on_train_and_tes
     s = load("tsam_table2_objectives.py", "paper")[0]
     assert [a.name for a in s.arms] == ["erm", "sam", "tsam"] and s.seeds == (0, 1, 2)
     assert list(s.measures) == ["erm_objective", "sam_objective", "tilted_objective"]
-    tsam = s.arm("tsam").constants()
-    assert (
-        s.measures["tilted_objective"]
-        == {"t": tsam["t"], "s": tsam["s"], "rho": tsam["rho"]}
-        == {
-            "t": 20.0,
-            "s": 3,
-            "rho": 0.1,
-        }
-    )
-    assert s.measures["sam_objective"]["rho"] == s.arm("sam").constants()["rho"]
+    # each arm at its tuned best in Table 1's CIFAR-100 grid (chained), TSAM's among the trials at t = 20, s = 3
+    src, at = "tsam_table1_cifar100", {"t": 20.0, "s": 3}
+    assert s.arm("erm").dims["lr"] == sp.best_of(src, "erm", "lr")
+    assert [s.arm("sam").dims[p] for p in ("lr", "rho")] == [sp.best_of(src, "sam", p) for p in ("lr", "rho")]
+    assert [s.arm("tsam").dims[p] for p in ("lr", "rho")] == [
+        sp.best_of(src, "tsam", p, where=at) for p in ("lr", "rho")
+    ]
+    assert {k: s.arm("tsam").constants()[k] for k in ("t", "s")} == at
+    # every model scored on the same objectives: one rho for all rows, TSAM's t and s
+    assert s.measures["tilted_objective"] == {"t": 20.0, "s": 3, "rho": 0.1}
+    assert s.measures["sam_objective"]["rho"] == 0.1
     assert s.measure_split == "train" and s.measure_extra_splits == ("test",) and s.measure_examples == 0
     assert s.reports == {"objectives": {"split": "train", "extra": "test"}}
     assert s.train == {"batch_size": 64, "schedule": "constant", "label_smoothing": 0.1}
+    smoke = load("tsam_table2_objectives.py", "smoke")[0]
+    assert smoke.arm("sam").constants()["lr"] == 0.01 and smoke.arm("tsam").constants()["rho"] == 0.1  # runs alone
 
 
 def test_tsam_appendix_c_sam_rho_grid():

@@ -29,6 +29,7 @@ SLOW = (
     "tsam_glue.py",
     "tsam_table3_samples.py",
     "ire_table2_resnet50_imagenet.py",
+    "ire_table4_vit_imagenet.py",
     "tsam_fig2_flatness.py",
     "tsam_appc_sam_rho.py",
     "tsam_fig8_naive_sampling.py",

@@ -165,3 +165,114 @@ def test_resnet50_is_torchvisions_with_1000_classes_and_normalises_inside():
         ref = model.net((x.float() / 255 - model.mean) / model.std)
     assert out.shape == (2, 1000) and torch.allclose(out, ref)
     assert math.isfinite(float(out.sum()))
+
+
+def test_vit_s16_is_timms_with_16_pixel_patches_and_no_download():
+    model = build_workload("imagenet", model="vit_small_patch16_224").build_model()
+    net = model.net
+    # ViT-S/16 at 1000 classes: 22,050,664 parameters (width 384, depth 12, 6 heads, 196 patches + class token)
+    assert sum(p.numel() for p in model.parameters()) == 22_050_664
+    assert net.patch_embed.patch_size == (16, 16) and net.embed_dim == 384 and len(net.blocks) == 12
+    assert net.pos_embed.shape == (1, 197, 384)
+    tiny = build_workload("imagenet", **{**SMOKE, "model": "test_vit"}).build_model().eval()
+    with torch.no_grad():
+        assert tiny(torch.zeros(2, 3, 32, 32, dtype=torch.uint8)).shape == (2, 4)
+    with pytest.raises(ConfigError, match=r"model='test_vit' cuts 16 x 16 patches; crop_size=24 must be a multiple"):
+        build_workload("imagenet", **{**SMOKE, "model": "test_vit", "crop_size": 24})
+
+
+def test_mixup_blends_images_and_one_hot_targets_with_the_mirrored_row():
+    from flatlab.workloads.mixup import mix_batch
+
+    x = torch.tensor([0, 51, 102, 255], dtype=torch.uint8).view(4, 1, 1, 1).expand(4, 3, 2, 2)
+    y = torch.tensor([0, 2, 1, 2])
+    xm, ym = mix_batch(x, y, num_classes=3, lam=0.7)
+    # row 0 with row 3: 0.7 * 0/255 + 0.3 * 255/255 = 0.3; row 1 with row 2: 0.7 * 0.2 + 0.3 * 0.4 = 0.26
+    assert xm[:, 0, 0, 0].tolist() == pytest.approx([0.3, 0.26, 0.34, 0.7])
+    # soft targets by hand: row 0 = 0.7 e0 + 0.3 e2; row 1 = 0.7 e2 + 0.3 e1; row 2 = 0.7 e1 + 0.3 e2;
+    # row 3 = 0.7 e2 + 0.3 e0
+    want = torch.tensor([[0.7, 0, 0.3], [0, 0.3, 0.7], [0, 0.7, 0.3], [0.3, 0, 0.7]])
+    assert torch.allclose(ym, want)
+    # the loss against soft targets: -sum_k y_k log softmax(z)_k, smoothing applied to the mixed targets
+    z = torch.tensor([[2.0, 0.0, -1.0]] * 4)
+    wl = build_workload("imagenet", **SMOKE)
+    logp = torch.log_softmax(z, -1)
+    assert float(wl.loss(z, ym)) == pytest.approx(float(-(ym * logp).sum(-1).mean()))
+    smoothed = 0.9 * ym + 0.1 / 3
+    assert float(wl.loss(z, ym, 0.1)) == pytest.approx(float(-(smoothed * logp).sum(-1).mean()))
+    assert wl.batch_stats(z, ym)[0] == 1  # only row 0's largest weight (class 0) is the prediction
+    with pytest.raises(ConfigError, match=r"mixup lambda must lie in \[0, 1\]; got 1.5"):
+        mix_batch(x, y, 3, 1.5)
+
+
+def test_mixup_lambda_is_beta_distributed_and_drawn_from_the_generator():
+    from scipy import stats
+
+    from flatlab.workloads.mixup import mixup_lambda
+
+    g = torch.Generator().manual_seed(0)
+    lams = [mixup_lambda(g, 0.2) for _ in range(2000)]
+    assert stats.kstest(lams, stats.beta(0.2, 0.2).cdf).pvalue > 0.01
+    assert mixup_lambda(torch.Generator().manual_seed(3), 0.8) == mixup_lambda(torch.Generator().manual_seed(3), 0.8)
+    with pytest.raises(ConfigError, match=r"mixup alpha must be a finite number > 0; got 0"):
+        mixup_lambda(g, 0)
+
+
+def test_workload_mix_is_off_by_default_and_mixes_with_mixup_alpha():
+    x = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+    y = torch.tensor([0, 1, 2, 3])
+    g = torch.Generator().manual_seed(0)
+    same = build_workload("imagenet", **SMOKE).mix(x, y, g)
+    assert same[0] is x and same[1] is y
+    xm, ym = build_workload("imagenet", **{**SMOKE, "mixup_alpha": 0.2}).mix(x, y, torch.Generator().manual_seed(0))
+    from flatlab.workloads.mixup import mix_batch, mixup_lambda
+
+    lam = mixup_lambda(torch.Generator().manual_seed(0), 0.2)
+    ref_x, ref_y = mix_batch(x, y, 4, lam)
+    assert torch.equal(xm, ref_x) and torch.equal(ym, ref_y) and ym.sum(-1).tolist() == pytest.approx([1.0] * 4)
+
+
+def test_randaug_changes_training_batches_only_and_evaluation_sees_the_centre_crop():
+    from flatlab.workloads.clip_augment import rand_augment
+
+    plain = build_workload("imagenet", **SMOKE)
+    ra = build_workload("imagenet", **{**SMOKE, "augment": "randaug", "randaug_magnitude": 15, "mixup_alpha": 0.2})
+    d_plain, d_ra = plain.load_data(0), ra.load_data(0)
+    rows = torch.arange(4)
+    for split in ("val", "test"):  # evaluation inputs: the same centre crops, whatever the training augmentation
+        assert torch.equal(getattr(d_plain, split).inputs[rows], getattr(d_ra, split).inputs[rows])
+    batch = d_ra.train.inputs[torch.arange(8)]
+    got = ra.augment(batch, torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(1)
+    ref = rand_augment(random_resized_crop(batch, g, 32), g, n_ops=2, magnitude=15)  # crop + flip, then RandAugment
+    assert torch.equal(got, ref) and not torch.equal(got, plain.augment(batch, torch.Generator().manual_seed(1)))
+    torch.manual_seed(0)
+    model = plain.build_model()
+    assert plain.evaluate(model, d_plain.val) == ra.evaluate(model, d_ra.val)  # no augmentation, no mixing
+
+
+def test_trainer_mixes_every_training_batch_and_admire_trains_the_smoke_vit(monkeypatch):
+    from flatlab.train.trainer import Trainer, TrialSpec
+
+    seen = []
+    original = ImageNet.mix
+
+    def spy(self, x, y, generator):
+        out = original(self, x, y, generator)
+        seen.append((tuple(out[0].shape), out[1].dtype, tuple(out[1].shape)))
+        return out
+
+    monkeypatch.setattr(ImageNet, "mix", spy)
+    wp = {**SMOKE, "model": "test_vit", "augment": "randaug", "mixup_alpha": 0.2}
+    spec = TrialSpec(
+        workload="imagenet",
+        optimizer="adamw_ire",
+        epochs=1,
+        workload_params=wp,
+        optimizer_params={"lr": 1e-3, "gamma": 0.9, "kappa": 20.0},
+        trainer_params={"batch_size": 8, "micro_batch_size": 4, "clip_norm": 1.0},
+    )
+    metrics = Trainer(spec, build_workload("imagenet", **wp).load_data(0)).run_epoch()
+    # 16 training images in batches of 8: two mixed batches of soft (8, 4) targets; evaluation is never mixed
+    assert seen == [((8, 3, 32, 32), torch.float32, (8, 4))] * 2
+    assert math.isfinite(metrics["train/loss"]) and 0 <= metrics["val/accuracy"] <= 1

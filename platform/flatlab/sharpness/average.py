@@ -51,7 +51,7 @@ from flatlab.sharpness.data import (
     weighted_batches,
 )
 from flatlab.sharpness.grouping import GroupingLike, Groups, group_parameters, select_group
-from flatlab.sharpness.registry import register_measure, with_stderr
+from flatlab.sharpness.registry import FloatList, register_measure, sweep_key, with_stderr
 from flatlab.sharpness.results import NeighbourhoodLoss, SharpnessEstimate, mean_and_stderr
 
 __all__ = [
@@ -313,35 +313,9 @@ def layerwise_sharpness(
 
 
 def sigma_key(sigma: Union[float, str], stat: str = "") -> str:
-    """The metric name of ``neighbourhood_loss``'s sweep at noise scale ``sigma``:
-    ``flat/neighbourhood_loss/sigma_0.01`` (the mean), then ``stat`` = ``_var`` or ``_stderr`` appended
-    (``sigma`` with ``:g``; MLflow names allow no ``@`` or ``=``; the ``_stderr`` ending keeps it among
-    the auxiliary columns of comparison tables)."""
-    return f"flat/neighbourhood_loss/sigma_{sigma if isinstance(sigma, str) else format(sigma, 'g')}{stat}"
-
-
-class _FloatList(HParam):
-    """An optional non-empty list of distinct floats, each checked like a float ``HParam`` with the same bounds."""
-
-    def _element(self, name: str) -> HParam:
-        return HParam(name, 0.0, float, self.low, self.high, self.low_open, self.high_open)
-
-    def allowed(self) -> str:
-        each = self._element(self.name).allowed().removeprefix("float ")
-        return f"None or a non-empty list of distinct floats, each {each}"
-
-    def validate(self, value: Any, where: str = "") -> Any:
-        if value is None:
-            return None
-        bad = ConfigError(
-            f"{where + ': ' if where else ''}{self.name}={value!r} is not allowed; expected {self.allowed()}"
-        )
-        if not isinstance(value, (list, tuple)) or not value:
-            raise bad
-        out = tuple(self._element(f"{self.name}[{i}]").validate(v, where) for i, v in enumerate(value))
-        if len(set(out)) != len(out):
-            raise bad
-        return out
+    """``neighbourhood_loss``'s sweep at noise scale ``sigma`` (:func:`~flatlab.sharpness.registry.sweep_key`):
+    ``flat/neighbourhood_loss/sigma_0.01`` (the mean), then ``stat`` = ``_var`` or ``_stderr`` appended."""
+    return sweep_key("neighbourhood_loss", "sigma", sigma, stat)
 
 
 @register_measure(
@@ -359,7 +333,7 @@ class _FloatList(HParam):
             "(default 0.03: ours; the TSAM paper plots a range of scales)",
         ),
         HParam("draws", 40, int, low=2, doc="noise draws (>= 2 for the variance)"),
-        _FloatList(
+        FloatList(
             "sigmas",
             None,
             float,

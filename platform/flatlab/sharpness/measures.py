@@ -44,6 +44,7 @@ from flatlab.sharpness.registry import (
     list_measures,
     measure_support,
     register_measure,
+    sweep_key,
 )
 
 TIME_KEY = "time/measures_s"
@@ -229,4 +230,5 @@ __all__ = [
     "register_measure",
     "resolve_measures",
     "sigma_key",
+    "sweep_key",
 ]

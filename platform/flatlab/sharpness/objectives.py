@@ -8,8 +8,10 @@ each of them on each objective, on the training and on the test set:
   SAM's ascent (Foret et al. 2021): ``eps = rho * g / (||g||_2 + 1e-12)`` with ``g`` the full-subset
   gradient at ``theta``, i.e. :func:`~flatlab.sharpness.worst_case.worst_case_sharpness` with ``c = 1``,
   a start at ``delta = 0`` and one step of length ``rho``; ``steps > 1`` runs projected ascent within the
-  same ball (a tighter lower bound on the maximum). The value is the largest loss seen (``delta = 0``
-  included), so ``>= L(theta)``.
+  same ball (a tighter lower bound on the maximum). At a stationary point (``g = 0``: an exact minimum,
+  or a kink where autograd takes the subgradient 0) that ascent cannot leave ``theta``; ``init_radius > 0``
+  starts instead from a random point at ``init_radius * rho`` (seeded by ``seed``). The value is the
+  largest loss seen (``delta = 0`` included), so ``>= L(theta)``.
 * TSAM: ``L^t(theta) = (1/t) log E_eps[exp(t L(theta + eps))]``, estimated as the optimizer does it
   (ALGORITHMS.md §2, the released procedure): for ``j = 1..s``, ``delta_j`` from the optimizer's own
   :func:`~flatlab.optim.tsam.sample_noise` (radius ``noise_radius``, ``gaussian`` or ``uniform``, global
@@ -39,7 +41,7 @@ from flatlab.optim.tsam import sample_noise
 from flatlab.ranges import LOSS
 from flatlab.sharpness import _state
 from flatlab.sharpness.data import DEFAULT_BATCH_SIZE, EvalData, EvalSubset, LossFn, as_subset, subset_loss
-from flatlab.sharpness.registry import register_measure
+from flatlab.sharpness.registry import FloatList, register_measure, sweep_key
 from flatlab.sharpness.results import ObjectiveValue
 from flatlab.sharpness.worst_case import functional_loss, loss_and_grad, worst_case_sharpness
 
@@ -63,6 +65,7 @@ def sam_objective(
     *,
     rho: float,
     steps: int = 1,
+    init_radius: float = 0.0,
     seed: int = 0,
     loss_fn: Optional[LossFn] = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -73,14 +76,16 @@ def sam_objective(
         rho: radius of the L2 ball, parameter units (> 0).
         steps: ascent steps; 1 (default) is SAM's ascent ``eps = rho * g/||g||`` from ``theta``; more run
             projected ascent with step ``2 rho / sqrt(steps)``.
-        seed: unused by the default start (``delta = 0``); kept for the measures' signature.
+        init_radius: ``||delta_0|| / rho`` in [0, 1]: 0 (default) starts at ``theta`` (SAM's ascent); more
+            starts at a random point of that norm (stationary points, module docstring).
+        seed: the random start's seed (unused when ``init_radius = 0``).
 
     Returns:
         :class:`ObjectiveValue`: ``value`` the largest loss found, ``clean_loss`` ``L(theta)``, ``losses``
         the loss of every iterate.
 
     Raises:
-        ConfigError: ``rho`` not finite and > 0, ``steps < 1``.
+        ConfigError: ``rho`` not finite and > 0, ``steps < 1``, ``init_radius`` outside [0, 1].
     """
     _state.check_count("steps", steps)
     found = worst_case_sharpness(
@@ -90,7 +95,7 @@ def sam_objective(
         norm="l2",
         steps=steps,
         step_size=rho if steps == 1 else None,
-        init_radius=0.0,
+        init_radius=init_radius,
         adaptive=False,
         seed=seed,
         loss_fn=loss_fn,
@@ -196,15 +201,43 @@ def _erm_objective_measure(
     hparams=(
         HParam("rho", 0.05, float, low=0.0, low_open=True, doc="L2 radius, global (TSAM paper grid: 0.05-0.2)"),
         HParam("steps", 1, int, low=1, doc="ascent steps: 1 = SAM's ascent rho*g/||g||; more = projected ascent"),
+        HParam(
+            "init_radius",
+            0.0,
+            float,
+            low=0.0,
+            high=1.0,
+            doc="start: 0 = theta (SAM's ascent); more = a random point at init_radius * rho (stationary points)",
+        ),
+        FloatList(
+            "rhos",
+            None,
+            float,
+            low=0.0,
+            low_open=True,
+            doc="optional further radii (a sweep, TSAM Figs. 5-6): per radius r, flat/sam_objective/rho_<r>",
+        ),
     ),
-    metrics=("flat/sam_objective", "flat/sam_objective_clean"),
-    support={"flat/sam_objective": LOSS, "flat/sam_objective_clean": LOSS},
+    metrics=("flat/sam_objective", "flat/sam_objective_clean", sweep_key("sam_objective", "rho", "<s>")),
+    support={
+        "flat/sam_objective": LOSS,
+        "flat/sam_objective_clean": LOSS,
+        sweep_key("sam_objective", "rho", "<s>"): LOSS,
+    },
 )
 def _sam_objective_measure(
     model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
 ) -> Dict[str, float]:
-    got = sam_objective(model, subset, rho=p["rho"], steps=p["steps"], seed=seed, loss_fn=loss_fn)
-    return {"flat/sam_objective": got.value, "flat/sam_objective_clean": got.clean_loss}
+    def at(rho: float) -> ObjectiveValue:
+        return sam_objective(
+            model, subset, rho=rho, steps=p["steps"], init_radius=p["init_radius"], seed=seed, loss_fn=loss_fn
+        )
+
+    got = at(p["rho"])
+    out = {"flat/sam_objective": got.value, "flat/sam_objective_clean": got.clean_loss}
+    for rho in p["rhos"] or ():  # the same seed: the same random start direction at every rho
+        out[sweep_key("sam_objective", "rho", rho)] = at(rho).value
+    return out
 
 
 @register_measure(
@@ -217,15 +250,31 @@ def _sam_objective_measure(
         HParam("rho", 0.05, float, low=0.0, doc="ascent step added to each delta_j (0: none)"),
         HParam("noise_radius", 1.0, float, low=0.0, doc="radius r of delta_j, global L2 norm (TSAM's default)"),
         HParam("noise", "gaussian", str, choices=NOISES, doc="delta_j: clipped Gaussian or uniform in the r-ball"),
+        FloatList(
+            "ts",
+            None,
+            float,
+            low=0.0,
+            high=1e6,
+            doc="optional further tilts (a sweep, TSAM Figs. 5-6), from the same L_j: per tilt v, "
+            "flat/tilted_objective/t_<v>",
+        ),
     ),
-    metrics=("flat/tilted_objective", "flat/tilted_objective_clean"),
-    support={"flat/tilted_objective": LOSS, "flat/tilted_objective_clean": LOSS},
+    metrics=("flat/tilted_objective", "flat/tilted_objective_clean", sweep_key("tilted_objective", "t", "<s>")),
+    support={
+        "flat/tilted_objective": LOSS,
+        "flat/tilted_objective_clean": LOSS,
+        sweep_key("tilted_objective", "t", "<s>"): LOSS,
+    },
 )
 def _tilted_objective_measure(
     model: nn.Module, subset: EvalSubset, loss_fn: LossFn, p: Mapping[str, Any], seed: int
 ) -> Dict[str, float]:
-    got = tilted_objective(model, subset, seed=seed, loss_fn=loss_fn, **p)
-    return {"flat/tilted_objective": got.value, "flat/tilted_objective_clean": got.clean_loss}
+    got = tilted_objective(model, subset, seed=seed, loss_fn=loss_fn, **{k: v for k, v in p.items() if k != "ts"})
+    out = {"flat/tilted_objective": got.value, "flat/tilted_objective_clean": got.clean_loss}
+    for t in p["ts"] or ():  # the same perturbed losses L_j at every t: the curve against t is paired
+        out[sweep_key("tilted_objective", "t", t)] = log_mean_exp(got.losses, t)
+    return out
 
 
 __all__ = ["NOISES", "erm_objective", "log_mean_exp", "sam_objective", "tilted_objective"]

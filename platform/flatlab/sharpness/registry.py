@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 from torch import nn
 
+from flatlab.errors import ConfigError
 from flatlab.hparams import HParam, resolve
 from flatlab.ranges import LOSS, Support, declared_support
 from flatlab.registry import Registry
@@ -23,6 +24,39 @@ from flatlab.sharpness.data import EvalSubset, LossFn
 
 Compute = Callable[[nn.Module, EvalSubset, LossFn, Mapping[str, Any], int], Dict[str, float]]
 """``compute(model, subset, loss_fn, params, seed) -> {metric name: value}`` (params already resolved)."""
+
+
+def sweep_key(measure: str, param: str, value: Union[float, str], stat: str = "") -> str:
+    """The metric name of a measure's sweep over one of its parameters at ``value``:
+    ``flat/<measure>/<param>_<value>`` (``value`` with ``:g``; MLflow names allow no ``@`` or ``=``), then
+    ``stat`` appended (``_var``, ``_stderr``: the ``_stderr`` ending keeps it among the auxiliary columns of
+    comparison tables). The sweeps: ``neighbourhood_loss`` over ``sigma``, ``sam_objective`` over ``rho``,
+    ``tilted_objective`` over ``t`` (:data:`flatlab.ranges.SWEEPS`)."""
+    return f"flat/{measure}/{param}_{value if isinstance(value, str) else format(value, 'g')}{stat}"
+
+
+class FloatList(HParam):
+    """An optional non-empty list of distinct floats, each checked like a float ``HParam`` with the same bounds."""
+
+    def _element(self, name: str) -> HParam:
+        return HParam(name, 0.0, float, self.low, self.high, self.low_open, self.high_open)
+
+    def allowed(self) -> str:
+        each = self._element(self.name).allowed().removeprefix("float ")
+        return f"None or a non-empty list of distinct floats, each {each}"
+
+    def validate(self, value: Any, where: str = "") -> Any:
+        if value is None:
+            return None
+        bad = ConfigError(
+            f"{where + ': ' if where else ''}{self.name}={value!r} is not allowed; expected {self.allowed()}"
+        )
+        if not isinstance(value, (list, tuple)) or not value:
+            raise bad
+        out = tuple(self._element(f"{self.name}[{i}]").validate(v, where) for i, v in enumerate(value))
+        if len(set(out)) != len(out):
+            raise bad
+        return out
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ from flatlab.analysis.compare.plot import plot_metric_vs_flatness
 from flatlab.analysis.compare.statistics import CONFIDENCE
 from flatlab.analysis.compare.table import compare_table
 from flatlab.analysis.compare.text import cells, headers, to_csv, to_markdown
-from flatlab.analysis.flatness_sweep import ARTIFACT_DIR, MEAN_PREFIX, STEM, plot_sweep, sweep_table, wants_sweep
+from flatlab.analysis.flatness_sweep import ARTIFACT_DIR, plot_sweep, stem, sweep_table, wants_sweep
 from flatlab.analysis.histories import UNITS
 from flatlab.analysis.sample import Sample
 from flatlab.analysis.tunings import compare_tunings
 from flatlab.errors import ConfigError
-from flatlab.ranges import NO_RANGES, Ranges
+from flatlab.ranges import NO_RANGES, SWEEPS, Ranges
 from flatlab.tracking import runs
 from flatlab.tracking.histories import sample_histories, write_cost_curves
 from flatlab.tracking.trials import read_sample, trials_frame
@@ -179,37 +179,46 @@ def _write_curves(sample: Sample, folder: Path, ranges: Ranges) -> List[Path]:
 def log_flatness_sweep(
     tracking_uri: str, parent_run_id: str, study: Any, console: Optional[Any] = None, sample: Optional[Sample] = None
 ) -> List[str]:
-    """After a study: log the sweep's CSV and figure (module docstring) on ``parent_run_id``, if the study
-    asked for a sweep (:func:`wants_sweep`); otherwise do nothing. ``sample``: the launch's trials when the
-    caller has read them (else the study's latest launch is read here).
+    """After a study: log each sweep's CSV and figure (:mod:`flatlab.analysis.flatness_sweep`) on
+    ``parent_run_id``, for every measure the study asked to sweep (:data:`flatlab.ranges.SWEEPS`,
+    :func:`wants_sweep`); otherwise do nothing. ``sample``: the launch's trials when the caller has read
+    them (else the study's latest launch is read here).
 
     Never raises: a failure is logged as a warning (the trials are already recorded).
 
     Returns:
         The artifact paths logged.
     """
-    if not wants_sweep(getattr(study, "measures", None)):
+    measures = getattr(study, "measures", None)
+    swept = [(m, param) for m, (many, param) in SWEEPS.items() if wants_sweep(measures, m, many)]
+    if not swept:
         return []
     logged: List[str] = []
     try:
-        table = sweep_table(sample.trials if sample is not None else trials_frame(tracking_uri, study.name))
-        if table.empty:
-            logger.warning("flatness sweep: no trial of %s logged %s*", study.name, MEAN_PREFIX)
-            return logged
+        frame = sample.trials if sample is not None else trials_frame(tracking_uri, study.name)
         client = runs.client(runs.existing_store(tracking_uri))
-        client.log_text(parent_run_id, table.to_csv(index=False), f"{ARTIFACT_DIR}/{STEM}.csv")
-        logged.append(f"{ARTIFACT_DIR}/{STEM}.csv")
-        with tempfile.TemporaryDirectory() as tmp:
-            png = plot_sweep(
-                table, Path(tmp) / f"{STEM}.png", title=f"{study.name}: loss around the solution (TSAM Fig. 2)"
-            )
-            client.log_artifact(parent_run_id, str(png), ARTIFACT_DIR)
-        logged.append(f"{ARTIFACT_DIR}/{STEM}.png")
+        for measure, param in swept:
+            logged += _log_sweep(client, parent_run_id, study.name, frame, measure, param)
     except Exception as exc:  # noqa: BLE001 - the study's results stand
         logger.warning("flatness sweep: not logged for run %s: %s", parent_run_id, exc)
     if console is not None and logged:
-        console.print(f"flatness sweep (TSAM Fig. 2): {', '.join(logged)} on run {parent_run_id}")
+        console.print(f"flatness sweeps (TSAM Figs. 2, 5-6): {', '.join(logged)} on run {parent_run_id}")
     return logged
+
+
+def _log_sweep(client: Any, run_id: str, name: str, frame: Any, measure: str, param: str) -> List[str]:
+    """One sweep's ``flatness_sweep/<stem>.csv`` and ``.png`` on ``run_id``; the paths logged."""
+    table = sweep_table(frame, measure, param)
+    if table.empty:
+        logger.warning("flatness sweep: no trial of %s logged flat/%s/%s_*", name, measure, param)
+        return []
+    name_stem = stem(measure, param)
+    client.log_text(run_id, table.to_csv(index=False), f"{ARTIFACT_DIR}/{name_stem}.csv")
+    what = "loss around the solution (TSAM Fig. 2)" if measure == "neighbourhood_loss" else f"{measure} against {param}"
+    with tempfile.TemporaryDirectory() as tmp:
+        png = plot_sweep(table, Path(tmp) / f"{name_stem}.png", title=f"{name}: {what}", measure=measure, param=param)
+        client.log_artifact(run_id, str(png), ARTIFACT_DIR)
+    return [f"{ARTIFACT_DIR}/{name_stem}.csv", f"{ARTIFACT_DIR}/{name_stem}.png"]
 
 
 __all__ = ["log_flatness_sweep", "plot_sweep", "sweep_table", "wants_sweep"]

@@ -299,7 +299,8 @@ class Trainer:
                 x = self.workload.augment(to_device(batch, self.device), augment_generator)
             else:
                 x = to_device(self.workload.augment(batch, augment_generator), self.device)
-            yield x, to_device(train.targets[idx], self.device), global_rows, shard
+            x, y = self.workload.mix(x, to_device(train.targets[idx], self.device), augment_generator)
+            yield x, y, global_rows, shard
 
     def _train_step(
         self, x: Inputs, y: torch.Tensor, global_rows: int, shard: Optional[Shard], stats: "_TrainStats"

@@ -166,9 +166,14 @@ class Workload(ABC):
         """A freshly initialised model (initialisation uses the global torch RNG, seeded by the trainer)."""
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-        """Mean cross-entropy of ``outputs`` ``(..., C)`` against ``targets`` ``(...)`` (nats per target)."""
+        """Mean cross-entropy of ``outputs`` ``(..., C)`` against ``targets`` ``(...)`` class indices, or
+        against soft targets ``(..., C)`` (floating, rows summing to 1, e.g. from :meth:`mix`) (nats per target)."""
+        c = outputs.shape[-1]
+        soft = targets.is_floating_point()
         return nn.functional.cross_entropy(
-            outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1), label_smoothing=label_smoothing
+            outputs.reshape(-1, c),
+            targets.reshape(-1, c) if soft else targets.reshape(-1),
+            label_smoothing=label_smoothing,
         )
 
     def evaluate_only(self, model: nn.Module, data: Data) -> Dict[str, float]:
@@ -180,12 +185,20 @@ class Workload(ABC):
         """Training-time augmentation of a mini-batch (default: none). Must draw only from ``generator``."""
         return inputs
 
+    def mix(self, inputs: Inputs, targets: torch.Tensor, generator: torch.Generator) -> Tuple[Inputs, torch.Tensor]:
+        """Training-time mixing of a mini-batch's inputs and targets together, after :meth:`augment` and on
+        the training device (default: none, ``(inputs, targets)``; Mixup returns soft targets ``(B, C)``,
+        which :meth:`loss` and :meth:`batch_stats` accept). Must draw only from ``generator``."""
+        return inputs, targets
+
     def batch_stats(self, outputs: torch.Tensor, targets: torch.Tensor) -> Tuple[Union[int, torch.Tensor], int]:
         """``(correct, counted)`` for the running train accuracy (top-1 over every target position).
 
         ``correct`` may be a 0-d tensor on the training device: the trainer sums it there and reads it
         once per epoch, so a training step never waits for the accelerator.
         """
+        if targets.is_floating_point():  # soft targets (mix): the class of largest weight counts as the label
+            targets = targets.argmax(dim=-1)
         return (outputs.argmax(dim=-1) == targets).sum(), int(targets.numel())
 
     @torch.no_grad()

@@ -1,5 +1,5 @@
-"""``imagenet``: ImageNet-1k classification (Russakovsky et al. 2015) with torchvision's ResNet-50, images
-streamed from disk (IRE paper, Table 2).
+"""``imagenet``: ImageNet-1k classification (Russakovsky et al. 2015) with torchvision's ResNet-50 (IRE
+paper, Table 2) or timm's ViT-S/16 (IRE paper, Table 4), images streamed from disk.
 
 Sources (``data_path``): ``None`` (default) the gated hub dataset ``hub_name`` (``ILSVRC/imagenet-1k``);
 a folder holding ``train/`` and ``val/`` in torchvision's ImageFolder layout, or a ``save_to_disk``
@@ -19,7 +19,17 @@ resizes the shorter side to ``resize_size`` (256) and centre-crops ``crop_size``
 (``augment='standard'``) takes a RandomResizedCrop (area in [0.08, 1], aspect ratio in [3/4, 4/3]) and
 a flip with probability 1/2 from the STORED image (shorter side resized to ``resize_size``,
 centre-cropped to a square). How that differs from cropping the original, and what the flatness
-measures see on each split: ``docs/workloads.md`` (ImageNet).
+measures see on each split: ``docs/workloads.md`` (ImageNet). ``augment='randaug'`` adds RandAugment
+(Cubuk et al. 2020; :func:`flatlab.workloads.clip_augment.rand_augment`, ``randaug_ops`` operations at
+magnitude ``randaug_magnitude``) after the crop and flip; ``mixup_alpha > 0`` adds Mixup
+(:mod:`flatlab.workloads.mixup`, soft targets). Both touch training mini-batches only: evaluation
+always sees the centre crop.
+
+Models (``model``): torchvision's ``resnet50`` / ``resnet18``; timm's ``vit_small_patch16_224`` (ViT-S/16:
+patch 16, width 384, depth 12, 6 heads, class token; 22 M parameters at 1000 classes) and ``test_vit``
+(timm's tiny test ViT, width 64, for tests and the smoke scale), both built with
+``timm.create_model(model, pretrained=False, num_classes=num_classes, img_size=crop_size)``: random
+initialisation, nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -38,14 +48,18 @@ from torch import nn
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.workloads.base import Data, Inputs, Split, TrainDefaults, Workload
+from flatlab.workloads.clip_augment import rand_augment
 from flatlab.workloads.clip_data import ImageReader, Source, label_indices, pixel_transform, select_items
 from flatlab.workloads.images import IMAGENET_MEAN, IMAGENET_STD, ImageClassifier, holdout_split, synthetic_images
 from flatlab.workloads.lazy_images import LazyImages
+from flatlab.workloads.mixup import mixup
 from flatlab.workloads.registry import register_workload
 from flatlab.workloads.sources import DataUnavailable, is_synthetic
 
-MODELS = ("resnet50", "resnet18")
-AUGMENT = ("standard", "none")
+TORCHVISION_MODELS = ("resnet50", "resnet18")
+TIMM_MODELS = ("vit_small_patch16_224", "test_vit")  # timm names (the vision extra)
+MODELS = TORCHVISION_MODELS + TIMM_MODELS
+AUGMENT = ("standard", "randaug", "none")
 SCALE = (0.08, 1.0)  # RandomResizedCrop's area fraction range (torchvision's default)
 RATIO = (3 / 4, 4 / 3)  # and its aspect-ratio range (width / height)
 
@@ -196,7 +210,12 @@ class ImageNet(Workload):
     )
     hparams = (
         HParam(
-            "model", "resnet50", str, choices=MODELS, doc="torchvision network, weights=None (IRE Table 2: resnet50)"
+            "model",
+            "resnet50",
+            str,
+            choices=MODELS,
+            doc="network, random init: torchvision resnet50 (IRE Table 2) / resnet18, or timm "
+            "vit_small_patch16_224 (ViT-S/16, IRE Table 4) / test_vit",
         ),
         HParam(
             "num_classes", 1000, int, low=2, doc="classes (ImageNet-1k: 1000; synthetic data: how many to generate)"
@@ -231,8 +250,13 @@ class ImageNet(Workload):
             "standard",
             str,
             choices=AUGMENT,
-            doc="standard: RandomResizedCrop + horizontal flip; none: centre crop",
+            doc="standard: RandomResizedCrop + horizontal flip; randaug: standard, then RandAugment; none: centre crop",
         ),
+        HParam("randaug_ops", 2, int, low=0, high=10, doc="augment='randaug': operations per image (Cubuk et al.: 2)"),
+        HParam(
+            "randaug_magnitude", 9, int, low=0, high=30, doc="augment='randaug': magnitude of every operation, of 30"
+        ),
+        HParam("mixup_alpha", 0.0, float, low=0.0, doc="Mixup's Beta(alpha, alpha) (0: no Mixup)"),
         HParam("synthetic_size", 64, int, low=8, doc="data_path='synthetic': training images (test: a quarter)"),
         HParam(
             "synthetic_image_size", 40, int, low=8, doc="data_path='synthetic': side of the generated images, pixels"
@@ -259,6 +283,11 @@ class ImageNet(Workload):
             raise ConfigError(
                 f"workload 'imagenet': crop_size={p['crop_size']} must not exceed resize_size={p['resize_size']} "
                 f"(the crop is taken from the resized image; ImageNet: 224 from 256)"
+            )
+        if p["model"] in TIMM_MODELS and p["crop_size"] % 16:
+            raise ConfigError(
+                f"workload 'imagenet': model={p['model']!r} cuts 16 x 16 patches; crop_size={p['crop_size']} must be "
+                f"a multiple of 16 (ViT-S/16: 224)"
             )
 
     # ---- data -------------------------------------------------------------------------------------
@@ -340,16 +369,34 @@ class ImageNet(Workload):
     def build_model(self) -> nn.Module:
         """``ImageClassifier(torchvision.models.<model>(weights=None, num_classes))``: uint8 ``(N, 3, S, S)``
         -> ``(N, num_classes)`` logits, ImageNet mean/std normalisation in front."""
-        import torchvision  # deferred: torchvision loads in seconds
+        p = self.params
+        if p["model"] in TIMM_MODELS:
+            import timm  # deferred: heavy, and optional (the vision extra)
 
-        net = getattr(torchvision.models, self.params["model"])(weights=None, num_classes=self.params["num_classes"])
+            net = timm.create_model(p["model"], pretrained=False, num_classes=p["num_classes"], img_size=p["crop_size"])
+        else:
+            import torchvision  # deferred: torchvision loads in seconds
+
+            net = getattr(torchvision.models, p["model"])(weights=None, num_classes=p["num_classes"])
         return ImageClassifier(net, IMAGENET_MEAN, IMAGENET_STD)
 
     def augment(self, inputs: Inputs, generator: torch.Generator) -> Inputs:
         """``(N, 3, R, R)`` stored uint8 training images -> ``(N, 3, crop_size, crop_size)`` (module docstring)."""
-        if self.params["augment"] == "none":
-            return center_crop(inputs, self.params["crop_size"])  # type: ignore[arg-type]
-        return random_resized_crop(inputs, generator, self.params["crop_size"])  # type: ignore[arg-type]
+        p = self.params
+        if p["augment"] == "none":
+            return center_crop(inputs, p["crop_size"])  # type: ignore[arg-type]
+        out = random_resized_crop(inputs, generator, p["crop_size"])  # type: ignore[arg-type]
+        if p["augment"] == "randaug":
+            out = rand_augment(out, generator, n_ops=p["randaug_ops"], magnitude=p["randaug_magnitude"])
+        return out
+
+    def mix(self, inputs: Inputs, targets: torch.Tensor, generator: torch.Generator):
+        """Mixup of a training mini-batch when ``mixup_alpha > 0`` (:func:`flatlab.workloads.mixup.mixup`):
+        ``(B, 3, S, S)`` float in [0, 1] and ``(B, num_classes)`` soft targets; else ``(inputs, targets)``."""
+        alpha = self.params["mixup_alpha"]
+        if alpha == 0:
+            return inputs, targets
+        return mixup(inputs, targets, generator, alpha, self.params["num_classes"])  # type: ignore[arg-type]
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: Split, batch_size: int = 256) -> Dict[str, float]:
