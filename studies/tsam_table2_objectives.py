@@ -20,17 +20,18 @@ test; CIFAR-100 / ResNet-18, batch 64, SGD momentum 0.9, weight decay 5e-4, labe
 lr; TSAM's best t = 20 on this task and s = 3; rho from the paper's grid {0.05, 0.1, 0.2}.
 
 Ours: lr 0.03 and rho 0.1 for every arm (points of the paper's grids; ``tsam_table1_images``'s tuned best
-can replace them), 200 epochs, the objectives over the whole training and test sets
+can replace them), 200 epochs for every arm (``Budget(epochs=200)``: equal epochs, the paper's protocol,
+at 1, 2 and 2s = 6 passes a step for ERM, SAM and TSAM), the objectives over the whole training and test sets
 (``measure_examples=0``), the loss evaluated being the unsmoothed cross-entropy in eval mode, the tilted
 objective with s = 3 draws seeded by ``measure_seed`` (the same draws for every trial). One GPU and 8 CPUs
 per trial.
 
 ``smoke`` scale: ``tsam_table2_objectives_smoke`` (its own MLflow experiment): synthetic CIFAR-100-shaped
-data (32 images, 8 test images), 1/16-width ResNet-18, 1 epoch, one seed, the objectives on 8 examples
+data (32 images, 8 test images), 1/16-width ResNet-18, ``Budget(epochs=1)``, one seed, the objectives on 8 examples
 of each split, 1 CPU.
 """
 
-from flatlab import Arm, Resources, Study
+from flatlab import Arm, Budget, Resources, Study
 
 SCALES = ("paper", "smoke")
 NAME = "tsam_table2_objectives"
@@ -60,7 +61,7 @@ def build(scale: str):
             searcher="grid",
             scheduler="fifo",
             grace_period=1,
-            max_epochs=200 if paper else 1,
+            budget=Budget(epochs=200 if paper else 1),
             seeds=(0, 1, 2) if paper else (0,),
             resources=Resources(cpu=8, gpu=1) if paper else Resources(cpu=1),
             max_concurrent=None if paper else 1,
