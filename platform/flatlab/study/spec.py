@@ -364,6 +364,10 @@ class Study:
                 )
 
         long_warmup("train", self.train.get("warmup_epochs") if isinstance(self.train, Mapping) else None)
+        steps = self.budget.steps if isinstance(self.budget, Budget) else None
+        warmup = self.train.get("warmup_steps") if isinstance(self.train, Mapping) else None
+        if isinstance(steps, int) and isinstance(warmup, int) and warmup >= steps:
+            out.append(f"train warmup_steps={warmup} >= budget steps={steps}: the LR never leaves its warm-up")
         reused = sorted(set(self.final_seeds) & set(self.seeds)) if isinstance(self.final_seeds, tuple) else []
         if reused:
             out.append(
