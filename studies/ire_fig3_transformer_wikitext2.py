@@ -21,54 +21,51 @@ Studies (``build(scale)``, run in this order; ``flatlab run`` runs them in file 
    speed-up against the best AdamW trial of each seed, as in study 2.
 
 From the paper: the model, the lr grid, AdamW betas (0.9, 0.95), eps 1e-16, weight decay 0.1, gradient
-clipping 1.0, cosine to lr_max/20, a budget of 100k optimizer steps with a linear warm-up of 3k steps.
-Ours: batch 32 windows of 512 tokens (not in our notes of the paper); 3 seeds. The step budget is
-expressed in epochs (``_lm_steps.step_budget``): 800 passes over the first 2,048,001 training tokens
-(125 steps each, so exactly 100,000 steps, the warm-up 24 epochs); wikitext-2's training split holds
-about 2.4M GPT-2 tokens, so about 15 % of it is left out to make the budget exact (a step budget in the
-study, the compute-budget feature, will replace this). Metric: ``val/loss`` (min), measured once per
-pass; ``val/perplexity`` = exp(val/loss) is reported too. Study 2's AdamW arm re-runs study 1's best
-configuration on the same seeds (3 trials, 10 % of the study): the price of a paired comparison in one
-launch.
+clipping 1.0, cosine to lr_max/20, a budget of 100k optimizer steps with a linear warm-up of 3k steps,
+stated as the paper states them: ``budget=Budget(steps=100_000)`` and trainer ``warmup_steps=3000``
+(:mod:`flatlab.study.budget`; the cosine spans the 100k steps, the last epoch ends part-way). The whole of
+wikitext-2's training split is trained on. Ours: batch 32 windows of 512 tokens (not in our notes of the
+paper); 3 seeds. Metric: ``val/loss`` (min), measured once per pass over the training split (about 146
+steps at batch 32, so about 690 times); ``val/perplexity`` = exp(val/loss) is reported too. Study 2's
+AdamW arm re-runs study 1's best configuration on the same seeds (3 trials, 10 % of the study): the price
+of a paired comparison in one launch. Study 3's ASHA rungs count passes over the training split (first at
+10), at the same steps for both arms (the same batch).
 Paper scale: one GPU and 4 CPUs per trial (GPT-2 BPE, 50,257 tokens: 6.9M parameters with tied
 embeddings). ``smoke`` scale (studies named ``<name>_smoke``; study 2 chains to study 1's smoke run): a
-2-layer width-32 model, context 32, batch 16, on a synthetic Markov stream cut to 6 steps an epoch,
-warm-up 2 steps, 1 epoch, 2 learning rates, one AdmIRE point, 1 CPU.
+2-layer width-32 model, context 32, batch 16, on a synthetic Markov stream of 4,096 tokens (8 steps a
+pass), ``Budget(steps=6)`` with a warm-up of 2 steps, 2 learning rates, one AdmIRE point, 1 CPU.
 """
 
-from _lm_steps import step_budget
-
-from flatlab import Arm, Resources, Study
+from flatlab import Arm, Budget, Resources, Study
 from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
 BASE = {"beta1": 0.9, "beta2": 0.95, "eps": 1e-16, "weight_decay": 0.1}
 LRS = [1.5e-4, 3e-4, 6e-4, 1.2e-3, 1.8e-3, 3e-3]  # IRE paper, Fig. 3: AdamW's learning-rate grid
-# steps, warm-up steps (the paper's), batch, context (ours), epochs: see the module docstring
-PAPER_BUDGET = dict(steps=100_000, warmup_steps=3_000, batch=32, context=512, epochs=800)
-SMOKE_BUDGET = dict(steps=6, warmup_steps=2, batch=16, context=32, epochs=1)
+# per scale: the budget and the warm-up in optimizer steps (the paper's), the batch in windows (ours)
+RECIPE = {"paper": (100_000, 3_000, 32), "smoke": (6, 2, 16)}
 
 
 def build(scale: str):
     paper = scale == "paper"
     suffix = "" if paper else f"_{scale}"  # each scale its own MLflow experiments
-    budget = step_budget(**(PAPER_BUDGET if paper else SMOKE_BUDGET))
-    workload_params = {"model": "transformer_2l", "max_train_tokens": budget["max_train_tokens"]}
+    steps, warmup_steps, batch = RECIPE[scale]
+    workload_params = {"model": "transformer_2l"}
     if not paper:
         workload_params.update(data_path="synthetic", synthetic_tokens=4096, width=32, n_heads=2, context=32)
     common = dict(
         workload="lm/wikitext2",
         workload_params=workload_params,
         train={
-            "batch_size": PAPER_BUDGET["batch"] if paper else SMOKE_BUDGET["batch"],
+            "batch_size": batch,
             "schedule": "cosine",
-            "warmup_epochs": budget["warmup_epochs"],
+            "warmup_steps": warmup_steps,
             "final_lr_factor": 0.05,
             "clip_norm": 1.0,
         },
         metric="val/loss",
         mode="min",
-        max_epochs=budget["max_epochs"],
+        budget=Budget(steps=steps),
         seeds=(0, 1, 2) if paper else (0,),
         resources=Resources(cpu=4, gpu=1) if paper else Resources(cpu=1),
         max_concurrent=None if paper else 1,

@@ -21,12 +21,12 @@ measured on one seed has no error bar; ``seeds=(0,)`` and ``--study`` reproduce 
 less). One GPU and 8 CPUs per trial; 119M and 229M accumulate gradients over micro-batches of 60 / 32
 sequences to fit one GPU (ours; the update is the same up to float rounding).
 
-Step budgets as epochs (``_lm_steps.step_budget``; a step budget in the study, the compute-budget
-feature, will replace this): the training stream is cut so that one pass is a whole number of steps and
-both budgets of a size share it. 60M: 3,125 steps a pass (112.5M tokens of wikitext-103's about 118M
-GPT-2 tokens), 16 / 32 passes; 119M: 7,500 steps a pass (1.15B tokens of minipile), 4 / 8 passes; 229M:
-12,500 steps a pass (6.1B tokens of openwebtext's about 9.0B), 4 / 8 passes. The warm-ups become
-0.16, 0.04 and 0.08 passes. Metrics are reported once per pass.
+Each budget and warm-up is stated in optimizer steps, as the paper states them: ``Budget(steps=...)`` and
+trainer ``warmup_steps`` (:mod:`flatlab.study.budget`); the cosine spans the budget, the last pass over the
+corpus ends part-way, and the whole training split is trained on. Metrics are reported once per pass over
+it: 60M about 3,300 steps a pass (wikitext-103's about 118M GPT-2 tokens), so 16 / 31 passes; 229M about
+18,300 (openwebtext's about 9.0B tokens), so 3 / 6 passes; 119M a few passes over minipile. The speed-up
+reads the training loss of every step, not these.
 
 The speed-up metric is automatic (``reference_arm="adamw"`` in study 2): every run records its smoothed
 training loss per optimizer step (``train/loss_smoothed``, bias-corrected EMA with factor
@@ -44,13 +44,12 @@ sequences, the loss averaged per token as the training loss is: ``flat/hessian_t
 There is no Optuna variant: the figure compares two optimizers at one fixed recipe.
 ``smoke`` scale (studies named ``<name>_smoke``, the shorter budget of each size only): tiny Llamas (2
 layers; the 60M one has an odd width/heads ratio, as the paper's 410/10, so the head-width rounding runs)
-over synthetic token streams cut to 4 steps of 8 sequences, warm-up 1 step, 1 epoch, one learning rate
-in study 1, the same reference arm, Tr(H) with 2 probes on 4 sequences.
+over synthetic token streams of 2,048 tokens (16 steps a pass of 8 sequences of 16), ``Budget(steps=4)``
+with a warm-up of 1 step, one learning rate in study 1, the same reference arm, Tr(H) with 2 probes on 4
+sequences.
 """
 
-from _lm_steps import step_budget
-
-from flatlab import Arm, Resources, Study
+from flatlab import Arm, Budget, Resources, Study
 from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
@@ -62,14 +61,13 @@ SMOKE_LR = 6e-4
 # 229M model needs far more activation and logit (50,257-way) memory than one GPU holds.
 MICRO_BATCH = {"llama_60m": None, "llama_119m": 60, "llama_229m": 32}
 
-# size, workload, batch, context, warm-up steps, budgets in steps (the paper's), passes of the shorter budget
-# (ours: module docstring), tiny shape for smoke
+# size, workload, batch, warm-up steps, budgets in steps (the paper's appendix), tiny shape for smoke
 SIZES = (
-    ("llama_60m", "lm/wikitext103", 240, 150, 500, (50_000, 100_000), 16, dict(width=30, n_heads=2, intermediate=48)),
-    ("llama_119m", "lm/minipile", 300, 512, 300, (30_000, 60_000), 4, dict(width=32, n_heads=2, intermediate=64)),
-    ("llama_229m", "lm/openwebtext", 480, 1024, 1000, (50_000, 100_000), 4, dict(width=48, n_heads=4, intermediate=96)),
+    ("llama_60m", "lm/wikitext103", 240, 500, (50_000, 100_000), dict(width=30, n_heads=2, intermediate=48)),
+    ("llama_119m", "lm/minipile", 300, 300, (30_000, 60_000), dict(width=32, n_heads=2, intermediate=64)),
+    ("llama_229m", "lm/openwebtext", 480, 1000, (50_000, 100_000), dict(width=48, n_heads=4, intermediate=96)),
 )
-SMOKE = dict(steps=4, warmup_steps=1, batch=8, context=16, epochs=1)
+SMOKE = dict(steps=4, warmup_steps=1, batch=8, context=16)
 
 
 def _arms(lr, paper: bool):
@@ -81,9 +79,10 @@ def _arms(lr, paper: bool):
     return Arm("adamw", space={**BASE, "lr": lr}), Arm("adamw_ire", space={**BASE, "lr": lr, **ire})
 
 
-def _pair(size, workload, batch, budget, tiny, paper, name):
-    """Study 1 (AdamW's lr grid) and study 2 (AdamW and AdmIRE at its best lr) of one size and budget."""
-    wp = {"model": size, "max_train_tokens": budget["max_train_tokens"]}
+def _pair(size, workload, batch, steps, warmup_steps, tiny, paper, name):
+    """Study 1 (AdamW's lr grid) and study 2 (AdamW and AdmIRE at its best lr) of one size and budget: ``steps``
+    optimizer steps of ``batch`` sequences, the first ``warmup_steps`` of them warming up."""
+    wp = {"model": size}
     if not paper:
         wp.update(n_layers=2, **tiny, context=SMOKE["context"], data_path="synthetic", synthetic_tokens=2048)
     micro = MICRO_BATCH[size] if paper else None
@@ -91,9 +90,9 @@ def _pair(size, workload, batch, budget, tiny, paper, name):
         workload=workload,
         workload_params=wp,
         train={
-            "batch_size": batch if paper else SMOKE["batch"],
+            "batch_size": batch,
             "schedule": "cosine",
-            "warmup_epochs": budget["warmup_epochs"],
+            "warmup_steps": warmup_steps,
             "final_lr_factor": 0.05,
             "clip_norm": 1.0,
             **({"micro_batch_size": micro} if micro else {}),
@@ -103,7 +102,7 @@ def _pair(size, workload, batch, budget, tiny, paper, name):
         searcher="grid",
         scheduler="fifo",
         grace_period=1,
-        max_epochs=budget["max_epochs"],
+        budget=Budget(steps=steps),
         seeds=(0, 1, 2) if paper else (0,),
         resources=Resources(cpu=8, gpu=1) if paper else Resources(cpu=1),
         max_concurrent=None if paper else 1,
@@ -131,12 +130,9 @@ def _pair(size, workload, batch, budget, tiny, paper, name):
 def build(scale: str):
     paper = scale == "paper"
     studies = []
-    for size, workload, batch, context, warmup, budgets, passes, tiny in SIZES:
+    for size, workload, batch, warmup, budgets, tiny in SIZES:
         for steps in budgets if paper else budgets[:1]:
-            budget = (
-                step_budget(steps, warmup, batch, context, passes * steps // budgets[0])
-                if paper
-                else step_budget(**SMOKE)
-            )
-            studies += _pair(size, workload, batch, budget, tiny, paper, f"ire_fig4_{size}_{steps // 1000}k")
+            name = f"ire_fig4_{size}_{steps // 1000}k"
+            recipe = (batch, steps, warmup) if paper else (SMOKE["batch"], SMOKE["steps"], SMOKE["warmup_steps"])
+            studies += _pair(size, workload, *recipe, tiny, paper, name)
     return studies

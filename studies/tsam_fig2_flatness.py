@@ -25,17 +25,18 @@ study's ``val/accuracy``: ``sp.best_of("tsam_table1_cifar100", arm=..., param=..
 study is launched and logged with ``<param>.source``; launching before that study has finished starts
 nothing and says so (``flatlab run --dry-run`` shows the values it would use now).
 
-Ours: 200 epochs; the sigmas
+Ours: 200 epochs for every arm (``Budget(epochs=200)``: equal epochs, the paper's protocol, at 1, 2 and 2s
+passes a step for ERM, SAM and TSAM); the sigmas
 (0.001 ... 0.05, log-spaced: the loss moves from its clean value to well above it for a ResNet-18 of
 this size); 40 draws per sigma; the loss measured is the unsmoothed cross-entropy on 1,024 training
 examples (the minimum the optimizers reached). One GPU and 8 CPUs per trial.
 
 ``smoke`` scale: ``tsam_fig2_flatness_smoke`` (its own MLflow experiment): synthetic CIFAR-100-shaped
-data (32 images), 1/16-width ResNet-18, 1 epoch, one seed, 3 sigmas x 4 draws on 16 examples, 1 CPU, and
+data (32 images), 1/16-width ResNet-18, ``Budget(epochs=1)``, one seed, 3 sigmas x 4 draws on 16 examples, 1 CPU, and
 the constants lr 0.01, rho 0.1, s = 3 instead of the chained values, so that it runs on its own.
 """
 
-from flatlab import Arm, Resources, Study
+from flatlab import Arm, Budget, Resources, Study
 from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
@@ -83,7 +84,7 @@ def build(scale: str):
             searcher="grid",
             scheduler="fifo",
             grace_period=1,
-            max_epochs=200 if paper else 1,
+            budget=Budget(epochs=200 if paper else 1),
             seeds=(0, 1, 2) if paper else (0,),
             resources=Resources(cpu=8, gpu=1) if paper else Resources(cpu=1),
             max_concurrent=None if paper else 1,

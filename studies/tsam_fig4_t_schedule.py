@@ -3,7 +3,8 @@
 One study, ``tsam_fig4_t_schedule`` (searcher ``grid``): TSAM on ResNet-18 / CIFAR-100 with 20 % uniform
 label noise, as the paper's figure, with t = 1 (the paper's best constant t there), ``t_schedule`` in
 {constant, increase, decrease} (linear over the run), s = 3, momentum 0.9, weight decay 5e-4, label
-smoothing 0.1, constant lr, batch 64, 200 epochs (ours), 3 seeds: 9 trials, FIFO.
+smoothing 0.1, constant lr, batch 64, 3 seeds: 9 trials, FIFO. Budget: ``Budget(epochs=200)`` (ours), the
+same for every schedule; a step costs 2s = 6 passes (s times SAM's cost) whatever the schedule.
 
 lr and rho are chained from TSAM Table 1's noisy CIFAR-100 study (a chained study):
 ``sp.best_of("tsam_table1_cifar100_noisy", arm="tsam", param=..., where={"t": 1.0, "s": 3})``, the best
@@ -12,14 +13,14 @@ completed TSAM trial with this study's fixed t and s in that study's latest fini
 ``rho.source`` = ``<study>/<run_id>``. Launching before ``tsam_table1_cifar100_noisy`` has finished
 starts nothing and says so; ``flatlab run --dry-run`` shows the values it would use now.
 Paper scale: one GPU, 8 CPUs per trial. ``smoke`` scale (study ``tsam_fig4_t_schedule_smoke``):
-1/16-width ResNet-18, 32 synthetic images with 20 % of their labels flipped, the three schedules, 1
-epoch, 1 CPU, and the constants lr 0.03, rho 0.1 instead of the chained values, so that it runs on its
+1/16-width ResNet-18, 32 synthetic images with 20 % of their labels flipped, the three schedules,
+``Budget(epochs=1)``, 1 CPU, and the constants lr 0.03, rho 0.1 instead of the chained values, so that it runs on its
 own.
 """
 
 from _tsam_settings import BY_NAME
 
-from flatlab import Arm, Resources, Study
+from flatlab import Arm, Budget, Resources, Study
 from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
@@ -61,7 +62,7 @@ def build(scale: str):
         searcher="grid",
         scheduler="fifo",
         grace_period=1,
-        max_epochs=SETTING.epochs if paper else 1,
+        budget=Budget(epochs=SETTING.epochs if paper else 1),
         seeds=(0, 1, 2) if paper else (0,),
         resources=Resources(cpu=8, gpu=1) if paper else Resources(cpu=1),
         max_concurrent=None if paper else 1,

@@ -10,17 +10,20 @@ t = 20 (the paper's best t there):
 Both at TSAM's tuned lr and rho in Table 1's CIFAR-100 grid at t = 20 (a chained study: ``sp.best_of(
 "tsam_table1_cifar100", arm="tsam", param=..., where={"t": 20.0})``, resolved at launch and logged with
 ``<param>.source``; the naive arm's radius is that same rho). The recipe of Table 1 (momentum 0.9, weight
-decay 5e-4, label smoothing 0.1, batch 64, constant lr; 200 epochs, ours); every epoch logs the test
+decay 5e-4, label smoothing 0.1, batch 64, constant lr) at equal epochs, as the paper compares them
+(``Budget(epochs=200)``, ours); every epoch logs the test
 split (``test_every_epoch``) and the ``curves_by`` report draws the naive arm's test accuracy and training
-loss per epoch, one curve per s. (1 + 3) x 3 seeds = 12 trials, FIFO; a step costs 2s passes.
+loss per epoch, one curve per s. (1 + 3) x 3 seeds = 12 trials, FIFO; a step of either arm costs 2s
+passes (s times SAM's cost; the naive arm's ascent gradient is still evaluated, with a step of 0), so s = 10
+costs 10/3 of s = 3.
 Paper scale: one GPU, 8 CPUs per trial. ``smoke`` scale (study ``tsam_fig8_naive_sampling_smoke``):
-1/16-width ResNet-18, 32 synthetic images, s = 3 for both arms, 1 epoch, 1 CPU, lr 0.03 and rho 0.1
+1/16-width ResNet-18, 32 synthetic images, s = 3 for both arms, ``Budget(epochs=1)``, 1 CPU, lr 0.03 and rho 0.1
 instead of the chained values.
 """
 
 from _tsam_settings import BY_NAME
 
-from flatlab import Arm, Resources, Study
+from flatlab import Arm, Budget, Resources, Study
 from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
@@ -50,7 +53,7 @@ def build(scale: str):
         searcher="grid",
         scheduler="fifo",
         grace_period=1,
-        max_epochs=SETTING.epochs if paper else 1,
+        budget=Budget(epochs=SETTING.epochs if paper else 1),  # equal epochs, the paper's protocol
         seeds=(0, 1, 2) if paper else (0,),
         resources=Resources(cpu=8, gpu=1) if paper else Resources(cpu=1),
         max_concurrent=None if paper else 1,

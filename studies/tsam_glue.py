@@ -7,6 +7,8 @@ Studies (``build(scale)``, run in this order):
    1e-2, 3e-2, 0.1} (constant), momentum 0.9, batch 64 (the paper's grids, as its image tasks); SAM and
    TSAM x rho in {0.05, 0.1, 0.2}; TSAM x t in {0, 1, 5, 20, 100} x s in {3, 5} (the paper's). No weight
    decay, max 128 tokens and 3 epochs are ours. 3 seeds. Trials per task: (7 + 21 + 210) x 3 = 714, FIFO.
+   Budget: equal epochs, the paper's protocol (``Budget(epochs=3)``); a step costs 1 pass for ERM, 2 for
+   SAM and 2s for TSAM (s times SAM's cost), as the paper states beside its results.
    Metric: the task's GLUE metric on the validation hold-out (``val/matthews`` for CoLA, ``val/pearson``
    for STS-B, ``val/f1`` for MRPC and QQP, ``val/accuracy`` otherwise); GLUE's dev set is the ``test``
    split, scored once at the end. Paper scale: one GPU and 4 CPUs per trial.
@@ -19,11 +21,12 @@ tasks (:attr:`flatlab.analysis.compare.multi.MultiSummary.averages`).
 
 ``smoke`` scale (studies named ``<name>_smoke``):
 CoLA, STS-B (the regression task) and the Optuna study, on a tiny random-weight
-DistilBERT (1 layer, width 32) over synthetic token ids, one grid point per arm, 1 epoch, 1 CPU. The
+DistilBERT (1 layer, width 32) over synthetic token ids, one grid point per arm, ``Budget(epochs=1)``, 1
+CPU. The
 other tasks differ only in their columns and metric, which the workload tests cover.
 """
 
-from flatlab import Arm, Resources, Study
+from flatlab import Arm, Budget, Resources, Study
 from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
@@ -55,7 +58,7 @@ def build(scale: str):
         workload_params={"max_length": 128} if paper else dict(TINY),
         train={"batch_size": 64 if paper else 16, "schedule": "constant"},
         mode="max",
-        max_epochs=3 if paper else 1,
+        budget=Budget(epochs=3 if paper else 1),  # equal epochs, the paper's protocol
         seeds=(0, 1, 2) if paper else (0,),
         resources=Resources(cpu=4, gpu=1) if paper else Resources(cpu=1),
         max_concurrent=None if paper else 1,

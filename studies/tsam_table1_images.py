@@ -7,30 +7,32 @@ Studies (``build(scale)``, run in this order; all but the last use searcher ``gr
 2. ``tsam_table1_dtd``: fine-tuning an ImageNet-pretrained ViT-S/16 (timm) on DTD, 224x224.
 3. ``tsam_table1_cifar100_noisy``: ResNet-18 on CIFAR-100 with 20% uniform label noise (study-level
    ``label_noise``: the data are loaded once per study, so data parameters never go in an arm).
-4. ``tsam_table1_<dataset>_esam1`` for each of the three: the ESAM1 column.
+4. ``tsam_table1_<dataset>_matched`` for each of the three: the compute-matched columns ESAM1, ESAM2, PGN
+   and RSAM.
 
-The three settings (workloads, epochs, the paper's best t) are ``_tsam_settings.SETTINGS``, shared with
-the Table 3 and Fig. 4 study files.
+The three settings (workloads, epochs, the paper's best t, training rows) are ``_tsam_settings.SETTINGS``,
+shared with the Table 3 and Fig. 4 study files.
 
-Arms of 1-3: ``erm`` (SGD), ``sam``, ``esam2``, ``pgn``, ``rsam``, ``tsam``; lr in {1e-4, 3e-4, 1e-3, 3e-3,
-1e-2, 3e-2, 0.1} (constant), momentum 0.9, weight decay 5e-4, label smoothing 0.1, batch 64. TSAM x rho in
+Arms of 1-3: ``erm`` (SGD), ``sam``, ``tsam``, at equal epochs (``Budget(epochs=...)``, the paper's
+protocol; a step costs 1, 2 and 2s passes, TSAM s times SAM's cost); lr in {1e-4, 3e-4, 1e-3, 3e-3, 1e-2,
+3e-2, 0.1} (constant), momentum 0.9, weight decay 5e-4, label smoothing 0.1, batch 64. TSAM x rho in
 {0.05, 0.1, 0.2} x t in {0, 1, 5, 20, 100} x s in {3, 5} (noise radius, distribution: the optimizer's
-defaults). The SAM family (``sam``, ``esam1``, ``esam2``, ``pgn``, ``rsam``) x rho in {0.05, 0.1, 0.5, 1, 5,
-15} (Appendix C). The compute-matched baselines (``docs/algorithms/sam_variants.md``): ``esam2`` tries k = 5
-step sizes (6 passes a step, TSAM's 2s at s = 3); ``pgn`` x its coefficient alpha in {0.3, 0.5, 0.7, 0.9}
-(the paper's grid; r is ``rho``); ``rsam`` x lambda (``noise_std``) in {5e-4, 2.5e-3} x gamma in {1, 2}:
-ours, around the released code's values (lambda from 5e-4 to 2.5e-3 over its run, gamma 2), as the
-paper's recommended values were not at hand. PGN and RSAM cost 2 passes a step, as SAM; the paper runs
-them as long as TSAM, which the epoch budget cannot state per arm yet, so they get the study's epochs.
-3 seeds (the table reports means). Trials per study:
-(7 + 42 + 42 + 168 + 168 + 210) x 3 = 1911, FIFO. Epochs are our choice (200 for CIFAR-100 from scratch,
+defaults). SAM x rho in {0.05, 0.1, 0.5, 1, 5, 15} (Appendix C). 3 seeds (the table reports means).
+Trials per study: (7 + 42 + 210) x 3 = 777, FIFO. Epochs are our choice (200 for CIFAR-100 from scratch,
 30 for DTD fine-tuning). Paper scale: one GPU, 8 CPUs per trial. The paper's best t: 20 (CIFAR-100), 5
 (DTD), 1 (noisy CIFAR-100).
 
-ESAM1 is SAM run longer, to TSAM's compute. Until a study can state its budget in passes, it is expressed
-as SAM with ``max_epochs`` multiplied by TSAM's passes per step over SAM's, 2s/2 = s = 3 (TSAM's s = 3), in
-a study of its own per dataset (a study has one ``max_epochs``): arm ``esam1`` (optimizer ``sam``), the
-SAM grid, 600 / 90 epochs; (7 x 6) x 3 = 126 trials each.
+Arms of 4, the baselines the paper defines by compute (``docs/algorithms/sam_variants.md``), each trial at
+TSAM's compute: ``Budget(passes=P)``, P = TSAM's passes per trial at s = 3, the setting's epochs x its
+steps per epoch (``ceil(rows / batch)``) x 2s = 6 passes a step: CIFAR-100 (clean and noisy) 200 x 704 x 6
+= 844,800, DTD 30 x 53 x 6 = 9,540 (TSAM at s = 5 spends 5/3 of it). ``esam1`` (optimizer ``sam``): SAM
+run longer, 2 passes a step, so 3x TSAM's epochs (600 / 90); ``esam2`` tries k = 5 step sizes (1 + k = 6
+passes a step, so TSAM's epochs); ``pgn`` x its coefficient alpha in {0.3, 0.5, 0.7, 0.9} (the paper's
+grid; r is ``rho``) and ``rsam`` x lambda (``noise_std``) in {5e-4, 2.5e-3} x gamma in {1, 2} (ours,
+around the released code's values: lambda from 5e-4 to 2.5e-3 over its run, gamma 2, as the paper's
+recommended values were not at hand), 2 passes a step each, so 3x TSAM's epochs: the paper runs them "the
+same amount of time as TSAM". Each x the SAM rho grid and the lr grid: (42 + 42 + 168 + 168) x 3 = 1260
+trials. The launch turns the budget into each arm's epochs (``flatlab run --dry-run`` shows them).
 
 Figs. 3 and 7 (test accuracy and training loss over training, per t): every trial of the grid studies of 1-3 logs the
 test split after every epoch (``test_every_epoch``; never selected on), and each study's ``curves_by``
@@ -45,12 +47,15 @@ under ``curves/`` on the launch run).
 
 ``smoke`` scale (studies named ``<name>_smoke``):
 the same studies on synthetic data (1/16-width ResNet-18; a tiny random-weight ViT at 32x32 for DTD), one
-point of each grid, 1 epoch (ESAM1: 3), 1 CPU: all seven arms run.
+point of each grid, batch 16, ``Budget(epochs=1)`` for 1-3 and TSAM's passes of that epoch for 4 (CIFAR-100:
+1 x 2 x 6 = 12 passes, so 3 epochs of SAM; DTD: 1 x 3 x 6 = 18), 1 CPU: all seven arms run.
 """
+
+import math
 
 from _tsam_settings import SETTINGS
 
-from flatlab import Arm, Resources, Study
+from flatlab import Arm, Budget, Resources, Study
 from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
@@ -63,8 +68,13 @@ PGN_ALPHAS = [0.3, 0.5, 0.7, 0.9]
 RSAM_NOISE_STDS = [5e-4, 2.5e-3]
 RSAM_GAMMAS = [1.0, 2.0]
 ESAM2_K = 5  # 1 + k = 6 passes a step: TSAM's 2s at s = 3
-ESAM1_FACTOR = 3  # TSAM's passes per step over SAM's, 2s / 2, at s = 3
+MATCHED_S = 3  # the compute-matched baselines get TSAM's passes at this s (2s a step)
 CURVES = {"metrics": "test/accuracy,train/loss", "arm": "tsam", "by": "t"}  # Figs. 3 and 7, per t
+
+
+def tsam_passes(epochs: int, rows: int, batch: int, s: int = MATCHED_S) -> int:
+    """TSAM's passes per trial: ``epochs`` x its steps per epoch (``ceil(rows / batch)``) x 2s passes a step."""
+    return epochs * math.ceil(rows / batch) * 2 * s
 
 
 def _base(paper: bool):
@@ -78,19 +88,22 @@ def _sam_rho(paper: bool):
 def _grid_arms(paper: bool):
     base, sam_rho = _base(paper), _sam_rho(paper)
     rho = {"rho": sp.grid(RHOS if paper else [0.05])}
-    one = (lambda grid: sp.grid(grid)) if paper else (lambda grid: sp.grid(grid[-1:]))
     return (
         Arm("sgd", name="erm", space=base),
         Arm("sam", space={**base, **sam_rho}),
-        Arm("esam2", space={**base, **sam_rho, "k": ESAM2_K}),
-        Arm("pgn", space={**base, **sam_rho, "alpha": one(PGN_ALPHAS)}),
-        Arm("rsam", space={**base, **sam_rho, "noise_std": one(RSAM_NOISE_STDS), "gamma": one(RSAM_GAMMAS)}),
         Arm("tsam", space={**base, **rho, "t": sp.grid(TS if paper else [5.0]), "s": sp.grid(SS if paper else [3])}),
     )
 
 
-def _esam1_arms(paper: bool):
-    return (Arm("sam", name="esam1", space={**_base(paper), **_sam_rho(paper)}),)
+def _matched_arms(paper: bool):
+    base, sam_rho = _base(paper), _sam_rho(paper)
+    one = (lambda grid: sp.grid(grid)) if paper else (lambda grid: sp.grid(grid[-1:]))
+    return (
+        Arm("sam", name="esam1", space={**base, **sam_rho}),
+        Arm("esam2", space={**base, **sam_rho, "k": ESAM2_K}),
+        Arm("pgn", space={**base, **sam_rho, "alpha": one(PGN_ALPHAS)}),
+        Arm("rsam", space={**base, **sam_rho, "noise_std": one(RSAM_NOISE_STDS), "gamma": one(RSAM_GAMMAS)}),
+    )
 
 
 def build(scale: str):
@@ -98,7 +111,8 @@ def build(scale: str):
     suffix = (
         "" if paper else f"_{scale}"
     )  # each scale its own MLflow experiments (paper runs never mix with smoke runs)
-    train = {"batch_size": 64 if paper else 16, "schedule": "constant", "label_smoothing": 0.1}
+    batch = 64 if paper else 16
+    train = {"batch_size": batch, "schedule": "constant", "label_smoothing": 0.1}
     common = dict(
         train=train,
         metric="val/accuracy",
@@ -109,32 +123,34 @@ def build(scale: str):
     )
     studies = []
     for st in SETTINGS:
-        name, epochs = st.name, st.epochs
+        name, epochs, rows = st.name, (st.epochs if paper else 1), st.rows[0 if paper else 1]
         grid = dict(
             workload=st.workload,
             workload_params=st.paper if paper else st.smoke,
             searcher="grid",
             scheduler="fifo",
             grace_period=1,
-            **common,
+            **{**common, "train": {**train, "test_every_epoch": True}},
         )
         studies.append(
             Study(
                 name=f"tsam_table1_{name}" + suffix,
-                description=f"ERM, SAM, ESAM2, PGN, RSAM and TSAM, {name} (TSAM Table 1)",
+                description=f"ERM, SAM and TSAM at equal epochs, {name} (TSAM Table 1)",
                 arms=_grid_arms(paper),
-                max_epochs=epochs if paper else 1,
+                budget=Budget(epochs=epochs),  # the paper's protocol: equal epochs
                 reports={"curves_by": CURVES},  # Figs. 3 and 7
-                **{**grid, "train": {**train, "test_every_epoch": True}},
+                **grid,
             )
         )
+        passes = tsam_passes(epochs, rows, batch)
         studies.append(
             Study(
-                name=f"tsam_table1_{name}_esam1" + suffix,
-                description=f"ESAM1: SAM for {ESAM1_FACTOR}x the epochs (TSAM's compute, s = 3), {name} (TSAM Table 1)",
-                arms=_esam1_arms(paper),
-                max_epochs=(epochs if paper else 1) * ESAM1_FACTOR,
-                **{**grid, "train": {**train, "test_every_epoch": True}},
+                name=f"tsam_table1_{name}_matched" + suffix,
+                description=f"ESAM1, ESAM2, PGN and RSAM at TSAM's {passes} passes (s = {MATCHED_S}), {name} "
+                "(TSAM Table 1)",
+                arms=_matched_arms(paper),
+                budget=Budget(passes=passes),  # TSAM's compute per trial
+                **grid,
             )
         )
     base = {"momentum": 0.9, "weight_decay": 5e-4, "lr": sp.loguniform(1e-4, 0.1)}
@@ -155,7 +171,7 @@ def build(scale: str):
             scheduler="asha" if paper else "fifo",
             grace_period=20 if paper else 1,
             reduction_factor=3,
-            max_epochs=200 if paper else 1,
+            budget=Budget(epochs=200 if paper else 1),
             **common,
         )
     )

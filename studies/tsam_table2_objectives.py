@@ -28,18 +28,20 @@ that study has finished starts nothing and says so (``flatlab run --dry-run`` sh
 use now).
 
 Ours: the objectives' rho 0.1 (one value of the paper's grid, the same for every row so that the three
-models are scored on the same objective, whatever rho each trained with), 200 epochs, the objectives over
+models are scored on the same objective, whatever rho each trained with), 200 epochs for every arm
+(``Budget(epochs=200)``: equal epochs, the paper's protocol, at 1, 2 and 2s = 6 passes a step for ERM, SAM
+and TSAM), the objectives over
 the whole training and test sets (``measure_examples=0``), the loss evaluated being the unsmoothed
 cross-entropy in eval mode, the tilted objective with s = 3 draws seeded by ``measure_seed`` (the same
 draws for every trial). One GPU and 8 CPUs per trial.
 
 ``smoke`` scale: ``tsam_table2_objectives_smoke`` (its own MLflow experiment): synthetic CIFAR-100-shaped
-data (32 images, 8 test images), 1/16-width ResNet-18, 1 epoch, one seed, the objectives on 8 examples
+data (32 images, 8 test images), 1/16-width ResNet-18, ``Budget(epochs=1)``, one seed, the objectives on 8 examples
 of each split, 1 CPU, and the constants lr 0.01 and rho 0.1 instead of the chained values, so that it
 runs on its own.
 """
 
-from flatlab import Arm, Resources, Study
+from flatlab import Arm, Budget, Resources, Study
 from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
@@ -88,7 +90,7 @@ def build(scale: str):
             searcher="grid",
             scheduler="fifo",
             grace_period=1,
-            max_epochs=200 if paper else 1,
+            budget=Budget(epochs=200 if paper else 1),
             seeds=(0, 1, 2) if paper else (0,),
             resources=Resources(cpu=8, gpu=1) if paper else Resources(cpu=1),
             max_concurrent=None if paper else 1,

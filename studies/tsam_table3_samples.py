@@ -5,8 +5,10 @@ Studies (searcher ``grid``, one per setting of ``_tsam_settings.SETTINGS``): ``t
 (ResNet-18 / CIFAR-100, t = 20), ``tsam_table3_samples_dtd`` (ViT-S/16 fine-tuned on DTD, t = 5) and
 ``tsam_table3_samples_cifar100_noisy`` (ResNet-18 / CIFAR-100 with 20 % label noise, t = 1): TSAM at the
 paper's best t of that setting, momentum 0.9, weight decay 5e-4, label smoothing 0.1, batch 64, constant
-lr, the setting's epochs (ours: 200, 30, 200), s in {3, 5} x 3 seeds = 6 trials each, FIFO. A step costs
-2s forward/backward passes, so ``time/epoch_s`` shows the price of s = 5 next to its accuracy.
+lr, s in {3, 5} x 3 seeds = 6 trials each, FIFO. Budget: equal epochs, as the paper compares them
+(``Budget(epochs=...)``, the setting's epochs, ours: 200, 30, 200), so s = 5 costs 5/3 of s = 3: a step costs
+2s forward/backward passes (s times SAM's cost; ``compute/passes`` and ``time/epoch_s`` show the price next
+to the accuracy).
 
 lr and rho are chained from the setting's TSAM Table 1 study (a chained study): ``sp.best_of(
 "tsam_table1_<setting>", arm="tsam", param=..., where={"t": t})``, the best completed TSAM trial at this
@@ -15,14 +17,14 @@ study is launched and logged as params ``lr``/``rho`` with ``lr.source``/``rho.s
 ``<study>/<run_id>``; launching before the source has finished starts nothing and says so, and
 ``flatlab run --dry-run`` shows the values it would use now.
 Paper scale: one GPU, 8 CPUs per trial. ``smoke`` scale (studies ``<name>_smoke``): the three settings on
-synthetic data (1/16-width ResNet-18; a tiny random-weight ViT at 32x32 for DTD), both values of s, 1
-epoch, 1 CPU, and the constants lr 0.03, rho 0.1 instead of the chained values, so that they run on their
+synthetic data (1/16-width ResNet-18; a tiny random-weight ViT at 32x32 for DTD), both values of s,
+``Budget(epochs=1)``, 1 CPU, and the constants lr 0.03, rho 0.1 instead of the chained values, so that they run on their
 own.
 """
 
 from _tsam_settings import SETTINGS
 
-from flatlab import Arm, Resources, Study
+from flatlab import Arm, Budget, Resources, Study
 from flatlab import space as sp
 
 SCALES = ("paper", "smoke")
@@ -60,7 +62,7 @@ def _study(st, paper: bool, suffix: str) -> Study:
         searcher="grid",
         scheduler="fifo",
         grace_period=1,
-        max_epochs=st.epochs if paper else 1,
+        budget=Budget(epochs=st.epochs if paper else 1),  # equal epochs, the paper's protocol
         seeds=(0, 1, 2) if paper else (0,),
         resources=Resources(cpu=8, gpu=1) if paper else Resources(cpu=1),
         max_concurrent=None if paper else 1,

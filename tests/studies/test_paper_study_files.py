@@ -5,10 +5,12 @@ from pathlib import Path
 
 import pytest
 
+from flatlab import Budget
 from flatlab import space as sp
 from flatlab.errors import ConfigError
 from flatlab.optim import get_optimizer
 from flatlab.study.loader import load_studies
+from flatlab.study.trial_spec import with_arm_epochs
 
 STUDIES_DIR = Path(__file__).resolve().parents[2] / "studies"
 FILES = sorted(p.name for p in STUDIES_DIR.glob("*.py") if p.name.startswith(("ire_", "tsam_")))
@@ -29,6 +31,7 @@ EXPECTED_FILES = {
     "tsam_appc_sam_rho.py",
     "tsam_fig8_naive_sampling.py",
 }
+STEP_BUDGETS = {"ire_fig3_transformer_wikitext2.py", "ire_fig4_llama.py"}  # the IRE paper's LM budgets in steps
 NO_OPTUNA = {
     "ire_fig4_llama.py",
     "tsam_table3_samples.py",
@@ -72,8 +75,12 @@ def test_file_loads_at_both_scales_and_smoke_is_small_and_offline(name):
     assert all(s.name.endswith("_smoke") for s in smoke) and not any(s.name.endswith("_smoke") for s in paper)
     assert {s.name.removesuffix("_smoke") for s in smoke} <= {s.name for s in paper}
     for s in smoke:
-        # ESAM1 (TSAM Table 1) is SAM for TSAM's 3x compute: 3 epochs where TSAM gets 1
-        assert s.max_epochs <= (3 if s.name.endswith("_esam1_smoke") else 2)
+        if name.startswith("tsam_") or name in STEP_BUDGETS:  # the papers' studies state their budget
+            assert isinstance(s.budget, Budget), s.name
+        if s.budget is not None and s.budget.unit in ("steps", "passes"):
+            assert s.budget.amount <= 18, s.name  # a few steps (TSAM Table 1: TSAM's passes of one epoch)
+        else:
+            assert s.max_epochs <= 2
         assert s.resources.gpu == 0 and s.max_concurrent == 1
         assert s.workload_params.get("data_path") == "synthetic"
         assert s.num_total_trials() <= max(4, len(s.arms))  # one trial per arm at most, where arms are many
@@ -179,22 +186,41 @@ def test_ire_lm_studies():
 def test_tsam_table1_grid():
     studies = {s.name: s for s in load("tsam_table1_images.py", "paper")}
     datasets = ("cifar100", "dtd", "cifar100_noisy")
-    assert set(studies) == {f"tsam_table1_{d}" for d in datasets} | {f"tsam_table1_{d}_esam1" for d in datasets} | {
+    assert set(studies) == {f"tsam_table1_{d}" for d in datasets} | {f"tsam_table1_{d}_matched" for d in datasets} | {
         "tsam_table1_optuna"
     }
-    s = studies["tsam_table1_cifar100"]
-    assert [a.name for a in s.arms] == ["erm", "sam", "esam2", "pgn", "rsam", "tsam"]
-    assert [a.optimizer for a in s.arms] == ["sgd", "sam", "esam2", "pgn", "rsam", "tsam"]
-    for arm in ("sam", "esam2", "pgn", "rsam"):  # Appendix C's rho grid for SAM and its compute-matched variants
-        assert grid_values(s, arm, "rho") == [0.05, 0.1, 0.5, 1, 5, 15]
-    assert grid_values(s, "pgn", "alpha") == [0.3, 0.5, 0.7, 0.9]
-    assert s.arm("esam2").constants()["k"] == 5  # 6 passes a step: TSAM's 2s at s = 3
-    assert grid_values(s, "rsam", "gamma") == [1, 2] and grid_values(s, "rsam", "noise_std") == [5e-4, 2.5e-3]
-    for d in datasets:  # ESAM1: SAM for 3x the epochs (TSAM's passes per step over SAM's at s = 3)
-        esam1, twin = studies[f"tsam_table1_{d}_esam1"], studies[f"tsam_table1_{d}"]
-        assert [(a.name, a.optimizer) for a in esam1.arms] == [("esam1", "sam")]
-        assert esam1.max_epochs == 3 * twin.max_epochs and esam1.arm("esam1").dims == twin.arm("sam").dims
-        assert esam1.workload_params == twin.workload_params and esam1.train == twin.train
+    s, m = studies["tsam_table1_cifar100"], studies["tsam_table1_cifar100_matched"]
+    assert [a.name for a in s.arms] == ["erm", "sam", "tsam"] and s.budget == Budget(epochs=200)  # equal epochs
+    assert [(a.name, a.optimizer) for a in m.arms] == [
+        ("esam1", "sam"),
+        ("esam2", "esam2"),
+        ("pgn", "pgn"),
+        ("rsam", "rsam"),
+    ]
+    for arm in ("esam1", "esam2", "pgn", "rsam"):  # Appendix C's rho grid for SAM and its compute-matched variants
+        assert grid_values(m, arm, "rho") == [0.05, 0.1, 0.5, 1, 5, 15]
+    assert grid_values(s, "sam", "rho") == [0.05, 0.1, 0.5, 1, 5, 15] and m.arm("esam1").dims == s.arm("sam").dims
+    assert grid_values(m, "pgn", "alpha") == [0.3, 0.5, 0.7, 0.9]
+    assert m.arm("esam2").constants()["k"] == 5  # 6 passes a step: TSAM's 2s at s = 3
+    assert grid_values(m, "rsam", "gamma") == [1, 2] and grid_values(m, "rsam", "noise_std") == [5e-4, 2.5e-3]
+    # the compute-matched baselines at TSAM's passes per trial (s = 3): epochs x ceil(rows / 64) x 6, by hand
+    hand = {"cifar100": 200 * 704 * 6, "dtd": 30 * 53 * 6, "cifar100_noisy": 200 * 704 * 6}  # 45,000 / 3,384 rows
+    for d in datasets:
+        matched, twin = studies[f"tsam_table1_{d}_matched"], studies[f"tsam_table1_{d}"]
+        assert matched.budget == Budget(passes=hand[d]), d
+        assert matched.workload_params == twin.workload_params and matched.train == twin.train
+        # under that budget SAM (2 passes a step) trains 3x TSAM's epochs, ESAM2 (6) TSAM's epochs
+        rows = (45_000, 3_384)[d == "dtd"]
+        epochs = with_arm_epochs(matched, rows).budget.arm_epochs
+        assert epochs == {
+            "esam1": 3 * twin.max_epochs,
+            "esam2": twin.max_epochs,
+            "pgn": 3 * twin.max_epochs,
+            "rsam": 3 * twin.max_epochs,
+        }, d
+    smoke = {s.name: s for s in load("tsam_table1_images.py", "smoke")}
+    assert smoke["tsam_table1_cifar100_matched_smoke"].budget == Budget(passes=1 * 2 * 6)  # 32 rows of 16, s = 3
+    assert smoke["tsam_table1_dtd_matched_smoke"].budget == Budget(passes=1 * 3 * 6)  # 47 rows of 16
     assert grid_values(s, "tsam", "t") == [0, 1, 5, 20, 100] and grid_values(s, "tsam", "rho") == [0.05, 0.1, 0.2]
     assert grid_values(s, "tsam", "s") == [3, 5] and grid_values(s, "erm", "lr") == [
         1e-4,

@@ -1,4 +1,4 @@
-"""A study's budget in epochs, passes or seconds (:mod:`flatlab.study.budget`): the arithmetic per arm, its
+"""A study's budget in epochs, steps, passes or seconds (:mod:`flatlab.study.budget`): the arithmetic per arm, its
 validation, each arm's ASHA rungs, the trials' specs, the dry run and the launch record."""
 
 from __future__ import annotations
@@ -87,13 +87,19 @@ def test_epoch_and_seconds_budgets():
     "budget, arms, match",
     [
         (Budget(passes=0), None, r"budget=Budget\(passes=0\); expected an int in \[1, 1000000000000\]"),
-        (Budget(passes=10, seconds=3), None, r"set exactly one of epochs, passes, seconds"),
+        (Budget(passes=10, seconds=3), None, r"set exactly one of epochs, steps, passes, seconds"),
+        (Budget(steps=0), None, r"budget=Budget\(steps=0\); expected an int in \[1, 1000000000000\]"),
         (Budget(seconds=float("inf")), None, r"budget=Budget\(seconds=inf\); expected a finite number of seconds > 0"),
-        ("passes", None, r"budget='passes' \(str\); expected None or Budget\(epochs=...\), Budget\(passes=...\)"),
+        ("passes", None, r"budget='passes' \(str\); expected None or Budget\(epochs=...\), Budget\(steps=...\)"),
         (
             Budget(passes=100),
             (Arm("sgd", {"batch_size": sp.choice([64, 128])}),),
             r"arm 'sgd': field 'batch_size' is searched under budget=Budget\(passes=...\)",
+        ),
+        (
+            Budget(steps=100),
+            (Arm("sgd", {"batch_size": sp.choice([64, 128])}),),
+            r"arm 'sgd': field 'batch_size' is searched under budget=Budget\(steps=...\); fix it per arm",
         ),
     ],
 )
@@ -122,3 +128,31 @@ def test_dry_run_shows_each_arms_epochs():
     text = out.getvalue()
     assert "budget in passes: 108 per trial" in text
     assert "sgd 12 epochs (108 steps x 1 passes), sam 6 epochs (54 steps x 2 passes), tsam 2 epochs" in text
+
+
+def test_a_step_budget_gives_every_arm_the_same_steps_whatever_they_cost():
+    arms = (Arm("sgd"), Arm("sam"), Arm("tsam", {"s": 3}), Arm("sgd", name="small", space={"batch_size": 64}))
+    s = validate(study(Budget(steps=20), arms))
+    got = {k: (v.steps, v.epochs, v.first_step_passes) for k, v in arm_budgets(s, ROWS).items()}
+    # 20 steps: 9 a epoch at batch 128 (3 epochs, the last of 2 steps); 17 at batch 64 (2 epochs)
+    assert got == {"sgd": (20, 3, 1), "sam": (20, 3, 2), "tsam": (20, 3, 6), "small": (20, 2, 1)}
+    r = with_arm_epochs(s, ROWS)
+    assert r.budget.arm_epochs == {"sgd": 3, "sam": 3, "tsam": 3, "small": 2} and r.max_epochs == 3
+    spec = trial_spec(r, {"arm": "tsam", "seed": 0})
+    assert (spec.epochs, spec.max_steps, spec.max_passes, spec.max_seconds) == (3, 20, None, None)
+    assert budget_record(r.budget, r.max_epochs) == {"unit": "steps", "amount": 20, "arm_epochs": r.budget.arm_epochs}
+    with pytest.raises(ConfigError, match=r"Budget\(steps=20\): each arm's epochs follow from its steps"):
+        s.with_budget(epochs=3)
+    p = plan(s, ROWS)
+    assert p["max_epochs"] == 3 and [a["budget"] for a in p["arms"]][2] == {
+        "steps": 20,
+        "epochs": 3,
+        "passes_per_step": 6,
+    }
+    out = io.StringIO()
+    render(s, Console(file=out, width=300))
+    text = out.getvalue()
+    assert (
+        "budget in steps: 20 per trial, the LR schedule over each arm's own: sgd 3 epochs (20 steps x 1 passes)" in text
+    )
+    assert "small 2 epochs (20 steps x 1 passes)" in text and "up to 3 epochs" in text

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from flatlab import Arm, Study
+from flatlab import Arm, Budget, Study
 from flatlab import space as sp
 from flatlab.errors import ConfigError
 from flatlab.study.loader import load_studies
@@ -302,6 +302,9 @@ def test_study_file_errors_are_one_message_with_the_line(tmp_path, body, match):
 def test_warmup_longer_than_the_budget_warns():
     s = validate(base(train={"warmup_epochs": 5}, max_epochs=3))
     assert s.warnings() == ["train warmup_epochs=5 >= max_epochs=3: the LR never leaves its warm-up"]
+    t = validate(base(train={"warmup_steps": 40}, budget=Budget(steps=40)))
+    assert t.warnings() == ["train warmup_steps=40 >= budget steps=40: the LR never leaves its warm-up"]
+    assert validate(base(train={"warmup_steps": 39}, budget=Budget(steps=40))).warnings() == []
     assert "int(16, 256, log=True)" == sp.int(16, 256, log=True).describe()
 
 

@@ -62,7 +62,7 @@ def spec(optimizer: str, epochs: int = 1, **kw) -> TrialSpec:
         seed=0,
         workload_params={"model": "mlp", "width": 8},
         optimizer_params={"lr": 0.05, **kw.pop("params", {})},
-        trainer_params={"batch_size": BATCH},
+        trainer_params={"batch_size": BATCH, **kw.pop("trainer", {})},
         **kw,
     )
 
@@ -123,6 +123,30 @@ def test_a_pass_budget_stops_at_the_step(digits, optimizer, passes, steps, one_t
     assert t.step == steps and passes - per_step < t.compute.passes <= passes
     assert m["compute/examples"] == ROWS * (steps // STEPS) + BATCH * (steps % STEPS)
     assert t.epoch == t.epochs
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "sam", "tsam"])
+def test_a_step_budget_runs_exactly_its_steps_whatever_they_cost(digits, optimizer, one_torch_thread):
+    # 22 steps of 9 a epoch: 2 whole epochs and 4 steps of a third, whatever each step spends
+    t = Trainer(spec(optimizer, epochs=99, max_steps=22, trainer={"warmup_steps": 5}), digits)
+    assert (t.max_steps, t.epochs, t.schedule.total_steps, t.schedule.warmup_steps) == (22, 3, 22, 5)
+    while not t.finished:
+        m = t.run_epoch()
+    assert t.step == 22 and t.epoch == 3
+    assert t.compute.passes == 22 * passes_of(t.optimizer, 0)[1]  # 22, 44, 132
+    assert m["compute/examples"] == 2 * ROWS + 4 * BATCH
+
+
+def test_warmup_in_steps_replaces_the_epochs_and_both_are_refused(digits):
+    t = Trainer(spec("sgd", epochs=4, trainer={"warmup_steps": 12}), digits)
+    assert t.schedule.warmup_steps == 12 and t.schedule.total_steps == 4 * STEPS
+    lrs = [t.schedule.factor(k) for k in (0, 5, 11, 12)]  # linear from 1/12 to 1, then cosine from 1
+    assert lrs[:3] == pytest.approx([1 / 12, 6 / 12, 1.0]) and lrs[3] == pytest.approx(1.0)
+    assert Trainer(spec("sgd", trainer={"warmup_epochs": 1.5}), digits).schedule.warmup_steps == 14  # round(13.5)
+    with pytest.raises(ConfigError, match=r"warmup_steps=3 and warmup_epochs=0.5 are both set; set one"):
+        Trainer(spec("sgd", trainer={"warmup_steps": 3, "warmup_epochs": 0.5}), digits)
+    with pytest.raises(ConfigError, match=r"max_passes=10 and max_steps=10 are both set; set at most one"):
+        Trainer(spec("sgd", max_passes=10, max_steps=10), digits)
 
 
 def test_a_budget_below_one_step_is_refused(digits):

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from flatlab.analysis.console_table import make_table, print_table
 from flatlab.errors import FlatlabError
-from flatlab.study.budget import ArmBudget, budget_record
+from flatlab.study.budget import PER_ARM, ArmBudget, budget_record
 from flatlab.study.space import Conditional, Fixed, inner
 from flatlab.study.spec import Study
 from flatlab.study.trial_spec import arm_budgets, route
@@ -18,14 +18,16 @@ from flatlab.workloads.registry import build_workload
 def plan(study: Study, rows: Optional[int] = None) -> Dict[str, Any]:
     """A JSON-able description of what ``flatlab run`` would launch (nothing is started).
 
-    ``budget`` is the study's (:func:`~flatlab.study.budget.budget_record`); under a pass budget with
-    ``rows`` (training examples) known, each arm's ``budget`` holds its ``steps``, ``epochs`` and
+    ``budget`` is the study's (:func:`~flatlab.study.budget.budget_record`); under a pass or step budget
+    with ``rows`` (training examples) known, each arm's ``budget`` holds its ``steps``, ``epochs`` and
     ``passes_per_step`` from its optimizer's declared cost (:func:`~flatlab.study.trial_spec.arm_budgets`).
 
     Raises:
         ConfigError: the pass budget does not cover an arm's first step.
     """
-    arms = _arm_plans(study, arm_budgets(study, rows) if rows is not None else {})
+    per_arm = arm_budgets(study, rows) if rows is not None else {}
+    arms = _arm_plans(study, per_arm)
+    max_epochs = max(b.epochs for b in per_arm.values()) if per_arm else study.max_epochs  # as the launch sets it
     return {
         "study": study.name,
         "workload": study.workload,
@@ -40,12 +42,12 @@ def plan(study: Study, rows: Optional[int] = None) -> Dict[str, Any]:
             if study.scheduler == "asha"
             else ""
         ),
-        "max_epochs": study.max_epochs,
+        "max_epochs": max_epochs,
         "budget": budget_record(study.budget, study.max_epochs),
         "seeds": list(study.seeds),
         "tunings": study.tunings,
         "total_trials": study.num_total_trials(),
-        "max_trial_epochs": study.num_total_trials() * study.max_epochs,
+        "max_trial_epochs": study.num_total_trials() * max_epochs,
         "resources_per_trial": (
             study.resources.as_dict()
             if study.resources.workers == 1
@@ -75,8 +77,8 @@ def plan(study: Study, rows: Optional[int] = None) -> Dict[str, Any]:
 
 
 def _arm_plans(study: Study, per_arm: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Each arm's part of the plan: trials, searched and fixed values, routes and (under a pass budget) its
-    epochs."""
+    """Each arm's part of the plan: trials, searched and fixed values, routes and (under a pass or step
+    budget) its epochs."""
     arms: List[Dict[str, Any]] = []
     for arm in study.arms:
         n = (len(study.grid(arm)) if study.searcher == "grid" else study.num_trials) * study.tunings
@@ -96,7 +98,7 @@ def _arm_plans(study: Study, per_arm: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 def _arm_budget(b: ArmBudget) -> Dict[str, int]:
-    """An arm's share of a pass budget as the plan shows it."""
+    """An arm's share of a pass or step budget as the plan shows it."""
     return {"steps": b.steps, "epochs": b.epochs, "passes_per_step": b.first_step_passes}
 
 
@@ -132,9 +134,9 @@ def flatness_when(study: Study) -> str:
 
 
 def training_rows(study: Study) -> Optional[int]:
-    """The training examples of ``study``'s workload, for the dry run of a pass budget (its data is
-    loaded for that); ``None`` without a pass budget or when the data cannot be loaded."""
-    if study.budget is None or study.budget.unit != "passes":
+    """The training examples of ``study``'s workload, for the dry run of a pass or step budget (its data is
+    loaded for that); ``None`` without one or when the data cannot be loaded."""
+    if study.budget is None or study.budget.unit not in PER_ARM:
         return None
     try:
         return len(build_workload(study.workload, **dict(study.workload_params)).load_data(study.seed).train)
@@ -143,8 +145,8 @@ def training_rows(study: Study) -> Optional[int]:
 
 
 def budget_line(study: Study, p: Mapping[str, Any]) -> Optional[str]:
-    """The dry run's line on a budget in passes or seconds (``None`` for epochs): each arm's epochs and
-    steps under a pass budget, from its declared passes per step."""
+    """The dry run's line on a budget in steps, passes or seconds (``None`` for epochs): each arm's epochs
+    and steps under a pass or step budget, from its declared passes per step."""
     budget = p["budget"]
     if budget["unit"] == "epochs":
         return None
@@ -154,19 +156,20 @@ def budget_line(study: Study, p: Mapping[str, Any]) -> Optional[str]:
             f"past them (at most {study.max_epochs} epochs, which the LR schedule and ASHA's rungs span)"
         )
     arms = [a for a in p["arms"] if "budget" in a]
+    unit = budget["unit"]
     if not arms:
-        return f"budget in passes: {budget['amount']} per trial (each arm's epochs: the workload's data is missing)"
+        return f"budget in {unit}: {budget['amount']} per trial (each arm's epochs: the workload's data is missing)"
     each = ", ".join(
         f"{a['arm']} {a['budget']['epochs']} epochs ({a['budget']['steps']} steps x {a['budget']['passes_per_step']} "
         "passes)"
         for a in arms
     )
-    return f"budget in passes: {budget['amount']} per trial, the LR schedule over each arm's own: {each}"
+    return f"budget in {unit}: {budget['amount']} per trial, the LR schedule over each arm's own: {each}"
 
 
 def render(study: Study, console: Any) -> None:
     """Print :func:`plan` as a rich table to ``console`` (no cell split: :mod:`flatlab.analysis.console_table`);
-    a pass budget's arms with their epochs (:func:`training_rows` loads the data to count them)."""
+    a pass or step budget's arms with their epochs (:func:`training_rows` loads the data to count them)."""
     p = plan(study, training_rows(study))
     params = f" {p['workload_params']}" if p["workload_params"] else ""
     console.print(

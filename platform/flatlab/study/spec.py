@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from flatlab.analysis.curve_sets import Published
 from flatlab.errors import ConfigError, UnknownNameError
-from flatlab.study.budget import Budget, arm_grace_period
+from flatlab.study.budget import PER_ARM, Budget, arm_grace_period
 from flatlab.study.space import Dim, as_dim, grid_points, inner, is_searched
 from flatlab.study.tunings import tuning_seeds, with_tuning
 
@@ -149,7 +149,8 @@ class Study:
             ``Budget(epochs=E)`` (``max_epochs = E``), ``Budget(passes=P)`` (every arm trains until its
             declared passes reach P, so SGD gets about twice SAM's epochs; ``max_epochs`` and
             ``grace_period`` then count epochs of the arm with the most, and each arm's own are set at
-            launch: :meth:`epochs_of`, :meth:`grace_of`) or ``Budget(seconds=S)`` (training seconds,
+            launch: :meth:`epochs_of`, :meth:`grace_of`), ``Budget(steps=N)`` (every arm trains N optimizer
+            steps, its epochs set at launch likewise) or ``Budget(seconds=S)`` (training seconds,
             stopping at an epoch boundary; ``max_epochs`` still bounds the trial). See
             :mod:`flatlab.study.budget`.
         scheduler: ``asha`` (early stopping, ``grace_period`` epochs, ``reduction_factor``) or ``fifo``.
@@ -298,10 +299,11 @@ class Study:
         if trials is not None:
             changes["num_trials"] = trials
         if epochs is not None:
-            if isinstance(self.budget, Budget) and self.budget.unit == "passes":
+            if isinstance(self.budget, Budget) and self.budget.unit in PER_ARM:
+                unit = self.budget.unit
                 raise ConfigError(
-                    f"study {self.name!r}: an epoch budget (epochs={epochs}) with budget=Budget(passes="
-                    f"{self.budget.passes}): each arm's epochs follow from its passes; change the passes instead"
+                    f"study {self.name!r}: an epoch budget (epochs={epochs}) with budget=Budget({unit}="
+                    f"{self.budget.amount}): each arm's epochs follow from its {unit}; change the {unit} instead"
                 )
             if isinstance(self.budget, Budget) and self.budget.unit == "epochs":
                 changes["budget"] = dataclasses.replace(self.budget, epochs=epochs)
@@ -310,14 +312,14 @@ class Study:
         return dataclasses.replace(self, **changes)
 
     def epochs_of(self, arm: str) -> int:
-        """The epochs of arm ``arm``'s trials: its share of a pass budget once the launch has set it
+        """The epochs of arm ``arm``'s trials: its share of a pass or step budget once the launch has set it
         (:attr:`Budget.arm_epochs`), else ``max_epochs``."""
         per_arm = self.budget.arm_epochs if isinstance(self.budget, Budget) else {}
         return int(per_arm.get(arm, self.max_epochs))
 
     def grace_of(self, arm: str) -> int:
         """ASHA's first rung for arm ``arm``, in its epochs: ``grace_period`` scaled to its share of a pass
-        budget (:func:`~flatlab.study.budget.arm_grace_period`), else ``grace_period``."""
+        or step budget (:func:`~flatlab.study.budget.arm_grace_period`), else ``grace_period``."""
         per_arm = self.budget.arm_epochs if isinstance(self.budget, Budget) else {}
         if arm not in per_arm:
             return int(self.grace_period)  # type: ignore[arg-type]
@@ -362,6 +364,10 @@ class Study:
                 )
 
         long_warmup("train", self.train.get("warmup_epochs") if isinstance(self.train, Mapping) else None)
+        steps = self.budget.steps if isinstance(self.budget, Budget) else None
+        warmup = self.train.get("warmup_steps") if isinstance(self.train, Mapping) else None
+        if isinstance(steps, int) and isinstance(warmup, int) and warmup >= steps:
+            out.append(f"train warmup_steps={warmup} >= budget steps={steps}: the LR never leaves its warm-up")
         reused = sorted(set(self.final_seeds) & set(self.seeds)) if isinstance(self.final_seeds, tuple) else []
         if reused:
             out.append(

@@ -20,10 +20,10 @@ from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.optim.protocol import Progress, passes_of
 from flatlab.optim.registry import get_optimizer
-from flatlab.study.budget import ArmBudget, Budget, arm_budget
+from flatlab.study.budget import PER_ARM, ArmBudget, Budget, arm_budget
 from flatlab.study.space import SOURCE_SUFFIX, BestOf, inner, representatives
 from flatlab.study.spec import Arm, Study
-from flatlab.train.config import TRAINER_HPARAMS
+from flatlab.train.config import TRAINER_HPARAMS, warmup_steps_of
 from flatlab.train.resolved import resolve_spec
 from flatlab.train.trainer import TrialSpec
 from flatlab.workloads.registry import get_workload
@@ -75,20 +75,22 @@ def trial_spec(study: Study, config: Mapping[str, Any], device: str = "cpu") -> 
         trainer_params=trn,
         device=device,
         max_passes=budget.passes,
+        max_steps=budget.steps,
         max_seconds=budget.seconds,
     )
 
 
 def arm_budgets(study: Study, rows: int) -> Dict[str, ArmBudget]:
-    """Each arm's steps and epochs under ``study``'s pass budget (:func:`flatlab.study.budget.arm_budget`),
-    with ``rows`` training examples: the arm's optimizer built on a dummy parameter with its fixed values
-    and a representative of each searched one, its batch size resolved as its trials' (workload default,
-    ``Study.train``, the arm's fixed value). Empty without a pass budget.
+    """Each arm's steps and epochs under ``study``'s pass or step budget (:func:`flatlab.study.budget.arm_budget`,
+    a step costing :meth:`~flatlab.study.budget.Budget.step_cost`), with ``rows`` training examples: the
+    arm's optimizer built on a dummy parameter with its fixed values and a representative of each searched
+    one, its batch size resolved as its trials' (workload default, ``Study.train``, the arm's fixed value).
+    Empty without a pass or step budget.
 
     Raises:
         ConfigError: the budget does not cover an arm's first step.
     """
-    if study.budget is None or study.budget.passes is None:
+    if study.budget is None or study.budget.unit not in PER_ARM:
         return {}
     out: Dict[str, ArmBudget] = {}
     for arm in study.arms:
@@ -96,23 +98,26 @@ def arm_budgets(study: Study, rows: int) -> Dict[str, ArmBudget]:
         fixed = {k: v for k, v in typical.items() if not isinstance(inner(arm.dims.get(k)), BestOf)}
         config = {"arm": arm.name, "seed": 0, **fixed}
         spec = trial_spec(study, config)
-        batch = int(resolve_spec(spec)["trainer"]["batch_size"])
+        recipe = resolve_spec(spec)["trainer"]
+        batch = int(recipe["batch_size"])
         opt = get_optimizer(arm.optimizer).create([torch.zeros(1, requires_grad=True)], **dict(spec.optimizer_params))
         per_epoch = math.ceil(rows / batch)
         hook = getattr(opt, "on_progress", None)
         if hook is not None:  # IRE's switch-on by epoch or warm-up: known from here
-            warmup = int(round(float(resolve_spec(spec)["trainer"]["warmup_epochs"]) * per_epoch))
-            hook(Progress(0, 0, per_epoch * study.max_epochs, per_epoch, warmup))
+            hook(Progress(0, 0, per_epoch * study.max_epochs, per_epoch, warmup_steps_of(recipe, per_epoch)))
+        passes = lambda i, opt=opt: passes_of(opt, i)[1]  # noqa: E731
         try:
-            out[arm.name] = arm_budget(study.budget.passes, lambda i, opt=opt: passes_of(opt, i)[1], rows, batch)
+            out[arm.name] = arm_budget(
+                int(study.budget.amount), study.budget.step_cost(passes), rows, batch, step_passes=passes(0)
+            )
         except ValueError as exc:
             raise ConfigError(f"study {study.name!r}, arm {arm.name!r}: {exc}") from exc
     return out
 
 
 def with_arm_epochs(study: Study, rows: int) -> Study:
-    """``study`` with each arm's epochs under its pass budget set (:attr:`Budget.arm_epochs`, from
-    :func:`arm_budgets`) and ``max_epochs`` the largest of them; ``study`` itself without a pass budget.
+    """``study`` with each arm's epochs under its pass or step budget set (:attr:`Budget.arm_epochs`, from
+    :func:`arm_budgets`) and ``max_epochs`` the largest of them; ``study`` itself without one.
     The launch calls it once the data is loaded (``rows``: training examples), before any trial.
 
     Raises:

@@ -22,7 +22,7 @@ from flatlab.hparams import resolve
 from flatlab.interpolation import report as _interpolation_report  # noqa: F401 (registers the interpolation report)
 from flatlab.optim.registry import get_optimizer
 from flatlab.sharpness.measures import resolve_measures
-from flatlab.study.budget import Budget
+from flatlab.study.budget import PER_ARM, Budget
 from flatlab.study.space import BestOf, Fixed, condition_problems, grid_points, inner, is_searched, representatives
 from flatlab.study.spec import MODES, SCHEDULERS, SEARCHERS, Arm, Resources, Study
 from flatlab.study.trial_spec import declared, route
@@ -240,24 +240,24 @@ def _measure_more_problems(study: Study, where: str) -> List[str]:
 
 
 def _budget_problems(study: Study) -> List[str]:
-    """``budget`` is ``None`` or a valid :class:`~flatlab.study.budget.Budget`; under a pass budget no arm
-    searches ``batch_size`` (an arm's steps per epoch, so its epochs and ASHA rungs, must be known before
+    """``budget`` is ``None`` or a valid :class:`~flatlab.study.budget.Budget`; under a pass or step budget no
+    arm searches ``batch_size`` (an arm's steps per epoch, so its epochs and ASHA rungs, must be known before
     its trials start)."""
     budget = study.budget
     if budget is None:
         return []
     if not isinstance(budget, Budget):
         return [
-            f"budget={budget!r} ({type(budget).__name__}); expected None or Budget(epochs=...), Budget(passes=...) "
-            "or Budget(seconds=...)"
+            f"budget={budget!r} ({type(budget).__name__}); expected None or Budget(epochs=...), Budget(steps=...), "
+            "Budget(passes=...) or Budget(seconds=...)"
         ]
     out = budget.problems()
-    if budget.unit == "passes":
+    if budget.unit in PER_ARM:
         for arm in study.arms:
             if isinstance(arm.space, Mapping) and is_searched(arm.dims.get("batch_size", Fixed(None))):
                 out.append(
-                    f"arm {arm.name!r}: field 'batch_size' is searched under budget=Budget(passes=...); fix it per arm "
-                    "(an arm's epochs under a pass budget need its steps per epoch)"
+                    f"arm {arm.name!r}: field 'batch_size' is searched under budget=Budget({budget.unit}=...); fix it "
+                    f"per arm (an arm's epochs under a {budget.unit} budget need its steps per epoch)"
                 )
     return out
 

@@ -48,6 +48,15 @@ TRAINER_HPARAMS = (
     HParam("batch_size", 64, int, low=1, doc="mini-batch size (examples)"),
     HParam("schedule", "cosine", str, choices=SCHEDULES, doc="LR schedule over the run"),
     HParam("warmup_epochs", 0.0, float, low=0.0, doc="linear LR warm-up length (epochs)"),
+    HParam(
+        "warmup_steps",
+        None,
+        int,
+        low=0,
+        nullable=True,
+        doc="linear LR warm-up length in optimizer steps, instead of warmup_epochs (None = warmup_epochs; the IRE "
+        "paper's language models: 3000, 500, 300, 1000)",
+    ),
     HParam("final_lr_factor", 0.0, float, low=0.0, high=1.0, doc="cosine end lr as a fraction of the peak"),
     HParam("step_epochs", 30, int, low=1, doc="step schedule: epochs between decays"),
     HParam(
@@ -154,11 +163,25 @@ def loss_target(hp: Mapping[str, Any]) -> Optional[float]:
     return None
 
 
+def warmup_steps_of(hp: Mapping[str, Any], steps_per_epoch: int) -> int:
+    """The LR warm-up of a resolved recipe ``hp`` in optimizer steps: ``warmup_steps`` where it is set,
+    else ``round(warmup_epochs x steps_per_epoch)``."""
+    if hp.get("warmup_steps") is not None:
+        return int(hp["warmup_steps"])
+    return int(round(float(hp.get("warmup_epochs") or 0.0) * steps_per_epoch))
+
+
 def recipe_problems(hp: Mapping[str, Any]) -> List[str]:
     """What the trainer parameters ``hp`` (each already valid on its own) break together, one message per
     rule: ``stop_at_train_loss`` and ``measure_at_train_loss`` both set (a trial either stops at its target
-    or trains past it); the ``milestones`` schedule without ``milestones``."""
+    or trains past it); the ``milestones`` schedule without ``milestones``; ``warmup_steps`` with a
+    non-zero ``warmup_epochs`` (one warm-up, in one unit)."""
     out = []
+    if hp.get("warmup_steps") is not None and hp.get("warmup_epochs"):
+        out.append(
+            f"warmup_steps={hp['warmup_steps']!r} and warmup_epochs={hp['warmup_epochs']!r} are both set; set one "
+            "(warmup_steps counts optimizer steps, warmup_epochs epochs)"
+        )
     if hp.get("schedule") == "milestones" and not hp.get("milestones"):
         out.append("schedule='milestones' needs milestones, the epochs of the decays, e.g. milestones=[20, 50, 80]")
     stop, measure = (hp.get(name) for name in TARGET_HPARAMS)

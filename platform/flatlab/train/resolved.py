@@ -27,6 +27,8 @@ def resolve_trainer(train_defaults: Any, given: Mapping[str, Any]) -> Dict[str, 
             break a rule together (:func:`~flatlab.train.config.recipe_problems`).
     """
     defaults = dataclasses.asdict(train_defaults)
+    if given.get("warmup_steps") is not None:  # a warm-up in steps replaces the workload's in epochs
+        defaults["warmup_epochs"] = 0.0
     hp = resolve(TRAINER_HPARAMS, {**defaults, **dict(given)}, "trainer")
     problems = recipe_problems(hp)
     if problems:

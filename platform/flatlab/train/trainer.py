@@ -27,7 +27,7 @@ from flatlab.train.checkpoint import STATE_FILE, CheckpointError, StateSnapshot,
 from flatlab.train.closure import BatchClosure
 from flatlab.train.compiled import compile_model
 from flatlab.train.compute import ComputeCounter, steps_within
-from flatlab.train.config import loss_target
+from flatlab.train.config import loss_target, warmup_steps_of
 from flatlab.train.curve import LossCurve
 from flatlab.train.parallel import DataParallel, Shard, unwrap
 from flatlab.train.precision import Precision, accumulation_dtype
@@ -75,6 +75,9 @@ class TrialSpec:
         max_passes: a budget in passes (gradient evaluations over mini-batches, as the optimizer declares
             them: :func:`flatlab.optim.protocol.passes_of`) instead of ``epochs``: the run is the most steps
             whose passes fit in it (the last epoch may end part-way), and the LR schedule spans them.
+        max_steps: a budget in optimizer steps instead of ``epochs``: the run is exactly that many steps
+            (the last epoch may end part-way), and the LR schedule spans them. At most one of ``max_passes``
+            and ``max_steps``.
         max_seconds: a budget in training seconds: the run ends at the first epoch boundary at or past it
             (``epochs`` still bounds it, and the LR schedule spans ``epochs``).
     """
@@ -88,6 +91,7 @@ class TrialSpec:
     trainer_params: Mapping[str, Any] = field(default_factory=dict)
     device: str = "cpu"
     max_passes: Optional[int] = None
+    max_steps: Optional[int] = None
     max_seconds: Optional[float] = None
 
 
@@ -120,6 +124,10 @@ class Trainer:
     def __init__(
         self, spec: TrialSpec, data: Data, workload: Optional[Workload] = None, parallel: Optional[DataParallel] = None
     ) -> None:
+        if spec.max_passes is not None and spec.max_steps is not None:
+            raise ConfigError(
+                f"trainer: max_passes={spec.max_passes} and max_steps={spec.max_steps} are both set; set at most one"
+            )
         self.spec = spec
         self.workload = workload or build_workload(spec.workload, **dict(spec.workload_params))
         if not self.workload.trains:
@@ -156,9 +164,11 @@ class Trainer:
         )
         n = len(data.train)
         self.steps_per_epoch = math.ceil(n / self.hp["batch_size"])
-        warmup_steps = int(round(self.hp["warmup_epochs"] * self.steps_per_epoch))
+        warmup_steps = warmup_steps_of(self.hp, self.steps_per_epoch)
         self.compute = ComputeCounter()
-        self.max_steps = None if spec.max_passes is None else self._steps_in_budget(spec.max_passes, warmup_steps)
+        self.max_steps = (
+            spec.max_steps if spec.max_passes is None else self._steps_in_budget(spec.max_passes, warmup_steps)
+        )
         self.epochs = spec.epochs if self.max_steps is None else math.ceil(self.max_steps / self.steps_per_epoch)
         self.schedule = Schedule(
             kind=self.hp["schedule"],
