@@ -44,20 +44,12 @@ Ours, not the papers': the pass budget (SAM's 10 epochs of ``fmnist_flatness``),
 ``fmnist_flatness`` lists as its own choices.
 """
 
-from fmnist_flatness import (
-    ARMS,
-    CPU_SEEDS,
-    CPU_TRAIN_SIZE,
-    CPU_TRIALS,
-    CPU_TUNINGS,
-    CPU_VAL_SIZE,
-    REPLICATE_SEED,
-    REPLICATE_SEEDS,
-    TARGET_LOSS,
-    measures,
-)
+import dataclasses
 
-from flatlab import Budget, Resources, Study
+import fmnist_flatness
+from fmnist_flatness import ARMS, CPU_TRAIN_SIZE
+
+from flatlab import Budget, Study
 
 SCALES = ("cpu", "cpu-replicate", "smoke")
 NAME = "fmnist_equal_compute"
@@ -69,53 +61,27 @@ SMOKE_PASSES = 96  # 960 synthetic training images / 32 = 30 steps an epoch: SGD
 
 
 def build(scale: str) -> Study:
+    """``fmnist_flatness``'s study at the same scale, with this study's arms and pass budget."""
+    base = fmnist_flatness.build(scale)
     common = dict(
+        name=base.name.replace(fmnist_flatness.NAME, NAME, 1),
         description="flat-minima optimizers on Fashion-MNIST at equal passes: per-arm tuning, flatness, accuracy "
         "and time to target",
-        workload="fashion_mnist",
-        metric="val/accuracy",
-        mode="max",
-        scheduler="asha",
-        reduction_factor=2,
-        resources=Resources(cpu=1),
-        max_concurrent=2,
     )
     if scale == "smoke":
-        return Study(
-            name=f"{NAME}_smoke",
-            workload_params={
-                "model": "small_cnn",
-                "width": 8,
-                "data_path": "synthetic",
-                "synthetic_size": 1024,
-                "val_size": 64,
-            },
-            train={"batch_size": 32, "schedule": "cosine"},
+        return dataclasses.replace(
+            base,
             arms=(ARMS["sgd"], ARMS["sam"]),
-            num_trials=2,
+            train={"batch_size": 32, "schedule": "cosine"},
             budget=Budget(passes=SMOKE_PASSES),
-            max_epochs=3,
-            grace_period=1,
-            measures=measures(4),
-            measure_examples=32,
-            final_seeds=(1, 2),
             **common,
         )
-    replicate = scale == "cpu-replicate"
-    return Study(
-        name=f"{NAME}_replicate" if replicate else NAME,
-        workload_params={"model": "small_cnn", "train_size": CPU_TRAIN_SIZE, "val_size": CPU_VAL_SIZE},
-        train={"batch_size": 128, "schedule": "cosine", "measure_at_train_loss": TARGET_LOSS},
+    return dataclasses.replace(
+        base,
         arms=tuple(ARMS[a] for a in CPU_ARMS),
-        num_trials=CPU_TRIALS,
         budget=Budget(passes=CPU_PASSES),
         max_epochs=20,
         grace_period=6,
         target_metric=TARGET_ACCURACY,
-        measures=measures(20),
-        measure_examples=512,
-        final_seeds=REPLICATE_SEEDS if replicate else CPU_SEEDS,
-        seed=REPLICATE_SEED if replicate else 0,
-        tunings=CPU_TUNINGS,
         **common,
     )
