@@ -4,7 +4,7 @@ scale ``sigma``, one line per arm, from a study's MLflow trials.
 A study asks for the sweep with ``measures={"neighbourhood_loss": {"sigmas": [...], ...}}``; every trial
 then logs ``flat/neighbourhood_loss/sigma_<s>`` and ``flat/neighbourhood_loss/sigma_<s>_var``
 (:mod:`flatlab.sharpness.measures`). After the study, :func:`sweep_table` averages them over seeds per arm
-and :func:`plot_sweep` draws them; :func:`flatlab.tracking.publish.log_flatness_sweep` logs, on the launch's
+and :func:`plot_sweep` draws them; :func:`flatlab.reports.publish.log_flatness_sweep` logs, on the launch's
 parent run:
 
 * ``flatness_sweep/neighbourhood_loss_vs_sigma.csv``: one row per (arm, sigma): ``mean`` (the seeds'

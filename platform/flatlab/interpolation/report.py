@@ -32,10 +32,10 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.interpolation.sweep import SweepResult
+from flatlab.reports.declared import StudyReport, register_report
 from flatlab.sharpness.results import Estimate
 from flatlab.tracking import runs
 from flatlab.tracking.checkpoints import RUN_PREFIX, is_reference, parse_reference
-from flatlab.tracking.reports import StudyReport, register_report
 from flatlab.tracking.trials import parent_runs, trials_frame
 
 _LAYER = "sharpness/layer/"

@@ -9,7 +9,7 @@ A launch's stages, in order (:meth:`StudyLaunch.run`)::
                 loaded; launch.json written "running"; the Tuner built or restored (tuner.py)
     tune        the search, then the final stage (final_stage.py)
     close       how the launch ended, in MLflow and launch.json (always, also on a failure or Ctrl-C)
-    post_study  the reports, read from the trials once (flatlab.reports.post_study)
+    post_study  the reports: the trials read once, analysed, written to the launch's run (flatlab.reports)
 
 Output root layout (``--root``, default ``./flatlab-runs``)::
 
@@ -22,6 +22,7 @@ Output root layout (``--root``, default ``./flatlab-runs``)::
 
 from __future__ import annotations
 
+import functools
 import logging
 import shlex
 import time
@@ -29,15 +30,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from flatlab.interpolation import report as _interpolation_report  # noqa: F401 (registers the interpolation report)
+from flatlab.reports.launched import Launched
+from flatlab.reports.post_study import post_study
 from flatlab.study.budget import budget_record
 from flatlab.study.chain import resolve_chained
 from flatlab.study.driver_log import quiet_libraries, setup_file_logging
 from flatlab.study.final_stage import final_stage_tuner
 from flatlab.study.launch_record import grown_studies, launch_tracking_uri, previous_launch
-from flatlab.study.launches import Launch, launch_file
+from flatlab.study.launches import Launch, launch_file, log_file
 from flatlab.study.options import RunOptions, StudyOutcome
-from flatlab.study.parent_run import common_tags, open_parent_run
-from flatlab.study.post_study import post_study
+from flatlab.study.parent_run import common_tags, open_parent_run, study_columns
 from flatlab.study.ray_compat import check_ray_version, retry_system_failures_only
 from flatlab.study.ray_start import check_local_resources, init_ray
 from flatlab.study.searchers import optuna_study_name
@@ -46,6 +49,7 @@ from flatlab.study.trial_spec import with_arm_epochs
 from flatlab.study.tuner import Started, build_tuner, experiment_path
 from flatlab.study.tunings import study_lanes
 from flatlab.tracking import runs
+from flatlab.workloads.ranges import ranges_of
 from flatlab.workloads.registry import build_workload
 
 __all__ = ["RunOptions", "StudyLaunch", "StudyOutcome", "resume_command", "run_study"]
@@ -331,9 +335,25 @@ class StudyLaunch:
             logger.warning("MLflow: %s", err)
 
     def post_study(self) -> None:
-        """The post-study reports of the launch (:func:`flatlab.study.post_study.post_study`)."""
-        record = self.record
-        post_study(self.study, self.tracking_uri, record.experiment_id, record.parent_run_id, self.out, self.console)
+        """The post-study pipeline (:func:`flatlab.reports.post_study.post_study`), handed what the launch
+        knows that its trials do not (:class:`~flatlab.reports.launched.Launched`)."""
+        record, study = self.record, self.study
+        optuna_studies = record.optuna_studies or {
+            a.name: optuna_study_name(record.experiment_name, a.name) for a in study.arms
+        }  # a --continue launch adds its trials to the previous launch's studies
+        launched = Launched(
+            study=study,
+            tracking_uri=self.tracking_uri,
+            experiment_id=record.experiment_id,
+            parent_run_id=record.parent_run_id,
+            out=self.out,
+            log=log_file(self.out),
+            optuna_studies=optuna_studies,
+            ranges=ranges_of(study.workload),
+            columns=functools.partial(study_columns, study),
+            console=self.console,
+        )
+        post_study(launched)
 
     def outcome(self, num_trials: int) -> StudyOutcome:
         """What the launch produced, ``num_trials`` its search's budget."""
