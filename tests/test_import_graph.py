@@ -3,7 +3,7 @@
 1. A workload is data, model, loss and evaluation only: no module under ``flatlab/workloads`` imports
    ``flatlab.tracking``, ``flatlab.study`` or ``mlflow``, at module level or inside a function
    (checkpoints named by earlier trials are resolved at launch by ``flatlab.study.chain`` and fetched by
-   ``flatlab.tracking.checkpoints``; reports over a study's trials are ``flatlab.tracking.reports``').
+   ``flatlab.tracking.checkpoints``; reports over a study's trials are ``flatlab.reports.declared``').
 2. No cycles among ``flatlab`` modules. An edge is every import of a flatlab module at module level AND
    inside functions: a function-level import only defers loading (a heavy library, an optional
    dependency), it is still a dependency, and a deferred import is exactly how an import cycle hides

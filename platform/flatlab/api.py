@@ -56,8 +56,8 @@ def run(
             that ``RunOptions`` does not have (naming the valid ones), or any error ``flatlab run`` reports
             (a resume option that differs from the launch's, ``resume`` with ``continue_`` ...).
     """
-    from flatlab.study.prepare import prepare
-    from flatlab.study.runner import RunOptions, run_study
+    from flatlab.study.options import RunOptions
+    from flatlab.study.run_file import run_file
 
     valid = [f.name for f in dataclasses.fields(RunOptions) if f.name not in ("root", "source", "overrides")]
     unknown = [k for k in options if k not in valid]
@@ -88,20 +88,16 @@ def run(
         "checkpoint_every": checkpoint_every,
     }
     only = [studies] if isinstance(studies, str) else list(studies or [])
-    prepared = prepare(
-        study, given, root_path, resume=bool(options.get("resume")), continue_=bool(options.get("continue_")), only=only
-    )
-    if options.get("address"):  # an unreachable head fails within seconds, as with the CLI
-        from flatlab.cluster import check_address
 
-        check_address(options["address"])
+    def check(_studies: List[Study]) -> bool:
+        if options.get("address"):  # an unreachable head fails within seconds, as with the CLI
+            from flatlab.cluster import check_address
+
+            check_address(options["address"])
+        return True
+
     opts = RunOptions(root=root_path, source="" if isinstance(study, Study) else os.fspath(study), **options)
-    outcomes = []
-    for p in prepared:
-        outcome = run_study(p.study, dataclasses.replace(opts, overrides=p.budget), console=console)
-        outcomes.append(outcome)
-        if outcome.interrupted:
-            break
+    outcomes = run_file(study, given, opts, only=only, console=console, check=check)
     return outcomes[0] if isinstance(study, Study) else outcomes
 
 

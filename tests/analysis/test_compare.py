@@ -14,7 +14,7 @@ from rich.console import Console
 
 from flatlab.analysis import compare as cmp
 from flatlab.errors import ConfigError
-from flatlab.tracking.publish import log_comparison
+from flatlab.reports.publish import log_comparison
 from flatlab.workloads.ranges import ranges_of
 
 # Student t quantiles t_{0.975, nu}: nu = 2 in closed form, nu = 3 checked against the closed-form CDF below.

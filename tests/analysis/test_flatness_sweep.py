@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from flatlab.analysis.flatness_sweep import plot_sweep, sweep_table, wants_sweep
-from flatlab.tracking.publish import log_flatness_sweep
+from flatlab.analysis.sample import Sample
+from flatlab.reports.publish import log_flatness_sweep
 
 
 def _frame():
@@ -69,7 +70,9 @@ def test_only_a_sigma_sweep_triggers_the_figure(tmp_path):
     assert not wants_sweep({"neighbourhood_loss": {"sigma": 0.1}}) and not wants_sweep({}) and not wants_sweep(None)
     study = SimpleNamespace(name="s", measures={"fisher_trace": {}})
     missing = f"sqlite:///{tmp_path / 'absent.db'}"
-    assert log_flatness_sweep(missing, "run", study) == [] and not (tmp_path / "absent.db").exists()
+    assert (
+        log_flatness_sweep(missing, "run", study, Sample.of(_frame())) == [] and not (tmp_path / "absent.db").exists()
+    )
 
 
 def test_plot_sweep_draws_no_offset_text(tmp_path, monkeypatch):

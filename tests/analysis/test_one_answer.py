@@ -138,7 +138,7 @@ def test_best_of_chains_from_the_same_configuration(store):
 
 
 def test_the_steps_to_target_reference_is_the_same_configuration_for_every_seed(store):
-    from flatlab.tracking.speedup import log_steps_to_target
+    from flatlab.reports.speedup import log_steps_to_target
 
     uri, exp, parent, ids = store
     summary = log_steps_to_target(uri, exp, parent, study())

@@ -46,7 +46,7 @@ def test_the_data_would_show_an_offset_by_default():
 
 
 def test_learning_curves_have_integer_epoch_ticks_and_no_offset(monkeypatch, tmp_path):
-    from flatlab.study.report import plot_learning_curves
+    from flatlab.reports.study_report import plot_learning_curves
 
     df = pd.DataFrame(
         {
@@ -111,7 +111,7 @@ def test_parallel_coordinates_are_readable(monkeypatch, tmp_path):
     import optuna
 
     from flatlab.analysis.plot_axes import tidy_parallel_coordinate
-    from flatlab.study.report import _optuna_png
+    from flatlab.reports.study_report import _optuna_png
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     st = optuna.create_study(direction="maximize")
@@ -152,7 +152,7 @@ def test_optuna_pngs_have_no_offset(monkeypatch, tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from flatlab.study.report import _optuna_png
+    from flatlab.reports.study_report import _optuna_png
 
     def draw():
         fig, ax = plt.subplots()

@@ -454,7 +454,7 @@ def test_a_study_declares_its_reference_relative_to_the_study_file(tmp_path, mon
     s = load_studies(path)[0]
     assert s.published.path == str(tmp_path / "curves.json") and s.published.arms == {"sgd": "c", "adam": "d"}
     assert plan(s)["published"] == {"path": str(tmp_path / "curves.json"), "arms": {"sgd": "c", "adam": "d"}}
-    from flatlab.tracking.published_runs import launch_param
+    from flatlab.reports.published_runs import launch_param
 
     recorded = json.loads(launch_param(s.published)["published"])  # the declaration and the file's citation
     assert recorded == {**plan(s)["published"], "citation": "A. Author, Toy, 2024"} and launch_param(None) == {}
@@ -497,8 +497,8 @@ def launched_store(root, curves):
     """The store of :func:`store` in ``root``, its launch declaring the curve-set file ``curves``."""
     from mlflow.entities import Metric, Param
 
+    from flatlab.reports.published_runs import launch_param
     from flatlab.tracking import runs
-    from flatlab.tracking.published_runs import launch_param
 
     uri = f"sqlite:///{root / 'mlflow.db'}"
     exp = runs.get_or_create_experiment(uri, "toy", runs.artifact_location(root))
@@ -537,7 +537,7 @@ def launched_store(root, curves):
 
 
 def test_compare_study_reads_the_declared_reference_and_the_histories(store):
-    from flatlab.tracking.published_runs import compare_study, declared_reference
+    from flatlab.reports.published_runs import compare_study, declared_reference
 
     uri, curves, _ = store
     assert declared_reference(uri, "toy") == curve_sets.Published(curves, {"a": "c"})
@@ -556,8 +556,8 @@ def test_log_curves_puts_the_comparison_on_the_launch_run_and_never_raises(store
     from rich.console import Console
 
     from flatlab import Arm, Study
+    from flatlab.reports.published_runs import log_curves
     from flatlab.tracking import runs
-    from flatlab.tracking.published_runs import log_curves
 
     uri, curves, parent = store
     out = io.StringIO()
@@ -659,7 +659,7 @@ def test_curves_reads_a_moved_file_from_the_checkout_at_the_working_directory(mo
     from typer.testing import CliRunner
 
     from flatlab.cli.main import app
-    from flatlab.tracking.published_runs import compare_study
+    from flatlab.reports.published_runs import compare_study
 
     uri, gone, found = moved
     note = f"note: the curve-set file recorded at launch, {gone}, is missing; using {found} instead\n"
@@ -678,7 +678,7 @@ def test_curves_names_the_recorded_file_and_the_one_tried_when_neither_exists(mo
     from typer.testing import CliRunner
 
     from flatlab.cli.main import app
-    from flatlab.tracking.published_runs import compare_study
+    from flatlab.reports.published_runs import compare_study
 
     uri, gone, found = moved
     elsewhere = tmp_path / "elsewhere"
@@ -708,7 +708,7 @@ def test_curves_names_the_recorded_file_and_the_one_tried_when_neither_exists(mo
 
 
 def test_a_moved_file_is_replaced_only_by_the_same_reference(tmp_path):
-    from flatlab.tracking.published_runs import reference_curves
+    from flatlab.reports.published_runs import reference_curves
 
     checkout = tmp_path / "main"
     found = checkout / "studies" / "published" / "toy.json"

@@ -64,7 +64,7 @@ def run_smoke(name, root):
             assert "train/loss" in r.data.metrics and "time/epoch_s" in r.data.metrics
             if trains:  # the worker logs the smoothed training-loss curve at the last epoch
                 assert client.get_metric_history(r.info.run_id, CURVE_METRIC), (study.name, r.info.run_id)
-            if study.reference_arm is not None:  # logged after Tune (flatlab.tracking.speedup)
+            if study.reference_arm is not None:  # logged after Tune (flatlab.reports.speedup)
                 reached = r.data.tags.get("flatlab.target_reached")
                 own = r.data.tags[runs.TAG_ARM] == study.reference_arm
                 assert reached == "true" or (reached == "false" and not own), (

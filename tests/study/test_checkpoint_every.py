@@ -209,5 +209,5 @@ def test_result_buffering_environment():
     import flatlab.study.runner as runner_mod
 
     assert "os.environ.setdefault(key, value)" in inspect.getsource(driver_log.quiet_libraries)
-    src = inspect.getsource(runner_mod.run_study)
-    assert src.index("quiet_libraries()") < src.index("_open(") < src.index("_tune(")
+    src = inspect.getsource(runner_mod.StudyLaunch.run)
+    assert src.index("quiet_libraries()") < src.index("self.open(") < src.index("self.tune()")

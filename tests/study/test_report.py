@@ -70,15 +70,34 @@ def store(tmp_path):
     return uri, c, parent, out
 
 
+def launched(uri, client, parent, out):
+    """The launch as the post-study pipeline hands it to the report: its Optuna studies as launch.json
+    names them, the default view's columns of the study."""
+    from flatlab.reports.launched import Launched
+    from flatlab.study.parent_run import study_columns
+
+    return Launched(
+        STUDY,
+        uri,
+        client.get_run(parent).info.experiment_id,
+        parent,
+        out,
+        out / "logs" / "flatlab.log",
+        optuna_studies={"sgd": f"{LAUNCH}.sgd", "adamw": f"{LAUNCH}.adamw"},
+        columns=lambda tests: study_columns(STUDY, tests),
+    )
+
+
 def test_report_logs_best_per_arm_and_every_plot(store, caplog):
     import matplotlib
 
-    from flatlab.study.report import log_study_report
+    from flatlab.reports.study_report import log_study_report
+    from flatlab.tracking.trials import trials_frame
 
     uri, c, parent, out = store
     style = dict(matplotlib.rcParams)
-    with caplog.at_level(logging.INFO, logger="flatlab.study.report"):
-        logged = log_study_report(STUDY, uri, parent, out)
+    with caplog.at_level(logging.INFO, logger="flatlab.reports.study_report"):
+        logged = log_study_report(launched(uri, c, parent, out), trials_frame(uri, STUDY.name))
     assert dict(matplotlib.rcParams) == style  # Optuna's ggplot style does not leak into the caller's plots
     assert c.get_run(parent).data.metrics == {}  # one table, no per-arm metrics crowding the trials' charts
     table = json.loads(open(c.download_artifacts(parent, "report/best_per_arm.json", str(out))).read())
@@ -124,7 +143,7 @@ def test_report_logs_best_per_arm_and_every_plot(store, caplog):
 def test_learning_curves_draw_one_line_per_trial_and_panel_per_arm(store, tmp_path):
     from matplotlib.figure import Figure
 
-    from flatlab.study.report import plot_learning_curves
+    from flatlab.reports.study_report import plot_learning_curves
     from flatlab.tracking.trials import trials_frame
 
     uri, c, parent, out = store
@@ -157,13 +176,16 @@ def test_learning_curves_draw_one_line_per_trial_and_panel_per_arm(store, tmp_pa
 
 
 def test_skips_are_logged_never_raised(store, caplog):
-    from flatlab.study.report import log_study_report
+    from flatlab.reports.study_report import log_study_report
+    from flatlab.tracking.trials import trials_frame
 
     uri, c, parent, out = store
     (out / "optuna.db").unlink()  # e.g. a grid study: no Optuna studies
-    with caplog.at_level(logging.INFO, logger="flatlab.study.report"):
-        log_study_report(STUDY, uri, parent, out)
-        assert log_study_report(STUDY, "sqlite:///" + str(out / "missing.db"), parent, out) == []  # no store: no raise
+    trials = trials_frame(uri, STUDY.name)
+    with caplog.at_level(logging.INFO, logger="flatlab.reports.study_report"):
+        log_study_report(launched(uri, c, parent, out), trials)
+        missing = launched("sqlite:///" + str(out / "missing.db"), c, parent, out)
+        assert log_study_report(missing, trials) == []  # no store: no raise
     assert "no Optuna studies" in caplog.text
     assert {a.path for a in c.list_artifacts(parent, "report")} == {
         "report/learning_curves.png",
@@ -236,7 +258,7 @@ def test_best_per_arm_score_is_the_configurations_mean_over_its_seeds():
 def test_importances_are_skipped_with_a_reason_when_every_trial_scores_the_same(tmp_path, values, pngs, reason):
     import optuna
 
-    from flatlab.study.report import _arm_plots
+    from flatlab.reports.study_report import _arm_plots
 
     st = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
     for v in values:

@@ -123,12 +123,12 @@ def test_cli_time_to_target_profiles_over_studies(store, tmp_path):
 
 
 def test_a_launch_logs_its_cost_curves(store):
-    from flatlab.tracking.publish import log_study_analysis
-    from flatlab.tracking.trials import parent_runs
+    from flatlab.reports.publish import log_study_analysis
+    from flatlab.tracking.trials import parent_runs, read_sample
 
     uri, _ = store
     parent = parent_runs(uri, "eq")[0].info.run_id
-    logged = log_study_analysis(uri, parent, "eq")
+    logged = log_study_analysis(uri, parent, "eq", read_sample(uri, "eq", launch=parent))
     want = {f"cost_curves/val_accuracy_by_{u}.{x}" for u in ("passes", "seconds") for x in ("csv", "png")}
     assert want <= set(logged)
     names = {f.path for f in runs.client(uri).list_artifacts(parent, "cost_curves")}

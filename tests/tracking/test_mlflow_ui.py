@@ -216,8 +216,8 @@ def test_the_step_curve_has_its_own_section_and_interpolated_times(tmp_path):
 def test_a_run_logged_before_the_rename_still_gives_its_curve(tmp_path):
     from mlflow.entities import Metric
 
+    from flatlab.reports.speedup import _curve
     from flatlab.tracking.artifacts import LEGACY_CURVE_METRIC
-    from flatlab.tracking.speedup import _curve
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     exp = runs.get_or_create_experiment(uri, "old", (tmp_path / "art").as_uri())
@@ -231,7 +231,7 @@ def test_published_curves_place_a_summary_value_at_the_last_epoch(tmp_path):
     """flatlab curves reads per-epoch histories: a test metric logged once (step 0) belongs to epoch 3."""
     from mlflow.entities import Metric, Param
 
-    from flatlab.tracking.published_runs import epoch_values
+    from flatlab.reports.published_runs import epoch_values
     from flatlab.tracking.trials import trials_frame
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"

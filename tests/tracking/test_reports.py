@@ -10,9 +10,9 @@ import pytest
 import flatlab.interpolation.report  # noqa: F401 (registers the interpolation report)
 from flatlab import Arm, Study
 from flatlab.errors import ConfigError
+from flatlab.reports import declared as reports
+from flatlab.reports.declared import REPORTS, StudyReport, resolve_reports, run_reports
 from flatlab.study.validate import validate
-from flatlab.tracking import reports
-from flatlab.tracking.reports import REPORTS, StudyReport, resolve_reports, run_reports
 
 
 def toy_study(**reports_):

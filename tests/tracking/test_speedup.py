@@ -6,8 +6,8 @@ import pytest
 from mlflow.entities import Metric
 
 from flatlab import Arm, Study
+from flatlab.reports import speedup as su
 from flatlab.tracking import runs
-from flatlab.tracking import speedup as su
 from flatlab.tracking.artifacts import CURVE_METRIC, WorkerTracking, log_curve, log_trial_artifacts
 from flatlab.train.trainer import TrialSpec
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from flatlab.reports.declared import toy_figure
 from flatlab.study.loader import load_studies
 from flatlab.study.validate import validate
-from flatlab.tracking.reports import toy_figure
 from flatlab.train.closure import BatchClosure
 from flatlab.train.trainer import Trainer, TrialSpec
 from flatlab.workloads.registry import build_workload

@@ -15,5 +15,5 @@
 * :mod:`~flatlab.analysis.speedup`, :mod:`~flatlab.analysis.flatness_sweep`, :mod:`~flatlab.analysis.report`:
   steps to a target, TSAM's sigma sweep, the one-row-per-arm summary.
 
-Reading trials from MLflow is :mod:`flatlab.tracking.trials`; logging these outputs is :mod:`flatlab.tracking.publish`.
+Reading trials from MLflow is :mod:`flatlab.tracking.trials`; logging these outputs is :mod:`flatlab.reports.publish`.
 """

@@ -9,7 +9,7 @@ then logs ``flat/neighbourhood_loss/sigma_<s>`` and ``flat/neighbourhood_loss/si
 (:mod:`flatlab.sharpness.measures`); likewise ``sam_objective``'s ``rhos`` and ``tilted_objective``'s
 ``ts`` (:data:`flatlab.ranges.SWEEPS`), with the mean only. After the study, :func:`sweep_table`
 averages them over seeds per arm and :func:`plot_sweep` draws them;
-:func:`flatlab.tracking.publish.log_flatness_sweep` logs, on the launch's parent run:
+:func:`flatlab.reports.publish.log_flatness_sweep` logs, on the launch's parent run:
 
 * ``flatness_sweep/neighbourhood_loss_vs_sigma.csv``: one row per (arm, sigma): ``mean`` (the seeds'
   average of the mean perturbed loss), ``mean_std`` (its standard deviation over seeds), ``var`` and

@@ -5,7 +5,7 @@
 (:mod:`flatlab.analysis.curve_sets`: the file and a study's declaration of it), and says per epoch and
 metric whether flatlab's mean lies inside the published range ``[min, max]`` and whether its interval
 overlaps that range. Everything here works on plain values and DataFrames;
-:mod:`flatlab.tracking.published_runs` reads flatlab's side from MLflow.
+:mod:`flatlab.reports.published_runs` reads flatlab's side from MLflow.
 
 A published range of a few runs is narrow (two seeds give one ``[min, max]``): a flatlab mean outside
 it is a reason to look, not by itself evidence of a difference. Where both sides have at least two
@@ -107,7 +107,7 @@ def compare_curves(
         curves: the published curve set (:func:`flatlab.analysis.curve_sets.load_curves`).
         flatlab: a long DataFrame of flatlab's values, one row per (arm, seed, metric, epoch): columns
             ``arm``, ``seed``, ``metric`` (e.g. ``test/accuracy``), ``epoch`` (epochs trained, the MLflow
-            step) and ``value``; the final-seed runs of each arm (:mod:`flatlab.tracking.published_runs`).
+            step) and ``value``; the final-seed runs of each arm (:mod:`flatlab.reports.published_runs`).
         arms: arm name -> curve name.
         metrics: the flatlab metrics to compare (default: every metric the curve set maps to).
         epochs: only these epochs (default: every epoch both sides have).
@@ -295,7 +295,7 @@ def checkout_path(path: Any) -> str:
     """Where a curve-set file lies in the checkout that holds it: its path from the nearest enclosing
     folder named ``studies`` on (``studies/published/deepobs_fmnist_2c2d.json``), else its name alone.
     Rules 2 and 3 of :func:`shown_path`; ``flatlab curves`` looks for a recorded file that has gone at this
-    path under the working directory (:func:`flatlab.tracking.published_runs.reference_curves`).
+    path under the working directory (:func:`flatlab.reports.published_runs.reference_curves`).
 
     Args:
         path: an absolute path (a relative one is taken as it is spelled, not resolved).

@@ -7,7 +7,7 @@ that seed in its best-ranked configuration that completed the seed
 stage's trials measured against its own reference); with a fixed ``target_loss`` it is that number. A
 trial's steps to the target are the first recorded step whose smoothed loss is <= the target (an upper
 bound within one curve stride of the exact step); the speed-up is the reference trial's total steps over
-them (> 1: faster than the reference). :func:`flatlab.tracking.speedup.log_steps_to_target` reads the
+them (> 1: faster than the reference). :func:`flatlab.reports.speedup.log_steps_to_target` reads the
 curves from MLflow and logs the results.
 """
 

@@ -13,8 +13,8 @@ import typer
 from flatlab.analysis import published as pub
 from flatlab.cli.app import ROOT_HELP, _fail, _root, app, check_confidence, console
 from flatlab.errors import ConfigError, FlatlabError
+from flatlab.reports.published_runs import compare_study
 from flatlab.tracking import runs
-from flatlab.tracking.published_runs import compare_study
 
 FORMATS = ("table", "markdown", "csv")
 

@@ -23,7 +23,7 @@ def objectives(
 ) -> None:
     """Print each trained model (row) on the ERM, SAM and tilted objectives (columns), one table per split
     (TSAM paper, Table 2), and log them on the study's launch run."""
-    from flatlab.tracking.reports import objectives_report
+    from flatlab.reports.declared import objectives_report
 
     base = _root(root).resolve()
     uri = tracking_uri or runs.default_tracking_uri(base)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import typer
 
@@ -77,21 +76,6 @@ def run(
         "scale": scale,
         "checkpoint_every": checkpoint_every,
     }
-    # torch loads with the studies' validation: deferred, so that `flatlab --help` starts without it
-    # torch on first use: the CLI starts without it
-    from flatlab.study.prepare import prepare
-
-    try:  # --resume: the launch's scale, budget and checkpoint cadence (study/prepare.py, as flatlab.run)
-        prepared = prepare(str(study_file), given, _root(root), resume=resume, continue_=continue_, only=study or ())
-    except (FlatlabError, ValueError) as exc:
-        _fail(exc)
-    for s in (p.study for p in prepared):
-        for warning in s.warnings():
-            err.print(f"[yellow]warning:[/yellow] study {s.name!r}, {warning}", soft_wrap=True)
-    if dry_run:
-        _print_plans([p.study for p in prepared], tracking_uri or default_tracking_uri(_root(root).resolve()))
-        return
-    _check_before_launch([p.study for p in prepared], resume, address)
     opts = RunOptions(
         root=_root(root),
         address=address,
@@ -102,17 +86,57 @@ def run(
         source=str(study_file),
         num_cpus=num_cpus,
     )
-    interrupted = all_failed = False
-    for p in prepared:
-        outcome = _launch(p.study, dataclasses.replace(opts, overrides=p.budget), address)
-        interrupted |= outcome.interrupted
-        all_failed |= _report(p.study, outcome, str(study_file), _root(root).resolve())
-        if interrupted:
-            break
+    interrupted, all_failed = _launch_file(study_file, given, opts, study or (), dry_run)
     if interrupted:
         raise typer.Exit(130)
     if all_failed:
         raise typer.Exit(1)
+
+
+def _launch_file(
+    study_file: Path, given: Dict[str, Any], opts: RunOptions, only: Sequence[str], dry_run: bool
+) -> Tuple[bool, bool]:
+    """:func:`flatlab.study.run_file.run_file` of STUDY_FILE, with the CLI's checks (the studies' warnings,
+    then the dry run's plans, or the checks before a launch) and each launch's report; a bad study file,
+    option or address is one line and exit 2. Returns ``(interrupted, every trial of a study failed)``."""
+    # torch loads with the studies' validation, Ray and MLflow with the runner: `flatlab --help` starts without them
+    from flatlab.study.run_file import run_file
+
+    prepared: List[Study] = []  # the studies, once the file was prepared: errors after that are the launch's
+    all_failed: List[bool] = []
+
+    def check(studies: List[Study]) -> bool:
+        prepared.extend(studies)
+        for s in studies:
+            for warning in s.warnings():
+                err.print(f"[yellow]warning:[/yellow] study {s.name!r}, {warning}", soft_wrap=True)
+        if dry_run:
+            _print_plans(studies, opts.tracking_uri or default_tracking_uri(Path(opts.root).resolve()))
+            return False
+        _check_before_launch(studies, opts.resume, opts.address)
+        return True
+
+    def report(s: Study, outcome: StudyOutcome) -> None:
+        all_failed.append(_report(s, outcome, str(study_file), Path(opts.root).resolve()))
+
+    try:
+        outcomes = run_file(str(study_file), given, opts, only=only, console=console, check=check, report=report)
+    except FlatlabError as exc:
+        _fail(exc)
+    except ValueError as exc:  # a study file's own error; one raised by a launch is not the input's
+        if prepared:
+            raise
+        _fail(exc)
+    except ConnectionError as exc:  # Ray's, e.g. a head that wants a token we do not have
+        if not (prepared and opts.address):
+            raise
+        _fail(
+            FlatlabError(
+                f"--address {opts.address}: {exc}; a head with token authentication needs its token here "
+                "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
+            )
+        )
+    return any(o.interrupted for o in outcomes), any(all_failed)
 
 
 def _print_plans(studies: List[Study], tracking_uri: str) -> None:
@@ -162,26 +186,6 @@ def _check_before_launch(studies: List[Study], resume: bool, address: Optional[s
             check_address(address)
     except FlatlabError as exc:
         _fail(exc)
-
-
-def _launch(study: Study, opts: RunOptions, address: Optional[str]) -> StudyOutcome:
-    """:func:`flatlab.study.runner.run_study` of one study; its errors become one line and exit 2."""
-    # Ray, MLflow, Optuna and torch load with the runner: the CLI starts without them
-    from flatlab.study import runner
-
-    try:
-        return runner.run_study(study, opts, console=console)
-    except FlatlabError as exc:
-        _fail(exc)
-    except ConnectionError as exc:  # Ray's, e.g. a head that wants a token we do not have
-        if not address:
-            raise
-        _fail(
-            FlatlabError(
-                f"--address {address}: {exc}; a head with token authentication needs its token here "
-                "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
-            )
-        )
 
 
 def _report(study: Study, outcome: StudyOutcome, source: str, root: Path) -> bool:

@@ -41,10 +41,10 @@ from flatlab.analysis.sample import Sample
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.interpolation.sweep import SweepResult
+from flatlab.reports.declared import StudyReport, register_report
 from flatlab.sharpness.results import Estimate
 from flatlab.tracking import runs
 from flatlab.tracking.checkpoints import RUN_PREFIX, is_reference, parse_reference
-from flatlab.tracking.reports import StudyReport, register_report
 from flatlab.tracking.trials import parent_runs, trials_frame
 
 _GENERAL = "flat/avg_sharpness"

@@ -1,6 +1,7 @@
-"""Which launch a run finishes or grows, and its record in launch.json (:class:`~flatlab.study.launches.Launch`)
-from the moment it has a parent run: written ``running`` before Tune starts, ended ``failed`` or ``killed``
-when it fails before that."""
+"""Which launch a run finishes or grows, and its MLflow store: the rules checked before anything starts
+(:meth:`flatlab.study.runner.StudyLaunch.find`). The record itself, launch.json, is
+:class:`~flatlab.study.launches.Launch`; the launch writes it
+(:meth:`~flatlab.study.runner.StudyLaunch.write_record`)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,9 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from flatlab.errors import ConfigError
-from flatlab.study.budget import budget_record
 from flatlab.study.launches import Launch, continued_studies, launch_file
 from flatlab.study.options import RunOptions
-from flatlab.study.searchers import optuna_study_name
 from flatlab.study.spec import Study
-from flatlab.study.tuner import experiment_path
-from flatlab.study.tunings import study_lanes
 from flatlab.tracking import runs
 
 logger = logging.getLogger("flatlab")
@@ -92,74 +89,3 @@ def grown_studies(study: Study, previous: Optional[Launch], root: Path) -> Dict[
         "optuna_studies": names,
         "optuna_prefix": prefix,
     }
-
-
-def record_launch(
-    study: Study,
-    opts: RunOptions,
-    resumed: Optional[Launch],
-    grown: Optional[Dict[str, Any]],
-    root: Path,
-    storage_path: str,
-    tracking_uri: str,
-    experiment_id: str,
-    parent_run_id: str,
-    exp_name: str,
-) -> Launch:
-    """launch.json of this launch, written ``running``. A resume keeps what the launch recorded (its
-    budget, Optuna studies, what it continues, its final stage), with this run's checkpoint cadence."""
-    out = root / study.name
-    if resumed is not None:
-        launch, prefix = resumed, resumed.optuna_prefix or exp_name
-        overrides = resumed.overrides if resumed.overrides is not None else dict(opts.overrides)
-    else:
-        launch = Launch(
-            path=launch_file(root, study.name),
-            experiment_name=exp_name,
-            experiment_path=experiment_path(storage_path, exp_name),
-            parent_run_id=parent_run_id,
-        )
-        prefix, overrides = (grown or {}).get("optuna_prefix") or exp_name, dict(opts.overrides)
-        if grown:
-            launch.continues = {k: grown[k] for k in ("experiment_name", "parent_run_id", "optuna_studies")}
-    return launch.write(
-        tracking_uri=tracking_uri,
-        experiment_id=experiment_id,
-        status="running",
-        overrides=overrides,
-        checkpoint_every=study.checkpoint_every,  # --resume keeps it (launches.resume_checkpoint_every)
-        budget=budget_record(study.budget, study.max_epochs),  # which unit: epochs, passes or seconds
-        optuna_storage=f"sqlite:///{out / 'optuna.db'}",
-        optuna_prefix=prefix,
-        optuna_studies={lane: optuna_study_name(prefix, lane) for lane in study_lanes(study)}
-        if study.searcher != "grid"
-        else {},
-    )
-
-
-def end_unstarted(
-    launch: Optional[Launch], opened: Any, exc: BaseException, out: Path, storage_path: str, tracking_uri: str
-) -> None:
-    """End a launch that failed before Tune started (``exc``): its parent run FAILED (KILLED on Ctrl-C)
-    and launch.json ``failed`` (``killed``), never RUNNING/``running``. Nothing to end where MLflow itself
-    failed (no parent run). Never raises: ``exc`` is what the caller sees."""
-    try:
-        experiment_id, parent_run_id, exp_name = opened.result()
-    except BaseException:  # noqa: BLE001 - MLflow itself failed: no parent run was opened
-        return
-    status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
-    logger.error("launch failed before Tune started: %s: %s", type(exc).__name__, exc, exc_info=exc)
-    try:
-        runs.client(tracking_uri).set_terminated(parent_run_id, status=status)
-        if launch is None:
-            launch = Launch(
-                path=out / "launch.json",
-                experiment_name=exp_name,
-                experiment_path=experiment_path(storage_path, exp_name),
-                parent_run_id=parent_run_id,
-                experiment_id=experiment_id,
-                tracking_uri=tracking_uri,
-            )
-        launch.write(status=status.lower())
-    except Exception:  # noqa: BLE001 - report the original error, not this one
-        logger.exception("could not record the failed launch in MLflow / %s", out / "launch.json")

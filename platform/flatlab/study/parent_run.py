@@ -10,6 +10,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from mlflow.entities import Param
 
 from flatlab._version import __version__
+from flatlab.reports.published_runs import launch_param
 from flatlab.study.chain import chained_params
 from flatlab.study.launches import Launch
 from flatlab.study.options import RunOptions
@@ -18,7 +19,6 @@ from flatlab.study.spec import Study
 from flatlab.tracking import runs
 from flatlab.tracking.environment import environment_tags, log_packages
 from flatlab.tracking.param_text import flat_params
-from flatlab.tracking.published_runs import launch_param
 from flatlab.tracking.ui import TEST_METRICS, default_columns, set_default_view
 
 

@@ -1,8 +1,8 @@
 """What a launch runs, for the command line and the Python API alike: :func:`prepare` turns a study file
 (or a :class:`~flatlab.study.spec.Study`) and the options given into validated studies at the budget,
 scale and checkpoint cadence the launch runs with. ``flatlab run FILE --resume`` and
-``flatlab.run(FILE, resume=True)`` both call it, so they resume alike: at the scale, budget and
-cadence the launch recorded (:mod:`flatlab.study.launches`).
+``flatlab.run(FILE, resume=True)`` both call it (through :func:`flatlab.study.run_file.run_file`), so they
+resume alike: at the scale, budget and cadence the launch recorded (:mod:`flatlab.study.launches`).
 """
 
 from __future__ import annotations

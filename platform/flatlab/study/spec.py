@@ -214,7 +214,7 @@ class Study:
             file (path relative to the study file) and arm -> curve; ``flatlab curves STUDY`` sets each
             arm's per-epoch values beside that curve's published runs (:mod:`flatlab.analysis.published`).
         reports: reports over all of the study's trials after a launch, report name -> parameters
-            (:mod:`flatlab.tracking.reports`), e.g. ``{"interpolation": {}}`` or ``{"toy_figure": {"end":
+            (:mod:`flatlab.reports.declared`), e.g. ``{"interpolation": {}}`` or ``{"toy_figure": {"end":
             "val/abs_u", "flatness": "val/trace_hessian"}}``; written to ``<root>/<study>/report`` and
             logged on the launch run.
     """

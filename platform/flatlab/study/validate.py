@@ -21,13 +21,13 @@ from flatlab.errors import ConfigError, UnknownNameError, did_you_mean
 from flatlab.hparams import resolve
 from flatlab.interpolation import report as _interpolation_report  # noqa: F401 (registers the interpolation report)
 from flatlab.optim.registry import get_optimizer
+from flatlab.reports.declared import resolve_reports
 from flatlab.sharpness.measures import resolve_measures
 from flatlab.study.budget import PER_ARM, Budget
 from flatlab.study.space import BestOf, Fixed, condition_problems, grid_points, inner, is_searched, representatives
 from flatlab.study.spec import MODES, SCHEDULERS, SEARCHERS, Arm, Resources, Study
 from flatlab.study.trial_spec import declared, route
 from flatlab.study.tunings import overlapping_seeds
-from flatlab.tracking.reports import resolve_reports
 from flatlab.train.config import TARGET_HPARAMS, TRAINER_HPARAMS, recipe_problems
 from flatlab.workloads.registry import get_workload
 
@@ -263,7 +263,7 @@ def _budget_problems(study: Study) -> List[str]:
 
 
 def _report_problems(study: Study, where: str) -> List[str]:
-    """Problems with ``reports`` (:func:`flatlab.tracking.reports.resolve_reports`), one per line."""
+    """Problems with ``reports`` (:func:`flatlab.reports.declared.resolve_reports`), one per line."""
     try:
         resolve_reports(study.reports, f"{where}: reports")
     except ConfigError as exc:

@@ -87,7 +87,7 @@ def log_trial_artifacts(
     so that the driver, which logs the report, links the final metrics to it) and ``curve``
     (``trainer.curve.points()``: ``(optimizer step, smoothed training loss)``, the loss in the
     workload's units, e.g. nats per token) as the metric history :data:`CURVE_METRIC` (timestamps from
-    ``curve_times``, see :func:`log_curve`), which :func:`flatlab.tracking.speedup.log_steps_to_target`
+    ``curve_times``, see :func:`log_curve`), which :func:`flatlab.reports.speedup.log_steps_to_target`
     reads after the study.
 
     Returns the run id, or ``None`` if the run could not be found within 60 s (logged, not raised:

@@ -48,7 +48,7 @@ PARENT = "mlflow.parentRunId"
 # what study/trainable.py's _final_metrics adds), comma-separated under this key (not a metric: no "/").
 # They are logged at step 0, which is how MLflow tells a run's summary values from its curves: its UI
 # draws a metric whose steps are all 0 as one bar per run, not as a one-point line on an epoch axis
-# (``train/steps_to_target`` and ``train/speedup``, logged after the study by tracking/speedup.py, are
+# (``train/steps_to_target`` and ``train/speedup``, logged after the study by reports/speedup.py, are
 # at step 0 too). The epoch they were measured at is the run's last ``epoch``.
 SUMMARY_KEY = "summary_metrics"
 

@@ -4,7 +4,7 @@ A workload declares its hyperparameters, loads its data ONCE per study (on the d
 reach every trial through Ray's object store), builds the model, and gives the loss and the metrics.
 The trainer does the rest, the same way for every workload and optimizer. Data, model, loss and
 evaluation only: a workload never reads tracking (MLflow) or study code; what needs all trials of a
-study is a report the study asks for (``Study.reports``, :mod:`flatlab.tracking.reports`).
+study is a report the study asks for (``Study.reports``, :mod:`flatlab.reports.declared`).
 """
 
 from __future__ import annotations

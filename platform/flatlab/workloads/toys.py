@@ -19,7 +19,7 @@ closed-form loss offers (there are no labels to sample), as tests/optim/test_ire
 Every epoch reports the iterate (the trial's trajectory, one point per ``steps_per_epoch`` steps, as
 MLflow metric histories) and its flatness; a toy study asks for its figure (end point and flatness
 against kappa or t, logged on its launch run) with ``reports={"toy_figure": {...}}``
-(:func:`flatlab.tracking.reports.toy_figure`).
+(:func:`flatlab.reports.declared.toy_figure`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@
 * :mod:`~flatlab.analysis.compare.profiles`: performance profiles of the arms over the workloads
   (:func:`performance_ratios`, :func:`rho`, :func:`plot_profiles`).
 
-Logging the table and plot to a launch's MLflow run is :func:`flatlab.tracking.publish.log_comparison`.
+Logging the table and plot to a launch's MLflow run is :func:`flatlab.reports.publish.log_comparison`.
 The names below are the package's public surface (``from flatlab.analysis import compare as cmp``).
 """
 

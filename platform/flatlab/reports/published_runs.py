@@ -211,6 +211,7 @@ def compare_study(
     epochs: Optional[Sequence[int]] = None,
     confidence: float = CONFIDENCE,
     ranges_of: Callable[[Optional[str]], Ranges] = lambda workload: NO_RANGES,
+    trials: Any = None,
 ) -> CurveComparison:
     """``flatlab curves``: the latest launch of ``study`` beside its published reference.
 
@@ -221,6 +222,8 @@ def compare_study(
         metrics, epochs, confidence: as :func:`~flatlab.analysis.published.compare_curves`.
         ranges_of: the study's workload name -> the values its metrics can take
             (:func:`flatlab.workloads.ranges.ranges_of`; default: losses unbounded).
+        trials: the latest launch's trials table when the caller has read them (the post-study pipeline);
+            else read here (:func:`~flatlab.tracking.trials.trials_frame`).
     Raises:
         ConfigError: no reference declared and no ``path``; the recorded file gone and no same one under
             the working directory; an invalid file; no arm that maps to a curve; an unknown metric;
@@ -244,7 +247,7 @@ def compare_study(
         raise ConfigError(
             f"metric(s) {', '.join(unknown)} not in {curves.path}; it maps {', '.join(curves.compared())}"
         )
-    trials = trials_frame(tracking_uri, study)
+    trials = trials if trials is not None else trials_frame(tracking_uri, study)
     mapping = resolve_arms(declared, list(curves.curves), sorted(set(trials["arm"])), arms)
     values, notes = epoch_values(tracking_uri, trials, compared, arms=list(mapping))
     result = compare_curves(
@@ -260,11 +263,17 @@ def compare_study(
 
 
 def log_curves(
-    tracking_uri: str, parent_run_id: str, study: Any, console: Any = None, ranges: Ranges = NO_RANGES
+    tracking_uri: str,
+    parent_run_id: str,
+    study: Any,
+    console: Any = None,
+    ranges: Ranges = NO_RANGES,
+    trials: Any = None,
 ) -> List[str]:
-    """After a launch of a study that declares a published reference: :func:`compare_study` logged to the
-    launch run as ``published/curves.md`` and ``published/curves.csv``, and its summary printed to
-    ``console``. Never raises: a failure is one warning (every trial is already in MLflow).
+    """After a launch of a study that declares a published reference: :func:`compare_study` (over
+    ``trials``, the launch's trials as the caller read them) logged to the launch run as
+    ``published/curves.md`` and ``published/curves.csv``, and its summary printed to ``console``. Never
+    raises: a failure is one warning (every trial is already in MLflow).
 
     Returns:
         The artifact paths logged.
@@ -272,7 +281,7 @@ def log_curves(
     logger = logging.getLogger(__name__)
     logged: List[str] = []
     try:
-        comparison = compare_study(tracking_uri, study.name, ranges_of=lambda workload: ranges)
+        comparison = compare_study(tracking_uri, study.name, ranges_of=lambda workload: ranges, trials=trials)
         client = runs.client(tracking_uri)
         for name, text in (("curves.md", to_markdown(comparison)), ("curves.csv", comparison.rows.to_csv(index=False))):
             client.log_text(parent_run_id, text, f"published/{name}")

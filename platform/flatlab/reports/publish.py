@@ -1,9 +1,9 @@
 """Analysis outputs as artifacts of a launch's MLflow parent run: the comparison (``compare/``, over the
 tunings where there are several), whether flatness predicts generalisation (``correlation/``), a random
 pool's tuning curves (``tuning_curves/``), the curves against passes and seconds (``cost_curves/``) and the
-flatness sweep (``flatness_sweep/``). Computed by
-:mod:`flatlab.analysis`; nothing here raises, since every
-trial is already recorded."""
+flatness sweep (``flatness_sweep/``). Each is computed by :mod:`flatlab.analysis` from the launch's trials
+as it is handed them (a :class:`~flatlab.analysis.sample.Sample`); nothing here raises, since every trial
+is already recorded."""
 
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from flatlab.errors import ConfigError
 from flatlab.ranges import NO_RANGES, SWEEPS, Ranges
 from flatlab.tracking import runs
 from flatlab.tracking.histories import sample_histories, write_cost_curves
-from flatlab.tracking.trials import read_sample, trials_frame
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +108,8 @@ def log_study_analysis(
     tracking_uri: str,
     parent_run_id: str,
     study: str,
+    sample: Sample,
     console: Optional[Any] = None,
-    sample: Optional[Sample] = None,
     ranges: Ranges = NO_RANGES,
 ) -> List[str]:
     """Log what the launch's trials say beyond the paper table, where it applies: whether flatness predicts
@@ -118,14 +117,13 @@ def log_study_analysis(
     flatness) and the tuning curves of a random-search pool (``tuning_curves/``: :mod:`flatlab.analysis.pool`,
     for ``searcher="random"``, ``scheduler="fifo"``) and each arm's quantities against passes and training
     seconds (``cost_curves/``: :mod:`flatlab.analysis.cost_curves`, where final trials logged their compute).
-    ``sample``: the launch's trials when the caller has read them (else read here); ``ranges``: the values the
+    ``sample``: the launch's trials (:func:`flatlab.tracking.trials.read_sample`); ``ranges``: the values the
     validation metric can take (the tuning curves' support). Never raises; returns the artifact paths logged."""
     logged: List[str] = []
     try:
         client = runs.client(runs.existing_store(tracking_uri))
-        sample = sample if sample is not None else read_sample(tracking_uri, study, launch=parent_run_id)
     except Exception as exc:  # noqa: BLE001 - the study's results stand
-        logger.warning("analysis: trials of run %s not read: %s", parent_run_id, exc)
+        logger.warning("analysis: no store for run %s: %s", parent_run_id, exc)
         return logged
     curves = functools.partial(_write_curves, ranges=ranges)
     writers = (
@@ -177,12 +175,11 @@ def _write_curves(sample: Sample, folder: Path, ranges: Ranges) -> List[Path]:
 
 
 def log_flatness_sweep(
-    tracking_uri: str, parent_run_id: str, study: Any, console: Optional[Any] = None, sample: Optional[Sample] = None
+    tracking_uri: str, parent_run_id: str, study: Any, sample: Sample, console: Optional[Any] = None
 ) -> List[str]:
     """After a study: log each sweep's CSV and figure (:mod:`flatlab.analysis.flatness_sweep`) on
     ``parent_run_id``, for every measure the study asked to sweep (:data:`flatlab.ranges.SWEEPS`,
-    :func:`wants_sweep`); otherwise do nothing. ``sample``: the launch's trials when the caller has read
-    them (else the study's latest launch is read here).
+    :func:`wants_sweep`); otherwise do nothing. ``sample``: the launch's trials.
 
     Never raises: a failure is logged as a warning (the trials are already recorded).
 
@@ -195,7 +192,7 @@ def log_flatness_sweep(
         return []
     logged: List[str] = []
     try:
-        frame = sample.trials if sample is not None else trials_frame(tracking_uri, study.name)
+        frame = sample.trials
         client = runs.client(runs.existing_store(tracking_uri))
         for measure, param in swept:
             logged += _log_sweep(client, parent_run_id, study.name, frame, measure, param)

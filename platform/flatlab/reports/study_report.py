@@ -1,6 +1,7 @@
 """The study's summary on its MLflow parent run: best values per arm and the plots a reader looks for first.
 
-After a launch (:func:`flatlab.study.post_study.post_study`), :func:`log_study_report` logs to the parent run:
+After a launch (:func:`flatlab.reports.post_study.post_study`), :func:`log_study_report` logs to the parent run,
+from the launch's trials as it is handed them:
 
 * ``report/best_per_arm.json``, a table (``mlflow.log_table``), one row per arm: its best completed trial
   (:func:`flatlab.analysis.selection.best_trial_rows`), its epochs, the study metric, the test metric,
@@ -14,7 +15,7 @@ After a launch (:func:`flatlab.study.post_study.post_study`), :func:`log_study_r
   which need >= 2 completed trials and a searched parameter);
 * ``report/metric_vs_flatness.png`` (:func:`flatlab.analysis.compare.plot.plot_metric_vs_flatness`) for
   studies without a final stage whose trials measured flatness (with one,
-  :func:`flatlab.tracking.publish.log_comparison` logs it under ``compare/``);
+  :func:`flatlab.reports.publish.log_comparison` logs it under ``compare/``);
 
 and it points the experiment's default view in MLflow's UI (:func:`flatlab.tracking.ui.set_default_view`)
 at this launch. What cannot be drawn (no completed trial, a grid study without Optuna studies, an arm
@@ -29,7 +30,7 @@ import math
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
@@ -37,10 +38,8 @@ from flatlab.analysis.compare.plot import plot_metric_vs_flatness
 from flatlab.analysis.plot_axes import integer_ticks, plain_figure, plain_numbers, tidy_parallel_coordinate
 from flatlab.analysis.report import best_per_arm_table
 from flatlab.analysis.results import _test_metric
-from flatlab.study.launches import Launch, log_file
-from flatlab.study.parent_run import study_columns
+from flatlab.reports.launched import Launched
 from flatlab.tracking import runs, ui
-from flatlab.tracking.trials import trials_frame
 
 logger = logging.getLogger(__name__)
 
@@ -48,38 +47,27 @@ ARTIFACT_DIR = "report"
 IMPORTANCE_SEED = 0  # fANOVA's random forest: the same importances on every run of the report
 
 
-def log_study_report(
-    study: Any, tracking_uri: str, parent_run_id: str, out: Path, console: Any = None, trials: Any = None
-) -> List[str]:
-    """Log the study report of launch ``parent_run_id`` (see the module docstring) to that run.
+def log_study_report(launched: Launched, trials: Any) -> List[str]:
+    """Log the study report of the ended launch ``launched`` (see the module docstring) to its parent run.
 
     Args:
-        study: the :class:`~flatlab.study.spec.Study`.
-        tracking_uri: the MLflow store the launch logged to.
-        parent_run_id: the launch's parent run.
-        out: the study's output folder (``<root>/<study>``: ``launch.json``, ``optuna.db``).
-        console: a rich console for the one-line summary (``None``: log only).
-        trials: the launch's trials table when the caller has read it (else read here).
+        launched: the launch (:class:`~flatlab.reports.launched.Launched`: its study, store, parent run,
+            output folder, Optuna studies and default MLflow view).
+        trials: the launch's trials table (:func:`~flatlab.tracking.trials.trials_frame`; rows of other
+            launches are left out).
     Returns:
         The artifact paths and metric names logged.
     """
+    study, parent_run_id = launched.study, launched.parent_run_id
     logged: List[str] = []
     skipped: List[str] = []
     try:
-        client = runs.client(runs.existing_store(tracking_uri))
-        df = trials if trials is not None else trials_frame(tracking_uri, study.name)
-        if "launch" in df.columns:
-            df = df[df["launch"] == parent_run_id]
+        client = runs.client(runs.existing_store(launched.tracking_uri))
     except Exception as exc:  # noqa: BLE001 - a report must never fail the study
-        logger.warning("study report: no trials read for run %s: %s", parent_run_id, exc)
+        logger.warning("study report: no store for run %s: %s", parent_run_id, exc)
         return logged
-    try:  # the default runs view names the test metric the trials logged (flatlab.tracking.ui)
-        test = _test_metric(df) if not df.empty else None
-        experiment_id = client.get_run(parent_run_id).info.experiment_id
-        columns = study_columns(study, [test] if test else ui.TEST_METRICS)
-        ui.set_default_view(client, experiment_id, study, parent_run_id, columns)
-    except Exception as exc:  # noqa: BLE001
-        logger.warning("study report: default MLflow view not updated for run %s: %s", parent_run_id, exc)
+    df = trials[trials["launch"] == parent_run_id] if "launch" in trials.columns else trials
+    _default_view(client, launched, df)
     try:
         logged += log_best_per_arm(client, parent_run_id, df, study.metric)
     except Exception as exc:  # noqa: BLE001
@@ -93,7 +81,7 @@ def log_study_report(
                 )
             ],
         ),
-        ("Optuna plots", lambda tmp: optuna_plots(study, Path(out), tmp, skipped)),
+        ("Optuna plots", lambda tmp: optuna_plots(study, launched.out, launched.optuna_studies, tmp, skipped)),
         ("metric against flatness", lambda tmp: flatness_plot(study, df, tmp, skipped)),
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -109,12 +97,25 @@ def log_study_report(
         logger.info("study report: skipped %s", reason)
     n_plots = sum(p.endswith(".png") for p in logged)
     line = f"study report: {n_plots} plots on the parent run ({ARTIFACT_DIR}/)" + (
-        f"; {len(skipped)} skipped (reasons in {log_file(out)})" if skipped else ""
+        f"; {len(skipped)} skipped (reasons in {launched.log})" if skipped else ""
     )
     logger.info("%s", line)
-    if console is not None:
-        console.print(line)
+    if launched.console is not None:
+        launched.console.print(line)
     return logged
+
+
+def _default_view(client: Any, launched: Launched, df: Any) -> None:
+    """Point the experiment's default runs view in MLflow's UI at this launch
+    (:func:`flatlab.tracking.ui.set_default_view`), its columns naming the test metric the trials logged."""
+    if launched.columns is None:
+        return
+    try:
+        test = _test_metric(df) if not df.empty else None
+        columns = launched.columns([test] if test else ui.TEST_METRICS)
+        ui.set_default_view(client, launched.experiment_id, launched.study, launched.parent_run_id, columns)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("study report: default MLflow view not updated for run %s: %s", launched.parent_run_id, exc)
 
 
 BEST_TABLE = f"{ARTIFACT_DIR}/best_per_arm.json"
@@ -185,24 +186,19 @@ def plot_learning_curves(client: Any, df: Any, metric: str, path: Path, arms: Op
     return Path(path)
 
 
-def optuna_plots(study: Any, out: Path, tmp: Path, skipped: List[str]) -> List[Path]:
-    """Per arm, Optuna's parallel-coordinate plot and fANOVA importance plot of its Optuna study
-    (``<out>/optuna.db``, study ``<launch>.<arm>``, ``launch`` = launch.json's ``experiment_name``) as
-    PNGs under ``tmp``. An arm that cannot have one gets a reason appended to ``skipped``: no Optuna
-    studies (grid searcher), no searched parameter, no completed trial, fewer than 2 for importances or
-    all of one value (the importances are undefined)."""
+def optuna_plots(study: Any, out: Path, names: Mapping[str, str], tmp: Path, skipped: List[str]) -> List[Path]:
+    """Per arm, Optuna's parallel-coordinate plot and fANOVA importance plot of its Optuna study (``names``:
+    arm -> study in ``<out>/optuna.db``, as the launch record names them) as PNGs under ``tmp``. An arm that
+    cannot have one gets a reason appended to ``skipped``: no Optuna studies (grid searcher), no searched
+    parameter, no completed trial, fewer than 2 for importances or all of one value (the importances are
+    undefined)."""
     # Optuna on first use: importing this module stays light
     import optuna
 
-    # Ray Tune and Optuna (the searchers) on first use: importing this module stays light
-    from flatlab.study.searchers import optuna_study_name
-
-    db, launch = out / "optuna.db", Launch.read(out.parent, out.name)
-    if study.searcher == "grid" or not db.exists() or launch is None:
+    db = out / "optuna.db"
+    if study.searcher == "grid" or not db.exists() or not names:
         skipped.append(f"parallel coordinates and importances: no Optuna studies (searcher={study.searcher!r}, {db})")
         return []
-    # each arm's Optuna study: a --continue launch adds its trials to the previous launch's studies
-    names = launch.optuna_studies or {a.name: optuna_study_name(launch.experiment_name, a.name) for a in study.arms}
     storage = optuna.storages.RDBStorage(f"sqlite:///{db}", engine_kwargs={"connect_args": {"timeout": 30}})
     paths: List[Path] = []
     for arm in study.arms:
@@ -285,7 +281,7 @@ def _optuna_png(draw: Any, path: Path, title: str, tidy: Any = None) -> Path:
 
 def flatness_plot(study: Any, df: Any, tmp: Path, skipped: List[str]) -> List[Path]:
     """``metric_vs_flatness.png`` over ``df``'s completed trials, for studies without a final stage (with
-    one, :func:`~flatlab.tracking.publish.log_comparison` logs it); skipped (with a reason) where no trial
+    one, :func:`~flatlab.reports.publish.log_comparison` logs it); skipped (with a reason) where no trial
     recorded a ``flat/*`` measure."""
     if study.final_seeds or (study.searcher == "grid" and len(study.seeds) > 1):
         return []  # the comparison already has it (compare/metric_vs_flatness.png)
