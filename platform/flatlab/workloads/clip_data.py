@@ -22,6 +22,9 @@ filesystem every node sees).
 Label spaces: the classifier's classes are the labels of the ID set; another split's labels are mapped
 into them by name (:func:`label_indices`). A split whose classes are a strict subset (ImageNet-A/R:
 200 of the 1,000 ImageNet classes) becomes a :class:`SubsetSplit`, evaluated on that subset of logits.
+
+One job kept whole, past 500 lines: reading a source into the workload's splits (the three source kinds,
+their one preprocessing and the label spaces they map into).
 """
 
 from __future__ import annotations
