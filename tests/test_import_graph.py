@@ -14,6 +14,9 @@
    of parent packages (``import flatlab.study.spec`` runs ``flatlab/__init__.py`` too, which re-exports
    ``Study`` from there: counted, every module would sit in a cycle with the package).
    ``from package import name`` where ``package.name`` is a module is an edge to that module.
+   A deferred import, ``pd = lazy("pandas")`` (:mod:`flatlab.lazy`), is an import like any other.
+3. Functions import nothing themselves: a module names its dependencies at its top, and defers a heavy or
+   optional one with ``lazy``. Exempt: a module-level ``__getattr__`` (PEP 562 re-exports).
 """
 
 from __future__ import annotations
@@ -64,7 +67,10 @@ def imports(path: Path, name: str) -> Iterator[Tuple[str, int]]:
 
     body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name == "__getattr__")]
     for node in walk(body):
-        if isinstance(node, ast.Import):
+        deferred = _lazy_target(node)
+        if deferred is not None:
+            yield deferred, node.lineno
+        elif isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, node.lineno
         elif isinstance(node, ast.ImportFrom):
@@ -74,6 +80,18 @@ def imports(path: Path, name: str) -> Iterator[Tuple[str, int]]:
                 base = ".".join(up + ([base] if base else []))
             for alias in node.names:
                 yield f"{base}.{alias.name}", node.lineno
+
+
+def _lazy_target(node: ast.AST) -> Optional[str]:
+    """The module a ``lazy("name")`` call (:mod:`flatlab.lazy`) defers, else None."""
+    if not (isinstance(node, ast.Call) and node.args):
+        return None
+    func = node.func
+    called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    first = node.args[0]
+    if called == "lazy" and isinstance(first, ast.Constant) and isinstance(first.value, str):
+        return first.value
+    return None
 
 
 def _owner(imported: str, known: Dict[str, Path]) -> Optional[str]:
@@ -308,3 +326,63 @@ def test_reading_a_study_config_loads_no_heavy_library(module):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert done.stdout.strip() == ""
+
+
+# ---- deferred imports: one mechanism, at the module's top -------------------------------------------
+def function_level_imports(root: Path = PACKAGE) -> List[str]:
+    """``file:line: name`` of every import statement inside a function or method, and of every ``lazy``
+    call that is not at a module's top level (module-level ``__getattr__`` exempt)."""
+    found = []
+    for name, path in modules(root).items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for top in tree.body:
+            if isinstance(top, ast.FunctionDef) and top.name == "__getattr__":
+                continue
+            inner = [n for n in ast.walk(top) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+            for function in inner:
+                for node in ast.walk(function):
+                    if isinstance(node, ast.Import):
+                        named = [a.name for a in node.names]
+                    elif isinstance(node, ast.ImportFrom):
+                        named = [f"{'.' * node.level}{node.module or ''}"]
+                    elif _lazy_target(node) is not None:
+                        named = [f"lazy({_lazy_target(node)})"]
+                    else:
+                        continue
+                    found += [f"{path.relative_to(root.parent)}:{node.lineno}: {n}" for n in named]
+    return sorted(set(found))
+
+
+def test_functions_import_nothing_themselves():
+    assert function_level_imports() == []
+
+
+def test_a_deferred_import_is_an_edge_a_layer_check_sees_and_a_function_import_is_found(tmp_path):
+    pkg = _write(
+        tmp_path,
+        {
+            "flatlab/__init__.py": "def __getattr__(name):\n    from flatlab import a\n    return a\n",
+            "flatlab/lazy.py": "def lazy(name):\n    return name\n",
+            "flatlab/analysis/__init__.py": "",
+            "flatlab/analysis/t.py": (
+                "from flatlab.lazy import lazy\nimport flatlab.lazy as fl\n"
+                "torch = lazy('torch')\nruns = fl.lazy('flatlab.tracking.runs')\nstats = lazy('scipy.stats')\n"
+            ),
+            "flatlab/tracking/__init__.py": "",
+            "flatlab/tracking/runs.py": (
+                "class R:\n    def m(self):\n        import mlflow\n\n"
+                "def f():\n    from . import other\n    pd = lazy('pandas')\n"
+            ),
+            "flatlab/tracking/other.py": "from flatlab.lazy import lazy\nt = lazy('flatlab.analysis.t')\n",
+        },
+    )
+    assert _layer_violations(root=pkg) == [
+        "flatlab/analysis/t.py:3: torch",
+        "flatlab/analysis/t.py:4: flatlab.tracking.runs",
+    ]
+    assert cycles(graph(pkg)) == [["flatlab.analysis.t", "flatlab.tracking.other", "flatlab.tracking.runs"]]
+    assert function_level_imports(pkg) == [
+        "flatlab/tracking/runs.py:3: mlflow",
+        "flatlab/tracking/runs.py:6: .",
+        "flatlab/tracking/runs.py:7: lazy(pandas)",
+    ]
