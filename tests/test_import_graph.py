@@ -333,7 +333,7 @@ def function_level_imports(root: Path = PACKAGE) -> List[str]:
     """``file:line: name`` of every import statement inside a function or method, and of every ``lazy``
     call that is not at a module's top level (module-level ``__getattr__`` exempt)."""
     found = []
-    for name, path in modules(root).items():
+    for path in modules(root).values():
         tree = ast.parse(path.read_text(), filename=str(path))
         for top in tree.body:
             if isinstance(top, ast.FunctionDef) and top.name == "__getattr__":
