@@ -47,13 +47,13 @@ def test_reads_are_forwarded_so_a_rebound_name_and_a_swapped_module_are_seen(mon
     monkeypatch.setitem(sys.modules, "flatlab_lazy_fake", other)  # a test swaps the module
     assert m.value == 3
     with pytest.raises(AttributeError, match="missing"):
-        getattr(m, "missing")
+        _ = m.missing
 
 
 def test_a_missing_library_fails_at_first_use_naming_the_extra():
     m = lazy("flatlab_no_such_library", extra="clip")  # defining it is fine
     with pytest.raises(ImportError, match=r"flatlab_no_such_library .*pip install 'flatlab\[clip\]'"):
-        getattr(m, "anything")
+        _ = m.anything
     assert not hasattr(m, "__file__")  # introspection does not try the import
 
 
