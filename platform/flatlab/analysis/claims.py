@@ -36,6 +36,9 @@ from flatlab.analysis.design import detectable_effect
 from flatlab.analysis.replication import variance_components
 from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+stats = lazy("scipy.stats")
 
 NAN = float("nan")
 ALPHA = round(1 - CONFIDENCE, 12)
@@ -120,9 +123,6 @@ def tuning_t_test(d: Any, confidence: float = CONFIDENCE) -> Tuple[Any, Any, Any
     Returns:
         ``(n, mean, sd, (low, high), p)``, each of shape ``(...)`` (floats for a 1-D ``d``).
     """
-    # SciPy on first use: importing this module stays light
-    from scipy import stats
-
     x = np.asarray(d, dtype=float)
     ok = np.isfinite(x)
     n = ok.sum(axis=-1)
@@ -157,9 +157,6 @@ def tost(d: Any, margin: Any) -> Any:
         d: shape ``(..., S)``, the per-tuning differences.
         margin: m > 0, broadcastable to ``d.shape[:-1]`` (the quantity's units).
     """
-    # SciPy on first use: importing this module stays light
-    from scipy import stats
-
     n, mean, sd, _, _ = tuning_t_test(d)
     n, mean, sd = np.asarray(n), np.asarray(mean, dtype=float), np.asarray(sd, dtype=float)
     m = np.broadcast_to(np.asarray(margin, dtype=float), mean.shape)
@@ -186,9 +183,6 @@ def heterogeneity(per_seed: Sequence[Sequence[float]], estimate: float) -> Heter
         per_seed: one sequence per tuning (NaN dropped; a tuning without values is left out).
         estimate: the across-tuning estimate whose sign the disagreeing tunings are counted against.
     """
-    # SciPy on first use: importing this module stays light
-    from scipy import stats
-
     rows = [np.asarray([v for v in r if finite(v)], dtype=float) for r in per_seed]
     rows = [r for r in rows if r.size]
     c = variance_components(rows) if rows else None

@@ -27,6 +27,9 @@ import numpy as np
 
 from flatlab.analysis.compare.statistics import CONFIDENCE
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+stats = lazy("scipy.stats")
 
 NAN = float("nan")
 
@@ -103,9 +106,6 @@ def _undefined(x: np.ndarray, y: np.ndarray) -> str:
 
 
 def _tau(x: np.ndarray, y: np.ndarray) -> float:
-    # SciPy on first use: importing this module stays light
-    from scipy import stats
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a constant group: NaN, dropped by the caller
         return float(stats.kendalltau(x, y, variant="b").statistic)

@@ -16,7 +16,13 @@ from typing import Any, List
 import numpy as np
 
 from flatlab.analysis.histories import check, runs, unit_column
+from flatlab.analysis.plot_axes import plain_numbers
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+pd = lazy("pandas")
+matplotlib = lazy("matplotlib")
+plt = lazy("matplotlib.pyplot")  # first read after matplotlib.use("Agg") in the plotting function
 
 BAND = (25.0, 75.0)
 """The band's percentiles."""
@@ -29,9 +35,6 @@ def cost_curves(histories: Any, metric: str, unit: str, points: int = 50) -> Any
     Raises:
         ConfigError: an unknown unit, a missing column, fewer than 2 points.
     """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     if points < 2:
         raise ConfigError(f"points must be at least 2; got {points!r}")
     column = unit_column(unit)
@@ -59,14 +62,7 @@ def cost_curves(histories: Any, metric: str, unit: str, points: int = 50) -> Any
 
 def plot_cost_curves(curves: Any, metric: str, path: Path, title: str = "") -> Path:
     """The curves of :func:`cost_curves` as a PNG at ``path`` (median line, band shaded, one colour per arm)."""
-    # matplotlib on first use: importing this module stays light
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from flatlab.analysis.plot_axes import plain_numbers
-
     unit = str(curves["unit"].iloc[0]) if len(curves) else ""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for arm, rows in curves.groupby("arm", sort=True):

@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+pd = lazy("pandas")
 
 FORMAT = "flatlab-published-curves"
 VERSION = 1
@@ -130,9 +133,6 @@ class CurveSet:
         Raises:
             ConfigError: an unknown curve (listing the valid ones).
         """
-        # pandas on first use: importing this module stays light
-        import pandas as pd
-
         if curve not in self.curves:
             raise ConfigError(f"{self.path}: no curve {curve!r}; curves: {', '.join(self.curves)}")
         rows = []

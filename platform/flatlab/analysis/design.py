@@ -24,6 +24,10 @@ from typing import Any, Optional
 import numpy as np
 
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+stats = lazy("scipy.stats")
+optimize = lazy("scipy.optimize")
 
 POWER = 0.8
 NAN = float("nan")
@@ -38,9 +42,6 @@ def power(delta: Any, sd: Any, s: Any, alpha: float) -> Any:
     Raises:
         ConfigError: ``alpha`` outside (0, 1).
     """
-    # SciPy on first use: importing this module stays light
-    from scipy import stats
-
     _check_alpha(alpha)
     s = np.asarray(s, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -63,9 +64,6 @@ def detectable_effect(sd: float, s: int, alpha: float, target: float = POWER) ->
     Raises:
         ConfigError: ``alpha`` or ``target`` outside (0, 1).
     """
-    # SciPy on first use: importing this module stays light
-    from scipy import optimize
-
     _check_alpha(alpha)
     if not 0 < target < 1:
         raise ConfigError(f"the target power must lie in (0, 1), e.g. 0.8; got {target!r}")

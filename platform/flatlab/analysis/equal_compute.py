@@ -30,6 +30,9 @@ from flatlab.analysis.compare.statistics import CONFIDENCE, finite
 from flatlab.analysis.histories import check, higher_is_better, last_finite, per_seed_differences, runs, unit_column
 from flatlab.analysis.tunings import default_margin
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+pd = lazy("pandas")
 
 CURVE_PREFIX = "flat_curve"
 """The prefix of the flatness measures logged during training (``flat_curve/<m>``, ``flat_curve_<split>/<m>``)."""
@@ -59,9 +62,6 @@ class AtEqual:
     def frame(self) -> Any:
         """One row per (quantity, arm): the median over runs and, against the reference, the estimate,
         its interval, Holm p, label and words."""
-        # pandas on first use: importing this module stays light
-        import pandas as pd
-
         rows = []
         for q in self.quantities:
             found = {c.arm: c for c in self.claims.get(q, ())}
@@ -138,9 +138,6 @@ def at_equal(
 def _read_at(h: Any, column: str, budget: float, qs: Sequence[str]) -> Any:
     """Each run at its last epoch with cost <= ``budget``: the epoch, the cost, and each quantity's last
     value logged up to it."""
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     out = []
     for (run_id, arm, tuning, seed), rows in runs(h):
         upto = rows[rows[column].to_numpy(dtype=float) <= budget * (1 + 1e-12)]

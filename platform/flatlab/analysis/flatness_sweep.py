@@ -28,6 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from flatlab.analysis.plot_axes import plain_figure
+from flatlab.lazy import lazy
+
+pd = lazy("pandas")
+matplotlib = lazy("matplotlib")
+plt = lazy("matplotlib.pyplot")  # first read after matplotlib.use("Agg") in the plotting function
 
 ARTIFACT_DIR = "flatness_sweep"
 NEIGHBOURHOOD = ("neighbourhood_loss", "sigma")  # TSAM Fig. 2's sweep: the default of every function here
@@ -65,9 +70,6 @@ def sweep_table(df, measure: str = "neighbourhood_loss", param: str = "sigma"):
         standard deviation over seeds, NaN for one seed) and ``seeds``, sorted by arm (first appearance)
         then value. Empty when no trial has sweep columns.
     """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     cols = ["arm", param, "mean", "mean_std", "var", "var_std", "seeds"]
     key = re.compile(rf"^flat/{re.escape(measure)}/{re.escape(param)}_([0-9.e+-]+)$")  # the mean; + "_var"
     if df is None or len(df) == 0:
@@ -110,13 +112,7 @@ def plot_sweep(table, path: Path, title: str = "", measure: str = "neighbourhood
     Raises:
         ValueError: an empty table.
     """
-    # matplotlib on first use: importing this module stays light
-    import matplotlib
-
     matplotlib.use("Agg")
-    # matplotlib on first use: importing this module stays light
-    import matplotlib.pyplot as plt
-
     if table is None or len(table) == 0:
         raise ValueError(f"no {measure} sweep to plot (no trial logged flat/{measure}/{param}_*)")
     keys = ("mean", "var") if table["var"].notna().any() else ("mean",)

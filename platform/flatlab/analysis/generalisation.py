@@ -34,6 +34,10 @@ from flatlab.analysis.plot_axes import plain_numbers
 from flatlab.analysis.sample import FLAT_PREFIX, TUNING_KEY, Sample
 from flatlab.analysis.selection import canonical, config_key
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+pd = lazy("pandas")
+mpl_figure = lazy("matplotlib.figure")
 
 GAP = "gap (test loss - train loss)"
 AUXILIARY = ("_stderr", "_clean")
@@ -68,9 +72,6 @@ class FlatnessPrediction:
     def frame(self) -> Any:
         """One row per (measure, target, scope): ``n``, ``tunings``, ``configurations``, ``tau``, ``p``,
         ``p_holm``, ``low``, ``high``, ``reason``."""
-        # pandas on first use: importing this module stays light
-        import pandas as pd
-
         return pd.DataFrame(
             [
                 dict(
@@ -271,16 +272,13 @@ def render(p: FlatnessPrediction, console: Any) -> None:
 def plot_scatter(data: Any, measure: str, path: Path) -> Path:
     """Save a PNG: the test metric and the generalisation gap (two panels) against ``measure`` over the
     completed trials, one colour per arm."""
-    # matplotlib on first use: importing this module stays light
-    from matplotlib.figure import Figure
-
     sample = Sample.of(data).completed()
     df = sample.trials.copy()
     test = default_target(sample)
     targets = [test] + ([GAP] if {"test/loss", "train/loss"} <= set(df.columns) else [])
     if GAP in targets:
         df[GAP] = df["test/loss"].astype(float) - df["train/loss"].astype(float)
-    fig = Figure(figsize=(5.2 * len(targets), 4.0), layout="constrained")
+    fig = mpl_figure.Figure(figsize=(5.2 * len(targets), 4.0), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(targets)))
     for ax, target in zip(axes, targets):
         for i, (arm, part) in enumerate(df.groupby("arm")):

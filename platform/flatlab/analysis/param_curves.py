@@ -19,6 +19,9 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 from flatlab.analysis.plot_axes import integer_ticks, plain_numbers
 from flatlab.analysis.selection import best_configurations, frame_trials
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+mpl_figure = lazy("matplotlib.figure")
 
 
 @dataclass(frozen=True)
@@ -103,13 +106,10 @@ def plot_value_curves(curves: Sequence[ValueCurve], by: str, metric: str, title:
     Raises:
         ValueError: no curve has a point.
     """
-    # matplotlib on first use: importing this module stays light
-    from matplotlib.figure import Figure
-
     drawn = [c for c in curves if c.points]
     if not drawn:
         raise ValueError(f"no curve of {metric!r} to draw")
-    fig = Figure(figsize=(6, 4), layout="constrained")
+    fig = mpl_figure.Figure(figsize=(6, 4), layout="constrained")
     ax = fig.subplots()
     for i, c in enumerate(drawn):
         epochs, means, sds = (list(x) for x in zip(*((p[0], p[1], p[2]) for p in c.points)))

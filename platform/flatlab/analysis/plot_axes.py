@@ -14,13 +14,15 @@ from typing import Any
 
 import numpy as np
 
+from flatlab.lazy import lazy
+
+ticker = lazy("matplotlib.ticker")
+mpl_colors = lazy("matplotlib.colors")
+
 
 def integer_ticks(axis: Any) -> None:
     """Major ticks of ``axis`` (an ``ax.xaxis``/``ax.yaxis``) at integers only: for epochs and steps."""
-    # matplotlib on first use: importing this module stays light
-    from matplotlib.ticker import MaxNLocator
-
-    axis.set_major_locator(MaxNLocator(integer=True))
+    axis.set_major_locator(ticker.MaxNLocator(integer=True))
 
 
 def plain_numbers(ax: Any) -> None:
@@ -28,12 +30,9 @@ def plain_numbers(ax: Any) -> None:
     offset text is drawn. Only linear axes with a :class:`~matplotlib.ticker.ScalarFormatter` change: log
     axes and axes with fixed labels (categories, Optuna's parallel coordinates) keep theirs. Call it after
     ``set_xscale``/``set_yscale``, which replace the formatter."""
-    # matplotlib on first use: importing this module stays light
-    from matplotlib.ticker import ScalarFormatter
-
     for axis in (ax.xaxis, ax.yaxis):
         formatter = axis.get_major_formatter()
-        if isinstance(formatter, ScalarFormatter):
+        if isinstance(formatter, ticker.ScalarFormatter):
             formatter.set_useOffset(False)
             formatter.set_scientific(False)
 
@@ -50,24 +49,20 @@ def tidy_parallel_coordinate(fig: Any, ax: Any) -> None:
     numbers (no ``7.5×10⁻²`` minor-tick labels on narrow log ranges), the lines' colour map cut
     to its darker 60 % so that the worst trials are not drawn near-white (the best stay darkest), and
     the colour bar moved right of the last parameter's tick labels."""
-    # matplotlib on first use: importing this module stays light
-    from matplotlib.colors import ListedColormap
-    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, NullLocator
-
     ax.set_title("")
     colorbars = [a for a in fig.axes if a is not ax and getattr(a, "_colorbar", None) is not None]
     for coll in ax.collections:
         cmap = coll.get_cmap()
         shades = np.linspace(0.4, 1.0, 256)
-        coll.set_cmap(ListedColormap(cmap(shades if not cmap.name.endswith("_r") else shades[::-1])))
-    plain = FuncFormatter(lambda v, _: f"{v:.3g}")
+        coll.set_cmap(mpl_colors.ListedColormap(cmap(shades if not cmap.name.endswith("_r") else shades[::-1])))
+    plain = ticker.FuncFormatter(lambda v, _: f"{v:.3g}")
     for twin in fig.axes:
         if twin is ax or twin in colorbars or twin.get_yticklabels() and not _numeric_ticks(twin):
             continue  # the objective's axis, the colour bar, and categorical parameters keep theirs
-        twin.yaxis.set_major_locator(MaxNLocator(nbins=5))
+        twin.yaxis.set_major_locator(ticker.MaxNLocator(nbins=5))
         twin.yaxis.set_major_formatter(plain)
-        twin.yaxis.set_minor_locator(NullLocator())
-        twin.yaxis.set_minor_formatter(NullFormatter())
+        twin.yaxis.set_minor_locator(ticker.NullLocator())
+        twin.yaxis.set_minor_formatter(ticker.NullFormatter())
     fig.set_size_inches(fig.get_size_inches()[0] * 1.25, fig.get_size_inches()[1])
     for cax in colorbars:  # after the widening: the colour bar keeps its width, moved right
         box = cax.get_position()
@@ -76,7 +71,4 @@ def tidy_parallel_coordinate(fig: Any, ax: Any) -> None:
 
 def _numeric_ticks(ax: Any) -> bool:
     """Whether ``ax``'s y tick labels are placed by a locator (numbers), not fixed (categories)."""
-    # matplotlib on first use: importing this module stays light
-    from matplotlib.ticker import FixedLocator
-
-    return not isinstance(ax.yaxis.get_major_locator(), FixedLocator)
+    return not isinstance(ax.yaxis.get_major_locator(), ticker.FixedLocator)

@@ -30,7 +30,11 @@ from flatlab.analysis.selection import reference_arm
 from flatlab.analysis.tuning_curves import ChosenTrial, TuningCurve, chosen_trial, expected_best, median_tuning_curve
 from flatlab.analysis.tuning_curves import win_probability as _win
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
 from flatlab.ranges import NO_RANGES, Ranges
+
+pd = lazy("pandas")
+mpl_figure = lazy("matplotlib.figure")
 
 AUXILIARY = ("_stderr", "_clean")
 CAPTION = (
@@ -207,9 +211,6 @@ def curves_frame(curves: PoolCurves, quantity: str) -> Any:
     Raises:
         ConfigError: ``quantity`` is neither the validation metric nor one of the quantities.
     """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     if quantity != curves.metric and quantity not in curves.quantities:
         raise ConfigError(f"no curves of {quantity!r}; quantities: {', '.join((curves.metric, *curves.quantities))}")
     rows: List[Dict[str, Any]] = []
@@ -231,11 +232,8 @@ def plot_curves(curves: PoolCurves, quantity: str, path: Path) -> Path:
     """Save a PNG of one quantity's curves against the number of trials n, one line per arm: the median
     curve with its band shaded (validation metric; Tang's expected best dashed), or the chosen trial's
     median with its central interval shaded (any other quantity)."""
-    # matplotlib on first use: importing this module stays light
-    from matplotlib.figure import Figure
-
     table = curves_frame(curves, quantity)
-    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
+    fig = mpl_figure.Figure(figsize=(6.4, 4.2), layout="constrained")
     ax = fig.subplots()
     low, high = ("lower", "upper") if quantity == curves.metric else ("low", "high")
     for i, (arm, rows) in enumerate(table.groupby("arm", sort=False)):

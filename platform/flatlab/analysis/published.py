@@ -26,7 +26,10 @@ from flatlab.analysis.compare.table import quantity_support
 from flatlab.analysis.console_table import make_table, print_table
 from flatlab.analysis.curve_sets import CurveSet
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
 from flatlab.ranges import NO_RANGES, Ranges
+
+pd = lazy("pandas")
 
 CONFIDENCE = 0.95
 
@@ -120,9 +123,6 @@ def compare_curves(
         ConfigError: an unknown curve or metric (naming the valid ones), missing columns in ``flatlab``,
             ``confidence`` outside (0, 1).
     """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     metrics = _checked_metrics(curves, flatlab, arms, metrics, confidence)
     wanted = None if epochs is None else {int(e) for e in epochs}
     rows: List[Dict[str, Any]] = []
@@ -218,9 +218,6 @@ def _epoch_row(ours, theirs, metric: str, epoch: int, confidence: float, ranges:
 
 def _summarise(frame):
     """The per-(arm, metric) summary of :func:`compare_curves`'s rows."""
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     out = []
     for (arm, curve, metric), g in frame.groupby(["arm", "curve", "metric"], sort=False):
         outside = []

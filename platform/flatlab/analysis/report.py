@@ -7,6 +7,9 @@ from typing import Any, Callable
 
 from flatlab.analysis.results import _test_metric, params_text
 from flatlab.analysis.selection import SEARCH_SEEDS, best_trial_rows, score_column
+from flatlab.lazy import lazy
+
+pd = lazy("pandas")
 
 _AUXILIARY = ("_stderr", "_clean")  # flat/<measure>_stderr, _clean: details of a measure, left out of the table
 
@@ -27,9 +30,6 @@ def best_per_arm_table(df: Any, metric: str, trial_name: Callable[[Any], str] = 
     --best`` shows them), the trial's ``params`` (``name=value`` of its logged params, one per line) and
     ``run_id``. Numbers are rounded to 4 significant digits (the runs hold the exact values). Arms
     without a completed trial get no row."""
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     if df.empty or "outcome" not in df.columns:
         return pd.DataFrame()
     best = best_trial_rows(df)

@@ -10,6 +10,9 @@ from flatlab.analysis import selection
 from flatlab.analysis.console_table import make_table, print_table
 from flatlab.analysis.selection import SEARCH_SEEDS, score_column
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+pd = lazy("pandas")
 
 # How trials rank in every table: a completed trial before a pruned one, failures last.
 OUTCOME_RANK = {"completed": 0, "pruned": 1, "interrupted": 2, "diverged": 3, "error": 4}
@@ -47,9 +50,6 @@ def chosen_configurations(pooled, trials, rank_by: str = "final"):
     (:func:`flatlab.analysis.selection.score_column` and ``SEARCH_SEEDS``). ``attrs`` are kept, with
     ``best`` set to ``"config"`` and ``rank_by``.
     """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     if pooled.empty:
         return pooled
     mode = trials.attrs.get("mode", "max")
@@ -110,9 +110,6 @@ def by_config(df, rank_by: str = "final"):
         Columns ``arm``, ``seeds`` (completed trials), ``trials`` (all of them), ``<m> mean`` and
         ``<m> std`` for each metric above, then the ``param.*`` columns.
     """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     if df.empty:
         return df
     metric, mode = df.attrs.get("metric", "val/accuracy"), df.attrs.get("mode", "max")
@@ -155,9 +152,6 @@ TARGET_METRICS = ("train/speedup", "train/steps_to_target", "train/epochs_to_tar
 def _reached(ok) -> int:
     """Completed trials that reached their target: ``train/target_reached == 1`` where logged (a
     training-loss target), else a value of ``train/steps_to_target`` (a reference arm's loss)."""
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     if "train/target_reached" in ok.columns and ok["train/target_reached"].notna().any():
         return int((pd.to_numeric(ok["train/target_reached"], errors="coerce") == 1).sum())
     column = next((m for m in ("train/steps_to_target", "train/epochs_to_target") if m in ok.columns), None)

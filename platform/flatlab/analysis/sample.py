@@ -17,6 +17,10 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional
 
+from flatlab.lazy import lazy
+
+pd = lazy("pandas")
+
 FLAT_PREFIX = "flat/"
 """Metric prefix of a flatness measure of the final model (``flat/fisher_trace``)."""
 AT_TARGET_PREFIX = "flat_at_target/"
@@ -102,9 +106,6 @@ class Sample:
         """``data`` as a sample: a :class:`Sample` as it is; a ``trials_frame`` table (``attrs`` give the
         info unless ``info`` does) with ``tuning`` 1, ``stage`` ``search`` and ``completed`` (from
         ``outcome``/``status``) filled in where it has none. An empty table gives an empty sample."""
-        # pandas on first use: importing this module stays light
-        import pandas as pd
-
         if isinstance(data, Sample):
             return data
         df = data.copy() if data is not None else pd.DataFrame()
@@ -177,9 +178,6 @@ class Sample:
 
 def has_values(df: Any, column: str) -> bool:
     """Whether the table ``df`` has a column ``column`` with at least one finite number."""
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     if column not in df.columns:
         return False
     values = pd.to_numeric(df[column], errors="coerce")

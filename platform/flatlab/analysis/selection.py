@@ -32,6 +32,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from flatlab.analysis.sample import STAGE_FINAL, STAGE_KEY, TRIAL_KEYS, is_completed
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+pd = lazy("pandas")
 
 COMPLETED_KEY = "completed"
 """Set to 1 in a trial's last report when it ran its whole budget or reached its training-loss target."""
@@ -68,9 +71,6 @@ def trial_outcome(result: Optional[Mapping[str, Any]], error: bool, metric: str)
 
 def completed(df):
     """:func:`is_completed` for each row of a ``trials_frame`` table (a boolean Series)."""
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     if "completed" in df.columns:  # a Sample's table: derived once when it was built
         return df["completed"].astype(bool)
     if "outcome" not in df.columns and "status" not in df.columns:
@@ -305,9 +305,6 @@ def frame_trials(df, rank_by: str = "final") -> List[Trial]:
     Raises:
         ConfigError: an unknown ``rank_by``; ``best-epoch`` for a table without ``best/<metric>`` values.
     """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     metric = df.attrs.get("metric", "val/accuracy")
     column = value_column(metric, rank_by)
     if df.empty:

@@ -38,6 +38,9 @@ from flatlab.analysis.claims import Claim, claims
 from flatlab.analysis.compare.statistics import CONFIDENCE, finite
 from flatlab.analysis.histories import UNITS, check, groups, last_finite, runs
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+pd = lazy("pandas")
 
 MARGIN = math.log(1.1)
 """The equivalence margin of the log speed-up: within 10 % in time."""
@@ -99,9 +102,6 @@ class TimeToTarget:
     def frame(self) -> Any:
         """One row per arm: median passes and seconds, runs that reached, and per unit the ratio of medians,
         the geometric-mean speed-up with its interval, Holm p, label and words."""
-        # pandas on first use: importing this module stays light
-        import pandas as pd
-
         rows = []
         for arm, m in self.medians.items():
             row: Dict[str, Any] = {"arm": arm, **m}
@@ -134,9 +134,6 @@ def reference_target(histories: Any, metric: str, reference: str) -> float:
 def runs_to_target(histories: Any, metric: str, target: float, higher_is_better: bool) -> Any:
     """One row per run: its final value, the first epoch at the target, and the passes and seconds then
     (cumulative at the end of that epoch; ∞ and NaN epoch where it never reaches it)."""
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     h = check(histories, (metric, *UNITS.values()))
     out = []
     for (run_id, arm, tuning, seed), rows in runs(h):
@@ -212,9 +209,6 @@ def cost_matrix(results: Mapping[str, TimeToTarget], unit: str) -> Any:
     Raises:
         ConfigError: another unit.
     """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     if unit not in UNITS:
         raise ConfigError(f"cost unit {unit!r} is not supported; expected one of {', '.join(UNITS)}")
     arms = sorted({a for r in results.values() for a in r.medians})

@@ -24,6 +24,9 @@ import numpy as np
 
 from flatlab.analysis.compare.statistics import CONFIDENCE
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+nonparametric = lazy("opda.nonparametric")
 
 BAND_METHODS = ("ld_highest_density", "ld_equal_tailed", "ks", "dkw")
 
@@ -155,9 +158,6 @@ def median_tuning_curve(
         ConfigError: empty or non-finite ``values``; ``support`` not a pair a < b around every value;
             ``confidence``, ``ns`` or ``method`` not allowed.
     """
-    # SciPy on first use: importing this module stays light
-    from opda.nonparametric import EmpiricalDistribution
-
     x = _pool(values, "values")
     confidence = _confidence(confidence)
     try:
@@ -174,7 +174,7 @@ def median_tuning_curve(
     ns = list(range(1, x.size + 1)) if ns is None else list(ns)
     if not ns or any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1 for n in ns):
         raise ConfigError(f"ns must be positive integers (numbers of trials); got {ns!r}")
-    low_cdf, point, high_cdf = EmpiricalDistribution.confidence_bands(
+    low_cdf, point, high_cdf = nonparametric.EmpiricalDistribution.confidence_bands(
         x, confidence, a, b, generator=np.random.default_rng(seed), method=method, n_jobs=1
     )
     minimize = not higher_is_better

@@ -28,7 +28,10 @@ from flatlab.analysis.replication import (
 )
 from flatlab.analysis.sample import Sample
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
 from flatlab.ranges import NO_RANGES, Ranges
+
+pd = lazy("pandas")
 
 
 @dataclass(frozen=True)
@@ -91,9 +94,6 @@ class TuningComparison(RowTable):
         ``diff_t<k>`` (d_k), ``diff``, ``diff_low``, ``diff_high``, ``p``, ``p_holm``, ``label``, ``claim``
         (its words), ``margin``, ``margin_source``, ``p_equivalence_holm``, ``detectable``, and the
         heterogeneity ``het_sd``, ``het_f``, ``het_p_holm``, ``het_disagree``, ``depends``."""
-        # pandas on first use: importing this module stays light
-        import pandas as pd
-
         out = []
         for r in self.rows:
             row: Dict[str, Any] = {"quantity": r.quantity, "arm": r.arm}

@@ -15,6 +15,9 @@ from typing import List, Optional, Sequence
 
 from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX, TARGET_REACHED, has_values
 from flatlab.analysis.selection import completed
+from flatlab.lazy import lazy
+
+pd = lazy("pandas")
 
 MEASURE_AT_TARGET = (
     "measure_at_train_loss"  # the frame's attrs key: the launch's trainer target, when it measured and trained on
@@ -57,9 +60,6 @@ def stopped_at_target(sample) -> bool:
 
 def missed_target(sample):
     """Per row of ``sample``: a completed trial that recorded missing its training-loss target."""
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     if TARGET_REACHED not in sample.columns:
         return pd.Series(False, index=sample.index)
     return completed(sample) & (pd.to_numeric(sample[TARGET_REACHED], errors="coerce") == 0.0)
@@ -77,9 +77,6 @@ def at_target_view(sample):
     matched training loss, and every completed seed's final model. Anything else (no target, every trial
     reached it, a ``measure_at_train_loss`` launch that logged its own ``flat_at_target/*``) is
     returned as it is. ``attrs`` are kept."""
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     if not (stopped_at_target(sample) and missed_target(sample).any()):
         return sample
     reached = pd.to_numeric(sample[TARGET_REACHED], errors="coerce") == 1.0
@@ -107,9 +104,6 @@ def target_misses(sample, arms: Optional[Sequence[str]] = None) -> List[str]:
             launch's target in ``attrs`` (``measure_at_train_loss`` or ``stop_at_train_loss``).
         arms: in this order (default: alphabetical).
     """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     missed = missed_target(sample)
     if not missed.any():
         return []

@@ -10,6 +10,9 @@ from flatlab.analysis.compare.statistics import finite
 from flatlab.analysis.sample import has_values
 from flatlab.analysis.selection import completed
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+pd = lazy("pandas")
 
 
 def hpo_efficiency(
@@ -41,9 +44,6 @@ def hpo_efficiency(
         ConfigError: ``mode`` not max/min, a negative or non-finite ``tolerance``, a frame without
             the ``epochs``/metric/``start_time`` columns, or a grid without a completed trial.
     """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     if mode not in ("max", "min"):
         raise ConfigError(f"mode={mode!r}; expected 'max' or 'min'")
     if not finite(tolerance) or tolerance < 0:

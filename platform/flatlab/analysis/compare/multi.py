@@ -34,6 +34,9 @@ from flatlab.analysis.compare.statistics import finite
 from flatlab.analysis.compare.table import AT_TARGET_PREFIX, FLAT_PREFIX, Comparison, compare_table
 from flatlab.analysis.selection import reference_arm
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+pd = lazy("pandas")
 
 COLUMNS = ("workload", "arm", "quantity", "mean", "higher_is_better", "test_metric")
 """The plain table's columns: one row per (workload, arm, quantity); ``test_metric`` marks the rows of
@@ -74,9 +77,6 @@ def workload_table(comparisons: Mapping[str, Comparison]):
     """The plain table of several studies' paper tables (``{workload: Comparison}``): one row per
     workload, arm and quantity with the mean over seeds (NaN without a value), the quantity's
     direction and whether it is the workload's test metric (:data:`COLUMNS`)."""
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     rows = [
         {
             "workload": w,
@@ -108,9 +108,6 @@ def summarize(table, *, reference: Optional[str] = None, recorded: Optional[str]
             every workload; ``reference`` not in every workload; a metric that gives no error
             (:func:`~flatlab.analysis.compare.profiles.error_from_metric`).
     """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     missing = [c for c in COLUMNS if c not in table.columns]
     if missing:
         raise ConfigError(f"the workload table lacks column(s) {', '.join(missing)}; expected {', '.join(COLUMNS)}")

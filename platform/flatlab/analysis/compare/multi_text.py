@@ -11,6 +11,9 @@ from flatlab.analysis.compare.multi import MultiSummary, wins
 from flatlab.analysis.compare.statistics import finite
 from flatlab.analysis.compare.text import latex_table, markdown_table, write_format
 from flatlab.analysis.console_table import make_table, print_table
+from flatlab.lazy import lazy
+
+pd = lazy("pandas")
 
 
 def title(summary: MultiSummary) -> str:
@@ -40,9 +43,6 @@ def headers(summary: MultiSummary) -> List[str]:
 def cells(summary: MultiSummary) -> List[List[str]]:
     """The text cells of each (arm, workload) row, in :func:`headers` order; ``-`` where there is no value
     and in the reference arm's own relative columns."""
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     out = []
     for row in summary.frame.to_dict("records"):
         rank = "-" if pd.isna(row["rank"]) else f"{int(row['rank'])}/{row['ranked']}"

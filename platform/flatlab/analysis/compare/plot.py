@@ -16,6 +16,11 @@ from flatlab.analysis.results import _test_metric
 from flatlab.analysis.sample import has_values
 from flatlab.analysis.selection import completed
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+pd = lazy("pandas")
+mpl_figure = lazy("matplotlib.figure")
+ticker = lazy("matplotlib.ticker")
 
 
 def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_trials: bool = False) -> Path:
@@ -36,11 +41,6 @@ def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_tri
     Raises:
         ConfigError: no trials, or no ``flat/*`` measure with values.
     """
-    # pandas and matplotlib on first use: importing this module stays light
-    import pandas as pd
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
     if isinstance(data, Comparison):
         seeds, metric, title = data.seeds, data.metric, data.study
     else:
@@ -53,7 +53,7 @@ def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_tri
         raise ConfigError("no flat/* measure recorded in the compared trials: nothing to plot against the test metric")
     cols = min(3, len(measures))
     nrows = math.ceil(len(measures) / cols)
-    fig = Figure(figsize=(4.2 * cols, 3.6 * nrows), layout="constrained")
+    fig = mpl_figure.Figure(figsize=(4.2 * cols, 3.6 * nrows), layout="constrained")
     axes = np.atleast_1d(fig.subplots(nrows, cols, squeeze=False)).ravel()
     colours = {arm: f"C{i % 10}" for i, arm in enumerate(sorted(seeds["arm"].unique()))}
     for ax, m in zip(axes, measures):
@@ -70,7 +70,7 @@ def plot_metric_vs_flatness(data, path, *, metric: Optional[str] = None, all_tri
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
         if ax.get_xscale() == "linear":  # labels written out in full (1000001.5) need room: about 4 ticks
-            ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
+            ax.xaxis.set_major_locator(ticker.MaxNLocator(nbins=4))
         plain_numbers(ax)
     for ax in axes[len(measures) :]:
         ax.set_visible(False)

@@ -35,6 +35,10 @@ from typing import Optional, Sequence
 
 from flatlab.analysis.compare.statistics import finite
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+pd = lazy("pandas")
+mpl_figure = lazy("matplotlib.figure")
 
 TAU_MARGIN = 1.05
 """The default tau_max is this factor above the largest finite ratio, so every step is visible."""
@@ -73,9 +77,6 @@ def error_matrix(table):
     Raises:
         ConfigError: as :func:`error_from_metric`.
     """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     rows = table[table["test_metric"].astype(bool)]
     workloads = list(dict.fromkeys(table["workload"]))
     arms = sorted(set(table["arm"]))
@@ -121,9 +122,6 @@ def rho(ratios, tau: float):
 
 def profile(ratios, taus: Sequence[float]):
     """``rho_a(tau)`` at each of ``taus``: index the taus, one column per arm."""
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     return pd.DataFrame({t: rho(ratios, t) for t in taus}).T.rename_axis("tau")
 
 
@@ -153,9 +151,6 @@ def plot_profiles(ratios, path, *, tau_max: Optional[float] = None, title: str =
     Raises:
         ConfigError: ``tau_max <= 1``; no arms or workloads.
     """
-    # matplotlib on first use: importing this module stays light
-    from matplotlib.figure import Figure
-
     if ratios.shape[0] == 0 or ratios.shape[1] == 0:
         raise ConfigError("no arms or no workloads: nothing to plot")
     tau_max = default_tau_max(ratios) if tau_max is None else tau_max
@@ -163,7 +158,7 @@ def plot_profiles(ratios, path, *, tau_max: Optional[float] = None, title: str =
         raise ConfigError(f"tau_max={tau_max!r}; expected a number > 1")
     taus = breakpoints(ratios, tau_max)
     values = profile(ratios, taus)
-    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
+    fig = mpl_figure.Figure(figsize=(6.4, 4.2), layout="constrained")
     ax = fig.subplots()
     styles = ("-", "--", "-.", ":")
     for i, arm in enumerate(values.columns):

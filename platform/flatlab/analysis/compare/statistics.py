@@ -22,6 +22,10 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from flatlab.lazy import lazy
+
+stats = lazy("scipy.stats")
+
 CONFIDENCE = 0.95
 
 
@@ -60,9 +64,6 @@ def t_estimate(values: Sequence[float], confidence: float = CONFIDENCE) -> Estim
     ``mean ± t.ppf((1 + confidence) / 2, n − 1) · std / √n`` (std with ddof = 1).
 
     Fewer than two values: NaN std and interval (never an exception)."""
-    # SciPy on first use: importing this module stays light
-    from scipy import stats
-
     x = np.asarray([v for v in values if v is not None], dtype=float)
     x = x[np.isfinite(x)]
     n = int(x.size)
@@ -102,9 +103,6 @@ def paired_difference(
 
     ``p`` and ``d_z`` are NaN for fewer than two matched seeds, and when every difference is equal (zero
     variance: the t statistic is undefined)."""
-    # SciPy on first use: importing this module stays light
-    from scipy import stats
-
     seeds = [s for s in arm if s in reference and finite(arm[s]) and finite(reference[s])]
     a = np.asarray([arm[s] for s in seeds], dtype=float)
     b = np.asarray([reference[s] for s in seeds], dtype=float)
@@ -152,9 +150,6 @@ def paired_power(n: int, d_z: float, alpha: float = 1 - CONFIDENCE) -> float:
     Raises:
         ValueError: ``n < 2`` or ``alpha`` outside (0, 1).
     """
-    # SciPy on first use: importing this module stays light
-    from scipy import stats
-
     if n < 2 or not 0 < alpha < 1:
         raise ValueError(f"paired_power needs n >= 2 and alpha in (0, 1); got n={n!r}, alpha={alpha!r}")
     crit = float(stats.t.ppf(1 - alpha / 2, n - 1))

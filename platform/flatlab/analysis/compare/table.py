@@ -52,7 +52,10 @@ from flatlab.analysis.sample import (
 )
 from flatlab.analysis.selection import completed, reference_arm, value_column
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
 from flatlab.ranges import NO_RANGES, Ranges
+
+pd = lazy("pandas")
 
 AUXILIARY = ("_stderr", "_clean")  # flat/<measure>_stderr, _clean: shown only when asked for by name
 _HIGHER_BETTER = ("accuracy", "acc", "top1", "top5", "f1", "auc", "bleu")
@@ -170,9 +173,6 @@ class Comparison(RowTable):
         ``p_holm`` (Holm-adjusted within the quantity), ``tests`` (the size of that family),
         ``significant`` (``p_holm < alpha``; empty without a test), ``arm_better``, ``ref_better``,
         ``ties`` (NaN for the reference arm)."""
-        # pandas on first use: importing this module stays light
-        import pandas as pd
-
         return pd.DataFrame(
             [
                 {"quantity": r.quantity, "arm": r.arm, "higher_is_better": self.higher_is_better[r.quantity]}
@@ -391,9 +391,6 @@ def seed_values(sample, quantities: Sequence[str]):
     compared at the matched training loss, so a seed that never reached it gives no value there). Every
     ``flat/*`` is the final model's: a value for every completed seed (:func:`at_target_view` gives a
     ``stop_at_train_loss`` launch its at-target columns)."""
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     done = completed(sample)
     seeds = sample[[c for c in ("arm", "seed", "outcome", "run_id") if c in sample.columns]].copy()
     for q in quantities:
