@@ -40,9 +40,15 @@ from typing import Any, Callable, Dict, List, Mapping, Tuple
 
 from flatlab.errors import ConfigError, did_you_mean
 from flatlab.hparams import HParam, resolve
+from flatlab.lazy import lazy
 from flatlab.registry import Registry
 from flatlab.tracking import runs
 from flatlab.tracking.trials import parent_runs, trials_frame
+
+matplotlib = lazy("matplotlib")
+objectives = lazy("flatlab.analysis.objectives")
+param_curves = lazy("flatlab.analysis.param_curves")
+plt = lazy("matplotlib.pyplot")
 
 logger = logging.getLogger(__name__)
 
@@ -154,13 +160,7 @@ def toy_figure(tracking_uri: str, study: str, out_dir: Path, end_metric: str, fl
     Returns:
         One line for the terminal.
     """
-    # matplotlib on first use: importing this module stays light
-    import matplotlib
-
     matplotlib.use("Agg")
-    # matplotlib on first use: importing this module stays light
-    import matplotlib.pyplot as plt
-
     df = trials_frame(tracking_uri, study)
     done = df[df["outcome"] == "completed"] if not df.empty else df
     x = next((c for c in ("param.kappa", "param.t", "param.rho") if c in done.columns), None)
@@ -213,15 +213,13 @@ def objectives_report(tracking_uri: str, study: str, out_dir: Path, split: str, 
     Returns:
         The tables' lines, for the terminal (a line saying why when no trial has the measures).
     """
-    from flatlab.analysis.objectives import format_objective_table, objective_tables
-
     splits = [(split, "flat"), *((x, f"flat_{x}") for x in extra.split(",") if x)]
-    tables = objective_tables(trials_frame(tracking_uri, study), splits)
+    tables = objectives.objective_tables(trials_frame(tracking_uri, study), splits)
     if not tables:
         return [f"objectives table: no completed trial of {study!r} has erm/sam/tilted_objective"]
     lines: List[str] = []
     for table in tables:
-        lines += [*format_objective_table(table), ""]
+        lines += [*objectives.format_objective_table(table), ""]
     out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / "objectives.md"
     md.write_text("\n".join([f"# {study}: objectives of each trained model (TSAM paper, Table 2)", "", *lines]))
@@ -243,10 +241,8 @@ def curves_by_report(tracking_uri: str, study: str, out_dir: Path, metrics: str,
     Raises:
         ConfigError: no trial of ``arm``, or ``by`` not among its parameters.
     """
-    from flatlab.analysis.param_curves import best_per_value
-
     df = trials_frame(tracking_uri, study)
-    best = best_per_value(df, arm, by)
+    best = param_curves.best_per_value(df, arm, by)
     parent = parent_runs(tracking_uri, study)[0].info.run_id
     lines: List[str] = []
     for metric in [m.strip() for m in metrics.split(",") if m.strip()]:
@@ -256,8 +252,6 @@ def curves_by_report(tracking_uri: str, study: str, out_dir: Path, metrics: str,
 
 def _curves_of(tracking_uri: str, df: Any, best: List[Any], metric: str, what: Tuple[str, ...], out_dir: Path):
     """The figure, JSON and lines of one metric of :func:`curves_by_report` (``what``: study, arm, by, parent)."""
-    from flatlab.analysis.param_curves import curves_summary, mean_curve, plot_value_curves
-
     study, arm, by, parent = what
     client = runs.client(tracking_uri)
     curves = []
@@ -266,14 +260,16 @@ def _curves_of(tracking_uri: str, df: Any, best: List[Any], metric: str, what: T
             {m.step: m.value for m in sorted(client.get_metric_history(df.loc[r, "run_id"], metric), key=_time)}
             for r in c.runs
         ]
-        curves.append(replace(c, points=mean_curve(histories)))
+        curves.append(replace(c, points=param_curves.mean_curve(histories)))
     if not any(c.points for c in curves):
         return [f"curves by {by}: no trial of {arm!r} in {study!r} recorded {metric!r} per epoch"]
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"curves_{by}_{metric.replace('/', '_')}"
     png, js = out_dir / f"{stem}.png", out_dir / f"{stem}.json"
-    plot_value_curves(curves, by, metric, f"{study}: {arm}, {metric} per epoch, best configuration per {by}", png)
-    js.write_text(json.dumps(curves_summary(curves, by, metric), indent=2))
+    param_curves.plot_value_curves(
+        curves, by, metric, f"{study}: {arm}, {metric} per epoch, best configuration per {by}", png
+    )
+    js.write_text(json.dumps(param_curves.curves_summary(curves, by, metric), indent=2))
     for f in (png, js):
         client.log_artifact(parent, str(f), artifact_path="curves")
     lines = [

@@ -23,9 +23,12 @@ from flatlab.analysis.histories import UNITS
 from flatlab.analysis.sample import Sample
 from flatlab.analysis.tunings import compare_tunings
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
 from flatlab.ranges import NO_RANGES, SWEEPS, Ranges
 from flatlab.tracking import runs
 from flatlab.tracking.histories import sample_histories, write_cost_curves
+
+pd = lazy("pandas")
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +73,6 @@ def log_comparison(
         except Exception as exc:  # noqa: BLE001
             logger.warning("compare: logging %s to run %s failed: %s", name, parent_run_id, exc)
     try:  # the text table as an MLflow table artifact: the UI shows every column (its csv preview cuts them)
-        # pandas on first use: importing this module stays light
-        import pandas as pd
-
         client.log_table(
             parent_run_id, data=pd.DataFrame(body, columns=head), artifact_file=f"{artifact_path}/comparison.json"
         )

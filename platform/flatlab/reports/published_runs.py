@@ -29,9 +29,12 @@ from flatlab.analysis.published import (
     to_markdown,
 )
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
 from flatlab.ranges import NO_RANGES, Ranges
 from flatlab.tracking import runs
 from flatlab.tracking.trials import parent_runs, trials_frame
+
+pd = lazy("pandas")
 
 PARAM = "published"
 
@@ -143,9 +146,6 @@ def epoch_values(
     Raises:
         ConfigError: no trials.
     """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     sample, source, notes = select_sample(trials)
     if arms is not None:
         sample = sample[sample["arm"].isin(list(arms))]

@@ -25,8 +25,11 @@ from flatlab.analysis import selection
 from flatlab.analysis.curve_points import Point
 from flatlab.analysis.sample import is_completed
 from flatlab.analysis.speedup import CurveTrial, goals, seed_targets, steps_and_speedup
+from flatlab.lazy import lazy
 from flatlab.tracking import runs
 from flatlab.tracking.artifacts import CURVE_METRIC, LEGACY_CURVE_METRIC
+
+mlflow_entities = lazy("mlflow.entities")
 
 logger = logging.getLogger(__name__)
 
@@ -160,24 +163,21 @@ def _curve(client: Any, run_id: str) -> List[Point]:
 
 
 def _log_trial(client: Any, run_id: str, steps: Optional[int], speedup: Optional[float]) -> None:
-    # MLflow on first use: importing this module stays light
-    from mlflow.entities import Metric
-
     client.set_tag(run_id, TAG_REACHED, "true" if steps is not None else "false")
     if steps is None:
         return
     now = int(time.time() * 1000)
-    metrics = [Metric(STEPS_METRIC, float(steps), now, 0)]
+    metrics = [mlflow_entities.Metric(STEPS_METRIC, float(steps), now, 0)]
     if speedup is not None:
-        metrics.append(Metric(SPEEDUP_METRIC, float(speedup), now, 0))
+        metrics.append(mlflow_entities.Metric(SPEEDUP_METRIC, float(speedup), now, 0))
     client.log_batch(run_id, metrics=metrics)
 
 
 def _log_targets(client: Any, parent_run_id: str, targets: Dict[int, float]) -> None:
-    # MLflow on first use: importing this module stays light
-    from mlflow.entities import Metric
-
     now = int(time.time() * 1000)
     client.log_batch(
-        parent_run_id, metrics=[Metric(TARGET_METRIC, float(v), now, int(seed)) for seed, v in sorted(targets.items())]
+        parent_run_id,
+        metrics=[
+            mlflow_entities.Metric(TARGET_METRIC, float(v), now, int(seed)) for seed, v in sorted(targets.items())
+        ],
     )

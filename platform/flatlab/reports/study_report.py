@@ -38,8 +38,14 @@ from flatlab.analysis.compare.plot import plot_metric_vs_flatness
 from flatlab.analysis.plot_axes import integer_ticks, plain_figure, plain_numbers, tidy_parallel_coordinate
 from flatlab.analysis.report import best_per_arm_table
 from flatlab.analysis.results import _test_metric
+from flatlab.lazy import lazy
 from flatlab.reports.launched import Launched
 from flatlab.tracking import runs, ui
+
+matplotlib = lazy("matplotlib")
+matplotlib_figure = lazy("matplotlib.figure")
+optuna = lazy("optuna")
+plt = lazy("matplotlib.pyplot")
 
 logger = logging.getLogger(__name__)
 
@@ -150,9 +156,6 @@ def plot_learning_curves(client: Any, df: Any, metric: str, path: Path, arms: Op
     Raises:
         ValueError: ``df`` has no trial with a recorded value of ``metric``.
     """
-    # matplotlib on first use: importing this module stays light
-    from matplotlib.figure import Figure
-
     curves: Dict[str, List[Any]] = {}
     for _, row in df.iterrows():
         history = {
@@ -167,7 +170,7 @@ def plot_learning_curves(client: Any, df: Any, metric: str, path: Path, arms: Op
     order = [a for a in (arms or []) if a in curves] + [a for a in curves if a not in (arms or [])]
     cols = min(3, len(order))
     nrows = math.ceil(len(order) / cols)
-    fig = Figure(figsize=(4.2 * cols, 3.4 * nrows), layout="constrained")
+    fig = matplotlib_figure.Figure(figsize=(4.2 * cols, 3.4 * nrows), layout="constrained")
     axes = np.atleast_1d(fig.subplots(nrows, cols, squeeze=False, sharey=True)).ravel()
     for i, (ax, arm) in enumerate(zip(axes, order)):
         for points, style in curves[arm]:
@@ -192,9 +195,6 @@ def optuna_plots(study: Any, out: Path, names: Mapping[str, str], tmp: Path, ski
     cannot have one gets a reason appended to ``skipped``: no Optuna studies (grid searcher), no searched
     parameter, no completed trial, fewer than 2 for importances or all of one value (the importances are
     undefined)."""
-    # Optuna on first use: importing this module stays light
-    import optuna
-
     db = out / "optuna.db"
     if study.searcher == "grid" or not db.exists() or not names:
         skipped.append(f"parallel coordinates and importances: no Optuna studies (searcher={study.searcher!r}, {db})")
@@ -217,9 +217,6 @@ def optuna_plots(study: Any, out: Path, names: Mapping[str, str], tmp: Path, ski
 
 def _arm_plots(st: Any, arm: str, metric: str, tmp: Path, skipped: List[str]) -> List[Path]:
     """The parallel-coordinate and importance PNGs of one arm's Optuna study ``st`` (see :func:`optuna_plots`)."""
-    # Optuna on first use: importing this module stays light
-    import optuna
-
     plots = optuna.visualization.matplotlib
     done = st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if not done:
@@ -258,11 +255,6 @@ def _optuna_png(draw: Any, path: Path, title: str, tidy: Any = None) -> Path:
     title it, save it to ``path`` and close its figure. Optuna draws through pyplot and switches pyplot's
     style to ``ggplot`` for good: the caller's rcParams are restored afterwards, and the figure leaves
     pyplot's registry. Numeric tick labels carry no offset text (:func:`flatlab.analysis.plot_axes.plain_figure`)."""
-    # matplotlib and Optuna on first use: importing this module stays light
-    import matplotlib
-    import matplotlib.pyplot as plt
-    import optuna
-
     with matplotlib.rc_context(), warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         warnings.simplefilter("ignore", UserWarning)  # matplotlib on one trial: "identical low and high ylims"

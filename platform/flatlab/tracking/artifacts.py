@@ -23,8 +23,11 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from flatlab.lazy import lazy
 from flatlab.tracking import runs, ui
 from flatlab.tracking.logged_model import log_trial_model
+
+mlflow_entities = lazy("mlflow.entities")
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +56,10 @@ def log_curve(
             start of the trial and at the end of each epoch: a point's timestamp is linearly
             interpolated between them (held constant outside them); none: every point gets the time now.
     """
-    # MLflow on first use: importing this module stays light
-    from mlflow.entities import Metric
-
     stamps = _timestamps([int(s) for s, _ in curve], times)
-    runs.log_metrics(client, run_id, [Metric(CURVE_METRIC, float(v), t, int(s)) for (s, v), t in zip(curve, stamps)])
+    runs.log_metrics(
+        client, run_id, [mlflow_entities.Metric(CURVE_METRIC, float(v), t, int(s)) for (s, v), t in zip(curve, stamps)]
+    )
 
 
 def _timestamps(steps: Sequence[int], times: Sequence[Tuple[int, float]]) -> list:

@@ -23,7 +23,10 @@ from urllib.parse import parse_qsl
 
 from flatlab.cache import cache_root
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
 from flatlab.tracking import runs
+
+logged_model = lazy("flatlab.tracking.logged_model")  # it imports torch
 
 MODEL_ARTIFACT = "model/model.safetensors"
 TRIAL_ARTIFACT = "trial.json"
@@ -67,9 +70,6 @@ def fetch_run(tracking_uri: str, run_id: str) -> Path:
     Raises:
         ConfigError: the run has neither a logged model nor ``model/model.safetensors`` (or cannot be read).
     """
-    # torch on first use: importing this module stays light
-    from flatlab.tracking.logged_model import download_weights
-
     target = cache_root() / "checkpoints" / run_id
     model = target / MODEL_ARTIFACT
     if model.is_file():
@@ -79,7 +79,7 @@ def fetch_run(tracking_uri: str, run_id: str) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=target, prefix=".download-"))
     try:
         try:
-            local = download_weights(client, run_id, str(tmp))
+            local = logged_model.download_weights(client, run_id, str(tmp))
         except Exception as exc:  # MlflowException, OSError ...
             raise ConfigError(
                 f"MLflow run {run_id} has no logged model nor artifact {MODEL_ARTIFACT} ({exc}); "

@@ -14,6 +14,10 @@ import importlib.metadata as metadata
 import platform
 from typing import Any, Dict
 
+from flatlab.lazy import lazy
+
+torch = lazy("torch")
+
 TAG_PREFIX = "flatlab.env."
 PACKAGES_ARTIFACT = "environment/requirements.txt"
 _VERSIONED = ("torch", "ray", "optuna", "mlflow")
@@ -31,9 +35,6 @@ def environment_tags() -> Dict[str, str]:
     tags = {"python": platform.python_version(), "platform": platform.platform()}
     tags.update({name: _version(name) for name in _VERSIONED})
     try:
-        # torch on first use: importing this module stays light
-        import torch
-
         tags["cuda"] = torch.version.cuda or "none"
     except ImportError:
         tags["cuda"] = "none"

@@ -16,8 +16,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from flatlab.analysis.histories import UNITS
 from flatlab.analysis.sample import Sample, StudyInfo
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
 from flatlab.tracking import runs
 from flatlab.tracking.trials import read_sample
+
+cost_curves = lazy("flatlab.analysis.cost_curves")
+equal_compute = lazy("flatlab.analysis.equal_compute")
+pd = lazy("pandas")
 
 
 def read_histories(tracking_uri: str, study: str) -> Tuple[Any, StudyInfo]:
@@ -40,9 +45,6 @@ def sample_histories(tracking_uri: str, sample: Sample) -> Any:
     Raises:
         ConfigError: no completed final-stage trial, or none that logged its compute.
     """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     study = sample.info.name
     final = sample.final().completed().trials
     if final.empty:
@@ -88,10 +90,7 @@ def write_cost_curves(
     Raises:
         ConfigError: a metric without a per-epoch history (naming those with one), an unknown unit.
     """
-    from flatlab.analysis.cost_curves import cost_curves, plot_cost_curves
-    from flatlab.analysis.equal_compute import quantities_of
-
-    known = quantities_of(histories, metric)
+    known = equal_compute.quantities_of(histories, metric)
     for m in metrics or ():
         if m not in known:
             raise ConfigError(f"metric {m!r} has no per-epoch history here; these have: {', '.join(known)}")
@@ -99,11 +98,11 @@ def write_cost_curves(
     paths: List[Path] = []
     for m in metrics or known:
         for unit in units:
-            c = cost_curves(histories, m, unit, points)
+            c = cost_curves.cost_curves(histories, m, unit, points)
             stem = folder / f"{m.replace('/', '_')}_by_{unit}"
             c.to_csv(f"{stem}.csv", index=False)
             label = f"{title}: {m} against {unit}" if title else ""
-            paths += [Path(f"{stem}.csv"), plot_cost_curves(c, m, Path(f"{stem}.png"), label)]
+            paths += [Path(f"{stem}.csv"), cost_curves.plot_cost_curves(c, m, Path(f"{stem}.png"), label)]
     return paths
 
 

@@ -31,6 +31,12 @@ import torch
 from safetensors.torch import save_file
 
 from flatlab._version import __version__
+from flatlab.lazy import lazy
+
+mlflow_artifacts = lazy("mlflow.artifacts")
+mlflow_entities = lazy("mlflow.entities")
+mlflow_models = lazy("mlflow.models")
+mlflow_pyfunc = lazy("mlflow.pyfunc")
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +82,6 @@ def save(path: Path, model: torch.nn.Module, spec: Any) -> Any:
 
 
 def _save(path: Path, model: torch.nn.Module, spec: Any, mlflow_model: Any) -> Any:
-    # MLflow on first use: importing this module stays light
-    import mlflow.pyfunc
-    from mlflow.models import Model
-
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / Path(DATA_DIR).name
         data.mkdir()
@@ -87,7 +89,7 @@ def _save(path: Path, model: torch.nn.Module, spec: Any, mlflow_model: Any) -> A
         save_file(state, str(data / WEIGHTS))
         info = describe(spec)
         (data / DESCRIPTION).write_text(json.dumps(info, indent=2, default=str))
-        mlflow_model = mlflow_model or Model()
+        mlflow_model = mlflow_model or mlflow_models.Model()
         mlflow_model.add_flavor(
             FLAVOR,
             weights=f"{DATA_DIR}/{WEIGHTS}",
@@ -95,7 +97,7 @@ def _save(path: Path, model: torch.nn.Module, spec: Any, mlflow_model: Any) -> A
             workload=info["workload"],
             flatlab_version=info["flatlab_version"],
         )
-        mlflow.pyfunc.save_model(
+        mlflow_pyfunc.save_model(
             str(path),
             loader_module=LOADER_MODULE,
             data_path=str(data),
@@ -114,10 +116,6 @@ def log_trial_model(client: Any, run_id: str, name: str, model: torch.nn.Module,
     Raises:
         MlflowException: MLflow refused a call (the logged model, if created, is marked FAILED).
     """
-    # MLflow on first use: importing this module stays light
-    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
-    from mlflow.models import Model
-
     run = client.get_run(run_id)
     tags = {k: v for k, v in run.data.tags.items() if k in _IDENTITY_TAGS}
     logged = client.create_logged_model(
@@ -130,7 +128,7 @@ def log_trial_model(client: Any, run_id: str, name: str, model: torch.nn.Module,
     )
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            mlflow_model = Model(
+            mlflow_model = mlflow_models.Model(
                 artifact_path=logged.artifact_location,
                 model_uuid=logged.model_id,
                 run_id=run_id,
@@ -138,26 +136,23 @@ def log_trial_model(client: Any, run_id: str, name: str, model: torch.nn.Module,
             )
             _save(Path(tmp) / "model", model, spec, mlflow_model)
             client.log_model_artifacts(logged.model_id, str(Path(tmp) / "model"))
-        client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=step)])
+        client.log_outputs(run_id, [mlflow_entities.LoggedModelOutput(logged.model_id, step=step)])
     except BaseException:
-        client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
+        client.finalize_logged_model(logged.model_id, mlflow_entities.LoggedModelStatus.FAILED)
         raise
-    client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+    client.finalize_logged_model(logged.model_id, mlflow_entities.LoggedModelStatus.READY)
     return logged.model_id
 
 
 def run_model_id(client: Any, run_id: str) -> Optional[str]:
     """The id of the latest READY flatlab logged model whose source is run ``run_id`` (``None``: none)."""
-    # MLflow on first use: importing this module stays light
-    from mlflow.entities import LoggedModelStatus
-
     run = client.get_run(run_id)
     found = client.search_logged_models(
         experiment_ids=[run.info.experiment_id],
         filter_string=f"source_run_id = '{run_id}' AND model_type = '{MODEL_TYPE}'",
         order_by=[{"field_name": "creation_timestamp", "ascending": False}],
     )
-    ready = [m for m in found if m.status == LoggedModelStatus.READY]
+    ready = [m for m in found if m.status == mlflow_entities.LoggedModelStatus.READY]
     return ready[0].model_id if ready else None
 
 
@@ -172,10 +167,7 @@ def download_weights(client: Any, run_id: str, dst: str) -> str:
     model_id = run_model_id(client, run_id)
     if model_id is None:
         return client.download_artifacts(run_id, LEGACY_ARTIFACT, dst)
-    # MLflow on first use: importing this module stays light
-    import mlflow.artifacts
-
     location = client.get_logged_model(model_id).artifact_location.rstrip("/")
-    return mlflow.artifacts.download_artifacts(
+    return mlflow_artifacts.download_artifacts(
         artifact_uri=f"{location}/{DATA_DIR}/{WEIGHTS}", dst_path=dst, tracking_uri=client.tracking_uri
     )

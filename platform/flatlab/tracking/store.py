@@ -13,7 +13,17 @@ from typing import Any, Dict, Optional, Sequence
 from filelock import FileLock, Timeout
 
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
 from flatlab.tracking.layout import EXPERIMENT_KIND, PARENT, TAG_EXPERIMENT_KIND, TAG_TRIAL
+
+mlflow = lazy("mlflow")
+mlflow_db_utils = lazy("mlflow.store.db.utils")  # private, stable since MLflow 1.x
+mlflow_exceptions = lazy("mlflow.exceptions")
+mlflow_sqlalchemy_store = lazy("mlflow.store.tracking.sqlalchemy_store")
+mlflow_store_tracking = lazy("mlflow.store.tracking")
+mlflow_tracking = lazy("mlflow.tracking")
+sqlalchemy_engine = lazy("sqlalchemy.engine")
+sqlalchemy_exc = lazy("sqlalchemy.exc")
 
 # MLflowClient.set_terminated prints "🏃 View run ... / 🧪 View experiment ..." to stdout for every run
 # ended on an HTTP tracking server (mlflow/tracking/_tracking_service/client.py, _log_url), one pair per
@@ -42,10 +52,7 @@ def sqlite_file(tracking_uri: str) -> Optional[Path]:
     """The database file of a ``sqlite:`` tracking URI (``None`` for other stores and in-memory SQLite)."""
     if not tracking_uri.startswith("sqlite:"):
         return None
-    # SQLAlchemy on first use: importing this module stays light
-    from sqlalchemy.engine import make_url
-
-    database = make_url(tracking_uri).database
+    database = sqlalchemy_engine.make_url(tracking_uri).database
     return Path(database) if database and database != ":memory:" else None
 
 
@@ -65,15 +72,13 @@ def holds_run(tracking_uri: str, run_id: str, experiment_id: str, timeout_s: flo
             return False
     elif not tracking_uri.startswith(("http://", "https://")):
         return False
-    # MLflow on first use: importing this module stays light
-    from mlflow.tracking import MlflowClient
-
     # MLflow reads these at each request; by default it retries a silent server for minutes
     limits = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(max(1.0, timeout_s)))}
     before = {key: os.environ.get(key) for key in limits}
     os.environ.update(limits)
     try:
-        return MlflowClient(tracking_uri=tracking_uri).get_run(run_id).info.experiment_id == str(experiment_id)
+        run = mlflow_tracking.MlflowClient(tracking_uri=tracking_uri).get_run(run_id)
+        return run.info.experiment_id == str(experiment_id)
     except Exception:  # noqa: BLE001 - unreachable, unknown run, malformed store: not this launch's store
         return False
     finally:
@@ -100,9 +105,6 @@ def _alembic_revision(db: Path) -> Optional[str]:
 
 
 def _schema_stamp(db: Path) -> Optional[str]:
-    # MLflow on first use: importing this module stays light
-    import mlflow
-
     revision = _alembic_revision(db)
     return None if revision is None else f"mlflow {mlflow.__version__} schema {revision}"
 
@@ -140,13 +142,10 @@ def client(tracking_uri: str):
     Raises:
         TimeoutError: another process held the lock for more than ``SCHEMA_LOCK_TIMEOUT_S`` seconds.
     """
-    # MLflow on first use: importing this module stays light
-    from mlflow.tracking import MlflowClient
-
     os.environ.setdefault(SUPPRESS_URL_ENV, "true")  # read at each set_terminated: no "View run" lines
     db = sqlite_file(tracking_uri)
     if db is None or tracking_uri in _SCHEMA_READY:
-        return MlflowClient(tracking_uri=tracking_uri)
+        return mlflow_tracking.MlflowClient(tracking_uri=tracking_uri)
     stamp_file = db.with_name(db.name + ".schema")
     try:
         settled = stamp_file.read_text() == _schema_stamp(db)
@@ -154,7 +153,7 @@ def client(tracking_uri: str):
         settled = False
     if settled:
         _SCHEMA_READY.add(tracking_uri)
-        return MlflowClient(tracking_uri=tracking_uri)
+        return mlflow_tracking.MlflowClient(tracking_uri=tracking_uri)
 
     lock = FileLock(f"{db}.lock", timeout=SCHEMA_LOCK_TIMEOUT_S)
     try:
@@ -167,7 +166,11 @@ def client(tracking_uri: str):
     except OSError:
         lock = None  # no lock file possible here (read-only directory): open as MLflow would
     try:
-        c = _open_sqlite_store(tracking_uri, db) if lock is not None else MlflowClient(tracking_uri=tracking_uri)
+        c = (
+            _open_sqlite_store(tracking_uri, db)
+            if lock is not None
+            else mlflow_tracking.MlflowClient(tracking_uri=tracking_uri)
+        )
         if lock is not None:
             stamp = _schema_stamp(db)
             if stamp is not None:
@@ -203,20 +206,15 @@ def _open_sqlite_store(tracking_uri: str, db: Path):
     Raises:
         whatever MLflow raises for a store it cannot open for another reason, or on the last try.
     """
-    # MLflow on first use: importing this module stays light
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-    from sqlalchemy.exc import SQLAlchemyError
-
     if not db.exists():
         _build_store_aside(db)
     for attempt in range(SCHEMA_OPEN_TRIES):
         _wait_for_schema(db)
         try:
-            c = MlflowClient(tracking_uri=tracking_uri)
+            c = mlflow_tracking.MlflowClient(tracking_uri=tracking_uri)
             c.search_experiments(max_results=1)  # builds the store (some MLflow versions build it lazily)
             return c
-        except (SQLAlchemyError, MlflowException) as exc:
+        except (sqlalchemy_exc.SQLAlchemyError, mlflow_exceptions.MlflowException) as exc:
             if attempt + 1 == SCHEMA_OPEN_TRIES or not _concurrent_schema_error(exc):
                 raise
             time.sleep(0.2 * (attempt + 1))
@@ -243,15 +241,12 @@ def _concurrent_schema_error(exc: BaseException) -> bool:
 def _build_store_aside(db: Path) -> None:
     """Build MLflow's schema in a file beside ``db`` and link it into place unless ``db`` exists by then
     (another process made it first: its schema is awaited by :func:`_wait_for_schema`)."""
-    # MLflow on first use: importing this module stays light
-    from mlflow.store.tracking import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
     new = db.with_name(f".{db.name}.{os.getpid()}.new")
     new.unlink(missing_ok=True)
     try:
         # the Default experiment's artifact root as a plain MlflowClient would give it
-        SqlAlchemyStore(f"sqlite:///{new}", DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH).engine.dispose()
+        default_root = mlflow_store_tracking.DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
+        mlflow_sqlalchemy_store.SqlAlchemyStore(f"sqlite:///{new}", default_root).engine.dispose()
         try:
             os.link(new, db)
         except FileExistsError:
@@ -263,10 +258,7 @@ def _build_store_aside(db: Path) -> None:
 def _head_revision() -> Optional[str]:
     """MLflow's current schema revision (``None`` where this MLflow does not say)."""
     try:
-        # MLflow on first use: importing this module stays light
-        from mlflow.store.db.utils import _get_latest_schema_revision  # private, stable since MLflow 1.x
-
-        return str(_get_latest_schema_revision())
+        return str(mlflow_db_utils._get_latest_schema_revision())
     except Exception:  # noqa: BLE001 - then the file's settling alone decides
         return None
 

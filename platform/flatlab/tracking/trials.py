@@ -9,7 +9,10 @@ from typing import Any, Dict, List, Optional
 from flatlab.analysis.results import sort_trials
 from flatlab.analysis.sample import Sample, StudyInfo
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
 from flatlab.tracking import runs
+
+pd = lazy("pandas")
 
 # Final metrics whose plain name reads like a hyperparameter: the scheduled learning rate of the last
 # epoch is ``last_lr``, next to the searched ``param.lr``.
@@ -58,9 +61,6 @@ def trials_frame(
     (``measure_at_train_loss``,
     ``stop_at_train_loss``) as the launch recorded them (text; ``None`` when not set).
     """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     parents = parent_runs(tracking_uri, study)
     if not parents:
         raise ConfigError(f"study {study!r} has no launches recorded in {tracking_uri}")
@@ -138,9 +138,6 @@ def _numeric_if_possible(col):
     nullable ``Int64``, so that an arm without the param (a missing value) does not turn it into
     floats (``s = 3.0``); other numeric columns become ``float64``; anything else stays text.
     """
-    # pandas on first use: importing this module stays light
-    import pandas as pd
-
     present = col.dropna()
     if len(present) and all(isinstance(v, str) and _INTEGER.fullmatch(v.strip()) for v in present):
         try:
