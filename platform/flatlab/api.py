@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any, Iterable, List, Optional, Union
 
 from flatlab.errors import ConfigError, did_you_mean
+from flatlab.lazy import lazy
 from flatlab.study.spec import Study
+
+pd = lazy("pandas")
+cluster = lazy("flatlab.cluster")
+query = lazy("flatlab.analysis.query")
+study_options = lazy("flatlab.study.options")
+study_run_file = lazy("flatlab.study.run_file")
+runs = lazy("flatlab.tracking.runs")
+tracking_trials = lazy("flatlab.tracking.trials")
 
 
 def run(
@@ -56,10 +65,9 @@ def run(
             that ``RunOptions`` does not have (naming the valid ones), or any error ``flatlab run`` reports
             (a resume option that differs from the launch's, ``resume`` with ``continue_`` ...).
     """
-    from flatlab.study.options import RunOptions
-    from flatlab.study.run_file import run_file
-
-    valid = [f.name for f in dataclasses.fields(RunOptions) if f.name not in ("root", "source", "overrides")]
+    valid = [
+        f.name for f in dataclasses.fields(study_options.RunOptions) if f.name not in ("root", "source", "overrides")
+    ]
     unknown = [k for k in options if k not in valid]
     if unknown:
         names = [
@@ -91,13 +99,13 @@ def run(
 
     def check(_studies: List[Study]) -> bool:
         if options.get("address"):  # an unreachable head fails within seconds, as with the CLI
-            from flatlab.cluster import check_address
-
-            check_address(options["address"])
+            cluster.check_address(options["address"])
         return True
 
-    opts = RunOptions(root=root_path, source="" if isinstance(study, Study) else os.fspath(study), **options)
-    outcomes = run_file(study, given, opts, only=only, console=console, check=check)
+    opts = study_options.RunOptions(
+        root=root_path, source="" if isinstance(study, Study) else os.fspath(study), **options
+    )
+    outcomes = study_run_file.run_file(study, given, opts, only=only, console=console, check=check)
     return outcomes[0] if isinstance(study, Study) else outcomes
 
 
@@ -147,14 +155,10 @@ def results(
     Raises:
         ConfigError: an unknown study or store, and every filter error of ``flatlab results``.
     """
-    from flatlab.analysis.query import select
-    from flatlab.tracking import runs
-    from flatlab.tracking.trials import trials_frame
-
     base = Path(root) if root is not None else Path(os.environ.get("FLATLAB_ROOT", "flatlab-runs"))
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or runs.default_tracking_uri(base.resolve())
-    df = _with_timestamps(trials_frame(uri, name, all_launches=all_launches))
-    return select(
+    df = _with_timestamps(tracking_trials.trials_frame(uri, name, all_launches=all_launches))
+    return query.select(
         df,
         tuning=tuning,
         arms=arms,
@@ -173,8 +177,6 @@ def _with_timestamps(df):
     """``df`` with its ``start_time``/``end_time`` (MLflow's ms since the epoch, NaN where missing) as
     ``datetime64[ns, UTC]`` (``NaT`` where missing). Only the Python API converts: the CLI's table,
     csv/parquet exports and ``--filter``/``--sort`` keep MLflow's ms."""
-    import pandas as pd
-
     for col in ("start_time", "end_time"):
         if col in df.columns:
             ms = pd.to_numeric(df[col], errors="coerce")

@@ -10,6 +10,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+ray_compat = lazy("flatlab.study.ray_compat")  # flatlab.study loads torch
+job_submission = lazy("ray.job_submission")  # Ray loads in seconds
 
 EXCLUDES = ["flatlab-runs/", ".venv/", ".git/", "__pycache__/", "*.egg-info/", "bench/out/"]
 
@@ -29,9 +33,7 @@ def enable_token_auth_if_available() -> bool:
     )
     if have:
         os.environ["RAY_AUTH_MODE"] = "token"
-        from flatlab.study.ray_compat import refresh_auth_config  # deferred: flatlab.study loads torch
-
-        refresh_auth_config()  # Ray may have read its config already
+        ray_compat.refresh_auth_config()  # Ray may have read its config already
     return bool(have)
 
 
@@ -58,9 +60,7 @@ def match_cluster_auth(address: str, timeout: float = 3.0) -> Optional[bool]:
         ConfigError: ``RAY_AUTH_MODE`` is set here and disagrees with the cluster; the cluster requires a
             token and none is at hand. Each message names the fix.
     """
-    from flatlab.study.ray_compat import gcs_requires_token, refresh_auth_config  # deferred: flatlab.study loads torch
-
-    required = gcs_requires_token(address, timeout=timeout)
+    required = ray_compat.gcs_requires_token(address, timeout=timeout)
     if required is None:
         return None
     given = os.environ.get("RAY_AUTH_MODE")
@@ -85,7 +85,7 @@ def match_cluster_auth(address: str, timeout: float = 3.0) -> Optional[bool]:
         )
     if given is None:
         os.environ["RAY_AUTH_MODE"] = "token" if required else "disabled"
-        refresh_auth_config()  # Ray may have read its config already
+        ray_compat.refresh_auth_config()  # Ray may have read its config already
     return required
 
 
@@ -261,9 +261,7 @@ def submit_study(
         raise ConfigError(f"study file {study_file} not found under the working directory {wd}")
     extra_args = [*extra_args, *job_output_args(extra_args, os.environ)]
     entry, runtime_env = job_entrypoint(str(rel), extra_args, wd)
-    from ray.job_submission import JobStatus, JobSubmissionClient  # deferred: Ray loads in seconds
-
-    client = JobSubmissionClient(address)
+    client = job_submission.JobSubmissionClient(address)
     job_id = client.submit_job(entrypoint=entry, runtime_env=runtime_env)
     if console is not None:
         console.print(f"submitted {job_id}: {entry}")
@@ -275,6 +273,6 @@ def submit_study(
 
         asyncio.run(_tail())
         status = client.get_job_status(job_id)
-        if status != JobStatus.SUCCEEDED:
+        if status != job_submission.JobStatus.SUCCEEDED:
             raise ConfigError(f"job {job_id} ended with status {status}")
     return job_id

@@ -15,7 +15,14 @@ from __future__ import annotations
 import sys
 from typing import Any, Dict, Iterable, Mapping, Set
 
+from flatlab.lazy import lazy
 from flatlab.registry import definition
+
+# the registries load torch, and the study loader reads USER_MODULES without it
+optim_registry = lazy("flatlab.optim.registry")
+sharpness_registry = lazy("flatlab.sharpness.registry")
+workloads_registry = lazy("flatlab.workloads.registry")
+cloudpickle = lazy("ray.cloudpickle")  # Ray loads in seconds
 
 #: Names of the modules loaded from study files and their folders (:func:`flatlab.study.loader.load_module`).
 USER_MODULES: Set[str] = set()
@@ -25,19 +32,16 @@ Extensions = Dict[str, Dict[str, Any]]
 
 
 def _registries() -> Dict[str, Any]:
-    # deferred: the registries load torch, and the study loader reads USER_MODULES without it
-    from flatlab.optim.registry import OPTIMIZERS
-    from flatlab.sharpness.registry import MEASURES
-    from flatlab.workloads.registry import WORKLOADS
-
-    return {"workload": WORKLOADS, "optimizer": OPTIMIZERS, "measure": MEASURES}
+    return {
+        "workload": workloads_registry.WORKLOADS,
+        "optimizer": optim_registry.OPTIMIZERS,
+        "measure": sharpness_registry.MEASURES,
+    }
 
 
 def pickle_by_value(modules: Iterable[str]) -> None:
     """Mark the modules named ``modules`` (those loaded in this process) for Ray's cloudpickle to
     pickle their classes and functions by value: a process that cannot import them still gets them."""
-    from ray import cloudpickle  # deferred: Ray loads in seconds
-
     for name in modules:
         module = sys.modules.get(name)
         if module is None or name == "__main__":

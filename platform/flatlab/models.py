@@ -24,8 +24,11 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from flatlab.lazy import lazy
 from flatlab.tracking.logged_model import DATA_DIR, DESCRIPTION, WEIGHTS
 from flatlab.workloads.registry import build_workload
+
+mlflow_artifacts = lazy("mlflow.artifacts")
 
 
 def load_torch_model(model_uri: str, tracking_uri: Optional[str] = None) -> torch.nn.Module:
@@ -35,10 +38,7 @@ def load_torch_model(model_uri: str, tracking_uri: Optional[str] = None) -> torc
     Raises:
         ValueError: the folder is not a flatlab model (no ``data/flatlab/model.json``).
     """
-    # MLflow on first use: importing this module stays light
-    import mlflow.artifacts
-
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, tracking_uri=tracking_uri))
+    local = Path(mlflow_artifacts.download_artifacts(artifact_uri=model_uri, tracking_uri=tracking_uri))
     return _build(local / DATA_DIR)
 
 

@@ -41,11 +41,14 @@ from flatlab.analysis.sample import Sample
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.interpolation.sweep import SweepResult
+from flatlab.lazy import lazy
 from flatlab.reports.declared import StudyReport, register_report
 from flatlab.sharpness.results import Estimate
 from flatlab.tracking import runs
 from flatlab.tracking.checkpoints import RUN_PREFIX, is_reference, parse_reference
 from flatlab.tracking.trials import parent_runs, trials_frame
+
+plots = lazy("flatlab.interpolation.plots")  # loads matplotlib
 
 _GENERAL = "flat/avg_sharpness"
 _LAYERS = {"finetuned": "flat/layer_sharpness/", "interpolated": "flat/layer_sharpness_interpolated/"}
@@ -266,8 +269,6 @@ def write_report(
     Raises:
         ConfigError: no model has an unpruned sweep.
     """
-    from flatlab.interpolation import plots  # deferred: plots loads matplotlib
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     plain = [c for c in curves if c.unpruned is not None]
@@ -305,8 +306,6 @@ def write_report(
 
 def _per_model_figures(curves: List[ModelCurves], out_dir: Path, split: str) -> List[Path]:
     """Figs. 2, 4 and 5 of every model that has their data."""
-    from flatlab.interpolation import plots  # deferred: plots loads matplotlib
-
     titles = {"finetuned": "layer-wise sharpness (§3.1: fine-tuned layer perturbed, then interpolated)"}
     figures: List[Path] = []
     for i, c in enumerate(curves):

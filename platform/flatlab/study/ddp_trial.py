@@ -21,10 +21,12 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional, Tuple
 
+import ray
 from pyarrow import fs as pafs
 from ray import tune
 
 from flatlab.extensions import install
+from flatlab.lazy import lazy
 from flatlab.study.placement import choose_device, node_label, placement
 from flatlab.study.ray_compat import train_session_storage
 from flatlab.study.spec import Study
@@ -37,6 +39,11 @@ from flatlab.train.cpu_threads import configure as configure_cpu
 from flatlab.train.parallel import DataParallel
 from flatlab.train.trainer import Trainer
 from flatlab.workloads.base import Data
+
+# Ray Train: a trial of one worker (most of them) never loads it
+ray_train = lazy("ray.train")
+train_torch = lazy("ray.train.torch")
+tune_ray_train = lazy("ray.tune.integration.ray_train")
 
 #: folder (under the Tune trial's folder) where Ray Train keeps a multi-worker trial's checkpoints
 TRAIN_RUN_NAME = "ddp"
@@ -56,11 +63,6 @@ def run_ddp_trial(
     Raises:
         ray.train.TrainingFailedError: a worker failed (Tune then marks the trial as errored).
     """
-    # Ray Train on first use: a trial of one worker (most of them) never loads it
-    import ray.train
-    from ray.train.torch import TorchTrainer
-    from ray.tune.integration.ray_train import TuneReportCallback
-
     res = study.resources
     ctx = tune.get_context()
     # the trial's folder on the experiment's storage (get_trial_dir() is a per-session local copy,
@@ -76,19 +78,19 @@ def run_ddp_trial(
         "trial_id": ctx.get_trial_id(),
         "extensions": extensions or {},  # the study's own entries, registered on every worker
     }
-    trainer = TorchTrainer(
+    trainer = train_torch.TorchTrainer(
         _worker_loop,
         train_loop_config=loop_config,
-        scaling_config=ray.train.ScalingConfig(
+        scaling_config=ray_train.ScalingConfig(
             num_workers=res.workers, use_gpu=res.gpu > 0, resources_per_worker=res.worker_dict()
         ),
-        run_config=ray.train.RunConfig(
+        run_config=ray_train.RunConfig(
             name=TRAIN_RUN_NAME,
             storage_path=storage.trial_fs_path,
             storage_filesystem=filesystem,
-            callbacks=[TuneReportCallback()],
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
-            failure_config=ray.train.FailureConfig(max_failures=0),
+            callbacks=[tune_ray_train.TuneReportCallback()],
+            checkpoint_config=ray_train.CheckpointConfig(num_to_keep=2),
+            failure_config=ray_train.FailureConfig(max_failures=0),
         ),
     )
     trainer.fit()
@@ -96,35 +98,31 @@ def run_ddp_trial(
 
 def _worker_loop(loop_config: Dict[str, Any]) -> None:
     """One rank of a multi-worker trial (runs in a Ray Train worker, the process group started)."""
-    # Ray Train on first use: a trial of one worker (most of them) never loads it
-    import ray.train
-    import ray.train.torch
-
     install(loop_config.get("extensions") or {})  # the study's own workloads, optimizers, measures
     study: Study = loop_config["study"]
-    ctx = ray.train.get_context()
+    ctx = ray_train.get_context()
     parallel = DataParallel(ctx.get_world_rank(), ctx.get_world_size())
     # the subnormal mode, then the thread count (Ray sets OMP_NUM_THREADS=1), before any computation
     denormals = configure_cpu(max(1, int(study.resources.cpu)), study.resources.flush_denormal)
     device, fallback = choose_device(study.resources, where=node_label())  # fails at once without usable CUDA
     if device == "cuda":
-        device = str(ray.train.torch.get_device())
+        device = str(train_torch.get_device())
     spec = trial_spec(study, loop_config["config"], device=device)
     data = ray.get(loop_config["data"])
     trainer = Trainer(spec, data, parallel=parallel)
-    checkpoint = ray.train.get_checkpoint()  # Ray Train's own restarts of this run
+    checkpoint = ray_train.get_checkpoint()  # Ray Train's own restarts of this run
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
             trainer.load(d)  # every rank loads rank 0's checkpoint: the same state everywhere
     elif loop_config["resume"] is not None:  # a restarted Tune trial: the previous run's latest
         path, filesystem = loop_config["resume"]
-        with ray.train.Checkpoint(path, filesystem=filesystem).as_directory() as d:
+        with ray_train.Checkpoint(path, filesystem=filesystem).as_directory() as d:
             trainer.load(d)
 
     def report(metrics: Dict[str, Any], snapshot: Optional[StateSnapshot]) -> None:
         with written(snapshot) as folder:  # removed once Ray Train has copied it into the run's storage
-            saved = ray.train.Checkpoint.from_directory(folder) if folder else None
-            ray.train.report(metrics, checkpoint=saved)  # every rank reports; rank 0's metrics reach Tune
+            saved = ray_train.Checkpoint.from_directory(folder) if folder else None
+            ray_train.report(metrics, checkpoint=saved)  # every rank reports; rank 0's metrics reach Tune
 
     trial_loop(
         trainer,

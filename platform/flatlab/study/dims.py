@@ -19,6 +19,9 @@ from typing import Any, List, Optional, Tuple
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
+from flatlab.lazy import lazy
+
+optuna = lazy("optuna")
 
 
 class Dim:
@@ -89,9 +92,6 @@ class Float(Dim):
         return None
 
     def to_optuna(self) -> Any:
-        # Optuna on first use: importing this module stays light
-        import optuna
-
         self.valid()
         return optuna.distributions.FloatDistribution(float(self.low), float(self.high), log=self.log)
 
@@ -141,9 +141,6 @@ class Int(Dim):
         return None
 
     def to_optuna(self) -> Any:
-        # Optuna on first use: importing this module stays light
-        import optuna
-
         self.valid()
         return optuna.distributions.IntDistribution(self.low, self.high, log=self.log)
 
@@ -188,9 +185,6 @@ class Choice(Dim):
         return None
 
     def to_optuna(self) -> Any:
-        # Optuna on first use: importing this module stays light
-        import optuna
-
         self.valid()
         return optuna.distributions.CategoricalDistribution(list(self.values))
 

@@ -24,7 +24,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from flatlab.lazy import lazy
 from flatlab.study.dims import Choice, Dim, Float, Int, Unsupported
+
+optuna_dist = lazy("optuna.distributions")
+tune_sample = lazy("ray.tune.search.sample")
 
 
 def from_foreign(value: Any) -> Optional[Dim]:
@@ -43,37 +47,31 @@ def from_foreign(value: Any) -> Optional[Dim]:
 
 
 def _from_optuna(d: Any) -> Optional[Dim]:
-    # Optuna on first use: importing this module stays light
-    import optuna.distributions as od
-
     name = type(d).__name__
-    if isinstance(d, od.FloatDistribution):
+    if isinstance(d, optuna_dist.FloatDistribution):
         if d.step is not None:
             return Unsupported(
                 f"{name}(low={d.low}, high={d.high}, step={d.step}) has no flatlab equivalent (flatlab's float ranges "
                 f"are continuous); write sp.uniform({d.low}, {d.high}) or sp.choice([...]) of the steps"
             )
         return Float(d.low, d.high, log=d.log)
-    if isinstance(d, od.IntDistribution):
+    if isinstance(d, optuna_dist.IntDistribution):
         if d.step != 1:
             return Unsupported(
                 f"{name}(low={d.low}, high={d.high}, step={d.step}) has no flatlab equivalent (sp.int steps by 1); "
                 f"write sp.choice(list(range({d.low}, {d.high + 1}, {d.step})))"
             )
         return Int(d.low, d.high, log=d.log)
-    if isinstance(d, od.CategoricalDistribution):
+    if isinstance(d, optuna_dist.CategoricalDistribution):
         return Choice(tuple(d.choices))
     return Unsupported(f"{name} has no flatlab equivalent; use sp.uniform, sp.loguniform, sp.int or sp.choice")
 
 
 def _from_tune(d: Any) -> Optional[Dim]:
-    # Ray Tune on first use: importing this module stays light
-    from ray.tune.search import sample as ts
-
     sampler = getattr(d, "sampler", None)
-    if isinstance(sampler, ts.Quantized):
-        log = isinstance(sampler.sampler, (ts.Float._LogUniform, ts.Integer._LogUniform))
-        if isinstance(d, ts.Integer):
+    if isinstance(sampler, tune_sample.Quantized):
+        log = isinstance(sampler.sampler, (tune_sample.Float._LogUniform, tune_sample.Integer._LogUniform))
+        if isinstance(d, tune_sample.Integer):
             return Unsupported(
                 f"tune.q{'log' if log else ''}randint({d.lower}, {d.upper}, {sampler.q}) has no flatlab equivalent "
                 f"(sp.int steps by 1); write sp.choice(list(range({d.lower}, {d.upper + 1}, {sampler.q})))"
@@ -83,19 +81,19 @@ def _from_tune(d: Any) -> Optional[Dim]:
             f"tune.q{kind}({d.lower}, {d.upper}, {sampler.q}) (a quantised float) has no flatlab equivalent (flatlab's "
             f"float ranges are continuous); write sp.{kind}({d.lower}, {d.upper}) or sp.choice([...]) of the steps"
         )
-    if isinstance(d, ts.Float):
-        if isinstance(sampler, ts.Float._LogUniform):
+    if isinstance(d, tune_sample.Float):
+        if isinstance(sampler, tune_sample.Float._LogUniform):
             return Float(d.lower, d.upper, log=True)
-        if isinstance(sampler, ts.Float._Uniform):
+        if isinstance(sampler, tune_sample.Float._Uniform):
             return Float(d.lower, d.upper)
         return Unsupported(
             "tune.randn (a normal distribution) has no flatlab equivalent (flatlab's ranges are bounded); "
             "write sp.uniform(low, high)"
         )
-    if isinstance(d, ts.Integer):
-        log = isinstance(sampler, ts.Integer._LogUniform)
+    if isinstance(d, tune_sample.Integer):
+        log = isinstance(sampler, tune_sample.Integer._LogUniform)
         return Int(d.lower, d.upper - 1, log=log)  # Tune's upper bound is exclusive, flatlab's inclusive
-    if isinstance(d, ts.Categorical):
+    if isinstance(d, tune_sample.Categorical):
         return Choice(tuple(d.categories))
     return Unsupported(
         f"tune.sample_from(...) ({type(d).__name__}, a define-by-run value) has no flatlab equivalent; write "

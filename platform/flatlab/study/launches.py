@@ -25,7 +25,12 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
 from flatlab.study.tunings import study_lanes
+
+# Optuna and Ray Tune (the searchers): `flatlab run` reads launch.json without them
+optuna = lazy("optuna")
+searchers = lazy("flatlab.study.searchers")
 
 BUDGET_KEYS = ("trials", "epochs", "final_seeds", "tunings", "scale")
 """The ``flatlab run`` options a launch records and ``--resume`` reuses."""
@@ -195,9 +200,6 @@ def continued_studies(previous: Optional[Launch], study: Any, where: str) -> Tup
             space differs from the Optuna distributions its study has seen (naming the arm and the
             parameters).
     """
-    # Ray Tune and Optuna (the searchers) on first use: `flatlab run` reads launch.json without them
-    from flatlab.study.searchers import optuna_study_name
-
     if study.searcher == "grid":
         raise ConfigError(
             f"--continue: study {study.name!r} uses searcher='grid', which has no Optuna study to add trials to"
@@ -208,7 +210,7 @@ def continued_studies(previous: Optional[Launch], study: Any, where: str) -> Tup
     if not prefix:
         raise ConfigError(f"--continue: {where} does not name the previous launch's Optuna studies")
     storage = previous.optuna_storage
-    names = {lane: optuna_study_name(prefix, lane) for lane in study_lanes(study)}
+    names = {lane: searchers.optuna_study_name(prefix, lane) for lane in study_lanes(study)}
     if storage:
         for arm in study.arms:
             seen = _seen_distributions(storage, names[arm.name])
@@ -240,13 +242,8 @@ def space_difference(seen: Dict[str, Any], now: Dict[str, Any]) -> str:
 
 def _seen_distributions(storage: str, name: str) -> Optional[Dict[str, Any]]:
     """Union of the distributions of the trials of Optuna study ``name``; ``None`` if it has no trial."""
-    # Optuna and Ray Tune (the searchers) on first use: `flatlab run` reads launch.json without them
-    import optuna
-
-    from flatlab.study.searchers import _storage
-
     try:
-        st = optuna.load_study(study_name=name, storage=_storage(storage))
+        st = optuna.load_study(study_name=name, storage=searchers._storage(storage))
     except KeyError:
         return None
     seen: Dict[str, Any] = {}

@@ -10,6 +10,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from mlflow.entities import Param
 
 from flatlab._version import __version__
+from flatlab.lazy import lazy
 from flatlab.reports.published_runs import launch_param
 from flatlab.study.chain import chained_params
 from flatlab.study.launches import Launch
@@ -20,6 +21,8 @@ from flatlab.tracking import runs
 from flatlab.tracking.environment import environment_tags, log_packages
 from flatlab.tracking.param_text import flat_params
 from flatlab.tracking.ui import TEST_METRICS, default_columns, set_default_view
+
+train_config = lazy("flatlab.train.config")  # loads torch
 
 
 def open_parent_run(
@@ -90,10 +93,7 @@ def common_tags(study: Study, opts: RunOptions) -> Dict[str, str]:
 def study_columns(study: Study, test_metrics: Iterable[str] = TEST_METRICS) -> List[str]:
     """:func:`~flatlab.tracking.ui.default_columns` of ``study``: its metric, measures, target and the
     parameters its arms search (in the order the arms declare them)."""
-    # torch on first use: importing this module stays light
-    from flatlab.train.config import TARGET_HPARAMS
-
     searched = [name for arm in study.arms for name in arm.searched()]
-    target = any(study.train.get(name) is not None for name in TARGET_HPARAMS)
+    target = any(study.train.get(name) is not None for name in train_config.TARGET_HPARAMS)
     at_target = study.train.get("measure_at_train_loss") is not None
     return default_columns(study.metric, searched, study.measures, test_metrics, target, at_target)

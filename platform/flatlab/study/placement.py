@@ -14,6 +14,10 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from flatlab.errors import FlatlabError
+from flatlab.lazy import lazy
+
+ray = lazy("ray")
+torch = lazy("torch")
 
 
 class DeviceUnavailableError(FlatlabError, RuntimeError):
@@ -23,9 +27,6 @@ class DeviceUnavailableError(FlatlabError, RuntimeError):
 def cuda_status() -> Tuple[bool, str]:
     """``(usable, reason)``: whether CUDA works in this process (``torch.cuda.is_available()`` and a
     one-element tensor on the device), with the reason when it does not."""
-    # torch on first use: importing this module stays light
-    import torch
-
     if not torch.cuda.is_available():
         built = torch.version.cuda
         return False, "torch.cuda.is_available() is False; " + (
@@ -72,9 +73,6 @@ def choose_device(
 
 def node_label() -> str:
     """``"node 127.0.0.1 (3d89aeda)"``: this process's Ray node, by address and short id, for messages."""
-    # Ray on first use: importing this module stays light
-    import ray
-
     if not ray.is_initialized():
         return "this node"
     return f"node {ray.util.get_node_ip_address()} ({ray.get_runtime_context().get_node_id()[:8]})"
@@ -99,10 +97,6 @@ def placement(
     GPU's name, ``world_size``, the workers and resources the trial reserved, its Ray node id and the
     GPU ids Ray gave it, the epoch it (re)started at, the CPU-fallback warning if any, and what its CPU
     threads do with subnormal floats (``denormals``: one of :data:`flatlab.train.cpu_threads.MODES`)."""
-    # Ray and torch on first use: importing this module stays light
-    import ray
-    import torch
-
     out: Dict[str, str] = {
         "device": device,
         "world_size": str(world_size),

@@ -35,6 +35,25 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional
 
 import numpy as np
 
+from flatlab.lazy import lazy
+
+grpc = lazy("grpc")  # Ray's RPC
+ray = lazy("ray")
+# ray_constants and worker are patched: read from the package, they are Ray's own modules (a proxy
+# forwards reads only, an assignment to it would reach nothing)
+ray_private = lazy("ray._private")
+raylet = lazy("ray._raylet")
+ray_exceptions = lazy("ray.exceptions")
+gcs_service_pb2 = lazy("ray.core.generated.gcs_service_pb2")
+gcs_service_pb2_grpc = lazy("ray.core.generated.gcs_service_pb2_grpc")
+tune = lazy("ray.tune")
+experiment_state = lazy("ray.tune.execution.experiment_state")
+tune_trial = lazy("ray.tune.experiment.trial")
+tune_result = lazy("ray.tune.result")
+function_trainable = lazy("ray.tune.trainable.function_trainable")
+train_session = lazy("ray.train._internal.session")
+train_v2_exceptions = lazy("ray.train.v2.api.exceptions")
+
 #: Ray releases (major.minor) the test suite ran on with these workarounds; ``pyproject.toml`` allows these.
 TESTED_RAY_VERSIONS = ("2.60",)
 
@@ -51,9 +70,6 @@ def ray_version_problem(version: Optional[str] = None) -> Optional[str]:
     """A one-line warning when Ray ``version`` (default: the installed one) is not a tested release,
     else ``None``."""
     if version is None:
-        # Ray on first use: importing this module stays light
-        import ray
-
         version = ray.__version__
     major_minor = ".".join(version.split(".")[:2])
     if major_minor in TESTED_RAY_VERSIONS:
@@ -88,9 +104,7 @@ def loopback_node_ip() -> Iterator[None]:
     agents inherit, so the workers they start later use loopback) and restored after it, so a later
     ``ray.init`` of the same process joins other clusters with the machine's network address.
     """
-    # Ray on first use: importing this module stays light
-    from ray._private import ray_constants
-
+    ray_constants = ray_private.ray_constants
     before_const, before_env = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get(CLUSTER_ENV)
     ray_constants.ENABLE_RAY_CLUSTER = False
     os.environ[CLUSTER_ENV] = "0"
@@ -120,9 +134,6 @@ def is_loopback_address(address: str) -> bool:
 def init_local_ray(**kwargs: Any) -> Any:
     """``ray.init(address="local", **kwargs)`` with every socket of the new instance on 127.0.0.1
     (:func:`loopback_node_ip`). Returns what ``ray.init`` returns."""
-    # Ray on first use: importing this module stays light
-    import ray
-
     with loopback_node_ip():
         return ray.init(address="local", _node_ip_address=LOOPBACK, **kwargs)
 
@@ -132,10 +143,6 @@ def gcs_requires_token(address: str, timeout: float = 3.0) -> Optional[bool]:
     ``True`` (the cluster uses token authentication), ``False`` (it does not), ``None`` (no answer within
     ``timeout`` seconds, or another error: unknown). One ``GetClusterId`` call over Ray's generated gRPC
     stubs (``ray.core.generated``)."""
-    # grpc (Ray's RPC) and Ray on first use: importing this module stays light
-    import grpc
-    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
-
     channel = grpc.insecure_channel(address)
     try:
         gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
@@ -152,10 +159,7 @@ def refresh_auth_config() -> None:
     """Make Ray re-read ``RAY_AUTH_MODE`` in this process (as Ray's own token set-up does), if Ray's
     core is loaded already."""
     if "ray._raylet" in sys.modules:
-        # Ray on first use: importing this module stays light
-        from ray._raylet import Config
-
-        Config.initialize("")
+        raylet.Config.initialize("")
 
 
 def route_ray_errors_to_log() -> bool:
@@ -164,9 +168,8 @@ def route_ray_errors_to_log() -> bool:
     returns ``False`` (and changes nothing) if this Ray has no ``ray._private.worker.print_to_stdstream``.
     """
     try:
-        # Ray on first use: importing this module stays light
-        import ray._private.worker as ray_worker
-    except ImportError:  # pragma: no cover (ray is a dependency)
+        ray_worker = ray_private.worker
+    except (ImportError, AttributeError):  # pragma: no cover (ray is a dependency)
         return False
     original = getattr(ray_worker, "print_to_stdstream", None)
     if original is None:
@@ -195,11 +198,10 @@ def can_resume(experiment_path: str) -> bool:
     be restored. ``Tuner.can_restore`` answers True from ``tuner.pkl`` alone, and a Tuner restored from
     it restarts the experiment with ``num_samples=1`` (``TunerInternal._fit_resume`` passes none): a
     one-trial search."""
-    # Ray on first use: importing this module stays light
-    from ray.tune import Tuner
-    from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
-
-    return bool(Tuner.can_restore(experiment_path)) and _find_newest_experiment_checkpoint(experiment_path) is not None
+    return (
+        bool(tune.Tuner.can_restore(experiment_path))
+        and experiment_state._find_newest_experiment_checkpoint(experiment_path) is not None
+    )
 
 
 def restored_callbacks(tuner: Any) -> List[Any]:
@@ -226,25 +228,22 @@ def is_system_failure(exc: Optional[BaseException]) -> bool:
     a worker or an actor, not an exception of the trial's own code: a ``RayActorError`` (e.g. its node
     was removed), a task error caused by one, or a Ray Train run (DDP trial) that failed because a
     worker died or was preempted."""
-    # Ray on first use: importing this module stays light
-    from ray.exceptions import RayActorError, RayTaskError
-
-    if isinstance(exc, RayActorError):
+    if isinstance(exc, ray_exceptions.RayActorError):
         return True
-    if not isinstance(exc, RayTaskError):
+    if not isinstance(exc, ray_exceptions.RayTaskError):
         return False
     cause = exc.as_instanceof_cause()
-    if isinstance(cause, RayActorError):
+    if isinstance(cause, ray_exceptions.RayActorError):
         return True
     try:
-        # Ray on first use: importing this module stays light
-        from ray.train.v2.api.exceptions import PreemptionError, WorkerGroupError
-    except ImportError:  # pragma: no cover (Ray Train V2 ships with the tested Ray)
+        preemption_error = train_v2_exceptions.PreemptionError
+        worker_group_error = train_v2_exceptions.WorkerGroupError
+    except (ImportError, AttributeError):  # pragma: no cover (Ray Train V2 ships with the tested Ray)
         return False
-    if isinstance(cause, PreemptionError):
+    if isinstance(cause, preemption_error):
         return True
-    failures = getattr(cause, "worker_failures", None) if isinstance(cause, WorkerGroupError) else None
-    return bool(failures) and any(isinstance(f, RayActorError) for f in failures.values())
+    failures = getattr(cause, "worker_failures", None) if isinstance(cause, worker_group_error) else None
+    return bool(failures) and any(isinstance(f, ray_exceptions.RayActorError) for f in failures.values())
 
 
 def retry_system_failures_only() -> bool:
@@ -252,10 +251,8 @@ def retry_system_failures_only() -> bool:
     system failure (:func:`is_system_failure`); a trial whose own code raised fails at once, as with
     ``max_failures=0``. Tune counts both alike (``Trial.handle_error``); the patched method uses up a
     trial's remaining retries when its own code raised. Idempotent; returns ``True`` once installed."""
-    # Ray on first use: importing this module stays light
-    from ray.tune.experiment.trial import Trial
-
-    original = Trial.handle_error
+    trial_class = tune_trial.Trial
+    original = trial_class.handle_error
     if getattr(original, "flatlab_system_only", False):
         return True
 
@@ -267,7 +264,7 @@ def retry_system_failures_only() -> bool:
 
     handle_error.flatlab_system_only = True  # type: ignore[attr-defined]
     handle_error.__wrapped__ = original  # type: ignore[attr-defined]
-    Trial.handle_error = handle_error
+    trial_class.handle_error = handle_error
     return True
 
 
@@ -279,10 +276,7 @@ def asha_rung_count(max_t: float, grace_period: float, reduction_factor: float) 
 def train_session_storage() -> Any:
     """The ``StorageContext`` of the running Tune trial (``ray.train._internal.session``): its
     ``trial_fs_path`` and ``storage_filesystem``, where a DDP trial keeps its Ray Train run."""
-    # Ray on first use: importing this module stays light
-    from ray.train._internal.session import get_session
-
-    return get_session().storage
+    return train_session.get_session().storage
 
 
 def buffered_trainable(fn: Any, decide_at: FrozenSet[int], buffer_s: float, max_batch: int) -> type:
@@ -300,11 +294,11 @@ def buffered_trainable(fn: Any, decide_at: FrozenSet[int], buffer_s: float, max_
     ``save`` resolves and runs two trains at once. Both are Ray 2.60 faults; when Ray fixes them this
     class can shrink to the error handling.
     """
-    # Ray on first use: importing this module stays light
-    from ray.tune.result import DONE, RESULT_DUPLICATE, SHOULD_CHECKPOINT, TRAINING_ITERATION
-    from ray.tune.trainable.function_trainable import wrap_function
+    # Tune's result keys, read once: the class travels to the trial actors with them
+    done, duplicate = tune_result.DONE, tune_result.RESULT_DUPLICATE
+    should_checkpoint, iteration = tune_result.SHOULD_CHECKPOINT, tune_result.TRAINING_ITERATION
 
-    class BatchedTrial(wrap_function(fn)):  # type: ignore[misc, valid-type]
+    class BatchedTrial(function_trainable.wrap_function(fn)):  # type: ignore[misc, valid-type]
         _held_error: Optional[BaseException] = None
         _held_result: Optional[Dict[str, Any]] = None
 
@@ -325,16 +319,16 @@ def buffered_trainable(fn: Any, decide_at: FrozenSet[int], buffer_s: float, max_
                         raise
                     self._held_error = exc
                     return results
-                if result.get(SHOULD_CHECKPOINT) and results:
+                if result.get(should_checkpoint) and results:
                     # a checkpoint travels alone (see the docstring)
                     self._held_result = result
                     return results
                 results.append(result)
                 if (
-                    result.get(DONE)
-                    or result.get(SHOULD_CHECKPOINT)
-                    or result.get(RESULT_DUPLICATE)
-                    or result.get(TRAINING_ITERATION) in decide_at
+                    result.get(done)
+                    or result.get(should_checkpoint)
+                    or result.get(duplicate)
+                    or result.get(iteration) in decide_at
                     or len(results) >= max_batch
                     or time.time() >= send_at
                 ):

@@ -7,9 +7,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterable, List, Mapping, Optional
 
+from flatlab.lazy import lazy
 from flatlab.study.options import RunOptions, StudyOutcome
 from flatlab.study.prepare import prepare
 from flatlab.study.spec import Study
+
+# Ray, MLflow and Optuna load with the runner, once the checks passed: a dry run starts without them
+runner = lazy("flatlab.study.runner")
 
 
 def run_file(
@@ -44,15 +48,12 @@ def run_file(
         ConfigError: as :func:`~flatlab.study.prepare.prepare` and
             :meth:`~flatlab.study.runner.StudyLaunch.run`, and whatever ``check`` raises.
     """
-    # Ray, MLflow and Optuna load with the runner, once the checks passed: a dry run starts without them
-    from flatlab.study.runner import run_study
-
     prepared = prepare(source, dict(given), opts.root, resume=opts.resume, continue_=opts.continue_, only=list(only))
     if check is not None and check([p.study for p in prepared]) is False:
         return []
     outcomes: List[StudyOutcome] = []
     for p in prepared:
-        outcome = run_study(p.study, dataclasses.replace(opts, overrides=p.budget), console=console)
+        outcome = runner.run_study(p.study, dataclasses.replace(opts, overrides=p.budget), console=console)
         outcomes.append(outcome)
         if report is not None:
             report(p.study, outcome)

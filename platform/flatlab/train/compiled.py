@@ -5,6 +5,12 @@ from __future__ import annotations
 from torch import nn
 from torch._functorch import config as functorch_config
 
+from flatlab.lazy import lazy
+
+# the compiler stack (seconds); the package, not its config module: a setting must reach the real module
+# (a proxy forwards reads only)
+inductor = lazy("torch._inductor")
+
 
 def compile_model(model: nn.Module) -> nn.Module:
     """Compile ``model`` in place (``nn.Module.compile``) and return it.
@@ -23,10 +29,8 @@ def compile_model(model: nn.Module) -> nn.Module:
     Each process therefore compiles afresh (tens of seconds per graph). Needs a C compiler on the
     machine (inductor).
     """
-    from torch._inductor import config as inductor_config  # deferred: loads the compiler stack (seconds)
-
     functorch_config.donated_buffer = False
     functorch_config.enable_autograd_cache = False
-    inductor_config.fx_graph_cache = False
+    inductor.config.fx_graph_cache = False
     model.compile()
     return model
