@@ -46,6 +46,10 @@ def test_reads_are_forwarded_so_a_rebound_name_and_a_swapped_module_are_seen(mon
     other.value = 3
     monkeypatch.setitem(sys.modules, "flatlab_lazy_fake", other)  # a test swaps the module
     assert m.value == 3
+    m.value = 4  # a write reaches the module, as `import m; m.value = 4` would
+    assert other.value == 4 and "value" not in vars(m)
+    del m.value
+    assert not hasattr(other, "value")
     with pytest.raises(AttributeError, match="missing"):
         _ = m.missing
 

@@ -46,7 +46,7 @@ class LazyModule(types.ModuleType):
     """
 
     def __init__(self, name: str, extra: Optional[str] = None) -> None:
-        super().__init__(name)
+        super().__init__(name)  # ModuleType.__init__ fills __dict__ directly, not through __setattr__
         self.__dict__["_lazy_extra"] = extra
 
     def _lazy_load(self) -> types.ModuleType:
@@ -62,6 +62,13 @@ class LazyModule(types.ModuleType):
         if attr in ("__path__", "__file__", "__wrapped__") and self.__name__ not in sys.modules:
             raise AttributeError(attr)  # introspection (doctest, inspect) must not trigger the import
         return getattr(self._lazy_load(), attr)
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        # a write (a library switch, a test's monkeypatch) goes to the module, never to the stand-in
+        setattr(self._lazy_load(), attr, value)
+
+    def __delattr__(self, attr: str) -> None:
+        delattr(self._lazy_load(), attr)
 
     def __dir__(self) -> List[str]:
         return dir(self._lazy_load())
