@@ -11,16 +11,21 @@ from typing import List, Optional
 import typer
 
 from flatlab.analysis import compare as cmp
-from flatlab.analysis import generalisation, pool, tunings_text
+from flatlab.analysis import design_table, generalisation, pool, tunings_text
 from flatlab.analysis.compare import multi, multi_text, profiles
 from flatlab.analysis.compare.columns import number
 from flatlab.analysis.compare.text import markdown_table
 from flatlab.analysis.console_table import make_table, print_table
 from flatlab.analysis.tunings import compare_tunings
+from flatlab.cli import equal
 from flatlab.cli.app import ROOT_HELP, _fail, _root, app, check_confidence, check_rank_by, console, err
 from flatlab.errors import FlatlabError
+from flatlab.lazy import lazy
 from flatlab.tracking import runs
 from flatlab.tracking import trials as stored_trials
+
+pd = lazy("pandas")
+workload_ranges = lazy("flatlab.workloads.ranges")  # torch: the registries that declare the ranges
 
 
 @app.command()
@@ -172,8 +177,6 @@ def compare(
 
 def _at_cost(uri, study, reference, confidence, fmt, margins, time_to_target: bool, target, at_equal) -> None:
     """``--time-to-target`` and ``--at-equal``: the compute-based tables (:mod:`flatlab.cli.equal`)."""
-    from flatlab.cli import equal
-
     if fmt == "latex":
         raise FlatlabError("--time-to-target and --at-equal are written as table, markdown or csv")
     if time_to_target:
@@ -185,8 +188,6 @@ def _at_cost(uri, study, reference, confidence, fmt, margins, time_to_target: bo
 def _time_profiles(studies, uri, reference, target, confidence, fmt, plot, root: Path) -> None:
     """``flatlab compare A B --time-to-target``: the median time to target per arm and study, and the
     performance profiles in passes and in seconds (PNGs in ``plot``'s folder, default ``<root>/compare``)."""
-    from flatlab.cli import equal
-
     if fmt == "latex":
         raise FlatlabError("--time-to-target is written as table, markdown or csv")
     folder = plot.parent if plot is not None else root / "compare"
@@ -233,15 +234,12 @@ def _pairs(given: Optional[List[str]], option: str) -> dict:
 
 def _print_design(uri, study, reference, metric, confidence, measure, margins, effects, fmt) -> None:
     """``--design``: the design table of a study of several tunings."""
-    from flatlab.analysis import design_table
-    from flatlab.workloads.ranges import ranges_of  # torch: the registries that declare the ranges
-
     sample = stored_trials.read_sample(uri, study)
     if len(sample.tunings) < 2:
         raise FlatlabError(f"--design needs a study of several tunings; {study!r} has {len(sample.tunings)}")
     c = compare_tunings(
         sample, study=study, metric=metric, reference=reference, confidence=confidence, measures=measure or None,
-        margins=margins, ranges=ranges_of(sample.info.workload),
+        margins=margins, ranges=workload_ranges.ranges_of(sample.info.workload),
     )  # fmt: skip
     rows = design_table.study_design(c, sample, effects=effects)
     if fmt == "csv":
@@ -255,9 +253,6 @@ def _print_design(uri, study, reference, metric, confidence, measure, margins, e
 
 
 def _design_frame(rows):
-    # pandas on first use: the CLI starts without it
-    import pandas as pd
-
     out = []
     for d in rows:
         a = d.allocation
@@ -280,14 +275,12 @@ def _design_frame(rows):
 def _compare_one(uri, study, reference, metric, rank_by, fmt, confidence, measure, plot, tuning, margins) -> None:
     """One study's table: over its tunings where it has several (and ``tuning`` is not given), else the
     table of its one (or the given) tuning."""
-    from flatlab.workloads.ranges import ranges_of  # torch: the registries that declare the ranges
-
     sample = stored_trials.read_sample(uri, study)
     if tuning is not None:
         if tuning not in sample.tunings:
             raise FlatlabError(f"--tuning {tuning}: study {study!r} has tunings {sample.tunings}")
         sample = sample.tuning(tuning)
-    ranges = ranges_of(sample.info.workload)
+    ranges = workload_ranges.ranges_of(sample.info.workload)
     kwargs = dict(metric=metric, reference=reference, confidence=confidence, measures=measure or None, ranges=ranges)
     if len(sample.tunings) > 1:
         if fmt == "latex":
@@ -311,11 +304,9 @@ def _compare_one(uri, study, reference, metric, rank_by, fmt, confidence, measur
 
 def _extras(uri, study, reference, measure, confidence, fmt, folder: Path, curves: bool, correlation: bool) -> None:
     """``--tuning-curves`` and ``--correlation``: the tables printed, the CSVs and PNGs written to ``folder``."""
-    from flatlab.workloads.ranges import ranges_of  # torch: the registries that declare the ranges
-
     sample = stored_trials.read_sample(uri, study)
     if curves:
-        ranges = ranges_of(sample.info.workload)
+        ranges = workload_ranges.ranges_of(sample.info.workload)
         c = pool.pool_curves(
             sample, reference=reference, measures=measure or None, confidence=confidence, ranges=ranges
         )
@@ -341,9 +332,6 @@ def _extras(uri, study, reference, measure, confidence, fmt, folder: Path, curve
 def _print_curves(curves, fmt: str) -> None:
     """The tuning curves at a few budgets (n = 1, N/4, N/2, N): one table per quantity (terminal or
     markdown), or every row of every quantity as CSV."""
-    # pandas on first use: the CLI starts without it
-    import pandas as pd
-
     frames = {q: pool.curves_frame(curves, q) for q in (curves.metric, *curves.quantities)}
     if fmt == "csv":
         sys.stdout.write(pd.concat([f.assign(quantity=q) for q, f in frames.items()]).to_csv(index=False))
@@ -413,9 +401,6 @@ def _compare_workloads(
 
 def _print_efficiency(efficiency, fmt: str, grid: str, search: str) -> None:
     """The ``--against`` table in ``fmt`` (csv: a second CSV block after one empty line)."""
-    # pandas on first use: the CLI starts without it
-    import pandas as pd
-
     head, body = cmp.efficiency_cells(efficiency)
     title = f"HPO efficiency: {search} (search) against {grid} (grid), trial-epochs to reach the grid's best"
     if fmt == "table":

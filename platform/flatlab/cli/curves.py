@@ -12,9 +12,13 @@ import typer
 
 from flatlab.analysis import published as pub
 from flatlab.cli.app import ROOT_HELP, _fail, _root, app, check_confidence, console
+from flatlab.cli.equal import write_cost_curves
 from flatlab.errors import ConfigError, FlatlabError
+from flatlab.lazy import lazy
 from flatlab.reports.published_runs import compare_study
 from flatlab.tracking import runs
+
+workload_ranges = lazy("flatlab.workloads.ranges")  # torch: the registries that declare the ranges
 
 FORMATS = ("table", "markdown", "csv")
 
@@ -89,13 +93,9 @@ def curves(
     arm, metric and epoch: whether flatlab's mean falls inside the published range, whether the
     intervals overlap, and where it falls outside. With --cost passes|seconds: each arm's metric against
     its passes or training seconds instead."""
-    from flatlab.workloads.ranges import ranges_of  # torch: the registries that declare the ranges
-
     uri = tracking_uri or runs.default_tracking_uri(_root(root).resolve())
     try:
         if cost is not None:
-            from flatlab.cli.equal import write_cost_curves
-
             folder = output or _root(root) / study / "cost_curves"
             paths = write_cost_curves(uri, study, cost, metric, folder, points)
             console.print(f"wrote {len(paths)} files to {folder}", soft_wrap=True, markup=False)
@@ -111,7 +111,7 @@ def curves(
             metrics=metric or None,
             epochs=parse_epochs(epochs),
             confidence=confidence,
-            ranges_of=ranges_of,
+            ranges_of=workload_ranges.ranges_of,
         )
         if fmt == "table":
             pub.render(comparison, console)

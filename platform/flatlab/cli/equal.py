@@ -9,21 +9,26 @@ import sys
 from pathlib import Path
 from typing import List, Mapping, Optional
 
+from flatlab.analysis.compare.profiles import performance_ratios, plot_profiles
 from flatlab.analysis.compare.text import markdown_table
+from flatlab.analysis.compute_text import at_equal_cells, cell, time_to_target_cells
 from flatlab.analysis.console_table import make_table, print_table
+from flatlab.analysis.equal_compute import at_equal
 from flatlab.analysis.selection import reference_arm
+from flatlab.analysis.time_to_target import cost_matrix, time_to_target
 from flatlab.cli.app import console
 from flatlab.errors import FlatlabError
+from flatlab.lazy import lazy
 from flatlab.tracking.histories import read_histories
+from flatlab.tracking.histories import write_cost_curves as write_curves
+
+pd = lazy("pandas")
 
 UNITS = ("passes", "seconds")
 
 
 def print_time_to_target(uri: str, study: str, *, reference, target, confidence: float, fmt: str) -> None:
     """The time-to-target table of ``study`` in ``fmt`` (csv: one row per arm)."""
-    from flatlab.analysis.compute_text import time_to_target_cells
-    from flatlab.analysis.time_to_target import time_to_target
-
     h, info = read_histories(uri, study)
     ref = reference_arm(h["arm"], reference or info.reference_arm)
     source = "given" if target is not None else "study"
@@ -44,13 +49,6 @@ def time_profiles(
     """Several studies: each arm's median passes and training seconds to each study's own target (its
     ``target_metric``, else the reference arm's median final value; ``target`` for every study), printed
     as one table per unit, and the performance profiles in each unit saved as PNGs under ``folder``."""
-    # pandas on first use: the CLI starts without it
-    import pandas as pd
-
-    from flatlab.analysis.compare.profiles import performance_ratios, plot_profiles
-    from flatlab.analysis.compute_text import cell
-    from flatlab.analysis.time_to_target import cost_matrix, time_to_target
-
     results = {}
     for study in studies:
         h, info = read_histories(uri, study)
@@ -79,9 +77,6 @@ def print_at_equal(
     uri: str, study: str, unit: str, *, reference, confidence: float, margins: Mapping[str, float], fmt: str
 ) -> None:
     """The equal-compute table of ``study`` in ``unit`` (``passes`` or ``seconds``) in ``fmt``."""
-    from flatlab.analysis.compute_text import at_equal_cells
-    from flatlab.analysis.equal_compute import at_equal
-
     check_unit(unit, "--at-equal")
     h, info = read_histories(uri, study)
     ref = reference_arm(h["arm"], reference or info.reference_arm)
@@ -99,11 +94,9 @@ def write_cost_curves(
 ) -> List[Path]:
     """Each arm's metric against ``unit``: a CSV and a PNG per metric under ``folder`` (default metrics:
     the study's, the test metrics logged every epoch, the measures over training)."""
-    from flatlab.tracking.histories import write_cost_curves as write
-
     check_unit(unit, "--cost")
     h, info = read_histories(uri, study)
-    return write(h, info.metric, folder, units=(unit,), metrics=metrics, points=points, title=study)
+    return write_curves(h, info.metric, folder, units=(unit,), metrics=metrics, points=points, title=study)
 
 
 def check_unit(unit: str, option: str) -> None:

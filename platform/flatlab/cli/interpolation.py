@@ -9,7 +9,10 @@ import typer
 
 from flatlab.cli.app import ROOT_HELP, _fail, _root, app, console
 from flatlab.errors import FlatlabError
+from flatlab.lazy import lazy
 from flatlab.tracking import runs
+
+interpolation_report_mod = lazy("flatlab.interpolation.report")  # torch
 
 
 @app.command("interpolation-report")
@@ -22,13 +25,12 @@ def interpolation_report(
 ) -> None:
     """Plot an alpha study's curves (seed paper Figs. 1 to 5), its tau of sharpness against OOD accuracy, and log them
     on its launch run."""
-    # torch on first use: the CLI starts without it
-    from flatlab.interpolation.report import interpolation_report as build
-
     base = _root(root).resolve()
     uri = tracking_uri or runs.default_tracking_uri(base)
     try:
-        rep = build(uri, study, out_dir=output or base / study / "report", split=split)
+        rep = interpolation_report_mod.interpolation_report(
+            uri, study, out_dir=output or base / study / "report", split=split
+        )
     except (FlatlabError, ValueError) as exc:
         _fail(exc)
     for path in (*rep.figures, rep.summary_path):

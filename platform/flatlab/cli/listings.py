@@ -10,6 +10,15 @@ import typer
 from flatlab.analysis.console_table import make_table, print_table
 from flatlab.cli.app import _fail, app, console
 from flatlab.errors import FlatlabError
+from flatlab.lazy import lazy
+
+# torch: the registries and the study loader, imported by the command that lists them
+study_loader = lazy("flatlab.study.loader")
+optim_registry = lazy("flatlab.optim.registry")
+train_config = lazy("flatlab.train.config")
+workload_registry = lazy("flatlab.workloads.registry")
+sharpness_measures = lazy("flatlab.sharpness.measures")
+measure_registry = lazy("flatlab.sharpness.registry")
 
 STUDIES_LEGEND = (
     "scales: the values of `flatlab run FILE --scale NAME`, the first the default; -: no --scale (one setting); "
@@ -39,13 +48,10 @@ def studies(directory: Path = typer.Argument(Path("studies"), help="folder of st
     """List the study files, one line each: the file, its scales (`flatlab run --scale`, the first the
     default) and its docstring's summary; then, a section each, those of the folder's
     subfolders (studies/examples/). Files are parsed, never run."""
-    # torch on first use: the CLI starts without it
-    from flatlab.study.loader import describe_file
-
     folders = _study_folders(directory)
     if not folders:
         _fail(FlatlabError(f"no study files in {directory} or its subfolders"))
-    described = {p: describe_file(str(p)) for _, files in folders for p in files}
+    described = {p: study_loader.describe_file(str(p)) for _, files in folders for p in files}
     scales = {
         p: "(module)" if not d.is_study else "(computed)" if d.scales is None else ", ".join(d.scales) or "-"
         for p, d in described.items()
@@ -95,11 +101,8 @@ def _load_extensions(study_file: Optional[Path]) -> None:
     error (exit 2)."""
     if study_file is None:
         return
-    # torch on first use: the CLI starts without it
-    from flatlab.study.loader import load_module
-
     try:
-        load_module(str(study_file))
+        study_loader.load_module(str(study_file))
     except (FlatlabError, ValueError) as exc:
         _fail(exc)
 
@@ -110,13 +113,10 @@ def optimizers(
     study_file: Optional[Path] = typer.Option(None, "--study-file", help=_STUDY_FILE_HELP),
 ) -> None:
     """List the registered optimizers with their hyperparameters, defaults and allowed ranges."""
-    # torch on first use: the CLI starts without it
-    from flatlab.optim.registry import OPTIMIZERS
-
     _load_extensions(study_file)
 
-    for entry in _entries(OPTIMIZERS, name, study_file):
-        spec = OPTIMIZERS.get(entry)
+    for entry in _entries(optim_registry.OPTIMIZERS, name, study_file):
+        spec = optim_registry.OPTIMIZERS.get(entry)
         console.print(f"[bold]{entry}[/bold]  {spec.doc}")
         _hparam_table(spec.hparams)
 
@@ -131,20 +131,16 @@ def workloads(
 ) -> None:
     """List the registered workloads with their parameters, defaults and allowed ranges, then the
     trainer's parameters (any study or arm may set these)."""
-    # torch on first use: the CLI starts without it
-    from flatlab.train.config import TRAINER_HPARAMS
-    from flatlab.workloads.registry import WORKLOADS
-
     _load_extensions(study_file)
 
-    names = [] if name == "trainer" else _entries(WORKLOADS, name, study_file)
+    names = [] if name == "trainer" else _entries(workload_registry.WORKLOADS, name, study_file)
     for n in names:
-        cls = WORKLOADS.get(n)
+        cls = workload_registry.WORKLOADS.get(n)
         console.print(f"[bold]{n}[/bold]  {cls.doc}  metrics: {', '.join(cls.metrics)}")
         _hparam_table(cls.hparams)
     if name is None or name == "trainer":
         console.print("[bold]trainer[/bold] (any study or arm may set these)")
-        _hparam_table(TRAINER_HPARAMS)
+        _hparam_table(train_config.TRAINER_HPARAMS)
     else:
         console.print(
             "the trainer's parameters (batch_size, schedule, ...; any "
@@ -159,23 +155,24 @@ def measures(
 ) -> None:
     """List the registered flatness measures (a study's `measures=`) with their parameters, defaults,
     allowed ranges, source and the metrics they log."""
-    # torch on first use: the CLI starts without it
-    from flatlab.sharpness.measures import TIME_KEY
-    from flatlab.sharpness.registry import get_measure, list_measures
-
     _load_extensions(study_file)
 
     try:
-        names = [get_measure(name).name] if name is not None else list(list_measures())
+        names = (
+            [measure_registry.get_measure(name).name] if name is not None else list(measure_registry.list_measures())
+        )
     except FlatlabError as exc:
         _fail_unknown(exc, study_file)
     for n in names:
-        m = get_measure(n)
+        m = measure_registry.get_measure(n)
         console.print(f"[bold]{m.name}[/bold]  {m.doc}", soft_wrap=True)
         console.print(f"  source: {m.source}", soft_wrap=True)
         console.print(f"  metrics: {', '.join(m.metrics)}", soft_wrap=True)
         _hparam_table(m.hparams)
-    console.print(f"\nEvery trial that measures also logs {TIME_KEY}: the wall seconds all its measures took together.")
+    console.print(
+        f"\nEvery trial that measures also logs {sharpness_measures.TIME_KEY}: "
+        "the wall seconds all its measures took together."
+    )
 
 
 def _hparam_table(hparams) -> None:

@@ -9,6 +9,7 @@ import typer
 
 from flatlab.cli.app import ROOT_HELP, _fail, _root, app, console
 from flatlab.errors import FlatlabError
+from flatlab.reports.declared import objectives_report
 from flatlab.tracking import runs
 
 
@@ -23,8 +24,6 @@ def objectives(
 ) -> None:
     """Print each trained model (row) on the ERM, SAM and tilted objectives (columns), one table per split
     (TSAM paper, Table 2), and log them on the study's launch run."""
-    from flatlab.reports.declared import objectives_report
-
     base = _root(root).resolve()
     uri = tracking_uri or runs.default_tracking_uri(base)
     try:

@@ -17,12 +17,20 @@ from flatlab.cli.app import ROOT_HELP, _fail, _root, app, console, err
 from flatlab.cli.results import _say_arms_without_answer
 from flatlab.cluster import check_address, enable_token_auth_if_available, submit_study
 from flatlab.errors import FlatlabError
+from flatlab.lazy import lazy
 from flatlab.study.launches import log_file
 from flatlab.study.options import RunOptions, StudyOutcome
 from flatlab.study.spec import Study
 from flatlab.tracking import trials as stored_trials
 from flatlab.tracking.runs import default_tracking_uri
 from flatlab.tracking.ui import where_to_look
+
+# torch loads with the studies' validation, Ray and MLflow with the runner: `flatlab --help` starts without them
+study_run_file = lazy("flatlab.study.run_file")
+study_chain = lazy("flatlab.study.chain")  # torch (the trial routing): loaded by --dry-run only
+study_plan = lazy("flatlab.study.plan")
+workload_registry = lazy("flatlab.workloads.registry")  # torch: loaded once a launch is under way
+workload_ranges = lazy("flatlab.workloads.ranges")  # torch: the registries that declare the ranges
 
 
 @app.command()
@@ -99,9 +107,6 @@ def _launch_file(
     """:func:`flatlab.study.run_file.run_file` of STUDY_FILE, with the CLI's checks (the studies' warnings,
     then the dry run's plans, or the checks before a launch) and each launch's report; a bad study file,
     option or address is one line and exit 2. Returns ``(interrupted, every trial of a study failed)``."""
-    # torch loads with the studies' validation, Ray and MLflow with the runner: `flatlab --help` starts without them
-    from flatlab.study.run_file import run_file
-
     prepared: List[Study] = []  # the studies, once the file was prepared: errors after that are the launch's
     all_failed: List[bool] = []
 
@@ -120,7 +125,9 @@ def _launch_file(
         all_failed.append(_report(s, outcome, str(study_file), Path(opts.root).resolve()))
 
     try:
-        outcomes = run_file(str(study_file), given, opts, only=only, console=console, check=check, report=report)
+        outcomes = study_run_file.run_file(
+            str(study_file), given, opts, only=only, console=console, check=check, report=report
+        )
     except FlatlabError as exc:
         _fail(exc)
     except ValueError as exc:  # a study file's own error; one raised by a launch is not the input's
@@ -141,13 +148,9 @@ def _launch_file(
 
 def _print_plans(studies: List[Study], tracking_uri: str) -> None:
     """``--dry-run``: each study's trial plan, and what its chained values would resolve to in ``tracking_uri``."""
-    # torch on first use: the CLI starts without it
-    from flatlab.study.chain import describe_chained  # torch (the trial routing): loaded by --dry-run only
-    from flatlab.study.plan import render as render_plan
-
     for s in studies:
-        render_plan(s, console)
-        for line in describe_chained(s, tracking_uri):
+        study_plan.render(s, console)
+        for line in study_chain.describe_chained(s, tracking_uri):
             console.print(line, soft_wrap=True)
         for line in _planned_power(s, tracking_uri):
             console.print(line, soft_wrap=True, markup=False)
@@ -175,13 +178,10 @@ def _check_before_launch(studies: List[Study], resume: bool, address: Optional[s
     """One line and exit 2 within seconds, before Ray and MLflow are even imported: the workloads' data
     missing (``run_study`` checks again; a resume already had it), or a cluster address that does not
     answer (and the cluster's auth mode, :mod:`flatlab.cluster`)."""
-    # torch on first use: the CLI starts without it
-    from flatlab.workloads.registry import build_workload  # torch: loaded once a launch is under way
-
     try:
         if not resume:
             for s in studies:
-                build_workload(s.workload, **dict(s.workload_params)).check_data()
+                workload_registry.build_workload(s.workload, **dict(s.workload_params)).check_data()
         if address:
             check_address(address)
     except FlatlabError as exc:
@@ -235,12 +235,10 @@ def failure_line(study: str, errors: int, trials: int, source: str, log: Path) -
 def _print_comparison(df, study, out) -> None:
     """The ``flatlab compare`` table of a launch that just ended, over its tunings where it has several (a
     failure here is one warning line)."""
-    from flatlab.workloads.ranges import ranges_of  # torch: the registries that declare the ranges
-
     try:  # the launch's reference arm (selection.reference_arm)
         sample = Sample.of(df)
         several = len(sample.tunings) > 1
-        ranges = ranges_of(study.workload)
+        ranges = workload_ranges.ranges_of(study.workload)
         comparison = (
             compare_tunings(sample, study=study.name, ranges=ranges)
             if several

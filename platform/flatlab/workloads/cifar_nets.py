@@ -24,6 +24,10 @@ from typing import List
 import torch
 from torch import nn
 
+from flatlab.lazy import lazy
+
+vision_transformer = lazy("timm.models.vision_transformer", extra="vision")
+
 CIFAR_MODELS = ("resnet18", "resnet56", "wrn16_8", "wrn28_10", "vit_t", "vit_s")
 
 
@@ -166,11 +170,9 @@ def cifar_vit(size: str, num_classes: int, width_mult: float = 1.0, img_size: in
     ``size``: ``"t"`` (width 192, 3 heads) or ``"s"`` (width 384, 6 heads); ``width_mult`` scales the
     width, rounded to a multiple of the head count. Needs ``timm`` (the ``vision`` extra).
     """
-    from timm.models.vision_transformer import VisionTransformer  # deferred: heavy, and optional (the vision extra)
-
     width, heads = {"t": (192, 3), "s": (384, 6)}[size]
     width = max(heads, int(round(width * width_mult / heads)) * heads)
-    return VisionTransformer(
+    return vision_transformer.VisionTransformer(
         img_size=img_size,
         patch_size=4,
         num_classes=num_classes,

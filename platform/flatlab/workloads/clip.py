@@ -29,6 +29,7 @@ from torch import nn
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
+from flatlab.lazy import lazy
 from flatlab.workloads.base import Data, Inputs, Split, TrainDefaults, Workload, take, to_device
 from flatlab.workloads.clip_augment import AUGMENTATIONS, augment_batch
 from flatlab.workloads.clip_data import (
@@ -51,6 +52,8 @@ from flatlab.workloads.clip_model import (
     load_clip,
 )
 from flatlab.workloads.registry import register_workload
+
+open_clip = lazy("open_clip", extra="clip")
 
 MODEL_HPARAMS = (
     HParam(
@@ -156,9 +159,7 @@ class ClipWorkload(Workload):
         if choice == "labels":
             return classnames_from_labels(labels)
         if choice == "imagenet":
-            from open_clip import IMAGENET_CLASSNAMES  # deferred: heavy, and optional (the clip extra)
-
-            names = list(IMAGENET_CLASSNAMES)
+            names = list(open_clip.IMAGENET_CLASSNAMES)
         else:
             names = [n.strip() for n in choice.split(",")]
         if len(names) != len(labels):

@@ -41,8 +41,14 @@ import torch
 from PIL import Image
 
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
 from flatlab.workloads.base import Split
 from flatlab.workloads.lazy_images import LazyImages
+
+datasets = lazy("datasets")  # optional (the clip extra): _hf_dataset says how to install it
+# torchvision loads in seconds
+tv_transforms = lazy("torchvision.transforms")
+tv_functional = lazy("torchvision.transforms.functional")
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 SYNTHETIC_CLASSES = ("red", "green", "blue")
@@ -143,9 +149,11 @@ def _folder_index(root: str) -> Tuple[List[str], List[Tuple[str, int]]]:
 # ---- Hugging Face datasets -------------------------------------------------------------------
 def _hf_dataset(source: Source):
     try:
-        import datasets  # deferred: heavy, and optional (the clip extra)
+        dir(datasets)  # imports it here, not in the try below
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ConfigError(f"hf: sources need the `datasets` package (pip install 'flatlab[clip]'): {exc}") from None
+        raise ConfigError(
+            f"hf: sources need the `datasets` package (pip install 'flatlab[clip]'): {exc.__cause__ or exc}"
+        ) from None
     loc = source.location
     try:
         if os.path.isdir(loc) and (
@@ -271,22 +279,20 @@ class _PixelTransform:
         self.steps = list(steps)
 
     def __call__(self, img: Any) -> torch.Tensor:
-        from torchvision.transforms.functional import pil_to_tensor  # deferred: torchvision loads in seconds
-
         img = img.convert("RGB")
         for t in self.steps:
             img = t(img)
-        return pil_to_tensor(img)
+        return tv_functional.pil_to_tensor(img)
 
 
 def pixel_transform(preprocess: Any) -> PixelTransform:
     """Turn open_clip's evaluation transform (a ``Compose``) into PIL -> uint8 ``(3, S, S)``: its steps
     before tensor conversion (resize, centre crop, RGB) then ``pil_to_tensor``; ``ToTensor`` and
     ``Normalize`` are dropped (the classifier normalises). The result pickles (as its steps do)."""
-    from torchvision.transforms import Normalize, ToTensor  # deferred: torchvision loads in seconds
-
     return _PixelTransform(
-        t for t in getattr(preprocess, "transforms", [preprocess]) if not isinstance(t, (ToTensor, Normalize))
+        t
+        for t in getattr(preprocess, "transforms", [preprocess])
+        if not isinstance(t, (tv_transforms.ToTensor, tv_transforms.Normalize))
     )
 
 

@@ -35,6 +35,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+open_clip = lazy("open_clip")  # optional (the clip extra): _require_open_clip says how to install it
 
 TINY_MODEL = "flatlab-tiny-vit"
 TINY_CONFIG: Dict[str, Any] = {
@@ -49,15 +52,19 @@ _HEADS: "OrderedDict[Tuple, torch.Tensor]" = OrderedDict()  # zero-shot heads of
 _MAX_HEADS = 8
 
 
-def _open_clip():
+def _require_open_clip() -> None:
+    """Import open_clip now.
+
+    Raises:
+        ConfigError: it cannot be imported; the message says how to install it.
+    """
     try:
-        import open_clip  # deferred: heavy, and optional (the clip extra)
+        dir(open_clip)  # the proxy's first read imports it
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ConfigError(
             "the clip workloads need open_clip; install it with `pip install 'flatlab[clip]'` "
-            f"(or `pip install open_clip_torch`): {exc}"
+            f"(or `pip install open_clip_torch`): {exc.__cause__ or exc}"
         ) from None
-    return open_clip
 
 
 def register_model_config(name: str, config: Mapping[str, Any]) -> None:
@@ -72,7 +79,7 @@ def register_model_config(name: str, config: Mapping[str, Any]) -> None:
     missing = [k for k in ("embed_dim", "vision_cfg", "text_cfg") if k not in config]
     if missing:
         raise ConfigError(f"open_clip model config {name!r} lacks {', '.join(missing)}")
-    open_clip = _open_clip()
+    _require_open_clip()
     if name in open_clip.list_models():
         return
     folder = Path(tempfile.mkdtemp(prefix="flatlab-openclip-"))
@@ -153,7 +160,7 @@ def load_clip(spec: ClipSpec) -> Tuple[nn.Module, Callable[[Any], torch.Tensor]]
         ConfigError: unknown architecture, weights that cannot be found or downloaded (with the offline
             options in the message).
     """
-    open_clip = _open_clip()
+    _require_open_clip()
     ensure_model_config(spec.model_name, spec.model_config)
     known = spec.model_name.replace("/", "-") in open_clip.list_models()  # open_clip accepts ViT-B/32 for ViT-B-32
     if not known and not spec.model_name.startswith(("hf-hub:", "local-dir:")):
@@ -187,7 +194,7 @@ def templates_for(name: str) -> Sequence[Callable[[str], str]]:
     Raises:
         ConfigError: another name.
     """
-    open_clip = _open_clip()
+    _require_open_clip()
     if name == "openai":
         return open_clip.OPENAI_IMAGENET_TEMPLATES
     if name == "simple":
@@ -216,7 +223,7 @@ def zero_shot_head(
         if key in _HEADS:
             _HEADS.move_to_end(key)
             return _HEADS[key].clone()
-    open_clip = _open_clip()
+    _require_open_clip()
     tokenizer = open_clip.get_tokenizer(spec.model_name)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     moved = next(clip.parameters()).device != device

@@ -14,8 +14,11 @@ import torch
 from torch import nn
 
 from flatlab.hparams import HParam
+from flatlab.lazy import lazy
 from flatlab.workloads.base import Data, Split, TrainDefaults, Workload
 from flatlab.workloads.registry import register_workload
+
+sklearn_datasets = lazy("sklearn.datasets")  # scikit-learn loads in about a second
 
 
 def stratified_split(
@@ -101,9 +104,7 @@ class Digits(Workload):
     data_hparams = ("val_fraction", "test_fraction")
 
     def load_data(self, seed: int) -> Data:
-        from sklearn.datasets import load_digits  # deferred: scikit-learn loads in about a second
-
-        bunch = load_digits()
+        bunch = sklearn_datasets.load_digits()
         x = (bunch.images.astype(np.float32) / 16.0)[:, None, :, :]  # (1797, 1, 8, 8) in [0, 1]
         y = bunch.target.astype(np.int64)
         tr, va, te = stratified_split(y, (self.params["val_fraction"], self.params["test_fraction"]), seed)

@@ -25,11 +25,14 @@ from torch import nn
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
+from flatlab.lazy import lazy
 from flatlab.workloads.base import Data, Inputs, TrainDefaults, Workload
 from flatlab.workloads.cifar import load_labelled_images
 from flatlab.workloads.images import ImageClassifier, augment_images
 from flatlab.workloads.registry import register_workload
 from flatlab.workloads.sources import describe_error
+
+timm = lazy("timm", extra="vision")
 
 NUM_CLASSES = 47
 
@@ -81,14 +84,13 @@ class DTD(Workload):
         return data
 
     def build_model(self) -> nn.Module:
-        import timm  # deferred: heavy, and optional (the vision extra)
-
+        create_model = timm.create_model  # imported here: a missing timm is not a weights error below
         p = self.params
         kwargs: Dict[str, Any] = dict(num_classes=NUM_CLASSES, img_size=p["image_size"])
         if p["pretrained"] and p["weights_path"]:
             kwargs["pretrained_cfg_overlay"] = dict(file=p["weights_path"])
         try:
-            net = timm.create_model(p["model"], pretrained=p["pretrained"], **kwargs)
+            net = create_model(p["model"], pretrained=p["pretrained"], **kwargs)
         except RuntimeError as exc:
             if "Unknown model" in str(exc):
                 raise ConfigError(

@@ -34,6 +34,7 @@ from torch import nn
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
+from flatlab.lazy import lazy
 from flatlab.workloads.base import Data, Split, TrainDefaults, Workload
 from flatlab.workloads.fmnist_nets import FMNIST_MODELS, NUM_CLASSES, build_fmnist_net
 from flatlab.workloads.idx import read_idx_pair
@@ -48,6 +49,8 @@ from flatlab.workloads.sources import (
     require_columns,
     require_split,
 )
+
+datasets = lazy("datasets")  # optional (the vision extra): _load_hf says how to get the data without it
 
 #: where Debian's package ``dataset-fashion-mnist`` installs the four gzipped IDX files
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -276,11 +279,11 @@ class FashionMNIST(Workload):
         else:
             hint = f"{folder} holds none of the four IDX files either. {how_to_get(hub)}"
         try:
-            import datasets  # noqa: F401  (deferred: heavy, and optional; only checks it is there)
+            dir(datasets)  # imports it: only checks it is there
         except ImportError as exc:
             raise DataUnavailable(
                 f"workload 'fashion_mnist': reading {folder or 'the hub'} needs the `datasets` package "
-                f"({describe_error(exc)}); {hint}"
+                f"({describe_error(exc.__cause__ or exc)}); {hint}"
             ) from exc
         return load_hf("fashion_mnist", hub, None, str(folder) if folder is not None else None, hint=hint)
 

@@ -31,9 +31,12 @@ from torch import nn
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
+from flatlab.lazy import lazy
 from flatlab.workloads.base import Data, Split, TrainDefaults, Workload, take, to_device
 from flatlab.workloads.registry import register_workload
 from flatlab.workloads.sources import describe_error, is_synthetic, load_hf, require_columns, require_split
+
+transformers = lazy("transformers", extra="nlp")
 
 DEFAULT_MODEL = "distilbert/distilbert-base-uncased"
 DEFAULT_VOCAB = 30522  # DistilBERT's (uncased WordPiece)
@@ -226,11 +229,10 @@ class GlueWorkload(Workload):
 
     # ---------------------------------------------------------------------------------------------- data
     def _tokenizer(self) -> Any:
-        from transformers import AutoTokenizer  # deferred: heavy, and optional (the nlp extra)
-
+        auto_tokenizer = transformers.AutoTokenizer  # imported here: a missing transformers is not a hub error
         name = self.params["tokenizer"] or self.params["model"]
         try:
-            return AutoTokenizer.from_pretrained(name)
+            return auto_tokenizer.from_pretrained(name)
         except Exception as exc:  # noqa: BLE001 - hub / file errors come in many types
             raise ConfigError(
                 f"workload {self.name!r}: could not load tokenizer {name!r} ({describe_error(exc)}). "
@@ -323,17 +325,12 @@ class GlueWorkload(Workload):
 
     # ---------------------------------------------------------------------------------------------- model
     def build_model(self) -> nn.Module:
-        from transformers import (  # deferred: heavy, and optional (the nlp extra)
-            AutoModelForSequenceClassification,
-            DistilBertConfig,
-            DistilBertForSequenceClassification,
-        )
-
         p = self.params
         k = self.task.num_labels
         if p["pretrained"]:
+            auto_model = transformers.AutoModelForSequenceClassification  # imported outside the try: not a hub error
             try:
-                hf = AutoModelForSequenceClassification.from_pretrained(p["model"], num_labels=k)
+                hf = auto_model.from_pretrained(p["model"], num_labels=k)
             except Exception as exc:  # noqa: BLE001
                 raise ConfigError(
                     f"workload {self.name!r}: could not load pretrained model={p['model']!r} ({describe_error(exc)}). "
@@ -348,7 +345,7 @@ class GlueWorkload(Workload):
                 vocab = len(self._tokenizer())
             if p["dim"] % p["n_heads"]:
                 raise ConfigError(f"workload {self.name!r}: dim={p['dim']} must be divisible by n_heads={p['n_heads']}")
-            config = DistilBertConfig(
+            config = transformers.DistilBertConfig(
                 vocab_size=vocab,
                 dim=p["dim"],
                 n_layers=p["n_layers"],
@@ -357,7 +354,7 @@ class GlueWorkload(Workload):
                 max_position_embeddings=max(512, p["max_length"]),
                 num_labels=k,
             )
-            hf = DistilBertForSequenceClassification(config)
+            hf = transformers.DistilBertForSequenceClassification(config)
         return SequenceClassifier(hf, self.task.regression)
 
     # ---------------------------------------------------------------------------------------------- loss / metrics

@@ -47,6 +47,7 @@ from torch import nn
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
+from flatlab.lazy import lazy
 from flatlab.workloads.base import Data, Inputs, Split, TrainDefaults, Workload
 from flatlab.workloads.clip_augment import rand_augment
 from flatlab.workloads.clip_data import ImageReader, Source, label_indices, pixel_transform, select_items
@@ -55,6 +56,12 @@ from flatlab.workloads.lazy_images import LazyImages
 from flatlab.workloads.mixup import mixup
 from flatlab.workloads.registry import register_workload
 from flatlab.workloads.sources import DataUnavailable, is_synthetic
+
+timm = lazy("timm", extra="vision")
+# torchvision loads in seconds
+torchvision = lazy("torchvision")
+tv_transforms = lazy("torchvision.transforms")
+v2_functional = lazy("torchvision.transforms.v2.functional")
 
 TORCHVISION_MODELS = ("resnet50", "resnet18")
 TIMM_MODELS = ("vit_small_patch16_224", "test_vit")  # timm names (the vision extra)
@@ -68,9 +75,7 @@ RATIO = (3 / 4, 4 / 3)  # and its aspect-ratio range (width / height)
 def pixel_steps(resize: int, crop: int):
     """PIL -> uint8 ``(3, crop, crop)``: RGB, shorter side resized to ``resize`` (bilinear, antialiased),
     centre crop ``crop`` (torchvision's evaluation transform without normalisation)."""
-    from torchvision import transforms  # deferred: torchvision loads in seconds
-
-    return pixel_transform(transforms.Compose([transforms.Resize(resize), transforms.CenterCrop(crop)]))
+    return pixel_transform(tv_transforms.Compose([tv_transforms.Resize(resize), tv_transforms.CenterCrop(crop)]))
 
 
 def resized_crop_params(
@@ -130,13 +135,11 @@ def random_resized_crop(
         ``(N, 3, size, size)`` uint8: each image's box (:func:`resized_crop_params`) resized bilinearly
         (antialiased) to ``size``, then mirrored with probability 1/2 (one draw per image).
     """
-    from torchvision.transforms.v2 import functional as TF  # deferred: torchvision loads in seconds
-
     n, _, height, width = x.shape
     boxes = resized_crop_params(n, height, width, generator, scale, ratio)
     out = torch.empty((n, x.shape[1], size, size), dtype=x.dtype)
     for i, (top, left, bh, bw) in enumerate(boxes.tolist()):
-        out[i] = TF.resized_crop(x[i], top, left, bh, bw, [size, size], antialias=True)
+        out[i] = v2_functional.resized_crop(x[i], top, left, bh, bw, [size, size], antialias=True)
     if flip:
         mask = torch.rand(n, generator=generator) < 0.5
         out = torch.where(mask[:, None, None, None], out.flip(-1), out)
@@ -371,12 +374,8 @@ class ImageNet(Workload):
         -> ``(N, num_classes)`` logits, ImageNet mean/std normalisation in front."""
         p = self.params
         if p["model"] in TIMM_MODELS:
-            import timm  # deferred: heavy, and optional (the vision extra)
-
             net = timm.create_model(p["model"], pretrained=False, num_classes=p["num_classes"], img_size=p["crop_size"])
         else:
-            import torchvision  # deferred: torchvision loads in seconds
-
             net = getattr(torchvision.models, p["model"])(weights=None, num_classes=p["num_classes"])
         return ImageClassifier(net, IMAGENET_MEAN, IMAGENET_STD)
 

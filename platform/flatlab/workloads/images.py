@@ -14,6 +14,10 @@ import torch
 from PIL import Image
 from torch import nn
 
+from flatlab.lazy import lazy
+
+v2 = lazy("torchvision.transforms.v2")  # torchvision loads in seconds
+
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -76,8 +80,6 @@ def auto_augment(x: torch.Tensor, generator: torch.Generator, policy: str = "cif
     Args:
         x: ``(N, 3, H, W)`` uint8 images. ``policy``: ``cifar10`` | ``imagenet`` | ``svhn``.
     """
-    from torchvision.transforms import v2  # deferred: torchvision loads in seconds
-
     aa = v2.AutoAugment(v2.AutoAugmentPolicy(policy))
     seed = int(torch.randint(0, 2**62, (1,), generator=generator))
     with torch.random.fork_rng(devices=[]):

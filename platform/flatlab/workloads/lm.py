@@ -37,10 +37,13 @@ from torch import nn
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
+from flatlab.lazy import lazy
 from flatlab.workloads.base import Data, Split, TrainDefaults, Workload
 from flatlab.workloads.registry import register_workload
 from flatlab.workloads.sources import describe_error, get_split, is_synthetic, load_hf, require_columns, require_split
 from flatlab.workloads.token_stream import Stream, markov_tokens
+
+transformers = lazy("transformers", extra="nlp")
 
 DEFAULT_TOKENIZER = "openai-community/gpt2"
 SYNTHETIC_VOCAB = 256
@@ -229,11 +232,10 @@ class LMWorkload(Workload):
 
     # ---------------------------------------------------------------------------------------------- data
     def _tokenizer(self) -> Any:
-        from transformers import AutoTokenizer  # deferred: heavy, and optional (the nlp extra)
-
+        auto_tokenizer = transformers.AutoTokenizer  # imported here: a missing transformers is not a hub error
         name = self.params["tokenizer"]
         try:
-            return AutoTokenizer.from_pretrained(name)
+            return auto_tokenizer.from_pretrained(name)
         except Exception as exc:  # noqa: BLE001
             raise ConfigError(
                 f"workload {self.name!r}: could not load tokenizer={name!r} ({describe_error(exc)}). "
@@ -330,10 +332,8 @@ class LMWorkload(Workload):
             vocab = len(self._tokenizer())
         kind = PRESETS[p["model"]].kind
         if kind == "gpt2":
-            from transformers import GPT2Config, GPT2LMHeadModel  # deferred: heavy, optional (nlp extra)
-
             eos = min(50256, vocab - 1)  # GPT-2's end-of-text id, inside small test vocabularies
-            cfg = GPT2Config(
+            cfg = transformers.GPT2Config(
                 bos_token_id=eos,
                 eos_token_id=eos,
                 vocab_size=vocab,
@@ -346,15 +346,13 @@ class LMWorkload(Workload):
                 embd_pdrop=p["dropout"],
                 attn_pdrop=p["dropout"],
             )
-            hf = GPT2LMHeadModel(cfg)
+            hf = transformers.GPT2LMHeadModel(cfg)
         else:
-            from transformers import LlamaConfig, LlamaForCausalLM  # deferred: heavy, optional (nlp extra)
-
             head_dim = s["width"] // s["n_heads"]
             extra: Dict[str, Any] = {}
             if head_dim % 2:  # RoPE rotates pairs of dims: round an odd head dim down (llama_60m: 41 -> 40)
                 extra["head_dim"] = head_dim - 1
-            cfg = LlamaConfig(
+            cfg = transformers.LlamaConfig(
                 vocab_size=vocab,
                 hidden_size=s["width"],
                 intermediate_size=s["intermediate"],
@@ -366,7 +364,7 @@ class LMWorkload(Workload):
                 attention_dropout=p["dropout"],
                 **extra,
             )
-            hf = LlamaForCausalLM(cfg)
+            hf = transformers.LlamaForCausalLM(cfg)
         return CausalLM(hf)
 
     # ---------------------------------------------------------------------------------------------- metrics

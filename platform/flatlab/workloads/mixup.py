@@ -21,6 +21,9 @@ from typing import Tuple
 import torch
 
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+stats = lazy("scipy.stats")  # scipy.stats loads in a second
 
 
 def mixup_lambda(generator: torch.Generator, alpha: float) -> float:
@@ -31,10 +34,8 @@ def mixup_lambda(generator: torch.Generator, alpha: float) -> float:
     """
     if not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
         raise ConfigError(f"mixup alpha must be a finite number > 0; got {alpha!r}")
-    from scipy.stats import beta  # deferred: scipy.stats loads in a second
-
     u = float(torch.rand((), generator=generator, dtype=torch.float64))
-    return float(beta.ppf(u, alpha, alpha))
+    return float(stats.beta.ppf(u, alpha, alpha))
 
 
 def mix_batch(

@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any, Optional, Tuple
 
 from flatlab.errors import ConfigError
+from flatlab.lazy import lazy
+
+datasets = lazy("datasets")  # optional: the vision, nlp and clip extras install it
 
 SYNTHETIC = "synthetic"
 
@@ -69,8 +72,7 @@ def load_hf(
         DataUnavailable: the path does not exist or cannot be read, or the hub cannot be reached;
             the message names ``param`` and explains how to provide the data offline.
     """
-    import datasets  # deferred: heavy, and optional (the vision, nlp and clip extras)
-
+    load_dataset, load_from_disk = datasets.load_dataset, datasets.load_from_disk  # imported here, not in a try
     hint = hint or _offline_hint(workload, hub_name, config, param)
     if data_path is not None:
         p = Path(os.path.expanduser(data_path))
@@ -79,14 +81,14 @@ def load_hf(
         is_saved = (p / "dataset_dict.json").exists() or (p / "state.json").exists()
         try:
             if is_saved:
-                return datasets.load_from_disk(str(p))
-            return datasets.load_dataset(str(p), config) if config else datasets.load_dataset(str(p))
+                return load_from_disk(str(p))
+            return load_dataset(str(p), config) if config else load_dataset(str(p))
         except Exception as exc:  # noqa: BLE001 - any reader failure becomes one clear message
             raise DataUnavailable(
                 f"workload {workload!r}: could not read {param}={data_path!r} ({describe_error(exc)}). {hint}"
             ) from exc
     try:
-        return datasets.load_dataset(hub_name, config)
+        return load_dataset(hub_name, config)
     except Exception as exc:  # noqa: BLE001 - network / cache errors come in many types
         raise DataUnavailable(
             f"workload {workload!r}: {param} is not set and the hub dataset {hub_name!r}"
@@ -99,8 +101,6 @@ def get_split(dsets: Any, names: Tuple[str, ...]) -> Any:
 
     A bare ``Dataset`` (not a dict) counts as the ``train`` split.
     """
-    import datasets  # deferred: heavy, and optional (the vision, nlp and clip extras)
-
     if isinstance(dsets, datasets.Dataset):
         return dsets if "train" in names else None
     for n in names:
