@@ -11,17 +11,17 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, List, Optional, Union
 
+from flatlab import cluster
+from flatlab.analysis import query
 from flatlab.errors import ConfigError, did_you_mean
 from flatlab.lazy import lazy
+from flatlab.study import options as study_options
 from flatlab.study.spec import Study
+from flatlab.tracking import runs
+from flatlab.tracking import trials as tracking_trials
 
 pd = lazy("pandas")
-cluster = lazy("flatlab.cluster")
-query = lazy("flatlab.analysis.query")
-study_options = lazy("flatlab.study.options")
 study_run_file = lazy("flatlab.study.run_file")
-runs = lazy("flatlab.tracking.runs")
-tracking_trials = lazy("flatlab.tracking.trials")
 
 
 def run(

@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from flatlab.errors import ConfigError
 from flatlab.lazy import lazy
+from flatlab.study import ray_compat
 
-ray_compat = lazy("flatlab.study.ray_compat")  # flatlab.study loads torch
 job_submission = lazy("ray.job_submission")  # Ray loads in seconds
 
 EXCLUDES = ["flatlab-runs/", ".venv/", ".git/", "__pycache__/", "*.egg-info/", "bench/out/"]

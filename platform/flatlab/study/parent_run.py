@@ -10,7 +10,6 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from mlflow.entities import Param
 
 from flatlab._version import __version__
-from flatlab.lazy import lazy
 from flatlab.reports.published_runs import launch_param
 from flatlab.study.chain import chained_params
 from flatlab.study.launches import Launch
@@ -21,8 +20,7 @@ from flatlab.tracking import runs
 from flatlab.tracking.environment import environment_tags, log_packages
 from flatlab.tracking.param_text import flat_params
 from flatlab.tracking.ui import TEST_METRICS, default_columns, set_default_view
-
-train_config = lazy("flatlab.train.config")  # loads torch
+from flatlab.train import config as train_config
 
 
 def open_parent_run(

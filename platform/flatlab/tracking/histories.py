@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from flatlab.analysis import cost_curves, equal_compute
 from flatlab.analysis.histories import UNITS
 from flatlab.analysis.sample import Sample, StudyInfo
 from flatlab.errors import ConfigError
@@ -20,8 +21,6 @@ from flatlab.lazy import lazy
 from flatlab.tracking import runs
 from flatlab.tracking.trials import read_sample
 
-cost_curves = lazy("flatlab.analysis.cost_curves")
-equal_compute = lazy("flatlab.analysis.equal_compute")
 pd = lazy("pandas")
 
 
