@@ -139,9 +139,10 @@ def test_best_of_chains_from_the_same_configuration(store):
 
 def test_the_steps_to_target_reference_is_the_same_configuration_for_every_seed(store):
     from flatlab.reports.speedup import log_steps_to_target
+    from flatlab.tracking.trials import read_sample
 
-    uri, exp, parent, ids = store
-    summary = log_steps_to_target(uri, exp, parent, study())
+    uri, _, parent, ids = store
+    _, summary = log_steps_to_target(uri, parent, study(), read_sample(uri, STUDY, launch=parent))
     assert summary["errors"] == []
     assert {seed: ids[t["reference_run"]] for seed, t in summary["targets"].items()} == {
         0: ("sam", RULE, 0),

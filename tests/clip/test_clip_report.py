@@ -138,3 +138,36 @@ def test_not_an_alpha_study():
         collect_curves(pd.DataFrame([{"status": "FINISHED", "arm": "sgd", "val/accuracy": 0.5}]))
     with pytest.raises(ConfigError, match=r"no FINISHED trials"):
         collect_curves(frame().assign(status="FAILED"))
+
+
+def test_the_declared_report_uses_the_trials_it_is_handed_and_matches_the_on_demand_one(tmp_path, monkeypatch):
+    from mlflow.entities import Metric, Param
+
+    from flatlab.interpolation import report as interp
+    from flatlab.reports.declared import REPORTS, ReportInput
+    from flatlab.tracking import runs
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp = runs.get_or_create_experiment(uri, "alpha", runs.artifact_location(tmp_path))
+    c = runs.client(uri)
+    parent = c.create_run(exp, tags={runs.TAG_ROLE: "study"}).info.run_id
+    for _, row in frame().iterrows():
+        run = c.create_run(exp, tags={runs.PARENT: parent, runs.TAG_ARM: row["arm"]}).info.run_id
+        params = [Param(k[len("param.") :], str(v)) for k, v in row.items() if k.startswith("param.")]
+        metrics = [Metric(k, float(v), 0, 0) for k, v in row.items() if "/" in k and pd.notna(v)]
+        c.log_batch(run, metrics=metrics, params=params)
+        c.set_terminated(run, row["status"])
+    on_demand = interp.interpolation_report(uri, "alpha", out_dir=tmp_path / "cli")
+    handed = ReportInput.latest(uri, "alpha", tmp_path / "declared")
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("the declared report read the trials itself")
+
+    monkeypatch.setattr(interp, "trials_frame", no_read)
+    monkeypatch.setattr(interp, "parent_runs", no_read)
+    lines = REPORTS.get("interpolation").run(handed, {"split": "ood"})
+    assert lines[0].endswith(f"in {tmp_path / 'declared'}, logged under report/ on run {parent}")
+    assert on_demand.parent_run_id == parent
+    declared = json.loads((tmp_path / "declared" / "summary.json").read_text())
+    assert declared == json.loads(on_demand.summary_path.read_text()) and len(declared["models"]) == 2
+    assert "summary.json" in {a.path.split("/")[-1] for a in c.list_artifacts(parent, "report")}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flatlab.reports.declared import toy_figure
+from flatlab.reports.declared import ReportInput, toy_figure
 from flatlab.study.loader import load_studies
 from flatlab.study.validate import validate
 from flatlab.train.closure import BatchClosure
@@ -134,7 +134,7 @@ def test_toy_figure_from_a_real_store(tmp_path):
                 Metric("val/trace_hessian", 1 + u * u, 0, 20),
             ],
         )
-    lines = toy_figure(uri, "toy", tmp_path / "out", "val/abs_u", "val/trace_hessian")
+    lines = toy_figure(ReportInput.latest(uri, "toy", tmp_path / "out"), "val/abs_u", "val/trace_hessian")
     assert lines == [
         f"toy figure: toy_figure.png and toy_summary.json in {tmp_path / 'out'}, logged under toy/ on run {parent}"
     ]

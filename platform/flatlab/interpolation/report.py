@@ -2,7 +2,8 @@
 
 An alpha study runs the ``clip_interpolate`` workload (or any workload whose trials report ``interp/alpha``,
 ``<split>/loss`` and ``<split>/accuracy``), one trial per (fine-tuned model, alpha[, pruned]). This
-module reads the LATEST launch of such a study (:func:`flatlab.tracking.trials.trials_frame`), groups
+module reads the LATEST launch of such a study (:func:`flatlab.tracking.trials.trials_frame`; after a
+launch, the post-study pipeline hands it that launch's trials), groups
 its FINISHED trials by fine-tuned model (the ``finetuned`` param, else the arm) and by the ``prune``
 param, and writes, with :mod:`flatlab.interpolation.plots` (seed paper "In Search of the Successful
 Interpolation"; alpha = weight on the FINE-TUNED model, the paper's ``1 - alpha``):
@@ -42,7 +43,7 @@ from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
 from flatlab.interpolation.sweep import SweepResult
 from flatlab.lazy import lazy
-from flatlab.reports.declared import StudyReport, register_report
+from flatlab.reports.declared import ReportInput, StudyReport, register_report
 from flatlab.sharpness.results import Estimate
 from flatlab.tracking import runs
 from flatlab.tracking.checkpoints import RUN_PREFIX, is_reference, parse_reference
@@ -362,24 +363,39 @@ def _write_summary(curves: List[ModelCurves], out_dir: Path, split: str) -> Path
 
 
 def interpolation_report(
-    tracking_uri: str, study: str, *, out_dir: Optional[Path] = None, split: str = "ood", log: bool = True
+    tracking_uri: str,
+    study: str,
+    *,
+    out_dir: Optional[Path] = None,
+    split: str = "ood",
+    log: bool = True,
+    trials: Any = None,
+    launch: Optional[str] = None,
 ) -> Report:
-    """Build the figures and ``summary.json`` of alpha study ``study`` (latest launch) from MLflow and,
-    with ``log``, upload them under ``report/`` to that launch's parent run.
+    """Build the figures and ``summary.json`` of alpha study ``study`` from its trials and, with ``log``,
+    upload them under ``report/`` to the launch's parent run.
 
     Args:
         tracking_uri: the MLflow store the study ran against.
         out_dir: where the files are written (default: a new temporary folder).
         split: the OOD split of Fig. 1 and Fig. 5 (``ood`` = the first OOD set).
+        trials: the launch's trials (a ``trials_frame`` table, e.g. a sample's); ``None``: the latest
+            launch's, read here.
+        launch: the parent run of the launch ``trials`` belong to (its params name the fine-tuned models'
+            references; the report is logged there); ``None``: the latest launch.
 
     Raises:
         ConfigError: unknown study, no launch, no finished alpha trials (see :func:`collect_curves`).
     """
-    parents = parent_runs(tracking_uri, study)
-    if not parents:
-        raise ConfigError(f"study {study!r} has no launches recorded in {tracking_uri}")
-    df = trials_frame(tracking_uri, study)
-    curves = collect_curves(df, split=split, sources=launch_sources(parents[0].data.params))
+    if launch is None:
+        parents = parent_runs(tracking_uri, study)
+        if not parents:
+            raise ConfigError(f"study {study!r} has no launches recorded in {tracking_uri}")
+        launch, params = parents[0].info.run_id, parents[0].data.params
+    else:
+        params = runs.client(tracking_uri).get_run(launch).data.params
+    df = trials_frame(tracking_uri, study) if trials is None else trials
+    curves = collect_curves(df, split=split, sources=launch_sources(params))
     correlation = sharpness_correlation(df, split)
     if correlation is not None:
         attach_correlation(curves, correlation, split)
@@ -387,7 +403,7 @@ def interpolation_report(
     figures, summary_path = write_report(curves, out, split=split, correlation=correlation)
     parent_id = None
     if log:
-        parent_id = parents[0].info.run_id
+        parent_id = launch
         client = runs.client(tracking_uri)
         client.log_artifacts(parent_id, str(out), artifact_path="report")
         client.set_tag(parent_id, "flatlab.report", "report/")
@@ -403,8 +419,16 @@ def launch_sources(params: Dict[str, str]) -> Dict[str, str]:
     }
 
 
-def _interpolation(tracking_uri: str, study: str, out_dir: Path, params: Mapping[str, Any]) -> List[str]:
-    rep = interpolation_report(tracking_uri, study, out_dir=out_dir, split=params["split"])
+def _interpolation(report: ReportInput, params: Mapping[str, Any]) -> List[str]:
+    """The registered ``interpolation`` report: :func:`interpolation_report` over the trials it is handed."""
+    rep = interpolation_report(
+        report.tracking_uri,
+        report.study,
+        out_dir=report.out_dir,
+        split=params["split"],
+        trials=report.trials,
+        launch=report.parent_run_id,
+    )
     return [
         f"report: {len(rep.figures)} figures and {rep.summary_path.name} in {rep.out_dir}, logged under report/ on run "
         f"{rep.parent_run_id}"

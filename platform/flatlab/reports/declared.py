@@ -1,8 +1,9 @@
 """Reports a study asks for after a launch: work that needs all of its trials, chosen by the study
 (``Study(reports={name: {param: value}})``), never by its workload.
 
-Registered reports (:data:`REPORTS`; each writes into ``<root>/<study>/report`` and logs to the launch's
-parent run in MLflow):
+Each report is handed a :class:`ReportInput` (the launch's store, study, parent run and trials, read once
+by the post-study pipeline) and its parameters. Registered reports (:data:`REPORTS`; each writes into
+``<root>/<study>/report`` and logs to the launch's parent run in MLflow):
 
 * ``toy_figure`` (the papers' toy losses: IRE Fig. 1, TSAM Fig. 1): :func:`toy_figure`, the end point
   (parameter ``end``, a metric) and the flatness (``flatness``, a metric) of every completed trial
@@ -22,38 +23,71 @@ parent run in MLflow):
   above, which the study layer loads):
   :func:`flatlab.interpolation.report.interpolation_report` over an alpha study's trials, logged under
   ``report/`` with ``summary.json``; ``split``: the OOD split of Figs. 1 and 5 (default ``ood``).
-  ``flatlab interpolation-report STUDY`` rebuilds it on demand.
+  ``flatlab interpolation-report STUDY`` rebuilds it on demand, reading the latest launch's trials itself.
 
 :func:`resolve_reports` validates a study's declaration (study validation calls it, so a typo fails
-before any trial starts); :func:`run_reports` runs them after a launch whose trials all ended (the
-runner's post-study step). A report that fails is reported in the terminal and the log, never raised:
-every trial is already recorded in MLflow.
+before any trial starts); :func:`run_reports` runs them after a launch whose trials all ended (the last
+step of :func:`flatlab.reports.post_study.post_study`, handed its sample). A report that fails is
+reported in the terminal and the log, never raised: every trial is already recorded in MLflow.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Tuple
 
+from flatlab.analysis import objectives, param_curves
+from flatlab.analysis.sample import Sample
 from flatlab.errors import ConfigError, did_you_mean
 from flatlab.hparams import HParam, resolve
 from flatlab.lazy import lazy
 from flatlab.registry import Registry
 from flatlab.tracking import runs
-from flatlab.tracking.trials import parent_runs, trials_frame
+from flatlab.tracking.trials import parent_runs, read_sample
 
 matplotlib = lazy("matplotlib")
-objectives = lazy("flatlab.analysis.objectives")
-param_curves = lazy("flatlab.analysis.param_curves")
 plt = lazy("matplotlib.pyplot")
 
 logger = logging.getLogger(__name__)
 
-Run = Callable[[str, str, Path, Mapping[str, Any]], List[str]]
-"""``run(tracking_uri, study name, out_dir, params) -> lines for the terminal`` (params resolved)."""
+
+@dataclass(frozen=True, eq=False)
+class ReportInput:
+    """What a declared report is handed: one launch of a study, its trials read once.
+
+    Attributes:
+        tracking_uri: the MLflow store the study ran against.
+        study: the study's name.
+        out_dir: where the report writes its files.
+        parent_run_id: the launch's parent run, where the report logs its artifacts.
+        trials: the launch's trials, one row per trial (:attr:`flatlab.analysis.sample.Sample.trials`:
+            a ``trials_frame`` table with ``completed``, ``tuning`` and ``stage``).
+    """
+
+    tracking_uri: str
+    study: str
+    out_dir: Path
+    parent_run_id: str
+    trials: Any = field(repr=False)
+
+    @classmethod
+    def latest(cls, tracking_uri: str, study: str, out_dir: Path) -> ReportInput:
+        """``study``'s latest launch in ``tracking_uri``, its trials read once (for a report run on demand).
+
+        Raises:
+            ConfigError: unknown study, no launch recorded (:func:`flatlab.tracking.trials.read_sample`).
+        """
+        parents = parent_runs(tracking_uri, study)
+        if not parents:
+            raise ConfigError(f"study {study!r} has no launches recorded in {tracking_uri}")
+        return cls(tracking_uri, study, Path(out_dir), parents[0].info.run_id, read_sample(tracking_uri, study).trials)
+
+
+Run = Callable[[ReportInput, Mapping[str, Any]], List[str]]
+"""``run(report input, params) -> lines for the terminal`` (params resolved)."""
 
 
 @dataclass(frozen=True)
@@ -119,10 +153,19 @@ def resolve_reports(spec: Mapping[str, Mapping[str, Any]], where: str) -> Dict[s
     return out
 
 
-def run_reports(study: Any, tracking_uri: str, out_dir: Path, console: Any = None) -> List[str]:
-    """Run the reports ``study`` (a :class:`~flatlab.study.spec.Study`) declares on its latest launch in
-    ``tracking_uri``, writing into ``out_dir``; print and log their lines. A report that raises is
-    reported (a warning naming it and how to retry) and the others still run.
+def run_reports(
+    study: Any, tracking_uri: str, out_dir: Path, parent_run_id: str, sample: Sample, console: Any = None
+) -> List[str]:
+    """Run the reports ``study`` declares on one of its launches, each handed the same
+    :class:`ReportInput`; print and log their lines. A report that raises is reported (a warning
+    naming it) and the others still run.
+
+    Args:
+        study: a :class:`~flatlab.study.spec.Study` (its ``name`` and ``reports``).
+        tracking_uri, parent_run_id: the launch's MLflow store and parent run.
+        out_dir: where the reports write their files.
+        sample: the launch's trials (:func:`flatlab.tracking.trials.read_sample`).
+        console: a rich console for the lines (``None``: the log only).
 
     Returns:
         The lines of the reports that ran.
@@ -135,9 +178,10 @@ def run_reports(study: Any, tracking_uri: str, out_dir: Path, console: Any = Non
         if console is not None:
             console.print(f"[yellow]warning:[/yellow] no reports run: {exc}")
         return lines
+    report = ReportInput(tracking_uri, study.name, Path(out_dir), parent_run_id, sample.trials)
     for name, params in declared.items():
         try:
-            got = REPORTS.get(name).run(tracking_uri, study.name, Path(out_dir), params)
+            got = REPORTS.get(name).run(report, params)
         except Exception as exc:  # noqa: BLE001 - the study's results stand
             logger.exception("report %s of study %s failed", name, study.name)
             if console is not None:
@@ -151,17 +195,18 @@ def run_reports(study: Any, tracking_uri: str, out_dir: Path, console: Any = Non
     return lines
 
 
-def toy_figure(tracking_uri: str, study: str, out_dir: Path, end_metric: str, flat_metric: str) -> List[str]:
-    """End point and flatness of every completed trial of ``study``'s latest launch against the searched
-    kappa or t (the trial param of that name; the first of ``kappa``, ``t``, ``rho`` it has), one dot
-    per seed and the mean per value; written to ``out_dir`` (``toy_figure.png``, ``toy_summary.json``:
-    per value, the seeds' end points and flatness) and logged under ``toy/`` on the launch run.
+def toy_figure(report: ReportInput, end_metric: str, flat_metric: str) -> List[str]:
+    """End point (``end_metric``) and flatness (``flat_metric``) of every completed trial of the launch
+    against the searched kappa or t (the trial param of that name; the first of ``kappa``, ``t``, ``rho``
+    it has), one dot per seed and the mean per value; written to ``report.out_dir`` (``toy_figure.png``,
+    ``toy_summary.json``: per value, the seeds' end points and flatness) and logged under ``toy/`` on the
+    launch run.
 
     Returns:
         One line for the terminal.
     """
     matplotlib.use("Agg")
-    df = trials_frame(tracking_uri, study)
+    study, out_dir, df = report.study, report.out_dir, report.trials
     done = df[df["outcome"] == "completed"] if not df.empty else df
     x = next((c for c in ("param.kappa", "param.t", "param.rho") if c in done.columns), None)
     if done.empty or x is None or end_metric not in done.columns:
@@ -197,24 +242,25 @@ def toy_figure(tracking_uri: str, study: str, out_dir: Path, end_metric: str, fl
             indent=2,
         )
     )
-    parent = parent_runs(tracking_uri, study)[0].info.run_id
-    client = runs.client(tracking_uri)
+    parent = report.parent_run_id
+    client = runs.client(report.tracking_uri)
     for f in (png, js):
         client.log_artifact(parent, str(f), artifact_path="toy")
     return [f"toy figure: {png.name} and {js.name} in {out_dir}, logged under toy/ on run {parent}"]
 
 
-def objectives_report(tracking_uri: str, study: str, out_dir: Path, split: str, extra: str) -> List[str]:
+def objectives_report(report: ReportInput, split: str, extra: str) -> List[str]:
     """TSAM paper, Table 2: the tables of :func:`flatlab.analysis.objectives.objective_tables` over the completed
-    trials of ``study``'s latest launch, one for ``split`` (the study's ``measure_split``, metrics ``flat/*``)
-    and one per comma-separated name of ``extra`` (``flat_<name>/*``); written to ``out_dir/objectives.md``
-    and logged under ``objectives/`` on the launch run.
+    trials of the launch, one for ``split`` (the study's ``measure_split``, metrics ``flat/*``) and one per
+    comma-separated name of ``extra`` (``flat_<name>/*``); written to ``report.out_dir/objectives.md`` and
+    logged under ``objectives/`` on the launch run.
 
     Returns:
         The tables' lines, for the terminal (a line saying why when no trial has the measures).
     """
+    study, out_dir = report.study, report.out_dir
     splits = [(split, "flat"), *((x, f"flat_{x}") for x in extra.split(",") if x)]
-    tables = objectives.objective_tables(trials_frame(tracking_uri, study), splits)
+    tables = objectives.objective_tables(report.trials, splits)
     if not tables:
         return [f"objectives table: no completed trial of {study!r} has erm/sam/tilted_objective"]
     lines: List[str] = []
@@ -223,16 +269,16 @@ def objectives_report(tracking_uri: str, study: str, out_dir: Path, split: str, 
     out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / "objectives.md"
     md.write_text("\n".join([f"# {study}: objectives of each trained model (TSAM paper, Table 2)", "", *lines]))
-    parent = parent_runs(tracking_uri, study)[0].info.run_id
-    runs.client(tracking_uri).log_artifact(parent, str(md), artifact_path="objectives")
+    parent = report.parent_run_id
+    runs.client(report.tracking_uri).log_artifact(parent, str(md), artifact_path="objectives")
     return [*lines, f"objectives table: {md}, logged under objectives/ on run {parent}"]
 
 
-def curves_by_report(tracking_uri: str, study: str, out_dir: Path, metrics: str, arm: str, by: str) -> List[str]:
-    """TSAM paper, Figs. 3 and 7: :mod:`flatlab.analysis.param_curves` over ``study``'s latest launch, each curve
+def curves_by_report(report: ReportInput, metrics: str, arm: str, by: str) -> List[str]:
+    """TSAM paper, Figs. 3 and 7: :mod:`flatlab.analysis.param_curves` over the launch's trials, each curve
     the mean over seeds of a metric's MLflow history (step = epoch), one figure per comma-separated name of
-    ``metrics``; written to ``out_dir`` (``curves_<by>_<metric>.png`` and ``.json``, the metric's ``/`` as
-    ``_``) and logged under ``curves/`` on the launch run.
+    ``metrics``; written to ``report.out_dir`` (``curves_<by>_<metric>.png`` and ``.json``, the metric's ``/``
+    as ``_``) and logged under ``curves/`` on the launch run.
 
     Returns:
         Per metric, one line per value (its best configuration's score and last point), then where the files
@@ -241,12 +287,12 @@ def curves_by_report(tracking_uri: str, study: str, out_dir: Path, metrics: str,
     Raises:
         ConfigError: no trial of ``arm``, or ``by`` not among its parameters.
     """
-    df = trials_frame(tracking_uri, study)
+    df = report.trials
     best = param_curves.best_per_value(df, arm, by)
-    parent = parent_runs(tracking_uri, study)[0].info.run_id
+    what = (report.study, arm, by, report.parent_run_id)
     lines: List[str] = []
     for metric in [m.strip() for m in metrics.split(",") if m.strip()]:
-        lines += _curves_of(tracking_uri, df, best, metric, (study, arm, by, parent), out_dir)
+        lines += _curves_of(report.tracking_uri, df, best, metric, what, report.out_dir)
     return lines
 
 
@@ -288,7 +334,7 @@ register_report(
     StudyReport(
         "objectives",
         "each trained model on the ERM, SAM and tilted objectives, one table per split (TSAM paper, Table 2)",
-        lambda uri, study, out, p: objectives_report(uri, study, out, p["split"], p["extra"]),
+        lambda report, p: objectives_report(report, p["split"], p["extra"]),
         hparams=(
             HParam("split", "train", str, doc="the study's measure_split (its flat/* metrics)"),
             HParam("extra", "test", str, doc="comma-separated extra splits (flat_<split>/* metrics), '' for none"),
@@ -299,7 +345,7 @@ register_report(
     StudyReport(
         "curves_by",
         "an arm's per-epoch metric, one curve per value of a parameter at its best configuration (TSAM Fig. 3)",
-        lambda uri, study, out, p: curves_by_report(uri, study, out, p["metrics"], p["arm"], p["by"]),
+        lambda report, p: curves_by_report(report, p["metrics"], p["arm"], p["by"]),
         hparams=(
             HParam(
                 "metrics",
@@ -316,7 +362,7 @@ register_report(
     StudyReport(
         "toy_figure",
         "end point and flatness of every completed trial against the searched kappa or t (the papers' toy losses)",
-        lambda uri, study, out, p: toy_figure(uri, study, out, p["end"], p["flatness"]),
+        lambda report, p: toy_figure(report, p["end"], p["flatness"]),
         hparams=(
             HParam("end", "", str, doc="the end-point metric, e.g. val/abs_u"),
             HParam("flatness", "", str, doc="the flatness metric, e.g. val/trace_hessian"),

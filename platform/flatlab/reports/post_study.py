@@ -2,19 +2,26 @@
 
 ::
 
-    Launched ──> steps to target          (the trials' training-loss curves; logs on each trial run)
-             ──> read_sample ──> Sample   (tracking/trials.py: the launch's trials, once)
+    Launched ──> read_sample ──> Sample   (tracking/trials.py: the launch's trials, once)
+                                  │
+                                  v
+                           steps to target  (the trials' training-loss curves; logs on each trial run and
+                                  │          hands back the sample with train/steps_to_target, train/speedup)
                                   │
                   ┌───────────────┼──────────────────────┬─────────────────┬───────────────┐
                   v               v                      v                 v               v
               comparison   correlation, tuning    published curves   flatness sweep   study report
                            and cost curves
                   (each computed by flatlab.analysis, then written once to the launch's parent run)
-             ──> the reports the study declares (Study.reports; each reads what it needs)
+                                  │
+                                  v
+                  the reports the study declares (Study.reports; each handed the sample's trials)
 
-Steps to target runs first: it logs ``train/steps_to_target`` and ``train/speedup`` on the trial runs,
-which the sample then holds. Each step logs to the launch's parent run; none fails the launch. Where the
-trials cannot be read, the steps that need them are skipped, with the reason in the log.
+Steps to target runs first, on the sample: it reads each trial's loss curve (the one thing the sample
+cannot hold), logs ``train/steps_to_target`` and ``train/speedup`` on the trial runs, and sets them in
+the sample's columns of those names, so every later step sees them as a sample read after the logging
+would. Each step logs to the launch's parent run; none fails the launch. Where the trials cannot be
+read, every step is skipped, with the reason in the log.
 """
 
 from __future__ import annotations
@@ -35,15 +42,17 @@ logger = logging.getLogger("flatlab")
 
 
 def post_study(launched: Launched) -> None:
-    """Every post-study step of ``launched`` (see the module docstring), in order."""
+    """Every post-study step of ``launched`` (see the module docstring), in order, over one read of its
+    trials; none raises."""
+    sample = _launch_sample(launched)
+    if sample is None:
+        return
     study = launched.study
     if study.reference_arm is not None or study.target_loss is not None:
-        _steps_to_target(launched)
-    sample = _launch_sample(launched)  # read once, after steps-to-target logged
-    if sample is not None:
-        for _, step in STEPS:
-            step(launched, sample)
-    run_reports(study, launched.tracking_uri, launched.out / "report", launched.console)
+        sample = _steps_to_target(launched, sample)
+    for _, step in STEPS:
+        step(launched, sample)
+    run_reports(study, launched.tracking_uri, launched.out / "report", launched.parent_run_id, sample, launched.console)
 
 
 def _comparison(launched: Launched, sample: Sample) -> None:
@@ -95,8 +104,8 @@ to the launch's parent run once; none raises."""
 
 
 def _launch_sample(launched: Launched) -> Optional[Sample]:
-    """The launch's trials, read once for every step (``None`` where they cannot be read: the steps over
-    them are skipped, and the log says why)."""
+    """The launch's trials, read once for every step (``None`` where they cannot be read: every step is
+    skipped, and the log says why)."""
     try:
         return read_sample(launched.tracking_uri, launched.study.name, launch=launched.parent_run_id)
     except Exception as exc:  # noqa: BLE001 - no report fails the launch
@@ -104,14 +113,18 @@ def _launch_sample(launched: Launched) -> Optional[Sample]:
             "post-study: trials of run %s not read (%s): skipped %s",
             launched.parent_run_id,
             exc,
-            ", ".join(name for name, _ in STEPS),
+            ", ".join(["steps to target", *(name for name, _ in STEPS), "declared reports"]),
         )
         return None
 
 
-def _steps_to_target(launched: Launched) -> None:
-    """Log steps-to-target (and speed-up) on the launch's trials; one line says how many reached it."""
-    summary = log_steps_to_target(launched.tracking_uri, launched.experiment_id, launched.parent_run_id, launched.study)
+def _steps_to_target(launched: Launched, sample: Sample) -> Sample:
+    """Log steps-to-target (and speed-up) on the launch's trials; one line says how many reached it.
+
+    Returns:
+        ``sample`` with the logged values in its columns (:func:`~flatlab.reports.speedup.log_steps_to_target`).
+    """
+    sample, summary = log_steps_to_target(launched.tracking_uri, launched.parent_run_id, launched.study, sample)
     reached = sum(r["steps_to_target"] is not None for r in summary["runs"].values())
     line = (
         f"steps-to-target: {reached} of {len(summary['runs'])} trials reached the target"
@@ -121,3 +134,4 @@ def _steps_to_target(launched: Launched) -> None:
     logger.info("%s", line)
     if launched.console is not None:
         launched.console.print(line)
+    return sample

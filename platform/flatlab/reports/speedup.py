@@ -1,17 +1,19 @@
-"""Steps to a target training loss and the speed-up over a reference arm, read from and logged to MLflow
-(computed by :mod:`flatlab.analysis.speedup`).
+"""Steps to a target training loss and the speed-up over a reference arm, computed by
+:mod:`flatlab.analysis.speedup` over a launch's sample and logged to MLflow.
 
-Each finished trial has its smoothed training-loss curve in MLflow (metric history
-``train_step/loss_smoothed``, step = optimizer step, logged by the worker at the trial's last epoch;
-``train/loss_smoothed`` in runs logged before it had a section of its own). Logged here, on each
-completed child run:
+The completed trials come from the launch's :class:`~flatlab.analysis.sample.Sample` (run id, arm, seed,
+stage, the study metric and the ``param.*`` columns); what the sample cannot hold is read per trial: its
+smoothed training-loss curve, the metric history ``train_step/loss_smoothed`` (step = optimizer step,
+logged by the worker at the trial's last epoch; ``train/loss_smoothed`` in runs logged before it had a
+section of its own). Logged here, on each completed child run:
 
 * ``train/steps_to_target`` and the tag ``flatlab.target_reached`` (``true``/``false``; when false, no
   steps_to_target is logged);
 * ``train/speedup`` (with a reference arm): the reference trial's total optimizer steps /
   ``train/steps_to_target`` (> 1: faster than the reference);
 
-and on the parent run, ``reference/train_loss_smoothed`` (the target, step = seed).
+and on the parent run, ``reference/train_loss_smoothed`` (the target, step = seed). The sample handed
+back holds the two metrics in its columns of the same names, as a sample read after the logging would.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from flatlab.analysis import selection
 from flatlab.analysis.curve_points import Point
-from flatlab.analysis.sample import is_completed
+from flatlab.analysis.sample import Sample
 from flatlab.analysis.speedup import CurveTrial, goals, seed_targets, steps_and_speedup
 from flatlab.lazy import lazy
 from flatlab.tracking import runs
@@ -38,29 +40,38 @@ SPEEDUP_METRIC = "train/speedup"
 TARGET_METRIC = "reference/train_loss_smoothed"
 TAG_REACHED = "flatlab.target_reached"
 
+Summary = Dict[str, Any]
+"""What :func:`log_steps_to_target` did (see its ``Returns``)."""
 
-def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: str, study: Any) -> Dict[str, Any]:
-    """Compute and log steps-to-target (and speed-up) for the completed child runs of ``parent_run_id``.
+
+def log_steps_to_target(tracking_uri: str, parent_run_id: str, study: Any, sample: Sample) -> Tuple[Sample, Summary]:
+    """Compute and log steps-to-target (and speed-up) for the completed trials of ``sample``.
 
     Args:
-        tracking_uri, experiment_id, parent_run_id: the study launch (``StudyOutcome`` fields).
+        tracking_uri, parent_run_id: the launch's MLflow store and parent run (``Launched`` fields).
         study: gives ``reference_arm`` or ``target_loss`` (neither: nothing is done) and ``metric``/
             ``mode``, which pick the reference trial of a seed among the reference arm's completed
             trials (see the module docstring).
+        sample: the launch's trials (:func:`flatlab.tracking.trials.read_sample` with ``launch``); its
+            completed rows are the trials, with their ``run_id``, ``arm``, ``seed``, ``stage``, the
+            column of ``study.metric`` and the ``param.*`` columns.
 
     Returns:
-        ``{"targets": {seed: {"target": loss, "reference_run": run id or None, "reference_steps": int
-        or None}}, "runs": {run_id: {"arm", "seed", "steps_to_target": int or None, "speedup": float
-        or None}}, "skipped": {run_id: reason}, "errors": [message]}``. A seed without a usable
-        reference trial has no target; its trials are skipped. (A seed run in both stages has a target
-        per stage; ``targets`` and the parent run's metric show the final stage's.)
+        ``(sample, summary)``: ``sample`` with the logged ``train/steps_to_target`` and ``train/speedup``
+        set in its columns of those names on the trials they were logged for (every other value as it
+        was; ``sample`` itself when nothing was logged), and ``{"targets": {seed: {"target": loss,
+        "reference_run": run id or None, "reference_steps": int or None}}, "runs": {run_id: {"arm",
+        "seed", "steps_to_target": int or None, "speedup": float or None}}, "skipped": {run_id: reason},
+        "errors": [message]}``. A seed without a usable reference trial has no target; its trials are
+        skipped. (A seed run in both stages has a target per stage; ``targets`` and the parent run's
+        metric show the final stage's.)
 
     Never raises for MLflow errors: a failure reading or writing one run is logged as a warning,
     listed under ``errors``, and the other runs are still done.
     """
-    summary: Dict[str, Any] = {"targets": {}, "runs": {}, "skipped": {}, "errors": []}
+    summary: Summary = {"targets": {}, "runs": {}, "skipped": {}, "errors": []}
     if study.reference_arm is None and study.target_loss is None:
-        return summary
+        return sample, summary
 
     def fail(what: str, exc: Exception) -> None:
         logger.warning("steps-to-target: %s failed: %s", what, exc)
@@ -68,12 +79,11 @@ def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: st
 
     try:
         client = runs.client(tracking_uri)
-        children = _finished_children(client, experiment_id, parent_run_id)
     except Exception as exc:  # noqa: BLE001
-        fail(f"listing the child runs of {parent_run_id}", exc)
-        return summary
+        fail(f"opening the tracking store of run {parent_run_id}", exc)
+        return sample, summary
 
-    trials = _curve_trials(client, children, study.metric, summary["skipped"], fail)
+    trials = _curve_trials(client, sample, study.metric, summary["skipped"], fail)
     by_stage = goals(trials, study.reference_arm, study.target_loss, study.mode)
     targets = summary["targets"] = seed_targets(by_stage)
     for t in trials:
@@ -94,62 +104,86 @@ def log_steps_to_target(tracking_uri: str, experiment_id: str, parent_run_id: st
             _log_targets(client, parent_run_id, {seed: g["target"] for seed, g in targets.items()})
         except Exception as exc:  # noqa: BLE001
             fail(f"logging {TARGET_METRIC} to the parent run {parent_run_id}", exc)
-    return summary
+    return with_logged(sample, summary["runs"]), summary
+
+
+def with_logged(sample: Sample, logged: Dict[str, Dict[str, Any]]) -> Sample:
+    """``sample`` with the metrics :func:`log_steps_to_target` logged (``logged``: its summary's ``runs``)
+    in the columns :data:`STEPS_METRIC` and :data:`SPEEDUP_METRIC`: a trial's value where one was logged
+    (a target never reached logs none), every other value as it was. ``sample`` itself when nothing was
+    logged."""
+    values = {
+        STEPS_METRIC: {r: float(v["steps_to_target"]) for r, v in logged.items() if v["steps_to_target"] is not None},
+        SPEEDUP_METRIC: {r: float(v["speedup"]) for r, v in logged.items() if v["speedup"] is not None},
+    }
+    if not any(values.values()):
+        return sample
+    df = sample.trials.copy()
+    for column, by_run in values.items():
+        if not by_run:
+            continue
+        new = df["run_id"].map(by_run)
+        df[column] = new.where(new.notna(), df[column]) if column in df.columns else new.astype(float)
+    df.attrs = dict(sample.trials.attrs)
+    return Sample(sample.info, df)
 
 
 def _curve_trials(
-    client: Any, children: List[Any], metric: str, skipped: Dict[str, str], fail: Callable[[str, Exception], None]
+    client: Any, sample: Sample, metric: str, skipped: Dict[str, str], fail: Callable[[str, Exception], None]
 ) -> List[CurveTrial]:
-    """The trials of ``children`` with their smoothed training-loss curves, each a candidate reference by
-    its value of ``metric``; runs without an integer seed tag or a curve go to ``skipped`` (run id ->
-    reason), and a run whose curve cannot be read is reported to ``fail`` and left out."""
+    """The completed trials of ``sample`` with their smoothed training-loss curves, each a candidate
+    reference by its value of ``metric``; trials without an integer seed or a curve go to ``skipped``
+    (run id -> reason), and a trial whose curve cannot be read is reported to ``fail`` and left out."""
+    if sample.empty or "run_id" not in sample.trials.columns:
+        return []
+    rows = sample.trials[sample.trials["completed"].astype(bool)]
+    params = [c for c in rows.columns if c.startswith("param.")]
     trials: List[CurveTrial] = []
-    for run in children:
-        tags = run.data.tags
-        try:
-            seed = int(tags.get(runs.TAG_SEED, ""))
-        except ValueError:
-            skipped[run.info.run_id] = f"no integer {runs.TAG_SEED} tag"
+    for _, row in rows.iterrows():
+        run_id = str(row["run_id"])
+        seed = _seed(row.get("seed"))
+        if seed is None:
+            skipped[run_id] = f"no integer {runs.TAG_SEED} tag"
             continue
-        value = run.data.metrics.get(metric)
-        done = value is not None and math.isfinite(value)
-        arm = tags.get(runs.TAG_ARM, "")
-        candidate = selection.Trial(
-            arm,
-            selection.config_key(runs.config_params(run.data.params)),
-            seed,
-            float(value) if done else None,
-            ref=run.info.run_id,
-        )
-        trial = CurveTrial(run.info.run_id, arm, seed, tags.get(runs.TAG_STAGE, runs.STAGE_SEARCH), candidate)
+        value = _finite(row.get(metric))
+        arm = str(row["arm"])
+        config = selection.config_key({c[len("param.") :]: row[c] for c in params})
+        candidate = selection.Trial(arm, config, seed, value, ref=run_id)
+        trial = CurveTrial(run_id, arm, seed, str(row["stage"]), candidate)
         try:
-            trial.curve = _curve(client, trial.run_id)
+            trial.curve = _curve(client, run_id)
         except Exception as exc:  # noqa: BLE001
-            fail(f"reading {CURVE_METRIC} of run {trial.run_id}", exc)
+            fail(f"reading {CURVE_METRIC} of run {run_id}", exc)
             continue
         if not trial.curve:
-            skipped[trial.run_id] = f"no {CURVE_METRIC} history"
+            skipped[run_id] = f"no {CURVE_METRIC} history"
             continue
         trials.append(trial)
     return trials
 
 
-def _finished_children(client: Any, experiment_id: str, parent_run_id: str) -> List[Any]:
-    """Every completed child run of ``parent_run_id`` (:func:`flatlab.analysis.sample.is_completed`;
-    all result pages)."""
-    out: List[Any] = []
-    token = None
-    while True:
-        page = client.search_runs(
-            [experiment_id],
-            filter_string=f"tags.`{runs.PARENT}` = '{parent_run_id}'",
-            max_results=1000,
-            page_token=token,
-        )
-        out.extend(r for r in page if is_completed(r.data.tags.get(runs.TAG_OUTCOME), r.info.status))
-        token = getattr(page, "token", None)
-        if not token:
-            return out
+def _seed(value: Any) -> Optional[int]:
+    """A trial's seed as the sample holds it (an integer, or the tag's text where the column is text);
+    ``None`` where it is missing or not an integer."""
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if math.isfinite(number) and number.is_integer() else None
+
+
+def _finite(value: Any) -> Optional[float]:
+    """``value`` as a float where it is a finite number, else ``None``."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _curve(client: Any, run_id: str) -> List[Point]:
@@ -175,9 +209,5 @@ def _log_trial(client: Any, run_id: str, steps: Optional[int], speedup: Optional
 
 def _log_targets(client: Any, parent_run_id: str, targets: Dict[int, float]) -> None:
     now = int(time.time() * 1000)
-    client.log_batch(
-        parent_run_id,
-        metrics=[
-            mlflow_entities.Metric(TARGET_METRIC, float(v), now, int(seed)) for seed, v in sorted(targets.items())
-        ],
-    )
+    metrics = [mlflow_entities.Metric(TARGET_METRIC, float(v), now, int(seed)) for seed, v in sorted(targets.items())]
+    client.log_batch(parent_run_id, metrics=metrics)

@@ -161,7 +161,8 @@ def _tuning(tag: Any) -> int:
 
 def read_sample(tracking_uri: str, study: str, *, all_launches: bool = False, launch: Optional[str] = None) -> Sample:
     """The typed sample of ``study``'s trials (:class:`flatlab.analysis.sample.Sample`), read once: the
-    latest launch's (``all_launches``: every launch's; ``launch``: that parent run's).
+    latest launch's (``all_launches``: every launch's; ``launch``: that parent run's, with only the
+    ``param.*`` columns its trials have).
 
     Raises:
         ConfigError: as :func:`trials_frame`.
@@ -170,4 +171,6 @@ def read_sample(tracking_uri: str, study: str, *, all_launches: bool = False, la
     info = StudyInfo.from_attrs({**df.attrs, "name": study})
     if launch is not None and "launch" in df.columns:
         df = df[df["launch"] == launch]
+        # a parameter only other launches searched is not one of this launch's
+        df = df.drop(columns=[c for c in df.columns if c.startswith("param.") and df[c].isna().all()])
     return Sample.of(df, info)

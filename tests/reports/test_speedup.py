@@ -1,4 +1,5 @@
-"""Steps-to-target and speed-up from MLflow loss curves (IRE paper, Fig. 4), on a temporary SQLite store."""
+"""Steps-to-target and speed-up from MLflow loss curves (IRE paper, Fig. 4), on a temporary SQLite store:
+logged on the trial runs and handed back in the launch's sample."""
 
 import time
 
@@ -8,8 +9,10 @@ from mlflow.entities import Metric
 from flatlab import Arm, Study
 from flatlab.reports import speedup as su
 from flatlab.tracking import runs
-from flatlab.tracking.artifacts import CURVE_METRIC, WorkerTracking, log_curve, log_trial_artifacts
-from flatlab.train.trainer import TrialSpec
+from flatlab.tracking.artifacts import CURVE_METRIC
+from flatlab.tracking.trials import read_sample
+
+NAN = float("nan")
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +54,23 @@ def study(**kw):
     )
 
 
+def steps_to_target(uri, name, parent, study_, sample=None):
+    """``log_steps_to_target`` on the sample of launch ``parent`` of experiment ``name``, read here unless given."""
+    sample = sample if sample is not None else read_sample(uri, name, launch=parent)
+    return su.log_steps_to_target(uri, parent, study_, sample)
+
+
+def columns(sample, run_ids):
+    """The two logged metrics of each run in ``sample`` as text (``nan``: none)."""
+    df = sample.trials.set_index("run_id")
+    return str(
+        {
+            r: tuple(float(df.loc[r, c]) if c in df.columns else NAN for c in (su.STEPS_METRIC, su.SPEEDUP_METRIC))
+            for r in run_ids
+        }
+    )
+
+
 def logged(uri, run_id):
     r = runs.client(uri).get_run(run_id)
     return {k: v for k, v in r.data.metrics.items() if k in (su.STEPS_METRIC, su.SPEEDUP_METRIC)}, r.data.tags.get(
@@ -76,7 +96,7 @@ def test_speedup_against_the_best_reference_trial_of_each_seed(store):
     _, _, other_parent = new_launch(store, "ref")
     other = child(uri, exp, other_parent, "fast", 0, [(1, 0.5)], val_loss=0.1)
 
-    out = su.log_steps_to_target(uri, exp, parent, study(reference_arm="adamw"))
+    sample, out = steps_to_target(uri, "ref", parent, study(reference_arm="adamw"))
 
     assert out["errors"] == []
     assert out["targets"] == {
@@ -95,13 +115,20 @@ def test_speedup_against_the_best_reference_trial_of_each_seed(store):
     assert set(out["skipped"]) == {no_curve, orphan}
     history = runs.client(uri).get_metric_history(parent, su.TARGET_METRIC)
     assert sorted((m.step, m.value) for m in history) == [(0, 1.1), (1, 1.0)]
+    # the sample handed back holds what was logged, as the sample read after the logging does
+    assert columns(sample, [fast, slow]) == str({fast: (4.0, 2.5), slow: (NAN, NAN)})
+    ids = [ref_a, ref_b, fast, slow, killed, no_curve, ref_c, fast1, orphan]
+    reread = read_sample(uri, "ref", launch=parent)
+    assert columns(sample, ids) == columns(reread, ids)
+    assert list(sample.trials["run_id"]) == list(reread.trials["run_id"]) and sample.trials.attrs == reread.trials.attrs
 
 
 def test_fixed_target_logs_steps_only(store):
     uri, exp, parent = new_launch(store, "fixed")
     a = child(uri, exp, parent, "adamw", 0, [(1, 3.0), (2, 2.0), (4, 1.5), (8, 1.2)], val_loss=0.5)
     b = child(uri, exp, parent, "fast", 1, [(2, 2.5), (4, 1.1)], val_loss=0.4)
-    out = su.log_steps_to_target(uri, exp, parent, study(target_loss=1.5))
+    sample, out = steps_to_target(uri, "fixed", parent, study(target_loss=1.5))
+    assert columns(sample, [a, b]) == str({a: (4.0, NAN), b: (4.0, NAN)}) == columns(read_sample(uri, "fixed"), [a, b])
     assert logged(uri, a) == ({"train/steps_to_target": 4.0}, "true")
     assert logged(uri, b) == ({"train/steps_to_target": 4.0}, "true")
     assert out["targets"] == {
@@ -110,7 +137,8 @@ def test_fixed_target_logs_steps_only(store):
     }
     history = runs.client(uri).get_metric_history(parent, su.TARGET_METRIC)
     assert sorted((m.step, m.value) for m in history) == [(0, 1.5), (1, 1.5)]
-    assert su.log_steps_to_target(uri, exp, parent, study()) == {"targets": {}, "runs": {}, "skipped": {}, "errors": []}
+    untouched, out = steps_to_target(uri, "fixed", parent, study(), sample)
+    assert untouched is sample and out == {"targets": {}, "runs": {}, "skipped": {}, "errors": []}
 
 
 def test_an_mlflow_failure_on_one_run_does_not_stop_the_others(store, monkeypatch):
@@ -131,40 +159,26 @@ def test_an_mlflow_failure_on_one_run_does_not_stop_the_others(store, monkeypatc
                 raise ConnectionError("tracking server went away")
             return self.c.get_metric_history(run_id, key)
 
+    sample = read_sample(uri, "hiccup", launch=parent)
     monkeypatch.setattr(su.runs, "client", lambda u: Flaky(real(u)))
-    out = su.log_steps_to_target(uri, exp, parent, study(reference_arm="adamw"))
+    _, out = su.log_steps_to_target(uri, parent, study(reference_arm="adamw"), sample)
     assert len(out["errors"]) == 1 and "tracking server went away" in out["errors"][0] and bad in out["errors"][0]
     assert out["runs"][ref]["steps_to_target"] == 2 and bad not in out["runs"]
     monkeypatch.setattr(su.runs, "client", lambda u: (_ for _ in ()).throw(ConnectionError("down")))
-    assert su.log_steps_to_target(uri, exp, parent, study(reference_arm="adamw"))["errors"] == [
-        f"listing the child runs of {parent}: down"
-    ]
+    same, out = su.log_steps_to_target(uri, parent, study(reference_arm="adamw"), sample)
+    assert same is sample and out["errors"] == [f"opening the tracking store of run {parent}: down"]
 
 
-def test_log_curve_sends_batches_of_at_most_1000():
-    class Recorder:
-        calls = []
-
-        def log_batch(self, run_id, metrics):
-            self.calls.append((run_id, [(m.key, m.step, m.value) for m in metrics]))
-
-    rec = Recorder()
-    log_curve(rec, "r", [(s, 1.0 / s) for s in range(1, 2501)])
-    assert [len(m) for _, m in rec.calls] == [1000, 1000, 500]
-    assert rec.calls[2][1][-1] == (CURVE_METRIC, 2500, 1.0 / 2500) and {r for r, _ in rec.calls} == {"r"}
-
-
-def test_trial_artifacts_log_the_curve_as_a_metric_history(store):
-    uri, exp, parent = new_launch(store, "worker")
-    c = runs.client(uri)
-    run_id = c.create_run(exp, tags={runs.PARENT: parent, runs.TAG_TRIAL: "t1"}).info.run_id
-    spec = TrialSpec(workload="digits", optimizer="sgd", epochs=1)
-    import torch
-
-    curve = [(4 * i, 3.0 - i / 1000) for i in range(1, 1202)]
-    got = log_trial_artifacts(
-        WorkerTracking(uri, exp, parent, log_models=False), "t1", torch.nn.Linear(1, 1), spec, {}, curve=curve
-    )
-    assert got == run_id
-    history = sorted((m.step, m.value) for m in c.get_metric_history(run_id, CURVE_METRIC))
-    assert history == curve
+def test_a_launchs_sample_has_only_the_parameters_its_trials_have(store):
+    # a declared report picks its x-axis by the param.* columns present (toy_figure: kappa, then t)
+    uri, exp, first = new_launch(store, "two_launches")
+    old = child(uri, exp, first, "sgd", 0, [(1, 1.0)], val_loss=0.5)
+    runs.client(uri).log_param(old, "kappa", "2.0")
+    _, _, second = new_launch(store, "two_launches")
+    new = child(uri, exp, second, "sgd", 0, [(1, 1.0)], val_loss=0.4)
+    runs.client(uri).log_param(new, "t", "1.0")
+    both = read_sample(uri, "two_launches", all_launches=True).trials
+    assert {"param.kappa", "param.t"} <= set(both.columns)
+    latest = read_sample(uri, "two_launches", launch=second).trials
+    assert list(latest["run_id"]) == [new] and "param.kappa" not in latest.columns
+    assert latest["param.t"].tolist() == [1.0]

@@ -9,6 +9,7 @@ import pytest
 
 import flatlab.interpolation.report  # noqa: F401 (registers the interpolation report)
 from flatlab import Arm, Study
+from flatlab.analysis.sample import Sample
 from flatlab.errors import ConfigError
 from flatlab.reports import declared as reports
 from flatlab.reports.declared import REPORTS, StudyReport, resolve_reports, run_reports
@@ -57,13 +58,17 @@ def test_every_problem_is_named_before_anything_runs():
 
 
 def test_run_reports_runs_each_declared_report_and_survives_a_failing_one(monkeypatch, tmp_path):
+    import pandas as pd
+
     calls = []
 
-    def ok(uri, study, out, params):
-        calls.append((uri, study, out, dict(params)))
-        return [f"ok: {params['n']} in {out.name}"]
+    def ok(report, params):
+        calls.append(
+            (report.tracking_uri, report.study, report.out_dir, report.parent_run_id, report.trials, dict(params))
+        )
+        return [f"ok: {params['n']} in {report.out_dir.name}"]
 
-    def broken(uri, study, out, params):
+    def broken(report, params):
         raise RuntimeError("no trials")
 
     monkeypatch.setitem(REPORTS._entries, "ok", StudyReport("ok", "test", ok, hparams=(reports.HParam("n", 1, int),)))
@@ -77,14 +82,16 @@ def test_run_reports_runs_each_declared_report_and_survives_a_failing_one(monkey
 
     console = Console()
     study = toy_study(broken={}, ok={"n": 2})
-    assert run_reports(study, "sqlite:///x.db", tmp_path / "report", console) == ["ok: 2 in report"]
-    assert calls == [("sqlite:///x.db", "toy", tmp_path / "report", {"n": 2})]
+    sample = Sample.of(pd.DataFrame({"arm": ["sgd"], "run_id": ["r1"], "outcome": ["completed"]}))
+    assert run_reports(study, "sqlite:///x.db", tmp_path / "report", "p1", sample, console) == ["ok: 2 in report"]
+    assert len(calls) == 1 and calls[0][4] is sample.trials  # the sample's trials, as they are: no read
+    assert calls[0][:4] + calls[0][5:] == ("sqlite:///x.db", "toy", tmp_path / "report", "p1", {"n": 2})
     assert console.lines == [
         "[yellow]warning:[/yellow] report 'broken' of study 'toy' failed: no trials",
         "ok: 2 in report",
     ]
-    assert run_reports(toy_study(), "sqlite:///x.db", Path(tmp_path), console) == []
-    assert run_reports(toy_study(oops={}), "sqlite:///x.db", Path(tmp_path), console) == []  # never validated
+    assert run_reports(toy_study(), "sqlite:///x.db", Path(tmp_path), "p1", sample, console) == []
+    assert run_reports(toy_study(oops={}), "sqlite:///x.db", Path(tmp_path), "p1", sample, console) == []  # unvalidated
     assert console.lines[-1].startswith(
         "[yellow]warning:[/yellow] no reports run: study 'toy': reports: unknown report 'oops'"
     )
