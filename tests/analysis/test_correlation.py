@@ -223,3 +223,21 @@ def test_bad_input_is_named():
         granulated_tau([{"lr": [1]}], [1.0], [1.0])
     with pytest.raises(ConfigError, match=r"axes\[0\] must be a mapping"):
         granulated_tau([("lr", 1)], [1.0], [1.0])
+
+
+def test_a_handful_of_models_never_gets_a_p_below_kendalls_exact_test():
+    # four seeds of one configuration in perfect reverse order: every resample has tau = -1 (or none),
+    # so the bootstrap alone would give p = 2 / (B + 1); the exact test allows no less than 2 / 4! = 1/12
+    got = kendall_tau([1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0], clusters=[(0, "c")] * 4, n_resamples=1000)
+    assert got.tau == -1.0 and got.p == pytest.approx(1 / 12)
+    assert stats.kendalltau([1, 2, 3, 4], [4, 3, 2, 1], method="exact").pvalue == pytest.approx(1 / 12)
+
+
+@pytest.mark.parametrize("n", [4, 6, 10])
+def test_independent_models_are_called_associated_at_most_alpha_of_the_time(n):
+    rng = np.random.default_rng(n)
+    runs = 300
+    claims = sum(
+        kendall_tau(rng.normal(size=n), rng.normal(size=n), n_resamples=200, seed=r).p < 0.05 for r in range(runs)
+    )
+    assert claims / runs <= 0.05 + 0.02  # binomial sd at 5 % over 300 draws: 1.3 points

@@ -38,7 +38,8 @@ NAN = float("nan")
 class Correlation:
     """Kendall's τ-b of a measure and a target over ``n`` models (:func:`kendall_tau`).
 
-    ``p``: the cluster bootstrap's two-sided p-value of τ = 0; ``[low, high]``: its percentile interval
+    ``p``: the two-sided p-value of τ = 0, the cluster bootstrap's, never below scipy's for independent
+    models (:func:`kendall_tau`); ``[low, high]``: its percentile interval
     at ``confidence`` over the ``resamples`` resamples that gave a τ (a resample whose measure or target
     is constant has none and is dropped); ``units``: the number of clusters at each level of the
     resampling, outermost first (e.g. ``(tunings, configurations)``; ``()``: models resampled as
@@ -232,9 +233,13 @@ def kendall_tau(
     (:func:`resample_counts`) draws tunings, then configurations within each drawn tuning, then the
     models of each drawn configuration, all with replacement; without ``clusters`` models are resampled
     as independent. The interval is the (1 ∓ confidence)/2 quantiles (linear interpolation) of the
-    resamples that have a τ (:func:`weighted_tau`), ``resamples`` counts them, and ``p`` is
-    :func:`bootstrap_p` of the same replicates. Resampling at every stage tends to widen the interval
-    (Davison & Hinkley 1997, §3.8); with few top-level clusters it is a large-sample approximation.
+    resamples that have a τ (:func:`weighted_tau`), ``resamples`` counts them, and ``p`` is the larger of
+    :func:`bootstrap_p` of the same replicates and scipy's p for independent models (Kendall's exact test
+    for small n without ties). The bootstrap is a large-sample approximation: over a handful of models
+    every resample can give the same τ, and its p alone would fall below what the number of models allows
+    (4 perfectly ordered models: exact p = 1/12); clustering only adds uncertainty, so scipy's p is a
+    floor. Resampling at every stage tends to widen the interval (Davison & Hinkley 1997, §3.8); with
+    few models or top-level clusters the interval can still be narrow (all resamples alike).
 
     Jiang et al. (ICLR 2020, §2): a measure predicts generalisation over a set of models when its ranking
     agrees with the target's; τ = 1 same order, −1 reversed, 0 no association. The sign is that of the
@@ -267,9 +272,17 @@ def kendall_tau(
     taus = taus[np.isfinite(taus)]
     tail = (1 - confidence) / 2
     low, high = (float(v) for v in np.quantile(taus, [tail, 1 - tail])) if taus.size else (NAN, NAN)
-    return Correlation(
-        int(x.size), _tau(x, y), bootstrap_p(taus), low, high, float(confidence), int(taus.size), "", units
-    )
+    p = max(bootstrap_p(taus), _independent_p(x, y))
+    return Correlation(int(x.size), _tau(x, y), p, low, high, float(confidence), int(taus.size), "", units)
+
+
+def _independent_p(x: np.ndarray, y: np.ndarray) -> float:
+    """scipy's two-sided p of τ = 0 for independent models (exact for small n without ties): the
+    smallest p the models' number allows, 1/12 for 4 models."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(stats.kendalltau(x, y, variant="b").pvalue)
+    return p if np.isfinite(p) else 0.0
 
 
 def _axis_records(axes: Sequence[Mapping[str, Hashable]], size: int) -> List[str]:
