@@ -503,7 +503,8 @@ def store(tmp_path_factory):
     exp = runs.get_or_create_experiment(uri, "toy", runs.artifact_location(root))
     c = runs.client(uri)
     parent = c.create_run(exp, tags={runs.TAG_ROLE: "study"}).info.run_id
-    c.log_batch(parent, params=[Param("metric", "val/accuracy"), Param("mode", "max"), Param("reference_arm", "sam")])
+    params = {"metric": "val/accuracy", "mode": "max", "reference_arm": "sam", "source": "studies/toy.py"}
+    c.log_batch(parent, params=[Param(k, v) for k, v in params.items()])
     now = int(time.time() * 1000)
     for arm, seeds in FINAL.items():
         for seed, (outcome, acc, fisher, epochs) in seeds.items():
@@ -621,6 +622,7 @@ def test_cli_compare(store, tmp_path):
     assert res.exit_code == 0, res.output
     parsed = parse_markdown(res.output.replace("vs sam", "vs sgd").replace("arm:sam:tie", "arm:sgd:tie"))
     assert parsed[("test/accuracy", "sgd")]["diff"] == pytest.approx(-0.025)  # against the recorded reference, sam
+    assert "(`flatlab run studies/toy.py --tunings 3`)" in res.output  # the study file the launch recorded
     res = runner.invoke(
         app, ["compare", "toy", "--tracking-uri", uri, "--reference", "sgd", "--plot", str(tmp_path / "p.png")]
     )
@@ -632,6 +634,7 @@ def test_cli_compare(store, tmp_path):
     )
     res = runner.invoke(app, ["compare", "nope", "--tracking-uri", uri])
     assert res.exit_code == 2 and "no study 'nope'" in res.output and "toy" in res.output
+    assert "--root" in res.output and "FLATLAB_ROOT" in res.output  # where the store it searched comes from
     res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--metric", "test/loss"])
     assert res.exit_code == 2 and "metrics there:" in res.output and "test/accuracy" in res.output
     res = runner.invoke(app, ["compare", "toy", "--tracking-uri", uri, "--format", "html"])

@@ -10,7 +10,7 @@ from rich.console import Console
 from scipy import stats
 
 from flatlab.analysis import tunings_text
-from flatlab.analysis.compare.text import SINGLE_TUNING_NOTE, caption
+from flatlab.analysis.compare.text import caption, single_tuning_note
 from flatlab.analysis.sample import Sample, StudyInfo
 from flatlab.analysis.tunings import compare_tunings
 from flatlab.errors import ConfigError
@@ -143,7 +143,11 @@ def test_a_single_tuning_table_says_its_intervals_leave_the_tuning_out():
     one = one[one["tuning"] == 1].drop(columns="tuning")
     from flatlab.analysis.compare import compare_table
 
-    assert SINGLE_TUNING_NOTE in caption(compare_table(one))
+    assert single_tuning_note() in caption(compare_table(one))
+    assert "(`flatlab run <study file> --tunings 3`)" in single_tuning_note()  # no study file recorded
+    one.attrs["study_file"] = "studies/x.py"
+    assert single_tuning_note("studies/x.py") in caption(compare_table(one))
+    assert "(`flatlab run studies/x.py --tunings 3`)" in single_tuning_note("studies/x.py")
     sample = Sample.of(one, StudyInfo(name="x"))
     assert sample.tunings == [1] and sample.trials["completed"].all()
 

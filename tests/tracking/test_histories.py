@@ -135,6 +135,22 @@ def test_a_launch_logs_its_cost_curves(store):
     assert want <= names
 
 
+def test_the_analysis_line_names_only_the_folders_written(store):
+    from rich.console import Console
+
+    from flatlab.reports.publish import log_study_analysis
+    from flatlab.tracking.trials import parent_runs, read_sample
+
+    uri, _ = store
+    parent = parent_runs(uri, "eq")[0].info.run_id
+    out = io.StringIO()
+    console = Console(file=out, width=300)
+    logged = log_study_analysis(uri, parent, "eq", read_sample(uri, "eq", launch=parent), console=console)
+    written = sorted({p.split("/")[0] for p in logged})
+    assert written == ["cost_curves"]  # no flatness measured, not a random-search pool
+    assert f"analysis: {len(logged)} files on the launch run (cost_curves/)" in out.getvalue()
+
+
 def test_cli_cost_curves_of_an_unknown_metric(store, tmp_path):
     uri, _ = store
     args = ["curves", "eq", "--cost", "passes", "--metric", "test/accuracy", "--output", str(tmp_path)]

@@ -62,6 +62,7 @@ class StudyInfo:
             settings), or ``None`` where not recorded.
         margins: the study's equivalence margins, quantity -> m (``Study.margins``; empty: the defaults).
         target_metric: the study's target of ``metric`` for time to target (``Study.target_metric``), or ``None``.
+        study_file: the study file the launch ran (as ``flatlab run`` was given it), or ``None`` where not recorded.
     """
 
     name: str = ""
@@ -75,6 +76,7 @@ class StudyInfo:
     scheduler: Optional[str] = None
     margins: Mapping[str, float] = field(default_factory=dict)
     target_metric: Optional[float] = None
+    study_file: Optional[str] = None
 
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any]) -> StudyInfo:

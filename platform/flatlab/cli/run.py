@@ -122,7 +122,8 @@ def _launch_file(
         return True
 
     def report(s: Study, outcome: StudyOutcome) -> None:
-        all_failed.append(_report(s, outcome, str(study_file), Path(opts.root).resolve()))
+        if not outcome.already_finished:  # a --resume that did nothing: the runner said where its results are
+            all_failed.append(_report(s, outcome, str(study_file), Path(opts.root).resolve()))
 
     try:
         outcomes = study_run_file.run_file(

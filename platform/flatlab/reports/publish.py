@@ -141,7 +141,8 @@ def log_study_analysis(
         except Exception as exc:  # noqa: BLE001
             logger.warning("analysis: %s not logged to run %s: %s", folder, parent_run_id, exc)
     if console is not None and logged:
-        console.print(f"analysis: {len(logged)} files on the launch run (correlation/, tuning_curves/, cost_curves/)")
+        folders = ", ".join(f"{folder}/" for folder in dict.fromkeys(p.split("/")[0] for p in logged))
+        console.print(f"analysis: {len(logged)} files on the launch run ({folders})")
     return logged
 
 

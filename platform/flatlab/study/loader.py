@@ -18,6 +18,8 @@ from flatlab.study.spec import Arm, Resources, Study
 from flatlab.study.validate import validate
 from flatlab.train.config import TRAINER_HPARAMS
 
+STUDY_MODULE_PREFIX = "flatlab_study_"  # a study file's module name: the prefix, then the file's stem
+
 
 def load_module(path: str):
     """Import the study file at ``path`` as a module (not added to ``sys.modules``' package tree).
@@ -35,7 +37,7 @@ def load_module(path: str):
         )
     if not p.is_file():
         raise ConfigError(f"study file {path!r} does not exist{_missing_file_hint(p)}")
-    mod_name = f"flatlab_study_{p.stem}"
+    mod_name = f"{STUDY_MODULE_PREFIX}{p.stem}"
     spec = importlib.util.spec_from_file_location(mod_name, p)
     if spec is None or spec.loader is None:
         raise ConfigError(f"study file {path!r} is not a Python module")
@@ -56,6 +58,25 @@ def load_module(path: str):
         if not (name == "flatlab" or name.startswith("flatlab.")) and _defined_in(sys.modules[name], folder)
     )
     return module
+
+
+def local_files(path: str) -> List[Path]:
+    """The Python files, in the folder of the study file at ``path`` or below it, of the modules loaded
+    from there while study files were loaded (:func:`load_module`, :data:`flatlab.extensions.USER_MODULES`):
+    what the study file imports beside it, e.g. ``_flatness_arms.py`` or ``lib/arms.py``. The study files
+    themselves are left out. Paths are relative to that folder, sorted; ``[]`` before the file was loaded
+    in this process, or when it imports nothing from its folder."""
+    study = Path(path).resolve()
+    folder = study.parent
+    found = set()
+    for name in USER_MODULES:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if name.startswith(STUDY_MODULE_PREFIX) or not file:
+            continue
+        f = Path(file).resolve()
+        if f.suffix == ".py" and f != study and f.is_file() and f.is_relative_to(folder):
+            found.add(f.relative_to(folder))
+    return sorted(found)
 
 
 def _defined_in(module: Any, folder: str) -> bool:

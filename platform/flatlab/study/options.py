@@ -27,7 +27,8 @@ class RunOptions:
 
 @dataclass
 class StudyOutcome:
-    """What a launch produced."""
+    """What a launch produced; ``already_finished``: a ``--resume`` that found the launch finished and did
+    nothing (its results are those the launch logged)."""
 
     study: str
     tracking_uri: str
@@ -38,3 +39,4 @@ class StudyOutcome:
     num_trials: int
     num_errors: int
     wall_s: float
+    already_finished: bool = False

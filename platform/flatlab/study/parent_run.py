@@ -4,8 +4,8 @@ the tags they all share."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple
+from pathlib import Path, PurePosixPath
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from mlflow.entities import Param
 
@@ -13,6 +13,7 @@ from flatlab._version import __version__
 from flatlab.reports.published_runs import launch_param
 from flatlab.study.chain import chained_params
 from flatlab.study.launches import Launch
+from flatlab.study.loader import local_files
 from flatlab.study.options import RunOptions
 from flatlab.study.plan import plan
 from flatlab.study.spec import Study
@@ -35,9 +36,10 @@ def open_parent_run(
     """Experiment and parent run of this launch: ``(experiment_id, parent_run_id, tune_experiment_name)``.
 
     A new launch gets a new parent run (params: the study's settings, nested ones under dotted names,
-    :mod:`flatlab.tracking.param_text`; artifacts: the plan and the study file; ``launch_tags``: e.g. the
-    Optuna studies it grows) and becomes the experiment's default view in MLflow's UI
-    (:func:`flatlab.tracking.ui.set_default_view`); ``--resume`` reopens the ``resumed`` launch's parent run.
+    :mod:`flatlab.tracking.param_text`; artifacts: the plan, the study file and the modules it imports
+    from beside it (:func:`log_study_files`); ``launch_tags``: e.g. the Optuna studies it grows) and becomes
+    the experiment's default view in MLflow's UI (:func:`flatlab.tracking.ui.set_default_view`); ``--resume``
+    reopens the ``resumed`` launch's parent run.
     """
     experiment_id = runs.get_or_create_experiment(tracking_uri, study.name, runs.artifact_location(root))
     client = runs.client(tracking_uri)
@@ -72,8 +74,23 @@ def open_parent_run(
     client.log_dict(parent.info.run_id, p, "plan.json")
     log_packages(client, parent.info.run_id)  # environment/requirements.txt (tracking/environment.py)
     if opts.source and Path(opts.source).is_file():
-        client.log_artifact(parent.info.run_id, opts.source, artifact_path="study")
+        log_study_files(client, parent.info.run_id, opts.source)
     return experiment_id, parent.info.run_id, exp_name
+
+
+def log_study_files(client: Any, run_id: str, source: str) -> List[str]:
+    """Log the study file ``source`` and the Python files it imported from its folder or below
+    (:func:`flatlab.study.loader.local_files`) under the run's ``study/`` artifacts, at their paths
+    relative to the study file's folder: the folder can be downloaded and run again. Returns the
+    artifact paths logged."""
+    folder = Path(source).resolve().parent
+    client.log_artifact(run_id, source, artifact_path="study")
+    logged = [f"study/{Path(source).name}"]
+    for rel in local_files(source):
+        where = PurePosixPath("study", *rel.parent.parts)
+        client.log_artifact(run_id, str(folder / rel), artifact_path=str(where))
+        logged.append(str(where / rel.name))
+    return logged
 
 
 def common_tags(study: Study, opts: RunOptions) -> Dict[str, str]:

@@ -22,6 +22,7 @@ Output root layout (``--root``, default ``./flatlab-runs``)::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import shlex
@@ -120,8 +121,8 @@ class StudyLaunch:
 
         ``opts.resume`` finishes the latest launch: its Tune experiment is restored (at the budget it was
         launched with, which :func:`flatlab.study.prepare.prepare` gave the study and ``opts.overrides``)
-        and what is left runs: search trials, then the final stage; a launch that already finished only
-        has its post-study steps re-done. ``opts.continue_`` starts a new launch whose arms add trials to
+        and what is left runs: search trials, then the final stage; a launch that already finished is left
+        as it is (:meth:`already_finished`). ``opts.continue_`` starts a new launch whose arms add trials to
         the previous launch's Optuna studies.
 
         A failure before Tune starts (Ray, the data, the searcher) ends the launch's parent run FAILED
@@ -171,16 +172,29 @@ class StudyLaunch:
         return workload
 
     def already_finished(self) -> StudyOutcome:
-        """``--resume`` of a launch whose trials all completed: nothing to continue and no Ray to start. The
-        post-study steps are re-done (they are idempotent), in case they were cut short the first time."""
-        if self.console is not None:
-            self.console.print(
-                f"study [bold]{self.study.name}[/bold]: its latest launch already finished; nothing to resume"
-            )
-        setup_file_logging(self.out)
+        """``--resume`` of a launch whose trials all completed: nothing runs (no Ray, no post-study, nothing
+        logged to MLflow); says so and where its results are. The outcome has ``already_finished`` set."""
         self.record = self.previous
-        self.post_study()
-        return self.outcome(self.study.num_total_trials())
+        if self.console is not None:
+            name = self.study.name
+            self.console.print(f"study [bold]{name}[/bold]: its latest launch already finished; nothing to resume")
+            self.console.print(
+                f"its results: `{self.read_command('compare')}` (the table), `{self.read_command('results')}` "
+                f"(the trials); MLflow run {self.record.parent_run_id} in {self.tracking_uri}",
+                soft_wrap=True,
+                markup=False,
+            )
+        return dataclasses.replace(self.outcome(self.study.num_total_trials()), already_finished=True)
+
+    def read_command(self, command: str) -> str:
+        """``flatlab <command> <study>`` with the ``--root`` or ``--tracking-uri`` that reads this launch's
+        store (none where it is the default root's)."""
+        words = ["flatlab", command, self.study.name]
+        if self.opts.tracking_uri:
+            words += ["--tracking-uri", self.tracking_uri]
+        elif self.root != Path(RunOptions.root).resolve():
+            words += ["--root", str(self.root)]
+        return shlex.join(words)
 
     def open(self, workload: Any) -> None:
         """Open the launch and build its Tuner: the MLflow parent run (in a thread, overlapping Ray's

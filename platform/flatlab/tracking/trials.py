@@ -18,6 +18,12 @@ pd = lazy("pandas")
 # epoch is ``last_lr``, next to the searched ``param.lr``.
 FINAL_NAMES = {"lr": "last_lr"}
 
+# Where a command's store comes from: said where a study is not found in it.
+STORE_HINT = (
+    "the store is the one under --root, else FLATLAB_ROOT, else ./flatlab-runs; --tracking-uri / "
+    "MLFLOW_TRACKING_URI names another"
+)
+
 # Magnitudes MLflow gives back for an infinite metric (it stores +-inf as +-1.797e308): never a real value.
 SENTINEL = 1e300
 
@@ -33,7 +39,9 @@ def parent_runs(tracking_uri: str, study: str) -> List[Any]:
     exp = c.get_experiment_by_name(study)
     if exp is None:
         names = sorted(e.name for e in c.search_experiments() if e.name != "Default")
-        raise ConfigError(f"no study {study!r} in {tracking_uri}; studies there: {', '.join(names) or '(none)'}")
+        raise ConfigError(
+            f"no study {study!r} in {tracking_uri}; studies there: {', '.join(names) or '(none)'} ({STORE_HINT})"
+        )
     return c.search_runs(
         [exp.experiment_id], filter_string=f"tags.`{runs.TAG_ROLE}` = 'study'", order_by=["attributes.start_time DESC"]
     )
@@ -117,7 +125,8 @@ def _launch_attrs(params: Dict[str, str], metric: str, mode: str) -> Dict[str, A
     """What the launch's parent run recorded that the analysis needs (:class:`~flatlab.analysis.sample.StudyInfo`):
     the metric and mode, the reference arm, the workload (the range of its loss), the training-loss target
     (measured there and trained on, or stopped there), the searcher and scheduler (whether the trials are an
-    i.i.d. pool, :mod:`flatlab.analysis.pool`), the equivalence margins and the target of the metric."""
+    i.i.d. pool, :mod:`flatlab.analysis.pool`), the equivalence margins, the target of the metric and the study
+    file it was launched from."""
     out: Dict[str, Any] = {"metric": metric, "mode": mode}
     for key in ("reference_arm", "workload", "searcher", "scheduler"):
         out[key] = params.get(key)
@@ -125,6 +134,7 @@ def _launch_attrs(params: Dict[str, str], metric: str, mode: str) -> Dict[str, A
         out[key] = params.get(f"train.{key}")
     out["margins"] = {k[len("margins.") :]: float(v) for k, v in params.items() if k.startswith("margins.")}
     out["target_metric"] = float(params["target_metric"]) if params.get("target_metric") else None
+    out["study_file"] = params.get("source") or None  # as `flatlab run` was given it
     return out
 
 

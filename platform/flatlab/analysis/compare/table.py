@@ -141,6 +141,7 @@ class Comparison(RowTable):
             seeds that missed the training-loss target (:func:`target_misses`).
         support: per quantity, the ``(low, high)`` its arms' intervals are clipped to (:func:`quantity_support`;
             ``None``: unbounded).
+        study_file: the study file the launch ran, where it recorded one (the caption's ``flatlab run`` line).
     """
 
     metric: str
@@ -156,6 +157,7 @@ class Comparison(RowTable):
     rank_by: str = "final"
     warnings: Tuple[str, ...] = ()
     support: Mapping[str, Optional[Tuple[float, float]]] = field(default_factory=dict)
+    study_file: Optional[str] = None
 
     def family(self, quantity: str) -> List[Row]:
         """The rows of ``quantity``'s family of tests: its non-reference arms with a paired test."""
@@ -303,6 +305,7 @@ def compare_table(
         rank_by,
         tuple(target_misses(sample, ordered)),
         support,
+        df.attrs.get("study_file"),
     )
 
 

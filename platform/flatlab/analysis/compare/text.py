@@ -5,7 +5,7 @@ CSV and a rich table, with one set of headers and cells (the registered columns,
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, List, Mapping, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from flatlab.analysis.compare.columns import COLUMNS, SIGNIFICANCE
 from flatlab.analysis.compare.statistics import paired_power
@@ -15,11 +15,16 @@ from flatlab.analysis.sample import AT_TARGET_PREFIX, FLAT_PREFIX
 from flatlab.errors import ConfigError
 
 FORMATS = ("table", "markdown", "latex", "csv")
-SINGLE_TUNING_NOTE = (  # the last caption line of a one-tuning table
-    "These intervals cover the seed-to-seed variance of the one configuration each arm's search chose, not "
-    "the variance of the search that chose it; a verdict that survives re-tuning needs independent tunings "
-    "(`flatlab run STUDY --tunings 3`)."
-)
+
+
+def single_tuning_note(study_file: Optional[str] = None) -> str:
+    """The last caption line of a one-tuning table: what its intervals leave out, and the ``flatlab run``
+    line that tunes independently, naming ``study_file`` (the launch's, where it recorded one)."""
+    return (
+        "These intervals cover the seed-to-seed variance of the one configuration each arm's search chose, not "
+        "the variance of the search that chose it; a verdict that survives re-tuning needs independent tunings "
+        f"(`flatlab run {study_file or '<study file>'} --tunings 3`)."
+    )
 
 
 def headers(comparison: Comparison) -> List[str]:
@@ -76,7 +81,7 @@ def caption(comparison: Comparison) -> List[str]:
             "To-target rows: k/n reached counts every seed run (failed seeds did not reach it); "
             "their statistics and differences are over the seeds that reached it."
         )
-    return lines + [SINGLE_TUNING_NOTE] + multiplicity(c) + list(c.notes)
+    return lines + [single_tuning_note(c.study_file)] + multiplicity(c) + list(c.notes)
 
 
 def _range(support: Any) -> str:
