@@ -5,6 +5,7 @@ import math
 import pandas as pd
 import pytest
 
+from flatlab.analysis.compute_text import time_to_target_cells
 from flatlab.analysis.time_to_target import reference_target, time_to_target
 from flatlab.errors import ConfigError
 
@@ -131,3 +132,15 @@ def test_profiles_across_studies_in_one_unit():
     assert r.loc["sam", "b"] == 1 and math.isinf(r.loc["sgd", "b"]) and math.isinf(r.loc["ire", "b"])
     with pytest.raises(ConfigError, match="cost unit 'steps'"):
         cost_matrix({"a": a}, "steps")
+
+
+def test_the_table_says_which_median_is_infinite_not_a_ratio_of_zero():
+    acc = {**ACC, ("sam", 1, 0): [0.5, 0.6, 0.7], ("sam", 2, 0): [0.5, 0.6, 0.7]}  # sam: 3 misses of 4
+    acc = {**acc, ("ire", 1, 0): [0.5] * 3, ("ire", 1, 1): [0.5] * 3, ("ire", 2, 1): [0.5] * 3}
+    r = time_to_target(histories(acc), metric="val/accuracy", reference="sgd", target=0.8)
+    by = {(s.unit, s.arm): s for s in r.speedups}
+    assert by[("passes", "sam")].ratio_of_medians == 0.0  # 250 / median(400, inf, inf, inf) = 250 / inf
+    _, body, _ = time_to_target_cells(r)
+    rows = {row[0]: row for row in body}
+    assert rows["sam"][1:3] == ["1/4", "∞"] and rows["sam"][4:6] == ["arm's median ∞", "not tested: 2 unit(s) missed"]
+    assert rows["ire"][4] == "arm's median ∞" and rows["sgd"][4] == "(reference)"

@@ -25,6 +25,15 @@ def _interval(mean: float, low: float, high: float) -> str:
     return f"{number(mean)} [{number(low)}, {number(high)}]" if finite(mean) else "-"
 
 
+def _ratio_of_medians(ratio: float) -> str:
+    """The reference's median time over the arm's, or which median is ∞ (a ratio of 0 or ∞ says only that)."""
+    if ratio == 0:
+        return "arm's median ∞"
+    if ratio == math.inf:
+        return "reference's median ∞"
+    return f"{number(ratio)} (medians)" if finite(ratio) else "both medians ∞"
+
+
 def time_to_target_cells(r: Any) -> Tuple[List[str], List[List[str]], List[str]]:
     """``(head, body, caption)`` of a time-to-target table."""
     head = ["arm", "reached", "median passes", "median seconds"]
@@ -38,7 +47,7 @@ def time_to_target_cells(r: Any) -> Tuple[List[str], List[List[str]], List[str]]
             if s is None:
                 row += ["(reference)", ""]
             elif s.claim is None:
-                row += [f"{number(s.ratio_of_medians)} (medians)", f"not tested: {s.missed} unit(s) missed"]
+                row += [_ratio_of_medians(s.ratio_of_medians), f"not tested: {s.missed} unit(s) missed"]
             else:
                 row += [_interval(*s.speedup), s.claim.text]
         body.append(row)
