@@ -267,3 +267,10 @@ def test_by_config_follows_the_metric(store):
     table = cli(store, "--by-config", "--metric", "flat/fisher_trace")
     header = next(line for line in table.output.splitlines() if "seeds" in line)
     assert header.count("flat/fisher_trace") == 1, table.output
+    # --columns takes a pooled metric by the name its header shows: its mean and std columns
+    picked = frame(store, by_config=True, metric="flat/fisher_trace", columns="arm,flat/fisher_trace")
+    assert list(picked.columns) == ["arm", "flat/fisher_trace mean", "flat/fisher_trace std"]
+    whole = frame(store, by_config=True, metric="flat/fisher_trace")
+    pd.testing.assert_series_equal(picked["flat/fisher_trace std"], whole["flat/fisher_trace std"])
+    csv = cli_csv(store, "--by-config", "--columns", "arm,val/accuracy mean")
+    assert list(csv.columns) == ["arm", "val/accuracy mean"]

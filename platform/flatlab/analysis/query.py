@@ -155,13 +155,25 @@ def sort_by(df, keys: Sequence[str]):
 
 
 def select_columns(df, columns: Sequence[str]):
-    """``df`` with only ``columns``, in that order (all of them when ``columns`` is empty).
+    """``df`` with only ``columns``, in that order (all of them when ``columns`` is empty). In a
+    per-configuration table (:func:`flatlab.analysis.results.by_config`) a pooled metric's name, as its
+    ``mean ± std`` header shows it, stands for its ``<name> mean`` and ``<name> std`` columns.
 
     Raises:
         ConfigError: unknown columns, all listed, with the available ones.
     """
     if not columns or df.empty:
         return df
+    pooled = set(df.attrs.get("pooled", ()))
+    columns = [
+        part
+        for name in columns
+        for part in (
+            [c for c in (f"{name} mean", f"{name} std") if c in df.columns]
+            if name in pooled and name not in df.columns
+            else [name]
+        )
+    ]
     _check_columns(df, columns, "--columns")
     out = df[list(columns)]
     out.attrs.update(df.attrs)
