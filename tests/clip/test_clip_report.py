@@ -144,6 +144,7 @@ def test_the_declared_report_uses_the_trials_it_is_handed_and_matches_the_on_dem
     from mlflow.entities import Metric, Param
 
     from flatlab.interpolation import report as interp
+    from flatlab.reports import declared
     from flatlab.reports.declared import REPORTS, ReportInput
     from flatlab.tracking import runs
 
@@ -163,8 +164,8 @@ def test_the_declared_report_uses_the_trials_it_is_handed_and_matches_the_on_dem
     def no_read(*args, **kwargs):
         raise AssertionError("the declared report read the trials itself")
 
-    monkeypatch.setattr(interp, "trials_frame", no_read)
-    monkeypatch.setattr(interp, "parent_runs", no_read)
+    monkeypatch.setattr(declared, "read_sample", no_read)
+    monkeypatch.setattr(declared, "parent_runs", no_read)
     lines = REPORTS.get("interpolation").run(handed, {"split": "ood"})
     assert lines[0].endswith(f"in {tmp_path / 'declared'}, logged under report/ on run {parent}")
     assert on_demand.parent_run_id == parent

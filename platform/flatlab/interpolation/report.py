@@ -2,8 +2,8 @@
 
 An alpha study runs the ``clip_interpolate`` workload (or any workload whose trials report ``interp/alpha``,
 ``<split>/loss`` and ``<split>/accuracy``), one trial per (fine-tuned model, alpha[, pruned]). This
-module reads the LATEST launch of such a study (:func:`flatlab.tracking.trials.trials_frame`; after a
-launch, the post-study pipeline hands it that launch's trials), groups
+module reads the LATEST launch of such a study (:meth:`flatlab.reports.declared.ReportInput.latest`; after
+a launch, the post-study pipeline hands it that launch's trials), groups
 its FINISHED trials by fine-tuned model (the ``finetuned`` param, else the arm) and by the ``prune``
 param, and writes, with :mod:`flatlab.interpolation.plots` (seed paper "In Search of the Successful
 Interpolation"; alpha = weight on the FINE-TUNED model, the paper's ``1 - alpha``):
@@ -47,7 +47,6 @@ from flatlab.reports.declared import ReportInput, StudyReport, register_report
 from flatlab.sharpness.results import Estimate
 from flatlab.tracking import runs
 from flatlab.tracking.checkpoints import RUN_PREFIX, is_reference, parse_reference
-from flatlab.tracking.trials import parent_runs, trials_frame
 
 plots = lazy("flatlab.interpolation.plots")  # loads matplotlib
 
@@ -369,33 +368,28 @@ def interpolation_report(
     out_dir: Optional[Path] = None,
     split: str = "ood",
     log: bool = True,
-    trials: Any = None,
-    launch: Optional[str] = None,
+    launch: Optional[ReportInput] = None,
 ) -> Report:
-    """Build the figures and ``summary.json`` of alpha study ``study`` from its trials and, with ``log``,
-    upload them under ``report/`` to the launch's parent run.
+    """Build the figures and ``summary.json`` of alpha study ``study`` from one launch's trials and, with
+    ``log``, upload them under ``report/`` to that launch's parent run.
 
     Args:
         tracking_uri: the MLflow store the study ran against.
-        out_dir: where the files are written (default: a new temporary folder).
+        out_dir: where the files are written (default: ``launch.out_dir``, else a new temporary folder).
         split: the OOD split of Fig. 1 and Fig. 5 (``ood`` = the first OOD set).
-        trials: the launch's trials (a ``trials_frame`` table, e.g. a sample's); ``None``: the latest
-            launch's, read here.
-        launch: the parent run of the launch ``trials`` belong to (its params name the fine-tuned models'
-            references; the report is logged there); ``None``: the latest launch.
+        launch: the launch and its trials, as the post-study pipeline hands them to a declared report
+            (its parent run's params name the fine-tuned models' references; the report is logged
+            there); ``None``: the latest launch, read here (:meth:`ReportInput.latest`).
 
     Raises:
         ConfigError: unknown study, no launch, no finished alpha trials (see :func:`collect_curves`).
     """
-    if launch is None:
-        parents = parent_runs(tracking_uri, study)
-        if not parents:
-            raise ConfigError(f"study {study!r} has no launches recorded in {tracking_uri}")
-        launch, params = parents[0].info.run_id, parents[0].data.params
-    else:
-        params = runs.client(tracking_uri).get_run(launch).data.params
-    df = trials_frame(tracking_uri, study) if trials is None else trials
-    curves = collect_curves(df, split=split, sources=launch_sources(params))
+    if out_dir is None and launch is not None:
+        out_dir = launch.out_dir
+    launch = launch or ReportInput.latest(tracking_uri, study, Path(out_dir or "."))  # "." replaced below
+    client = runs.client(tracking_uri)
+    df = launch.trials
+    curves = collect_curves(df, split=split, sources=launch_sources(client.get_run(launch.parent_run_id).data.params))
     correlation = sharpness_correlation(df, split)
     if correlation is not None:
         attach_correlation(curves, correlation, split)
@@ -403,8 +397,7 @@ def interpolation_report(
     figures, summary_path = write_report(curves, out, split=split, correlation=correlation)
     parent_id = None
     if log:
-        parent_id = launch
-        client = runs.client(tracking_uri)
+        parent_id = launch.parent_run_id
         client.log_artifacts(parent_id, str(out), artifact_path="report")
         client.set_tag(parent_id, "flatlab.report", "report/")
     return Report(study, out, tuple(figures), summary_path, parent_id)
@@ -420,15 +413,8 @@ def launch_sources(params: Dict[str, str]) -> Dict[str, str]:
 
 
 def _interpolation(report: ReportInput, params: Mapping[str, Any]) -> List[str]:
-    """The registered ``interpolation`` report: :func:`interpolation_report` over the trials it is handed."""
-    rep = interpolation_report(
-        report.tracking_uri,
-        report.study,
-        out_dir=report.out_dir,
-        split=params["split"],
-        trials=report.trials,
-        launch=report.parent_run_id,
-    )
+    """The registered ``interpolation`` report: :func:`interpolation_report` over the launch it is handed."""
+    rep = interpolation_report(report.tracking_uri, report.study, split=params["split"], launch=report)
     return [
         f"report: {len(rep.figures)} figures and {rep.summary_path.name} in {rep.out_dir}, logged under report/ on run "
         f"{rep.parent_run_id}"
