@@ -61,11 +61,7 @@ def chosen_configurations(pooled, trials, rank_by: str = "final"):
     arms = [a for a in selection.rank_arms(best, mode) if a in present]
 
     def of_chosen(rows, arm: str) -> List[Any]:  # the indices of ``rows`` in the arm's chosen configuration
-        return [
-            i
-            for i, row in rows.iterrows()
-            if selection.config_key({c[len("param.") :]: row[c] for c in params}) == best[arm].config
-        ]
+        return [i for i, row in rows.iterrows() if selection.row_config(row, params) == best[arm].config]
 
     for arm in arms + [a for a in dict.fromkeys(pooled["arm"]) if a not in best]:
         mine = pooled[pooled["arm"] == arm]

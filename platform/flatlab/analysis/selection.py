@@ -137,6 +137,12 @@ def config_key(params: Mapping[str, Any]) -> Key:
     return tuple(out)
 
 
+def row_config(row: Mapping[str, Any], params: Sequence[str]) -> Key:
+    """:func:`config_key` of one row of a ``trials_frame`` table: its ``params`` columns (``param.<name>``)
+    by name, the prefix dropped."""
+    return config_key({c[len("param.") :]: row[c] for c in params})
+
+
 @dataclass(frozen=True)
 class Trial:
     """One trial, as selection sees it.
@@ -322,11 +328,7 @@ def frame_trials(df, rank_by: str = "final") -> List[Trial]:
     out = []
     for label, row in rows.iterrows():
         value = float(values.loc[label]) if done.loc[label] and math.isfinite(float(values.loc[label])) else None
-        out.append(
-            Trial(
-                str(row["arm"]), config_key({c[len("param.") :]: row[c] for c in params}), row.get("seed"), value, label
-            )
-        )
+        out.append(Trial(str(row["arm"]), row_config(row, params), row.get("seed"), value, label))
     return out
 
 

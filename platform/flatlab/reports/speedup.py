@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from flatlab.analysis import selection
+from flatlab.analysis.compare.statistics import finite
 from flatlab.analysis.curve_points import Point
 from flatlab.analysis.sample import Sample
 from flatlab.analysis.speedup import CurveTrial, goals, seed_targets, steps_and_speedup
@@ -145,10 +146,9 @@ def _curve_trials(
         if seed is None:
             skipped[run_id] = f"no integer {runs.TAG_SEED} tag"
             continue
-        value = _finite(row.get(metric))
+        value = float(row[metric]) if finite(row.get(metric)) else None
         arm = str(row["arm"])
-        config = selection.config_key({c[len("param.") :]: row[c] for c in params})
-        candidate = selection.Trial(arm, config, seed, value, ref=run_id)
+        candidate = selection.Trial(arm, selection.row_config(row, params), seed, value, ref=run_id)
         trial = CurveTrial(run_id, arm, seed, str(row["stage"]), candidate)
         try:
             trial.curve = _curve(client, run_id)
@@ -175,15 +175,6 @@ def _seed(value: Any) -> Optional[int]:
     except (TypeError, ValueError):
         return None
     return int(number) if math.isfinite(number) and number.is_integer() else None
-
-
-def _finite(value: Any) -> Optional[float]:
-    """``value`` as a float where it is a finite number, else ``None``."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _curve(client: Any, run_id: str) -> List[Point]:
