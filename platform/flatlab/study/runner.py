@@ -29,7 +29,7 @@ import shlex
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from flatlab.interpolation import report as _interpolation_report  # noqa: F401 (registers the interpolation report)
 from flatlab.reports.launched import Launched
@@ -72,13 +72,16 @@ def resume_command(opts: RunOptions) -> str:
     """The ``flatlab run ... --resume`` line that finishes the launch ``opts`` started: the study file,
     and ``--root`` and ``--address`` where they are not the defaults (the MLflow store and the budget
     options are read back from the launch record)."""
-    words = ["flatlab", "run", opts.source or "<study file>", "--resume"]
-    root = Path(opts.root).resolve()
-    if root != Path(RunOptions.root).resolve():
-        words += ["--root", str(root)]
+    words = ["flatlab", "run", opts.source or "<study file>", "--resume", *_root_option(opts.root)]
     if opts.address:
         words += ["--address", opts.address]
     return " ".join(w if w == "<study file>" else shlex.quote(w) for w in words)
+
+
+def _root_option(root: Any) -> List[str]:
+    """``["--root", ROOT]`` where ``root`` is not the default output root (``./flatlab-runs``), else ``[]``."""
+    root = Path(root).resolve()
+    return ["--root", str(root)] if root != Path(RunOptions.root).resolve() else []
 
 
 class StudyLaunch:
@@ -190,10 +193,7 @@ class StudyLaunch:
         """``flatlab <command> <study>`` with the ``--root`` or ``--tracking-uri`` that reads this launch's
         store (none where it is the default root's)."""
         words = ["flatlab", command, self.study.name]
-        if self.opts.tracking_uri:
-            words += ["--tracking-uri", self.tracking_uri]
-        elif self.root != Path(RunOptions.root).resolve():
-            words += ["--root", str(self.root)]
+        words += ["--tracking-uri", self.tracking_uri] if self.opts.tracking_uri else _root_option(self.root)
         return shlex.join(words)
 
     def open(self, workload: Any) -> None:
