@@ -39,9 +39,8 @@ from flatlab.lazy import lazy
 
 grpc = lazy("grpc")  # Ray's RPC
 ray = lazy("ray")
-# ray_constants and worker are patched: read from the package, they are Ray's own modules (a proxy
-# forwards reads only, an assignment to it would reach nothing)
-ray_private = lazy("ray._private")
+ray_constants = lazy("ray._private.ray_constants")
+ray_worker = lazy("ray._private.worker")
 raylet = lazy("ray._raylet")
 ray_exceptions = lazy("ray.exceptions")
 gcs_service_pb2 = lazy("ray.core.generated.gcs_service_pb2")
@@ -104,7 +103,6 @@ def loopback_node_ip() -> Iterator[None]:
     agents inherit, so the workers they start later use loopback) and restored after it, so a later
     ``ray.init`` of the same process joins other clusters with the machine's network address.
     """
-    ray_constants = ray_private.ray_constants
     before_const, before_env = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get(CLUSTER_ENV)
     ray_constants.ENABLE_RAY_CLUSTER = False
     os.environ[CLUSTER_ENV] = "0"
@@ -168,10 +166,9 @@ def route_ray_errors_to_log() -> bool:
     returns ``False`` (and changes nothing) if this Ray has no ``ray._private.worker.print_to_stdstream``.
     """
     try:
-        ray_worker = ray_private.worker
-    except (ImportError, AttributeError):  # pragma: no cover (ray is a dependency)
+        original = getattr(ray_worker, "print_to_stdstream", None)
+    except ImportError:  # pragma: no cover (ray is a dependency)
         return False
-    original = getattr(ray_worker, "print_to_stdstream", None)
     if original is None:
         return False
     if getattr(original, "flatlab_routed", False):

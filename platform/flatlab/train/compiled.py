@@ -7,9 +7,7 @@ from torch._functorch import config as functorch_config
 
 from flatlab.lazy import lazy
 
-# the compiler stack (seconds); the package, not its config module: a setting must reach the real module
-# (a proxy forwards reads only)
-inductor = lazy("torch._inductor")
+inductor_config = lazy("torch._inductor.config")  # the compiler stack (seconds)
 
 
 def compile_model(model: nn.Module) -> nn.Module:
@@ -31,6 +29,6 @@ def compile_model(model: nn.Module) -> nn.Module:
     """
     functorch_config.donated_buffer = False
     functorch_config.enable_autograd_cache = False
-    inductor.config.fx_graph_cache = False
+    inductor_config.fx_graph_cache = False
     model.compile()
     return model
