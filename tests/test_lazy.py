@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flatlab.lazy import lazy
+from flatlab.lazy import lazy, load
 
 PLATFORM = Path(__file__).resolve().parents[1] / "platform"
 
@@ -72,3 +72,11 @@ def test_a_submodule_and_a_pickle_round_trip():
 def test_a_name_must_be_absolute(name):
     with pytest.raises(ValueError, match="absolute module name"):
         lazy(name)
+
+
+def test_load_imports_now_and_raises_the_imports_own_error(monkeypatch):
+    fake = types.ModuleType("flatlab_lazy_loaded")
+    monkeypatch.setitem(sys.modules, "flatlab_lazy_loaded", fake)
+    assert load(lazy("flatlab_lazy_loaded")) is fake and load(os) is os
+    with pytest.raises(ImportError, match="^No module named 'flatlab_no_such_library'$"):
+        load(lazy("flatlab_no_such_library", extra="clip"))  # unwrapped: the caller words its own error

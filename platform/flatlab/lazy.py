@@ -30,7 +30,7 @@ import sys
 import types
 from typing import Any, List, Optional
 
-__all__ = ["lazy", "LazyModule"]
+__all__ = ["lazy", "load", "LazyModule"]
 
 
 class LazyModule(types.ModuleType):
@@ -94,3 +94,13 @@ def lazy(name: str, extra: Optional[str] = None) -> types.ModuleType:
     if not name or name.startswith("."):
         raise ValueError(f"lazy: name must be an absolute module name such as 'pandas', got {name!r}")
     return LazyModule(name, extra)
+
+
+def load(module: types.ModuleType) -> types.ModuleType:
+    """``module`` imported now: the real module behind a :func:`lazy` stand-in (``module`` itself
+    otherwise), for a caller that turns a missing library into its own error before it goes on.
+
+    Raises:
+        ImportError: the import's own error, as ``import`` raises it (no ``extra`` hint added).
+    """
+    return importlib.import_module(module.__name__) if isinstance(module, LazyModule) else module

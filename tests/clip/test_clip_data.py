@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -108,3 +110,17 @@ def test_synthetic_folders_are_written_once(tmp_path):
     stamp = (paths["train"] / "red" / "00000.png").stat().st_mtime_ns
     write_synthetic_folders(tmp_path, n_train=2)
     assert (paths["train"] / "red" / "00000.png").stat().st_mtime_ns == stamp
+
+
+def test_a_missing_library_is_one_error_that_says_how_to_install_it(monkeypatch, tmp_path):
+    from flatlab.workloads.clip_model import _require_open_clip
+
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` now fails as if not installed
+    monkeypatch.setitem(sys.modules, "open_clip", None)
+    hf = r"^hf: sources need the `datasets` package \(pip install 'flatlab\[clip\]'\): import of datasets halted"
+    with pytest.raises(ConfigError, match=hf):
+        label_names(parse_source(f"hf:{tmp_path}@validation"))
+    clip = r"^the clip workloads need open_clip; install it with .*: import of open_clip halted"
+    with pytest.raises(ConfigError, match=clip) as err:
+        _require_open_clip()
+    assert "is needed here" not in str(err.value)  # the import's own error, not the stand-in's wording

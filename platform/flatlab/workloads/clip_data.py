@@ -41,7 +41,7 @@ import torch
 from PIL import Image
 
 from flatlab.errors import ConfigError
-from flatlab.lazy import lazy
+from flatlab.lazy import lazy, load
 from flatlab.workloads.base import Split
 from flatlab.workloads.lazy_images import LazyImages
 
@@ -149,11 +149,9 @@ def _folder_index(root: str) -> Tuple[List[str], List[Tuple[str, int]]]:
 # ---- Hugging Face datasets -------------------------------------------------------------------
 def _hf_dataset(source: Source):
     try:
-        dir(datasets)  # imports it here, not in the try below
+        load(datasets)  # imported here, not in the try below
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ConfigError(
-            f"hf: sources need the `datasets` package (pip install 'flatlab[clip]'): {exc.__cause__ or exc}"
-        ) from None
+        raise ConfigError(f"hf: sources need the `datasets` package (pip install 'flatlab[clip]'): {exc}") from None
     loc = source.location
     try:
         if os.path.isdir(loc) and (

@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from flatlab.errors import ConfigError
-from flatlab.lazy import lazy
+from flatlab.lazy import lazy, load
 
 open_clip = lazy("open_clip")  # optional (the clip extra): _require_open_clip says how to install it
 
@@ -59,11 +59,11 @@ def _require_open_clip() -> None:
         ConfigError: it cannot be imported; the message says how to install it.
     """
     try:
-        dir(open_clip)  # the proxy's first read imports it
+        load(open_clip)
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ConfigError(
             "the clip workloads need open_clip; install it with `pip install 'flatlab[clip]'` "
-            f"(or `pip install open_clip_torch`): {exc.__cause__ or exc}"
+            f"(or `pip install open_clip_torch`): {exc}"
         ) from None
 
 

@@ -34,7 +34,7 @@ from torch import nn
 
 from flatlab.errors import ConfigError
 from flatlab.hparams import HParam
-from flatlab.lazy import lazy
+from flatlab.lazy import lazy, load
 from flatlab.workloads.base import Data, Split, TrainDefaults, Workload
 from flatlab.workloads.fmnist_nets import FMNIST_MODELS, NUM_CLASSES, build_fmnist_net
 from flatlab.workloads.idx import read_idx_pair
@@ -279,11 +279,11 @@ class FashionMNIST(Workload):
         else:
             hint = f"{folder} holds none of the four IDX files either. {how_to_get(hub)}"
         try:
-            dir(datasets)  # imports it: only checks it is there
+            load(datasets)  # only checks it is there
         except ImportError as exc:
             raise DataUnavailable(
                 f"workload 'fashion_mnist': reading {folder or 'the hub'} needs the `datasets` package "
-                f"({describe_error(exc.__cause__ or exc)}); {hint}"
+                f"({describe_error(exc)}); {hint}"
             ) from exc
         return load_hf("fashion_mnist", hub, None, str(folder) if folder is not None else None, hint=hint)
 
