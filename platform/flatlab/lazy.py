@@ -12,8 +12,10 @@ A module names what it defers at its top, beside its other imports::
 and its functions use ``pd.DataFrame`` as they would after ``import pandas as pd``. The library is
 imported on the first attribute read (``importlib.import_module``), once per process; every read is
 forwarded to the module, so a name the library rebinds later (``ray``'s global node, MLflow's active run)
-is read as it is now, never as a copy taken at import. Nothing is placed in
-``sys.modules`` before that first read, so another module's plain ``import pandas`` is unaffected.
+is read as it is now, never as a copy taken at import; a write (a library switch, a test's monkeypatch)
+reaches the module too. Nothing is placed in ``sys.modules`` before that first read, so another module's
+plain ``import pandas`` is unaffected. :func:`load` imports one now, for a caller that words a missing
+library's error itself.
 
 What it is not for: flatlab's own light modules (import them plainly), code ``torch.compile`` traces (the
 proxy is not the module object; the optimizers and the trainer import torch plainly), and a name used in
